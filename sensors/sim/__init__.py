@@ -1,0 +1,1 @@
+"""Machine simulators: printers and welders with realistic per-machine domain shifts."""
