@@ -1,0 +1,102 @@
+"""The server half of an algorithm: how the cloud combines what devices uploaded.
+
+A strategy is transport-free.  The round loop (``cloud_aggregator.rounds``) owns
+announce → collect → validate → aggregate → record; a strategy only says how
+to start, what it expects, and how to combine.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from edge.wire import TensorSpec
+from trainer_lite.algorithms import ClientAlgorithm, make_client
+from trainer_lite.algorithms.base import build_config
+from trainer_lite.client import cast_params
+from trainer_lite.params import Params
+from trainer_lite.task import TaskSpec
+
+
+@dataclass(frozen=True)
+class Update:
+    """One device's validated upload for a round and phase."""
+
+    device: str
+    params: Params
+    n_samples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Strategy(ABC):
+    """Base of every server strategy; ``config_cls`` validates ``TaskSpec.server``."""
+
+    name: ClassVar[str]
+    config_cls: ClassVar[type]
+
+    def __init__(self, spec: TaskSpec, client: ClientAlgorithm | None = None) -> None:
+        self.spec = spec
+        self.client = client or make_client(spec)
+        self.config = build_config(self.config_cls, spec.server)
+
+    def init_global(self) -> Params:
+        """The first global (shared) parameters, from the task seed."""
+        rng = np.random.default_rng(self.spec.seed)
+        return cast_params(self.client.init_global(rng), self.spec.dtype)
+
+    def phases(self) -> tuple[str, ...]:
+        return self.client.phases()
+
+    def expected(self, global_params: Params, phase: str) -> dict[str, TensorSpec]:
+        """What an upload for ``phase`` must hold: by default the global's names, shapes, dtype."""
+        return {n: TensorSpec(tuple(v.shape), v.dtype.name) for n, v in global_params.items()}
+
+    def downlink(self, global_params: Params, device: str) -> Params | None:
+        """A per-device downlink, or ``None`` when every device gets the broadcast."""
+        return None
+
+    @abstractmethod
+    def aggregate(
+        self, global_params: Params, updates: Sequence[Update], *, round_: int, phase: str
+    ) -> Params:
+        """New global parameters from validated updates (at least one). Never mutates inputs."""
+
+    def state(self) -> dict[str, Any]:
+        """Strategy state to persist between rounds beyond the global parameters (JSON-able)."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``state`` returned."""
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)}")
+
+
+_STRATEGIES: dict[str, type[Strategy]] = {}
+
+
+def register_strategy(*algorithms: str):
+    """Class decorator: serve the named client algorithms with this strategy."""
+
+    def deco(cls: type[Strategy]) -> type[Strategy]:
+        for a in algorithms:
+            if a in _STRATEGIES:
+                raise ValueError(f"a strategy for {a!r} is registered twice")
+            _STRATEGIES[a] = cls
+        return cls
+
+    return deco
+
+
+def make_strategy(spec: TaskSpec) -> Strategy:
+    """The server strategy for ``spec.algorithm``; the error lists what is served."""
+    try:
+        cls = _STRATEGIES[spec.algorithm]
+    except KeyError:
+        raise ValueError(
+            f"no server strategy for algorithm {spec.algorithm!r}; have {sorted(_STRATEGIES)}"
+        ) from None
+    return cls(spec)

@@ -1,0 +1,12 @@
+"""Client sides of the federated algorithms, by name.
+
+Importing this package registers every algorithm; ``make_client(spec)`` builds one
+from a task spec.
+"""
+
+from trainer_lite.algorithms import fedavg as _fedavg  # noqa: F401  (registers)
+from trainer_lite.algorithms import local as _local  # noqa: F401
+from trainer_lite.algorithms import pflda as _pflda  # noqa: F401
+from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, make_client, register_client
+
+__all__ = ["ClientAlgorithm", "ClientResult", "make_client", "register_client"]

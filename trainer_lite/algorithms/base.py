@@ -1,0 +1,188 @@
+"""The client half of an algorithm: what a device does in a round, and what it uploads.
+
+An algorithm is transport-free: it takes the downlinked shared parameters, the
+device's local (personal) state and its local dataset, and returns what to upload
+plus the new local state.  The same object runs in the in-process simulator, in
+the ``edge-trainer`` daemon over MQTT, and on a Pi.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from trainer_lite import losses
+from trainer_lite.data import Dataset
+from trainer_lite.layers import Sequential
+from trainer_lite.models import build_model
+from trainer_lite.optim import SGD, Adam, Optimizer
+from trainer_lite.params import Params
+from trainer_lite.task import TaskSpec
+
+LossFn = Callable[[np.ndarray, np.ndarray], tuple[float, np.ndarray]]
+_LOSSES: dict[str, LossFn] = {"mse": losses.mse}
+
+
+def get_loss(name: str) -> LossFn:
+    try:
+        return _LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown loss {name!r}; choose one of {sorted(_LOSSES)}") from None
+
+
+def register_loss(name: str, fn: LossFn) -> None:
+    _LOSSES[name] = fn
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """What a client hands back after a round.
+
+    ``shared`` is the only thing that leaves the device.
+    """
+
+    shared: Params
+    n_samples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local optimisation settings shared by most algorithms.
+
+    The learning rate of round ``r`` (1-based) is ``lr * lr_decay ** (r // lr_decay_every)``
+    (the PFL-DA authors' schedule: × 0.99 every 5 rounds).
+    """
+
+    optimizer: str = "adam"
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    local_steps: int = 10
+    batch_size: int | None = None
+    lr_decay: float = 1.0
+    lr_decay_every: int = 1
+    loss: str = "mse"
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+        if self.local_steps < 1 or self.lr_decay_every < 1:
+            raise ValueError("local_steps and lr_decay_every must be >= 1")
+        get_loss(self.loss)
+
+    def lr_at(self, round_: int) -> float:
+        return self.lr * self.lr_decay ** (round_ // self.lr_decay_every)
+
+    def make_optimizer(self, round_: int) -> Optimizer:
+        lr = self.lr_at(round_)
+        if self.optimizer == "adam":
+            return Adam(lr=lr, weight_decay=self.weight_decay)
+        return SGD(lr=lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+
+def build_config(cls: type, hparams: Mapping[str, Any]) -> Any:
+    """Instantiate a config dataclass, listing unknown and valid fields on error."""
+    valid = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(hparams) - valid
+    if unknown:
+        raise ValueError(
+            f"unknown hyperparameters {sorted(unknown)} for {cls.__name__}; valid: {sorted(valid)}"
+        )
+    return cls(**hparams)
+
+
+def loss_and_grads(model: Sequential, params: Params, data: Dataset, loss: LossFn) -> tuple[float, Params]:
+    """Loss of ``model`` on ``data`` and its gradient for every parameter."""
+    pred, cache = model.forward(params, data.x)
+    value, dpred = loss(pred, data.y)
+    grads, _ = model.backward(params, cache, dpred)
+    return value, grads
+
+
+class ClientAlgorithm(ABC):
+    """Base of every client algorithm.
+
+    Subclasses set ``name``, ``config_cls`` and implement ``shared_names``,
+    ``init_local``, ``update`` and ``personal_params``.
+    """
+
+    name: ClassVar[str]
+    config_cls: ClassVar[type] = TrainConfig
+
+    def __init__(self, spec: TaskSpec) -> None:
+        self.spec = spec
+        self.model: Sequential = build_model(spec.model, **spec.model_args)
+        self.config = build_config(self.config_cls, spec.hparams)
+        self.loss: LossFn = get_loss(self.config.loss)
+
+    # -- what is shared ---------------------------------------------------
+    @abstractmethod
+    def shared_names(self) -> list[str]:
+        """Names of the parameters that leave the device (the server's global state)."""
+
+    def init_global(self, rng: np.random.Generator) -> Params:
+        """Initial shared parameters (the server calls this once)."""
+        full = self.model.init(rng)
+        return {n: full[n] for n in self.shared_names()}
+
+    # -- device state -----------------------------------------------------
+    @abstractmethod
+    def init_local(self, rng: np.random.Generator) -> Params:
+        """Initial local (personal) state of a device; never uploaded."""
+
+    @abstractmethod
+    def update(
+        self,
+        shared: Params,
+        local: Params,
+        data: Dataset,
+        *,
+        rng: np.random.Generator,
+        round_: int,
+        phase: str,
+    ) -> tuple[ClientResult, Params]:
+        """One round on one device: ``(what to upload, new local state)``. Never mutates inputs."""
+
+    @abstractmethod
+    def personal_params(self, shared: Params, local: Params) -> Params:
+        """The full parameter dict the device predicts with."""
+
+    # -- inference and scoring --------------------------------------------
+    def predict(self, shared: Params, local: Params, x: np.ndarray) -> np.ndarray:
+        return self.model(self.personal_params(shared, local), x)
+
+    def evaluate(self, shared: Params, local: Params, data: Dataset) -> dict[str, float]:
+        """Loss of the personalized model on ``data`` (``{"loss": ...}``)."""
+        pred = self.predict(shared, local, data.x)
+        value, _ = self.loss(pred, data.y)
+        return {"loss": value}
+
+    # -- optional multi-phase rounds (FedDAR) -----------------------------
+    def phases(self) -> tuple[str, ...]:
+        return ("train",)
+
+
+_CLIENTS: dict[str, type[ClientAlgorithm]] = {}
+
+
+def register_client(cls: type[ClientAlgorithm]) -> type[ClientAlgorithm]:
+    """Class decorator: register a client algorithm under ``cls.name``."""
+    if cls.name in _CLIENTS:
+        raise ValueError(f"algorithm {cls.name!r} registered twice")
+    _CLIENTS[cls.name] = cls
+    return cls
+
+
+def make_client(spec: TaskSpec) -> ClientAlgorithm:
+    """The client algorithm named by ``spec.algorithm``; the error lists valid names."""
+    try:
+        cls = _CLIENTS[spec.algorithm]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {spec.algorithm!r}; choose one of {sorted(_CLIENTS)}") from None
+    return cls(spec)

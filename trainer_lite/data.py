@@ -1,0 +1,52 @@
+"""Local datasets and seeded minibatching."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Inputs ``x`` of shape ``(n, d)`` and targets ``y`` of shape ``(n, k)`` (or class ids ``(n,)``).
+
+    ``domain`` optionally labels each sample's domain (FedDAR, FTL-TP).
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    domain: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.x.ndim != 2:
+            raise ValueError(f"x must be 2-D (n, d), got shape {self.x.shape}")
+        if len(self.y) != len(self.x):
+            raise ValueError(f"x has {len(self.x)} rows but y has {len(self.y)}")
+        if self.domain is not None and len(self.domain) != len(self.x):
+            raise ValueError(f"x has {len(self.x)} rows but domain has {len(self.domain)}")
+        if not (np.isfinite(self.x).all() and np.isfinite(self.y).all()):
+            raise ValueError("dataset holds NaN or Inf")
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def take(self, idx: np.ndarray) -> Dataset:
+        dom = None if self.domain is None else self.domain[idx]
+        return Dataset(self.x[idx], self.y[idx], dom)
+
+
+def minibatches(
+    data: Dataset, batch_size: int | None, rng: np.random.Generator, *, shuffle: bool = True
+) -> Iterator[Dataset]:
+    """One epoch of minibatches; ``batch_size=None`` yields the full batch."""
+    n = len(data)
+    if batch_size is None or batch_size >= n:
+        yield data
+        return
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = rng.permutation(n) if shuffle else np.arange(n)
+    for start in range(0, n, batch_size):
+        yield data.take(order[start : start + batch_size])

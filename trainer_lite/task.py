@@ -1,0 +1,71 @@
+"""What a fleet trains: a task spec that the aggregator announces and devices obey."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A federated task: algorithm, model and hyperparameters, as plain JSON-able values.
+
+    Parameters
+    ----------
+    name
+        Topic-safe task id (``[a-z0-9_-]+``), e.g. ``"speed"``.
+    algorithm
+        Registered algorithm name (``trainer_lite.algorithms``), e.g. ``"pflda"``.
+    model
+        Registered model name (``trainer_lite.models``), e.g. ``"sigmoid_glm"``.
+    model_args
+        Keyword arguments of the model builder.
+    hparams
+        Client hyperparameters (the algorithm's config dataclass validates them).
+    server
+        Server hyperparameters (the strategy's config validates them), e.g.
+        ``{"weighting": "uniform"}``.
+    dtype
+        Floating dtype of parameters and data on the device and on the wire.
+    rounds
+        Number of communication rounds.
+    seed
+        Seed of the global initialization; devices derive theirs from it and their id.
+    """
+
+    name: str
+    algorithm: str
+    model: str
+    model_args: dict[str, Any] = field(default_factory=dict)
+    hparams: dict[str, Any] = field(default_factory=dict)
+    server: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+    rounds: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if (
+            not self.name
+            or not all(c.isalnum() or c in "_-" for c in self.name)
+            or self.name != self.name.lower()
+        ):
+            raise ValueError(f"task name must match [a-z0-9_-]+, got {self.name!r}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> TaskSpec:
+        raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("task spec must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = set(raw) - known
+        if unknown:
+            raise ValueError(f"unknown task spec fields {sorted(unknown)}; valid: {sorted(known)}")
+        return cls(**raw)
