@@ -1,29 +1,44 @@
-"""FedAvg's server step: a weighted mean of the shared parameters.
+"""FedAvg's server step: a (weighted, optionally robust) mean of the shared parameters.
 
-Serves every algorithm whose server side is an average of what was uploaded:
-FedAvg itself, PFL-DA and Simple-DA (the decoder w, §2.3: ``w = (1/N) Σ w_i``),
-and local-only training (nothing shared: the mean of empty dicts is empty).
+Serves every algorithm whose server side combines what was uploaded into one
+shared model: FedAvg itself, PFL-DA and Simple-DA (the decoder w, §2.3:
+``w = (1/N) Σ w_i``), and local-only training (nothing shared: the mean of empty
+dicts is empty).
+
+Two pluggable parts, each chosen by name in ``TaskSpec.server``:
+
+``weighting``
+    How much each upload counts (``cloud_aggregator.weighting``): ``"samples"``
+    (McMahan et al.), ``"uniform"`` (PFL-DA's p_i = 1/N), or fairness-aware schemes.
+``reducer``
+    How the weighted uploads are combined (``cloud_aggregator.reducers``):
+    ``"mean"`` by default; robust options plug in here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from cloud_aggregator.aggregate import weighted_mean
+from cloud_aggregator.reducers import get_reducer
 from cloud_aggregator.strategies.base import Strategy, Update, register_strategy
+from cloud_aggregator.weighting import get_weighting
 from trainer_lite.params import Params
 
 
 @dataclass(frozen=True)
 class FedAvgConfig:
-    """``weighting``: ``"samples"`` (McMahan et al.) or ``"uniform"`` (PFL-DA's p_i = 1/N)."""
+    """Server settings of a FedAvg-style strategy (see the module docstring)."""
 
     weighting: str = "samples"
+    weighting_args: dict[str, Any] = field(default_factory=dict)
+    reducer: str = "mean"
+    reducer_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.weighting not in ("samples", "uniform"):
-            raise ValueError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}")
+        get_weighting(self.weighting, self.weighting_args)
+        get_reducer(self.reducer, self.reducer_args)
 
 
 @register_strategy("fedavg", "pflda", "simple_da", "indiv")
@@ -31,10 +46,24 @@ class FedAvg(Strategy):
     name = "fedavg"
     config_cls = FedAvgConfig
 
+    def __init__(self, spec, client=None) -> None:
+        super().__init__(spec, client)
+        self.weigh = get_weighting(self.config.weighting, self.config.weighting_args)
+        self.reduce = get_reducer(self.config.reducer, self.config.reducer_args)
+
     def aggregate(
         self, global_params: Params, updates: Sequence[Update], *, round_: int, phase: str
     ) -> Params:
         if not global_params:
             return {}
-        uniform = self.config.weighting == "uniform"
-        return weighted_mean([(u.params, 1.0 if uniform else float(u.n_samples)) for u in updates])
+        weights = self.weigh(updates, round_)
+        return self.reduce(global_params, [(u.params, w) for u, w in zip(updates, weights, strict=True)])
+
+    def state(self) -> dict[str, Any]:
+        return self.weigh.state() if hasattr(self.weigh, "state") else {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if hasattr(self.weigh, "load_state"):
+            self.weigh.load_state(state)
+        elif state:
+            raise ValueError(f"weighting {self.config.weighting!r} keeps no state, got {sorted(state)}")
