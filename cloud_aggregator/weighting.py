@@ -8,9 +8,10 @@ returning one non-negative weight per update.  Stateful schemes may also offer
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from cloud_aggregator.strategies.base import Update
+if TYPE_CHECKING:  # strategies import this module; avoid the cycle at run time
+    from cloud_aggregator.strategies.base import Update
 
 
 class Weighting(Protocol):
