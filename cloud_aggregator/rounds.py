@@ -217,4 +217,6 @@ class RoundEngine:
                 rejected[reply.device] = str(exc)
                 continue
             valid[reply.device] = reply
-        return list(valid.values()), rejected
+            rejected.pop(reply.device, None)
+        # A fixed order makes the floating-point sums, and so a resumed run, reproducible.
+        return [valid[d] for d in sorted(valid)], rejected

@@ -51,6 +51,7 @@ def participate(
     Metrics carry ``train_loss`` from the algorithm and ``test_loss`` (personal model,
     local test split) when a test split exists; only scalars leave the device.
     """
+    algo.check_shared(shared, phase)
     dtype = algo.spec.dtype
     train = cast_dataset(train, dtype)
     rng = derive_rng(algo.spec.seed, device, round_, phase)

@@ -131,6 +131,27 @@ class ClientAlgorithm(ABC):
         full = self.model.init(rng)
         return {n: full[n] for n in self.shared_names()}
 
+    def check_shared(self, shared: Params, phase: str) -> None:
+        """Raise ``ValueError`` unless ``shared`` is what this client can train from.
+
+        By default: exactly the names and shapes of ``init_global``, all finite.
+        Algorithms whose downlink differs per phase or per device override this.
+        """
+        if not hasattr(self, "_shared_shapes"):
+            self._shared_shapes = {n: v.shape for n, v in self.init_global(np.random.default_rng(0)).items()}
+        expected = self._shared_shapes
+        if set(shared) != set(expected):
+            raise ValueError(
+                f"downlink names differ: missing {sorted(set(expected) - set(shared))}, "
+                f"unexpected {sorted(set(shared) - set(expected))}"
+            )
+        for n, shape in expected.items():
+            arr = np.asarray(shared[n])
+            if arr.shape != shape:
+                raise ValueError(f"downlink {n!r} has shape {arr.shape}, expected {shape}")
+            if not np.isfinite(arr).all():
+                raise ValueError(f"downlink {n!r} holds NaN or Inf")
+
     # -- device state -----------------------------------------------------
     @abstractmethod
     def init_local(self, rng: np.random.Generator) -> Params:

@@ -1,0 +1,239 @@
+"""The fleet over MQTT: announce a round (retained), collect uploads until every
+expected device answered or the deadline passed.
+
+Every uplink is decoded only after its size is checked; its topic's device must be
+the device named inside; it must be for this fleet, task, round, phase and the
+global parameters the round started from.  Anything else is logged with the device
+id, counted and dropped: a malformed payload never stops a round.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cloud_aggregator.rounds import CollectRequest, Rejection
+from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.strategies import Update
+from edge import wire
+from edge.mqtt import Message, MqttSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CollectPolicy:
+    """How long to wait and for whom.
+
+    ``expected`` lists the devices a round waits for; empty means "whoever is
+    online when the round is announced".  A round ends when all expected devices
+    answered or ``deadline_s`` passed; with fewer than ``min_participants`` valid
+    uploads the deadline is extended up to ``max_extensions`` times.  Before the
+    first round the fleet waits up to ``startup_wait_s`` for ``min_participants``
+    (or all expected) devices to come online.
+    """
+
+    deadline_s: float = 30.0
+    min_participants: int = 1
+    max_extensions: int = 2
+    expected: tuple[str, ...] = ()
+    startup_wait_s: float = 60.0
+    max_payload_bytes: int = wire.MAX_PAYLOAD_BYTES
+
+
+@dataclass
+class FleetView:
+    """What the aggregator knows of each device (from retained status messages)."""
+
+    online: dict[str, bool] = field(default_factory=dict)
+    status: dict[str, dict] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def online_devices(self) -> list[str]:
+        return sorted(d for d, up in self.online.items() if up)
+
+
+class MqttFleet:
+    """A ``Fleet`` whose devices are ``edge-trainer`` processes reached through a broker."""
+
+    def __init__(
+        self, session: MqttSession, fleet: str, policy: CollectPolicy, store: SqliteStore | None = None
+    ):
+        self.session = session
+        self.fleet = wire.check_id("fleet", fleet)
+        self.policy = policy
+        self.store = store
+        self.view = FleetView()
+        self._announced: list[tuple[str, bytes]] = []
+        session.subscribe(wire.topic_status_all(self.fleet))
+        session.subscribe(wire.topic_up_all(self.fleet))
+        # After a broker restart the retained announcement may be gone: publish it again.
+        session.on_connect_hooks.append(self._republish)
+
+    def _republish(self) -> None:
+        for topic, payload in list(self._announced):
+            self.session.publish(topic, payload, retain=True, timeout=None)
+
+    # -- announcing ---------------------------------------------------------------
+    def announce(self, request: CollectRequest, deadline: float, state: str = "running") -> None:
+        spec = request.spec
+        ann = wire.Announcement(
+            fleet=self.fleet,
+            task=spec.name,
+            round=request.round,
+            phase=request.phase,
+            spec=spec.to_json(),
+            deadline=deadline,
+            global_hash=request.global_hash,
+            state=state,
+            params=request.global_params,
+        )
+        topic = wire.topic_down(self.fleet, spec.name)
+        payload = ann.encode()
+        published = [(topic, payload)]
+        for device, params in request.downlinks.items():
+            personal = wire.Announcement(**{**ann.__dict__, "params": params})
+            published.append((wire.topic_down_device(self.fleet, spec.name, device), personal.encode()))
+        self._announced = published
+        for t, p in published:
+            self.session.publish(t, p, retain=True)
+
+    def finish(self, request: CollectRequest) -> None:
+        """Announce that the task is done (retained), with the final global parameters."""
+        self.announce(request, deadline=time.time(), state="done")
+
+    # -- collecting -------------------------------------------------------------------
+    def wait_for_devices(self) -> list[str]:
+        """Block until enough devices are online (or the start-up wait passes)."""
+        want = set(self.policy.expected) or None
+        need = len(want) if want else self.policy.min_participants
+        deadline = time.monotonic() + self.policy.startup_wait_s
+        while time.monotonic() < deadline:
+            online = set(self.view.online_devices())
+            if (want and want <= online) or (not want and len(online) >= need):
+                break
+            msg = self.session.get(0.1)
+            if msg is not None:
+                self._handle(msg, None)
+        return self.view.online_devices()
+
+    def collect(self, request: CollectRequest) -> Sequence[Update | Rejection]:
+        received: dict[str, Update | Rejection] = {}
+        if self.store is not None:  # updates that arrived before a restart
+            for device, payload in self.store.stored_updates(
+                request.spec.name, request.round, request.phase, request.global_hash
+            ):
+                self._accept(device, payload, request, received, persist=False)
+        expected = set(self.policy.expected) or set(self.view.online_devices())
+        deadline = time.time() + self.policy.deadline_s
+        self.announce(request, deadline)
+        extensions = 0
+        while True:
+            answered = {d for d, r in received.items() if isinstance(r, Update)}
+            valid = len(answered)
+            if expected and expected <= answered:
+                break
+            if time.time() >= deadline:
+                if valid >= self.policy.min_participants or extensions >= self.policy.max_extensions:
+                    break
+                extensions += 1
+                deadline = time.time() + self.policy.deadline_s
+                log.warning(
+                    "round %d: %d valid uploads < %d; extending the deadline (%d/%d)",
+                    request.round,
+                    valid,
+                    self.policy.min_participants,
+                    extensions,
+                    self.policy.max_extensions,
+                )
+                self.announce(request, deadline)
+            msg = self.session.get(min(0.2, max(0.0, deadline - time.time())))
+            if msg is not None:
+                self._handle(msg, request, received)
+            # Devices that came online mid-round and answered count too; those that went
+            # offline are no longer awaited.
+            if not self.policy.expected:
+                expected = {d for d in expected if self.view.online.get(d, False)} | {
+                    d for d in received if isinstance(received[d], Update)
+                }
+        return list(received.values())
+
+    def _handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
+        try:
+            topic = wire.parse_topic(msg.topic)
+        except wire.WireError as exc:
+            log.warning("ignored message on unexpected topic %r: %s", msg.topic, exc)
+            return
+        if topic.fleet != self.fleet:
+            return
+        if topic.kind == "status":
+            self._status(topic.device, msg.payload)
+        elif topic.kind == "up" and request is not None and received is not None:
+            if topic.task != request.spec.name:
+                return
+            self._accept(topic.device, msg.payload, request, received, persist=True)
+        elif topic.kind == "up":
+            self._reject(topic.device, None, "update arrived while no round is open")
+
+    def _status(self, device: str, payload: bytes) -> None:
+        try:
+            status = json.loads(payload)
+            if not isinstance(status, dict):
+                raise ValueError("status must be a JSON object")
+        except ValueError as exc:
+            log.warning("bad status from %s: %s", device, exc)
+            return
+        self.view.status[device] = status
+        self.view.online[device] = status.get("state") == "online"
+
+    def _reject(self, device: str, request: CollectRequest | None, reason: str) -> None:
+        self.view.rejected[device] = self.view.rejected.get(device, 0) + 1
+        log.warning("dropped update from %s: %s", device, reason)
+        if self.store is not None:
+            self.store.put_rejection(
+                request.spec.name if request else "", request.round if request else None, device, reason
+            )
+
+    def _accept(
+        self, device: str, payload: bytes, request: CollectRequest, received: dict, *, persist: bool
+    ) -> None:
+        try:
+            msg = wire.UpdateMessage.decode(payload, max_bytes=self.policy.max_payload_bytes)
+        except wire.WireError as exc:
+            self._reject(device, request, str(exc))
+            received.setdefault(device, Rejection(device, str(exc)))
+            return
+        spec = request.spec
+        if msg.device != device:
+            self._reject(device, request, f"payload claims to be from {msg.device!r}")
+            return
+        if (msg.fleet, msg.task) != (self.fleet, spec.name):
+            self._reject(device, request, f"update for {msg.fleet}/{msg.task}, not {self.fleet}/{spec.name}")
+            return
+        if (msg.round, msg.phase) != (request.round, request.phase) or msg.global_hash != request.global_hash:
+            # Stale retries and stragglers from earlier rounds are normal after a restart: just drop them.
+            log.info(
+                "dropped update from %s for round %d/%s (open: %d/%s)",
+                device,
+                msg.round,
+                msg.phase,
+                request.round,
+                request.phase,
+            )
+            return
+        if isinstance(received.get(device), Update):
+            return  # duplicate delivery (QoS 1) or a resend after a restart
+        try:
+            wire.validate_tensors(msg.params, request.expected)
+        except wire.WireError as exc:
+            self._reject(device, request, str(exc))
+            received[device] = Rejection(device, str(exc))
+            return
+        if persist and self.store is not None:
+            self.store.put_update(
+                spec.name, request.round, request.phase, device, request.global_hash, payload
+            )
+        received[device] = Update(device, msg.params, msg.n_samples, msg.metrics)

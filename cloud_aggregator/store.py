@@ -1,0 +1,204 @@
+"""The aggregator's durable state: SQLite (WAL) for rounds, updates and resume points;
+global parameters as content-addressed artifact files.
+
+Order of writes makes a crash at any instant safe: an artifact is written
+atomically under its hash before the transaction that points at it commits, and
+a round's record and its resume point commit in one transaction.  Received
+updates are stored as they arrive (idempotently, keyed by task, round, phase and
+device), so a restarted aggregator loses none and counts none twice.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from cloud_aggregator.rounds import RoundRecord
+from edge.state import atomic_write_bytes, decode_arrays, encode_arrays
+from trainer_lite.params import Params, param_hash
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    name TEXT PRIMARY KEY, spec TEXT NOT NULL, created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    task TEXT NOT NULL, round INTEGER NOT NULL, phase TEXT NOT NULL, status TEXT NOT NULL,
+    participants TEXT NOT NULL, n_samples TEXT NOT NULL, metrics TEXT NOT NULL,
+    rejected TEXT NOT NULL, global_hash TEXT NOT NULL, started REAL NOT NULL, finished REAL NOT NULL,
+    PRIMARY KEY (task, round, phase)
+);
+CREATE TABLE IF NOT EXISTS resume (
+    task TEXT PRIMARY KEY, round INTEGER NOT NULL, phase_index INTEGER NOT NULL,
+    global_hash TEXT NOT NULL, strategy_state TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS updates (
+    task TEXT NOT NULL, round INTEGER NOT NULL, phase TEXT NOT NULL, device TEXT NOT NULL,
+    global_hash TEXT NOT NULL, payload BLOB NOT NULL, received REAL NOT NULL,
+    PRIMARY KEY (task, round, phase, device)
+);
+CREATE TABLE IF NOT EXISTS rejections (
+    task TEXT NOT NULL, round INTEGER, device TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL
+);
+"""
+
+
+class SqliteStore:
+    """A ``RoundStore`` in one SQLite file plus an ``artifacts/`` folder beside it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.artifacts = self.path.parent / "artifacts"
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- artifacts ---------------------------------------------------------
+    def put_params(self, params: Params) -> str:
+        digest = param_hash(params)
+        path = self.artifacts / f"{digest}.safetensors"
+        if not path.exists():
+            atomic_write_bytes(path, encode_arrays(params))
+        return digest
+
+    def get_params(self, digest: str) -> Params:
+        arrays, _ = decode_arrays((self.artifacts / f"{digest}.safetensors").read_bytes())
+        if param_hash(arrays) != digest:
+            raise ValueError(f"artifact {digest} does not match its name")
+        return arrays
+
+    # -- tasks ---------------------------------------------------------------
+    def register_task(self, name: str, spec_json: str, *, restart: bool = False) -> bool:
+        """Record the task's spec; returns ``True`` when a run of the same spec can resume.
+
+        A different spec under the same name (or ``restart``) clears that task's history.
+        """
+        with self._lock:
+            row = self._db.execute("SELECT spec FROM tasks WHERE name=?", (name,)).fetchone()
+            if row is not None and row[0] == spec_json and not restart:
+                return True
+            self._db.execute("BEGIN IMMEDIATE")
+            for table in ("rounds", "resume", "updates", "rejections"):
+                self._db.execute(f"DELETE FROM {table} WHERE task=?", (name,))
+            self._db.execute(
+                "INSERT OR REPLACE INTO tasks (name, spec, created) VALUES (?, ?, ?)",
+                (name, spec_json, time.time()),
+            )
+            self._db.execute("COMMIT")
+            return False
+
+    # -- RoundStore ------------------------------------------------------------
+    def resume_point(self, task: str) -> tuple[int, int, Params, dict[str, Any]] | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT round, phase_index, global_hash, strategy_state FROM resume WHERE task=?", (task,)
+            ).fetchone()
+        if row is None:
+            return None
+        return row[0], row[1], self.get_params(row[2]), json.loads(row[3])
+
+    def save(
+        self, record: RoundRecord, next_point: tuple[int, int], global_params: Params, state: dict
+    ) -> None:
+        digest = self.put_params(global_params)
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT OR REPLACE INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    record.task,
+                    record.round,
+                    record.phase,
+                    record.status,
+                    json.dumps(record.participants),
+                    json.dumps(record.n_samples),
+                    json.dumps(record.metrics),
+                    json.dumps(record.rejected),
+                    record.global_hash,
+                    record.started,
+                    record.finished,
+                ),
+            )
+            self._db.execute(
+                "INSERT OR REPLACE INTO resume VALUES (?,?,?,?,?)",
+                (record.task, next_point[0], next_point[1], digest, json.dumps(state, sort_keys=True)),
+            )
+            self._db.execute(
+                "DELETE FROM updates WHERE task=? AND round=? AND phase=?",
+                (record.task, record.round, record.phase),
+            )
+            self._db.execute("COMMIT")
+
+    # -- updates as they arrive ----------------------------------------------------
+    def put_update(
+        self, task: str, round_: int, phase: str, device: str, global_hash: str, payload: bytes
+    ) -> bool:
+        """Store a received update; ``False`` if one from that device is already stored."""
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO updates VALUES (?,?,?,?,?,?,?)",
+                (task, round_, phase, device, global_hash, payload, time.time()),
+            )
+            return cur.rowcount == 1
+
+    def stored_updates(self, task: str, round_: int, phase: str, global_hash: str) -> list[tuple[str, bytes]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT device, payload FROM updates WHERE task=? AND round=? AND phase=? AND global_hash=?",
+                (task, round_, phase, global_hash),
+            ).fetchall()
+        return [(d, bytes(p)) for d, p in rows]
+
+    def put_rejection(self, task: str, round_: int | None, device: str, reason: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO rejections VALUES (?,?,?,?,?)", (task, round_, device, reason[:500], time.time())
+            )
+
+    # -- reading back -------------------------------------------------------------
+    def rounds(self, task: str) -> list[RoundRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT task, round, phase, status, participants, n_samples, metrics, rejected, global_hash, "
+                "started, finished FROM rounds WHERE task=? ORDER BY round, started",
+                (task,),
+            ).fetchall()
+        return [
+            RoundRecord(
+                task=r[0],
+                round=r[1],
+                phase=r[2],
+                status=r[3],
+                participants=json.loads(r[4]),
+                n_samples=json.loads(r[5]),
+                metrics=json.loads(r[6]),
+                rejected=json.loads(r[7]),
+                global_hash=r[8],
+                started=r[9],
+                finished=r[10],
+            )
+            for r in rows
+        ]
+
+    def rejection_counts(self, task: str | None = None) -> dict[str, int]:
+        query = "SELECT device, COUNT(*) FROM rejections"
+        args: tuple = ()
+        if task is not None:
+            query += " WHERE task=?"
+            args = (task,)
+        with self._lock:
+            return dict(self._db.execute(query + " GROUP BY device", args).fetchall())
+
+    def tasks(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._db.execute("SELECT name, spec FROM tasks").fetchall())

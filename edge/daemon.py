@@ -1,0 +1,254 @@
+"""``edge-trainer``: the long-running device daemon.
+
+It connects with a Last Will that marks it offline, follows its fleet's round
+announcements, runs the task's client update from ``trainer_lite`` on its local
+dataset, and publishes only the algorithm's shared parameters.  Personal state
+and the last upload live together in one atomically written file per task, so a
+kill at any instant leaves a state that is either before or after a round — and
+an upload that was computed is re-sent, never recomputed, when a round is
+re-announced (after an aggregator or broker restart).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edge import wire
+from edge.config import DeviceConfig
+from edge.dataset import prepare_dataset
+from edge.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsOptions
+from edge.state import StateError, load_arrays, save_arrays
+from trainer_lite.algorithms import ClientAlgorithm, make_client
+from trainer_lite.client import initial_local, participate
+from trainer_lite.params import Params, param_hash, strip_prefix, with_prefix
+from trainer_lite.task import TaskSpec
+
+log = logging.getLogger(__name__)
+UPLOAD = "upload"
+
+
+@dataclass
+class TaskState:
+    """One task's state on this device: personal parameters and the last answered round."""
+
+    spec_json: str
+    local: Params
+    answered: tuple[int, str] | None = None
+    upload: Params = field(default_factory=dict)
+    upload_meta: dict = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class EdgeTrainer:
+    """The device daemon; ``run()`` blocks until ``stop()`` (or SIGTERM/SIGINT via the CLI)."""
+
+    def __init__(self, config: DeviceConfig) -> None:
+        self.config = config
+        self.device = config.device
+        self.state_dir = Path(config.state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._stop = threading.Event()
+        self.tasks: dict[str, TaskState] = {}
+        self.clients: dict[str, ClientAlgorithm] = {}
+        self.train, self.test, self.data_meta = prepare_dataset(self.state_dir, self.device, config.data)
+        self.session = MqttSession(self._session_options())
+        self.rounds_done = 0
+
+    # -- MQTT ------------------------------------------------------------------------
+    def _status(self, state: str) -> tuple[str, bytes]:
+        body = {
+            "device": self.device,
+            "state": state,
+            "time": time.time(),
+            "tasks": {
+                name: {"round": ts.answered[0] if ts.answered else None, "metrics": ts.metrics}
+                for name, ts in self.tasks.items()
+            },
+        }
+        return wire.topic_status(self.config.fleet, self.device), json.dumps(body, sort_keys=True).encode()
+
+    def _session_options(self) -> SessionOptions:
+        c = self.config
+        tls = TlsOptions(c.tls.ca_file, c.tls.cert_file, c.tls.key_file) if c.tls else None
+        return SessionOptions(
+            broker=BrokerAddress.parse(c.broker),
+            client_id=f"ioft-{c.fleet}-{c.device}",
+            username=c.username,
+            password=c.password,
+            tls=tls,
+            allow_plaintext=c.allow_plaintext,
+            keepalive=c.keepalive,
+            will=self._status("offline"),
+            birth=lambda: [self._status("online")],
+        )
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        fleet = self.config.fleet
+        self.session.subscribe(f"{wire.PROTOCOL}/{fleet}/task/+/down")
+        self.session.subscribe(f"{wire.PROTOCOL}/{fleet}/task/+/down/{self.device}")
+        self.session.start(timeout=None)  # paho keeps retrying until the broker is there
+        log.info(
+            "%s running (state %s, %d train / %d test rows)",
+            self.device,
+            self.state_dir,
+            len(self.train),
+            len(self.test),
+        )
+        try:
+            while not self._stop.is_set():
+                if self.session.fatal:
+                    raise RuntimeError(self.session.fatal)
+                msg = self.session.get(0.2)
+                if msg is not None:
+                    self.handle(msg.topic, msg.payload)
+        finally:
+            self.session.stop(final=self._status("offline"))
+            log.info("%s stopped after %d rounds", self.device, self.rounds_done)
+
+    # -- rounds ------------------------------------------------------------------------
+    def handle(self, topic: str, payload: bytes) -> None:
+        """Act on one downlink message; malformed input is logged and dropped."""
+        try:
+            parsed = wire.parse_topic(topic)
+            if parsed.kind not in ("down", "down_device") or parsed.fleet != self.config.fleet:
+                return
+            ann = wire.Announcement.decode(payload, max_bytes=self.config.max_payload_bytes)
+            if ann.task != parsed.task or ann.fleet != parsed.fleet:
+                raise wire.WireError(f"announcement for {ann.fleet}/{ann.task} on topic {topic}")
+            self.on_announcement(ann)
+        except (wire.WireError, ValueError, KeyError) as exc:
+            log.warning("%s dropped downlink on %s: %s", self.device, topic, exc)
+
+    def _client(self, spec_json: str) -> ClientAlgorithm:
+        algo = self.clients.get(spec_json)
+        if algo is None:
+            spec = TaskSpec.from_json(spec_json)
+            if self.config.algorithms and spec.algorithm not in self.config.algorithms:
+                raise ValueError(
+                    f"algorithm {spec.algorithm!r} not allowed on this device ({self.config.algorithms})"
+                )
+            algo = self.clients[spec_json] = make_client(spec)
+        return algo
+
+    def on_announcement(self, ann: wire.Announcement) -> None:
+        if self.config.tasks and ann.task not in self.config.tasks:
+            return
+        algo = self._client(ann.spec)
+        state = self._task_state(ann.task, ann.spec, algo)
+        if ann.state == "done":
+            return
+        key = (ann.round, ann.phase)
+        if state.answered is not None and key == state.answered:
+            if state.upload_meta.get("global_hash") == ann.global_hash:
+                self._publish_upload(ann.task, state)  # the aggregator may have lost it
+            return
+        if state.answered is not None and ann.round < state.answered[0]:
+            return  # a stale announcement
+        if param_hash(ann.params) != ann.global_hash:
+            raise wire.WireError("downlink parameters do not match their announced hash")
+        expected = {
+            n: wire.TensorSpec(tuple(v.shape), algo.spec.dtype)
+            for n, v in algo.init_global(np.random.default_rng(0)).items()
+        }
+        if algo.phases() == ("train",):
+            wire.validate_tensors(ann.params, expected)
+        started = time.perf_counter()
+        result, new_local = participate(
+            algo,
+            self.device,
+            ann.params,
+            state.local,
+            self.train,
+            self.test,
+            round_=ann.round,
+            phase=ann.phase,
+        )
+        metrics = dict(result.metrics) | {"train_seconds": time.perf_counter() - started}
+        new_state = TaskState(
+            spec_json=ann.spec,
+            local=new_local,
+            answered=key,
+            upload=result.shared,
+            upload_meta={"n_samples": result.n_samples, "global_hash": ann.global_hash},
+            metrics=metrics,
+        )
+        self._save(ann.task, new_state)  # durable before it is announced to anyone
+        self.tasks[ann.task] = new_state
+        self._publish_upload(ann.task, new_state)
+        self.rounds_done += 1
+        topic, status = self._status("online")
+        self.session.publish(topic, status, retain=True, timeout=None)
+
+    def _publish_upload(self, task: str, state: TaskState) -> None:
+        assert state.answered is not None
+        round_, phase = state.answered
+        msg = wire.UpdateMessage(
+            fleet=self.config.fleet,
+            task=task,
+            device=self.device,
+            round=round_,
+            phase=phase,
+            n_samples=int(state.upload_meta["n_samples"]),
+            global_hash=state.upload_meta["global_hash"],
+            metrics=state.metrics,
+            params=state.upload,
+        )
+        self.session.publish(wire.topic_up(self.config.fleet, task, self.device), msg.encode(), timeout=None)
+
+    # -- state on disk --------------------------------------------------------------------
+    def _path(self, task: str) -> Path:
+        return self.state_dir / "tasks" / task / "local.safetensors"
+
+    def _task_state(self, task: str, spec_json: str, algo: ClientAlgorithm) -> TaskState:
+        state = self.tasks.get(task)
+        if state is None:
+            try:
+                state = self._load(task)
+            except StateError as exc:
+                log.error("%s: %s; starting task %s afresh", self.device, exc, task)
+        if state is None or state.spec_json != spec_json:
+            if state is not None:
+                log.info("%s: task %s has a new spec; resetting its local state", self.device, task)
+            state = TaskState(spec_json=spec_json, local=initial_local(algo, self.device))
+        self.tasks[task] = state
+        return state
+
+    def _save(self, task: str, state: TaskState) -> None:
+        arrays = {**with_prefix(state.local, "local"), **with_prefix(state.upload, UPLOAD)}
+        meta = {
+            "spec": state.spec_json,
+            "answered": list(state.answered) if state.answered else None,
+            "upload_meta": state.upload_meta,
+            "metrics": state.metrics,
+        }
+        save_arrays(self._path(task), arrays, meta)
+
+    def _load(self, task: str) -> TaskState | None:
+        loaded = load_arrays(self._path(task))
+        if loaded is None:
+            return None
+        arrays, meta = loaded
+        answered = meta.get("answered")
+        return TaskState(
+            spec_json=meta["spec"],
+            local=strip_prefix(arrays, "local"),
+            answered=(int(answered[0]), str(answered[1])) if answered else None,
+            upload=strip_prefix(arrays, UPLOAD),
+            upload_meta=meta.get("upload_meta", {}),
+            metrics=meta.get("metrics", {}),
+        )
+
+    # -- inspection ---------------------------------------------------------------------
+    def personal_prediction(self, task: str, shared: Params, x: np.ndarray) -> np.ndarray:
+        state = self.tasks[task]
+        return self._client(state.spec_json).predict(shared, state.local, x)

@@ -1,0 +1,243 @@
+"""A thin MQTT session over paho-mqtt 2.x, used by devices and the aggregator alike.
+
+Lifecycle, explicitly (after Home Assistant's MQTT client): the Last Will is set
+before connecting; every (re)connect re-publishes the birth messages and
+re-subscribes from tracked state; paho reconnects with exponential backoff;
+bad credentials stop the retrying; inbound messages go to a bounded queue that
+the owner drains on its own thread, so slow work never blocks the network loop.
+
+The wire protocol is MQTT 3.1.1 so the session also works against embedded
+brokers that speak nothing newer (amqtt).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import paho.mqtt.client as paho
+
+log = logging.getLogger(__name__)
+
+#: CONNACK codes after which retrying cannot help (3.1.1 codes 4, 5; 5.0 codes 134, 135).
+_FATAL_CONNACK = {4, 5, 134, 135}
+
+
+class MqttError(RuntimeError):
+    """The broker could not be reached or refused us; the message says which."""
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """Client TLS: the fleet CA, and this client's certificate and key (mutual TLS)."""
+
+    ca_file: str
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    """Where the broker is: ``mqtt://host:port`` (plaintext) or ``mqtts://host:port`` (TLS)."""
+
+    host: str
+    port: int
+    tls: bool
+
+    @classmethod
+    def parse(cls, url: str) -> BrokerAddress:
+        parsed = urlparse(url)
+        if parsed.scheme not in ("mqtt", "mqtts") or not parsed.hostname:
+            raise ValueError(f"broker URL {url!r} must look like mqtt://host:port or mqtts://host:port")
+        tls = parsed.scheme == "mqtts"
+        return cls(parsed.hostname, parsed.port or (8883 if tls else 1883), tls)
+
+    def url(self) -> str:
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Message:
+    topic: str
+    payload: bytes
+    retain: bool
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Everything a session needs to connect.
+
+    ``birth`` returns ``(topic, payload)`` pairs published retained on every connect
+    (called on the network thread: it must not block);
+    ``will`` is published by the broker, retained, if we vanish without a clean disconnect.
+    """
+
+    broker: BrokerAddress
+    client_id: str
+    username: str | None = None
+    password: str | None = None
+    tls: TlsOptions | None = None
+    allow_plaintext: bool = True
+    keepalive: int = 15
+    clean_session: bool = True
+    will: tuple[str, bytes] | None = None
+    birth: Callable[[], list[tuple[str, bytes]]] | None = None
+    inbound_limit: int = 10_000
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 10.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class MqttSession:
+    """One connection to the broker, kept alive across broker restarts."""
+
+    def __init__(self, options: SessionOptions) -> None:
+        if options.tls is None and not options.broker.tls and not options.allow_plaintext:
+            raise MqttError(
+                f"refusing plaintext broker {options.broker.url()}: use mqtts:// with a CA, "
+                "or set allow_plaintext (tests and loopback demos only)"
+            )
+        if options.broker.tls and options.tls is None:
+            raise MqttError(f"{options.broker.url()} needs TLS options (at least the fleet CA file)")
+        self.options = options
+        self.inbound: queue.Queue[Message] = queue.Queue(maxsize=options.inbound_limit)
+        self.dropped_inbound = 0
+        self.connected = threading.Event()
+        self.fatal: str | None = None
+        self._subs: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.on_connect_hooks: list[Callable[[], None]] = []
+        self._client = self._make_client()
+
+    def _make_client(self) -> paho.Client:
+        o = self.options
+        client = paho.Client(
+            callback_api_version=paho.CallbackAPIVersion.VERSION2,
+            client_id=o.client_id,
+            protocol=paho.MQTTv311,
+            clean_session=o.clean_session,
+        )
+        client.max_queued_messages_set(0)  # unbounded while offline; QoS 1 survives a broker restart
+        client.reconnect_delay_set(min_delay=max(1, int(o.reconnect_min_s)), max_delay=int(o.reconnect_max_s))
+        if o.username is not None:
+            client.username_pw_set(o.username, o.password)
+        if o.tls is not None:
+            client.tls_set(
+                ca_certs=o.tls.ca_file,
+                certfile=o.tls.cert_file,
+                keyfile=o.tls.key_file,
+                cert_reqs=ssl.CERT_REQUIRED,
+                tls_version=ssl.PROTOCOL_TLS_CLIENT,
+            )
+        if o.will is not None:
+            client.will_set(o.will[0], o.will[1], qos=1, retain=True)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        return client
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self, timeout: float | None = 10.0) -> None:
+        """Connect in the background; wait up to ``timeout`` s for the first CONNACK."""
+        b = self.options.broker
+        try:
+            self._client.connect_async(b.host, b.port, keepalive=self.options.keepalive)
+        except (OSError, ValueError) as exc:
+            raise MqttError(f"cannot connect to {b.url()}: {exc}") from exc
+        self._client.loop_start()
+        if timeout is not None and not self.wait_connected(timeout):
+            self.stop()
+            raise MqttError(self.fatal or f"no connection to {b.url()} within {timeout} s")
+
+    def wait_connected(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.fatal is None:
+            if self.connected.wait(0.05):
+                return True
+        return False
+
+    def stop(self, final: tuple[str, bytes] | None = None) -> None:
+        """Publish ``final`` (e.g. a retained offline status), then disconnect cleanly."""
+        if final is not None and self.connected.is_set():
+            try:
+                self.publish(final[0], final[1], retain=True, timeout=2.0)
+            except MqttError as exc:
+                log.warning("final message not delivered: %s", exc)
+        self._client.disconnect()
+        self._client.loop_stop()
+        self.connected.clear()
+
+    # -- subscriptions and publishing ---------------------------------------
+    def subscribe(self, topic: str, qos: int = 1) -> None:
+        """Subscribe now (if connected) and again after every reconnect."""
+        with self._lock:
+            self._subs[topic] = qos
+        if self.connected.is_set():
+            self._client.subscribe(topic, qos)
+
+    def publish(
+        self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False, timeout: float | None = 10.0
+    ) -> None:
+        """Publish; with ``timeout`` wait for the broker's ack (QoS 1) or raise ``MqttError``."""
+        info = self._client.publish(topic, payload, qos=qos, retain=retain)
+        if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):
+            raise MqttError(f"publish to {topic} failed: {paho.error_string(info.rc)}")
+        if timeout is None:
+            return
+        deadline = time.monotonic() + timeout
+        while not info.is_published():
+            if time.monotonic() > deadline:
+                raise MqttError(f"no ack for publish to {topic} within {timeout} s")
+            time.sleep(0.002)
+
+    def get(self, timeout: float | None) -> Message | None:
+        """Next inbound message, or ``None`` after ``timeout`` seconds."""
+        try:
+            return self.inbound.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    # -- paho callbacks (network thread) --------------------------------------
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.is_failure:
+            code = reason_code.value
+            msg = f"broker {self.options.broker.url()} refused connection: {reason_code}"
+            if code in _FATAL_CONNACK:
+                self.fatal = msg + " (bad credentials or not authorized; not retrying)"
+                log.error(self.fatal)
+                client.disconnect()
+            else:
+                log.warning(msg)
+            return
+        with self._lock:
+            subs = list(self._subs.items())
+        for topic, qos in subs:
+            client.subscribe(topic, qos)
+        if self.options.birth is not None:
+            for topic, payload in self.options.birth():
+                client.publish(topic, payload, qos=1, retain=True)
+        self.connected.set()
+        log.info("connected to %s as %s", self.options.broker.url(), self.options.client_id)
+        for hook in self.on_connect_hooks:  # hooks run on the network thread: no waiting
+            try:
+                hook()
+            except Exception:  # a hook must never kill the network thread
+                log.exception("on-connect hook failed")
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        self.connected.clear()
+        if self.fatal is None:
+            log.warning("disconnected from %s (%s); reconnecting", self.options.broker.url(), reason_code)
+
+    def _on_message(self, client, userdata, msg) -> None:
+        try:
+            self.inbound.put_nowait(Message(msg.topic, bytes(msg.payload), bool(msg.retain)))
+        except queue.Full:
+            self.dropped_inbound += 1
+            log.error("inbound queue full (%d); dropped a message on %s", self.inbound.maxsize, msg.topic)
