@@ -1,0 +1,145 @@
+"""Start an MQTT broker for a demo or a test: mosquitto when installed, else amqtt.
+
+Both are real brokers speaking MQTT over TCP on loopback; nothing here is an
+in-memory queue.  mosquitto runs with ``-p PORT`` (local-only, anonymous); amqtt
+runs in a child Python process (``python -m cloud_aggregator.broker --amqtt PORT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_mosquitto() -> str | None:
+    """The mosquitto binary on PATH or in Debian's /usr/sbin."""
+    return shutil.which("mosquitto") or next(
+        (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.access(p, os.X_OK)), None
+    )
+
+
+def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"broker exited with code {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"broker did not listen on 127.0.0.1:{port} within {timeout} s")
+
+
+@dataclass
+class BrokerProcess:
+    """A running broker child process."""
+
+    kind: str
+    port: int
+    proc: subprocess.Popen
+    config: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill(self) -> None:
+        """Stop abruptly, as a crashing broker would."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_mosquitto(
+    port: int | None = None, *, config: Path | None = None, log_file: Path | None = None
+) -> BrokerProcess:
+    """mosquitto on 127.0.0.1: ``-p PORT`` (anonymous, loopback only) or ``-c CONFIG``."""
+    binary = find_mosquitto()
+    if binary is None:
+        raise FileNotFoundError("mosquitto not found; install it (apt-get install mosquitto) or use amqtt")
+    port = port or free_port()
+    args = [binary, "-c", str(config)] if config is not None else [binary, "-p", str(port)]
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 (closed with the process)
+    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for_port(port, 10.0, proc)
+    return BrokerProcess("mosquitto", port, proc, config)
+
+
+def start_amqtt(port: int | None = None, *, log_file: Path | None = None) -> BrokerProcess:
+    """amqtt (MQTT 3.1.1, pure Python) in a child process on 127.0.0.1."""
+    port = port or free_port()
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cloud_aggregator.broker", "--amqtt", str(port)],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    wait_for_port(port, 20.0, proc)
+    return BrokerProcess("amqtt", port, proc)
+
+
+def start_embedded(
+    port: int | None = None, *, prefer: str = "mosquitto", log_file: Path | None = None
+) -> BrokerProcess:
+    """mosquitto if its binary is present (and preferred), else amqtt."""
+    if prefer == "mosquitto" and find_mosquitto():
+        return start_mosquitto(port, log_file=log_file)
+    return start_amqtt(port, log_file=log_file)
+
+
+def _run_amqtt(port: int) -> None:
+    from amqtt.broker import Broker
+
+    config = {
+        "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{port}", "max_connections": 10_000}},
+        "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+    }
+
+    async def main() -> None:
+        broker = Broker(config)
+        await broker.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await broker.shutdown()
+
+    asyncio.run(main())
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Run an embedded amqtt broker on 127.0.0.1")
+    parser.add_argument("--amqtt", type=int, required=True, metavar="PORT")
+    logging.basicConfig(level=logging.WARNING)
+    _run_amqtt(parser.parse_args().amqtt)

@@ -1,0 +1,96 @@
+"""``cloud-aggregator``: the cloud side's command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from edge.config import ConfigError, build, load_toml
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from cloud_aggregator.config import AggregatorConfig
+    from cloud_aggregator.server import serve
+
+    raw = load_toml(args.config) if args.config else {}
+    if args.broker:
+        raw["broker"] = args.broker
+    if args.state_dir:
+        raw["state_dir"] = args.state_dir
+    if args.allow_plaintext:
+        raw["allow_plaintext"] = True
+    if args.restart:
+        raw["restart"] = True
+    try:
+        cfg = build(AggregatorConfig, raw, str(args.config or "command line"))
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if not cfg.task:
+        print("no [[task]] configured; nothing to do", file=sys.stderr)
+        return 2
+
+    def _term(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        serve(cfg)
+    except KeyboardInterrupt:
+        logging.getLogger(__name__).info("stopped by signal; state is saved, `serve` again resumes")
+        return 130
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from cloud_aggregator.demo import run_demo
+
+    return run_demo(
+        devices=args.devices,
+        rounds=args.rounds,
+        broker=args.broker,
+        workdir=args.workdir,
+        prefer=args.prefer_broker,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cloud-aggregator", description="ioft cloud side: rounds, aggregation, models."
+    )
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="orchestrate the configured tasks' rounds over MQTT")
+    s.add_argument("--config", type=Path, help="TOML config with [[task]] tables")
+    s.add_argument("--broker", help="mqtt://host:port or mqtts://host:port")
+    s.add_argument("--state-dir", help="folder for aggregator.sqlite and artifacts")
+    s.add_argument("--allow-plaintext", action="store_true")
+    s.add_argument("--restart", action="store_true", help="forget stored rounds and start the tasks afresh")
+    s.set_defaults(func=_serve)
+
+    d = sub.add_parser("demo", help="a whole fleet on this machine: broker, aggregator, simulated printers")
+    d.add_argument("--devices", type=int, default=4, help="number of simulated printers (>= 2)")
+    d.add_argument("--rounds", type=int, default=40)
+    d.add_argument("--broker", help="use this broker instead of starting one (mqtt://host:port)")
+    d.add_argument("--workdir", type=Path, help="where state goes (default: a fresh temp folder)")
+    d.add_argument("--prefer-broker", default="mosquitto", choices=["mosquitto", "amqtt"])
+    d.set_defaults(func=_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s aggregator %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""``cloud-aggregator serve`` settings: a TOML file, validated against this schema."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge.config import TlsConfig
+from edge.wire import MAX_PAYLOAD_BYTES, check_id
+from trainer_lite.task import TaskSpec
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    """See ``cloud_aggregator.mqtt_fleet.CollectPolicy``."""
+
+    deadline_s: float = 30.0
+    min_participants: int = 1
+    max_extensions: int = 2
+    expected: list[str] = field(default_factory=list)
+    startup_wait_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.deadline_s <= 0 or self.min_participants < 1 or self.max_extensions < 0:
+            raise ValueError("need deadline_s > 0, min_participants >= 1, max_extensions >= 0")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """One task to train (becomes a ``TaskSpec``)."""
+
+    name: str
+    algorithm: str
+    model: str
+    rounds: int = 10
+    seed: int = 0
+    dtype: str = "float32"
+    model_args: dict[str, Any] = field(default_factory=dict)
+    hparams: dict[str, Any] = field(default_factory=dict)
+    server: dict[str, Any] = field(default_factory=dict)
+
+    def spec(self) -> TaskSpec:
+        return TaskSpec(
+            name=self.name,
+            algorithm=self.algorithm,
+            model=self.model,
+            model_args=self.model_args,
+            hparams=self.hparams,
+            server=self.server,
+            dtype=self.dtype,
+            rounds=self.rounds,
+            seed=self.seed,
+        )
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    fleet: str = "default"
+    broker: str = "mqtt://127.0.0.1:1883"
+    state_dir: str = "/var/lib/ioft-aggregator"
+    client_id: str = "ioft-aggregator"
+    allow_plaintext: bool = False
+    username: str | None = None
+    password: str | None = None
+    tls: TlsConfig | None = None
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    restart: bool = False
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    task: list[TaskConfig] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check_id("fleet", self.fleet)
+        names = [t.name for t in self.task]
+        if len(set(names)) != len(names):
+            raise ValueError(f"task names must be unique, got {names}")
+        for t in self.task:
+            t.spec()  # validates the name, dtype and rounds now, not mid-run

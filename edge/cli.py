@@ -1,0 +1,74 @@
+"""``edge-trainer``: the device daemon's command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from edge.config import ConfigError, DeviceConfig, build, load_toml
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="edge-trainer",
+        description="ioft device daemon: trains this machine's personalized model with its fleet over MQTT.",
+    )
+    p.add_argument("--device", required=True, help="this device's id, e.g. printer3")
+    p.add_argument("--config", type=Path, help="TOML config file (CLI flags override it)")
+    p.add_argument("--state-dir", help="where local state and data live (default /var/lib/ioft/<device>)")
+    p.add_argument("--broker", help="mqtt://host:port or mqtts://host:port")
+    p.add_argument("--fleet", help="fleet id")
+    p.add_argument(
+        "--simulate", choices=["printer", "welder"], help="use a simulated machine as the data source"
+    )
+    p.add_argument(
+        "--allow-plaintext", action="store_true", help="accept an unencrypted broker (loopback/tests)"
+    )
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> DeviceConfig:
+    raw = load_toml(args.config) if args.config else {}
+    raw["device"] = args.device
+    if args.state_dir:
+        raw["state_dir"] = args.state_dir
+    elif "state_dir" not in raw:
+        raw["state_dir"] = f"/var/lib/ioft/{args.device}"
+    if args.broker:
+        raw["broker"] = args.broker
+    if args.fleet:
+        raw["fleet"] = args.fleet
+    if args.allow_plaintext:
+        raw["allow_plaintext"] = True
+    if args.simulate:
+        raw.setdefault("data", {})["source"] = f"simulate-{args.simulate}"
+    return build(DeviceConfig, raw, str(args.config or "command line"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        format=f"%(asctime)s {args.device} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    from edge.daemon import EdgeTrainer
+
+    trainer = EdgeTrainer(config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: trainer.stop())
+    trainer.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
