@@ -10,7 +10,9 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from trainer_lite.layers import Affine, Layer, Linear, ReLU, Sequential, SigmoidGLM
+import numpy as np
+
+from trainer_lite.layers import Affine, GaussianGLM, Layer, Linear, ReLU, Residual, Sequential, SigmoidGLM
 
 ModelBuilder = Callable[..., Sequential]
 _MODELS: dict[str, ModelBuilder] = {}
@@ -42,15 +44,36 @@ def model_names() -> list[str]:
 
 
 def mlp(sizes: list[int], *, init: str = "torch", final_relu: bool = False) -> Sequential:
-    """Linear/ReLU stack ``sizes[0] -> ... -> sizes[-1]`` with layers ``fc0, relu0, fc1, ...``."""
+    """Linear/ReLU stack ``sizes[0] -> ... -> sizes[-1]`` with layers ``fc0, relu0, fc1, ...``.
+
+    Parameters
+    ----------
+    sizes
+        Widths from input to output, e.g. FTL-TP's ``[624, 175, 125, 50, 4]``.
+    init
+        Passed to every :class:`~trainer_lite.layers.Linear`: ``"torch"`` (torch's
+        default), ``"kaiming"`` (Kaiming-normal weights, zero biases, as FTL-TP) or
+        ``"zeros"``.
+    final_relu
+        Also apply a ReLU after the last linear map.
+    """
+    sizes = list(sizes)
     if len(sizes) < 2:
         raise ValueError(f"an MLP needs at least input and output sizes, got {sizes}")
+    if any(not isinstance(s, int | np.integer) or isinstance(s, bool) or s < 1 for s in sizes):
+        raise ValueError(f"MLP sizes must be positive integers, got {sizes}")
     layers: list[tuple[str, Layer]] = []
     for i, (a, b) in enumerate(itertools.pairwise(sizes)):
-        layers.append((f"fc{i}", Linear(a, b, init=init)))
+        layers.append((f"fc{i}", Linear(int(a), int(b), init=init)))
         if i < len(sizes) - 2 or final_relu:
             layers.append((f"relu{i}", ReLU()))
     return Sequential(layers)
+
+
+@register_model("mlp")
+def mlp_model(sizes: list[int], init: str = "torch", final_relu: bool = False) -> Sequential:
+    """:func:`mlp` under the registry (FTL-TP: ``sizes=[624, 175, 125, 50, C]``, ``init="kaiming"``)."""
+    return mlp(sizes, init=init, final_relu=final_relu)
 
 
 @register_model("sigmoid_glm")
@@ -63,3 +86,45 @@ def sigmoid_glm(dim: int = 1) -> Sequential:
 def linear(d_in: int = 1, d_out: int = 1) -> Sequential:
     """A single linear block named ``head``."""
     return Sequential([("head", Linear(d_in, d_out))])
+
+
+@register_model("gaussian_glm")
+def gaussian_glm(
+    dim: int = 1, n_basis: int = 16, form: str = "code", hidden: int | None = None, bias: bool | None = None
+) -> Sequential:
+    """PFL-DA Table 4, second row: encoder ``φ1·x + φ2``, Gaussian-basis decoder.
+
+    The default is the authors' code (``Encoder_kernel`` + ``Decoder_kernel``): 16
+    centres U(0, 1), ``stds`` 1 in ``exp(-(μ − x)²·0.5·s²)``, then linear maps
+    16 → 1024 → 1 with nothing between.  ``form="paper"`` gives Table 4's
+    ``Σ_k w_k exp(-(x − μ_k)²/(2σ_k²))`` (one linear map, no bias, unless
+    ``hidden``/``bias`` say otherwise).  Parameters: ``encoder.scale``,
+    ``encoder.shift``, ``decoder.rbf.centers``, ``decoder.rbf.stds`` (code) or
+    ``decoder.rbf.widths`` (paper), ``decoder.fc1.*``/``decoder.fc2.*`` (hidden) or
+    ``decoder.fc.*``.
+    """
+    if hidden is None:
+        hidden = 1024 if form == "code" else 0
+    decoder = GaussianGLM(n_basis, dim, 1, form=form, hidden=hidden, bias=bias)
+    return Sequential([("encoder", Affine(dim)), ("decoder", decoder)])
+
+
+@register_model("printer_nn")
+def printer_nn(
+    dim: int = 1, feature_dim: int = 128, encoder_hidden: int = 64, width: int = 128, depth: int = 5
+) -> Sequential:
+    """PFL-DA Table 4, third row, as the authors' code builds it (``space='nn'``).
+
+    Encoder: ``Linear(dim, feature_dim)(x) + MLP dim → encoder_hidden → ReLU →
+    feature_dim`` (their ``Encoder``).  Decoder: ``depth`` linear maps of width
+    ``width`` with ReLU between (their ``Decoder``: 128 → 128 ×4 → 1).
+    Parameters: ``encoder.body.fc0.*``, ``encoder.body.fc1.*``,
+    ``encoder.shortcut.*``, ``decoder.fc0.*`` … ``decoder.fc{depth-1}.*``.  Their
+    training also adds ``0.01·MSE(mean feature, 0)`` on the encoder output; that
+    belongs to the algorithm, not the model.
+    """
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
+    encoder = Residual(mlp([dim, encoder_hidden, feature_dim]), shortcut=Linear(dim, feature_dim))
+    decoder = mlp([feature_dim] + [width] * (depth - 1) + [1])
+    return Sequential([("encoder", encoder), ("decoder", decoder)])
