@@ -1,0 +1,348 @@
+"""Weld files as monitoring systems export them: WAV, NPY and CSV, each with an optional JSON sidecar.
+
+One weld per file.  The sidecar ``<stem>.json`` beside ``<stem>.wav|.npy|.csv`` carries
+what the data file cannot::
+
+    {
+      "weld_id": "L20-000123",                  # default: the file stem
+      "started_at": "2024-05-01T08:30:00.125Z", # default: file mtime minus the duration
+      "channels": ["power", "lvdt", "ae", "mic"],
+      "sample_rate": 200000,                     # WAV: must agree with the header
+      "scale": {"power": 4000.0, "lvdt": 0.5},   # multiply to get physical units
+      "units": {"power": "W", "lvdt": "mm"}      # anything else lands in ``meta``
+    }
+
+Per format:
+
+* **WAV** (int16/int24/int32/float32/float64, plain, IEEE float or EXTENSIBLE): rate
+  from the header, channel names from the sidecar or the reader's default order.
+* **NPY**: needs the sidecar for ``channels`` and ``sample_rate``; the array may be
+  ``(n_channels, n_samples)`` or ``(n_samples, n_channels)``.
+* **CSV**: a header row of channel names; the rate from a ``# sample_rate: 200000``
+  comment line, the sidecar, or a ``time``/``time_s`` column.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sensors.welding.recording import (
+    MIN_SAMPLE_RATE,
+    WELD_CHANNELS,
+    WeldDataError,
+    WeldRecording,
+    parse_timestamp,
+)
+from sensors.welding.wavfile import IncompleteWeldFileError, read_wav, write_wav
+
+log = logging.getLogger(__name__)
+
+WELD_SUFFIXES = (".wav", ".npy", ".csv")
+TIME_COLUMNS = ("time", "time_s", "t")
+_SIDECAR_KEYS = ("weld_id", "started_at", "channels", "sample_rate", "scale")
+_COMMENT_KV = re.compile(r"^#\s*([A-Za-z_]+)\s*[:=]\s*(.+?)\s*$")
+
+
+def sidecar_path(path: str | Path) -> Path:
+    """``<stem>.json`` beside a weld file."""
+    path = Path(path)
+    return path.with_name(path.stem + ".json")
+
+
+def read_sidecar(path: str | Path) -> dict[str, Any]:
+    """The weld file's JSON sidecar as a dict (empty when there is none)."""
+    side = sidecar_path(path)
+    if not side.exists():
+        return {}
+    text = side.read_text(encoding="utf-8")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if not text.strip() or exc.pos >= len(text.rstrip()):
+            raise IncompleteWeldFileError(f"{side}: JSON ends early (still being written?)") from exc
+        raise WeldDataError(f"{side}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+    if not isinstance(obj, dict):
+        raise WeldDataError(f"{side}: sidecar must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def read_weld_file(
+    path: str | Path,
+    *,
+    default_channels: Sequence[str] = WELD_CHANNELS,
+    min_sample_rate: float = MIN_SAMPLE_RATE,
+) -> WeldRecording:
+    """Read one exported weld (WAV, NPY or CSV plus optional sidecar).
+
+    Parameters
+    ----------
+    path
+        The data file.
+    default_channels
+        Channel order assumed for a WAV without a sidecar naming its channels.
+    min_sample_rate
+        Passed to :class:`WeldRecording`.
+
+    Raises
+    ------
+    IncompleteWeldFileError
+        If the file (or its sidecar) looks unfinished: keep waiting.
+    WeldDataError
+        If the file can never be read: reject it with the message as the reason.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    side = read_sidecar(path)
+    if suffix == ".wav":
+        data, info = read_wav(path)
+        rate: float = float(info.sample_rate)
+        if "sample_rate" in side and not np.isclose(float(side["sample_rate"]), rate):
+            raise WeldDataError(
+                f"{path}: sidecar sample_rate {side['sample_rate']} disagrees with the WAV header {rate:g}"
+            )
+        channels = side.get("channels") or _default_channels(default_channels, data.shape[0], path)
+        meta: dict[str, Any] = {"format": f"wav/{info.sample_format}"}
+    elif suffix == ".npy":
+        data, channels, rate = _read_npy(path, side)
+        meta = {"format": "npy"}
+    elif suffix == ".csv":
+        data, channels, rate, comments = _read_csv(path, side)
+        side = {**comments, **side}
+        meta = {"format": "csv"}
+    else:
+        raise WeldDataError(f"{path}: unsupported weld file type {suffix!r}; use one of {WELD_SUFFIXES}")
+    channels = _channel_list(channels, path)
+    data = _apply_scale(data, channels, side.get("scale"), path)
+    meta.update({k: v for k, v in side.items() if k not in _SIDECAR_KEYS})
+    if "weld_id" not in side:
+        meta["weld_id_source"] = "file name"
+    duration = data.shape[-1] / rate if rate > 0 else 0.0
+    if "started_at" in side:
+        started = parse_timestamp(side["started_at"], what=f"{path} started_at")
+    else:
+        mtime = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+        started = mtime - timedelta(seconds=duration)
+        meta["started_at_source"] = "file mtime minus duration"
+    try:
+        return WeldRecording(
+            data=data,
+            channels=tuple(channels),
+            sample_rate=rate,
+            weld_id=str(side.get("weld_id", path.stem)),
+            started_at=started,
+            source=str(path),
+            meta=meta,
+            min_sample_rate=min_sample_rate,
+        )
+    except WeldDataError as exc:
+        raise WeldDataError(f"{path}: {exc}") from exc
+
+
+def _default_channels(default: Sequence[str], n: int, path: Path) -> list[str]:
+    if len(default) != n:
+        raise WeldDataError(
+            f"{path}: {n} channel(s) but no sidecar naming them and the default order has "
+            f"{len(default)} ({list(default)}); write {sidecar_path(path).name} with \"channels\""
+        )
+    return list(default)
+
+
+def _channel_list(channels: object, path: Path) -> list[str]:
+    if not isinstance(channels, list | tuple) or not all(isinstance(c, str) for c in channels):
+        raise WeldDataError(f"{path}: channels must be a list of names, got {channels!r}")
+    return [c.strip().lower() for c in channels]
+
+
+def _apply_scale(data: np.ndarray, channels: list[str], scale: object, path: Path) -> np.ndarray:
+    if scale is None:
+        return data
+    if isinstance(scale, Mapping):
+        unknown = sorted(set(scale) - set(channels))
+        if unknown:
+            raise WeldDataError(f"{path}: scale names unknown channel(s) {unknown}; channels are {channels}")
+        factors = [float(scale.get(c, 1.0)) for c in channels]
+    elif isinstance(scale, list | tuple) and len(scale) == len(channels):
+        factors = [float(s) for s in scale]
+    else:
+        raise WeldDataError(
+            f"{path}: scale must map channel -> factor or list one factor per channel; got {scale!r}"
+        )
+    if not all(np.isfinite(f) and f != 0 for f in factors):
+        raise WeldDataError(f"{path}: scale factors must be finite and non-zero; got {factors}")
+    return data * np.asarray(factors)[:, None]
+
+
+def _read_npy(path: Path, side: Mapping[str, Any]) -> tuple[np.ndarray, list[str], float]:
+    if "channels" not in side or "sample_rate" not in side:
+        missing = [k for k in ("channels", "sample_rate") if k not in side]
+        raise WeldDataError(
+            f"{path}: NPY welds need a sidecar {sidecar_path(path).name} with {missing}"
+        )
+    with path.open("rb") as fh:
+        try:
+            version = np.lib.format.read_magic(fh)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+            else:
+                raise WeldDataError(f"{path}: NPY format version {version} is not supported; save with np.save")
+        except WeldDataError:
+            raise
+        except ValueError as exc:
+            if path.stat().st_size < 128:
+                raise IncompleteWeldFileError(f"{path}: NPY header incomplete") from exc
+            raise WeldDataError(f"{path}: not a NumPy .npy file ({exc})") from exc
+        header_end = fh.tell()
+    if dtype.hasobject:
+        raise WeldDataError(f"{path}: object arrays are not weld data (dtype {dtype})")
+    expected = header_end + int(np.prod(shape)) * dtype.itemsize
+    size = path.stat().st_size
+    if size < expected:
+        raise IncompleteWeldFileError(f"{path}: {size} of {expected} bytes present")
+    if size > expected:
+        raise WeldDataError(f"{path}: {size - expected} trailing bytes after the array")
+    arr = np.load(path, allow_pickle=False)
+    channels = list(side["channels"])
+    if arr.ndim != 2:
+        raise WeldDataError(f"{path}: array must be 2-D (channels x samples); got shape {arr.shape}")
+    n = len(channels)
+    if arr.shape[0] == n and arr.shape[1] != n:
+        data = arr
+    elif arr.shape[1] == n and arr.shape[0] != n:
+        data = arr.T
+    else:
+        raise WeldDataError(
+            f"{path}: array shape {arr.shape} does not match {n} channel names {channels} unambiguously"
+        )
+    return np.asarray(data, dtype=np.float64), channels, float(side["sample_rate"])
+
+
+def _read_csv(path: Path, side: Mapping[str, Any]) -> tuple[np.ndarray, list[str], float, dict[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    if text and not text.endswith("\n"):
+        raise IncompleteWeldFileError(f"{path}: last line has no newline (still being written?)")
+    comments: dict[str, Any] = {}
+    header: list[str] | None = None
+    body_start = 0
+    for i, line in enumerate(text.splitlines(keepends=True)):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            m = _COMMENT_KV.match(stripped)
+            if m:
+                comments[m.group(1).lower()] = m.group(2)
+            body_start += len(line)
+            continue
+        if not stripped:
+            body_start += len(line)
+            continue
+        header = [h.strip().strip('"').lower() for h in stripped.split(",")]
+        body_start += len(line)
+        log.debug("%s: header on line %d", path, i + 1)
+        break
+    if header is None:
+        raise WeldDataError(f"{path}: no header row of channel names")
+    try:
+        table = np.loadtxt(io.StringIO(text[body_start:]), delimiter=",", ndmin=2, dtype=np.float64)
+    except ValueError as exc:
+        raise WeldDataError(f"{path}: unreadable CSV body ({exc})") from exc
+    if table.shape[1] != len(header):
+        raise WeldDataError(f"{path}: {table.shape[1]} columns of data but header has {len(header)}")
+    time_idx = [i for i, h in enumerate(header) if h in TIME_COLUMNS]
+    rate_text = side.get("sample_rate", comments.get("sample_rate"))
+    if rate_text is not None:
+        try:
+            rate = float(rate_text)
+        except ValueError:
+            raise WeldDataError(f"{path}: sample_rate {rate_text!r} is not a number") from None
+    elif time_idx and table.shape[0] > 2:
+        step = float(np.median(np.diff(table[:, time_idx[0]])))
+        if not step > 0:
+            raise WeldDataError(f"{path}: time column does not increase; cannot derive the sample rate")
+        rate = round(1.0 / step, 3)
+    else:
+        raise WeldDataError(
+            f"{path}: no sample rate; add a '# sample_rate: 200000' line, a sidecar, or a time column"
+        )
+    keep = [i for i in range(len(header)) if i not in time_idx]
+    channels = [header[i] for i in keep]
+    return np.ascontiguousarray(table[:, keep].T), channels, rate, comments
+
+
+def write_weld_file(
+    recording: WeldRecording,
+    path: str | Path,
+    *,
+    sample_format: str = "float32",
+    extensible: bool = False,
+) -> Path:
+    """Export a weld the way a monitoring system would, data file plus sidecar.
+
+    The data file is written first and the sidecar last, so a reader that waits for
+    the sidecar never sees a half-written weld.  Integer WAV formats store each
+    channel scaled to its own full scale; the factors go to the sidecar's ``scale``.
+
+    Parameters
+    ----------
+    recording
+        The weld to write.
+    path
+        Target file; its suffix picks the format (``.wav``, ``.npy``, ``.csv``).
+    sample_format
+        WAV sample format (see :data:`sensors.welding.wavfile.SAMPLE_FORMATS`).
+    extensible
+        Write a ``WAVE_FORMAT_EXTENSIBLE`` WAV header.
+
+    Returns
+    -------
+    Path
+        The data file.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    side: dict[str, Any] = {
+        "weld_id": recording.weld_id,
+        "started_at": recording.started_at.isoformat().replace("+00:00", "Z"),
+        "channels": list(recording.channels),
+        "sample_rate": recording.sample_rate,
+    }
+    data = recording.data
+    if suffix == ".wav":
+        if not float(recording.sample_rate).is_integer():
+            raise ValueError(f"WAV needs an integer sample rate; got {recording.sample_rate}")
+        if sample_format.startswith("int"):
+            peak = np.abs(data).max(axis=1)
+            scale = np.where(peak > 0, peak, 1.0)
+            side["scale"] = dict(zip(recording.channels, scale.tolist(), strict=True))
+            data = data / scale[:, None]
+        write_wav(path, data, int(recording.sample_rate), sample_format=sample_format, extensible=extensible)
+    elif suffix == ".npy":
+        np.save(path, data.astype(np.float32 if sample_format == "float32" else np.float64))
+    elif suffix == ".csv":
+        buf = io.StringIO()
+        buf.write(f"# sample_rate: {recording.sample_rate:g}\n")
+        buf.write(",".join(recording.channels) + "\n")
+        np.savetxt(buf, data.T, delimiter=",", fmt="%.9g")
+        path.write_text(buf.getvalue(), encoding="utf-8")
+    else:
+        raise ValueError(f"unsupported weld file type {suffix!r}; use one of {WELD_SUFFIXES}")
+    extra = {k: v for k, v in recording.meta.items() if k not in side and _jsonable(v)}
+    sidecar_path(path).write_text(json.dumps({**extra, **side}, indent=1), encoding="utf-8")
+    return path
+
+
+def _jsonable(value: object) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
