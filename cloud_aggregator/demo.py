@@ -24,15 +24,21 @@ from cloud_aggregator.store import SqliteStore
 
 #: Per-device test loss in the units of PFL-DA Table 5: 50 · MSE(s / 50).
 LOSS_SCALE = 50.0
-HPARAMS = {"lr": 0.03, "weight_decay": 3e-4, "local_steps": 10, "lr_decay": 0.99, "lr_decay_every": 5}
+HPARAMS = {"lr": 0.1, "weight_decay": 3e-4, "local_steps": 10}
+#: (task name, algorithm, extra hyperparameters): PFL-DA, then the two references.
+TASKS = (
+    ("speed-pflda", "pflda", ", lam = 0.9"),
+    ("speed-indiv", "indiv", ""),
+    ("speed-fedavg", "fedavg", ""),
+)
 
 
 def demo_config(fleet: str, broker: str, state_dir: Path, devices: list[str], rounds: int) -> str:
-    """The aggregator's TOML: PFL-DA first, then the same model trained alone."""
+    """The aggregator's TOML: PFL-DA first, then the same model trained alone, then one global model."""
     hp = ", ".join(f"{k} = {v}" for k, v in HPARAMS.items())
     expected = ", ".join(f'"{d}"' for d in devices)
     tasks = ""
-    for name, algorithm, extra in (("speed-pflda", "pflda", ", lam = 0.9"), ("speed-indiv", "indiv", "")):
+    for name, algorithm, extra in TASKS:
         tasks += f"""
 [[task]]
 name = "{name}"
@@ -160,24 +166,19 @@ def run_demo(
             print(f"\naggregator exited with {rc}; its log:\n" + agg_log.read_text()[-3000:], file=sys.stderr)
             return 1
         store = SqliteStore(work / "aggregator" / "aggregator.sqlite")
-        pflda, indiv = _final(store, "speed-pflda"), _final(store, "speed-indiv")
+        indiv_rounds = store.rounds("speed-indiv")
+        final = {name: _final(store, name) for name, _, _ in TASKS}
         store.close()
-        print("\nIndividual training (indiv), same model, same rounds, nothing shared:")
-        print(
-            "\n".join(
-                _table(
-                    SqliteStore(work / "aggregator" / "aggregator.sqlite").rounds("speed-indiv")[-1:], names
-                )
-            )
-        )
-        print("\nFinal test loss per printer (lower is better):")
-        print(f"{'printer':>10} {'PFL-DA':>8} {'indiv':>8} {'change':>8}")
+        print("\nEach printer alone (indiv: same model and rounds, nothing shared), every 10th round:")
+        print("\n".join(_table(indiv_rounds[9::10], names)))
+        pflda, indiv, fedavg = (final[name] for name, _, _ in TASKS)
+        print("\nFinal test loss per printer (lower is better; FedAvg: one global model for all printers):")
+        print(f"{'printer':>10} {'PFL-DA':>8} {'indiv':>8} {'FedAvg':>8} {'PFL-DA vs indiv':>16}")
         for d in names:
-            p, i = pflda.get(d, float("nan")), indiv.get(d, float("nan"))
-            print(f"{d:>10} {p:>8.4f} {i:>8.4f} {100 * (p - i) / i:>+7.1f}%")
-        mp = sum(pflda.values()) / max(1, len(pflda))
-        mi = sum(indiv.values()) / max(1, len(indiv))
-        print(f"{'fleet mean':>10} {mp:>8.4f} {mi:>8.4f} {100 * (mp - mi) / mi:>+7.1f}%")
+            p, i, f = (t.get(d, float("nan")) for t in (pflda, indiv, fedavg))
+            print(f"{d:>10} {p:>8.4f} {i:>8.4f} {f:>8.4f} {100 * (p - i) / i:>+15.1f}%")
+        mp, mi, mf = (sum(t.values()) / max(1, len(t)) for t in (pflda, indiv, fedavg))
+        print(f"{'fleet mean':>10} {mp:>8.4f} {mi:>8.4f} {mf:>8.4f} {100 * (mp - mi) / mi:>+15.1f}%")
         print(f"\ndemo finished in {time.monotonic() - started:.1f} s")
         return 0
     finally:

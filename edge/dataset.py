@@ -50,7 +50,10 @@ def simulated_printer_dataset(device: str, cfg: DataConfig) -> tuple[Dataset, Da
     runs = simulate_layers(device, seed=cfg.seed)
     rng = derive_rng(cfg.seed, device, "train-speeds")
     k = min(max(1, cfg.train_speeds), len(SPEED_SETTINGS) - 1)
-    train_speeds = sorted(int(s) for s in rng.choice(SPEED_SETTINGS, size=k, replace=False))
+    # One setting from each of k equal bands of the speed range: every printer has
+    # seen slow, middle and fast printing, but only a few runs of each.
+    bands = np.array_split(np.array(SPEED_SETTINGS), k)
+    train_speeds = sorted(int(rng.choice(band)) for band in bands)
     train = np.concatenate([runs[s] for s in train_speeds])
     test = np.concatenate([t for s, t in runs.items() if s not in train_speeds])
     meta = {"source": "simulate-printer", "train_speeds": train_speeds, "seed": cfg.seed}
