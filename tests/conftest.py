@@ -1,0 +1,41 @@
+"""Shared fixtures: a real mosquitto on a free loopback port, and temp state folders."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from cloud_aggregator.broker import BrokerProcess, find_mosquitto, start_mosquitto
+
+
+def _require_mosquitto() -> None:
+    if find_mosquitto() is None:
+        msg = "mosquitto is not installed (apt-get install mosquitto); .ci/run installs it"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+@pytest.fixture
+def mosquitto(tmp_path) -> Iterator[BrokerProcess]:
+    """A fresh mosquitto (anonymous, loopback only) for one test, stopped afterwards."""
+    _require_mosquitto()
+    broker = start_mosquitto(log_file=tmp_path / "mosquitto.log")
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def fleet_procs(tmp_path, mosquitto):
+    """Spawn helpers for aggregator and device processes against the test's mosquitto."""
+    from tests.e2e.fleet import FleetProcs
+
+    procs = FleetProcs(tmp_path, mosquitto.url)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
