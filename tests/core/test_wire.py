@@ -1,0 +1,139 @@
+"""The wire format: round trips, limits and validation."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge import wire
+
+
+def _update(**kw):
+    base = dict(
+        fleet="f",
+        task="t",
+        device="printer1",
+        round=3,
+        phase="train",
+        n_samples=12,
+        global_hash="ab",
+        metrics={"test_loss": 0.5},
+        params={"decoder.weight": np.ones((1, 1), np.float32)},
+    )
+    return wire.UpdateMessage(**{**base, **kw})
+
+
+def test_update_round_trip():
+    msg = _update()
+    back = wire.UpdateMessage.decode(msg.encode())
+    assert (back.fleet, back.task, back.device, back.round, back.phase, back.n_samples) == (
+        "f",
+        "t",
+        "printer1",
+        3,
+        "train",
+        12,
+    )
+    assert back.metrics == {"test_loss": 0.5}
+    np.testing.assert_array_equal(back.params["decoder.weight"], np.ones((1, 1), np.float32))
+
+
+def test_announcement_round_trip_and_kind_check():
+    ann = wire.Announcement("f", "t", 2, "train", '{"a":1}', 123.5, "hash", params={"w": np.zeros(3)})
+    back = wire.Announcement.decode(ann.encode())
+    assert back.round == 2 and back.deadline == 123.5 and back.state == "running"
+    with pytest.raises(wire.WireError, match="expected an update"):
+        wire.UpdateMessage.decode(ann.encode())
+
+
+def test_size_is_checked_before_decoding():
+    payload = _update(params={"w": np.zeros(10_000, np.float32)}).encode()
+    with pytest.raises(wire.WireError, match="exceeds the limit"):
+        wire.decode(payload, max_bytes=1000)
+
+
+@pytest.mark.parametrize("payload", [b"", b"1234567", b"\x00" * 64, b"\xff" * 100, b"{}" * 10])
+def test_garbage_is_a_wire_error(payload):
+    with pytest.raises(wire.WireError):
+        wire.UpdateMessage.decode(payload)
+
+
+def test_integer_tensors_and_bad_fields_are_refused():
+    with pytest.raises(wire.WireError, match="dtype"):
+        wire.encode("update", {}, {"w": np.zeros(3, np.int64)})
+    bad = wire.encode(
+        "update",
+        {
+            "fleet": "f",
+            "task": "t",
+            "device": "Bad Id",
+            "round": 1,
+            "phase": "train",
+            "n_samples": 1,
+            "global_hash": "h",
+            "metrics": {},
+        },
+    )
+    with pytest.raises(wire.WireError, match="device id"):
+        wire.UpdateMessage.decode(bad)
+    negative = _update(n_samples=-1).encode()
+    with pytest.raises(wire.WireError, match="n_samples"):
+        wire.UpdateMessage.decode(negative)
+
+
+def test_validate_tensors_names_shapes_dtype_finiteness():
+    spec = {"w": wire.TensorSpec((2,), "float32")}
+    wire.validate_tensors({"w": np.zeros(2, np.float32)}, spec)
+    cases = [
+        ({}, "missing"),
+        ({"w": np.zeros(2, np.float32), "x": np.zeros(1, np.float32)}, "unexpected"),
+        ({"w": np.zeros(3, np.float32)}, "expected float32"),
+        ({"w": np.zeros(2, np.float64)}, "expected float32"),
+        ({"w": np.array([1.0, np.inf], np.float32)}, "NaN or Inf"),
+    ]
+    for tensors, match in cases:
+        with pytest.raises(wire.WireError, match=match):
+            wire.validate_tensors(tensors, spec)
+
+
+def test_topics_parse_back():
+    assert wire.parse_topic(wire.topic_up("f", "t", "d")) == wire.Topic("up", "f", "t", "d")
+    assert wire.parse_topic(wire.topic_down("f", "t")) == wire.Topic("down", "f", "t")
+    assert wire.parse_topic(wire.topic_down_device("f", "t", "d")) == wire.Topic("down_device", "f", "t", "d")
+    assert wire.parse_topic(wire.topic_status("f", "d")) == wire.Topic("status", "f", device="d")
+    for bad in [
+        "",
+        "ioft/v1",
+        "ioft/v2/f/status/d",
+        "ioft/v1/f/task/t/up",
+        "ioft/v1/F/status/d",
+        "ioft/v1/f/x/y",
+    ]:
+        with pytest.raises(wire.WireError):
+            wire.parse_topic(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=512))
+def test_decode_never_raises_anything_but_wire_error(data):
+    with contextlib.suppress(wire.WireError):
+        wire.UpdateMessage.decode(data)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    shapes=st.lists(st.lists(st.integers(0, 4), max_size=3), min_size=0, max_size=4),
+    dtype=st.sampled_from(["float32", "float64"]),
+)
+def test_any_float_tensors_round_trip(shapes, dtype):
+    rng = np.random.default_rng(0)
+    params = {f"p{i}": rng.normal(size=s).astype(dtype) for i, s in enumerate(shapes)}
+    back = wire.UpdateMessage.decode(_update(params=params).encode()).params
+    assert set(back) == set(params)
+    for k in params:
+        np.testing.assert_array_equal(back[k], params[k])
+        assert back[k].dtype == params[k].dtype
