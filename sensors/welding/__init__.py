@@ -5,19 +5,34 @@ watched export folder, :mod:`.alsa` for live capture and :mod:`.labels` for the
 operator/maintenance log.
 """
 
+from sensors.welding.alsa import AlsaCaptureError, AlsaConfig, AlsaWeldSource
 from sensors.welding.folder import FolderSourceConfig, WatchedFolderSource
 from sensors.welding.formats import read_weld_file, write_weld_file
 from sensors.welding.labels import LabelLog, LabelLogError, WeldLabel
-from sensors.welding.recording import MIN_SAMPLE_RATE, WELD_CHANNELS, WeldDataError, WeldRecording
+from sensors.welding.recording import (
+    MIN_SAMPLE_RATE,
+    WELD_CHANNELS,
+    ConfigError,
+    WeldDataError,
+    WeldRecording,
+)
+from sensors.welding.segment import EnergySegmenter, Segment, SegmenterConfig
 from sensors.welding.wavfile import IncompleteWeldFileError
 
 __all__ = [
     "MIN_SAMPLE_RATE",
     "WELD_CHANNELS",
+    "AlsaCaptureError",
+    "AlsaConfig",
+    "AlsaWeldSource",
+    "ConfigError",
+    "EnergySegmenter",
     "FolderSourceConfig",
     "IncompleteWeldFileError",
     "LabelLog",
     "LabelLogError",
+    "Segment",
+    "SegmenterConfig",
     "WatchedFolderSource",
     "WeldDataError",
     "WeldLabel",

@@ -35,16 +35,18 @@ from typing import Literal
 
 from sensors.welding.formats import WELD_SUFFIXES, read_weld_file, sidecar_path
 from sensors.welding.ledger import LedgerEntry, WeldLedger, atomic_write_text
-from sensors.welding.recording import MIN_SAMPLE_RATE, WELD_CHANNELS, WeldDataError, WeldRecording
+from sensors.welding.recording import (
+    MIN_SAMPLE_RATE,
+    WELD_CHANNELS,
+    ConfigError,
+    WeldDataError,
+    WeldRecording,
+)
 from sensors.welding.wavfile import IncompleteWeldFileError
 
 log = logging.getLogger(__name__)
 
 ON_DONE = ("keep", "move", "delete")
-
-
-class ConfigError(ValueError):
-    """A source configuration is invalid; the message lists every failing field."""
 
 
 @dataclass(frozen=True)

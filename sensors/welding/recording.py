@@ -35,6 +35,10 @@ class WeldDataError(ValueError):
     """A weld recording (or the file it came from) is malformed; the message says how."""
 
 
+class ConfigError(ValueError):
+    """A source configuration is invalid; the message lists every failing field."""
+
+
 @dataclass(frozen=True, eq=False)
 class WeldRecording:
     """A validated multi-channel recording of one weld.

@@ -1,0 +1,433 @@
+"""Simulated ultrasonic metal welds: four channels whose spectra follow tool, surface, material and weld time.
+
+Built to stand in for FTL-TP's data set (§3.2, Table 1): domain group **M** (four
+material pairs, 0.5/0.9 s, tool classes TC1-TC4), **S** (Cu-Cu 1.0 s, surface domains
+clean/polished/contaminated, tool classes New/Worn/DMGD) and **T** (the S signals,
+labelled by surface, domains = tool condition).  Classes are separable within a
+domain; domains shift the feature distribution so that a model trained on one loses
+accuracy on another (``tests/sensors/test_welder_sim.py`` checks both).
+
+What is physics (directions and orders of magnitude from the UMW literature):
+
+* a ~20 kHz ultrasonic carrier; the power supply tracks the stack's resonance, which
+  moves by tens of Hz with load and tool mass (worn horn: mass lost, frequency up;
+  cracked horn: stiffness lost, frequency down);
+* harmonics of the carrier from the nonlinear horn-workpiece contact, stronger when the
+  knurl is worn; a subharmonic (f0/2) from a cracked, rattling tool;
+* the power curve: a ramp-up of tens of ms, a plateau set by the material pair (copper
+  needs more power than aluminium), a bump as the interface bonds, and instantaneous
+  power rippling at 2 f0;
+* the LVDT indentation profile: the horn sinks into the top sheet after an onset
+  delay, approaching a depth that is larger for soft aluminium, with a time constant;
+* acoustic emission bursts (decaying tone bursts at tens of kHz, where AE sensors
+  resonate) from friction, slip and oxide fracture, concentrated early in the weld;
+  more slip when the knurl grips less (worn tools, cutting fluid on the surface);
+* stick-slip oscillation of a few hundred Hz in power and displacement when the anvil
+  no longer holds the bottom sheet.
+
+What is invented: every number in :data:`MATERIALS`, :data:`TOOL_GRIP`,
+:data:`SURFACE_PROPS` and the formulas combining them; the burst statistics; the
+sensor gains and noise.  They are tuned by eye so that class and domain effects have
+comparable size, not fitted to any measurement.
+
+Components above 0.45 fs are left out (as a DAQ's anti-alias filter would remove
+them).  ``time_scale < 1`` compresses the weld's slow dynamics (ramp, indentation,
+stick-slip, burst timing) into a shorter signal for fast studies; carrier and burst
+frequencies are unchanged.  ``time_scale=0.3`` keeps the shortest (0.5 s) welds above
+the default schema's 28,672-sample minimum at 200 kHz.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+
+from sensors.features.dwt import extract_batch
+from sensors.features.schema import DEFAULT_SCHEMA, FeatureSchema
+from sensors.welding.recording import WELD_CHANNELS, WeldRecording
+
+CARRIER_HZ = 20_000.0
+TOOL_STATES = ("new", "worn", "damaged")
+SURFACES = ("clean", "polished", "contaminated")
+
+
+@dataclass(frozen=True)
+class Material:
+    """Invented properties of one sheet pair (top-bottom)."""
+
+    power_kw: float  # plateau electrical power
+    depth_mm: float  # final indentation
+    tau: float  # indentation time constant, fraction of the weld time
+    slip_hz: float  # stick-slip frequency
+    ae_band: tuple[float, float]  # AE burst centre frequencies
+    bursts: float  # mean AE burst count per weld
+    harmonic: float  # baseline 2nd-harmonic ratio of the carrier
+    mic_gain: float
+    ae_gain: float
+    f_shift: float  # resonance shift under this load, Hz
+    horn_sens: float  # how strongly horn wear shows in harmonics and AE (knurl marks vs sheet)
+    anvil_sens: float  # how strongly anvil wear shows in stick-slip and power
+
+
+MATERIALS: dict[str, Material] = {
+    "Al-Cu": Material(2.2, 0.100, 0.22, 190.0, (35e3, 75e3), 40.0, 0.10, 1.00, 1.00, -10.0, 1.0, 0.6),
+    "Cu-Cu": Material(3.0, 0.070, 0.30, 270.0, (45e3, 92e3), 55.0, 0.16, 1.25, 1.40, -30.0, 1.3, 1.0),
+    "Cu-Al": Material(2.6, 0.085, 0.26, 230.0, (40e3, 85e3), 48.0, 0.13, 1.10, 1.20, -20.0, 0.8, 1.4),
+    "Al-Al": Material(1.6, 0.120, 0.18, 160.0, (30e3, 65e3), 32.0, 0.08, 0.85, 0.80, 0.0, 0.5, 1.2),
+}
+#: How well a tool's knurl grips the sheet it touches.
+TOOL_GRIP = {"new": 1.0, "worn": 0.72, "damaged": 0.5}
+
+
+@dataclass(frozen=True)
+class Surface:
+    """Invented effects of a workpiece surface preparation."""
+
+    friction: float  # interface friction relative to clean
+    burst_rate: float  # oxide-fracture AE bursts relative to clean
+    burst_freq: float  # AE burst frequency scale (sanding asperities ring lower)
+    onset: float  # extra indentation onset delay, fraction of the weld time
+    power: float  # plateau power scale
+
+
+#: Clean = alcohol-wiped, polished = sandpapered (oxide removed, asperities left),
+#: contaminated = cutting fluid (lubricates: slip, delayed bonding).
+SURFACE_PROPS: dict[str, Surface] = {
+    "clean": Surface(1.0, 1.0, 1.0, 0.0, 1.0),
+    "polished": Surface(1.12, 0.6, 0.75, -0.02, 1.06),
+    "contaminated": Surface(0.7, 1.3, 0.9, 0.08, 0.92),
+}
+#: FTL-TP domain group M: material domains and their weld times (Table 1a).
+GROUP_M_DOMAINS = (("Al-Cu", 0.5), ("Cu-Cu", 0.9), ("Cu-Al", 0.5), ("Al-Al", 0.9))
+GROUP_M_CLASSES = (("TC1", ("new", "new")), ("TC2", ("new", "worn")), ("TC3", ("worn", "new")), ("TC4", ("worn", "worn")))
+GROUP_S_CLASSES = (("New", ("new", "new")), ("Worn", ("worn", "worn")), ("DMGD", ("damaged", "damaged")))
+GROUP_S_DOMAINS = ("clean", "polished", "contaminated")
+GROUP_S_MATERIAL, GROUP_S_TIME = "Cu-Cu", 1.0
+
+
+@dataclass(frozen=True)
+class WeldCondition:
+    """The process configuration of one simulated weld."""
+
+    horn: str = "new"
+    anvil: str = "new"
+    surface: str = "clean"
+    material: str = "Cu-Cu"
+    weld_time: float = 0.5
+
+    def __post_init__(self) -> None:
+        errors = []
+        for name, value, choices in (("horn", self.horn, TOOL_STATES), ("anvil", self.anvil, TOOL_STATES),
+                                     ("surface", self.surface, SURFACES), ("material", self.material, tuple(MATERIALS))):
+            if value not in choices:
+                errors.append(f"{name}={value!r} not in {choices}")
+        if not 0.05 <= self.weld_time <= 5.0:
+            errors.append(f"weld_time={self.weld_time} s outside 0.05..5 s")
+        if errors:
+            raise ValueError("invalid WeldCondition: " + "; ".join(errors))
+
+
+def _smooth(x: np.ndarray, width: int) -> np.ndarray:
+    """Moving average (a cheap low-pass) of ``x`` over ``width`` samples, same length."""
+    if width <= 1:
+        return x
+    c = np.cumsum(np.concatenate([np.zeros(1), x]))
+    out = (c[width:] - c[:-width]) / width
+    return np.concatenate([np.full(width - 1, out[0]), out])
+
+
+def simulate_weld(
+    condition: WeldCondition,
+    rng: np.random.Generator,
+    *,
+    sample_rate: float = 200_000.0,
+    time_scale: float = 1.0,
+    weld_id: str = "sim-0",
+    started_at: datetime | None = None,
+) -> WeldRecording:
+    """One weld's four channels (power kW, LVDT mm, AE V, microphone Pa-ish).
+
+    Parameters
+    ----------
+    condition
+        Tool, surface, material and weld time.
+    rng
+        The randomness of this weld (sheet variation, bursts, noise, phases).
+    sample_rate
+        Samples per second; below 200 kHz the recording is marked as deliberately slow.
+    time_scale
+        Compress the weld's duration by this factor (see module docstring).
+    weld_id, started_at
+        Recording metadata.
+    """
+    if not 0.05 <= time_scale <= 1.0:
+        raise ValueError(f"time_scale must be in 0.05..1.0; got {time_scale}")
+    fs = float(sample_rate)
+    nyq_ok = 0.45 * fs
+    mat = MATERIALS[condition.material]
+    duration = condition.weld_time * time_scale
+    n = round(duration * fs)
+    t = np.arange(n) / fs
+    u = t / duration  # normalised weld time 0..1
+    g_h, g_a = TOOL_GRIP[condition.horn], TOOL_GRIP[condition.anvil]
+    # Wear as the material pair "sees" it: the same tool shows differently on Al and Cu.
+    w_h, w_a = mat.horn_sens * (1 - g_h), mat.anvil_sens * (1 - g_a)
+    surf = SURFACE_PROPS[condition.surface]
+    fric = surf.friction
+    sheet = rng.normal(1.0, 0.04)  # sheet thickness / hardness variation
+    kappa = (g_h**0.6) * (g_a**0.4) * fric * rng.normal(1.0, 0.03)  # overall coupling
+    damaged = (condition.horn == "damaged") + (condition.anvil == "damaged")
+    contaminated = condition.surface == "contaminated"
+    noise = rng.standard_normal((4, n), dtype=np.float32)  # float32: twice as fast, plenty for noise
+
+    # Carrier phase: resonance shifts with load and horn state, with slow wander.
+    f0 = CARRIER_HZ + mat.f_shift + {"new": 0.0, "worn": 25.0, "damaged": -60.0}[condition.horn]
+    f0 += rng.normal(0.0, 5.0)
+    phase = 2 * np.pi * f0 * t + rng.uniform(0, 2 * np.pi)
+    s1, c1 = np.sin(phase), np.cos(phase)
+    s2 = 2 * s1 * c1
+    s3 = s1 * (3 - 4 * s1 * s1)
+
+    # Power: ramp, plateau, bonding bump, stick-slip, 2 f0 ripple.
+    plateau = mat.power_kw * sheet * surf.power * (0.72 + 0.28 * kappa)
+    ramp = 1 - np.exp(-u / 0.06)
+    u_bond = min(0.85, 0.3 / math.sqrt(max(kappa, 0.2)) + 1.5 * surf.onset)
+    bump = 0.15 * kappa * np.exp(-(((u - u_bond) / 0.12) ** 2))
+    decline = 1 - 0.1 * np.clip(u - u_bond, 0, None)
+    envelope = ramp * (1 + bump) * decline
+    slip_amp = 0.10 * w_a + 0.06 * max(0.0, 1 - fric) + 0.02
+    f_ss = mat.slip_hz * rng.normal(1.0, 0.04) / time_scale
+    stick_slip = slip_amp * np.sin(2 * np.pi * f_ss * t + rng.uniform(0, 2 * np.pi)) * ramp
+    power = plateau * (envelope + stick_slip)
+    power += 0.02 * plateau * ramp * (c1 * c1 - s1 * s1) if 2 * f0 < nyq_ok else 0.0
+    power += 0.01 * plateau * _smooth(noise[0], max(1, int(fs / 2000))) * 8 + 0.004 * plateau * noise[0]
+    if damaged:  # a cracked tool loses contact briefly: power dips
+        for _ in range(int(rng.poisson(3 * damaged))):
+            c = rng.uniform(0.15, 0.95)
+            win = slice(max(0, int((c - 0.04) * n)), min(n, int((c + 0.04) * n)))
+            power[win] *= 1 - 0.25 * np.exp(-(((u[win] - c) / 0.01) ** 2))
+
+    # LVDT: indentation after an onset delay, stick-slip ripple, low-bandwidth noise.
+    depth = mat.depth_mm * sheet * (0.55 + 0.45 * (g_h**0.8) * min(fric, 1.05))
+    onset = 0.04 + 0.10 * (1 - min(kappa, 1.0)) + surf.onset
+    tau = mat.tau * (1.2 - 0.2 * kappa)
+    rise = np.clip(u - onset, 0, None)
+    lvdt = depth * (1 - np.exp(-rise / tau))
+    lvdt += 0.03 * depth * (w_h + 0.3) * np.sin(2 * np.pi * 0.5 * f_ss * t) * (rise > 0)
+    lvdt += 0.004 * depth * _smooth(noise[1], max(1, int(fs / 4000))) * 6
+
+    # Acoustic emission: carrier leakage with harmonics, then slip/fracture bursts.
+    nonlin = mat.harmonic + 0.25 * w_h + 0.15 * w_a + 0.3 * damaged
+    leak = 0.05 * mat.ae_gain * kappa * envelope
+    ae = leak * (s1 + (nonlin * s2 if 2 * f0 < nyq_ok else 0) + (0.5 * nonlin * s3 if 3 * f0 < nyq_ok else 0))
+    ae += 0.004 * noise[2]
+    lo, hi = mat.ae_band
+    hi = min(hi, nyq_ok)
+    lo = min(lo, 0.6 * hi)
+    slip = 2.2 * w_h + 1.4 * w_a + 1.6 * max(0.0, 1 - fric) - 0.5 * max(0.0, fric - 1)
+    n_bursts = rng.poisson(mat.bursts * surf.burst_rate * max(0.3, 1 + slip))
+    late = 1.0 + (1.2 if contaminated else 0.0) + 0.8 * (1 - min(kappa, 1.0))
+    starts = rng.beta(1.2, 3.6 / late, size=n_bursts)
+    amps = mat.ae_gain * 0.08 * rng.lognormal(0.0, 0.6, size=n_bursts) * (1 + 0.5 * w_h)
+    freqs = surf.burst_freq * rng.uniform(lo, hi, size=n_bursts)
+    _add_bursts(ae, starts, amps, freqs, rng.uniform(40e-6, 160e-6, size=n_bursts), fs, rng)
+    if damaged:  # crack growth: sharp, high-frequency bursts spread over the weld
+        k = rng.poisson(12 * damaged)
+        _add_bursts(ae, rng.uniform(0.05, 0.95, size=k), mat.ae_gain * 0.25 * rng.lognormal(0, 0.4, size=k),
+                    rng.uniform(0.8 * hi, hi, size=k), rng.uniform(15e-6, 40e-6, size=k), fs, rng)
+
+    # Microphone: radiated carrier with harmonics (and a subharmonic when cracked), shop noise.
+    h2 = 0.6 * nonlin
+    mic = mat.mic_gain * envelope * (s1 + (h2 * s2 if 2 * f0 < nyq_ok else 0) + (0.4 * h2 * s3 if 3 * f0 < nyq_ok else 0))
+    if condition.horn == "damaged":
+        mic += mat.mic_gain * 0.25 * envelope * np.sin(0.5 * phase + rng.uniform(0, 2 * np.pi))
+    mic += 0.05 * _smooth(noise[3], max(1, int(fs / 1500))) * 10 + 0.01 * noise[3]
+
+    data = np.stack([power, lvdt, ae, mic])
+    return WeldRecording(
+        data=data,
+        channels=WELD_CHANNELS,
+        sample_rate=fs,
+        weld_id=weld_id,
+        started_at=started_at or datetime(2024, 1, 1, tzinfo=UTC),
+        source="sim",
+        meta={"horn": condition.horn, "anvil": condition.anvil, "surface": condition.surface,
+              "material": condition.material, "weld_time": condition.weld_time, "time_scale": time_scale},
+        min_sample_rate=min(fs, 200_000.0),
+    )
+
+
+def _add_bursts(x: np.ndarray, starts: np.ndarray, amps: np.ndarray, freqs: np.ndarray,
+                decays: np.ndarray, fs: float, rng: np.random.Generator) -> None:
+    """Add decaying tone bursts in place (start given as a fraction of the weld)."""
+    n = len(x)
+    for s, a, f, d in zip(starts, amps, freqs, decays, strict=True):
+        i0 = int(s * n)
+        m = min(int(5 * d * fs), n - i0)
+        if m <= 1:
+            continue
+        k = np.arange(m) / fs
+        x[i0 : i0 + m] += a * np.exp(-k / d) * np.sin(2 * np.pi * f * k + rng.uniform(0, 2 * np.pi))
+
+
+@dataclass(frozen=True)
+class DomainGroupData:
+    """A simulated FTL-TP domain group, as features.
+
+    Attributes
+    ----------
+    group
+        ``"M"``, ``"S"`` or ``"T"``.
+    X
+        Features, shape ``(n, schema.n_features)``.
+    y
+        The group's task labels (tool class for M and S, surface for T), ints into ``classes``.
+    domain
+        Domain index per weld, into ``domains``.
+    tool, surface
+        Tool class (into ``tool_classes``) and surface (into :data:`SURFACES`) per weld.
+    """
+
+    group: str
+    X: np.ndarray
+    y: np.ndarray
+    domain: np.ndarray
+    tool: np.ndarray
+    surface: np.ndarray
+    classes: tuple[str, ...]
+    domains: tuple[str, ...]
+    tool_classes: tuple[str, ...]
+    schema: FeatureSchema
+    conditions: tuple[WeldCondition, ...] = field(repr=False, default=())
+
+    @property
+    def schema_hash(self) -> str:
+        """Hash of the feature schema the rows were extracted with."""
+        return self.schema.schema_hash()
+
+
+def group_conditions(group: str, n_per_domain: int | None = None) -> list[tuple[WeldCondition, int, int, int]]:
+    """``(condition, domain, tool_class, surface)`` for every weld of a domain group, in order."""
+    group = group.upper()
+    if group == "M":
+        n = 200 if n_per_domain is None else n_per_domain
+        rows = []
+        for d, (material, weld_time) in enumerate(GROUP_M_DOMAINS):
+            for i in range(n):
+                k = i % len(GROUP_M_CLASSES)
+                horn, anvil = GROUP_M_CLASSES[k][1]
+                rows.append((WeldCondition(horn, anvil, "clean", material, weld_time), d, k, 0))
+        return rows
+    if group in ("S", "T"):
+        n = 90 if n_per_domain is None else n_per_domain
+        rows = []
+        for d, surface in enumerate(GROUP_S_DOMAINS):
+            for i in range(n):
+                k = i % len(GROUP_S_CLASSES)
+                horn, anvil = GROUP_S_CLASSES[k][1]
+                rows.append((WeldCondition(horn, anvil, surface, GROUP_S_MATERIAL, GROUP_S_TIME), d, k, d))
+        return rows
+    raise ValueError(f"unknown domain group {group!r}; use 'M', 'S' or 'T' (FTL-TP Table 1)")
+
+
+def simulate_group_recordings(
+    group: str, n_per_domain: int | None = None, *, seed: int = 0, sample_rate: float = 200_000.0,
+    time_scale: float = 1.0,
+) -> Iterator[tuple[WeldRecording, WeldCondition, int, int, int]]:
+    """Yield ``(recording, condition, domain, tool_class, surface)`` for a domain group.
+
+    Weld ``i`` draws from ``SeedSequence(seed).spawn(...)[i]``, so S and T with the same
+    seed are the same welds, and the welds do not depend on how many are consumed.
+    """
+    rows = group_conditions("S" if group.upper() == "T" else group, n_per_domain)
+    seeds = np.random.SeedSequence(seed).spawn(len(rows))
+    start = datetime(2024, 1, 1, 6, 0, tzinfo=UTC)
+    for i, ((cond, d, k, s), ss) in enumerate(zip(rows, seeds, strict=True)):
+        rec = simulate_weld(cond, np.random.default_rng(ss), sample_rate=sample_rate, time_scale=time_scale,
+                            weld_id=f"sim-{group.upper()}-{i:05d}", started_at=start + timedelta(seconds=20 * i))
+        yield rec, cond, d, k, s
+
+
+def simulate_domain_group(
+    group: str,
+    n_per_domain: int | None = None,
+    *,
+    seed: int = 0,
+    sample_rate: float = 200_000.0,
+    time_scale: float = 1.0,
+    schema: FeatureSchema | None = None,
+) -> DomainGroupData:
+    """Features and labels of a whole FTL-TP domain group.
+
+    Parameters
+    ----------
+    group
+        ``"M"`` (4 material domains, 200 welds each by default, tool classes TC1-TC4),
+        ``"S"`` (3 surface domains, 90 each, tool classes New/Worn/DMGD) or ``"T"``
+        (the S welds, classes = surface, domains = tool condition).
+    n_per_domain
+        Welds per domain (classes are balanced round-robin within a domain).
+    seed
+        Seeds every weld (see :func:`simulate_group_recordings`).
+    sample_rate, time_scale
+        Lower either for speed (see the module docstring).
+    schema
+        Feature recipe; default: :data:`DEFAULT_SCHEMA` at ``sample_rate``.
+
+    Returns
+    -------
+    DomainGroupData
+    """
+    group = group.upper()
+    schema = schema or DEFAULT_SCHEMA.replace(sample_rate=float(sample_rate))
+    rows: list[np.ndarray] = []
+    meta: list[tuple[WeldCondition, int, int, int]] = []
+    pending: list[WeldRecording] = []
+
+    def flush() -> None:
+        if pending:
+            stack = np.stack([r.select(schema.channels) for r in pending])
+            rows.append(extract_batch(stack, schema, sample_rate=sample_rate))
+            pending.clear()
+
+    for rec, cond, d, k, s in simulate_group_recordings(group, n_per_domain, seed=seed,
+                                                         sample_rate=sample_rate, time_scale=time_scale):
+        if pending and pending[0].n_samples != rec.n_samples:
+            flush()
+        pending.append(rec)
+        meta.append((cond, d, k, s))
+        if len(pending) >= 8:
+            flush()
+    flush()
+    X = np.concatenate(rows) if rows else np.empty((0, schema.n_features))
+    domain = np.array([m[1] for m in meta], dtype=np.int64)
+    tool = np.array([m[2] for m in meta], dtype=np.int64)
+    surface = np.array([m[3] for m in meta], dtype=np.int64)
+    tool_classes = tuple(name for name, _ in (GROUP_M_CLASSES if group == "M" else GROUP_S_CLASSES))
+    if group == "M":
+        return DomainGroupData("M", X, tool, domain, tool, surface, tool_classes,
+                               tuple(m for m, _ in GROUP_M_DOMAINS), tool_classes, schema, tuple(m[0] for m in meta))
+    if group == "S":
+        return DomainGroupData("S", X, tool, domain, tool, surface, tool_classes, GROUP_S_DOMAINS,
+                               tool_classes, schema, tuple(m[0] for m in meta))
+    return DomainGroupData("T", X, surface, tool, tool, surface, SURFACES, tool_classes, tool_classes, schema,
+                           tuple(m[0] for m in meta))
+
+
+def nearest_class_mean_accuracy(X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
+                                y_test: np.ndarray) -> float:
+    """Accuracy of a nearest-class-mean classifier on features standardised by the training set.
+
+    A deliberately simple probe (NumPy only) for separability and domain shift.
+    """
+    mu, sd = X_train.mean(axis=0), X_train.std(axis=0)
+    sd = np.where(sd > 1e-12, sd, 1.0)
+    Z_train, Z_test = (X_train - mu) / sd, (X_test - mu) / sd
+    labels = np.unique(y_train)
+    means = np.stack([Z_train[y_train == c].mean(axis=0) for c in labels])
+    dist = ((Z_test[:, None, :] - means[None, :, :]) ** 2).sum(axis=-1)
+    return float((labels[np.argmin(dist, axis=1)] == y_test).mean())
