@@ -25,10 +25,16 @@ from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec
 
 LossFn = Callable[[np.ndarray, np.ndarray], tuple[float, np.ndarray]]
-_LOSSES: dict[str, LossFn] = {"mse": losses.mse}
+# Every built-in loss also takes keyword-only ``sample_weights`` (see trainer_lite.losses).
+_LOSSES: dict[str, LossFn] = {
+    "mse": losses.mse,
+    "cross_entropy": losses.cross_entropy,
+    "bce": losses.bce_with_logits,
+}
 
 
 def get_loss(name: str) -> LossFn:
+    """The loss registered under ``name``; the error lists the valid names."""
     try:
         return _LOSSES[name]
     except KeyError:
@@ -36,6 +42,7 @@ def get_loss(name: str) -> LossFn:
 
 
 def register_loss(name: str, fn: LossFn) -> None:
+    """Add (or replace) ``fn(pred, target) -> (value, d value / d pred)`` under ``name``."""
     _LOSSES[name] = fn
 
 
@@ -101,8 +108,8 @@ def loss_and_grads(model: Sequential, params: Params, data: Dataset, loss: LossF
     """Loss of ``model`` on ``data`` and its gradient for every parameter."""
     pred, cache = model.forward(params, data.x)
     value, dpred = loss(pred, data.y)
-    grads, _ = model.backward(params, cache, dpred)
-    return value, grads
+    # param_grads skips the input gradient nobody uses (the widest GEMM of an MLP).
+    return value, model.param_grads(params, cache, dpred)
 
 
 class ClientAlgorithm(ABC):
