@@ -41,7 +41,7 @@ class FedAvgConfig:
         get_reducer(self.reducer, self.reducer_args)
 
 
-@register_strategy("fedavg", "pflda", "simple_da", "indiv")
+@register_strategy("fedavg", "pflda", "simple_da", "indiv", "fedprox", "tp", "ditto", "fedper", "lgfedavg")
 class FedAvg(Strategy):
     name = "fedavg"
     config_cls = FedAvgConfig

@@ -4,9 +4,15 @@ Importing this package registers every algorithm; ``make_client(spec)`` builds o
 from a task spec.
 """
 
-from trainer_lite.algorithms import fedavg as _fedavg  # noqa: F401  (registers)
+from trainer_lite.algorithms import ditto as _ditto  # noqa: F401  (registers)
+from trainer_lite.algorithms import fedavg as _fedavg  # noqa: F401
+from trainer_lite.algorithms import fedper as _fedper  # noqa: F401
+from trainer_lite.algorithms import fedprox as _fedprox  # noqa: F401
+from trainer_lite.algorithms import lgfedavg as _lgfedavg  # noqa: F401
 from trainer_lite.algorithms import local as _local  # noqa: F401
+from trainer_lite.algorithms import pfedme as _pfedme  # noqa: F401
 from trainer_lite.algorithms import pflda as _pflda  # noqa: F401
+from trainer_lite.algorithms import tp as _tp  # noqa: F401
 from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, make_client, register_client
 
 __all__ = ["ClientAlgorithm", "ClientResult", "make_client", "register_client"]
