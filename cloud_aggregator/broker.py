@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ class BrokerProcess:
     port: int
     proc: subprocess.Popen
     config: Path | None = None
+    owns_config: bool = False
 
     @property
     def url(self) -> str:
@@ -71,6 +73,8 @@ class BrokerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.owns_config and self.config is not None:
+            self.config.unlink(missing_ok=True)
 
     def kill(self) -> None:
         """Stop abruptly, as a crashing broker would."""
@@ -79,19 +83,37 @@ class BrokerProcess:
             self.proc.wait()
 
 
+LOOPBACK_CONF = """# ioft: a local broker for a demo or a test
+listener {port} 127.0.0.1
+allow_anonymous true
+set_tcp_nodelay true
+persistence false
+"""
+
+
 def start_mosquitto(
     port: int | None = None, *, config: Path | None = None, log_file: Path | None = None
 ) -> BrokerProcess:
-    """mosquitto on 127.0.0.1: ``-p PORT`` (anonymous, loopback only) or ``-c CONFIG``."""
+    """mosquitto on 127.0.0.1 and ``port`` (anonymous, loopback only), or with the given ``config``.
+
+    ``set_tcp_nodelay``: rounds are small request/response exchanges, and Nagle's
+    algorithm against delayed ACKs would add ~40 ms to every hop.
+    """
     binary = find_mosquitto()
     if binary is None:
         raise FileNotFoundError("mosquitto not found; install it (apt-get install mosquitto) or use amqtt")
     port = port or free_port()
-    args = [binary, "-c", str(config)] if config is not None else [binary, "-p", str(port)]
+    owns_config = config is None
+    if config is None:
+        fd, name = tempfile.mkstemp(prefix="ioft-mosquitto-", suffix=".conf")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(LOOPBACK_CONF.format(port=port))
+        config = Path(name)
+    args = [binary, "-c", str(config)]
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 (closed with the process)
     proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     wait_for_port(port, 10.0, proc)
-    return BrokerProcess("mosquitto", port, proc, config)
+    return BrokerProcess("mosquitto", port, proc, config, owns_config)
 
 
 def start_amqtt(port: int | None = None, *, log_file: Path | None = None) -> BrokerProcess:

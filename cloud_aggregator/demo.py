@@ -204,7 +204,7 @@ def _follow(agg: subprocess.Popen, db: Path, devices: list[str], rounds: int, ti
     while True:
         done = agg.poll() is not None
         if db.exists():
-            store = SqliteStore(db)
+            store = SqliteStore(db, readonly=True)
             records = store.rounds("speed-pflda")
             store.close()
             if records and not printed_head:

@@ -49,14 +49,21 @@ CREATE TABLE IF NOT EXISTS rejections (
 class SqliteStore:
     """A ``RoundStore`` in one SQLite file plus an ``artifacts/`` folder beside it."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
+        """Open (creating if needed) the store; ``readonly`` opens an existing one for
+        monitoring without taking any write lock, so it never slows the aggregator down."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.artifacts = self.path.parent / "artifacts"
         self._lock = threading.Lock()
+        if readonly:
+            self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        # WAL + NORMAL: a killed process loses nothing; a power cut may lose the last commits, which
+        # devices re-send (they cache their upload until the next round).
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
 
     def close(self) -> None:

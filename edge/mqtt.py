@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
 import ssl
 import threading
 import time
@@ -215,6 +216,10 @@ class MqttSession:
             else:
                 log.warning(msg)
             return
+        sock = client.socket()
+        if sock is not None:
+            # Rounds are request/response: Nagle + delayed ACK would add ~40 ms per hop.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._lock:
             subs = list(self._subs.items())
         for topic, qos in subs:

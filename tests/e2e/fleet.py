@@ -126,7 +126,7 @@ class FleetProcs:
     def rounds(self, task: str = "speed"):
         if not self.db.exists():
             return []
-        store = SqliteStore(self.db)
+        store = SqliteStore(self.db, readonly=True)
         try:
             return store.rounds(task)
         finally:

@@ -5,6 +5,7 @@ from a task spec.
 """
 
 from trainer_lite.algorithms import ditto as _ditto  # noqa: F401  (registers)
+from trainer_lite.algorithms import echo as _echo  # noqa: F401
 from trainer_lite.algorithms import fedavg as _fedavg  # noqa: F401
 from trainer_lite.algorithms import fedper as _fedper  # noqa: F401
 from trainer_lite.algorithms import fedprox as _fedprox  # noqa: F401

@@ -1,0 +1,73 @@
+"""A zero-compute algorithm for measuring what a round costs in transport alone.
+
+The model is one shared vector of ``size`` values; a client adds a small constant
+and uploads it.  Nothing local, nothing to learn: a round's wall time is then the
+system's overhead (announce, deliver, persist, upload, validate, aggregate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, register_client
+from trainer_lite.data import Dataset
+from trainer_lite.layers import Layer, Sequential
+from trainer_lite.models import register_model
+from trainer_lite.params import Params
+
+
+class Vector(Layer):
+    """A parameter vector that leaves its input untouched (only its transport matters)."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.size = size
+
+    def init(self, rng: np.random.Generator) -> Params:
+        return {"value": rng.normal(size=self.size)}
+
+    def forward(self, p: Params, x: np.ndarray):
+        return x, None
+
+    def backward(self, p: Params, cache, dy: np.ndarray):
+        return {"value": np.zeros_like(p["value"])}, dy
+
+
+@register_model("vector")
+def vector(size: int = 1000) -> Sequential:
+    return Sequential([("v", Vector(size))])
+
+
+@dataclass(frozen=True)
+class EchoConfig:
+    step: float = 1e-3
+    loss: str = "mse"
+
+
+@register_client
+class EchoClient(ClientAlgorithm):
+    """Uploads the downlinked vector plus ``step``."""
+
+    name = "echo"
+    config_cls = EchoConfig
+
+    def shared_names(self) -> list[str]:
+        return ["v.value"]
+
+    def init_local(self, rng: np.random.Generator) -> Params:
+        return {}
+
+    def personal_params(self, shared: Params, local: Params) -> Params:
+        return dict(shared)
+
+    def update(
+        self, shared: Params, local: Params, data: Dataset, *, rng: np.random.Generator, round_: int, phase: str
+    ) -> tuple[ClientResult, Params]:
+        out = {"v.value": shared["v.value"] + np.asarray(self.config.step, dtype=shared["v.value"].dtype)}
+        return ClientResult(out, len(data), {}), {}
+
+    def evaluate(self, shared: Params, local: Params, data: Dataset) -> dict[str, float]:
+        return {}
