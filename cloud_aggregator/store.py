@@ -55,6 +55,7 @@ class SqliteStore:
         self.path = Path(path)
         self.artifacts = self.path.parent / "artifacts"
         self._lock = threading.Lock()
+        self.readonly = readonly
         if readonly:
             self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
             return
@@ -174,6 +175,8 @@ class SqliteStore:
 
     # -- reading back -------------------------------------------------------------
     def rounds(self, task: str) -> list[RoundRecord]:
+        if self.readonly and not self._has_schema():
+            return []  # the aggregator has not created its tables yet
         with self._lock:
             rows = self._db.execute(
                 "SELECT task, round, phase, status, participants, n_samples, metrics, rejected, global_hash, "
@@ -196,6 +199,11 @@ class SqliteStore:
             )
             for r in rows
         ]
+
+    def _has_schema(self) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='rounds'").fetchone()
+        return row is not None
 
     def rejection_counts(self, task: str | None = None) -> dict[str, int]:
         query = "SELECT device, COUNT(*) FROM rejections"
