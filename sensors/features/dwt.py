@@ -34,8 +34,9 @@ start and end differ (power ramps up, not down).
 ``crest``          ``max_abs / rms``: impulsiveness (AE bursts)
 ``skewness``       ``m3 / std**3`` (central moments)
 ``kurtosis``       ``m4 / std**4 - 3`` (excess): bursts, cracks
-``entropy``        ``log(E**2 / sum(e**2)) / log(n)``: normalised Rényi-2 entropy of
-                   the energy over time, 1 = spread evenly, 0 = one coefficient
+``energy_spread``  ``E**2 / (n * sum(e**2))``: ``exp`` of the Rényi-2 entropy of the
+                   energy over time, divided by ``n``; 1 = spread evenly, 1/n = one
+                   coefficient, ~1/3 for Gaussian noise whatever the length
 ``zero_cross_rate`` fraction of adjacent pairs going from above ``+t`` to below
                    ``-t`` or back, ``t = 1e-6 * rms`` (dust near 0 ignored):
                    dominant frequency within the band
@@ -44,7 +45,7 @@ start and end differ (power ramps up, not down).
 =================  =================================================================
 
 Degenerate bands get defined values instead of NaN: a band whose rms is at most
-``1e-10`` of the channel's rms is *silent* (crest, skewness, kurtosis, entropy,
+``1e-10`` of the channel's rms is *silent* (crest, skewness, kurtosis, energy spread,
 zero-crossing rate 0; time centroid 0.5), and a band whose std is at most ``1e-9`` of
 its rms (a constant) has skewness and kurtosis 0.
 
@@ -186,7 +187,7 @@ def band_statistics(coeffs: Sequence[np.ndarray]) -> np.ndarray:
         out[..., b, 6] = out[..., b, 3] / safe_rms
         out[..., b, 7] = np.where(varying, m3 / safe_std**3, 0.0)
         out[..., b, 8] = np.where(varying, m4 / safe_std**4 - 3.0, 0.0)
-        out[..., b, 9] = (2.0 * np.log(safe_E) - np.log(np.where(ee > 0, ee, 1.0))) / math.log(n)
+        out[..., b, 9] = safe_E * (safe_E / (n * np.where(ee > 0, ee, 1.0)))
         out[..., b, 10] = crossings / (n - 1)
         out[..., b, 11] = centroid / (safe_E * (n - 1))
     total = energy.sum(axis=-1, keepdims=True)

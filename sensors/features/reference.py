@@ -103,7 +103,7 @@ def _band_stats(c: np.ndarray, channel_rms: float, band_total: float) -> list[fl
         "energy_frac": E / band_total if band_total > 0 else 0.0,
     }
     if rms <= SILENT_REL * channel_rms:
-        values.update(crest=0.0, skewness=0.0, kurtosis=0.0, entropy=0.0, zero_cross_rate=0.0, time_centroid=0.5)
+        values.update(crest=0.0, skewness=0.0, kurtosis=0.0, energy_spread=0.0, zero_cross_rate=0.0, time_centroid=0.5)
         return [values[s] for s in STATS]
     centred = c - mean
     constant = std <= CONSTANT_REL * rms
@@ -115,7 +115,7 @@ def _band_stats(c: np.ndarray, channel_rms: float, band_total: float) -> list[fl
         crest=max_abs / rms,
         skewness=0.0 if constant else float(np.mean(centred**3)) / std**3,
         kurtosis=0.0 if constant else float(np.mean(centred**4)) / std**4 - 3.0,
-        entropy=-math.log(float(np.sum(p**2))) / math.log(n),
+        energy_spread=1.0 / (n * float(np.sum(p**2))),
         zero_cross_rate=float(np.sum(signs_flip)) / (n - 1),
         time_centroid=float(np.sum(np.arange(n) * p)) / (n - 1),
     )

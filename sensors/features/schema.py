@@ -35,7 +35,7 @@ STATS: tuple[str, ...] = (
     "crest",
     "skewness",
     "kurtosis",
-    "entropy",
+    "energy_spread",
     "zero_cross_rate",
     "time_centroid",
 )

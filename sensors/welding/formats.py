@@ -321,7 +321,9 @@ def write_weld_file(
             raise ValueError(f"WAV needs an integer sample rate; got {recording.sample_rate}")
         if sample_format.startswith("int"):
             peak = np.abs(data).max(axis=1)
-            scale = np.where(peak > 0, peak, 1.0)
+            bits = {"int16": 16, "int24": 24, "int32": 32}[sample_format]
+            # Map the peak to the largest positive code (not +1.0, which would clip by 1 LSB).
+            scale = np.where(peak > 0, peak, 1.0) / (1.0 - 2.0 ** -(bits - 1))
             side["scale"] = dict(zip(recording.channels, scale.tolist(), strict=True))
             data = data / scale[:, None]
         write_wav(path, data, int(recording.sample_rate), sample_format=sample_format, extensible=extensible)
