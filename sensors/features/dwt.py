@@ -23,26 +23,26 @@ start and end differ (power ramps up, not down).
 ``E = sum(e)``, ``rms = sqrt(E / n)``.  All are normalised by ``n`` so that 0.5 s and
 0.9 s welds give comparable values:
 
-=================  =================================================================
-``mean``           ``mean(c)`` (level of slow channels in A12)
-``std``            population standard deviation
-``mean_abs``       ``mean(|c|)``
-``max_abs``        ``max(|c|)``
-``log_energy``     ``log10(max(E / n, floor))``: band power over a wide dynamic range;
-                   ``floor = max((1e-10 * channel rms)**2, 1e-30)``
-``energy_frac``    ``E / (sum of E over the channel's bands)``: spectral shape
-``crest``          ``max_abs / rms``: impulsiveness (AE bursts)
-``skewness``       ``m3 / std**3`` (central moments)
-``kurtosis``       ``m4 / std**4 - 3`` (excess): bursts, cracks
-``energy_spread``  ``E**2 / (n * sum(e**2))``: ``exp`` of the Rényi-2 entropy of the
-                   energy over time, divided by ``n``; 1 = spread evenly, 1/n = one
-                   coefficient, ~1/3 for Gaussian noise whatever the length
-``zero_cross_rate`` fraction of adjacent pairs going from above ``+t`` to below
-                   ``-t`` or back, ``t = 1e-6 * rms`` (dust near 0 ignored):
-                   dominant frequency within the band
-``time_centroid``  ``sum(k * e_k) / (E * (n - 1))``: when in the weld the band's energy
-                   arrives (0 = start, 1 = end)
-=================  =================================================================
+===================  ===============================================================
+``mean``             ``mean(c)`` (level of slow channels in A12)
+``std``              population standard deviation
+``mean_abs``         ``mean(|c|)``
+``max_abs``          ``max(|c|)``
+``log_energy``       ``log10(max(E / n, floor))``: band power over a wide dynamic range;
+                     ``floor = max((1e-10 * channel rms)**2, 1e-30)``
+``energy_frac``      ``E / (sum of E over the channel's bands)``: spectral shape
+``crest``            ``max_abs / rms``: impulsiveness (AE bursts)
+``skewness``         ``m3 / std**3`` (central moments)
+``kurtosis``         ``m4 / std**4 - 3`` (excess): bursts, cracks
+``energy_spread``    ``E**2 / (n * sum(e**2))``: ``exp`` of the Rényi-2 entropy of the
+                     energy over time, divided by ``n``; 1 = spread evenly, 1/n = one
+                     coefficient, ~1/3 for Gaussian noise whatever the length
+``zero_cross_rate``  fraction of adjacent pairs going from above ``+t`` to below
+                     ``-t`` or back, ``t = 1e-6 * rms`` (dust near 0 ignored):
+                     dominant frequency within the band
+``time_centroid``    ``sum(k * e_k) / (E * (n - 1))``: when in the weld the band's energy
+                     arrives (0 = start, 1 = end)
+===================  ===============================================================
 
 Degenerate bands get defined values instead of NaN: a band whose rms is at most
 ``1e-10`` of the channel's rms is *silent* (crest, skewness, kurtosis, energy spread,
@@ -74,8 +74,10 @@ LOG_FLOOR = 1e-30
 SILENT_REL = 1e-10
 CONSTANT_REL = 1e-9
 ZERO_CROSS_REL = 1e-6
-#: Welds per wavedec call in batch mode (bounds the temporary memory).
-BATCH_CHUNK = 16
+#: Samples (all channels) per wavedec call in batch mode.  Batching saves Python
+#: overhead on short welds; past ~1 M samples the arrays fall out of cache and a
+#: bigger batch is slower per weld (measured in benchmarks/dwt_features.py).
+BATCH_SAMPLES = 1 << 20
 
 
 class FeatureInputError(WeldDataError):
@@ -231,11 +233,13 @@ def extract_batch(signals: np.ndarray, schema: FeatureSchema = DEFAULT_SCHEMA, *
             f"got {x.shape}"
         )
     check_input(x.shape[-1], sample_rate, schema)
-    if not np.isfinite(x).all():
-        raise FeatureInputError("signals contain NaN or inf")
     out = np.empty((x.shape[0], schema.n_features), dtype=np.float64)
-    for start in range(0, x.shape[0], BATCH_CHUNK):
-        chunk = np.asarray(x[start : start + BATCH_CHUNK], dtype=np.float64)
+    step = max(1, BATCH_SAMPLES // (x.shape[1] * x.shape[2]))
+    for start in range(0, x.shape[0], step):
+        chunk = np.asarray(x[start : start + step], dtype=np.float64)
+        # A sum is NaN/inf if any element is (no temporary mask); confirm elementwise only then.
+        if not np.isfinite(chunk.sum()) and not np.isfinite(chunk).all():
+            raise FeatureInputError(f"signals contain NaN or inf (in welds {start}..{start + len(chunk) - 1})")
         stats = band_statistics(_decompose(chunk, schema))
         out[start : start + chunk.shape[0]] = _select(stats, schema).reshape(chunk.shape[0], -1)
     return out

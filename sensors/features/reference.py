@@ -122,6 +122,21 @@ def _band_stats(c: np.ndarray, channel_rms: float, band_total: float) -> list[fl
     return [values[s] for s in STATS]
 
 
+def statistics_reference(coeffs: list[np.ndarray], schema: FeatureSchema) -> np.ndarray:
+    """Feature vector from ``wavedec``-ordered coefficients shaped ``(n_channels, n_b)``."""
+    keep = [STATS.index(s) for s in schema.stats]
+    rows = []
+    for c in range(coeffs[0].shape[0]):
+        bands = [b[c] for b in coeffs]
+        energies = [float(np.sum(b**2)) for b in bands]
+        total = sum(energies)
+        channel_rms = math.sqrt(total / sum(len(b) for b in bands))
+        for band in bands:
+            stats = _band_stats(band, channel_rms, total)
+            rows.extend(stats[k] for k in keep)
+    return np.asarray(rows, dtype=np.float64)
+
+
 def extract_features_reference(signals: np.ndarray, schema: FeatureSchema, *, sample_rate: float) -> np.ndarray:
     """Features of one weld ``(n_channels, n_samples)`` (channels in schema order).
 
@@ -135,14 +150,4 @@ def extract_features_reference(signals: np.ndarray, schema: FeatureSchema, *, sa
     if x.ndim != 2 or x.shape[0] != len(schema.channels):
         raise ValueError(f"signals must be shaped ({len(schema.channels)}, n_samples); got {x.shape}")
     check_input(x.shape[1], sample_rate, schema)
-    keep = [STATS.index(s) for s in schema.stats]
-    rows = []
-    for channel in x:
-        bands = wavedec_reference(channel, schema.wavelet, schema.level, schema.mode)
-        energies = [float(np.sum(b**2)) for b in bands]
-        total = sum(energies)
-        channel_rms = math.sqrt(total / sum(len(b) for b in bands))
-        for band in bands:
-            stats = _band_stats(band, channel_rms, total)
-            rows.extend(stats[k] for k in keep)
-    return np.asarray(rows, dtype=np.float64)
+    return statistics_reference(wavedec_reference(x, schema.wavelet, schema.level, schema.mode), schema)
