@@ -17,7 +17,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -59,7 +58,8 @@ class WeldRecording:
     source
         Where the weld came from (file path, ALSA device, ``"sim"``), for logs.
     meta
-        Free-form extra metadata (read-only view; values should be JSON-serialisable).
+        Free-form extra metadata, copied on construction; treat it as read-only
+        (values should be JSON-serialisable).
     min_sample_rate
         Lowest acceptable rate; 200 kHz unless a caller (the simulator's fast mode)
         deliberately records slower.
@@ -136,7 +136,12 @@ class WeldRecording:
         object.__setattr__(self, "sample_rate", rate)
         object.__setattr__(self, "min_sample_rate", min_rate)
         object.__setattr__(self, "started_at", started.astimezone(UTC))
-        object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
+        object.__setattr__(self, "meta", dict(self.meta))  # a private copy (a proxy would not pickle)
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        # Unpickling goes through __init__ again: validated, read-only data.
+        return (type(self), (self.data, self.channels, self.sample_rate, self.weld_id, self.started_at,
+                             self.source, self.meta, self.min_sample_rate))
 
     @property
     def n_samples(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import struct
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -62,6 +63,13 @@ def test_recording_rejects_bad_input_with_clear_errors(change, message):
     args.update(change)
     with pytest.raises(WeldDataError, match=message):
         WeldRecording(**args)
+
+
+def test_recording_pickles_for_worker_processes():
+    rec = make_recording(meta={"material": "Al-Cu"})
+    back = pickle.loads(pickle.dumps(rec))
+    np.testing.assert_array_equal(back.data, rec.data)
+    assert not back.data.flags.writeable and back.meta == {"material": "Al-Cu"} and back.started_at == T0
 
 
 def test_started_at_is_normalised_to_utc():
