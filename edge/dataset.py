@@ -60,6 +60,68 @@ def simulated_printer_dataset(device: str, cfg: DataConfig) -> tuple[Dataset, Da
     return Dataset(*to_xy(train)), Dataset(*to_xy(test)), meta
 
 
+#: Welds a simulated welder records before it first trains, and the share held out for testing.
+SIM_WELDS = 48
+TEST_FRACTION = 0.25
+
+
+def simulated_welder_dataset(state_dir: Path, device: str, cfg: DataConfig) -> tuple[Dataset, Dataset, dict]:
+    """A simulated welder of one material pair (FTL-TP group M), through the real intake path.
+
+    The simulator exports each weld into the device's inbox the way a welder's
+    monitoring system does (NPY + sidecar + ``.done`` marker) and the maintenance log
+    gets each weld's tool condition; then the watched-folder source picks the welds
+    up, the DWT features are extracted and the log labels them, exactly as on a Pi.
+    Targets are the tool classes TC1-TC4 (horn/anvil new or worn).
+    """
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    from sensors.sim.welder import GROUP_M_CLASSES, GROUP_M_DOMAINS, WeldCondition, simulate_weld
+    from sensors.welding.folder import FolderSourceConfig, WatchedFolderSource
+    from sensors.welding.formats import write_weld_file
+    from sensors.welding.labels import LabelLog
+    from sensors.welding.pipeline import labelled_rows
+
+    rng = derive_rng(cfg.seed, device, "welds")
+    material, weld_time = GROUP_M_DOMAINS[int(rng.integers(len(GROUP_M_DOMAINS)))]
+    inbox = state_dir / "weld-inbox"
+    inbox.mkdir(parents=True, exist_ok=True)
+    start = datetime(2026, 1, 5, 6, 0, tzinfo=UTC)
+    log_lines = []
+    for i in range(SIM_WELDS):
+        name, (horn, anvil) = GROUP_M_CLASSES[i % len(GROUP_M_CLASSES)]
+        rec = simulate_weld(
+            WeldCondition(horn, anvil, "clean", material, weld_time),
+            derive_rng(cfg.seed, device, "weld", i),
+            time_scale=0.3,
+            weld_id=f"{device}-{i:05d}",
+            started_at=start + timedelta(seconds=30 * i),
+        )
+        path = write_weld_file(rec, inbox / f"{rec.weld_id}.npy")
+        path.with_name(path.name + ".done").touch()
+        log_lines.append(json.dumps({"weld_id": rec.weld_id, "tool": name}))
+    (state_dir / "maintenance.jsonl").write_text("\n".join(log_lines) + "\n")
+    with WatchedFolderSource(FolderSourceConfig(inbox, state_dir=state_dir / "weld-ledger")) as source:
+        recordings = source.read_all()
+    rows = list(labelled_rows(recordings, LabelLog.load(state_dir / "maintenance.jsonl")))
+    classes = [c for c, _ in GROUP_M_CLASSES]
+    x = np.stack([r.features for r in rows])
+    y = np.array([classes.index(r.target("tool_m")) for r in rows], dtype=np.int64)
+    order = rng.permutation(len(rows))
+    n_test = max(1, round(TEST_FRACTION * len(rows)))
+    test_idx, train_idx = order[:n_test], order[n_test:]
+    meta = {
+        "source": "simulate-welder",
+        "material": material,
+        "weld_time": weld_time,
+        "classes": classes,
+        "schema_hash": rows[0].schema_hash,
+        "seed": cfg.seed,
+    }
+    return Dataset(x[train_idx], y[train_idx]), Dataset(x[test_idx], y[test_idx]), meta
+
+
 def prepare_dataset(state_dir: Path, device: str, cfg: DataConfig) -> tuple[Dataset, Dataset, dict]:
     """Load the dataset from the state directory, creating it from the simulator if asked."""
     existing = load_dataset(state_dir)
@@ -68,7 +130,7 @@ def prepare_dataset(state_dir: Path, device: str, cfg: DataConfig) -> tuple[Data
     if cfg.source == "simulate-printer":
         train, test, meta = simulated_printer_dataset(device, cfg)
     elif cfg.source == "simulate-welder":
-        raise NotImplementedError("the welder simulator source is added with the sensors welding issue")
+        train, test, meta = simulated_welder_dataset(state_dir, device, cfg)
     else:
         raise FileNotFoundError(
             f"no local dataset in {state_dir / FILE}; record some data first or start with --simulate printer"

@@ -186,10 +186,13 @@ class ClientAlgorithm(ABC):
         return self.model(self.personal_params(shared, local), x)
 
     def evaluate(self, shared: Params, local: Params, data: Dataset) -> dict[str, float]:
-        """Loss of the personalized model on ``data`` (``{"loss": ...}``)."""
+        """Loss of the personalized model on ``data``, and accuracy for class targets."""
         pred = self.predict(shared, local, data.x)
         value, _ = self.loss(pred, data.y)
-        return {"loss": value}
+        out = {"loss": value}
+        if data.y.ndim == 1 and data.y.dtype.kind in "iu" and pred.ndim == 2 and pred.shape[1] > 1:
+            out["accuracy"] = float(np.mean(np.argmax(pred, axis=1) == data.y))
+        return out
 
     # -- optional multi-phase rounds (FedDAR) -----------------------------
     def phases(self) -> tuple[str, ...]:
