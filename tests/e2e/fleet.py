@@ -83,25 +83,21 @@ class FleetProcs:
         return self.work / "aggregator" / "aggregator.sqlite"
 
     def start_device(self, name: str, *extra: str) -> subprocess.Popen:
+        """An ``edge-trainer`` process (a simulated printer unless ``extra`` says ``--simulate ...``)."""
         log = (self.work / f"{name}.log").open("ab")
+        simulate = [] if "--simulate" in extra else ["--simulate", "printer"]
+        args = [
+            "--device",
+            name,
+            "--fleet",
+            FLEET,
+            "--broker",
+            self.broker_url,
+            "--state-dir",
+            str(self.work / name),
+        ]
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "edge.cli",
-                "--device",
-                name,
-                "--fleet",
-                FLEET,
-                "--broker",
-                self.broker_url,
-                "--state-dir",
-                str(self.work / name),
-                "--simulate",
-                "printer",
-                "--allow-plaintext",
-                *extra,
-            ],
+            [sys.executable, "-m", "edge.cli", *args, *simulate, "--allow-plaintext", *extra],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
