@@ -19,6 +19,11 @@ def copy_params(params: Mapping[str, np.ndarray]) -> Params:
     return {k: np.array(v, copy=True) for k, v in params.items()}
 
 
+def cast_params(params: Mapping[str, np.ndarray], dtype: np.dtype | type) -> Params:
+    """A copy with every array cast to ``dtype`` (the fleet trains in ``np.float32``)."""
+    return {k: np.array(v, dtype=dtype, copy=True) for k, v in params.items()}
+
+
 def select(params: Mapping[str, np.ndarray], names: Iterable[str]) -> Params:
     """The sub-dict of ``names``; raises ``KeyError`` naming every missing key."""
     names = list(names)

@@ -224,3 +224,18 @@ def test_bad_arguments_and_gradients():
     for opt in (Adam(0.1), SGD(0.1, momentum=0.9)):
         with pytest.raises(ValueError, match="'w'"):
             opt.step(p, {"w": np.zeros(4)})
+
+
+@pytest.mark.parametrize("make", [lambda: Adam(1e-3), lambda: SGD(1e-3, momentum=0.9)])
+def test_dead_units_never_reach_subnormal_numbers(make):
+    """Zero gradients after a burst decay the state geometrically; it must not go subnormal."""
+    opt = make()
+    p = {"w": np.full(64, 1e-3, np.float32), "u": np.full(8, 0.5, np.float32)}
+    tiny = np.finfo(np.float32).tiny
+    opt.step(p, {"w": np.full(64, 1e-3, np.float32), "u": np.ones(8, np.float32)})
+    p["w"][:] = 0.0  # a unit that died: zero weight, zero gradient from now on
+    for _ in range(1500):
+        opt.step(p, {"w": np.zeros(64, np.float32), "u": np.ones(8, np.float32)})
+        for arr in [*p.values(), *opt.state.values()]:
+            assert not np.any((arr != 0) & (np.abs(arr) < tiny))
+    assert np.all(p["u"] < 0.5)  # the live unit kept training
