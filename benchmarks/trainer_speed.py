@@ -85,34 +85,44 @@ def _rss_mib() -> float:
 
 
 # -- workers -----------------------------------------------------------------------------
+def _problem(name: str, seed: int) -> tuple[Any, dict[str, Any], Any, Any, Any]:
+    """trainer_lite model, float32 initial parameters, data and the generator that shuffles it.
+
+    Both frameworks start from these (NumPy only), so they train the same weights on
+    the same batches in the same order and their losses can be compared.
+    """
+    import numpy as np
+
+    from trainer_lite.models import build_model, mlp
+
+    cfg = MODELS[name]
+    rng = np.random.default_rng(seed)
+    model = mlp([624, 175, 125, 50, 4], init="kaiming") if name == "ftl_mlp" else build_model(name)
+    params = model.init(rng, dtype=np.float32)
+    if cfg["loss"] == "cross_entropy":
+        x = rng.normal(size=(cfg["n"], cfg["d_in"])).astype(np.float32)
+        y = rng.integers(0, cfg["classes"], cfg["n"])
+    else:
+        x = rng.uniform(0.2, 2.2, size=(cfg["n"], 1)).astype(np.float32)
+        y = rng.uniform(0.2, 1.0, size=(cfg["n"], 1)).astype(np.float32)
+    return model, params, x, y, rng
+
+
 class _TrainerLiteRunner:
     """Trains with trainer_lite: the loop of ``run_local_steps``, written out so the
     benchmark does not depend on the algorithm modules being importable."""
 
     def __init__(self, name: str, seed: int) -> None:
-        import numpy as np
-
         from trainer_lite.data import Dataset, minibatches
         from trainer_lite.losses import cross_entropy, mse
-        from trainer_lite.models import build_model, mlp
         from trainer_lite.optim import Adam
 
         cfg = MODELS[name]
-        rng = np.random.default_rng(seed)
-        self.model = mlp([624, 175, 125, 50, 4], init="kaiming") if name == "ftl_mlp" else build_model(name)
-        self.params = self.model.init(rng, dtype=np.float32)
-        x = rng.normal(size=(cfg["n"], cfg["d_in"])).astype(np.float32)
-        if cfg["loss"] == "cross_entropy":
-            y = rng.integers(0, cfg["classes"], cfg["n"])
-            self.loss = cross_entropy
-        else:
-            x = rng.uniform(0.2, 2.2, size=(cfg["n"], 1)).astype(np.float32)
-            y = rng.uniform(0.2, 1.0, size=(cfg["n"], 1)).astype(np.float32)
-            self.loss = mse
+        self.model, self.params, x, y, self.rng = _problem(name, seed)
+        self.loss = cross_entropy if cfg["loss"] == "cross_entropy" else mse
         self.data = Dataset(x, y)
         self.batch = cfg["batch"]
         self.opt = Adam(cfg["lr"], weight_decay=cfg["wd"])
-        self.rng = rng
         self.names = self.model.param_names()
         self._minibatches = minibatches
         self.n_params = sum(int(v.size) for v in self.params.values())
@@ -135,25 +145,29 @@ class _TrainerLiteRunner:
 
 
 class _TorchRunner:
-    """The same model, data sizes and loop in idiomatic eager torch (float32, CPU)."""
+    """The same model, weights, data and batch order in idiomatic eager torch (float32, CPU)."""
 
     def __init__(self, name: str, seed: int) -> None:
         import torch
         from torch import nn
 
-        torch.manual_seed(seed)
         cfg = MODELS[name]
         self.torch = torch
+        tl_model, params, x, y, self.rng = _problem(name, seed)
         self.model = _torch_model(name)
-        n = cfg["n"]
-        if cfg["loss"] == "cross_entropy":
-            self.x = torch.randn(n, cfg["d_in"])
-            self.y = torch.randint(0, cfg["classes"], (n,))
-            self.loss = nn.functional.cross_entropy
-        else:
-            self.x = torch.rand(n, 1) * 2.0 + 0.2
-            self.y = torch.rand(n, 1) * 0.8 + 0.2
-            self.loss = nn.functional.mse_loss
+        with torch.no_grad():
+            for tparam, value in _torch_params(name, self.model, params):
+                tparam.copy_(torch.from_numpy(value.copy()).reshape(tparam.shape))
+            # The two must compute the same function before either trains.
+            ours = tl_model(params, x[:16])
+            theirs = self.model(torch.from_numpy(x[:16])).numpy()
+            if ours.shape != theirs.shape or not (abs(ours - theirs) <= 1e-4 * (1 + abs(ours))).all():
+                raise RuntimeError(
+                    f"torch {name} does not reproduce trainer_lite's outputs; fix _torch_params"
+                )
+        self.x = torch.from_numpy(x)
+        self.y = torch.from_numpy(y)
+        self.loss = nn.functional.cross_entropy if cfg["loss"] == "cross_entropy" else nn.functional.mse_loss
         self.batch = cfg["batch"]
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg["lr"], weight_decay=cfg["wd"])
         self.n_params = sum(p.numel() for p in self.model.parameters())
@@ -163,7 +177,8 @@ class _TorchRunner:
         n = len(self.x)
         total, done = 0.0, 0
         while done < steps:
-            order = torch.randperm(n)
+            # The same NumPy permutation trainer_lite's minibatches draws.
+            order = torch.from_numpy(self.rng.permutation(n))
             for start in range(0, n, self.batch):
                 idx = order[start : start + self.batch]
                 opt.zero_grad()
@@ -177,20 +192,38 @@ class _TorchRunner:
         return total / steps
 
 
+def _torch_params(name: str, model: Any, p: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """(torch parameter, trainer_lite array) pairs; torch stores Linear weights transposed."""
+
+    def linear(mod: Any, prefix: str) -> list[tuple[Any, Any]]:
+        return [(mod.weight, p[prefix + "weight"].T), (mod.bias, p[prefix + "bias"])]
+
+    if name == "ftl_mlp":
+        return [pair for i in range(4) for pair in linear(model[2 * i], f"fc{i}.")]
+    enc = (
+        [(model.enc.weight, p["encoder.scale"]), (model.enc.bias, p["encoder.shift"])]
+        if name != "printer_nn"
+        else []
+    )
+    if name == "sigmoid_glm":
+        return enc + linear(model.dec, "decoder.")
+    if name == "gaussian_glm":
+        rbf = [(model.centers, p["decoder.rbf.centers"]), (model.stds, p["decoder.rbf.stds"])]
+        return enc + rbf + linear(model.fc1, "decoder.fc1.") + linear(model.fc2, "decoder.fc2.")
+    pairs = linear(model.sc, "encoder.shortcut.") + linear(model.body[0], "encoder.body.fc0.")
+    pairs += linear(model.body[2], "encoder.body.fc1.")
+    return pairs + [pair for i in range(5) for pair in linear(model.dec[2 * i], f"decoder.fc{i}.")]
+
+
 def _torch_model(name: str) -> Any:
     import torch
     from torch import nn
 
     if name == "ftl_mlp":
-        model = nn.Sequential(
+        return nn.Sequential(
             nn.Linear(624, 175), nn.ReLU(), nn.Linear(175, 125), nn.ReLU(), nn.Linear(125, 50), nn.ReLU(),
             nn.Linear(50, 4),
         )  # fmt: skip
-        for m in model:
-            if isinstance(m, nn.Linear):
-                nn.init.kaiming_normal_(m.weight)
-                nn.init.zeros_(m.bias)
-        return model
 
     class SigmoidGLM(nn.Module):
         def __init__(self) -> None:
@@ -298,7 +331,8 @@ class _Worker:
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line:
             raise RuntimeError(
-                f"worker {self.label!r} exited early (code {self.proc.wait()}); see stderr above"
+                f"worker {self.label!r} exited early (code {self.proc.wait()}); see its stderr above "
+                "(the torch workers need torch: pip install -e '.[cloud]')"
             )
         return json.loads(line)
 
@@ -325,10 +359,14 @@ def measure(models: list[str], repeats: int, burst_s: float, pause_s: float, see
     steps: dict[tuple[str, str], int] = {}
     try:
         # Warm up and size each burst to about burst_s seconds.
+        # The warm-up runs the same 70 steps on every worker: its losses show that
+        # both frameworks train the same model on the same batches.
+        warm_loss: dict[str, float] = {}
         for w in workers:
             for m in models:
                 w.ask(cmd="run", model=m, steps=20)
                 r = w.ask(cmd="run", model=m, steps=50)
+                warm_loss[f"{w.label}|{m}"] = r["loss"]
                 steps[(w.label, m)] = max(20, int(50 / r["elapsed"] * burst_s))
         for rep in progress(range(repeats), desc="repeats", total=repeats):
             order = workers if rep % 2 == 0 else workers[::-1]  # alternate who goes first
@@ -345,6 +383,7 @@ def measure(models: list[str], repeats: int, burst_s: float, pause_s: float, see
                 w.proc.kill()
     return {
         "rates": {f"{k[0]}|{k[1]}": v for k, v in rates.items()},
+        "warm_loss": warm_loss,
         "workers": {w.label: {**w.hello, **finals[w.label]} for w in workers},
         "models": models,
         "repeats": repeats,
@@ -388,6 +427,7 @@ def render(raw: dict[str, Any]) -> str:
                 f"{med(tl, m) / med(th, m):.2f}×",
                 f"{med(tl1, m) / med(th1, m):.2f}×",
                 f"**{best_tl / best_th:.2f}×**",
+                f"{raw['warm_loss'][f'{tl}|{m}']:.6g} / {raw['warm_loss'][f'{th}|{m}']:.6g}",
             ]
         )
     speed = markdown_table(
@@ -401,6 +441,7 @@ def render(raw: dict[str, Any]) -> str:
             "ratio, default threads",
             "ratio, 1 thread",
             "ratio, best vs best",
+            "loss, steps 21–70 (ours / torch)",
         ],
         rows,
     )
@@ -430,8 +471,11 @@ def render(raw: dict[str, Any]) -> str:
     return (
         "Steps per second: median over repeats (min–max in brackets); ratio = trainer_lite / torch.\n\n"
         + speed
-        + "\n\nPeak resident memory of each worker process after training every model above:\n\n"
-        + rss
+        + "\n\nBoth start from the same float32 weights and see the same batches in the same order, "
+        "so their losses over the shared warm-up steps agree up to float32 rounding.\n\n"
+        "Peak resident memory of each worker process after training every model above (the torch "
+        "workers also import trainer_lite, about 1 MiB, to build the shared weights; their "
+        "after-import figure is torch alone):\n\n" + rss
     )
 
 
