@@ -30,44 +30,15 @@ from typing import Any
 # Only the standard library at module level: a worker imports its framework itself.
 
 # name -> settings shared by both frameworks (the issue's two sizes first).
+_GLM = {"batch": 32, "n": 320, "d_in": 1, "loss": "mse", "lr": 3e-3, "wd": 3e-4}  # PFL-DA's Adam
 MODELS: dict[str, dict[str, Any]] = {
     "ftl_mlp": {
         "desc": "FTL-TP MLP 624-175-125-50-4, ReLU, Kaiming",
-        "batch": 8,
-        "n": 800,
-        "d_in": 624,
-        "classes": 4,
-        "loss": "cross_entropy",
-        "lr": 5e-4,
-        "wd": 0.0,
+        **{"batch": 8, "n": 800, "d_in": 624, "classes": 4, "loss": "cross_entropy", "lr": 5e-4, "wd": 0.0},
     },
-    "sigmoid_glm": {
-        "desc": "PFL-DA sigmoid GLM (φ1·x+φ2, g1·σ+g2)",
-        "batch": 32,
-        "n": 320,
-        "d_in": 1,
-        "loss": "mse",
-        "lr": 3e-3,
-        "wd": 3e-4,
-    },
-    "gaussian_glm": {
-        "desc": "PFL-DA Gaussian GLM, authors' form (16 bumps, 16-1024-1)",
-        "batch": 32,
-        "n": 320,
-        "d_in": 1,
-        "loss": "mse",
-        "lr": 3e-3,
-        "wd": 3e-4,
-    },
-    "printer_nn": {
-        "desc": "PFL-DA authors' NN (1→128 residual encoder, 5×128 decoder)",
-        "batch": 32,
-        "n": 320,
-        "d_in": 1,
-        "loss": "mse",
-        "lr": 3e-3,
-        "wd": 3e-4,
-    },
+    "sigmoid_glm": {"desc": "PFL-DA sigmoid GLM (φ1·x+φ2, g1·σ+g2)", **_GLM},
+    "gaussian_glm": {"desc": "PFL-DA Gaussian GLM, authors' form (16 bumps, 16-1024-1)", **_GLM},
+    "printer_nn": {"desc": "PFL-DA authors' NN (1→128 residual encoder, 5×128 decoder)", **_GLM},
 }
 DEFAULT_MODELS = ["ftl_mlp", "sigmoid_glm"]
 
