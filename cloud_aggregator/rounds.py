@@ -32,6 +32,8 @@ class CollectRequest:
     global_hash: str
     downlinks: dict[str, Params]
     expected: dict[str, TensorSpec]
+    participants: tuple[str, ...] | None = None  # the server's selection; None: the fleet samples
+    expected_by_device: dict[str, dict[str, TensorSpec]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -158,9 +160,21 @@ class RoundEngine:
         started = time.time()
         gh = param_hash(self.global_params)
         expected = self.strategy.expected(self.global_params, phase)
-        request = CollectRequest(self.spec, round_, phase, self.global_params, gh, {}, expected)
+        by_device = self.strategy.expected_by_device(self.global_params, phase)
+        chosen = self.strategy.participants(round_)
+        request = CollectRequest(
+            self.spec,
+            round_,
+            phase,
+            self.global_params,
+            gh,
+            self.strategy.downlinks(self.global_params),
+            expected,
+            participants=None if chosen is None else tuple(chosen),
+            expected_by_device=by_device,
+        )
         replies = self.fleet.collect(request)
-        valid, rejected = self.validate(replies, expected)
+        valid, rejected = self.validate(replies, expected, by_device, request.participants)
         status = "completed" if len(valid) >= self.min_participants else "abandoned"
         if status == "completed":
             self.global_params = self.strategy.aggregate(
@@ -199,9 +213,18 @@ class RoundEngine:
 
     @staticmethod
     def validate(
-        replies: Sequence[Update | Rejection], expected: dict[str, TensorSpec]
+        replies: Sequence[Update | Rejection],
+        expected: dict[str, TensorSpec],
+        by_device: dict[str, dict[str, TensorSpec]] | None = None,
+        participants: Sequence[str] | None = None,
     ) -> tuple[list[Update], dict[str, str]]:
-        """Keep well-formed uploads, one per device; name what was wrong with the rest."""
+        """Keep well-formed uploads, one per device; name what was wrong with the rest.
+
+        ``by_device`` overrides ``expected`` for the devices it lists; with
+        ``participants``, uploads from devices the server did not select are rejected.
+        """
+        by_device = by_device or {}
+        selected = None if participants is None else set(participants)
         valid: dict[str, Update] = {}
         rejected: dict[str, str] = {}
         for reply in replies:
@@ -210,8 +233,11 @@ class RoundEngine:
                 continue
             if reply.device in valid:
                 continue  # a duplicate delivery of the same upload
+            if selected is not None and reply.device not in selected:
+                rejected[reply.device] = "device was not selected for this round"
+                continue
             try:
-                validate_tensors(reply.params, expected)
+                validate_tensors(reply.params, by_device.get(reply.device, expected))
             except WireError as exc:
                 log.warning("rejected update from %s: %s", reply.device, exc)
                 rejected[reply.device] = str(exc)

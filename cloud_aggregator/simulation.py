@@ -65,7 +65,11 @@ class SimulatedFleet:
 
     def collect(self, request: CollectRequest) -> Sequence[Update | Rejection]:
         out: list[Update | Rejection] = []
-        for device in self.sample(request.round):
+        if request.participants is None:
+            devices = self.sample(request.round)
+        else:  # the server chose (e.g. FTL-TP's fraction per task group); unknown ids are absent
+            devices = [d for d in request.participants if d in self.clients]
+        for device in devices:
             data = self.clients[device]
             shared = request.downlinks.get(device, request.global_params)
             result, self.local[device] = participate(

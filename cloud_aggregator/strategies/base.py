@@ -59,6 +59,25 @@ class Strategy(ABC):
         """A per-device downlink, or ``None`` when every device gets the broadcast."""
         return None
 
+    def downlinks(self, global_params: Params) -> dict[str, Params]:
+        """This round's per-device downlinks, for the devices the strategy knows by name.
+
+        The round engine hands them to the fleet, which sends each listed device its own
+        parameters in place of ``global_params``.  Empty by default (broadcast only).
+        """
+        return {}
+
+    def expected_by_device(self, global_params: Params, phase: str) -> dict[str, dict[str, TensorSpec]]:
+        """Upload specs for devices whose upload differs from :meth:`expected` (empty by default)."""
+        return {}
+
+    def participants(self, round_: int) -> list[str] | None:
+        """The devices the server selects for ``round_``; ``None`` leaves sampling to the fleet.
+
+        Uploads from devices outside a selection are rejected before aggregation.
+        """
+        return None
+
     @abstractmethod
     def aggregate(
         self, global_params: Params, updates: Sequence[Update], *, round_: int, phase: str
