@@ -85,13 +85,14 @@ def centered_loss_and_grads(
         if name == encoder_block:
             feats = h
     value, dy = loss(h, data.y)
-    mean = feats.mean(axis=0)
-    value += weight * float(np.mean(mean * mean))
+    # Over the sample axis (-2), so a stacked (..., n, K) batch gets one term per member.
+    mean = feats.mean(axis=-2, keepdims=True)
+    value += weight * float(np.sum(np.mean(mean * mean, axis=-1)))
     grads: Params = {}
     for (name, layer), cache in zip(reversed(model.layers), reversed(caches), strict=True):
         if name == encoder_block:
             # d/dh_nk of c·(1/K)·Σ_k m_k² with m_k = (1/n)·Σ_n h_nk is 2c·m_k/(K·n).
-            dy = dy + (2.0 * weight / (mean.size * len(feats))) * mean
+            dy = dy + (2.0 * weight / (feats.shape[-1] * feats.shape[-2])) * mean
         g, dy = layer.backward(strip_prefix(params, name), cache, dy)
         grads.update(with_prefix(g, name))
     return value, grads
