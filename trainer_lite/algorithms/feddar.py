@@ -1,0 +1,542 @@
+"""FedDAR (Zhong et al., ICLR 2023, seed 004): a shared encoder φ and one head h_m per domain.
+
+The model is any ``Sequential`` split at ``head_block``: the blocks before it are
+the encoder φ (shared by every domain), the blocks from it on are the head,
+copied once per domain.  Every sample carries its domain (``Dataset.domain``,
+integers in ``[0, n_domains)``) and is predicted by its domain's head.
+
+A round has two phases (Algorithm 1), and all of the model is global:
+
+``"heads"``
+    Downlink: encoder ``φ^{t-1}``, heads ``h^{t-1}_m`` (names ``heads.<m>.<head
+    param>``) and ``domain_weight``.  The client runs ``head_steps`` (τ_h) steps
+    on each of its domains' heads, each on that domain's samples only, with the
+    encoder frozen, and uploads every head (an absent domain's head unchanged),
+    ``domain_counts`` (its ``L_{i,m}``, shape ``(M,)``) and, for second-order
+    aggregation (``aggregation="sa"``), ``hessian.<m>``: the Hessian of its
+    domain-``m`` mean loss at the updated head (zeros where it has no samples).
+``"encoder"``
+    Downlink: encoder ``φ^{t-1}``, the aggregated heads ``h^t_m`` and
+    ``domain_weight`` ``u_m = L/(L_m·M)``.  The client runs ``local_steps`` (τ_φ)
+    steps on the encoder of ``(1/L_i) Σ_j u_{m_j} ℓ(h_{m_j}(φ(x_j)), y_j)`` and
+    uploads the encoder only.
+
+Nothing else leaves the device: the counts are what weighted averaging of the
+heads needs anyway, and a head's Hessian is the ``(P, P)`` second moment of the
+encoder's features on that domain (for a linear head), never a sample.
+
+Closed-form Hessians (eq. 8 needs them) exist for a single linear head under
+MSE (``2/(n·o) · Z̃ᵀZ̃ ⊗ I_o``) and binary cross-entropy on logits
+(``1/(n·o) · Σ_j z̃_j z̃_jᵀ ⊗ diag(σ(1 − σ))``), with ``Z̃ = [Z, 1]`` when the head
+has a bias and parameters flattened as ``weight.ravel()`` then ``bias``.  A
+domain with fewer samples than head parameters gives a singular local Hessian;
+that is safe because the server solves the *pooled* system on the range of
+``Σ_i L_{i,m} H_{i,m}`` and keeps the previous head along any direction no
+client's data reaches (:mod:`cloud_aggregator.aggregate_second_order`).  A
+domain a client lacks is skipped (count 0, zero Hessian): it weighs nothing.
+
+:class:`FedDARLinearClient` is Algorithm 2 (the linear case of the theory):
+clients upload per-domain sufficient statistics and the server solves the heads
+exactly; clients upload the gradient of the re-weighted loss in the encoder and
+the server steps and re-orthonormalizes it with a QR decomposition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, LossFn, TrainConfig, register_client
+from trainer_lite.algorithms.fedavg import run_local_steps
+from trainer_lite.data import Dataset, minibatches
+from trainer_lite.layers import Linear, Sequential, sigmoid
+from trainer_lite.models import register_model
+from trainer_lite.params import Params, copy_params
+
+HEADS = "heads"
+COUNTS = "domain_counts"
+DOMAIN_WEIGHT = "domain_weight"
+HESSIAN = "hessian"
+STATS = "stats"
+GRAD = "grad"
+PHASES = ("heads", "encoder")
+_AGGREGATIONS = ("sa", "wa")
+_HESSIAN_LOSSES = ("mse", "bce")
+
+
+@register_model("linear_rep")
+def linear_representation(
+    d_in: int = 20, k: int = 2, d_out: int = 1, bias: bool = False, init: str = "torch"
+) -> Sequential:
+    """FedDAR's linear model ``y = xᵀ B w``: block ``encoder`` (``d_in → k``), block ``head`` (``k → d_out``)."""
+    return Sequential(
+        [
+            ("encoder", Linear(d_in, k, bias=bias, init=init)),
+            ("head", Linear(k, d_out, bias=bias, init=init)),
+        ]
+    )
+
+
+def head_key(m: int, name: str) -> str:
+    """Global name of domain ``m``'s copy of head parameter ``name``."""
+    return f"{HEADS}.{m}.{name}"
+
+
+def hessian_key(m: int) -> str:
+    return f"{HESSIAN}.{m}"
+
+
+def domain_ids(data: Dataset, n_domains: int) -> np.ndarray:
+    """The dataset's domain labels as integers in ``[0, n_domains)``; raises ``ValueError`` otherwise."""
+    if data.domain is None:
+        raise ValueError(
+            "this algorithm needs each sample's domain: build the Dataset with domain=<int array (n,)>"
+        )
+    dom = np.asarray(data.domain)
+    if dom.ndim != 1 or (dom.size and not np.array_equal(dom, np.round(dom))):
+        raise ValueError(f"domain labels must be a 1-D array of integers, got {dom.dtype}{list(dom.shape)}")
+    dom = dom.astype(np.intp)
+    if dom.size and (dom.min() < 0 or dom.max() >= n_domains):
+        raise ValueError(
+            f"domain labels must lie in [0, {n_domains}) (n_domains={n_domains}), "
+            f"got min {dom.min()}, max {dom.max()}"
+        )
+    return dom
+
+
+def domain_counts(dom: np.ndarray, n_domains: int) -> np.ndarray:
+    """``L_{i,m}``: samples per domain."""
+    return np.bincount(dom, minlength=n_domains)
+
+
+def score(loss: LossFn, pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """``{"loss": ...}`` of predictions, plus ``"accuracy"`` for class-id targets."""
+    value, _ = loss(pred, y)
+    out = {"loss": value}
+    if y.ndim == 1 and y.dtype.kind in "iu" and pred.ndim == 2 and pred.shape[1] > 1:
+        out["accuracy"] = float(np.mean(np.argmax(pred, axis=1) == y))
+    return out
+
+
+def split_model(model: Sequential, head_block: str) -> tuple[Sequential, Sequential]:
+    """``(encoder, head)``: the blocks before ``head_block`` and the blocks from it on."""
+    names = [n for n, _ in model.layers]
+    if head_block not in names:
+        raise ValueError(f"no head block {head_block!r}; the model's blocks are {names}")
+    i = names.index(head_block)
+    if i == 0:
+        raise ValueError(f"head block {head_block!r} is the first block: FedDAR needs an encoder before it")
+    return Sequential(model.layers[:i]), Sequential(model.layers[i:])
+
+
+def cycle_batches(
+    data: Dataset, batch_size: int | None, steps: int, rng: np.random.Generator
+) -> Iterator[Dataset]:
+    """``steps`` minibatches, cycling through seeded epochs."""
+    done = 0
+    while done < steps:
+        for batch in minibatches(data, batch_size, rng):
+            yield batch
+            done += 1
+            if done == steps:
+                return
+
+
+def linear_head_hessian(z: np.ndarray, pred: np.ndarray, loss: str, bias: bool) -> np.ndarray:
+    """Hessian of a linear head's mean loss over ``n`` samples, in closed form.
+
+    Parameters
+    ----------
+    z
+        Encoder features ``(n, k)``.
+    pred
+        The head's outputs ``(n, o)`` (logits for ``"bce"``).
+    loss
+        ``"mse"`` (``mean (pred − y)²`` over all ``n·o`` elements) or ``"bce"``
+        (binary cross-entropy on logits, averaged the same way).
+    bias
+        Whether the head has a bias (appends a column of ones to ``z``).
+
+    Returns
+    -------
+    ndarray
+        ``(P, P)`` with ``P = (k + bias)·o``, parameters flattened as
+        ``weight.ravel()`` (row-major ``(k, o)``) then ``bias``, i.e. the row-major
+        ravel of ``[weight; bias]``.  MSE's Hessian does not depend on the head.
+    """
+    n, o = pred.shape
+    zt = np.hstack([z, np.ones((n, 1), dtype=z.dtype)]) if bias else z
+    zt = zt.astype(np.float64, copy=False)
+    if loss == "mse":
+        gram = zt.T @ zt * (2.0 / (n * o))
+        return gram if o == 1 else np.kron(gram, np.eye(o))
+    if loss == "bce":
+        s = sigmoid(pred.astype(np.float64))
+        s = s * (1.0 - s)
+        p = zt.shape[1]
+        h = np.zeros((p * o, p * o))
+        for c in range(o):
+            # Output c's parameters sit at indices c, c + o, ... of the row-major ravel.
+            h[c::o, c::o] = (zt * s[:, c : c + 1]).T @ zt / (n * o)
+        return h
+    raise ValueError(f"no closed-form head Hessian for loss {loss!r}; choose one of {list(_HESSIAN_LOSSES)}")
+
+
+@dataclass(frozen=True)
+class FedDARConfig(TrainConfig):
+    """FedDAR's client settings (``TrainConfig``'s ``local_steps`` is τ_φ, the encoder steps).
+
+    Parameters
+    ----------
+    n_domains
+        M, the number of domains (required, >= 1).
+    head_block
+        The model block where the per-domain head starts.
+    head_steps
+        τ_h, the head steps per domain in the ``"heads"`` phase.
+    head_lr
+        Learning rate of the head steps (``None``: ``lr``).
+    aggregation
+        ``"sa"``: second-order aggregation (eq. 8; uploads Hessians) or ``"wa"``:
+        count-weighted average of the heads.  The server reads it from here.
+    reweight
+        Weight each sample's loss in the encoder steps by ``u_m = L/(L_m·M)``.
+    """
+
+    n_domains: int = 0
+    head_block: str = "head"
+    head_steps: int = 10
+    head_lr: float | None = None
+    aggregation: str = "sa"
+    reweight: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.n_domains < 1:
+            raise ValueError(f"n_domains must be >= 1 (the number of domains M), got {self.n_domains}")
+        if self.head_steps < 1:
+            raise ValueError(f"head_steps must be >= 1, got {self.head_steps}")
+        if self.head_lr is not None and self.head_lr <= 0:
+            raise ValueError(f"head_lr must be > 0, got {self.head_lr}")
+        if self.aggregation not in _AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {list(_AGGREGATIONS)}, got {self.aggregation!r}")
+
+
+@register_client
+class FedDARClient(ClientAlgorithm):
+    """FedDAR's client (Algorithm 1): τ_h head steps per domain, then τ_φ re-weighted encoder steps."""
+
+    name = "feddar"
+    config_cls = FedDARConfig
+
+    def __init__(self, spec) -> None:
+        super().__init__(spec)
+        cfg = self.config
+        self.encoder, self.head = split_model(self.model, cfg.head_block)
+        self.encoder_names = self.encoder.param_names()
+        self.head_names = self.head.param_names()
+        head = self.head.init(np.random.default_rng(0))
+        self._head_size = int(sum(np.asarray(head[n]).size for n in self.head_names))
+        if cfg.aggregation == "sa":
+            self._linear_head()
+
+    def _linear_head(self) -> Linear:
+        """The head's single ``Linear`` layer; raises unless eq. 8 has a closed form here."""
+        layers = self.head.layers
+        if len(layers) != 1 or not isinstance(layers[0][1], Linear):
+            raise ValueError(
+                f"second-order aggregation needs the head to be one Linear block, got "
+                f"{[n for n, _ in layers]}; use aggregation='wa' for other heads"
+            )
+        if self.config.loss not in _HESSIAN_LOSSES:
+            raise ValueError(
+                f"second-order aggregation has closed-form Hessians for losses {list(_HESSIAN_LOSSES)}, "
+                f"got {self.config.loss!r}; use aggregation='wa'"
+            )
+        return layers[0][1]
+
+    # -- what is shared ---------------------------------------------------
+    def phases(self) -> tuple[str, ...]:
+        return PHASES
+
+    @property
+    def n_domains(self) -> int:
+        return self.config.n_domains
+
+    def all_head_keys(self) -> list[str]:
+        return [head_key(m, n) for m in range(self.n_domains) for n in self.head_names]
+
+    def shared_names(self) -> list[str]:
+        return self.encoder_names + self.all_head_keys()
+
+    def head_param_count(self) -> int:
+        """P, the number of scalars in one domain's head (the side of its Hessian)."""
+        return self._head_size
+
+    def init_global(self, rng: np.random.Generator) -> Params:
+        """Encoder, M independently drawn heads, and ``domain_weight`` (ones until counts arrive)."""
+        enc = self.encoder.init(rng)
+        out: Params = {n: enc[n] for n in self.encoder_names}
+        for m in range(self.n_domains):
+            head = self.head.init(rng)
+            out.update({head_key(m, n): head[n] for n in self.head_names})
+        out[DOMAIN_WEIGHT] = np.ones(self.n_domains)
+        return out
+
+    def init_local(self, rng: np.random.Generator) -> Params:
+        return {}
+
+    def encoder_params(self, shared: Mapping[str, np.ndarray]) -> Params:
+        return {n: shared[n] for n in self.encoder_names}
+
+    def head_params(self, shared: Mapping[str, np.ndarray], m: int) -> Params:
+        """Domain ``m``'s head under the head model's own names (``head.weight``...)."""
+        return {n: shared[head_key(m, n)] for n in self.head_names}
+
+    def personal_params(self, shared: Params, local: Params) -> Params:
+        # Everything is global; personalization is per domain, not per device.
+        return dict(shared)
+
+    # -- inference --------------------------------------------------------
+    def predict(self, shared: Params, local: Params, x: np.ndarray) -> np.ndarray:
+        raise ValueError(
+            f"{self.name} predicts with each sample's domain head: call "
+            "predict_domains(shared, local, x, domain)"
+        )
+
+    def predict_domains(self, shared: Params, local: Params, x: np.ndarray, domain: np.ndarray) -> np.ndarray:
+        """Predictions of ``h_{domain_j}(φ(x_j))`` for every row."""
+        dom = domain_ids(Dataset(x, np.zeros(len(x)), domain), self.n_domains)
+        z = self.encoder(self.encoder_params(shared), x)
+        out: np.ndarray | None = None
+        for m in np.unique(dom):
+            idx = np.flatnonzero(dom == m)
+            pm = self.head(self.head_params(shared, int(m)), z[idx])
+            if out is None:
+                out = np.empty((len(x), *pm.shape[1:]), dtype=pm.dtype)
+            out[idx] = pm
+        if out is None:  # no rows: run a head on nothing for the output width
+            out = self.head(self.head_params(shared, 0), z)
+        return out
+
+    def evaluate(self, shared: Params, local: Params, data: Dataset) -> dict[str, float]:
+        """Loss of each sample under its domain's head (and accuracy for class targets)."""
+        return score(self.loss, self.predict_domains(shared, local, data.x, data.domain), data.y)
+
+    # -- the round --------------------------------------------------------
+    def update(
+        self,
+        shared: Params,
+        local: Params,
+        data: Dataset,
+        *,
+        rng: np.random.Generator,
+        round_: int,
+        phase: str,
+    ) -> tuple[ClientResult, Params]:
+        if phase == "heads":
+            return self.heads_phase(shared, data, rng=rng, round_=round_), {}
+        if phase == "encoder":
+            return self.encoder_phase(shared, data, rng=rng, round_=round_), {}
+        raise ValueError(f"unknown phase {phase!r} for {self.name}; phases are {list(PHASES)}")
+
+    def heads_phase(
+        self, shared: Params, data: Dataset, *, rng: np.random.Generator, round_: int
+    ) -> ClientResult:
+        """τ_h steps on each present domain's head with the encoder frozen; upload heads, counts (Hessians)."""
+        cfg = self.config
+        groups = dict(self.domain_groups(data))
+        z = self.encoder(self.encoder_params(shared), data.x)
+        head_cfg = cfg if cfg.head_lr is None else replace(cfg, lr=cfg.head_lr)
+        upload: Params = {}
+        counts = np.zeros(self.n_domains)
+        total = 0.0
+        for m in range(self.n_domains):
+            head = copy_params(self.head_params(shared, m))
+            idx = groups.get(m, np.zeros(0, dtype=np.intp))
+            counts[m] = len(idx)
+            if len(idx):
+                sub = Dataset(z[idx], data.y[idx])
+                # A fresh optimizer per domain: every head shares the head model's names.
+                total += len(idx) * run_local_steps(
+                    self.head,
+                    head,
+                    self.head_names,
+                    sub,
+                    self.loss,
+                    head_cfg.make_optimizer(round_),
+                    cfg.head_steps,
+                    cfg.batch_size,
+                    rng,
+                )
+            upload.update({head_key(m, n): head[n] for n in self.head_names})
+            if cfg.aggregation == "sa":
+                upload[hessian_key(m)] = self._hessian(head, z[idx])
+        upload[COUNTS] = counts
+        return ClientResult(upload, len(data), {"train_loss": total / max(len(data), 1)})
+
+    def _hessian(self, head: Params, z: np.ndarray) -> np.ndarray:
+        """Hessian of the domain's mean loss at ``head``; zeros when the client has no such samples."""
+        p = self.head_param_count()
+        if len(z) == 0:
+            return np.zeros((p, p))
+        pred = self.head(head, z)
+        return linear_head_hessian(z, pred, self.config.loss, bias=self._linear_head().bias)
+
+    def domain_groups(self, batch: Dataset) -> list[tuple[int, np.ndarray]]:
+        """``[(m, row indices of domain m), ...]`` for the domains present in ``batch``."""
+        dom = domain_ids(batch, self.n_domains)
+        order = np.argsort(dom, kind="stable")
+        present, starts = np.unique(dom[order], return_index=True)
+        bounds = [*starts[1:], len(dom)]
+        return [(int(m), order[a:b]) for m, a, b in zip(present, starts, bounds, strict=True)]
+
+    def encoder_loss_and_grads(
+        self,
+        enc: Params,
+        heads: list[Params],
+        batch: Dataset,
+        weights: np.ndarray | None,
+        groups: list[tuple[int, np.ndarray]] | None = None,
+    ) -> tuple[float, Params]:
+        """Re-weighted loss ``(1/n) Σ_j u_{m_j} ℓ_j`` of a batch and its gradient in the encoder.
+
+        ``groups`` (from :meth:`domain_groups`) saves regrouping when the batch repeats.
+        """
+        if groups is None:
+            groups = self.domain_groups(batch)
+        if not groups:
+            raise ValueError("cannot take an encoder step on an empty batch")
+        z, enc_cache = self.encoder.forward(enc, batch.x)
+        pred: np.ndarray | None = None
+        caches = []
+        for m, idx in groups:
+            pm, cache = self.head.forward(heads[m], z[idx])
+            if pred is None:
+                pred = np.empty((len(z), *pm.shape[1:]), dtype=pm.dtype)
+            pred[idx] = pm
+            caches.append(cache)
+        if weights is None:
+            value, dpred = self.loss(pred, batch.y)
+        else:
+            w = np.empty(len(z))
+            for m, idx in groups:
+                w[idx] = weights[m]
+            value, dpred = self.loss(pred, batch.y, sample_weights=w)
+        dz = np.empty_like(z)
+        for (m, idx), cache in zip(groups, caches, strict=True):
+            _, dz[idx] = self.head.backward(heads[m], cache, dpred[idx])
+        return value, self.encoder.param_grads(enc, enc_cache, dz)
+
+    def _weights(self, shared: Params) -> np.ndarray | None:
+        if not self.config.reweight:
+            return None
+        return np.asarray(shared[DOMAIN_WEIGHT], dtype=np.float64)
+
+    def encoder_phase(
+        self, shared: Params, data: Dataset, *, rng: np.random.Generator, round_: int
+    ) -> ClientResult:
+        """τ_φ steps on the encoder with the round's aggregated heads fixed; upload the encoder."""
+        cfg = self.config
+        enc = copy_params(self.encoder_params(shared))
+        heads = [self.head_params(shared, m) for m in range(self.n_domains)]
+        weights = self._weights(shared)
+        opt = cfg.make_optimizer(round_)
+        # Full batches repeat: group the rows by domain once.
+        full = self.domain_groups(data) if cfg.batch_size is None or cfg.batch_size >= len(data) else None
+        total = 0.0
+        for batch in cycle_batches(data, cfg.batch_size, cfg.local_steps, rng):
+            value, grads = self.encoder_loss_and_grads(enc, heads, batch, weights, full)
+            opt.step(enc, grads)
+            total += value
+        return ClientResult(enc, len(data), {"train_loss": total / cfg.local_steps})
+
+
+@dataclass(frozen=True)
+class FedDARLinearConfig(TrainConfig):
+    """Algorithm 2's client settings: ``n_domains``, ``head_block`` and ``reweight`` as FedDAR's.
+
+    The encoder step size is the server's (``TaskSpec.server["lr"]``); ``lr``,
+    ``optimizer`` and ``local_steps`` are unused.
+    """
+
+    n_domains: int = 0
+    head_block: str = "head"
+    reweight: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.n_domains < 1:
+            raise ValueError(f"n_domains must be >= 1 (the number of domains M), got {self.n_domains}")
+        if self.loss != "mse":
+            raise ValueError(
+                f"Algorithm 2 is FedDAR for linear regression: loss must be 'mse', got {self.loss!r}"
+            )
+
+
+@register_client
+class FedDARLinearClient(FedDARClient):
+    """FedDAR's Algorithm 2 (linear regression): exact head solve at the server, encoder step, QR.
+
+    ``"heads"`` phase upload: for every domain ``stats.<m>.gram`` ``= Bᵀ X_mᵀ X_m B``
+    ``(k, k)`` and ``stats.<m>.moment`` ``= Bᵀ X_mᵀ Y_m`` ``(k, o)`` (sums over the
+    client's domain-``m`` samples, zeros where it has none) and ``domain_counts``;
+    the server solves ``(Σ_i gram) w_m = Σ_i moment`` for each head.  ``"encoder"``
+    phase upload: ``grad.<encoder weight>`` ``= Σ_j u_{m_j} ∇_B (w_{m_j}ᵀ Bᵀ x_j − y_j)²``
+    (the gradient of the re-weighted loss, summed, not averaged); the server
+    steps ``B ← B − η Σ_i grad_i / L`` and orthonormalizes ``B`` by QR.  The
+    model must be two bias-free ``Linear`` blocks (``linear_rep``).
+    """
+
+    name = "feddar_linear"
+    config_cls = FedDARLinearConfig
+
+    def __init__(self, spec) -> None:
+        ClientAlgorithm.__init__(self, spec)
+        cfg = self.config
+        self.encoder, self.head = split_model(self.model, cfg.head_block)
+        self.encoder_names = self.encoder.param_names()
+        self.head_names = self.head.param_names()
+        blocks = [*self.encoder.layers, *self.head.layers]
+        if len(blocks) != 2 or not all(isinstance(layer, Linear) and not layer.bias for _, layer in blocks):
+            raise ValueError(
+                "Algorithm 2 needs the model to be a bias-free Linear encoder and a bias-free Linear head "
+                f"(model 'linear_rep'), got blocks {[n for n, _ in blocks]}"
+            )
+        self.encoder_weight = self.encoder_names[0]
+        self.head_weight = self.head_names[0]
+
+    def grad_key(self) -> str:
+        return f"{GRAD}.{self.encoder_weight}"
+
+    @staticmethod
+    def stats_keys(m: int) -> tuple[str, str]:
+        return f"{STATS}.{m}.gram", f"{STATS}.{m}.moment"
+
+    def heads_phase(
+        self, shared: Params, data: Dataset, *, rng: np.random.Generator, round_: int
+    ) -> ClientResult:
+        dom = domain_ids(data, self.n_domains)
+        counts = domain_counts(dom, self.n_domains)
+        z = self.encoder(self.encoder_params(shared), data.x).astype(np.float64)
+        y = np.asarray(data.y, dtype=np.float64).reshape(len(z), -1)
+        upload: Params = {}
+        for m in range(self.n_domains):
+            idx = np.flatnonzero(dom == m)
+            gram, moment = self.stats_keys(m)
+            upload[gram] = z[idx].T @ z[idx]
+            upload[moment] = z[idx].T @ y[idx]
+        upload[COUNTS] = counts.astype(np.float64)
+        return ClientResult(upload, len(data), {})
+
+    def encoder_phase(
+        self, shared: Params, data: Dataset, *, rng: np.random.Generator, round_: int
+    ) -> ClientResult:
+        enc = self.encoder_params(shared)
+        heads = [self.head_params(shared, m) for m in range(self.n_domains)]
+        value, grads = self.encoder_loss_and_grads(enc, heads, data, self._weights(shared))
+        # The loss is a mean over the client's samples; the server wants the sum.
+        upload = {self.grad_key(): grads[self.encoder_weight] * len(data)}
+        return ClientResult(upload, len(data), {"train_loss": value})
