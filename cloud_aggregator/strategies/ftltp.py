@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from cloud_aggregator.aggregate import weighted_mean
 from cloud_aggregator.strategies.base import Strategy, TensorSpec, Update, register_strategy
 from cloud_aggregator.strategies.fedavg import FedAvg
+from trainer_lite.algorithms import ClientAlgorithm
 from trainer_lite.algorithms.ftltp import FTLTPClient
 from trainer_lite.client import derive_rng
 from trainer_lite.params import Params
+from trainer_lite.task import TaskSpec
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,9 @@ class FTLTPServerConfig:
             raise ValueError(f"client_fraction must lie in (0, 1], got {self.client_fraction}")
 
 
-def group_means(updates: Sequence[Update], groups: dict[str, str], base: list[str]) -> tuple[Params, dict]:
+def group_means(
+    updates: Sequence[Update], groups: dict[str, str], base: list[str]
+) -> tuple[Params, dict[str, Params]]:
     """Algorithm 1, lines 12-17: the sample-weighted base over all updates and each group's own mean.
 
     Returns ``(base mean, {group: that group's mean of its own names})``; pure, no state.
@@ -81,7 +85,7 @@ class FTLTP(Strategy):
     name = "ftltp"
     config_cls = FTLTPServerConfig
 
-    def __init__(self, spec, client=None) -> None:
+    def __init__(self, spec: TaskSpec, client: ClientAlgorithm | None = None) -> None:
         super().__init__(spec, client)
         if not isinstance(self.client, FTLTPClient):
             raise ValueError(f"the FTL-TP server needs the 'ftltp' client, got {type(self.client).__name__}")
@@ -95,9 +99,11 @@ class FTLTP(Strategy):
         for device in sorted(cfg.device_groups):
             self.members[cfg.device_groups[device]].append(device)
         fr = cfg.client_fraction
-        self.fraction = {g: float(fr[g]) if isinstance(fr, dict) else float(fr) for g in self.client.groups}
         if isinstance(fr, dict) and (missing := sorted(set(self.client.groups) - set(fr))):
-            raise ValueError(f"client_fraction has no entry for groups {missing}")
+            raise ValueError(
+                f"client_fraction has no entry for groups {missing}; give one per group or a number"
+            )
+        self.fraction = {g: float(fr[g]) if isinstance(fr, dict) else float(fr) for g in self.client.groups}
 
     def downlink(self, global_params: Params, device: str) -> Params | None:
         """The base plus the device's group's blocks; ``None`` for a device in no group."""

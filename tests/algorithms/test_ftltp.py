@@ -352,3 +352,23 @@ def test_configuration_errors_name_the_problem():
         make_strategy(_spec(device_groups={"d": "X"}))
     with pytest.raises(ValueError, match="client_fraction"):
         make_strategy(_spec(fraction=0.0))
+    with pytest.raises(ValueError, match=r"no entry for groups \['S'\]"):
+        make_strategy(_spec(fraction={"M": 0.5}))
+
+
+def test_fedl2r_shares_everything_and_regularises_the_penultimate_output():
+    spec = TaskSpec(
+        name="w",
+        algorithm="fedl2r",
+        model="mlp",
+        model_args={"sizes": SIZES},
+        hparams={"loss": "cross_entropy", "epochs": 1, "batch_size": 4},
+        dtype="float64",
+    )
+    algo = make_client(spec)
+    assert algo.base.param_names() == [f"fc{i}.{p}" for i in range(3) for p in ("weight", "bias")]
+    shared = algo.init_global(np.random.default_rng(0))
+    data = _data(np.random.default_rng(1), 10, SIZES[-1])
+    result, local = algo.update(shared, {}, data, rng=np.random.default_rng(2), round_=1, phase="train")
+    assert local == {} and sorted(result.shared) == sorted(shared) and result.metrics["l2r"] > 0
+    assert make_strategy(spec).name == "fedavg"  # the server step is FedAvg's weighted mean

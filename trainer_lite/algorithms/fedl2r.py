@@ -31,6 +31,7 @@ from trainer_lite.data import Dataset, minibatches
 from trainer_lite.layers import Sequential
 from trainer_lite.optim import Optimizer
 from trainer_lite.params import Params, copy_params
+from trainer_lite.task import TaskSpec
 
 
 def split_after(model: Sequential, k: int) -> tuple[Sequential, Sequential]:
@@ -178,7 +179,7 @@ class FedL2RClient(FedAvgClient):
     name = "fedl2r"
     config_cls = FedL2RConfig
 
-    def __init__(self, spec) -> None:
+    def __init__(self, spec: TaskSpec) -> None:
         super().__init__(spec)
         n_blocks = sum(1 for _, layer in self.model.layers if layer.param_names())
         k = self.config.l2r_layers if self.config.l2r_layers is not None else n_blocks - 1

@@ -37,6 +37,7 @@ from trainer_lite.data import Dataset
 from trainer_lite.layers import Sequential
 from trainer_lite.models import build_model
 from trainer_lite.params import Params, copy_params
+from trainer_lite.task import TaskSpec
 
 GROUP = "group"
 
@@ -115,7 +116,7 @@ class FTLTPClient(ClientAlgorithm):
     name = "ftltp"
     config_cls = FTLTPConfig
 
-    def __init__(self, spec) -> None:
+    def __init__(self, spec: TaskSpec) -> None:
         super().__init__(spec)
         cfg: FTLTPConfig = self.config
         self.groups = sorted(cfg.groups)
