@@ -56,6 +56,7 @@ class L2RLoss(NamedTuple):
     task: float  # the classification loss F_k
     l2r: float  # α·mean‖z‖²
     grads: Params
+    z_sq: float  # mean‖z‖², reported whatever α (how large the representation is)
 
 
 def l2r_loss_and_grads(
@@ -76,14 +77,12 @@ def l2r_loss_and_grads(
     pred, head_cache = head.forward(params, z)
     task, dpred = loss(pred, data.y)
     grads, dz = head.backward(params, head_cache, dpred)
-    reg = 0.0
+    z_sq = float(np.vdot(z, z)) / len(z)
     if alpha:
-        scale = alpha / len(z)
-        reg = scale * float(np.vdot(z, z))
-        dz = dz + (2.0 * scale) * z
+        dz = dz + (2.0 * alpha / len(z)) * z
     if base_grads:
         grads.update(base.param_grads(params, base_cache, dz))
-    return L2RLoss(task, reg, grads)
+    return L2RLoss(task, alpha * z_sq, grads, z_sq)
 
 
 def local_steps_for(n_samples: int, batch_size: int | None, epochs: int | None, local_steps: int) -> int:
@@ -114,11 +113,11 @@ def train_l2r(
 
     The objective is the task loss, ``alpha``·mean‖z‖² on the base output, and, when
     ``mu > 0``, FedProx's ``μ/2·‖θ − anchor‖²`` over the trainable names.  Returns the
-    mean task loss and mean regulariser over the steps.
+    means over the steps of the task loss, the regulariser and mean‖z‖².
     """
     if mu and anchor is None:
         raise ValueError("a proximal term (mu > 0) needs the anchor θ_t it pulls towards")
-    task_sum = reg_sum = 0.0
+    task_sum = reg_sum = z_sum = 0.0
     done = 0
     # μ(θ − θ_t) is formed in reused buffers and added in place to the freshly computed
     # gradients: three temporaries per parameter per step would cost as much as Adam.
@@ -136,10 +135,11 @@ def train_l2r(
             optimizer.step(params, grads)
             task_sum += out.task
             reg_sum += out.l2r
+            z_sum += out.z_sq
             done += 1
             if done == steps:
                 break
-    return {"train_loss": task_sum / steps, "l2r": reg_sum / steps}
+    return {"train_loss": task_sum / steps, "l2r": reg_sum / steps, "z_sq": z_sum / steps}
 
 
 @dataclass(frozen=True)
