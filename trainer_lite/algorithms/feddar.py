@@ -239,7 +239,11 @@ class FedDARClient(ClientAlgorithm):
         self.head_names = self.head.param_names()
         head = self.head.init(np.random.default_rng(0))
         self._head_size = int(sum(np.asarray(head[n]).size for n in self.head_names))
-        if cfg.aggregation == "sa":
+        self.check_model()
+
+    def check_model(self) -> None:
+        """Raise ``ValueError`` when the model and loss do not suit the configured aggregation."""
+        if self.config.aggregation == "sa":
             self._linear_head()
 
     def _linear_head(self) -> Linear:
@@ -493,20 +497,24 @@ class FedDARLinearClient(FedDARClient):
     name = "feddar_linear"
     config_cls = FedDARLinearConfig
 
-    def __init__(self, spec) -> None:
-        ClientAlgorithm.__init__(self, spec)
-        cfg = self.config
-        self.encoder, self.head = split_model(self.model, cfg.head_block)
-        self.encoder_names = self.encoder.param_names()
-        self.head_names = self.head.param_names()
+    def check_model(self) -> None:
+        """Raise ``ValueError`` unless the model is a bias-free linear encoder and head."""
         blocks = [*self.encoder.layers, *self.head.layers]
         if len(blocks) != 2 or not all(isinstance(layer, Linear) and not layer.bias for _, layer in blocks):
             raise ValueError(
                 "Algorithm 2 needs the model to be a bias-free Linear encoder and a bias-free Linear head "
                 f"(model 'linear_rep'), got blocks {[n for n, _ in blocks]}"
             )
-        self.encoder_weight = self.encoder_names[0]
-        self.head_weight = self.head_names[0]
+
+    @property
+    def encoder_weight(self) -> str:
+        """The name of ``B``."""
+        return self.encoder_names[0]
+
+    @property
+    def head_weight(self) -> str:
+        """The name of a head's ``w`` (under the head model's names)."""
+        return self.head_names[0]
 
     def grad_key(self) -> str:
         return f"{GRAD}.{self.encoder_weight}"
