@@ -607,6 +607,10 @@ gradients) and `Encoder`/`Decoder` (128-wide), with their NN feature-centring te
   validation over the nine interior training speeds (never the Speed30 files), with each device
   averaging the personal predictions of {fleets} independently initialised fleets (fixed, not tuned).
 
+Repeated runs of the same seeds agree to rounding for the GLMs but not for the NN: float32 GEMMs
+round differently with memory alignment, and 20 rounds of a 128-wide net amplify that, so its
+figures move by a few hundredths from run to run; the spread over seeds is the error bar to read.
+
 Choosing the lowest row of a table by its test score is itself a mild selection on the test set;
 the only method here whose settings were chosen without the Speed30 data is PFL-DA+CV (the others
 run the authors' settings unchanged).
@@ -649,7 +653,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     seconds = time.perf_counter() - start
     body = summarize(out, args.models, args.methods, len(args.seeds))
-    body += f"\n\n{len(args.seeds)} seeds; wall-clock {seconds:.0f} s with {args.workers} processes."
+    body += (
+        f"\n\n{len(args.seeds)} seeds; wall-clock {seconds:.0f} s with {args.workers} processes "
+        f"(1-minute load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)."
+    )
     print(body)
     if not args.no_write:
         figs = []

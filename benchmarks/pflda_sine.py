@@ -234,6 +234,11 @@ class StackedFleet:
         return {n: np.broadcast_to(v, (b, *v.shape)) for n, v in global_params.items()}
 
     def collect(self, request: CollectRequest) -> list[Update]:
+        if request.downlinks or getattr(request, "participants", None) is not None:
+            raise ValueError(
+                "a stacked fleet broadcasts one global model to every member; run strategies with "
+                "per-device downlinks or server-side selection on cloud_aggregator.simulation.SimulatedFleet"
+            )
         out: list[Update] = []
         for bid, block in self.blocks.items():
             shared = self._shared_for(bid, request.global_params)
@@ -565,7 +570,10 @@ def summarize(cfg: SineConfig, runs: Sequence[dict[str, Any]], seconds: float) -
                     f"- {LABELS[m]} / PFL-DA (mean of the last 5 rounds): {numbers['last5'][m] / p:.0f}×"
                 )
     n_seeds = len({r["seed"] for r in runs})
-    lines.append(f"- {n_seeds} seeds × {len(methods)} methods in {seconds:.0f} s wall-clock.")
+    lines.append(
+        f"- {n_seeds} seeds × {len(methods)} methods in {seconds:.0f} s wall-clock "
+        f"(1-minute load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)."
+    )
     return "\n".join(lines), numbers
 
 
