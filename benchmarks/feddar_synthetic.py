@@ -344,6 +344,54 @@ def mean_curves(
     return out
 
 
+def late_fall(results: Sequence[RunResult], method: str, key: Callable[[Job], bool], rounds: int) -> float:
+    """How many times lower the mean curve ends than ``rounds`` earlier (1: converged)."""
+    runs = [r for r in results if r.job.method == method and key(r.job)]
+    if not runs:
+        return float("nan")
+    xs = np.asarray(runs[0].rounds)
+    ys = np.mean([r.mse for r in runs], axis=0)
+    earlier = int(np.searchsorted(xs, xs[-1] - rounds))
+    return float(ys[earlier] / ys[-1])
+
+
+def diagnosis_table(
+    results: Sequence[RunResult],
+    methods: Sequence[str],
+    cfg: StudyConfig,
+    sweep: Sequence[tuple[float, int]],
+    seeds: Sequence[int],
+    columns: Sequence[tuple[str, Callable[[Job], bool]]],
+) -> str:
+    """Why the per-domain baseline lands where it does: pooled samples per domain vs d, and convergence.
+
+    A separate model per domain is a ``d``-dimensional regression, identifiable only
+    when the domain's samples pooled over all clients reach ``d``; a FedDAR head needs ``k``.
+    """
+    window = min(20, cfg.rounds // 2)
+    rows = []
+    for (label, key), (alpha, samples) in zip(columns, sweep, strict=True):
+        smallest = []
+        for seed in seeds:
+            clients, _, _ = synthetic_fleet(cfg, samples, alpha, seed)
+            totals = np.sum(
+                [np.bincount(c.train.domain, minlength=cfg.n_domains) for c in clients.values()], axis=0
+            )
+            smallest.append(int(totals.min()))
+        falls = [
+            f"×{late_fall(results, m, key, window):.1f}" if m in methods else "–"
+            for m in ("Separate FedAvg", "FedDAR-SA")
+        ]
+        rows.append([label, f"{min(smallest)} / {np.mean(smallest):.0f}", *falls])
+    headers = [
+        "setting",
+        f"smallest pooled domain sample count, min / mean over seeds (d = {cfg.d}, k = {cfg.k})",
+        f"Separate FedAvg: MSE fall over the last {window} rounds",
+        f"FedDAR-SA: MSE fall over the last {window} rounds",
+    ]
+    return markdown_table(headers, rows)
+
+
 # -- the studies -----------------------------------------------------------------------
 
 
@@ -442,6 +490,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.alpha_sweep and "FedDAR-SA" in methods:
         sa = [float(np.mean(finals(results, "FedDAR-SA", key))) for _, key in columns]
         body += f"FedDAR-SA across the sweep: largest ÷ smallest mean MSE = {max(sa) / min(sa):.2f}.\n"
+    body += (
+        "\nDiagnosis. A separate model per domain is a d-dimensional regression, identifiable once the "
+        "domain's samples pooled over all clients reach d; a FedDAR head needs only k of them (the remark "
+        "after the paper's Theorem 4.1). A fall near ×1 means the curve has flattened by the last round.\n\n"
+        + diagnosis_table(results, methods, cfg, sweep, args.seeds, columns)
+        + "\n"
+    )
     print(body)
     if not args.no_write:
         panels = {label: mean_curves(results, methods, key) for label, key in columns}

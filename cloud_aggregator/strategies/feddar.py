@@ -31,14 +31,8 @@ from cloud_aggregator.aggregate import weighted_mean
 from cloud_aggregator.aggregate_second_order import SecondOrderMean, psd_solve
 from cloud_aggregator.strategies.base import Strategy, TensorSpec, Update, register_strategy
 from cloud_aggregator.strategies.separate import per_domain_mean, upload_counts
-from trainer_lite.algorithms.feddar import (
-    COUNTS,
-    DOMAIN_WEIGHT,
-    FedDARClient,
-    FedDARLinearClient,
-    head_key,
-    hessian_key,
-)
+from trainer_lite.algorithms.feddar import COUNTS, DOMAIN_WEIGHT, FedDARClient, head_key, hessian_key
+from trainer_lite.algorithms.feddar_linear import FedDARLinearClient
 from trainer_lite.params import Params
 
 

@@ -12,6 +12,7 @@ from cloud_aggregator.rounds import RoundEngine
 from cloud_aggregator.simulation import ClientData, simulate
 from cloud_aggregator.strategies import Update, make_strategy
 from cloud_aggregator.strategies.feddar import domain_weights
+from edge import wire
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.base import loss_and_grads
 from trainer_lite.algorithms.feddar import (
@@ -297,6 +298,9 @@ def test_only_declared_tensors_leave_the_client(algorithm, hp):
         assert sorted(result.shared) == sorted(expected)
         valid, rejected = RoundEngine.validate([_update("d0", result)], expected)
         assert valid and not rejected
+        # It travels as is: the wire carries exactly these tensors.
+        _, sent = wire.decode(wire.encode("update", {"phase": phase}, result.shared))
+        assert sorted(sent) == sorted(result.shared)
         assert local == {}
         for name, arr in result.shared.items():
             assert len(data) not in arr.shape, f"{name} has a per-sample axis"

@@ -38,3 +38,9 @@ def test_quick_study_orders_feddar_sa_far_below_the_baselines():
     sa_run = next(r for r in out["results"] if r.job.method == "FedDAR-SA")
     assert sa_run.rounds[-1] == out["config"]["rounds"]
     assert sa_run.mse[-1] < 1e-2 * sa_run.mse[0]
+
+
+def test_rare_domain_prior_puts_the_given_mass_on_the_last_domain():
+    cfg = study.StudyConfig(rare=0.01)
+    np.testing.assert_allclose(cfg.prior(), [0.2475, 0.2475, 0.2475, 0.2475, 0.01])
+    np.testing.assert_allclose(study.StudyConfig().prior(), np.full(5, 0.2))

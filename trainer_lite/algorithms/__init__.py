@@ -8,6 +8,7 @@ from trainer_lite.algorithms import ditto as _ditto  # noqa: F401  (registers)
 from trainer_lite.algorithms import echo as _echo  # noqa: F401
 from trainer_lite.algorithms import fedavg as _fedavg  # noqa: F401
 from trainer_lite.algorithms import feddar as _feddar  # noqa: F401
+from trainer_lite.algorithms import feddar_linear as _feddar_linear  # noqa: F401
 from trainer_lite.algorithms import fedl2r as _fedl2r  # noqa: F401
 from trainer_lite.algorithms import fedper as _fedper  # noqa: F401
 from trainer_lite.algorithms import fedprox as _fedprox  # noqa: F401
