@@ -79,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--workdir", type=Path, help="where state goes (default: a fresh temp folder)")
     d.add_argument("--prefer-broker", default="mosquitto", choices=["mosquitto", "amqtt"])
     d.set_defaults(func=_demo)
+
+    # Models (issue 6): each subcommand lives in its own module; only the wiring is here.
+    from cloud_aggregator import fleet_status, push
+    from export import cli as export_cli
+
+    export_cli.add_parsers(sub)
+    push.add_parser(sub)
+    fleet = sub.add_parser("fleet", help="fleet-wide views and set-up")
+    fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
+    fleet_status.add_parser(fleet_sub)
     return p
 
 

@@ -22,7 +22,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--broker", help="mqtt://host:port or mqtts://host:port")
     p.add_argument("--fleet", help="fleet id")
     p.add_argument(
-        "--simulate", choices=["printer", "welder"], help="use a simulated machine as the data source"
+        "--simulate",
+        choices=["printer", "welder", "printer-raw"],
+        help="use a simulated machine as the data source (printer-raw: raw vibration windows)",
+    )
+    p.add_argument(
+        "--model-key", help="the fleet's Ed25519 public key (PEM): accept signed ONNX model pushes"
     )
     p.add_argument(
         "--allow-plaintext", action="store_true", help="accept an unencrypted broker (loopback/tests)"
@@ -46,6 +51,8 @@ def config_from_args(args: argparse.Namespace) -> DeviceConfig:
         raw["allow_plaintext"] = True
     if args.simulate:
         raw.setdefault("data", {})["source"] = f"simulate-{args.simulate}"
+    if args.model_key:
+        raw.setdefault("model", {})["public_key"] = args.model_key
     return build(DeviceConfig, raw, str(args.config or "command line"))
 
 

@@ -117,8 +117,10 @@ class TlsConfig:
 class DataConfig:
     """Where the device's local dataset comes from.
 
-    ``source``: ``"simulate-printer"`` (seeded simulator), ``"simulate-welder"``, or
-    ``"state"`` (the dataset already in the state directory, e.g. filled by sensors).
+    ``source``: ``"simulate-printer"`` (seeded simulator), ``"simulate-welder"``,
+    ``"simulate-printer-raw"`` (raw 2-axis vibration windows per layer, for ONNX
+    encoders), or ``"state"`` (the dataset already in the state directory, e.g.
+    filled by sensors).
     """
 
     source: str = "state"
@@ -127,10 +129,56 @@ class DataConfig:
     max_rows: int = 100_000
 
     def __post_init__(self) -> None:
-        if self.source not in ("simulate-printer", "simulate-welder", "state"):
-            raise ValueError(
-                f"data.source must be 'simulate-printer', 'simulate-welder' or 'state', got {self.source!r}"
-            )
+        if self.source not in DATA_SOURCES:
+            raise ValueError(f"data.source must be one of {DATA_SOURCES}, got {self.source!r}")
+
+
+DATA_SOURCES = ("simulate-printer", "simulate-welder", "simulate-printer-raw", "state")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """ONNX models pushed by the fleet (``edge.models``); off unless ``public_key`` is set.
+
+    Parameters
+    ----------
+    public_key
+        The fleet's Ed25519 public key (PEM); models signed with any other key are refused.
+    names
+        Model names this device installs (empty: any).
+    rollback_margin
+        Refuse (roll back from) a new version whose holdout metric is lower than the
+        active one's by more than this (accuracy or R², absolute).
+    window_bytes
+        Chunks in flight at once are bounded by this many bytes (memory bound of a transfer).
+    max_model_bytes
+        Larger models are refused before any chunk is fetched.
+    transfer_timeout_s
+        A transfer making no progress for this long is abandoned (and retried on the next offer).
+    max_opset, max_ir_version
+        What this device's onnxruntime runs; the defaults are onnxruntime 1.17's
+        (opset 20, IR 9), the oldest the device extra admits.
+    threads
+        onnxruntime intra-op threads (set explicitly: the default oversubscribes small CPUs).
+    """
+
+    public_key: str | None = None
+    names: list[str] = field(default_factory=list)
+    rollback_margin: float = 0.05
+    window_bytes: int = 1024 * 1024
+    max_model_bytes: int = 64 * 1024 * 1024
+    transfer_timeout_s: float = 300.0
+    max_opset: int = 20
+    max_ir_version: int = 9
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rollback_margin <= 1.0:
+            raise ValueError(f"rollback_margin must be in [0, 1], got {self.rollback_margin}")
+        if self.window_bytes < 1 or self.max_model_bytes < 1 or self.threads < 1:
+            raise ValueError("window_bytes, max_model_bytes and threads must be >= 1")
+        if self.transfer_timeout_s <= 0:
+            raise ValueError(f"transfer_timeout_s must be > 0, got {self.transfer_timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -150,6 +198,7 @@ class DeviceConfig:
     tasks: list[str] = field(default_factory=list)
     algorithms: list[str] = field(default_factory=list)
     data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
 
     def __post_init__(self) -> None:
         from edge.wire import check_id

@@ -7,6 +7,12 @@ and the last upload live together in one atomically written file per task, so a
 kill at any instant leaves a state that is either before or after a round — and
 an upload that was computed is re-sent, never recomputed, when a round is
 re-announced (after an aggregator or broker restart).
+
+With ``[model] public_key`` set it also follows the fleet's model pushes
+(``edge.models``: verify, fetch, smoke-test, activate or roll back) and reports
+each model's active version and refusals in its retained status.  A task whose
+hyperparameters say ``"features": "onnx:<model>"`` trains on that model's
+embeddings of the local data, computed by onnxruntime before the client update.
 """
 
 from __future__ import annotations
@@ -23,15 +29,20 @@ import numpy as np
 from edge import wire
 from edge.config import DeviceConfig
 from edge.dataset import prepare_dataset
+from edge.manifest import load_public_key
+from edge.models import ModelManager, embed_rows
 from edge.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsOptions
 from edge.state import StateError, load_arrays, save_arrays
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import initial_local, participate
+from trainer_lite.data import Dataset
 from trainer_lite.params import Params, param_hash, strip_prefix, with_prefix
 from trainer_lite.task import TaskSpec
 
 log = logging.getLogger(__name__)
 UPLOAD = "upload"
+#: Prefix of the ``features`` task hyperparameter naming a pushed ONNX encoder.
+ONNX_FEATURES = "onnx:"
 
 
 @dataclass
@@ -58,7 +69,22 @@ class EdgeTrainer:
         self.tasks: dict[str, TaskState] = {}
         self.clients: dict[str, ClientAlgorithm] = {}
         self.train, self.test, self.data_meta = prepare_dataset(self.state_dir, self.device, config.data)
+        self.models: ModelManager | None = None
+        # Embeddings of the local splits per model name, for the version they were computed with.
+        self._embedded: dict[str, tuple[int, Dataset, Dataset]] = {}
         self.session = MqttSession(self._session_options())
+        if config.model.public_key:
+            self.models = ModelManager(
+                self.state_dir / "models",
+                config.model,
+                device=self.device,
+                fleet=config.fleet,
+                public_key=load_public_key(config.model.public_key),
+                data_schema_hash=self.data_meta.get("schema_hash"),
+                holdout=(self.train, self.test),
+                subscribe=self.session.subscribe,
+                unsubscribe=self.session.unsubscribe,
+            )
         self.rounds_done = 0
 
     # -- MQTT ------------------------------------------------------------------------
@@ -72,6 +98,8 @@ class EdgeTrainer:
                 for name, ts in self.tasks.items()
             },
         }
+        if self.models is not None:
+            body["models"] = self.models.status()
         return wire.topic_status(self.config.fleet, self.device), json.dumps(body, sort_keys=True).encode()
 
     def _session_options(self) -> SessionOptions:
@@ -96,6 +124,8 @@ class EdgeTrainer:
         fleet = self.config.fleet
         self.session.subscribe(f"{wire.PROTOCOL}/{fleet}/task/+/down")
         self.session.subscribe(f"{wire.PROTOCOL}/{fleet}/task/+/down/{self.device}")
+        if self.models is not None:
+            self.session.subscribe(wire.topic_model_offer_all(fleet))
         self.session.start(timeout=None)  # paho keeps retrying until the broker is there
         log.info(
             "%s running (state %s, %d train / %d test rows)",
@@ -104,6 +134,7 @@ class EdgeTrainer:
             len(self.train),
             len(self.test),
         )
+        next_tick = time.monotonic()
         try:
             while not self._stop.is_set():
                 if self.session.fatal:
@@ -111,7 +142,13 @@ class EdgeTrainer:
                 msg = self.session.get(0.2)
                 if msg is not None:
                     self.handle(msg.topic, msg.payload)
+                if self.models is not None and time.monotonic() >= next_tick:
+                    next_tick = time.monotonic() + 1.0
+                    if self.models.tick():
+                        self._publish_status()
         finally:
+            if self.models is not None:
+                self.models.close()
             self.session.stop(final=self._status("offline"))
             log.info("%s stopped after %d rounds", self.device, self.rounds_done)
 
@@ -120,7 +157,12 @@ class EdgeTrainer:
         """Act on one downlink message; malformed input is logged and dropped."""
         try:
             parsed = wire.parse_topic(topic)
-            if parsed.kind not in ("down", "down_device") or parsed.fleet != self.config.fleet:
+            if parsed.fleet != self.config.fleet:
+                return
+            if parsed.kind in ("model_offer", "model_chunk"):
+                self._handle_model(parsed, payload)
+                return
+            if parsed.kind not in ("down", "down_device"):
                 return
             ann = wire.Announcement.decode(payload, max_bytes=self.config.max_payload_bytes)
             if ann.task != parsed.task or ann.fleet != parsed.fleet:
@@ -128,6 +170,51 @@ class EdgeTrainer:
             self.on_announcement(ann)
         except (wire.WireError, ValueError, KeyError) as exc:
             log.warning("%s dropped downlink on %s: %s", self.device, topic, exc)
+
+    def _handle_model(self, parsed: wire.Topic, payload: bytes) -> None:
+        if self.models is None or parsed.model is None:
+            return
+        if parsed.kind == "model_offer":
+            changed = self.models.handle_offer(parsed.model, payload)
+        else:
+            changed = self.models.handle_chunk(parsed.model, int(parsed.version), int(parsed.index), payload)
+        if changed:
+            self._publish_status()
+
+    def _publish_status(self) -> None:
+        topic, status = self._status("online")
+        self.session.publish(topic, status, retain=True, timeout=None)
+
+    def task_data(self, spec_json: str) -> tuple[Dataset, Dataset, int | None] | None:
+        """The local splits a task trains on: raw rows, or a pushed encoder's embeddings of them.
+
+        Returns ``None`` when the task names an encoder this device has no active version of.
+        """
+        algo = self._client(spec_json)
+        source = algo.spec.hparams.get("features")
+        if source is None:
+            return self.train, self.test, None
+        if not isinstance(source, str) or not source.startswith(ONNX_FEATURES):
+            raise ValueError(f"task hparam features={source!r}: expected '{ONNX_FEATURES}<model name>'")
+        name = source[len(ONNX_FEATURES) :]
+        model = self.models.active(name) if self.models is not None else None
+        if model is None:
+            return None
+        cached = self._embedded.get(name)
+        if cached is None or cached[0] != model.version:
+            started = time.perf_counter()
+            train = Dataset(embed_rows(model, self.train.x), self.train.y, self.train.domain)
+            test = Dataset(embed_rows(model, self.test.x), self.test.y, self.test.domain)
+            cached = self._embedded[name] = (model.version, train, test)
+            log.info(
+                "%s: embedded %d rows with %s v%d in %.3f s",
+                self.device,
+                len(train) + len(test),
+                name,
+                model.version,
+                time.perf_counter() - started,
+            )
+        return cached[1], cached[2], cached[0]
 
     def _client(self, spec_json: str) -> ClientAlgorithm:
         algo = self.clients.get(spec_json)
@@ -156,18 +243,31 @@ class EdgeTrainer:
             return  # a stale announcement
         if param_hash(ann.params) != ann.global_hash:
             raise wire.WireError("downlink parameters do not match their announced hash")
+        data = self.task_data(ann.spec)
+        if data is None:
+            log.warning(
+                "%s: task %s round %d needs encoder %s, which is not active here yet; skipping the round",
+                self.device,
+                ann.task,
+                ann.round,
+                algo.spec.hparams.get("features"),
+            )
+            return
+        train, test, encoder_version = data
         started = time.perf_counter()
         result, new_local = participate(
             algo,
             self.device,
             ann.params,
             state.local,
-            self.train,
-            self.test,
+            train,
+            test,
             round_=ann.round,
             phase=ann.phase,
         )
         metrics = dict(result.metrics) | {"train_seconds": time.perf_counter() - started}
+        if encoder_version is not None:
+            metrics["encoder_version"] = float(encoder_version)
         new_state = TaskState(
             spec_json=ann.spec,
             local=new_local,
@@ -180,8 +280,7 @@ class EdgeTrainer:
         self.tasks[ann.task] = new_state
         self._publish_upload(ann.task, new_state)
         self.rounds_done += 1
-        topic, status = self._status("online")
-        self.session.publish(topic, status, retain=True, timeout=None)
+        self._publish_status()
 
     def _publish_upload(self, task: str, state: TaskState) -> None:
         assert state.answered is not None
@@ -244,5 +343,13 @@ class EdgeTrainer:
 
     # -- inspection ---------------------------------------------------------------------
     def personal_prediction(self, task: str, shared: Params, x: np.ndarray) -> np.ndarray:
+        """The personalized model's output for raw rows ``x`` (embedded first if the task says so)."""
         state = self.tasks[task]
-        return self._client(state.spec_json).predict(shared, state.local, x)
+        algo = self._client(state.spec_json)
+        source = algo.spec.hparams.get("features")
+        if source is not None:
+            model = self.models.active(source[len(ONNX_FEATURES) :]) if self.models is not None else None
+            if model is None:
+                raise ValueError(f"task {task} needs encoder {source}, which is not active on this device")
+            x = embed_rows(model, x)
+        return algo.predict(shared, state.local, x)

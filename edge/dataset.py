@@ -60,6 +60,30 @@ def simulated_printer_dataset(device: str, cfg: DataConfig) -> tuple[Dataset, Da
     return Dataset(*to_xy(train)), Dataset(*to_xy(test)), meta
 
 
+def simulated_printer_raw_dataset(device: str, cfg: DataConfig) -> tuple[Dataset, Dataset, dict]:
+    """Raw 2-axis vibration windows, one per printed layer, with the speed as target.
+
+    Rows are windows flattened axis-major (``sensors.sim.vibration``); the target is
+    ``speed / 50`` as in the per-layer task.  A seeded quarter of the layers is held out.
+    """
+    from sensors.layers import SPEED_SCALE
+    from sensors.sim.vibration import WINDOW_SCHEMA, simulate_windows
+
+    windows, speed, _ = simulate_windows(device, seed=cfg.seed)
+    x = windows.reshape(len(windows), -1)
+    y = (speed / SPEED_SCALE)[:, None]
+    order = derive_rng(cfg.seed, device, "raw-split").permutation(len(x))
+    n_test = max(1, round(TEST_FRACTION * len(x)))
+    test_idx, train_idx = order[:n_test], order[n_test:]
+    meta = {
+        "source": "simulate-printer-raw",
+        "schema_hash": WINDOW_SCHEMA.schema_hash(),
+        "window_shape": list(WINDOW_SCHEMA.shape),
+        "seed": cfg.seed,
+    }
+    return Dataset(x[train_idx], y[train_idx]), Dataset(x[test_idx], y[test_idx]), meta
+
+
 #: Welds a simulated welder records before it first trains, and the share held out for testing.
 SIM_WELDS = 48
 TEST_FRACTION = 0.25
@@ -131,6 +155,8 @@ def prepare_dataset(state_dir: Path, device: str, cfg: DataConfig) -> tuple[Data
         train, test, meta = simulated_printer_dataset(device, cfg)
     elif cfg.source == "simulate-welder":
         train, test, meta = simulated_welder_dataset(state_dir, device, cfg)
+    elif cfg.source == "simulate-printer-raw":
+        train, test, meta = simulated_printer_raw_dataset(device, cfg)
     else:
         raise FileNotFoundError(
             f"no local dataset in {state_dir / FILE}; record some data first or start with --simulate printer"

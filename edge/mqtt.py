@@ -182,6 +182,13 @@ class MqttSession:
         if self.connected.is_set():
             self._client.subscribe(topic, qos)
 
+    def unsubscribe(self, topic: str) -> None:
+        """Stop following ``topic`` now and after reconnects (no-op if not subscribed)."""
+        with self._lock:
+            known = self._subs.pop(topic, None)
+        if known is not None and self.connected.is_set():
+            self._client.unsubscribe(topic)
+
     def publish(
         self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False, timeout: float | None = 10.0
     ) -> None:

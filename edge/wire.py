@@ -13,6 +13,8 @@ Topics, all under ``ioft/v1/<fleet>/``::
     task/<task>/down/<device>   retained  per-device downlink (algorithms that personalize it)
     task/<task>/up/<device>               a device's update for a round and phase
     status/<device>             retained  device status (JSON); the Last Will says offline
+    model/<name>/manifest       retained  a signed model manifest and its transfer table
+    model/<name>/<version>/chunk/<i>  retained  one chunk of that model's ONNX file
 
 A device may only write ``.../up/<itself>`` and ``status/<itself>``; the broker's
 ACL (``cloud-aggregator fleet init``) enforces it.
@@ -20,6 +22,7 @@ ACL (``cloud-aggregator fleet init``) enforces it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import struct
@@ -37,6 +40,7 @@ VERSION = 1
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 _ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _FLOATS = ("float32", "float64")
+_UINT = re.compile(r"^(0|[1-9][0-9]{0,8})$")
 
 
 class WireError(ValueError):
@@ -77,14 +81,40 @@ def topic_status_all(fleet: str) -> str:
     return f"{PROTOCOL}/{check_id('fleet', fleet)}/status/+"
 
 
+def topic_model_offer(fleet: str, name: str) -> str:
+    return f"{PROTOCOL}/{check_id('fleet', fleet)}/model/{check_id('model', name)}/manifest"
+
+
+def topic_model_offer_all(fleet: str) -> str:
+    return f"{PROTOCOL}/{check_id('fleet', fleet)}/model/+/manifest"
+
+
+def topic_model_chunk(fleet: str, name: str, version: int, index: int) -> str:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise WireError(f"model version must be an int >= 1, got {version!r}")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise WireError(f"chunk index must be an int >= 0, got {index!r}")
+    return f"{PROTOCOL}/{check_id('fleet', fleet)}/model/{check_id('model', name)}/{version}/chunk/{index}"
+
+
 @dataclass(frozen=True)
 class Topic:
-    """A parsed topic: ``kind`` is ``down``, ``down_device``, ``up`` or ``status``."""
+    """A parsed topic: ``kind`` is ``down``, ``down_device``, ``up``, ``status``, ``model_offer``
+    or ``model_chunk`` (then ``model``, ``version`` and ``index`` say which)."""
 
     kind: str
     fleet: str
     task: str | None = None
     device: str | None = None
+    model: str | None = None
+    version: int | None = None
+    index: int | None = None
+
+
+def _uint(text: str, what: str) -> int:
+    if not _UINT.match(text):
+        raise WireError(f"{what} {text!r} in a topic must be a decimal integer")
+    return int(text)
 
 
 def parse_topic(topic: str) -> Topic:
@@ -103,6 +133,19 @@ def parse_topic(topic: str) -> Topic:
             return Topic("down_device", fleet, task, check_id("device", rest[3]))
         if rest[2] == "up" and len(rest) == 4:
             return Topic("up", fleet, task, check_id("device", rest[3]))
+    if rest[0] == "model" and len(rest) == 3 and rest[2] == "manifest":
+        return Topic("model_offer", fleet, model=check_id("model", rest[1]))
+    if rest[0] == "model" and len(rest) == 5 and rest[3] == "chunk":
+        version = _uint(rest[2], "model version")
+        if version < 1:
+            raise WireError(f"model version must be >= 1 in {topic!r}")
+        return Topic(
+            "model_chunk",
+            fleet,
+            model=check_id("model", rest[1]),
+            version=version,
+            index=_uint(rest[4], "chunk"),
+        )
     raise WireError(f"unknown topic layout: {topic!r}")
 
 
@@ -276,4 +319,121 @@ class UpdateMessage:
             global_hash=_field(meta, "global_hash", str),
             metrics={k: float(v) for k, v in metrics.items()},
             params=tensors,
+        )
+
+
+# -- model pushes ---------------------------------------------------------------------
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SIGNATURE = re.compile(r"^[0-9a-f]{128}$")
+#: A chunk's payload overhead on top of its bytes (safetensors header with our metadata).
+CHUNK_OVERHEAD_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class ModelOffer:
+    """A model push, retained on ``model/<name>/manifest``.
+
+    ``manifest`` is the exact JSON text the fleet key signed (``edge.manifest``
+    parses it only after the signature verifies); ``signature`` is its Ed25519
+    signature in hex.  The transfer table is not signed: it lets a device check
+    each chunk as it lands, while the signed whole-file sha256 is what decides.
+    ``devices`` (empty: the whole fleet) narrows who installs the model.
+    """
+
+    name: str
+    manifest: str
+    signature: str
+    chunk_size: int
+    chunks: tuple[str, ...]
+    devices: tuple[str, ...] = ()
+    pushed_at: float = 0.0
+
+    def encode(self) -> bytes:
+        fields = {
+            "name": self.name,
+            "manifest": self.manifest,
+            "signature": self.signature,
+            "chunk_size": self.chunk_size,
+            "chunks": list(self.chunks),
+            "devices": list(self.devices),
+            "pushed_at": self.pushed_at,
+        }
+        return encode("model_offer", fields)
+
+    @classmethod
+    def decode(cls, payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> ModelOffer:
+        meta, tensors = decode(payload, max_bytes=max_bytes)
+        if meta["kind"] != "model_offer" or tensors:
+            raise WireError(f"expected a model offer without tensors, got kind {meta['kind']!r}")
+        signature = _field(meta, "signature", str)
+        if not _SIGNATURE.match(signature):
+            raise WireError("model offer signature must be 128 lowercase hex digits (Ed25519)")
+        chunk_size = _field(meta, "chunk_size", int)
+        if chunk_size < 1:
+            raise WireError(f"chunk_size must be >= 1, got {chunk_size}")
+        chunks = _field(meta, "chunks", list)
+        if not chunks or not all(isinstance(c, str) and _SHA256.match(c) for c in chunks):
+            raise WireError("chunks must be a non-empty list of sha256 hex digests")
+        devices = _field(meta, "devices", list)
+        return cls(
+            name=check_id("model", _field(meta, "name", str)),
+            manifest=_field(meta, "manifest", str),
+            signature=signature,
+            chunk_size=chunk_size,
+            chunks=tuple(chunks),
+            devices=tuple(check_id("device", d) for d in devices),
+            pushed_at=float(_field(meta, "pushed_at", (int, float))),
+        )
+
+
+@dataclass(frozen=True)
+class ModelChunk:
+    """One chunk of a model file, retained on ``model/<name>/<version>/chunk/<index>``."""
+
+    name: str
+    version: int
+    index: int
+    data: bytes
+
+    def encode(self) -> bytes:
+        meta = {
+            "v": VERSION,
+            "kind": "model_chunk",
+            "name": self.name,
+            "version": self.version,
+            "index": self.index,
+            "sha256": hashlib.sha256(self.data).hexdigest(),
+        }
+        arr = np.frombuffer(self.data, dtype=np.uint8)
+        return st_save(
+            {"data": arr}, metadata={"ioft": json.dumps(meta, separators=(",", ":"), sort_keys=True)}
+        )
+
+    @classmethod
+    def decode(cls, payload: bytes, *, max_bytes: int) -> ModelChunk:
+        """Parse a chunk; its own sha256 must match its bytes (the manifest's table is checked later)."""
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise WireError(f"payload must be bytes, got {type(payload).__name__}")
+        if len(payload) > max_bytes + CHUNK_OVERHEAD_BYTES:
+            raise WireError(f"chunk payload of {len(payload)} bytes exceeds the limit of {max_bytes}")
+        payload = bytes(payload)
+        try:
+            tensors = st_load(payload)
+            (header_len,) = struct.unpack("<Q", payload[:8])
+            meta = json.loads(json.loads(payload[8 : 8 + header_len])["__metadata__"]["ioft"])
+        except (SafetensorError, ValueError, KeyError, TypeError, struct.error) as exc:
+            raise WireError(f"malformed model chunk: {exc}") from None
+        if not isinstance(meta, dict) or meta.get("v") != VERSION or meta.get("kind") != "model_chunk":
+            raise WireError(f"not a model chunk: {str(meta)[:200]!r}")
+        arr = tensors.get("data")
+        if set(tensors) != {"data"} or arr is None or arr.dtype != np.uint8 or arr.ndim != 1:
+            raise WireError("a model chunk carries exactly one 1-D uint8 tensor named 'data'")
+        data = arr.tobytes()
+        if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+            raise WireError("model chunk bytes do not match their own sha256 (corrupted or truncated)")
+        return cls(
+            name=check_id("model", _field(meta, "name", str)),
+            version=_field(meta, "version", int),
+            index=_field(meta, "index", int),
+            data=data,
         )

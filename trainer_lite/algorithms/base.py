@@ -93,6 +93,16 @@ class TrainConfig:
         return SGD(lr=lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
 
+#: Task hyperparameters that the device daemon reads, not the algorithm: ``"features":
+#: "onnx:<model>"`` says the task trains on that pushed ONNX encoder's embeddings.
+DEVICE_HPARAMS = ("features",)
+
+
+def algorithm_hparams(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """``hparams`` without :data:`DEVICE_HPARAMS` (what the algorithm's config validates)."""
+    return {k: v for k, v in hparams.items() if k not in DEVICE_HPARAMS}
+
+
 def build_config(cls: type, hparams: Mapping[str, Any]) -> Any:
     """Instantiate a config dataclass, listing unknown and valid fields on error."""
     valid = {f.name for f in dataclasses.fields(cls)}
@@ -125,7 +135,7 @@ class ClientAlgorithm(ABC):
     def __init__(self, spec: TaskSpec) -> None:
         self.spec = spec
         self.model: Sequential = build_model(spec.model, **spec.model_args)
-        self.config = build_config(self.config_cls, spec.hparams)
+        self.config = build_config(self.config_cls, algorithm_hparams(spec.hparams))
         self.loss: LossFn = get_loss(self.config.loss)
 
     # -- what is shared ---------------------------------------------------

@@ -1,0 +1,229 @@
+"""``cloud-aggregator push``: publish a signed model package to a fleet over MQTT.
+
+The file goes out as retained chunks (``model/<name>/<version>/chunk/<i>``, QoS 1,
+each hashed), then the retained offer (``model/<name>/manifest``: the signed
+manifest, the chunk table and the addressed devices).  Chunks go first so that a
+device that sees the offer finds every chunk on the broker; a device that joins
+later or reconnects mid-transfer fetches what it lacks from the retained chunks.
+Once the new offer is out, the chunks of the version it replaces are cleared
+(empty retained messages), so the broker holds one version per model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge import wire
+from edge.config import ConfigError, build, load_toml
+from edge.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsOptions
+from export.package import Package, load_package
+
+log = logging.getLogger(__name__)
+#: Default chunk: well under common broker limits (mosquitto's default max is 256 MB, many
+#: managed brokers cap messages at 128-256 KB), and small enough that a Pi's window stays small.
+DEFAULT_CHUNK_BYTES = 128 * 1024
+
+
+@dataclass(frozen=True)
+class PushReport:
+    name: str
+    version: int
+    size: int
+    chunks: int
+    chunk_size: int
+    seconds: float
+    cleared_version: int | None
+
+
+def chunk_table(data: bytes, chunk_size: int) -> list[str]:
+    return [hashlib.sha256(data[i : i + chunk_size]).hexdigest() for i in range(0, len(data), chunk_size)]
+
+
+def push_messages(
+    fleet: str,
+    package: Package,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_BYTES,
+    devices: Sequence[str] = (),
+    data: bytes | None = None,
+) -> list[tuple[str, bytes]]:
+    """The retained ``(topic, payload)`` messages of a push, in publishing order: chunks, then the offer."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    manifest = package.manifest
+    name, version = manifest.name, manifest.version
+    data = package.onnx_path.read_bytes() if data is None else data
+    if hashlib.sha256(data).hexdigest() != manifest.sha256 or len(data) != manifest.size:
+        raise ValueError(f"{package.onnx_path} does not match its manifest (sha256/size); re-export it")
+    table = chunk_table(data, chunk_size)
+    out = [
+        (
+            wire.topic_model_chunk(fleet, name, version, i),
+            wire.ModelChunk(name, version, i, data[i * chunk_size : (i + 1) * chunk_size]).encode(),
+        )
+        for i in range(len(table))
+    ]
+    offer = wire.ModelOffer(
+        name=name,
+        manifest=package.manifest_json,
+        signature=package.signature,
+        chunk_size=chunk_size,
+        chunks=tuple(table),
+        devices=tuple(devices),
+        pushed_at=time.time(),
+    )
+    out.append((wire.topic_model_offer(fleet, name), offer.encode()))
+    return out
+
+
+def current_offer(session: MqttSession, fleet: str, name: str, wait_s: float = 0.5) -> wire.ModelOffer | None:
+    """The retained offer now on the broker for ``name`` (``None`` if there is none)."""
+    topic = wire.topic_model_offer(fleet, name)
+    session.subscribe(topic)
+    deadline = time.monotonic() + wait_s
+    found = None
+    while time.monotonic() < deadline:
+        msg = session.get(0.05)
+        if msg is not None and msg.topic == topic and msg.payload:
+            try:
+                found = wire.ModelOffer.decode(msg.payload)
+            except wire.WireError as exc:
+                log.warning("the retained offer for %s is malformed (%s); replacing it", name, exc)
+            break
+    session.unsubscribe(topic)
+    return found
+
+
+def push_model(
+    session: MqttSession,
+    fleet: str,
+    package: Package,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_BYTES,
+    devices: Sequence[str] = (),
+    clear_previous: bool = True,
+    ack_timeout: float = 60.0,
+) -> PushReport:
+    """Publish ``package``'s chunks and offer (all retained, QoS 1) and wait for the broker's acks."""
+    manifest = package.manifest
+    name, version = manifest.name, manifest.version
+    previous = current_offer(session, fleet, name) if clear_previous else None
+    started = time.perf_counter()
+    messages = push_messages(fleet, package, chunk_size=chunk_size, devices=devices)
+    for topic, payload in messages[:-1]:
+        # Pipelined: paho keeps up to its in-flight window of QoS 1 publishes outstanding.
+        session.publish(topic, payload, retain=True, timeout=None)
+    # The broker handles one client's packets in order: the offer's ack means every chunk is stored.
+    topic, payload = messages[-1]
+    session.publish(topic, payload, retain=True, timeout=ack_timeout)
+    n_chunks, size = len(messages) - 1, manifest.size
+    seconds = time.perf_counter() - started
+    cleared = None
+    old = _version_of(previous) if previous is not None else None
+    if previous is not None and old is not None:
+        # Another version's chunks, or this version's beyond the new count (a re-push with other chunks).
+        stale = range(len(previous.chunks)) if old != version else range(n_chunks, len(previous.chunks))
+        for i in stale:
+            session.publish(wire.topic_model_chunk(fleet, name, old, i), b"", retain=True, timeout=None)
+        if stale:
+            session.publish(
+                wire.topic_model_chunk(fleet, name, old, stale[-1]), b"", retain=True, timeout=ack_timeout
+            )
+            cleared = old
+    log.info(
+        "pushed %s v%d: %d bytes in %d chunks of %d to fleet %s%s in %.3f s",
+        name,
+        version,
+        size,
+        n_chunks,
+        chunk_size,
+        fleet,
+        f" (devices {list(devices)})" if devices else "",
+        seconds,
+    )
+    return PushReport(name, version, size, n_chunks, chunk_size, seconds, cleared)
+
+
+def _version_of(offer: wire.ModelOffer) -> int | None:
+    import json
+
+    try:
+        version = json.loads(offer.manifest).get("version")
+    except (ValueError, AttributeError):
+        return None
+    return version if isinstance(version, int) else None
+
+
+# -- command line ---------------------------------------------------------------------------
+def operator_session(args: argparse.Namespace, role: str) -> tuple[MqttSession, str]:
+    """A session for an operator command: broker, fleet and TLS from ``--config`` (the aggregator's
+    TOML) with ``--broker``/``--fleet``/``--allow-plaintext`` overriding; its own client id."""
+    from cloud_aggregator.config import AggregatorConfig
+
+    raw = load_toml(args.config) if args.config else {}
+    raw.pop("task", None)
+    if args.broker:
+        raw["broker"] = args.broker
+    if args.fleet:
+        raw["fleet"] = args.fleet
+    if args.allow_plaintext:
+        raw["allow_plaintext"] = True
+    cfg = build(AggregatorConfig, raw, str(args.config or "command line"))
+    tls = TlsOptions(cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file) if cfg.tls else None
+    session = MqttSession(
+        SessionOptions(
+            broker=BrokerAddress.parse(cfg.broker),
+            client_id=f"ioft-{role}-{os.getpid()}",
+            username=cfg.username,
+            password=cfg.password,
+            tls=tls,
+            allow_plaintext=cfg.allow_plaintext,
+        )
+    )
+    session.start(timeout=15.0)
+    return session, cfg.fleet
+
+
+def add_session_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="the aggregator's TOML (broker, fleet, TLS, credentials)")
+    p.add_argument("--broker", help="mqtt://host:port or mqtts://host:port")
+    p.add_argument("--fleet", help="fleet id")
+    p.add_argument("--allow-plaintext", action="store_true", help="accept an unencrypted broker (loopback)")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("push", help="publish a signed model package to the fleet over MQTT")
+    p.add_argument("model", type=Path, help="the package: <name>-v<version>.manifest.json (or .onnx)")
+    add_session_args(p)
+    p.add_argument("--devices", nargs="+", default=[], help="install only on these devices (default: all)")
+    p.add_argument(
+        "--chunk-size", type=int, default=DEFAULT_CHUNK_BYTES, help="bytes per chunk (default 128 KiB)"
+    )
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        package = load_package(args.model)
+        session, fleet = operator_session(args, "push")
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        report = push_model(session, fleet, package, chunk_size=args.chunk_size, devices=args.devices)
+    finally:
+        session.stop()
+    print(
+        f"pushed {report.name} v{report.version} to fleet {fleet}: {report.size} bytes in {report.chunks} "
+        f"chunks ({report.seconds:.3f} s)"
+        + (f"; cleared v{report.cleared_version}'s chunks" if report.cleared_version else "")
+    )
+    return 0

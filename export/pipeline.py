@@ -1,0 +1,215 @@
+"""From a trained backbone (or the fleet's shared parameters) to a signed package, in one call.
+
+``export_run``: a ``cloud_aggregator.backbones.train`` run folder → its encoder (or
+the whole classifier/regressor) → ONNX (checked, parity-tested) → optional int8
+variant with its size/latency/score change → manifest signed with the fleet key.
+``export_params``: the same from named NumPy parameters of a ``trainer_lite`` model
+(e.g. a task's final global encoder), via ``cloud_aggregator.backbones.assemble``.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from export.onnx_export import DEFAULT_OPSET, PARITY_TOLERANCE, ExportResult, export_onnx
+from export.package import Package, package_model
+from export.quantize import VariantReport, compare_variants, quantize_int8, report_table
+
+log = logging.getLogger(__name__)
+OUTPUTS = ("embedding", "logits", "regression")
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    package: Package
+    export: ExportResult
+    variants: list[VariantReport]
+    report: str
+
+
+def _score_fn(
+    data, head: torch.nn.Module | None, output: str
+) -> Callable[[np.ndarray], tuple[float, str]] | None:
+    """Task score of model outputs on the held-out split: through the trained head for embeddings."""
+    y = data.y_test
+
+    def score(out: np.ndarray) -> tuple[float, str]:
+        pred = out
+        if output == "embedding":
+            with torch.no_grad():
+                pred = head(torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))).numpy()
+        if data.task == "classification":
+            return float(np.mean(pred.argmax(axis=1) == y)), "accuracy"
+        sse = float(np.sum((pred - y) ** 2))
+        return 1.0 - sse / float(np.sum((y - y.mean(axis=0)) ** 2)), "r2"
+
+    return score if (output != "embedding" or head is not None) else None
+
+
+def _finish(
+    module: torch.nn.Module,
+    heldout: np.ndarray,
+    metadata: dict[str, str],
+    out_dir: Path,
+    *,
+    name: str,
+    version: int,
+    kind: str,
+    key: Ed25519PrivateKey,
+    quantize: bool,
+    score: Callable[[np.ndarray], tuple[float, str]] | None,
+    score_inputs: np.ndarray,
+    opset: int,
+    tolerance: float,
+    extra: dict[str, str],
+) -> ExportSummary:
+    with tempfile.TemporaryDirectory(prefix="ioft-export-") as tmp:
+        fp32 = Path(tmp) / f"{name}-float32.onnx"
+        result = export_onnx(module, heldout, fp32, metadata=metadata, opset=opset, tolerance=tolerance)
+        files = {"float32": fp32}
+        if quantize:
+            files["int8 (dynamic)"] = quantize_int8(fp32, Path(tmp) / f"{name}-int8.onnx")
+        variants = compare_variants(files, score_inputs, score, repeats=100)
+        chosen = files["int8 (dynamic)"] if quantize else fp32
+        parity = result.parity()
+        if quantize:
+            parity["int8_max_abs_diff_vs_float32"] = variants[1].max_abs_diff_vs_float32
+        for v in variants:
+            if v.score is not None:
+                extra = extra | {f"heldout_{v.score_name}_{v.label.split()[0]}": f"{v.score:.6f}"}
+        package = package_model(
+            chosen,
+            out_dir,
+            name=name,
+            version=version,
+            kind=kind,
+            key=key,
+            parity=parity,
+            quantization="int8-dynamic" if quantize else None,
+            extra=extra,
+        )
+    report = (
+        f"{name} v{version} ({kind}): opset {result.opset}, IR {result.ir_version}, parity max |Δ| "
+        f"{result.parity_max_abs_diff:.3g} on {result.parity_n_inputs} held-out inputs "
+        f"(tolerance {result.parity_tolerance:g})\n\n{report_table(variants)}\n"
+    )
+    package.onnx_path.with_name(package.onnx_path.name.removesuffix(".onnx") + ".report.md").write_text(
+        report
+    )
+    return ExportSummary(package, result, variants, report)
+
+
+def export_run(
+    run_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    name: str,
+    version: int,
+    key: Ed25519PrivateKey,
+    output: str = "embedding",
+    quantize: bool = False,
+    opset: int = DEFAULT_OPSET,
+    tolerance: float = PARITY_TOLERANCE,
+    n_heldout: int = 256,
+) -> ExportSummary:
+    """Export a trained backbone run: ``output="embedding"`` ships the encoder (heads stay federated)."""
+    from cloud_aggregator.backbones.train import load_run
+
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+    model, data, settings, ckpt = load_run(run_dir)
+    if output != "embedding" and (output == "logits") != (data.task == "classification"):
+        raise ValueError(f"a {data.task} backbone cannot be exported as {output!r}")
+    module = model.encoder if output == "embedding" else model
+    heldout = data.x_test[:n_heldout]
+    metadata = dict(data.schema_metadata) | {
+        "ioft.model.name": name,
+        "ioft.model.version": str(version),
+        "ioft.backbone": settings.backbone,
+    }
+    final = ckpt["history"][-1] if ckpt["history"] else {}
+    extra = {
+        "backbone": settings.backbone,
+        "data": data.description,
+        "epochs": str(ckpt["epoch"]),
+        **{k: f"{v:.6f}" for k, v in final.items() if k.startswith("test_")},
+    }
+    return _finish(
+        module,
+        heldout,
+        metadata,
+        Path(out_dir),
+        name=name,
+        version=version,
+        kind=output,
+        key=key,
+        quantize=quantize,
+        score=_score_fn(data, model.head, output),
+        score_inputs=data.x_test,
+        opset=opset,
+        tolerance=tolerance,
+        extra=extra,
+    )
+
+
+def export_params(
+    params: Mapping[str, np.ndarray],
+    out_dir: str | Path,
+    *,
+    model: str,
+    model_args: Mapping[str, object],
+    blocks: Sequence[str] | None,
+    schema_metadata: dict[str, str],
+    name: str,
+    version: int,
+    key: Ed25519PrivateKey,
+    heldout: np.ndarray | None = None,
+    prefix: str = "",
+    quantize: bool = False,
+    opset: int = DEFAULT_OPSET,
+    tolerance: float = PARITY_TOLERANCE,
+    seed: int = 0,
+    extra: dict[str, str] | None = None,
+) -> ExportSummary:
+    """Export the leading ``blocks`` of a trainer_lite model holding the fleet's ``params``.
+
+    Without ``heldout`` rows, parity is tested on 256 seeded standard-normal rows
+    (recorded in the manifest as ``parity_inputs=synthetic-normal``).
+    """
+    from cloud_aggregator.backbones.assemble import assemble
+
+    module = assemble(model, model_args, params, blocks=blocks, prefix=prefix).float()
+    d_in = next(p for p in module.parameters()).shape[0]
+    inputs = "heldout"
+    if heldout is None:
+        heldout = np.random.default_rng(seed).standard_normal((256, d_in)).astype(np.float32)
+        inputs = "synthetic-normal"
+    metadata = dict(schema_metadata) | {"ioft.model.name": name, "ioft.model.version": str(version)}
+    extra = dict(extra or {}) | {
+        "source": f"trainer_lite {model} blocks {list(blocks) if blocks else 'all'}",
+        "parity_inputs": inputs,
+    }
+    return _finish(
+        module,
+        heldout,
+        metadata,
+        Path(out_dir),
+        name=name,
+        version=version,
+        kind="embedding",
+        key=key,
+        quantize=quantize,
+        score=None,
+        score_inputs=heldout,
+        opset=opset,
+        tolerance=tolerance,
+        extra=extra,
+    )
