@@ -763,7 +763,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             plot_bars(RESULTS / f"{name}.png", cells, groups, [m for m in METHODS if m in cfg.methods])
         )
         plots.append(plot_target_curves(RESULTS / f"{name}_curves.png", results, cfg))
-    path = write_result(name, body)
+    path = write_result(name, body, command="python -m benchmarks.ftltp_welding " + " ".join(sys.argv[1:]))
     print(f"\nwrote {path} and {', '.join(str(p) for p in plots if p)}", file=sys.stderr)
     return 0
 
