@@ -1,10 +1,10 @@
 """``cloud-aggregator push``: publish a signed model package to a fleet over MQTT.
 
-The file goes out as retained chunks (``model/<name>/<version>/chunk/<i>``, QoS 1,
-each hashed), then the retained offer (``model/<name>/manifest``: the signed
-manifest, the chunk table and the addressed devices).  Chunks go first so that a
-device that sees the offer finds every chunk on the broker; a device that joins
-later or reconnects mid-transfer fetches what it lacks from the retained chunks.
+The retained offer (``model/<name>/manifest``: the signed manifest, the chunk
+table and the addressed devices) goes out first, then the file as retained chunks
+(``model/<name>/<version>/chunk/<i>``, QoS 1, each hashed and naming its push), so
+devices fetch while the chunks stream; a device that joins later or reconnects
+mid-transfer fetches what it lacks from the retained chunks.
 Once the new offer is out, the chunks of the version it replaces are cleared
 (empty retained messages), so the broker holds one version per model.
 """
@@ -55,7 +55,13 @@ def push_messages(
     devices: Sequence[str] = (),
     data: bytes | None = None,
 ) -> list[tuple[str, bytes]]:
-    """The retained ``(topic, payload)`` messages of a push, in publishing order: chunks, then the offer."""
+    """The retained ``(topic, payload)`` messages of a push, in publishing order: the offer, then the chunks.
+
+    The offer goes first so devices start fetching while the chunks stream out (a
+    device subscribed to a chunk topic gets the chunk live, or retained if it comes
+    later); every chunk names its push, so a stale retained chunk from an earlier
+    push of the same version is told apart and skipped.
+    """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     manifest = package.manifest
@@ -64,10 +70,11 @@ def push_messages(
     if hashlib.sha256(data).hexdigest() != manifest.sha256 or len(data) != manifest.size:
         raise ValueError(f"{package.onnx_path} does not match its manifest (sha256/size); re-export it")
     table = chunk_table(data, chunk_size)
-    out = [
+    transfer = wire.transfer_id(chunk_size, table)
+    chunks = [
         (
             wire.topic_model_chunk(fleet, name, version, i),
-            wire.ModelChunk(name, version, i, data[i * chunk_size : (i + 1) * chunk_size]).encode(),
+            wire.ModelChunk(name, version, i, data[i * chunk_size : (i + 1) * chunk_size], transfer).encode(),
         )
         for i in range(len(table))
     ]
@@ -80,24 +87,24 @@ def push_messages(
         devices=tuple(devices),
         pushed_at=time.time(),
     )
-    out.append((wire.topic_model_offer(fleet, name), offer.encode()))
-    return out
+    return [(wire.topic_model_offer(fleet, name), offer.encode()), *chunks]
 
 
-def current_offer(session: MqttSession, fleet: str, name: str, wait_s: float = 0.5) -> wire.ModelOffer | None:
-    """The retained offer now on the broker for ``name`` (``None`` if there is none)."""
-    topic = wire.topic_model_offer(fleet, name)
-    session.subscribe(topic)
-    deadline = time.monotonic() + wait_s
+def _replaced_offer(session: MqttSession, topic: str, ours: bytes) -> wire.ModelOffer | None:
+    """The offer our push replaced, from the retained copy the broker sent when we subscribed.
+
+    The broker sends a topic's retained message right after the SUBACK and before it
+    handles our later publishes, and paho hands messages over in arrival order; so once
+    our own offer is acked, the replaced one (if any) is already in the inbound queue.
+    """
     found = None
-    while time.monotonic() < deadline:
-        msg = session.get(0.05)
-        if msg is not None and msg.topic == topic and msg.payload:
-            try:
-                found = wire.ModelOffer.decode(msg.payload)
-            except wire.WireError as exc:
-                log.warning("the retained offer for %s is malformed (%s); replacing it", name, exc)
-            break
+    while (msg := session.get(0.05)) is not None:
+        if msg.topic != topic or not msg.retain or not msg.payload or msg.payload == ours:
+            continue
+        try:
+            found = wire.ModelOffer.decode(msg.payload)
+        except wire.WireError as exc:
+            log.warning("the replaced offer on %s is malformed (%s); its chunks stay", topic, exc)
     session.unsubscribe(topic)
     return found
 
@@ -115,17 +122,19 @@ def push_model(
     """Publish ``package``'s chunks and offer (all retained, QoS 1) and wait for the broker's acks."""
     manifest = package.manifest
     name, version = manifest.name, manifest.version
-    previous = current_offer(session, fleet, name) if clear_previous else None
     started = time.perf_counter()
     messages = push_messages(fleet, package, chunk_size=chunk_size, devices=devices)
+    offer_topic, offer_payload = messages[0]
+    if clear_previous:
+        session.subscribe(offer_topic)  # the broker answers with the offer this push replaces
     for topic, payload in messages[:-1]:
         # Pipelined: paho keeps up to its in-flight window of QoS 1 publishes outstanding.
         session.publish(topic, payload, retain=True, timeout=None)
-    # The broker handles one client's packets in order: the offer's ack means every chunk is stored.
-    topic, payload = messages[-1]
-    session.publish(topic, payload, retain=True, timeout=ack_timeout)
-    n_chunks, size = len(messages) - 1, manifest.size
+    # The broker handles one client's packets in order: the last chunk's ack means all are stored.
+    session.publish(*messages[-1], retain=True, timeout=ack_timeout)
     seconds = time.perf_counter() - started
+    previous = _replaced_offer(session, offer_topic, offer_payload) if clear_previous else None
+    n_chunks, size = len(messages) - 1, manifest.size
     cleared = None
     old = _version_of(previous) if previous is not None else None
     if previous is not None and old is not None:

@@ -27,7 +27,6 @@ hash, load); if it no longer loads the manager rolls back to the previous one.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -35,9 +34,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -45,6 +43,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from edge import wire
 from edge.config import ModelConfig
 from edge.manifest import ManifestError, ModelManifest, file_sha256, verify_manifest
+from edge.model_transfer import RefusedError, Transfer
 from edge.onnx_model import LoadedModel, ModelLoadError, holdout_score
 from edge.state import atomic_write_json
 from trainer_lite.data import Dataset
@@ -55,34 +54,6 @@ REJECTIONS = "rejections.json"
 #: Refusals kept per model (on disk and in the status).
 KEEP_REJECTIONS = 20
 STATUS_REJECTIONS = 5
-
-
-class RefusedError(Exception):
-    """A model offer or file this device will not use; the message is the reason it reports."""
-
-
-@dataclass
-class Transfer:
-    """A model being fetched: the offer, the sparse temp file, and which chunks are in."""
-
-    offer: wire.ModelOffer
-    manifest: ModelManifest
-    digest: str
-    part: Path
-    fh: BinaryIO
-    have: set[int] = field(default_factory=set)
-    inflight: set[int] = field(default_factory=set)
-    started: float = 0.0
-    last_progress: float = 0.0
-    resumed: int = 0
-    reported: int = 0
-
-    @property
-    def n_chunks(self) -> int:
-        return len(self.offer.chunks)
-
-    def chunk_len(self, index: int) -> int:
-        return min(self.offer.chunk_size, self.manifest.size - index * self.offer.chunk_size)
 
 
 class ModelManager:
@@ -255,21 +226,11 @@ class ModelManager:
     # -- transfer ---------------------------------------------------------------------------
     def _start(self, name: str, offer: wire.ModelOffer, m: ModelManifest, digest: str) -> None:
         incoming = self.root / name / "incoming"
-        incoming.mkdir(parents=True, exist_ok=True)
         part = incoming / f"v{m.version}-{m.sha256[:16]}.part"
         for other in incoming.glob("*.part"):
             if other != part:
                 other.unlink(missing_ok=True)
-        fh = part.open("r+b" if part.exists() else "w+b")
-        now = self._clock()
-        t = Transfer(offer, m, digest, part, fh, started=now, last_progress=now)
-        for i in range(t.n_chunks):  # resume: keep every chunk already on disk that hashes right
-            fh.seek(i * offer.chunk_size)
-            data = fh.read(t.chunk_len(i))
-            if len(data) == t.chunk_len(i) and hashlib.sha256(data).hexdigest() == offer.chunks[i]:
-                t.have.add(i)
-        t.resumed = len(t.have)
-        self.transfers[name] = t
+        t = self.transfers[name] = Transfer.open(part, offer, m, digest, self._clock())
         log.info(
             "fetching %s v%d: %d bytes in %d chunks%s",
             name,
@@ -278,19 +239,14 @@ class ModelManager:
             t.n_chunks,
             f" (resuming: {t.resumed} already on disk)" if t.resumed else "",
         )
-        if len(t.have) == t.n_chunks:
+        if t.complete:
             self._complete(name)
         else:
             self._fill_window(name, t)
 
     def _fill_window(self, name: str, t: Transfer) -> None:
-        window = max(1, self.cfg.window_bytes // t.offer.chunk_size)
-        for i in range(t.n_chunks):
-            if len(t.inflight) >= window:
-                break
-            if i not in t.have and i not in t.inflight:
-                t.inflight.add(i)
-                self._subscribe(wire.topic_model_chunk(self.fleet, name, t.manifest.version, i))
+        for i in t.to_request(max(1, self.cfg.window_bytes // t.offer.chunk_size)):
+            self._subscribe(wire.topic_model_chunk(self.fleet, name, t.manifest.version, i))
 
     def handle_chunk(self, name: str, version: int, index: int, payload: bytes) -> bool:
         """Act on one chunk; returns whether the status changed."""
@@ -302,28 +258,20 @@ class ModelManager:
                 return False
             try:
                 chunk = wire.ModelChunk.decode(payload, max_bytes=t.offer.chunk_size)
-                if (chunk.name, chunk.version, chunk.index) != (name, version, index):
-                    raise RefusedError(
-                        f"chunk {index} says it is {chunk.name} v{chunk.version} #{chunk.index}"
+                if chunk.index != index:
+                    raise RefusedError(f"chunk on the topic of #{index} says it is #{chunk.index}")
+                if not t.accept(chunk, self._clock()):
+                    # A stale retained copy from an earlier push of this version: the push now under
+                    # way publishes its own copy on this topic, and we stay subscribed for it.
+                    log.info(
+                        "%s v%d chunk %d is from another push; waiting for this one's", name, version, index
                     )
-                if len(chunk.data) != t.chunk_len(index):
-                    raise RefusedError(
-                        f"chunk {index} has {len(chunk.data)} bytes, expected {t.chunk_len(index)}"
-                    )
-                if hashlib.sha256(chunk.data).hexdigest() != t.offer.chunks[index]:
-                    raise RefusedError(
-                        f"chunk {index}'s sha256 differs from the offer's table (altered in transit)"
-                    )
+                    return False
             except (wire.WireError, RefusedError) as exc:
                 self._close_transfer(name, delete=True)
                 return self._refuse(name, version, f"bad chunk: {exc}", t.digest)
-            t.fh.seek(index * t.offer.chunk_size)
-            t.fh.write(chunk.data)
-            t.have.add(index)
-            t.inflight.discard(index)
-            t.last_progress = self._clock()
             self._unsubscribe(wire.topic_model_chunk(self.fleet, name, version, index))
-            if len(t.have) == t.n_chunks:
+            if t.complete:
                 self._complete(name)
                 return True
             self._fill_window(name, t)
@@ -358,8 +306,7 @@ class ModelManager:
             return
         for i in t.inflight:
             self._unsubscribe(wire.topic_model_chunk(self.fleet, name, t.manifest.version, i))
-        with contextlib.suppress(OSError):
-            t.fh.close()
+        t.close()
         if delete:
             t.part.unlink(missing_ok=True)
 
@@ -372,11 +319,9 @@ class ModelManager:
     def _complete(self, name: str) -> None:
         t = self.transfers[name]
         m = t.manifest
-        t.fh.flush()
-        os.fsync(t.fh.fileno())
+        size, digest = t.finish()
         self._close_transfer(name, delete=False)
         seconds = self._clock() - t.started
-        size, digest = t.part.stat().st_size, file_sha256(t.part)
         if size != m.size or digest != m.sha256:
             t.part.unlink(missing_ok=True)
             self._refuse(

@@ -337,7 +337,10 @@ class ModelOffer:
     parses it only after the signature verifies); ``signature`` is its Ed25519
     signature in hex.  The transfer table is not signed: it lets a device check
     each chunk as it lands, while the signed whole-file sha256 is what decides.
-    ``devices`` (empty: the whole fleet) narrows who installs the model.
+    ``devices`` (empty: the whole fleet) narrows who installs the model.  Every
+    chunk of this push carries :attr:`transfer` (a digest of the table), so a device
+    can tell a stale retained chunk left by an earlier push of the same version from
+    the one this push is about to publish.
     """
 
     name: str
@@ -347,6 +350,10 @@ class ModelOffer:
     chunks: tuple[str, ...]
     devices: tuple[str, ...] = ()
     pushed_at: float = 0.0
+
+    @property
+    def transfer(self) -> str:
+        return transfer_id(self.chunk_size, self.chunks)
 
     def encode(self) -> bytes:
         fields = {
@@ -386,14 +393,25 @@ class ModelOffer:
         )
 
 
+def transfer_id(chunk_size: int, chunks: tuple[str, ...] | list[str]) -> str:
+    """Digest naming one push's chunking of a file (its chunk size and chunk hashes)."""
+    return hashlib.sha256(f"{chunk_size}:{','.join(chunks)}".encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class ModelChunk:
-    """One chunk of a model file, retained on ``model/<name>/<version>/chunk/<index>``."""
+    """One chunk of a model file, retained on ``model/<name>/<version>/chunk/<index>``.
+
+    ``transfer`` names the push it belongs to (:func:`transfer_id`); ``sha256`` is
+    filled in by :meth:`decode`, which has checked it against ``data``.
+    """
 
     name: str
     version: int
     index: int
     data: bytes
+    transfer: str = ""
+    sha256: str = field(default="", compare=False)
 
     def encode(self) -> bytes:
         meta = {
@@ -402,6 +420,7 @@ class ModelChunk:
             "name": self.name,
             "version": self.version,
             "index": self.index,
+            "transfer": self.transfer,
             "sha256": hashlib.sha256(self.data).hexdigest(),
         }
         arr = np.frombuffer(self.data, dtype=np.uint8)
@@ -429,11 +448,14 @@ class ModelChunk:
         if set(tensors) != {"data"} or arr is None or arr.dtype != np.uint8 or arr.ndim != 1:
             raise WireError("a model chunk carries exactly one 1-D uint8 tensor named 'data'")
         data = arr.tobytes()
-        if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != meta.get("sha256"):
             raise WireError("model chunk bytes do not match their own sha256 (corrupted or truncated)")
         return cls(
             name=check_id("model", _field(meta, "name", str)),
             version=_field(meta, "version", int),
             index=_field(meta, "index", int),
             data=data,
+            transfer=_field(meta, "transfer", str),
+            sha256=digest,
         )

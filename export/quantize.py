@@ -117,7 +117,7 @@ def report_table(reports: list[VariantReport]) -> str:
     """A markdown table of :func:`compare_variants` output, the float32 row first."""
     base = reports[0]
     lines = [
-        "| variant | size (KiB) | ORT batch 1 (ms) | ORT batch 64 (ms) | score | Δ score vs float32 | max |Δ| output |",
+        "| variant | size (KiB) | ORT batch 1 (ms) | ORT batch 64 (ms) | score | Δ score vs float32 | max abs Δ output vs float32 |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in reports:

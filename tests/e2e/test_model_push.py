@@ -22,9 +22,9 @@ from cloud_aggregator.push import push_messages, push_model
 from edge import wire
 from edge.mqtt import BrokerAddress, MqttSession, SessionOptions
 from export.keys import generate_keypair, load_private_key
+from export.synthetic import signed, window_encoder
 from sensors.features.schema import schema_hash
 from tests.e2e.fleet import FLEET, aggregator_toml
-from tests.export.onnx_builders import signed, window_encoder
 
 DEVICES = ["printer1", "printer2", "printer3"]
 CHUNK = 32 * 1024
@@ -205,9 +205,9 @@ def test_a_device_killed_mid_transfer_fetches_only_what_it_lacks(fleet_procs, ke
             window_encoder(tmp_path / "v1.onnx", pad_bytes=400_000), tmp_path / "pkg", key, version=1
         )
         msgs = push_messages(FLEET, pkg, chunk_size=CHUNK)
-        chunks, offer = msgs[:-1], msgs[-1]
+        offer, chunks = msgs[0], msgs[1:]
         half = len(chunks) // 2
-        for topic, payload in [*chunks[:half], offer]:  # the pusher got half-way so far
+        for topic, payload in [offer, *chunks[:half]]:  # the pusher got half-way so far
             session.publish(topic, payload, retain=True)
         watcher.wait(lambda: watcher.model("printer1").get("transfer", {}).get("have") == half, 30, "half fetched",
                      fleet_procs)  # fmt: skip

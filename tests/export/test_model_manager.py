@@ -21,40 +21,46 @@ from edge.dataset import simulated_printer_raw_dataset
 from edge.manifest import load_public_key
 from edge.models import ModelManager
 from export.keys import generate_keypair, load_private_key, sign
+from export.synthetic import signed, window_encoder
 from sensors.features.schema import schema_hash
-from tests.export.onnx_builders import signed, window_encoder
 
 FLEET = "plant"
 CHUNK = 4096
 
 
 class Retained:
-    """The broker's retained messages and one client's subscriptions to them."""
+    """The broker's retained messages and one client's subscriptions, with MQTT's delivery rules:
+    a subscription gets the topic's retained message once; a publish reaches current subscribers."""
 
     def __init__(self) -> None:
         self.store: dict[str, bytes] = {}
         self.subs: list[str] = []
+        self.pending: list[str] = []
         self.peak_subs = 0
         self.delivered = 0
 
     def publish_all(self, messages: list[tuple[str, bytes]]) -> bytes:
+        """Store ``messages`` (retained) and queue them for current subscribers; returns the offer."""
         for topic, payload in messages:
             self.store[topic] = payload
-        return messages[-1][1]
+            if topic in self.subs:
+                self.pending.append(topic)
+        return messages[0][1]
 
     def subscribe(self, topic: str) -> None:
         self.subs.append(topic)
+        self.pending.append(topic)
         self.peak_subs = max(self.peak_subs, len(self.subs))
 
     def unsubscribe(self, topic: str) -> None:
         self.subs.remove(topic)
 
     def pump(self, mgr: ModelManager, limit: int | None = None) -> None:
-        """Deliver the retained chunk of every subscribed topic until nothing is left (or ``limit``)."""
-        while self.subs and (limit is None or self.delivered < limit):
-            topic = next((t for t in self.subs if t in self.store), None)
-            if topic is None:
-                return
+        """Deliver what is due, in order, until nothing is (or ``limit`` deliveries in all)."""
+        while self.pending and (limit is None or self.delivered < limit):
+            topic = self.pending.pop(0)
+            if topic not in self.subs or topic not in self.store:
+                continue
             parsed = wire.parse_topic(topic)
             self.delivered += 1
             mgr.handle_chunk(parsed.model, parsed.version, parsed.index, self.store[topic])
@@ -137,7 +143,7 @@ def test_wrong_key_altered_manifest_and_wrong_schema_are_refused_before_any_fetc
 
     genuine = signed(window_encoder(tmp_path / "c.onnx", pad_bytes=100), tmp_path / "alt", key, version=3)
     msgs = push_messages(FLEET, genuine, chunk_size=CHUNK)
-    offer = wire.ModelOffer.decode(msgs[-1][1])
+    offer = wire.ModelOffer.decode(msgs[0][1])
     altered = replace(offer, manifest=offer.manifest.replace('"version":3', '"version":4'))
     assert altered.manifest != offer.manifest
     mgr.handle_offer("enc", altered.encode())
@@ -308,10 +314,30 @@ def test_a_stalled_transfer_is_abandoned_and_reported(tmp_path, keys, holdout):
     )
     pkg = signed(window_encoder(tmp_path / "a.onnx", pad_bytes=20_000), tmp_path / "p", key, version=1)
     msgs = push_messages(FLEET, pkg, chunk_size=CHUNK)
-    del msgs[3]  # the pusher died before this chunk reached the broker
+    del msgs[4]  # the pusher died before this chunk (#3) reached the broker
     mgr.handle_offer("enc", retained.publish_all(msgs))
     retained.pump(mgr)
     assert mgr.status()["enc"]["transfer"]["have"] == 3
     now[0] = 31.0
     assert mgr.tick()
     assert "stalled at 3 of" in last_reason(mgr) and retained.subs == []
+
+
+def test_stale_chunks_of_an_earlier_push_of_the_same_version_are_skipped(tmp_path, keys, holdout):
+    key = keys[0]
+    retained = Retained()
+    mgr = make_manager(tmp_path / "models", keys, holdout, retained)
+    first = signed(
+        window_encoder(tmp_path / "a.onnx", pad_bytes=20_000, seed=1), tmp_path / "p1", key, version=1
+    )
+    retained.publish_all(push_messages(FLEET, first, chunk_size=CHUNK))  # an earlier push nobody fetched
+    again = signed(
+        window_encoder(tmp_path / "b.onnx", pad_bytes=20_000, seed=2), tmp_path / "p2", key, version=1
+    )
+    msgs = push_messages(FLEET, again, chunk_size=CHUNK)
+    mgr.handle_offer("enc", msgs[0][1])  # the new offer lands before its chunks (offer-first push)
+    retained.pump(mgr)
+    assert mgr.status()["enc"]["transfer"]["have"] == 0 and "rejected" not in mgr.status()["enc"]
+    retained.publish_all(msgs)
+    retained.pump(mgr)
+    assert mgr.active("enc").manifest.sha256 == again.manifest.sha256

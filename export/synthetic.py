@@ -1,6 +1,7 @@
-"""Small real ONNX encoders built with ``onnx.helper`` (no torch), signed like exported models.
+"""Synthetic ONNX encoders of any size, built with ``onnx.helper`` (no torch), for push tests and benchmarks.
 
-They take raw vibration windows ``(batch, 2, 256)`` (``sensors.sim.vibration``):
+Real ONNX files that onnxruntime runs on a device's raw vibration windows
+``(batch, 2, 256)`` (``sensors.sim.vibration``), small or padded to a given size:
 
 * ``log_power``: per axis log mean power (the vibration level, which tracks speed) — a
   useful embedding; a linear probe on it predicts speed well.
@@ -32,7 +33,11 @@ def window_encoder(
     pad_bytes: int = 0,
     seed: int = 0,
 ) -> Path:
-    """Write an encoder ``x (N, 2, 256) -> z (N, 2)``; ``pad_bytes`` adds an unused-but-kept weight."""
+    """Write an encoder ``x (N, 2, 256) -> z (N, 2)``; ``pad_bytes`` adds a weight of that size.
+
+    The pad weight takes part in the graph (its sum times zero is added to the
+    output), so no optimizer drops it and the file has the size asked for.
+    """
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 256])
     z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 2])
     nodes, inits = [], []
@@ -47,7 +52,6 @@ def window_encoder(
     else:
         raise ValueError(kind)
     if pad_bytes:
-        # A large weight that really takes part (times zero), so the file has the size asked for.
         n = max(1, pad_bytes // 4)
         values = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
         inits.append(helper.make_tensor(PAD_NAME, TensorProto.FLOAT, [n], values.tobytes(), raw=True))
@@ -73,7 +77,7 @@ def window_encoder(
 
 
 def signed(onnx_path: Path, out_dir: Path, key, *, name: str = "enc", version: int = 1) -> Package:
-    """Package and sign ``onnx_path`` (parity figures are those of a graph with no torch twin)."""
+    """Package and sign ``onnx_path`` (no torch twin, so the parity figures are zeros)."""
     return package_model(
         onnx_path,
         out_dir,

@@ -1,0 +1,304 @@
+"""Pushing a model to a fleet: 1 MB and 10 MB ONNX files to 20 `edge-trainer` processes through mosquitto.
+
+Side by side, on loopback with the same 20 receiving processes' worth of fan-out:
+
+* **push**: ``cloud_aggregator.push.push_model`` (retained chunks of 128 KiB + a signed
+  offer) until every device has fetched its chunks in a bounded window, reassembled
+  the file on disk and checked its signed sha256 (``completed_at`` in its status) —
+  and, separately, until it has loaded the model in onnxruntime, scored it on its
+  holdout and activated it (``activated_at``);
+* **raw**: the same bytes published once as a plain QoS 1 message to 20 subscriber
+  processes, and as the same 128 KiB chunks with no protocol around them.
+
+Target: push within 2x of the raw single-message time.  Then the device daemons'
+peak RSS (``VmHWM``) with the 10 MB model loaded, after a FedRep round on its
+embeddings (target < 150 MB).
+
+    python -m benchmarks.model_push [--devices 20] [--sizes 1 10] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from benchmarks.common import markdown_table, study_parser, write_result
+
+MB = 1_000_000
+FLEET = "bench"
+
+
+# -- a raw receiver process ---------------------------------------------------------------------
+def receiver(url: str, topic: str, counts: list[int]) -> None:
+    """Subscribe, print ``ready``, then for each round print the time its ``counts[i]``-th message landed."""
+    import paho.mqtt.client as paho
+
+    host, port = url.removeprefix("mqtt://").split(":")
+    state = {"round": 0, "got": 0}
+    done = threading.Event()
+
+    def on_message(client, userdata, msg) -> None:
+        state["got"] += 1
+        if state["got"] == counts[state["round"]]:
+            print(f"{time.time():.6f}", flush=True)
+            state["round"] += 1
+            state["got"] = 0
+            if state["round"] == len(counts):
+                done.set()
+
+    client = paho.Client(callback_api_version=paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
+    client.on_message = on_message
+    client.on_subscribe = lambda *a: print("ready", flush=True)
+    client.on_connect = lambda c, *a: c.subscribe(topic, qos=1)
+    client.connect(host, int(port))
+    client.loop_start()
+    done.wait(600)
+    client.disconnect()
+    client.loop_stop()
+
+
+def raw_rounds(url: str, n: int, payload: bytes, chunk: int, repeats: int) -> tuple[list[float], list[float]]:
+    """Times until ``n`` subscriber processes got ``payload`` whole, and in ``chunk``-byte pieces."""
+    from edge.mqtt import BrokerAddress, MqttSession, SessionOptions
+
+    pieces = [payload[i : i + chunk] for i in range(0, len(payload), chunk)]
+    counts = [1, len(pieces)] * repeats
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.model_push",
+                "--receiver",
+                url,
+                "bench/raw",
+                *map(str, counts),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(n)
+    ]
+    for p in procs:
+        if p.stdout.readline().strip() != "ready":
+            raise RuntimeError("a raw receiver did not subscribe")
+    session = MqttSession(SessionOptions(BrokerAddress.parse(url), client_id="bench-raw"))
+    session.start()
+    whole, chunked = [], []
+    try:
+        for _ in range(repeats):
+            for pieces_now, out in (([payload], whole), (pieces, chunked)):
+                t0 = time.time()
+                for piece in pieces_now[:-1]:
+                    session.publish("bench/raw", piece, timeout=None)
+                session.publish("bench/raw", pieces_now[-1], timeout=60)
+                ends = [float(p.stdout.readline()) for p in procs]
+                out.append(max(ends) - t0)
+                time.sleep(0.3)
+    finally:
+        session.stop()
+        for p in procs:
+            p.wait(30)
+    return whole, chunked
+
+
+# -- the fleet ---------------------------------------------------------------------------------------
+class StatusBoard:
+    """Latest retained status of every device."""
+
+    def __init__(self, url: str) -> None:
+        from edge import wire
+        from edge.mqtt import BrokerAddress, MqttSession, SessionOptions
+
+        self.wire = wire
+        self.status: dict[str, dict] = {}
+        self.session = MqttSession(SessionOptions(BrokerAddress.parse(url), client_id="bench-status"))
+        self.session.subscribe(wire.topic_status_all(FLEET))
+        self.session.start()
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._stop = threading.Event()
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while not self._stop.is_set():
+            msg = self.session.get(0.1)
+            if msg is not None and msg.payload:
+                self.status[self.wire.parse_topic(msg.topic).device] = json.loads(msg.payload)
+
+    def model(self, device: str) -> dict:
+        return ((self.status.get(device) or {}).get("models") or {}).get("enc") or {}
+
+    def wait(self, cond, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"timed out waiting for {what}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.session.stop()
+
+
+def vm_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--receiver":
+        receiver(sys.argv[2], sys.argv[3], [int(c) for c in sys.argv[4:]])
+        return 0
+    parser = study_parser(__doc__.splitlines()[0], default_seeds=(0,))
+    parser.add_argument("--devices", type=int, default=20)
+    parser.add_argument("--sizes", type=float, nargs="+", default=[1.0, 10.0], help="model sizes in MB")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--chunk-size", type=int, default=128 * 1024)
+    args = parser.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)  # clean disconnects log a warning; not news here
+    if args.quick:
+        args.devices, args.repeats = min(args.devices, 4), 1
+
+    from cloud_aggregator.broker import start_mosquitto
+    from cloud_aggregator.push import push_model
+    from edge.mqtt import BrokerAddress, MqttSession, SessionOptions
+    from export.keys import generate_keypair, load_private_key
+    from export.synthetic import signed, window_encoder
+    from tests.e2e.fleet import aggregator_toml
+
+    work = Path(tempfile.mkdtemp(prefix="ioft-push-bench-"))
+    broker = start_mosquitto(log_file=work / "mosquitto.log")
+    url = broker.url
+    priv, pub = generate_keypair(work / "fleet.key")
+    key = load_private_key(priv)
+    names = [f"printer{i:02d}" for i in range(args.devices)]
+    devices: dict[str, subprocess.Popen] = {}
+    board = StatusBoard(url)
+    operator = MqttSession(SessionOptions(BrokerAddress.parse(url), client_id="bench-push"))
+    operator.start()
+    push_rows, raw_rows = [], []
+    version = 0
+    try:
+        for name in names:
+            log = (work / f"{name}.log").open("ab")
+            devices[name] = subprocess.Popen(
+                [sys.executable, "-m", "edge.cli", "--device", name, "--fleet", FLEET, "--broker", url,
+                 "--state-dir", str(work / name), "--simulate", "printer-raw", "--allow-plaintext",
+                 "--model-key", str(pub), "--log-level", "WARNING"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        board.wait(
+            lambda: all((board.status.get(d) or {}).get("state") == "online" for d in names), 300, "online"
+        )
+        print(f"{len(names)} devices online", file=sys.stderr)
+        for size_mb in args.sizes:
+            size = int(size_mb * MB)
+            transfer, activate, publish = [], [], []
+            for _ in range(args.repeats):
+                version += 1
+                onnx_path = window_encoder(work / f"v{version}.onnx", pad_bytes=size - 400, seed=version)
+                pkg = signed(onnx_path, work / "pkg", key, version=version)
+                t0 = time.time()
+                report = push_model(operator, FLEET, pkg, chunk_size=args.chunk_size)
+
+                def arrived(v=version) -> bool:
+                    return all(
+                        board.model(d).get("active") == v and (board.model(d).get("last_transfer") or {}).get("version") == v
+                        for d in names
+                    )  # fmt: skip
+
+                board.wait(arrived, 300, f"v{version} active everywhere")
+                transfer.append(max(board.model(d)["last_transfer"]["completed_at"] for d in names) - t0)
+                activate.append(max(board.model(d)["activated_at"] for d in names) - t0)
+                publish.append(report.seconds)
+                print(f"v{version} {pkg.manifest.size} B: transfer {transfer[-1]:.3f} s", file=sys.stderr)
+            whole, chunked = raw_rounds(
+                url, len(names), pkg.onnx_path.read_bytes(), args.chunk_size, args.repeats
+            )
+            push_rows.append((pkg.manifest.size, transfer, activate, publish))
+            raw_rows.append((whole, chunked))
+        rss_loaded = {d: vm_kib(p.pid, "VmHWM") for d, p in devices.items()}
+        # A FedRep round on the embeddings of the 10 MB encoder, then peak RSS again.
+        agg_dir = work / "aggregator"
+        task = {"name": "speed-raw", "algorithm": "fedrep", "model": "mlp", "rounds": 2, "seed": 0,
+                "model_args": {"sizes": [2, 8, 1]}, "hparams": {"features": "onnx:enc", "local_steps": 5}}  # fmt: skip
+        cfg = work / "aggregator.toml"
+        cfg.write_text(
+            aggregator_toml(url, agg_dir, [task], expected=names, deadline_s=30.0).replace(
+                '"test"', f'"{FLEET}"'
+            )
+        )
+        agg = subprocess.run(
+            [sys.executable, "-m", "cloud_aggregator.cli", "--log-level", "WARNING", "serve", "--config", str(cfg)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if agg.returncode != 0:
+            raise RuntimeError(f"aggregator failed: {agg.stderr[-2000:]}")
+        rss_round = {d: vm_kib(p.pid, "VmHWM") for d, p in devices.items()}
+        rounds = {
+            d: (board.status.get(d) or {}).get("tasks", {}).get("speed-raw", {}).get("round") for d in names
+        }
+    finally:
+        operator.stop()
+        board.stop()
+        for p in devices.values():
+            p.terminate()
+        for p in devices.values():
+            p.wait(30)
+        broker.stop()
+
+    med = statistics.median
+    rows = []
+    for (size, transfer, activate, publish), (whole, chunked) in zip(push_rows, raw_rows, strict=True):
+        ratio = med(transfer) / med(whole)
+        rows.append([
+            f"{size / MB:.2f}", f"{med(publish):.3f}", f"{med(transfer):.3f}", f"{med(activate):.3f}",
+            f"{med(whole):.3f}", f"{med(chunked):.3f}", f"{ratio:.2f}x", "met" if ratio <= 2 else "NOT met",
+            f"{size * len(names) / med(transfer) / MB:.0f}",
+        ])  # fmt: skip
+    table = markdown_table(
+        ["model (MB)", "push publish (s)", "push: all verified on disk (s)", "push: all active (s)",
+         "raw: one message (s)", "raw: same chunks (s)", "push / raw", "target <= 2x", "push fan-out (MB/s)"],
+        rows,
+    )  # fmt: skip
+    mib = lambda kib: kib / 1024  # noqa: E731
+    rss = markdown_table(
+        ["when", "max peak RSS (MiB)", "median (MiB)", "target < 150 MiB"],
+        [
+            ["after the pushes (10 MB model active)", f"{mib(max(rss_loaded.values())):.1f}",
+             f"{mib(med(rss_loaded.values())):.1f}", "met" if mib(max(rss_loaded.values())) < 150 else "NOT met"],
+            ["after 2 FedRep rounds on its embeddings", f"{mib(max(rss_round.values())):.1f}",
+             f"{mib(med(rss_round.values())):.1f}", "met" if mib(max(rss_round.values())) < 150 else "NOT met"],
+        ],
+    )  # fmt: skip
+    load = os.getloadavg()
+    body = (
+        f"{len(names)} `edge-trainer` processes (simulated printers with raw vibration windows), mosquitto on "
+        f"loopback, chunks of {args.chunk_size // 1024} KiB, each device fetching at most model.window_bytes "
+        f"(1 MiB) at a time; median of {args.repeats} pushes per size (times from the start of the push to the "
+        f"last device). Raw: the same bytes to {len(names)} subscriber processes. Load average at the end: "
+        f"{load[0]:.1f}.\n\n{table}\n\nDevice daemon peak RSS (VmHWM) with the model loaded "
+        f"(rounds completed: {sorted(set(rounds.values()))}):\n\n{rss}\n"
+    )
+    print(body)
+    if not args.no_write:
+        path = write_result("model_push" + ("_quick" if args.quick else ""), body)
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
