@@ -82,8 +82,8 @@ class EdgeTrainer:
                 public_key=load_public_key(config.model.public_key),
                 data_schema_hash=self.data_meta.get("schema_hash"),
                 holdout=(self.train, self.test),
-                subscribe=self.session.subscribe,
-                unsubscribe=self.session.unsubscribe,
+                subscribe=lambda topic: self.session.subscribe(topic),
+                unsubscribe=lambda topic: self.session.unsubscribe(topic),
             )
         self.rounds_done = 0
 
