@@ -295,7 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(body)
     if not args.no_write:
-        path = write_result("model_push" + ("_quick" if args.quick else ""), body)
+        name = "model_push" + (
+            "_quick" if args.quick else "" if args.devices == 20 else f"_{args.devices}dev"
+        )
+        path = write_result(name, body)
         print(f"wrote {path}", file=sys.stderr)
     return 0
 

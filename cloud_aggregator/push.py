@@ -74,7 +74,9 @@ def push_messages(
     chunks = [
         (
             wire.topic_model_chunk(fleet, name, version, i),
-            wire.ModelChunk(name, version, i, data[i * chunk_size : (i + 1) * chunk_size], transfer).encode(),
+            wire.ModelChunk(name, version, i, data[i * chunk_size : (i + 1) * chunk_size], transfer).encode(
+                digest=table[i]
+            ),
         )
         for i in range(len(table))
     ]

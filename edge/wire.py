@@ -413,7 +413,8 @@ class ModelChunk:
     transfer: str = ""
     sha256: str = field(default="", compare=False)
 
-    def encode(self) -> bytes:
+    def encode(self, digest: str | None = None) -> bytes:
+        """The payload; ``digest`` is the data's sha256 when the caller has just computed it."""
         meta = {
             "v": VERSION,
             "kind": "model_chunk",
@@ -421,7 +422,7 @@ class ModelChunk:
             "version": self.version,
             "index": self.index,
             "transfer": self.transfer,
-            "sha256": hashlib.sha256(self.data).hexdigest(),
+            "sha256": digest or hashlib.sha256(self.data).hexdigest(),
         }
         arr = np.frombuffer(self.data, dtype=np.uint8)
         return st_save(
