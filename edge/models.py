@@ -148,6 +148,9 @@ class ModelManager:
         """Act on a retained offer; returns whether the status changed."""
         if not payload:
             return False  # a cleared retained offer
+        if self.cfg.names and name not in self.cfg.names:
+            log.info("ignoring model %s: not in this device's model.names %s", name, self.cfg.names)
+            return False
         digest = hashlib.sha256(payload).hexdigest()
         with self._lock:
             if any(r.get("digest") == digest for r in self.rejections.get(name, [])):
@@ -159,14 +162,11 @@ class ModelManager:
             if t is not None and t.digest == digest:
                 return False  # the same offer again (a reconnect re-delivers retained messages)
             try:
-                offer = wire.ModelOffer.decode(payload, max_bytes=self.cfg.max_model_bytes)
+                offer = wire.ModelOffer.decode(payload, max_bytes=wire.MAX_OFFER_BYTES)
                 if offer.name != name:
                     raise RefusedError(f"offer for model {offer.name!r} on the topic of {name!r}")
             except (wire.WireError, RefusedError) as exc:
                 return self._refuse(name, None, f"malformed offer: {exc}", digest)
-            if self.cfg.names and name not in self.cfg.names:
-                log.info("ignoring model %s: not in this device's model.names %s", name, self.cfg.names)
-                return False
             if offer.devices and self.device not in offer.devices:
                 log.info("model %s is pushed to %s, not to this device", name, list(offer.devices))
                 return False

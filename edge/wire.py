@@ -327,6 +327,9 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SIGNATURE = re.compile(r"^[0-9a-f]{128}$")
 #: A chunk's payload overhead on top of its bytes (safetensors header with our metadata).
 CHUNK_OVERHEAD_BYTES = 1024
+#: Ceiling on an offer: the manifest plus 65 bytes per chunk hash (a 1 GB model in 128 KiB
+#: chunks needs ~0.5 MB).
+MAX_OFFER_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)

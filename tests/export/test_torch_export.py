@@ -3,6 +3,8 @@ with its checks, int8 variants, and a signed package that the device-side loader
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -158,3 +160,35 @@ def test_a_trained_backbone_exports_signed_with_an_int8_report_and_loads_on_a_de
     loaded = LoadedModel(summary.package.onnx_path, m)
     score, name = holdout_score(loaded, Dataset(train.x, train.y), Dataset(test.x, test.y))
     assert name == "probe_r2" and np.isfinite(score)
+
+
+def test_cli_exports_a_finished_tasks_shared_base_from_the_aggregator_store(tmp_path):
+    """FTL-TP style: the first layer of a 624-feature MLP, shared fleet-wide, becomes a pushed encoder."""
+    from cloud_aggregator.cli import main
+    from cloud_aggregator.rounds import RoundRecord
+    from cloud_aggregator.store import SqliteStore
+    from export.keys import generate_keypair
+    from trainer_lite.task import TaskSpec
+
+    spec = TaskSpec(name="tool", algorithm="fedavg", model="mlp", model_args={"sizes": [624, 32, 4]})
+    params = {k: v.astype(np.float32) for k, v in build_model("mlp", sizes=[624, 32, 4]).init(
+        np.random.default_rng(0)).items()}  # fmt: skip
+    store = SqliteStore(tmp_path / "agg" / "aggregator.sqlite")
+    store.register_task("tool", spec.to_json())
+    record = RoundRecord("tool", 3, "train", "completed", ["w1"], {"w1": 10}, {}, {}, "h", 0.0, 1.0)
+    store.save(record, (4, 0), params, {})
+    store.close()
+    priv, pub = generate_keypair(tmp_path / "fleet.key")
+    rc = main(["export", "--task", "tool", "--store", str(tmp_path / "agg" / "aggregator.sqlite"),
+               "--blocks", "fc0", "relu0", "--schema", "weld-dwt", "--name", "weld-base", "--version", "1",
+               "--key", str(priv), "--out", str(tmp_path / "pkg")])  # fmt: skip
+    assert rc == 0
+    body = (tmp_path / "pkg" / "weld-base-v1.manifest.json").read_text()
+    m = verify_manifest(json.loads(body)["manifest"], json.loads(body)["signature"], load_public_key(pub))
+    assert m.input.shape == (None, 624) and m.output.shape == (None, 32) and m.extra["task"] == "tool"
+    assert m.schema_hash == schema_metadata()[SCHEMA_HASH_KEY]
+    x = np.random.default_rng(2).normal(size=(5, 624)).astype(np.float32)
+    (z,) = ort_session(tmp_path / "pkg" / "weld-base-v1.onnx").run(None, {"x": x})
+    np.testing.assert_allclose(
+        z, np.maximum(x @ params["fc0.weight"] + params["fc0.bias"], 0), rtol=1e-5, atol=1e-5
+    )
