@@ -36,7 +36,8 @@ SUMMARY = "backbone.json"
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """Everything that determines a run (a checkpoint resumes only under the same settings)."""
+    """Everything that determines a run (a checkpoint resumes only under the same settings,
+    except ``epochs``, which may grow to extend a finished run)."""
 
     backbone: str
     epochs: int = 30
@@ -96,6 +97,10 @@ def evaluate(model: nn.Module, data: BackboneData, device: torch.device) -> dict
     y = data.y_test
     sse = float(np.sum((out - y) ** 2))
     return {"test_loss": sse / y.size, "test_r2": 1.0 - sse / float(np.sum((y - y.mean(axis=0)) ** 2))}
+
+
+def _without_epochs(settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if k != "epochs"}
 
 
 def _save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
@@ -163,7 +168,9 @@ def train_backbone(
     ckpt_path = out_dir / CHECKPOINT
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, map_location=dev, weights_only=True)
-        if ckpt["settings"] != asdict(settings):
+        # More epochs extend a run (each epoch's shuffle depends only on seed and epoch); anything
+        # else would mix two different runs in one checkpoint.
+        if _without_epochs(ckpt["settings"]) != _without_epochs(asdict(settings)):
             raise ValueError(
                 f"{ckpt_path} was written with other settings {ckpt['settings']}; use a new folder "
                 "or delete the checkpoint to start over"

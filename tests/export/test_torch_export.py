@@ -70,6 +70,9 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path, small_windows,
         resumed.model.state_dict().items(), straight.state_dict().items(), strict=True
     ):
         assert torch.equal(a, b), name
+    longer = train_backbone(TrainSettings("printer-cnn", epochs=4, batch_size=32, seed=1), tmp_path, device="cpu",
+                            progress=False, threads=1)  # fmt: skip
+    assert [h["epoch"] for h in longer.history] == [1, 2, 3, 4]
     with pytest.raises(ValueError, match="other settings"):
         train_backbone(
             TrainSettings("printer-cnn", epochs=3, seed=2), tmp_path, device="cpu", progress=False, threads=1
