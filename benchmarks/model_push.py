@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         name = "model_push" + (
             "_quick" if args.quick else "" if args.devices == 20 else f"_{args.devices}dev"
         )
-        path = write_result(name, body)
+        path = write_result(name, body, command="python -m benchmarks.model_push " + " ".join(sys.argv[1:]))
         print(f"wrote {path}", file=sys.stderr)
     return 0
 
