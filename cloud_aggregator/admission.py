@@ -27,9 +27,13 @@ Checks, in order (the first failing one names the reason):
 ``norm``
     ``‖u − g‖₂`` (the change from the parameters the device was sent, over all tensors,
     in float64) above ``max_norm_ratio × r``, where ``r`` is the *median* of the last
-    ``history`` accepted change norms of that phase: a running reference that a minority
-    of attackers cannot drag up, unlike a mean.  The relative bound applies once
-    ``min_history`` norms are known and ``r > 0``.  Optional absolute bounds
+    ``history`` accepted change norms of that task and phase (tasks train different
+    models: one task's converged steps say nothing of another's first): a running
+    reference that a minority of attackers cannot drag up, unlike a mean.  The relative
+    bound applies once ``min_history`` norms are known and ``r > 0``.  A reference that
+    refuses most of a round (an honest trajectory can speed up by orders of magnitude,
+    e.g. leaving a plateau) is stale, not a majority attack: :meth:`Admission.forget_stale`
+    drops it when a round would otherwise stall, and the resent uploads are judged afresh.  Optional absolute bounds
     ``max_update_norm`` (on ``‖u − g‖``) and ``max_param_norm`` (on ``‖u‖``) apply always.
 
 The norm bound is a coarse filter against absurd uploads (×100 scaling, garbage); a
@@ -164,7 +168,9 @@ class Admission:
         self.policy = policy or AdmissionPolicy()
         # fingerprint -> (device, round, phase) of its first admitted upload
         self._seen: dict[str, tuple[str, int, str]] = {}
-        self._norms: dict[str, deque[float]] = {}
+        self._norms: dict[tuple[str, str], deque[float]] = {}
+        # (task, round, phase) -> devices refused by the relative bound in that round
+        self._ratio_refused: dict[tuple[str, int, str], set[str]] = {}
         self._sent_hash: dict[tuple[int, str, str], str] = {}
         self._pruned_below = 0
 
@@ -221,22 +227,26 @@ class Admission:
             norm = param_norm(params)
             if not norm <= p.max_param_norm:
                 return Refusal("norm", f"‖u‖ = {norm:.3g} exceeds max_param_norm = {p.max_param_norm:.3g}")
-        ref = self.reference(request.phase)
+        ref = self.reference(request.phase, request.spec.name)
         if (
             p.max_norm_ratio is not None
             and ref is not None
             and ref > 0
             and not delta <= p.max_norm_ratio * ref
         ):
+            key = (request.spec.name, request.round, request.phase)
+            if key not in self._ratio_refused:
+                self._ratio_refused = {k: v for k, v in self._ratio_refused.items() if k[1] >= request.round}
+            self._ratio_refused.setdefault(key, set()).add(device)
             return Refusal(
                 "norm",
                 f"‖u − g‖ = {delta:.3g} exceeds {p.max_norm_ratio:g} × the running median {ref:.3g}",
             )
         return None
 
-    def reference(self, phase: str) -> float | None:
-        """The median of recent accepted change norms of ``phase``; ``None`` until ``min_history``."""
-        norms = self._norms.get(phase)
+    def reference(self, phase: str, task: str) -> float | None:
+        """The median of recent accepted change norms of ``task``'s ``phase``; ``None`` until ``min_history``."""
+        norms = self._norms.get((task, phase))
         if not norms or len(norms) < self.policy.min_history:
             return None
         return float(np.median(np.fromiter(norms, dtype=np.float64)))
@@ -247,11 +257,25 @@ class Admission:
             self._seen.setdefault(fingerprint(params), (device, request.round, request.phase))
         delta = change_norm(params, self._sent(device, request))
         if np.isfinite(delta):
-            self._norms.setdefault(request.phase, deque(maxlen=self.policy.history)).append(delta)
+            key = (request.spec.name, request.phase)
+            self._norms.setdefault(key, deque(maxlen=self.policy.history)).append(delta)
         horizon = request.round - self.policy.replay_rounds
         if horizon > self._pruned_below:  # at most once per round: memory stays bounded
             self._seen = {k: v for k, v in self._seen.items() if v[1] >= horizon}
             self._pruned_below = horizon
+
+
+    def forget_stale(self, request: CollectRequest, admitted: int) -> bool:
+        """Drop the norm reference of ``request``'s task and phase if it refused more of this round
+        than was admitted; returns whether it did.  The fleet calls this when a round lacks
+        participants: a reference that blocks most honest devices would stall training for good.
+        """
+        refused = self._ratio_refused.get((request.spec.name, request.round, request.phase), set())
+        if len(refused) <= admitted:
+            return False
+        self._norms.pop((request.spec.name, request.phase), None)
+        self._ratio_refused.pop((request.spec.name, request.round, request.phase), None)
+        return True
 
 
 def rejection_counts_by_reason(store: SqliteStore, task: str | None = None) -> dict[str, dict[str, int]]:

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="a whole fleet on this machine: broker, aggregator, simulated printers")
     d.add_argument("--devices", type=int, default=4, help="number of simulated printers (>= 2)")
-    d.add_argument("--rounds", type=int, default=100)
+    d.add_argument("--rounds", type=int, default=200)
     d.add_argument("--broker", help="use this broker instead of starting one (mqtt://host:port)")
     d.add_argument("--workdir", type=Path, help="where state goes (default: a fresh temp folder)")
     d.add_argument("--prefer-broker", default="mosquitto", choices=["mosquitto", "amqtt"])

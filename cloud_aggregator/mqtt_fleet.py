@@ -193,6 +193,12 @@ class MqttFleet:
                     break
                 extensions += 1
                 deadline = time.time() + self.policy.deadline_s
+                if self.admission.forget_stale(request, valid):
+                    log.warning(
+                        "round %d: the norm reference refused most uploads; it is stale, dropping it "
+                        "so the resent uploads are judged afresh",
+                        request.round,
+                    )
                 log.warning(
                     "round %d: %d valid uploads < %d; extending the deadline (%d/%d)",
                     request.round,

@@ -6,6 +6,7 @@ store), and never reach the strategy; honest uploads in the same round still cou
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 import numpy as np
@@ -179,7 +180,7 @@ def test_norm_reference_is_a_running_median_and_bounds_are_configurable():
     for i in range(3):
         p = {n: v + 0.1 * (1 + i / 10) for n, v in g.items()}
         adm.admitted(f"d{i}", p, req)
-    assert adm.reference("train") == pytest.approx(step * 1.1, rel=1e-5)
+    assert adm.reference("train", SPEC.name) == pytest.approx(step * 1.1, rel=1e-5)
     refusal = adm.check_new("d5", big, req)
     assert refusal is not None and refusal.code == "norm"
     assert adm.check_new("d5", {n: v + 0.5 for n, v in g.items()}, req) is None
@@ -227,3 +228,30 @@ def test_policy_validation():
         AdmissionPolicy(max_update_norm=0.0)
     with pytest.raises(ValueError):
         AdmissionPolicy(min_history=10, history=5)
+
+
+def test_norm_reference_is_per_task():
+    """A converged task's tiny steps must not judge another task's first rounds."""
+    g = global_params()
+    adm = Admission(AdmissionPolicy(max_norm_ratio=10.0, min_history=3))
+    converged = request(50, g)
+    for i in range(3):
+        adm.admitted(f"d{i}", {n: v + 1e-4 * (i + 1) for n, v in g.items()}, converged)
+    other = dataclasses.replace(converged, spec=TaskSpec("other-task", "fedavg", "sigmoid_glm"))
+    first_step = {n: v + 1.0 for n, v in g.items()}
+    assert adm.check_new("d0", first_step, other) is None
+    assert adm.check_new("d0", first_step, converged).code == "norm"
+
+
+def test_a_reference_that_refuses_most_of_a_round_is_forgotten():
+    g = global_params()
+    adm = Admission(AdmissionPolicy(max_norm_ratio=10.0, min_history=3))
+    for i in range(3):
+        adm.admitted(f"d{i}", {n: v + 1e-4 * (i + 1) for n, v in g.items()}, request(1, g))
+    req = request(2, g)
+    for i in range(3):  # the whole fleet moved faster: every upload is refused
+        assert adm.check_new(f"d{i}", {n: v + 1.0 + i for n, v in g.items()}, req).code == "norm"
+    assert not adm.forget_stale(req, admitted=3)  # refused ≤ admitted: a minority, keep it
+    assert adm.forget_stale(req, admitted=0)
+    assert adm.reference("train", SPEC.name) is None
+    assert adm.check_new("d0", {n: v + 1.0 for n, v in g.items()}, req) is None

@@ -1,0 +1,54 @@
+"""`make demo`'s job, `cloud-aggregator demo`, run as a user runs it: the real CLI, real processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import _require_mosquitto
+
+
+def run_demo_cli(workdir: Path, *args: str, timeout: float = 240) -> str:
+    cli = Path(sys.executable).with_name("cloud-aggregator")
+    cmd = [str(cli)] if cli.exists() else [sys.executable, "-m", "cloud_aggregator.cli"]
+    done = subprocess.run(
+        [*cmd, "demo", "--workdir", str(workdir), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def fleet_means(out: str) -> tuple[float, float, float]:
+    """(PFL-DA, indiv, FedAvg) from the demo's closing `fleet mean` line."""
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("fleet mean"))
+    pflda, indiv, fedavg = (float(v) for v in line.split()[2:5])
+    return pflda, indiv, fedavg
+
+
+def test_default_demo_on_mosquitto_shows_pflda_beating_indiv(tmp_path):
+    _require_mosquitto()
+    out = run_demo_cli(tmp_path)
+    assert "broker: mosquitto" in out
+    rows = [ln for ln in out.splitlines() if ln.split()[:2] and ln.split()[1:2] == ["4"]]
+    assert len(rows) >= 200 + 20  # every PFL-DA round, then indiv every 10th round
+    pflda, indiv, _ = fleet_means(out)
+    assert pflda < indiv, out[-1500:]
+    # Every round got every printer's upload: nothing refused, no deadline extended.
+    log = (tmp_path / "aggregator.log").read_text()
+    assert "dropped update" not in log and "extending the deadline" not in log, log[-3000:]
+
+
+def test_demo_on_the_embedded_amqtt_broker(tmp_path):
+    """The fallback where mosquitto is not installed: MQTT 3.1.1 through amqtt."""
+    pytest.importorskip("amqtt")
+    out = run_demo_cli(tmp_path, "--prefer-broker", "amqtt", "--devices", "3", "--rounds", "30")
+    assert "broker: amqtt" in out
+    assert all(v == v for v in fleet_means(out))  # three numbers, none NaN: every task finished
+    log = (tmp_path / "aggregator.log").read_text()
+    assert "abandoned" not in log and "extending the deadline" not in log, log[-3000:]
