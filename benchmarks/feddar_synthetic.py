@@ -424,6 +424,23 @@ def parse(argv: Sequence[str] | None = None):
     return parser.parse_args(argv)
 
 
+VERDICT = """
+Where this falls short of the paper (our reading of the committed runs of 2026-11-22; rerun, recheck).
+With every domain equally likely (feddar_synthetic.md and the
+α sweep), FedDAR-SA is 10^5-10^7 below Local-only, FedAvg and FedRep, as the paper says, but only
+~10^2 (46-130×) below Separate FedAvg, so the 10^4 target is not met against that baseline: with
+n = 100 clients every domain pools 61-296 samples, more than d = 20, so a separate linear model per
+domain is identifiable and its error is still falling at the last round (×4-7 over the last 20
+rounds in the diagnosis above) -- the gap is convergence speed, not a wall. With one rare domain
+(`--rare 0.01`) that domain does not pool d samples at L = 5 and 10, every ratio shrinks at L = 5
+(smallest 30×), and all reach 10^4 only at L = 20. FedDAR-WA converges here about as well as SA;
+the paper's "fails to converge" is not reproduced. Our reading, not tested further: with noise-free
+test data and nearly identical client heads after τ_h full-batch steps, their weighted mean is
+already close to the optimum that SA's Hessian weighting finds.
+
+"""
+
+
 def quick_config() -> StudyConfig:
     return StudyConfig(rounds=50, eval_every=5)
 
@@ -438,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         cfg = replace(cfg, rare=args.rare)
     methods = list(args.methods)
     if args.quick and args.methods == list(METHODS):
-        methods = ["Local-only", "FedAvg", "FedRep", "FedDAR-WA", "FedDAR-SA"]
+        methods = ["Local-only", "FedAvg", "FedRep", "Separate FedAvg", "FedDAR-WA", "FedDAR-SA"]
     if args.alpha_sweep:
         samples = args.samples or [10]
         sweep = [(a, s) for a in args.alphas for s in samples]
@@ -496,6 +513,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "after the paper's Theorem 4.1). A fall near ×1 means the curve has flattened by the last round.\n\n"
         + diagnosis_table(results, methods, cfg, sweep, args.seeds, columns)
         + "\n"
+        + VERDICT
     )
     print(body)
     if not args.no_write:
