@@ -64,6 +64,7 @@ def push_messages(
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    devices = tuple(wire.check_id("device", d) for d in devices)  # before anything is published
     manifest = package.manifest
     name, version = manifest.name, manifest.version
     data = package.onnx_path.read_bytes() if data is None else data
@@ -214,27 +215,59 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("push", help="publish a signed model package to the fleet over MQTT")
     p.add_argument("model", type=Path, help="the package: <name>-v<version>.manifest.json (or .onnx)")
     add_session_args(p)
-    p.add_argument("--devices", nargs="+", default=[], help="install only on these devices (default: all)")
+    p.add_argument(
+        "--devices",
+        nargs="+",
+        default=None,
+        metavar="ID",
+        help="install only on these devices, comma- or space-separated (printer1,printer2; default: all)",
+    )
     p.add_argument(
         "--chunk-size", type=int, default=DEFAULT_CHUNK_BYTES, help="bytes per chunk (default 128 KiB)"
     )
     p.set_defaults(func=main)
 
 
+def parse_devices(values: Sequence[str] | None) -> tuple[str, ...]:
+    """``--devices`` as ids: comma- and/or space-separated, each a valid device id (``wire.check_id``).
+
+    ``None`` (no ``--devices``) means the whole fleet; a ``--devices`` naming nobody is an
+    error rather than a silent push to everyone.
+
+    Raises
+    ------
+    ValueError
+        On an invalid or duplicated id, or an empty list.
+    """
+    if values is None:
+        return ()
+    ids = [d for v in values for d in v.replace(",", " ").split()]
+    if not ids:
+        raise ValueError("--devices names no device (give ids like printer1,printer2)")
+    for d in ids:
+        wire.check_id("device", d)
+    dupes = sorted({d for d in ids if ids.count(d) > 1})
+    if dupes:
+        raise ValueError(f"--devices names {', '.join(dupes)} more than once")
+    return tuple(ids)
+
+
 def main(args: argparse.Namespace) -> int:
     try:
+        devices = parse_devices(args.devices)  # checked before any session: nothing published or cleared
         package = load_package(args.model)
         session, fleet = operator_session(args, "push")
     except (ConfigError, FileNotFoundError, ValueError) as exc:
-        print(exc, file=sys.stderr)
+        print(f"cannot push: {exc}", file=sys.stderr)
         return 2
     try:
-        report = push_model(session, fleet, package, chunk_size=args.chunk_size, devices=args.devices)
+        report = push_model(session, fleet, package, chunk_size=args.chunk_size, devices=devices)
     finally:
         session.stop()
     print(
         f"pushed {report.name} v{report.version} to fleet {fleet}: {report.size} bytes in {report.chunks} "
         f"chunks ({report.seconds:.3f} s)"
+        + (f"; for devices {', '.join(devices)}" if devices else "")
         + (f"; cleared v{report.cleared_version}'s chunks" if report.cleared_version else "")
     )
     return 0
