@@ -1,6 +1,6 @@
 """GIFAIR-FL (Yue, Nouiehed & Kontar; IoFT talk): group-loss spread of FedAvg vs group-fair reweighting.
 
-``python -m benchmarks.gifair [--quick] [--seeds 0 1 2] [--lams 0.05 0.1 0.2 0.4]``
+``python -m benchmarks.gifair [--quick] [--seeds 0 1 2] [--lams 0.05 0.1 0.2 0.4] [--loss-metric NAME]``
 
 A simulated fleet of two machine kinds of unequal size: ``--big`` printers of kind A
 (16) and ``--small`` of kind B (4), each learning the same linear map from ``d``
@@ -14,8 +14,11 @@ SGD, one local step per round, so that reweighting the uploads is exactly one
 gradient step on the reweighted objective) and differs only in the server's
 weighting: FedAvg's ``uniform`` (p_i = 1/N, the talk's p_i), or ``gifair`` with
 ``λ`` and the device → kind map (:class:`cloud_aggregator.weighting.GifairWeighting`).
-GIFAIR ranks groups by the uploads' ``test_loss`` (the downlinked global model on
-each device's held-out split, before aggregation).
+GIFAIR ranks groups by the uploads' ``train_loss_start`` (the downlinked global
+model's loss on each device's *training* rows, before the local step: the talk's
+``F_i(w)``, the weighting's default).  ``--loss-metric test_loss`` ranks by the
+held-out split instead -- the split the scores below come from, so the weights are
+then steered by the evaluation data (kept only to compare).
 
 Scores, on the test splits, of the final global model: the group losses
 ``L_A, L_B`` (mean of the members' losses), their spread ``max − min`` and variance,
@@ -51,6 +54,12 @@ CLAIM = (
 )
 
 
+RANKED_BY = {
+    "train_loss_start": " (the downlinked global model's loss on each device's training rows, before its step)",
+    "test_loss": " (the downlinked global model on each device's test rows -- the split scored below)",
+}
+
+
 @dataclass(frozen=True)
 class StudyConfig:
     big: int = 16
@@ -70,6 +79,7 @@ class Job:
     lam: float | None  # None: FedAvg
     seed: int
     cfg: StudyConfig
+    loss_metric: str | None = None  # GIFAIR's F_i; None: the weighting's default (train_loss_start)
 
 
 def fleet(cfg: StudyConfig, seed: int) -> tuple[dict[str, ClientData], dict[str, str]]:
@@ -94,10 +104,15 @@ def fleet(cfg: StudyConfig, seed: int) -> tuple[dict[str, ClientData], dict[str,
     return clients, groups
 
 
-def task_spec(cfg: StudyConfig, lam: float | None, groups: dict[str, str], seed: int) -> TaskSpec:
+def task_spec(
+    cfg: StudyConfig, lam: float | None, groups: dict[str, str], seed: int, loss_metric: str | None = None
+) -> TaskSpec:
     server: dict[str, Any] = {"weighting": "uniform"}
     if lam is not None:
-        server = {"weighting": "gifair", "weighting_args": {"lam": lam, "groups": groups, "base": "uniform"}}
+        args: dict[str, Any] = {"lam": lam, "groups": groups, "base": "uniform"}
+        if loss_metric is not None:
+            args["loss_metric"] = loss_metric
+        server = {"weighting": "gifair", "weighting_args": args}
     return TaskSpec(
         name="gifair",
         algorithm="fedavg",
@@ -132,7 +147,7 @@ def run_job(job: Job) -> dict[str, Any]:
     logging.getLogger("cloud_aggregator").setLevel(logging.ERROR)
     cfg = job.cfg
     clients, groups = fleet(cfg, job.seed)
-    spec = task_spec(cfg, job.lam, groups, job.seed)
+    spec = task_spec(cfg, job.lam, groups, job.seed, job.loss_metric)
     curve: list[tuple[int, float, float]] = []
 
     def on_record(rec, fl, global_params) -> None:
@@ -242,6 +257,12 @@ def parse(argv: Sequence[str] | None = None):
     )
     parser.add_argument("--big", type=int, default=None, help="clients of kind A (default 16)")
     parser.add_argument("--small", type=int, default=None, help="clients of kind B (default 4)")
+    parser.add_argument(
+        "--loss-metric",
+        default=None,
+        help="the upload metric GIFAIR ranks groups by (default: train_loss_start, the downlinked "
+        "model on the training rows; test_loss uses the split the study scores on)",
+    )
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     return parser.parse_args(argv)
 
@@ -257,7 +278,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
     lams: list[float | None] = [None, *lam_values]
     name = "gifair" + ("_quick" if args.quick else "")
-    jobs = [Job(lam, s, cfg) for lam in lams for s in args.seeds]
+    if args.loss_metric is not None:
+        name += f"_{args.loss_metric}"
+    metric = args.loss_metric or "train_loss_start"
+    jobs = [Job(lam, s, cfg, args.loss_metric) for lam in lams for s in args.seeds]
     start = time.perf_counter()
     results = []
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
@@ -272,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"and {cfg.n} test rows per client, noise σ = {cfg.sigma:g}; kind B: coefficient shift ‖δ‖ = {cfg.shift:g}, "
         f"feature mean +{cfg.covariate_shift:g}, scale ×{1 + cfg.covariate_shift:g}.  FedAvg client, full-batch SGD "
         f"lr {cfg.lr:g}, 1 local step, {cfg.rounds} rounds, p_i = 1/N; GIFAIR ranks groups by the uploads' "
-        f"test_loss.  Weights stay non-negative for λ ≤ p_i|A_si|/(G − 1) = {bound:g} (the small group); above it "
+        f"{metric}{RANKED_BY.get(metric, '')}.  Weights stay non-negative for λ ≤ p_i|A_si|/(G − 1) = {bound:g} (the small group); above it "
         f"the small group's weight is clipped at 0 in rounds where it ranks lower.  Test losses of the final global "
         f"model, mean ± std over seeds {list(args.seeds)}.\n\n{table(results, lams)}\n\n"
         f"Paper's claim: {CLAIM}.\n\nWall time {wall:.0f} s on {args.workers} worker(s); "

@@ -57,6 +57,11 @@ def uniform() -> Weighting:
     return lambda updates, round_: [1.0] * len(updates)
 
 
+# F_i(w) by default: the downlinked model's loss on the device's training rows, as
+# FedAvg's client (``train_loss_start``) and PerPCA's (``start_loss``) name it.
+GIFAIR_DEFAULT_METRICS = ("train_loss_start", "start_loss")
+
+
 class GifairWeighting:
     """GIFAIR-FL's group-fair reweighting (Yue, Nouiehed & Kontar, INFORMS J. Data Sci. 2023; arXiv 2108.02741).
 
@@ -75,12 +80,18 @@ class GifairWeighting:
 
     What is measured where:
 
-    * ``F_i(w)`` is read from each upload's ``metrics[loss_metric]``.  The paper
-      ranks groups at the current global model ``w``; a FedAvg-style client's
-      ``test_loss`` (:func:`trainer_lite.client.participate`) is exactly that -- the
-      downlinked global model scored on the device's held-out split, before this
-      round's aggregation -- so it is the default.  A client without a test split
-      reports none, and this weighting says so.
+    * ``F_i(w)`` is read from each upload's ``metrics[loss_metric]``.  The talk
+      defines ``F_i`` as device ``i``'s *training* loss and ranks groups at the
+      current global model ``w``, so the default (``loss_metric=None``) reads the
+      downlinked model's loss on the device's training rows, before the local
+      step: FedAvg's client reports it as ``train_loss_start``
+      (:class:`trainer_lite.algorithms.fedavg.FedAvgClient`), PerPCA's as
+      ``start_loss``; the first of :data:`GIFAIR_DEFAULT_METRICS` an upload
+      carries is used.  Any other scalar metric can be named instead, e.g.
+      ``"test_loss"`` (the downlinked model on the device's held-out split, from
+      :func:`trainer_lite.client.participate`) -- but a study that scores the
+      final group losses on that same split then steers the weights by its
+      evaluation data.
     * ``p_i`` is the base weighting (``"samples"`` or ``"uniform"``), normalised over
       the round's uploads; ``|A_a|`` counts the round's uploads from group ``a``.
     * A group with no upload this round keeps its last known loss (persisted by
@@ -97,7 +108,7 @@ class GifairWeighting:
         lam: float,
         groups: dict[str, str],
         base: str = "samples",
-        loss_metric: str = "test_loss",
+        loss_metric: str | None = None,
     ) -> None:
         if not (isinstance(lam, int | float) and np.isfinite(lam) and lam >= 0):
             raise ValueError(f"gifair: lam must be a finite number >= 0, got {lam!r}")
@@ -108,6 +119,8 @@ class GifairWeighting:
         self.lam = float(lam)
         self.groups = {str(k): str(v) for k, v in groups.items()}
         self.base = base
+        if loss_metric is not None and not (isinstance(loss_metric, str) and loss_metric):
+            raise ValueError(f"gifair: loss_metric must be a metric name or None, got {loss_metric!r}")
         self.loss_metric = loss_metric
         self.group_loss: dict[str, float] = {}  # last known L_a, persisted
         self.last: dict[str, Any] = {}  # the last round's r_i and weights, for studies and logs
@@ -117,15 +130,7 @@ class GifairWeighting:
         unknown = sorted(set(devices) - set(self.groups))
         if unknown:
             raise ValueError(f"gifair: devices {unknown} have no group; add them to weighting_args['groups']")
-        losses = []
-        for u in updates:
-            if self.loss_metric not in u.metrics:
-                raise ValueError(
-                    f"gifair: the upload of {u.device!r} has no metric {self.loss_metric!r} "
-                    f"(it has {sorted(u.metrics)}); give the clients a test split or set "
-                    "weighting_args['loss_metric'] to a metric they report"
-                )
-            losses.append(float(u.metrics[self.loss_metric]))
+        losses = [self._loss(u) for u in updates]
         base = np.array([float(u.n_samples) if self.base == "samples" else 1.0 for u in updates])
         if base.sum() <= 0:
             raise ValueError("gifair: the base weights sum to zero (every upload has n_samples = 0)")
@@ -158,6 +163,19 @@ class GifairWeighting:
         }
         return [float(w) for w in weights]
 
+    def _loss(self, u: Update) -> float:
+        """``F_i(w)`` from one upload's metrics (see the class docstring)."""
+        names = (self.loss_metric,) if self.loss_metric is not None else GIFAIR_DEFAULT_METRICS
+        for name in names:
+            if name in u.metrics:
+                return float(u.metrics[name])
+        want = repr(self.loss_metric) if self.loss_metric is not None else f"among {list(names)}"
+        raise ValueError(
+            f"gifair: the upload of {u.device!r} has no metric {want} (it has {sorted(u.metrics)}); "
+            "use a client that reports its training loss at the downlinked model (fedavg, perpca) "
+            "or set weighting_args['loss_metric'] to a metric the clients report"
+        )
+
     def state(self) -> dict[str, Any]:
         return {"group_loss": dict(self.group_loss)} if self.group_loss else {}
 
@@ -170,7 +188,7 @@ class GifairWeighting:
 
 @register_weighting("gifair")
 def gifair(
-    lam: float, groups: dict[str, str], base: str = "samples", loss_metric: str = "test_loss"
+    lam: float, groups: dict[str, str], base: str = "samples", loss_metric: str | None = None
 ) -> Weighting:
     """GIFAIR-FL group-fair weights ``p_i + λ r_i / |A_{s_i}|`` (see :class:`GifairWeighting`)."""
     return GifairWeighting(lam, groups, base, loss_metric)

@@ -19,7 +19,12 @@ GROUPS = {"d1": "A", "d2": "A", "d3": "B", "d4": "C"}
 def _updates(losses: dict[str, float], n: dict[str, int] | None = None, params=None) -> list[Update]:
     n = n or {"d1": 10, "d2": 30, "d3": 20, "d4": 40}
     return [
-        Update(d, (params or {}).get(d, {"w": np.zeros(2)}), n[d], {"test_loss": v, "train_loss": 9.0})
+        Update(
+            d,
+            (params or {}).get(d, {"w": np.zeros(2)}),
+            n[d],
+            {"train_loss_start": v, "train_loss": 9.0, "test_loss": 9.0},
+        )
         for d, v in losses.items()
     ]
 
@@ -52,11 +57,27 @@ def test_ties_count_zero_and_lambda_zero_is_the_base_weighting():
 
 
 def test_the_loss_metric_is_chosen_by_name():
-    weigh = get_weighting("gifair", {"lam": 0.05, "groups": GROUPS, "loss_metric": "train_loss"})
-    # Every train_loss is 9.0: all groups tie, so the weights are the base ones.
-    np.testing.assert_allclose(
-        weigh(_updates({"d1": 1.0, "d2": 3.0, "d3": 5.0, "d4": 0.5}), 1), [0.1, 0.3, 0.2, 0.4]
-    )
+    for name in ("train_loss", "test_loss"):
+        weigh = get_weighting("gifair", {"lam": 0.05, "groups": GROUPS, "loss_metric": name})
+        # Every train_loss and test_loss is 9.0: all groups tie, so the weights are the base ones.
+        np.testing.assert_allclose(
+            weigh(_updates({"d1": 1.0, "d2": 3.0, "d3": 5.0, "d4": 0.5}), 1), [0.1, 0.3, 0.2, 0.4]
+        )
+
+
+def test_the_default_ranks_by_the_training_loss_at_the_downlinked_model_not_the_test_loss():
+    # The talk's F_i is a training loss: the default reads FedAvg's train_loss_start (PerPCA's
+    # start_loss), never test_loss, even when an upload carries both and they disagree.
+    ups = [
+        Update("d1", {}, 10, {"train_loss_start": 1.0, "test_loss": 50.0}),
+        Update("d3", {}, 20, {"train_loss_start": 5.0, "test_loss": 0.0}),
+    ]
+    weigh = get_weighting("gifair", {"lam": 0.05, "groups": GROUPS, "base": "uniform"})
+    np.testing.assert_allclose(weigh(ups, 1), [0.5 - 0.05, 0.5 + 0.05])  # B (d3) ranks above A
+    assert weigh.last["group_loss"] == {"A": 1.0, "B": 5.0}
+    perpca = get_weighting("gifair", {"lam": 0.05, "groups": GROUPS, "base": "uniform"})
+    ups = [Update("d1", {}, 10, {"start_loss": 1.0}), Update("d3", {}, 20, {"start_loss": 5.0})]
+    np.testing.assert_allclose(perpca(ups, 1), [0.45, 0.55])
 
 
 def test_registry_and_errors_name_what_is_wrong():
@@ -71,8 +92,13 @@ def test_registry_and_errors_name_what_is_wrong():
     weigh = get_weighting("gifair", {"lam": 0.1, "groups": GROUPS})
     with pytest.raises(ValueError, match=r"'d9'.*no group"):
         weigh([Update("d9", {}, 5, {"test_loss": 1.0})], 1)
-    with pytest.raises(ValueError, match=r"no metric 'test_loss'.*test split"):
-        weigh([Update("d1", {}, 5, {"train_loss": 1.0})], 1)
+    with pytest.raises(ValueError, match=r"no metric among \['train_loss_start', 'start_loss'\]"):
+        weigh([Update("d1", {}, 5, {"train_loss": 1.0, "test_loss": 1.0})], 1)
+    named = get_weighting("gifair", {"lam": 0.1, "groups": GROUPS, "loss_metric": "test_loss"})
+    with pytest.raises(ValueError, match=r"no metric 'test_loss'.*loss_metric"):
+        named([Update("d1", {}, 5, {"train_loss": 1.0})], 1)
+    with pytest.raises(ValueError, match="loss_metric must be"):
+        get_weighting("gifair", {"lam": 0.1, "groups": GROUPS, "loss_metric": ""})
 
 
 def test_negative_weights_are_clipped_with_a_warning(caplog):
@@ -140,7 +166,9 @@ def test_one_reweighted_fedavg_round_is_one_gradient_step_on_h():
     for d in groups:
         x = rng.standard_normal((20, 2)) + (2.0 if d == "b0" else 0.0)
         y = x @ np.array([1.0, -1.0]) + (3.0 if d == "b0" else 0.0)
-        clients[d] = ClientData(Dataset(x, y[:, None]), Dataset(x, y[:, None]))
+        # The test rows are unrelated noise: the weights must not depend on them.
+        test = Dataset(rng.standard_normal((20, 2)), 10.0 * rng.standard_normal((20, 1)))
+        clients[d] = ClientData(Dataset(x, y[:, None]), test)
     lam, lr = 0.1, 0.05
     spec = TaskSpec(
         name="g",
@@ -156,8 +184,11 @@ def test_one_reweighted_fedavg_round_is_one_gradient_step_on_h():
     final, _, records = simulate(spec, clients)
     w0 = make_strategy(spec).init_global()
     losses = records[0].metrics
-    l_a = np.mean([losses[d]["test_loss"] for d in ("a0", "a1", "a2")])
-    l_b = losses["b0"]["test_loss"]
+    for d, c in clients.items():  # F_i(w0): the downlinked model's mse on the training rows
+        resid = c.train.x @ w0["head.weight"] + w0["head.bias"] - c.train.y
+        assert losses[d]["train_loss_start"] == pytest.approx(np.mean(resid**2), rel=1e-12)
+    l_a = np.mean([losses[d]["train_loss_start"] for d in ("a0", "a1", "a2")])
+    l_b = losses["b0"]["train_loss_start"]
     assert l_b > l_a  # the shifted group starts worse, so it gains weight
     coef = {
         d: 0.25 + lam * (np.sign(l_a - l_b) / 3 if g == "A" else np.sign(l_b - l_a))
@@ -175,7 +206,7 @@ def test_one_reweighted_fedavg_round_is_one_gradient_step_on_h():
 
 @pytest.mark.broker
 def test_gifair_over_mqtt_matches_the_in_process_simulation_and_stores_its_state(fleet_procs):
-    """Devices report test_loss over the wire; the aggregator reweights and persists the group losses."""
+    """Devices report train_loss_start over the wire; the aggregator reweights and persists the group losses."""
     import json
 
     from cloud_aggregator.store import SqliteStore
@@ -213,7 +244,7 @@ def test_gifair_over_mqtt_matches_the_in_process_simulation_and_stores_its_state
     )
     assert fleet_procs.wait_aggregator(120) == 0, fleet_procs.log("aggregator")[-3000:]
     records = fleet_procs.rounds("fair")
-    assert all("test_loss" in m for r in records for m in r.metrics.values())
+    assert all("train_loss_start" in m for r in records for m in r.metrics.values())
     store = SqliteStore(fleet_procs.db, readonly=True)
     try:
         point = store.resume_point("fair")
@@ -224,5 +255,6 @@ def test_gifair_over_mqtt_matches_the_in_process_simulation_and_stores_its_state
     in_process, _, sim_records = simulate(spec, clients)
     assert param_hash(over_mqtt) == param_hash(in_process)
     last = sim_records[-1].metrics
-    want = {"A": np.mean([last["a0"]["test_loss"], last["a1"]["test_loss"]]), "B": last["b0"]["test_loss"]}
+    start = {d: m["train_loss_start"] for d, m in last.items()}
+    want = {"A": np.mean([start["a0"], start["a1"]]), "B": start["b0"]}
     assert saved_state["group_loss"] == pytest.approx(want, rel=1e-12)

@@ -1,6 +1,11 @@
 """FedAvg's client (McMahan et al. 2017): train every parameter locally, upload all of it.
 
 Also the local solver that other algorithms reuse (``run_local_steps``).
+
+Metrics: ``train_loss`` is the mean minibatch loss over the local steps;
+``train_loss_start`` is the downlinked global model's loss on all of the device's
+training rows, before any local step -- ``F_i(w)`` at the round's ``w``, which
+group-fair weightings (:class:`cloud_aggregator.weighting.GifairWeighting`) rank by.
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ class FedAvgClient(ClientAlgorithm):
     ) -> tuple[ClientResult, Params]:
         params = copy_params(shared)
         cfg = self.config
+        # F_i(w): the downlinked model on the training rows (one forward pass, no rng drawn).
+        start_value, _ = self.loss(self.model(params, data.x), data.y)
         train_loss = run_local_steps(
             self.model,
             params,
@@ -97,4 +104,5 @@ class FedAvgClient(ClientAlgorithm):
             cfg.batch_size,
             rng,
         )
-        return ClientResult(params, len(data), {"train_loss": train_loss}), {}
+        metrics = {"train_loss": train_loss, "train_loss_start": float(start_value)}
+        return ClientResult(params, len(data), metrics), {}
