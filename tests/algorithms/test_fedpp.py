@@ -149,6 +149,80 @@ def test_pull_is_off_when_aux_is_worse_and_on_when_it_is_better():
     assert dist(strip_prefix(new, PERSONAL)) < dist(free)
 
 
+# -- the client objective's gradient, exactly --------------------------------------
+
+
+def _pull_setup(lam_rule: str = "max"):
+    """A FedPP client taking one full-batch SGD step, with θ_k and a better θ̂_k (so λ_k > 0)."""
+    spec = _spec(lam_rule=lam_rule, val_fraction=0.25, optimizer="sgd", lr=0.2, local_steps=1)
+    algo = make_client(spec)
+    data = _data(np.random.default_rng(7), 40)
+    rng = np.random.default_rng(2)
+    aux = algo.model.init(rng)
+    run_local_steps(
+        algo.model, aux, MODEL_NAMES, data, algo.loss, make_client(_spec(lr=0.05)).config.make_optimizer(1),
+        200, None, rng,
+    )  # fmt: skip
+    theta = {n: v + 0.4 * rng.normal(size=v.shape) for n, v in aux.items()}  # θ_k: θ̂_k plus noise
+    shared = {**aux, SEND_BASIS: np.zeros(1)}
+    local = {f"{PERSONAL}.{n}": v for n, v in theta.items()}
+    res, new = algo.update(shared, local, data, rng=np.random.default_rng(3), round_=1, phase="train")
+    train, val = validation_split(data, 0.25, spec.seed)
+    return algo, theta, aux, train, val, res, strip_prefix(new, PERSONAL)
+
+
+def test_one_local_step_adds_exactly_two_lambda_times_theta_minus_aux_by_hand():
+    """θ' = θ − η(∇ℓ(θ) + 2λ(θ − θ̂)): the pulled step minus the free one is −2ηλ(θ − θ̂)."""
+    algo, theta, aux, train, val, res, stepped = _pull_setup()
+    lam = res.metrics["lam"]
+    # The slides' rule: λ = ℓ(θ; val) − ℓ(θ̂; val), measured before the step.
+    assert lam == pytest.approx(algo.val_loss(theta, val) - algo.val_loss(aux, val), rel=1e-12)
+    assert lam > 0.05  # the pull is really in play
+    free = copy_params(theta)
+    run_local_steps(
+        algo.model, free, MODEL_NAMES, train, algo.loss, algo.config.make_optimizer(1), 1, None,
+        np.random.default_rng(3),
+    )  # fmt: skip
+    lr = algo.config.lr
+    for n in MODEL_NAMES:
+        pull = 2.0 * lam * (theta[n] - aux[n])
+        assert np.linalg.norm(pull) > 0.1 * np.linalg.norm((theta[n] - free[n]) / lr)  # not swamped by ∇ℓ
+        np.testing.assert_allclose(stepped[n] - free[n], -lr * pull, rtol=1e-9, atol=1e-13, err_msg=n)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("lam_rule", ["max", "exp"])
+def test_one_local_step_is_the_torch_gradient_of_loss_plus_lambda_squared_distance(lam_rule):
+    """One full-batch SGD step on CE(θ; train) + λ‖θ − θ̂‖² (λ a constant read from the val losses), float64."""
+    torch = pytest.importorskip("torch")
+    algo, theta, aux, train, val, res, stepped = _pull_setup(lam_rule)
+
+    def forward(params, x):
+        h = torch.tensor(x)
+        for i in range(len(SIZES) - 1):
+            h = h @ params[f"fc{i}.weight"] + params[f"fc{i}.bias"]
+            if i < len(SIZES) - 2:
+                h = torch.relu(h)
+        return h
+
+    ce = torch.nn.functional.cross_entropy
+    t_aux = {n: torch.tensor(v) for n, v in aux.items()}
+    tp = {n: torch.tensor(v, requires_grad=True) for n, v in theta.items()}
+    with torch.no_grad():
+        gap = float(
+            ce(forward(tp, val.x), torch.tensor(val.y)) - ce(forward(t_aux, val.x), torch.tensor(val.y))
+        )
+    lam = max(1e-8, gap) if lam_rule == "max" else (0.0 if gap < 0 else math.exp(gap / 2))
+    assert res.metrics["lam"] == pytest.approx(lam, rel=1e-12) and lam > 0.05
+    objective = ce(forward(tp, train.x), torch.tensor(train.y))
+    objective = objective + lam * sum(((tp[n] - t_aux[n]) ** 2).sum() for n in tp)
+    objective.backward()
+    lr = algo.config.lr
+    for n in MODEL_NAMES:
+        want = theta[n] - lr * tp[n].grad.numpy()
+        np.testing.assert_allclose(stepped[n], want, rtol=1e-10, atol=1e-12, err_msg=n)
+
+
 def test_validation_rows_are_the_same_every_round_and_held_out():
     data = _data(np.random.default_rng(2), 20)
     a_train, a_val = validation_split(data, 0.25, seed=5)
