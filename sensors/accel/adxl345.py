@@ -31,6 +31,7 @@ from sensors.accel.base import (
     SensorFault,
     Timestamper,
     WrongDevice,
+    periods_between,
     wait,
 )
 
@@ -124,11 +125,22 @@ class Adxl345:
         self.samples = 0
         self.started = True
 
-    def close(self) -> None:
+    def close(self) -> int:
+        """Standby.  Returns the samples this discards, also added to ``dropped``: those
+        the gate holds back and those the chip made since the last successful drain (left
+        in the FIFO, or popped by a read that then failed); a restart clears the FIFO."""
+        lost = 0
         if self.started:
+            lost = self._unread(self.clock()) + self.gate.discard()
+            self.dropped += lost
             with contextlib.suppress(OSError):  # the bus may be what failed; standby is a courtesy
                 self.bus.write_byte_data(self.address, POWER_CTL, 0x00)
         self.started = False
+        return lost
+
+    def _unread(self, now: float) -> int:
+        """Samples made but not taken: what the last drain left plus what came since."""
+        return self._leftover + periods_between(self._t_start, self.rate_hz, self._t_last_read, now)
 
     # ------------------------------------------------------------------ data
     def _drain(self) -> tuple[np.ndarray, bool]:
@@ -178,7 +190,7 @@ class Adxl345:
             # since the last read, plus what that read left behind, beyond 33 was
             # overwritten.  ODR tolerance and read-time phase make this ±1-2 samples,
             # so a couple of samples' excess is not called an overrun.
-            produced = round((now - self._t_last_read) * self.rate_hz)
+            produced = periods_between(self._t_start, self.rate_hz, self._t_last_read, now)
             est = self._leftover + produced - (FIFO_DEPTH + 1)
             lost = est if est >= max(2, 0.05 * produced) else 0
         self._leftover = 1 if n == FIFO_DEPTH else 0
@@ -223,6 +235,7 @@ class Adxl345:
         self._set(DATA_FORMAT, FULL_RES | RANGES[self.range_g])
         self.stamps.reset()
         self.gate.reset()
+        self._t_last_read, self._leftover = self.clock(), 0  # the self-test used what came before
         shift = means[1] - means[0]
         passed = all(lo <= s <= hi for s, (lo, hi) in zip(shift, limits, strict=True))
         return {"shift_lsb": shift.tolist(), "limits_lsb": limits, "passed": bool(passed)}

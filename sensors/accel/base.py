@@ -8,6 +8,7 @@ Klipper's stream and a supervised wrapper are interchangeable.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -45,7 +46,9 @@ class AccelSource(Protocol):
         """Whatever is available now (possibly empty); never blocks for long."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> int | None:
+        """Stop; may return how many samples closing discarded (also counted in ``dropped``)."""
+        ...
 
     def status(self) -> dict:
         """At least ``state`` ("ok"/"fault"), ``reason``, ``retries`` and ``dropped`` (total)."""
@@ -59,6 +62,22 @@ def wait(clock, dt: float) -> None:
         advance(dt)
     else:
         time.sleep(dt)
+
+
+def periods_between(t_start: float, rate_hz: float, t0: float, t1: float) -> int:
+    """Samples a chip measuring since ``t_start`` at ``rate_hz`` makes in ``(t0, t1]``.
+
+    Sample k is due at ``t_start + k / rate_hz`` (k >= 1), so counts over consecutive
+    intervals add up to the count over their union: nothing is counted twice or lost to
+    rounding at the boundaries.  A real chip's ODR is only within a few % of nominal, so
+    on hardware this is an estimate; it is only ever applied to the time since the last
+    read, where that error stays below a sample or two.
+    """
+
+    def k(t: float) -> int:
+        return math.floor((t - t_start) * rate_hz + 1e-9)
+
+    return max(0, k(t1) - k(t0))
 
 
 class SensorFault(Exception):  # noqa: N818 -- a fault state, reported, not a program error

@@ -31,6 +31,7 @@ from sensors.accel.base import (
     SensorFault,
     Timestamper,
     WrongDevice,
+    periods_between,
     wait,
 )
 
@@ -131,12 +132,20 @@ class Mpu6050:
         self.samples = 0
         self.started = True
 
-    def close(self) -> None:
+    def close(self) -> int:
+        """Sleep.  Returns the samples this discards, also added to ``dropped``: those the
+        gate holds back and those the chip made since the last successful FIFO read (left
+        in the FIFO, or popped by a read that then failed); a restart resets the FIFO."""
+        lost = 0
         if self.started:
+            now = self.clock()
+            lost = periods_between(self._t_start, self.rate_hz, self._t_last_read, now) + self.gate.discard()
+            self.dropped += lost
             with contextlib.suppress(OSError):  # the bus may be what failed
                 self.bus.write_byte_data(self.address, USER_CTRL, 0x00)
                 self.bus.write_byte_data(self.address, PWR_MGMT_1, 0x40)  # sleep
         self.started = False
+        return lost
 
     def _read_fifo(self, nbytes: int) -> bytes:
         if self.use_rdwr:
@@ -154,7 +163,7 @@ class Mpu6050:
         oflow = bool(self.bus.read_byte_data(self.address, INT_STATUS) & FIFO_OFLOW)
         now = self.clock()
         if oflow:
-            produced = round((now - self._t_last_read) * self.rate_hz)
+            produced = periods_between(self._t_start, self.rate_hz, self._t_last_read, now)
             lost = max(produced, FIFO_BYTES // SAMPLE_BYTES + 1) + self.gate.discard()
             self.dropped += lost
             self._t_last_read = now
@@ -167,10 +176,11 @@ class Mpu6050:
         hi, lo = self.bus.read_i2c_block_data(self.address, FIFO_COUNT_H, 2)
         count = (hi << 8) | lo
         n = count // SAMPLE_BYTES
-        self._t_last_read = now
         if n == 0:
+            self._t_last_read = now
             return AccelBatch.empty()
         raw = np.frombuffer(self._read_fifo(n * SAMPLE_BYTES), dtype=">i2").reshape(n, 3).astype(np.int64)
+        self._t_last_read = now  # only now are they taken: a failed read leaves them to close()
         try:
             t, xyz = self.gate.admit(raw, self.stamps.place(n, now), raw * self.scale)
         except SensorFault as exc:
@@ -199,6 +209,7 @@ class Mpu6050:
         self.bus.write_byte_data(self.address, USER_CTRL, USER_FIFO_EN | USER_FIFO_RESET)
         self.gate.reset()
         self.stamps.reset()
+        self._t_last_read = self.clock()  # the self-test used what came before
         response = means[1] - means[0]
         change = [(r - ft) / ft if ft else float("inf") for r, ft in zip(response, trims, strict=True)]
         passed = all(abs(c) <= ST_LIMIT for c in change)

@@ -5,8 +5,15 @@ reach a data set.  :class:`Supervisor` turns every ``OSError`` and
 :class:`~sensors.accel.base.SensorFault` from the wrapped source into a reported
 fault: the failing batch is discarded whole (its samples counted in ``dropped``),
 the source is closed, and after a backoff that doubles with each failed attempt the
-source is started again (re-probe, re-configure).  Samples missed while down are
-estimated from the downtime and counted as dropped, so a recorder sees the gap.
+source is started again (re-probe, re-configure).
+
+``dropped`` counts every sample period at the source's rate, from the first start
+on, that did not deliver a sample, so delivered + dropped covers the whole timeline
+once the source is closed: the failing batch, what the driver held back or left in
+the chip's FIFO when it was closed (the I2C drivers' ``close()`` returns that count;
+re-configuration clears the FIFO), and the downtime until the restart, estimated
+from the clock -- whether the chip went on sampling into an overflowing FIFO
+because the bus was still failing, or sat in standby.  A recorder thus sees the gap.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ class Supervisor:
         lost = int(getattr(exc, "lost", 0))
         if lost:
             self.discarded_batches += 1
+        lost += self._close_source()
         self.dropped += lost
         self.failures += 1
         now = self.clock()
@@ -63,9 +71,13 @@ class Supervisor:
         if self._down_since is None:
             self._down_since = now
         log.warning("accelerometer fault (%s); retry in %.2f s", self.reason, delay)
-        with contextlib.suppress(OSError, SensorFault):
-            self.source.close()
         return lost
+
+    def _close_source(self) -> int:
+        """Close the source; the samples that discards (an int from the I2C drivers)."""
+        with contextlib.suppress(OSError, SensorFault):
+            return int(self.source.close() or 0)
+        return 0
 
     def _try_start(self) -> bool:
         try:
@@ -102,9 +114,16 @@ class Supervisor:
         self.dropped += batch.dropped
         return AccelBatch(batch.t, batch.xyz, batch.dropped + missed)
 
-    def close(self) -> None:
-        self.source.close()
+    def close(self) -> int:
+        """Close the source; returns the samples that discards, counted in ``dropped``
+        (closing while down counts the downtime so far as well)."""
+        lost = int(self.source.close() or 0)
+        if self._down_since is not None:
+            lost += round((self.clock() - self._down_since) * self.rate_hz)
+            self._down_since = None
+        self.dropped += lost
         self.state = "stopped"
+        return lost
 
     def status(self) -> dict:
         inner = {}

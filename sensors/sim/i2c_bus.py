@@ -64,7 +64,8 @@ class FakeChip:
         self.clock = clock or time.monotonic
         self.regs = bytearray(128)
         self.fifo: deque = deque()
-        self.produced = 0  # samples made since measuring started
+        self.produced = 0  # samples made since measuring (re)started
+        self.produced_total = 0  # ground truth: samples made in all, across restarts
         self.lost = 0  # ground truth: samples the FIFO discarded
         self.dead = False  # stops answering: every access NACKs
         self.writes: list[tuple[int, int]] = []
@@ -94,6 +95,7 @@ class FakeChip:
         if due <= 0:
             return
         self.produced += due
+        self.produced_total += due
         acc = self.stream.next(due)
         self.push(self.encode(np.asarray(acc, dtype=np.float64)))
 
@@ -113,6 +115,7 @@ class FakeChip:
         raise NotImplementedError
 
     def write(self, reg: int, data: bytes) -> None:
+        self.advance()  # the chip samples on its own clock: what was due is made first
         for i, v in enumerate(data):
             self.writes.append((reg + i, v))
             self.write_reg(reg + i, v)

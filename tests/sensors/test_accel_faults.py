@@ -50,6 +50,53 @@ def test_oserror_faults_backs_off_and_recovers(chip_cls, driver_cls):
     assert sum(b.dropped for b, _ in later) > 0  # the downtime is counted, not hidden
 
 
+def _delivered_and_dropped(chip_cls, driver_cls, rate, fail_count, fail_at=1):
+    """4 s at ``rate``, a bus error at 1 s on the ``fail_at``-th access from then lasting
+    ``fail_count`` accesses, then close; returns (clock, chip, supervisor, delivered)."""
+    clock, chip, bus, sup = supervised(chip_cls, driver_cls, rate=rate, backoff_s=0.5)
+    sup.start()
+    results = run(sup, clock, 1.0)
+    bus.fail_at(fail_at, count=fail_count)
+    results += run(sup, clock, 3.0)
+    assert sup.retries == 1 and sup.state == "ok" and sup.status()["faults"] == {"bus_error": 1}
+    before = sup.dropped
+    sup.close()  # counts what the driver still held back or left in the FIFO
+    at_close = sup.dropped - before
+    delivered = sum(len(b) for b, _ in results)
+    assert sup.dropped == sum(b.dropped for b, _ in results) + at_close  # batches report it all
+    return clock, chip, sup, delivered
+
+
+@pytest.mark.parametrize(
+    "chip_cls,driver_cls,rate", [(FakeAdxl345, Adxl345, 400.0), (FakeMpu6050, Mpu6050, 250.0)]
+)
+@pytest.mark.parametrize("fail_at", [1, 4])  # the status read; or the FIFO data, mid-drain
+def test_bus_error_dropped_count_is_exact_when_the_chip_samples_on(chip_cls, driver_cls, rate, fail_at):
+    # The error lasts two accesses: a read, and the driver's standby write on close, so
+    # the chip never stops (the ADXL345's FIFO overflows while the supervisor backs off;
+    # the MPU-6050's holds 0.68 s and is reset on restart).  Every
+    # sample the chip made either reached the caller or is counted as dropped -- the
+    # gate's hold-back, samples popped by a drain that then failed and the FIFO content
+    # that re-configuration clears included.
+    _, chip, sup, delivered = _delivered_and_dropped(chip_cls, driver_cls, rate, 2, fail_at)
+    assert chip.produced_total == round(4.0 * rate)  # it sampled all along
+    assert delivered + sup.dropped == chip.produced_total
+
+
+@pytest.mark.parametrize(
+    "chip_cls,driver_cls,rate", [(FakeAdxl345, Adxl345, 400.0), (FakeMpu6050, Mpu6050, 250.0)]
+)
+def test_bus_error_dropped_count_covers_the_timeline_when_the_chip_is_put_to_standby(
+    chip_cls, driver_cls, rate
+):
+    # A single failed access: the close after the fault reaches the chip, which sleeps
+    # until the restart.  The caller's timeline still has a gap of that length, and the
+    # count covers it: delivered + dropped = rate x elapsed, more than the chip made.
+    clock, chip, sup, delivered = _delivered_and_dropped(chip_cls, driver_cls, rate, 1)
+    assert delivered + sup.dropped == round(clock.t * rate) == round(4.0 * rate)
+    assert chip.produced_total < round(4.0 * rate)  # the chip really was off for a while
+
+
 def test_backoff_doubles_while_the_chip_stays_away_and_resets_after_recovery():
     clock, chip, _, sup = supervised(backoff_s=0.5, max_backoff_s=4.0)
     sup.start()
