@@ -83,39 +83,68 @@ class MoonrakerConfig:
 
 
 def parse_status(body: bytes, t: float) -> ContextSample:
-    """A :class:`ContextSample` from a ``/printer/objects/query`` answer; raises :class:`MoonrakerError`."""
+    """A :class:`ContextSample` from a ``/printer/objects/query`` answer.
+
+    Raises
+    ------
+    MoonrakerError
+        For every body that is not such an answer: not JSON, nested too deep, no
+        ``status`` object, an object Klipper reports (``print_stats``, ``gcode_move``,
+        ``toolhead``, ``motion_report``) that is neither an object nor ``null``, or a
+        ``print_stats.state`` that is not one of Klipper's.  Fields of the wrong type
+        inside those objects (a string Z, a list as file name, an infinite layer) read
+        as unknown (``nan`` / ``None``), as a missing field does.
+    """
     try:
         doc = json.loads(body)
         # Moonraker's HTTP replies wrap the payload in "result"; accept a bare one too
         # (the JSON-RPC docs show it so, and proxies in front of Moonraker may unwrap).
         status = doc.get("result", doc)["status"]
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise MoonrakerError(f"not a Moonraker objects/query answer: {exc!r}") from None
     if not isinstance(status, dict):
         raise MoonrakerError("result.status is not an object")
-    ps = status.get("print_stats") or {}
-    gm = status.get("gcode_move") or {}
-    th = status.get("toolhead") or {}
-    mr = status.get("motion_report") or {}
+    ps = _object(status, "print_stats")
+    gm = _object(status, "gcode_move")
+    th = _object(status, "toolhead")
+    mr = _object(status, "motion_report")
     state = ps.get("state")
-    if state not in STATES or state == "fault":
+    if not isinstance(state, str) or state not in STATES or state == "fault":
         raise MoonrakerError(f"print_stats.state {state!r} is not one of Klipper's states")
-    info = ps.get("info") or {}
-    layer = info.get("current_layer") if isinstance(info, dict) else None
-    layer = int(layer) if isinstance(layer, int | float) and not isinstance(layer, bool) else None
-    pos = gm.get("gcode_position") or th.get("position")
+    info = ps.get("info")
+    layer = _num(info.get("current_layer")) if isinstance(info, dict) else math.nan
+    layer = int(layer) if math.isfinite(layer) else None
+    pos = gm.get("gcode_position")
+    if not isinstance(pos, list) or len(pos) < 3:  # gcode_move missing or without a position
+        pos = th.get("position")
     z = _num(pos[2]) if isinstance(pos, list) and len(pos) >= 3 else math.nan
     speed = _num(mr.get("live_velocity"))
     if not math.isfinite(speed):
         # mm/min feed rate times the M220 override, in mm/s
         speed = _num(gm.get("speed")) * _num(gm.get("speed_factor", 1.0)) / 60.0
-    return ContextSample(t, layer, z, speed, state == "printing", state, ps.get("filename") or None)
+    job = ps.get("filename")
+    job = job if isinstance(job, str) and job else None
+    return ContextSample(t, layer, z, speed, state == "printing", state, job)
+
+
+def _object(status: dict, name: str) -> dict:
+    """``status[name]`` when it is an object, ``{}`` when missing or ``null``; else MoonrakerError."""
+    value = status.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MoonrakerError(f"{name} is not an object: {type(value).__name__}")
+    return value
 
 
 def _num(x: object) -> float:
+    """A JSON number as a float; ``nan`` for anything else (bools, strings, ints past float range)."""
     if isinstance(x, bool) or not isinstance(x, int | float):
         return math.nan
-    return float(x)
+    try:
+        return float(x)
+    except OverflowError:  # an int of 400 digits
+        return math.nan
 
 
 class MoonrakerContext:

@@ -170,6 +170,57 @@ def test_parse_status_rejects_wrong_shapes(body):
         parse_status(body, 0.0)
 
 
+def _status(**objects) -> bytes:
+    status = {"print_stats": {"state": "printing"}, **objects}
+    return json.dumps({"result": {"eventtime": 1.0, "status": status}}).encode()
+
+
+@pytest.mark.parametrize("name", ["print_stats", "gcode_move", "toolhead", "motion_report"])
+@pytest.mark.parametrize("value", [1, "x", [1, 2, 3], True, 2.5])
+def test_parse_status_rejects_objects_that_are_not_objects(name, value):
+    """A Klipper object that is not a JSON object is MoonrakerError (was AttributeError)."""
+    with pytest.raises(MoonrakerError, match=name):
+        parse_status(_status(**{name: value}), 0.0)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"result": {"status": {"print_stats": {"state": ["printing"]}}}}',  # unhashable state
+        b"[" * 100_000,  # nested too deep for the json module
+    ],
+)
+def test_parse_status_rejects_other_malformed_bodies(body):
+    with pytest.raises(MoonrakerError):
+        parse_status(body, 0.0)
+
+
+def test_parse_status_reads_ill_typed_fields_as_unknown():
+    """Fields of the wrong type inside the objects read as missing; nothing else escapes."""
+    body = (
+        b'{"result": {"status": {"print_stats": {"state": "printing", "filename": [1],'
+        b' "info": {"current_layer": Infinity}}, "gcode_move": {"gcode_position": [0, 0, "z"],'
+        b' "speed": 1' + b"0" * 400 + b', "speed_factor": NaN}, "motion_report": {"live_velocity": "fast"},'
+        b' "toolhead": null}}}'
+    )
+    s = parse_status(body, 2.0)
+    assert s.layer is None and s.job is None and math.isnan(s.z_mm) and math.isnan(s.speed_mm_s)
+    s = parse_status(_status(print_stats={"state": "printing", "info": {"current_layer": 1e300}}), 2.0)
+    assert s.layer == int(1e300)
+
+
+def test_poll_reports_a_malformed_body_as_a_fault_and_keeps_polling(server):
+    clock = Clock()
+    ctx = MoonrakerContext(MoonrakerConfig(server.url, timeout_s=0.5, fail_threshold=1), clock=clock)
+    server.body = _status(gcode_move=[1, 2])
+    s = ctx.poll()  # raised AttributeError out of poll() before
+    assert s.state == "fault" and ctx.status()["state"] == "fault"
+    assert "MoonrakerError" in ctx.status()["last_error"] and "gcode_move" in ctx.status()["last_error"]
+    server.body = answer()
+    clock.t += 10.0
+    assert ctx.poll().state == "printing" and ctx.status()["state"] == "ok"
+
+
 def test_parse_status_accepts_the_bare_payload_too():
     wrapped = json.loads(answer(layer=3))
     assert parse_status(json.dumps(wrapped["result"]).encode(), 1.0) == parse_status(answer(layer=3), 1.0)
