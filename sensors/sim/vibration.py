@@ -1,13 +1,18 @@
 """Raw print-head vibration windows (2 axes, 227 Hz) synthesized from the per-layer simulator.
 
 The printer simulator (:mod:`sensors.sim.printer`) gives per layer the measured
-speed and the RMS accelerations σ_ax, σ_ay.  A raw accelerometer stream through
-a fake I2C bus is being added separately; until it exists, this module makes a
-window of raw samples per layer *from those statistics*, so a 1D-CNN has raw
-vibration to learn from.  What is physics and what is invented:
+speed and the RMS accelerations σ_ax, σ_ay in m/s².  The raw accelerometer stream
+through the fake I2C bus exists (``VibrationStream`` -> ``FakeAdxl345`` ->
+``Adxl345`` -> ``LayerRecorder``, which ``--simulate printer`` runs), but it yields
+per-layer statistics, and at 200 Hz: neither chip has a 227 Hz rate (ADXL345 200/400
+Hz, MPU-6050 1 kHz/(1+div) = 250/200 Hz).  These windows do *not* come through that
+path: this module synthesizes a 227 Hz window of raw samples per layer *from those
+statistics*, so a 1D-CNN has raw vibration to learn from.  What is physics and what
+is invented:
 
 * Each axis is scaled to exactly the layer's RMS σ_ax / σ_ay (the statistics the
-  real data set records), so the windows agree with the per-layer simulator.
+  real data set records), so the windows agree with the per-layer simulator.  The
+  values are accelerations in m/s² about the mean (no gravity, zero mean per axis).
 * The spectral content is invented but plausible for a belt-driven Ender: a belt
   tooth tone at ``speed / 2 mm`` (GT2 pitch), corner pulses of a 20 mm cube at
   ``speed / 20 mm`` with three harmonics, and a per-printer frame resonance in
@@ -33,13 +38,18 @@ SCHEMA_NAME = "ioft.printer.accel_window"
 
 @dataclass(frozen=True)
 class WindowSchema:
-    """What a raw vibration window means: rate, axes (in order), length and units."""
+    """What a raw vibration window means: rate, axes (in order), length and units.
 
-    version: int = 1
+    Version 2 corrected ``units`` from "g" to "m/s^2" (the data never changed: they
+    always were m/s²); the hash changed with it, so window models exported under
+    version 1 are refused and must be re-exported.
+    """
+
+    version: int = 2
     sample_rate: float = 227.0
     axes: tuple[str, ...] = ("x", "y")
     window: int = 256
-    units: str = "g"
+    units: str = "m/s^2"
 
     def to_json(self) -> str:
         body = {"name": SCHEMA_NAME, **asdict(self), "axes": list(self.axes)}

@@ -254,3 +254,17 @@ def test_a_bus_error_through_the_real_driver_drops_one_layer_and_nothing_else():
     # The surviving layers are the clean run's, untouched by the fault.
     kept = [r for r in clean[sim.job_name(50)] if any(np.allclose(r, g) for g in got)]
     assert len(kept) == 14
+
+
+def test_raw_windows_are_in_m_per_s2_as_their_schema_says():
+    from sensors.sim.vibration import WINDOW_SCHEMA, simulate_windows
+
+    settings = (30, 90)
+    windows, _, _ = simulate_windows("printer3", settings=settings, layers=3)
+    layers = sim.simulate_layers("printer3", settings=settings, layers=3)
+    sigmas = np.concatenate([layers[s][:, 1:3] for s in settings])  # (sigma_ax, sigma_ay), m/s²
+    rms = np.sqrt(np.mean(windows.astype(np.float64) ** 2, axis=2))
+    np.testing.assert_allclose(rms, sigmas, rtol=0.02)  # each axis is the layer's sigma, in m/s²
+    np.testing.assert_allclose(windows.mean(axis=2), 0.0, atol=0.01)  # about the mean: no gravity
+    assert WINDOW_SCHEMA.units == "m/s^2" and WINDOW_SCHEMA.version == 2
+    assert '"units":"m/s^2"' in WINDOW_SCHEMA.to_json()
