@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import time
 from typing import Any
@@ -48,39 +49,111 @@ def collect_status(
     return statuses
 
 
-def summarize(statuses: dict[str, dict]) -> list[dict[str, Any]]:
-    """One row per device: state, models, last round and metric per task."""
+def summarize(statuses: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per device: state, models, last round and metric per task.
+
+    Any device can write its own retained status, so every field is checked: a field
+    of the wrong type shows as ``?`` in that device's row, never raises, and text is
+    cut short and stripped of control characters (no terminal escapes from a device).
+    """
     rows = []
     for device in sorted(statuses):
         body = statuses[device]
-        models = body.get("models") or {}
-        tasks = body.get("tasks") or {}
-        model_cells = []
-        for name, m in sorted(models.items()):
-            cell = f"{name} v{m.get('active')}" if m.get("active") is not None else f"{name} none"
-            if m.get("transfer"):
-                t = m["transfer"]
-                cell += f" (fetching v{t['version']}: {t['have']}/{t['of']})"
-            if m.get("rejected"):
-                r = m["rejected"][-1]
-                cell += f" [refused v{r.get('version')}: {r.get('reason', '')[:60]}]"
-            model_cells.append(cell)
-        task_cells = []
-        for name, t in sorted(tasks.items()):
-            metrics = t.get("metrics") or {}
-            key = next((k for k in METRICS if k in metrics), None)
-            metric = f" {key}={metrics[key]:.4f}" if key else ""
-            task_cells.append(f"{name}: round {t.get('round')}{metric}")
+        if not isinstance(body, dict):
+            body = {}
         rows.append(
             {
-                "device": device,
-                "state": body.get("state", "?"),
-                "models": "; ".join(model_cells) or "-",
-                "tasks": "; ".join(task_cells) or "-",
-                "since": body.get("time"),
+                "device": _text(device),
+                "state": _text(body.get("state")) if isinstance(body.get("state"), str) else "?",
+                "models": _models_cell(body.get("models")),
+                "tasks": _tasks_cell(body.get("tasks")),
+                "since": _finite(body.get("time")),
             }
         )
     return rows
+
+
+def _text(value: Any, limit: int = 60) -> str:
+    """``value`` as printable text, cut to ``limit`` characters (control characters as ``?``)."""
+    return "".join(c if c.isprintable() else "?" for c in str(value)[:limit])
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _version(value: Any) -> str:
+    """A version or count as the device reported it: an int, else ``?``."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else "?"
+
+
+def _models_cell(models: Any) -> str:
+    if models is None or models == {}:
+        return "-"
+    if not isinstance(models, dict):
+        return "?"
+    cells = []
+    for name, m in sorted(models.items()):
+        if not isinstance(m, dict):
+            cells.append(f"{_text(name)} ?")
+            continue
+        active = m.get("active")
+        cell = f"{_text(name)} none" if active is None else f"{_text(name)} v{_version(active)}"
+        t = m.get("transfer")
+        if t:
+            if isinstance(t, dict):
+                cell += f" (fetching v{_version(t.get('version'))}: {_version(t.get('have'))}/{_version(t.get('of'))})"
+            else:
+                cell += " (fetching ?)"
+        rejected = m.get("rejected")
+        if rejected:
+            r = rejected[-1] if isinstance(rejected, list) else None
+            if isinstance(r, dict):
+                reason = r.get("reason", "")
+                reason = _text(reason) if isinstance(reason, str) else "?"
+                cell += f" [refused v{_version(r.get('version'))}: {reason}]"
+            else:
+                cell += " [refused ?]"
+        cells.append(cell)
+    return "; ".join(cells) or "-"
+
+
+def _tasks_cell(tasks: Any) -> str:
+    if tasks is None or tasks == {}:
+        return "-"
+    if not isinstance(tasks, dict):
+        return "?"
+    cells = []
+    for name, t in sorted(tasks.items()):
+        if not isinstance(t, dict):
+            cells.append(f"{_text(name)}: ?")
+            continue
+        round_ = t.get("round")
+        cell = f"{_text(name)}: round {'None' if round_ is None else _version(round_)}"
+        metrics = t.get("metrics")
+        if isinstance(metrics, dict):
+            key = next((k for k in METRICS if k in metrics), None)
+            if key is not None:
+                value = metrics[key]
+                number = isinstance(value, int | float) and not isinstance(value, bool)
+                cell += f" {key}={_fmt(value) if number else '?'}"
+        elif metrics:
+            cell += " metrics=?"
+        cells.append(cell)
+    return "; ".join(cells) or "-"
+
+
+def _fmt(value: int | float) -> str:
+    try:
+        return f"{float(value):.4f}"
+    except OverflowError:
+        return "?"
 
 
 def format_table(rows: list[dict[str, Any]], now: float | None = None) -> str:
