@@ -32,7 +32,7 @@ from edge.dataset import prepare_dataset
 from edge.manifest import load_public_key
 from edge.models import ModelManager, embed_rows
 from edge.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsOptions
-from edge.state import StateError, load_arrays, save_arrays
+from edge.state import StateError, load_verified, save_arrays
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import initial_local, participate
 from trainer_lite.data import Dataset
@@ -351,21 +351,48 @@ def save_task_state(path: Path, state: TaskState) -> None:
 def load_task_state(path: Path) -> TaskState | None:
     """The verified state (falling back to the previous copy), ``None`` if never written.
 
+    A copy whose checksums pass but whose metadata lacks a key or holds one of the
+    wrong type (:func:`_task_state_from`) counts as corrupt too, so the previous copy
+    is tried.
+
     Raises
     ------
     StateError
         When copies exist but none verifies (the daemon then starts the task afresh).
     """
-    loaded = load_arrays(path)
-    if loaded is None:
-        return None
-    arrays, meta = loaded
+    return load_verified(path, _task_state_from)
+
+
+def _task_state_from(arrays: dict[str, np.ndarray], meta: dict) -> TaskState:
+    """What ``save_task_state`` wrote, checked key by key; ``ValueError`` names the first bad one."""
+    spec = meta.get("spec")
+    if not isinstance(spec, str):
+        raise ValueError(f"task state: spec must be a string, got {type(spec).__name__}")
     answered = meta.get("answered")
+    if answered is not None:
+        ok = isinstance(answered, list) and len(answered) == 2
+        if not (ok and _is_int(answered[0]) and isinstance(answered[1], str)):
+            raise ValueError(f"task state: answered must be null or [round, phase], got {answered!r:.80}")
+        answered = (answered[0], answered[1])
+    upload_meta = meta.get("upload_meta", {})
+    metrics = meta.get("metrics", {})
+    if not isinstance(upload_meta, dict) or not isinstance(metrics, dict):
+        raise ValueError("task state: upload_meta and metrics must be objects")
+    if answered is not None and not (
+        _is_int(upload_meta.get("n_samples")) and isinstance(upload_meta.get("global_hash"), str)
+    ):
+        raise ValueError("task state: an answered round needs upload_meta.n_samples and .global_hash")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in metrics.values()):
+        raise ValueError("task state: metrics must be numbers")
     return TaskState(
-        spec_json=meta["spec"],
+        spec_json=spec,
         local=strip_prefix(arrays, "local"),
-        answered=(int(answered[0]), str(answered[1])) if answered else None,
+        answered=answered,
         upload=strip_prefix(arrays, UPLOAD),
-        upload_meta=meta.get("upload_meta", {}),
-        metrics=meta.get("metrics", {}),
+        upload_meta=upload_meta,
+        metrics=metrics,
     )
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

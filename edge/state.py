@@ -6,19 +6,28 @@ old file or the new one, never a torn one.  The previous good copy is kept as
 ``<name>.prev``; a file that fails verification on load is set aside as
 ``<name>.corrupt`` and the previous copy is used instead.
 
-Parameter files are safetensors with a sha256 of the tensor bytes in their
-metadata, so silent corruption is caught too.
+Parameter files are safetensors whose metadata holds the caller's JSON ``meta`` and
+two checksums: ``sha256`` over the tensors (names, dtypes, shapes, bytes) and
+``sha256_meta`` over that digest and the exact ``meta`` text, so silent corruption of
+either the tensors or the metadata (a round number, a sample count, the task spec) is
+caught.  Files written before ``sha256_meta`` existed still load (their tensors are
+verified, their metadata cannot be; a warning says so) and get the full checksum on
+their next save.  A caller that needs more than a checksum (required keys, types)
+passes ``parse`` to :func:`load_verified`: a copy it refuses counts as corrupt, so the
+previous good copy is used.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import struct
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from safetensors import SafetensorError
@@ -28,6 +37,8 @@ from safetensors.numpy import save as st_save
 from trainer_lite.params import param_hash
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+_warned_legacy = False
 
 
 class StateError(RuntimeError):
@@ -65,25 +76,56 @@ def atomic_write_json(path: str | Path, obj: Any, *, keep_previous: bool = False
     atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode(), keep_previous=keep_previous)
 
 
+def _meta_checksum(tensor_hash: str, meta_text: str) -> str:
+    """sha256 binding the metadata text to the tensors' digest (format 2)."""
+    return hashlib.sha256(b"ioft-state-v2\0" + tensor_hash.encode() + b"\0" + meta_text.encode()).hexdigest()
+
+
 def encode_arrays(arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> bytes:
-    """safetensors bytes with ``meta`` and a checksum of the arrays in the metadata."""
+    """safetensors bytes with ``meta`` and checksums of the arrays and of ``meta`` in the metadata."""
     arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
-    header = {"meta": json.dumps(meta or {}, sort_keys=True), "sha256": param_hash(arrays)}
+    meta_text = json.dumps(meta or {}, sort_keys=True)
+    digest = param_hash(arrays)
+    header = {"meta": meta_text, "sha256": digest, "sha256_meta": _meta_checksum(digest, meta_text)}
     return st_save(arrays, metadata=header)
 
 
 def decode_arrays(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Inverse of ``encode_arrays``; raises ``ValueError`` if the checksum does not match."""
+    """Inverse of ``encode_arrays``; raises ``ValueError`` if a checksum does not match.
+
+    ``meta`` must be a JSON object.  A file without ``sha256_meta`` (written before the
+    metadata was checksummed) is accepted on its tensor checksum alone, with a warning.
+    """
     try:
         arrays = st_load(data)
         (n,) = struct.unpack("<Q", data[:8])
         header = json.loads(data[8 : 8 + n])["__metadata__"]
-        meta = json.loads(header["meta"])
+        meta_text = header["meta"]
         expected = header["sha256"]
-    except (SafetensorError, ValueError, KeyError, TypeError, struct.error) as exc:
+        expected_meta = header.get("sha256_meta")
+        meta = json.loads(meta_text)
+    except (
+        SafetensorError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        RecursionError,
+        struct.error,
+    ) as exc:
         raise ValueError(f"unreadable array file: {exc}") from None
-    if param_hash(arrays) != expected:
+    if not isinstance(meta, dict):
+        raise ValueError(f"array file metadata is not an object: {type(meta).__name__}")
+    digest = param_hash(arrays)
+    if digest != expected:
         raise ValueError("array file checksum mismatch")
+    if expected_meta is None:
+        global _warned_legacy
+        if not _warned_legacy:  # once per process: a resumed aggregator reads many old artifacts
+            log.warning("array file without a metadata checksum (older format): its metadata is not verified")
+            _warned_legacy = True
+    elif expected_meta != _meta_checksum(digest, meta_text):
+        raise ValueError("array file metadata checksum mismatch")
     return arrays, meta
 
 
@@ -100,6 +142,21 @@ def load_arrays(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]
     StateError
         When files exist but none verifies.
     """
+    return load_verified(path, lambda arrays, meta: (arrays, meta))
+
+
+def load_verified(path: str | Path, parse: Callable[[dict[str, np.ndarray], dict[str, Any]], T]) -> T | None:
+    """``parse(arrays, meta)`` of the first copy that verifies and parses, trying ``path`` then ``.prev``.
+
+    ``parse`` refuses a copy by raising ``ValueError``, ``KeyError`` or ``TypeError`` (a
+    missing or ill-typed metadata key); that copy is then set aside as ``*.corrupt``
+    like one whose checksum fails.  ``None`` if neither copy exists.
+
+    Raises
+    ------
+    StateError
+        When files exist but none verifies and parses.
+    """
     path = Path(path)
     candidates = [path, path.with_name(path.name + ".prev")]
     if not any(p.exists() for p in candidates):
@@ -108,8 +165,9 @@ def load_arrays(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]
         if not candidate.exists():
             continue
         try:
-            return decode_arrays(candidate.read_bytes())
-        except (OSError, ValueError) as exc:
+            arrays, meta = decode_arrays(candidate.read_bytes())
+            return parse(arrays, meta)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             log.error("state file %s is corrupt (%s); trying the previous copy", candidate, exc)
             os.replace(candidate, candidate.with_name(candidate.name + ".corrupt"))
     raise StateError(f"no good copy of {path} (corrupt copies set aside as *.corrupt)")
