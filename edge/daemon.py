@@ -13,6 +13,11 @@ With ``[model] public_key`` set it also follows the fleet's model pushes
 each model's active version and refusals in its retained status.  A task whose
 hyperparameters say ``"features": "onnx:<model>"`` trains on that model's
 embeddings of the local data, computed by onnxruntime before the client update.
+
+A task spec with ``feature_schema`` set is refused unless the local dataset's meta
+carries the same ``schema_hash`` (weld features of another recipe, windows of another
+layout, or data with no schema at all): the refusal is logged once per task and spec
+and reported under ``refused`` in the retained status; the device sends nothing.
 """
 
 from __future__ import annotations
@@ -57,6 +62,10 @@ class TaskState:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+class TaskRefused(ValueError):  # noqa: N818 -- a reported refusal, not a program error
+    """This device will not take part in a task (reported, not a malformed message)."""
+
+
 class EdgeTrainer:
     """The device daemon; ``run()`` blocks until ``stop()`` (or SIGTERM/SIGINT via the CLI)."""
 
@@ -68,6 +77,7 @@ class EdgeTrainer:
         self._stop = threading.Event()
         self.tasks: dict[str, TaskState] = {}
         self.clients: dict[str, ClientAlgorithm] = {}
+        self.refused: dict[str, str] = {}  # task -> why this device does not take part
         self.train, self.test, self.data_meta = prepare_dataset(self.state_dir, self.device, config.data)
         self.models: ModelManager | None = None
         # Embeddings of the local splits per model name, for the version they were computed with.
@@ -100,6 +110,8 @@ class EdgeTrainer:
         }
         if self.models is not None:
             body["models"] = self.models.status()
+        if self.refused:
+            body["refused"] = dict(self.refused)
         return wire.topic_status(self.config.fleet, self.device), json.dumps(body, sort_keys=True).encode()
 
     def _session_options(self) -> SessionOptions:
@@ -224,13 +236,34 @@ class EdgeTrainer:
                 raise ValueError(
                     f"algorithm {spec.algorithm!r} not allowed on this device ({self.config.algorithms})"
                 )
+            self._check_schema(spec)
             algo = self.clients[spec_json] = make_client(spec)
         return algo
+
+    def _check_schema(self, spec: TaskSpec) -> None:
+        """Raise :class:`TaskRefused` if the task's model takes rows of another feature schema."""
+        if spec.feature_schema is None:
+            return
+        ours = self.data_meta.get("schema_hash")
+        if ours != spec.feature_schema:
+            have = f"schema {ours[:12]}" if ours else "no feature schema"
+            raise TaskRefused(
+                f"built for feature schema {spec.feature_schema[:12]}, but the local data "
+                f"({self.data_meta.get('source', '?')}) has {have}"
+            )
 
     def on_announcement(self, ann: wire.Announcement) -> None:
         if self.config.tasks and ann.task not in self.config.tasks:
             return
-        algo = self._client(ann.spec)
+        try:
+            algo = self._client(ann.spec)
+        except TaskRefused as exc:
+            if self.refused.get(ann.task) != str(exc):  # once per task and spec, not every round
+                self.refused[ann.task] = str(exc)
+                log.warning("%s: refusing task %s: %s; sending nothing for it", self.device, ann.task, exc)
+                self._publish_status()
+            return
+        self.refused.pop(ann.task, None)
         state = self._task_state(ann.task, ann.spec, algo)
         if ann.state == "done" or not ann.takes_part(self.device):
             return

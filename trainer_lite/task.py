@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -32,6 +33,13 @@ class TaskSpec:
         Number of communication rounds.
     seed
         Seed of the global initialization; devices derive theirs from it and their id.
+    feature_schema
+        SHA-256 hex of the schema of the input rows the model is built for (the
+        ``schema_hash`` a device's dataset meta carries: ``sensors.features``'
+        ``FeatureSchema`` for weld features, ``sensors.sim.vibration.WindowSchema``
+        for raw windows).  A device whose local data carries another hash, or none,
+        refuses the task (``edge.daemon``).  ``None``: no check -- and the field is left
+        out of :meth:`to_json`, so specs without it serialize as before.
     """
 
     name: str
@@ -43,6 +51,7 @@ class TaskSpec:
     dtype: str = "float32"
     rounds: int = 10
     seed: int = 0
+    feature_schema: str | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -55,9 +64,16 @@ class TaskSpec:
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
         if self.rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if self.feature_schema is not None and not (
+            isinstance(self.feature_schema, str) and re.fullmatch(r"[0-9a-f]{64}", self.feature_schema)
+        ):
+            raise ValueError(f"feature_schema must be a sha256 hex digest, got {self.feature_schema!r}")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        body = asdict(self)
+        if self.feature_schema is None:
+            del body["feature_schema"]  # specs without one keep their old form (and stored state)
+        return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> TaskSpec:
