@@ -2,7 +2,11 @@
 
 Stored as one verified array file (``dataset.safetensors``: train/test inputs and
 targets), written atomically.  The simulators fill it once, seeded by the device
-id; real sensors append to it as layers or welds complete.
+id.  No real-sensor source writes it yet: ``[data] source`` takes only the simulated
+sources or ``"state"`` (a file already there).  The drivers and sources in
+``sensors/`` (I2C accelerometers, Klipper, Moonraker/G-code context, watched-folder
+and ALSA welds, label logs) exist and are tested, but the daemon does not yet run
+them to append layers or welds as they complete.
 """
 
 from __future__ import annotations
