@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from cloud_aggregator.admission import AdmissionPolicy
 from edge.config import TlsConfig
 from edge.wire import MAX_PAYLOAD_BYTES, check_id
 from trainer_lite.task import TaskSpec
@@ -30,6 +32,43 @@ class CollectConfig:
             raise ValueError(f"straggler must be 'drop' or 'next_round', got {self.straggler!r}")
         if not 0.0 < self.staleness_weight <= 1.0:
             raise ValueError(f"staleness_weight must be in (0, 1], got {self.staleness_weight}")
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """The ``[admission]`` table: bounds of the update-admission checks.
+
+    The fields and defaults of ``cloud_aggregator.admission.AdmissionPolicy`` (see its
+    module docstring): ``max_norm_ratio`` (an upload's change ‖u − g‖ above this many
+    times the task's running median change is refused), ``min_history`` (accepted
+    changes before that bound applies), ``history`` (how many changes the median is
+    over), ``max_update_norm`` / ``max_param_norm`` (absolute bounds on ‖u − g‖ and
+    ‖u‖, off by default) and ``replay_rounds`` (rounds a replay fingerprint is kept).
+    TOML has no null: ``inf`` turns a bound off, e.g.::
+
+        [admission]
+        max_norm_ratio = 50.0     # a fleet known to be homogeneous
+        max_update_norm = 1e3
+        # max_norm_ratio = inf    # no relative bound
+    """
+
+    max_norm_ratio: float | None = AdmissionPolicy.max_norm_ratio
+    min_history: int = AdmissionPolicy.min_history
+    history: int = AdmissionPolicy.history
+    max_update_norm: float | None = AdmissionPolicy.max_update_norm
+    max_param_norm: float | None = AdmissionPolicy.max_param_norm
+    replay_rounds: int = AdmissionPolicy.replay_rounds
+
+    def __post_init__(self) -> None:
+        self.policy()  # AdmissionPolicy's own checks, at config time
+
+    def policy(self) -> AdmissionPolicy:
+        """The ``AdmissionPolicy`` for ``MqttFleet`` (an infinite bound becomes ``None``: off)."""
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("max_norm_ratio", "max_update_norm", "max_param_norm"):
+            if kwargs[name] == math.inf:
+                kwargs[name] = None
+        return AdmissionPolicy(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -73,6 +112,7 @@ class AggregatorConfig:
     max_payload_bytes: int = MAX_PAYLOAD_BYTES
     restart: bool = False
     collect: CollectConfig = field(default_factory=CollectConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     task: list[TaskConfig] = field(default_factory=list)
 
     def __post_init__(self) -> None:

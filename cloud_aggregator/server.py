@@ -65,7 +65,7 @@ def serve(cfg: AggregatorConfig, stop: threading.Event | None = None) -> None:
         startup_wait_s=c.startup_wait_s,
         max_payload_bytes=cfg.max_payload_bytes,
     )
-    fleet = MqttFleet(session, cfg.fleet, policy, store)
+    fleet = MqttFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy())
     try:
         online = fleet.wait_for_devices()
         log.info("fleet %s: %d devices online: %s", cfg.fleet, len(online), online)

@@ -49,3 +49,80 @@ def test_aggregator_tasks_are_validated_at_start():
     with pytest.raises(ConfigError, match="unique"):
         t = {"name": "a", "algorithm": "pflda", "model": "sigmoid_glm"}
         build(AggregatorConfig, {"task": [t, t]})
+
+
+# -- [admission] ----------------------------------------------------------------------------------
+def test_admission_table_becomes_the_fleets_admission_policy(tmp_path):
+    from cloud_aggregator.admission import AdmissionPolicy
+
+    cfg = tmp_path / "agg.toml"
+    cfg.write_text(
+        'fleet = "plant"\n[admission]\nmax_norm_ratio = 50.0\nmin_history = 4\nhistory = 64\n'
+        "max_update_norm = 1e3\nmax_param_norm = inf\nreplay_rounds = 20\n"
+    )
+    c = build(AggregatorConfig, load_toml(cfg), str(cfg))
+    assert c.admission.policy() == AdmissionPolicy(
+        max_norm_ratio=50.0,
+        min_history=4,
+        history=64,
+        max_update_norm=1e3,
+        max_param_norm=None,
+        replay_rounds=20,
+    )
+    assert build(AggregatorConfig, {}).admission.policy() == AdmissionPolicy()  # defaults unchanged
+    off = build(AggregatorConfig, {"admission": {"max_norm_ratio": float("inf")}})
+    assert off.admission.policy().max_norm_ratio is None  # TOML's inf: the relative bound is off
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"max_norm_ratio": 0.5}, "max_norm_ratio must be > 1"),
+        ({"max_norm_ratio": float("nan")}, "max_norm_ratio must be > 1"),
+        ({"max_update_norm": 0.0}, "max_update_norm must be > 0"),
+        ({"max_param_norm": -1.0}, "max_param_norm must be > 0"),
+        ({"min_history": 10, "history": 5}, "min_history <= history"),
+        ({"min_history": 0}, "min_history <= history"),
+        ({"replay_rounds": 0}, "replay_rounds >= 1"),
+        ({"history": "many"}, "admission.history: expected int"),
+        ({"min_history": True}, "admission.min_history: expected int"),
+        ({"max_norm_ration": 5.0}, "admission.max_norm_ration: unknown field"),
+    ],
+)
+def test_admission_table_is_validated(table, message):
+    with pytest.raises(ConfigError, match=message):
+        build(AggregatorConfig, {"admission": table})
+
+
+def test_serve_hands_the_admission_policy_to_the_fleet(tmp_path, monkeypatch):
+    """``serve`` builds ``MqttFleet`` with the configured policy (it used the defaults before)."""
+    from cloud_aggregator import server
+
+    seen = {}
+
+    class StopError(Exception):
+        pass
+
+    class FakeFleet:
+        def __init__(self, session, fleet, policy, store=None, admission=None):
+            seen["admission"] = admission
+
+        def wait_for_devices(self):
+            raise StopError
+
+    class FakeSession:
+        def start(self, timeout):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(server, "open_session", lambda cfg: FakeSession())
+    monkeypatch.setattr(server, "MqttFleet", FakeFleet)
+    cfg = build(
+        AggregatorConfig,
+        {"state_dir": str(tmp_path), "admission": {"max_norm_ratio": 20.0, "max_update_norm": 5.0}},
+    )
+    with pytest.raises(StopError):
+        server.serve(cfg)
+    assert seen["admission"].max_norm_ratio == 20.0 and seen["admission"].max_update_norm == 5.0
