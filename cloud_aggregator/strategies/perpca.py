@@ -8,6 +8,10 @@ nearest orthonormal matrix with the same column space.
 
 The mean's weights come from :mod:`cloud_aggregator.weighting` (``"uniform"``,
 the paper's 1/N, by default); only the names in the global dict travel (``U``).
+The mean itself is the same ``reducer`` choice as FedAvg's
+(:class:`cloud_aggregator.reducers.ReducerChoice`): ``"mean"`` by default, or a robust
+rule (``"clip"``, ``"median"``, ``"trimmed_mean"``, ``"krum"``), e.g.
+``server = {reducer = "median"}``; the polar retraction then applies to its result.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from cloud_aggregator.aggregate import weighted_mean
+from cloud_aggregator.reducers import ReducerChoice
 from cloud_aggregator.strategies.base import Strategy, Update, register_strategy
 from cloud_aggregator.weighting import get_weighting
 from trainer_lite.algorithms.perpca import polar
@@ -26,13 +30,15 @@ from trainer_lite.params import Params
 
 
 @dataclass(frozen=True)
-class PerPCAServerConfig:
-    """``weighting`` (and its ``weighting_args``) of the mean before the retraction."""
+class PerPCAServerConfig(ReducerChoice):
+    """``weighting`` (and its ``weighting_args``) and ``reducer`` (and ``reducer_args``) of the
+    mean before the retraction."""
 
     weighting: str = "uniform"
     weighting_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         get_weighting(self.weighting, self.weighting_args)
 
 
@@ -44,12 +50,13 @@ class PerPCAStrategy(Strategy):
     def __init__(self, spec, client=None) -> None:
         super().__init__(spec, client)
         self.weigh = get_weighting(self.config.weighting, self.config.weighting_args)
+        self.reduce = self.config.make_reducer()
 
     def aggregate(
         self, global_params: Params, updates: Sequence[Update], *, round_: int, phase: str
     ) -> Params:
         weights = self.weigh(updates, round_)
-        mean = weighted_mean([(u.params, w) for u, w in zip(updates, weights, strict=True)])
+        mean = self.reduce(global_params, [(u.params, w) for u, w in zip(updates, weights, strict=True)])
         dtype = np.asarray(global_params["U"]).dtype
         return {"U": polar(np.asarray(mean["U"], dtype=np.float64)).astype(dtype)}
 

@@ -258,3 +258,33 @@ def test_over_mqtt_matches_the_in_process_simulation(fleet_procs):
     in_process, _, _ = simulate(spec, sim_clients)
     assert sorted(over_mqtt) == ["U"]
     assert param_hash(over_mqtt) == param_hash(in_process)
+
+
+def test_server_takes_a_robust_reducer_like_fedavg():
+    """``server = {reducer = ...}`` (was 'unknown hyperparameters ["reducer"]'); the retraction follows."""
+    import dataclasses
+
+    rng = np.random.default_rng(7)
+    mean_strategy = make_strategy(_spec())
+    g = mean_strategy.init_global()
+    honest = [polar(g["U"] + 0.05 * rng.standard_normal(g["U"].shape)) for _ in range(6)]
+    attack = [g["U"] - 100.0 * (honest[0] - g["U"])]  # a scaled, sign-flipped change
+    updates = [Update(f"d{i}", {"U": u}, 10) for i, u in enumerate(honest + attack)]
+    clean = polar(np.mean(honest, axis=0))
+
+    def gap(u: np.ndarray) -> float:  # distance between the spanned subspaces
+        return float(np.linalg.norm(u @ u.T - clean @ clean.T))
+
+    mean_out = mean_strategy.aggregate(g, updates, round_=1, phase="train")["U"]
+    for server in ({"reducer": "median"}, {"reducer": "trimmed_mean", "reducer_args": {"beta": 0.2}},
+                   {"reducer": "krum", "reducer_args": {"f": 1}}):  # fmt: skip
+        strategy = make_strategy(dataclasses.replace(_spec(), server=server))
+        assert strategy.config.reducer == server["reducer"]
+        out = strategy.aggregate(g, updates, round_=1, phase="train")["U"]
+        np.testing.assert_allclose(out.T @ out, np.eye(R1), atol=1e-12)  # still on the Stiefel manifold
+        assert gap(out) < 0.3 < 1.0 < gap(mean_out), server  # Krum (m=1) picks one honest upload
+    # The default is still the plain weighted mean, bit for bit.
+    out = mean_strategy.aggregate(g, updates[:6], round_=1, phase="train")["U"]
+    np.testing.assert_array_equal(out, polar(np.mean(honest, axis=0)))
+    with pytest.raises(ValueError, match="reducer"):
+        make_strategy(dataclasses.replace(_spec(), server={"reducer": "mode"}))
