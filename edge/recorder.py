@@ -961,6 +961,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RecorderError) as exc:
         print(f"edge-recorder: {exc}", file=sys.stderr)
         return 2
+    run_until_signalled(recorder)
+    return 0
+
+
+def run_until_signalled(recorder: PrinterRecorder | WelderRecorder) -> None:
+    """Run ``recorder`` in this (main) thread until SIGTERM or SIGINT, then finish cleanly."""
     stop = threading.Event()
 
     def on_signal(signum, _frame) -> None:
@@ -970,7 +976,6 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     recorder.run(stop)
-    return 0
 
 
 if __name__ == "__main__":
