@@ -672,6 +672,7 @@ class WelderRecorder(_Loop):
         self.label_path = Path(cfg.label_log)
         self.labels = None
         self._label_sig: tuple | None = None
+        self._labels_changed = False
         self.label_errors = 0
         self.skipped = 0
 
@@ -763,6 +764,7 @@ class WelderRecorder(_Loop):
             self.label_errors += 1
             log.error("label log %s unusable, keeping the previous version: %s", self.label_path, exc)
             return False
+        self._labels_changed = True  # pending welds get another look at the next step
         return True
 
     def _class_of(self, label) -> int | None:
@@ -802,7 +804,8 @@ class WelderRecorder(_Loop):
     def step(self) -> int:
         from sensors.welding.pipeline import labelled_rows
 
-        relabel = self._reload_labels() and bool(self.pending)
+        self._reload_labels()
+        relabel, self._labels_changed = self._labels_changed and bool(self.pending), False
         stored: list[str] = []
         pending_changed = False
         if relabel:
