@@ -1,6 +1,7 @@
 """FedPP / FEDORA (Wu et al., KDD 2023) on rotated 8×8 digits: Acc, R-Acc and PTR against seven baselines.
 
-``python -m benchmarks.fedpp_digits [--quick] [--seeds 0 1 2] [--rounds N] [--setting balanced imbalanced]``
+``python -m benchmarks.fedpp_digits [--quick] [--seeds 0 1 2] [--rounds N] [--setting balanced imbalanced]
+[--methods ...] [--ablations] [--kernel exp|sum] [--top-k K|none] [--name FILE]``
 
 The stand-in for the paper's Rotated MNIST: scikit-learn's bundled 8×8 digits
 (1,797 images, pixels scaled to [0, 1]).  Each client is one rotation angle, the
@@ -20,7 +21,11 @@ the final global on each client), FedProx (μ = ``mu``), Ditto (λ = ``ditto_lam
 LG-FedAvg (personal body, shared head), FedPer (shared body, personal head),
 FedPP (ours, the defaults: the slides' λ = max(ε, Δ); W from principal angles
 with the authors' code's exp kernel and top-2 neighbours; α = 4) and the
-ablation FedPP with the code's λ rule (0 or exp(Δ/2)).  As in the paper, each
+ablation FedPP with the code's λ rule (0 or exp(Δ/2)).  ``--kernel`` and ``--top-k``
+change W for those two rows.  Two more rows, only on request (``--methods``),
+measure W itself with the slides' λ rule: "FedPP (slides' W, dense)", the slides'
+``w_kk' = Σ cos ζ_i`` with every neighbour kept, and "FedPP (Σcos W, top-2)", the
+slides' kernel with the code's top-2 (``--ablations`` adds both).  As in the paper, each
 client also has ``n_val`` validation images that nobody trains on; FedPP reads
 its λ from them (the baselines, which the paper tunes on them, ignore them).
 
@@ -63,7 +68,12 @@ from trainer_lite.task import TaskSpec
 
 FEDPP = "FedPP"
 FEDPP_EXP = "FedPP (λ: code)"
+FEDPP_SLIDES = "FedPP (slides' W, dense)"
+FEDPP_SUM_TOP2 = "FedPP (Σcos W, top-2)"
 METHODS = ("LOCAL", "FedAvg", "FedAvg+FT", "FedProx", "Ditto", "LG-FedAvg", "FedPer", FEDPP, FEDPP_EXP)
+#: Similarity ablations, run only when named with ``--methods`` (not in the default study).
+ABLATIONS = (FEDPP_SLIDES, FEDPP_SUM_TOP2)
+ALL_METHODS = METHODS + ABLATIONS
 SETTINGS = ("balanced", "imbalanced")
 CENTERS = (0.0, 90.0, 180.0, 270.0)
 #: The slides' balanced table, Rotated MNIST (36 clients, 10° apart): Acc, R-Acc, PTR.
@@ -202,11 +212,21 @@ def task_spec(method: str, cfg: Config, seed: int) -> TaskSpec:
         "FedPer": ("fedper", {}, {}),
         FEDPP: ("fedpp", {**fedpp, "lam_rule": "max"}, server_pp),
         FEDPP_EXP: ("fedpp", {**fedpp, "lam_rule": "exp"}, server_pp),
+        FEDPP_SLIDES: (
+            "fedpp",
+            {**fedpp, "lam_rule": "max"},
+            {"alpha": cfg.alpha, "top_k": None, "kernel": "sum"},
+        ),
+        FEDPP_SUM_TOP2: (
+            "fedpp",
+            {**fedpp, "lam_rule": "max"},
+            {"alpha": cfg.alpha, "top_k": 2, "kernel": "sum"},
+        ),
     }
     try:
         algorithm, hp, server = table[method]
     except KeyError:
-        raise ValueError(f"unknown method {method!r}; choose from {list(METHODS)}") from None
+        raise ValueError(f"unknown method {method!r}; choose from {list(ALL_METHODS)}") from None
     return TaskSpec(
         name="digits",
         algorithm=algorithm,
@@ -320,6 +340,32 @@ def summarise(results) -> dict[tuple[str, str], dict[str, list[float]]]:
     return out
 
 
+def losers(results, setting: str, method: str) -> list[tuple[int, dict[str, float]]]:
+    """Per seed, the clients whose accuracy is below their LOCAL accuracy: ``[(seed, {client: gap})]``."""
+    local = {j.seed: acc for j, acc, _, _ in results if j.setting == setting and j.method == "LOCAL"}
+    out = []
+    for job, acc, _, _ in sorted(results, key=lambda r: r[0].seed):
+        if job.setting == setting and job.method == method:
+            gaps = {d: acc[d] - local[job.seed][d] for d in sorted(acc)}
+            out.append((job.seed, {d: g for d, g in gaps.items() if g < 0}))
+    return out
+
+
+def losers_table(results, setting: str, methods: Sequence[str]) -> str:
+    """One row per FedPP variant and seed: which clients end below LOCAL, by how much (accuracy points)."""
+    rows = []
+    for m in methods:
+        if not m.startswith("FedPP"):
+            continue
+        for seed, lost in losers(results, setting, m):
+            worst = min(lost.values()) if lost else 0.0
+            listed = ", ".join(f"{d} {100 * g:+.1f}" for d, g in sorted(lost.items(), key=lambda kv: kv[1]))
+            rows.append([m, str(seed), str(len(lost)), listed or "none", f"{100 * worst:+.1f}"])
+    return markdown_table(
+        ["method", "seed", "clients below LOCAL", "client: Acc − LOCAL (points)", "worst"], rows
+    )
+
+
 def table(cells, setting: str, methods: Sequence[str]) -> str:
     rows = []
     for m in methods:
@@ -402,7 +448,7 @@ def plot(path: Path, results, cfg: Config, cells) -> Path | None:
 
 def report(cfg: Config, results, seconds: float) -> str:
     cells = summarise(results)
-    methods = [m for m in METHODS if m in cfg.methods]
+    methods = [m for m in ALL_METHODS if m in cfg.methods]
     angles = ", ".join(f"{a:g}" for a in cfg.angles())
     parts = [
         f"Rotated 8×8 digits: {len(cfg.angles())} clients at angles {angles}° ({cfg.per_cluster} per cluster); "
@@ -413,6 +459,11 @@ def report(cfg: Config, results, seconds: float) -> str:
         f"{cfg.ditto_lam}; FedAvg+FT {cfg.ft_steps} steps.  Seeds {list(cfg.seeds)}; mean ± std over seeds.  "
         f"{len(results)} runs in {seconds:.0f} s wall ({cfg.workers} workers)."
     ]
+    if any(m in cfg.methods for m in ABLATIONS):
+        parts[0] += (
+            f"  W ablations (slides' λ rule, α = {cfg.alpha}): “{FEDPP_SLIDES}” uses the slides' "
+            f"w = Σ cos ζ with every neighbour kept; “{FEDPP_SUM_TOP2}” the same kernel with top-2."
+        )
     for s in cfg.settings:
         title = (
             "Balanced (paper: Rotated MNIST, 36 clients, its Table beside ours)"
@@ -420,6 +471,11 @@ def report(cfg: Config, results, seconds: float) -> str:
             else "Imbalanced: client 0 much larger (paper: 4-client table, average accuracy)"
         )
         parts += [f"## {title}", table(cells, s, methods)]
+        parts += [
+            f"Clients worse off than LOCAL ({s}; PTR counts the others): per seed, each client's test "
+            "accuracy minus its LOCAL accuracy of the same seed.",
+            losers_table(results, s, methods),
+        ]
     parts += [
         "## How this differs from the paper's runs",
         "The paper: Rotated MNIST (28×28), 36 clients at 0°, 10°, …, 350° with 128 training and 64 "
@@ -433,11 +489,51 @@ def report(cfg: Config, results, seconds: float) -> str:
     return "\n\n".join(parts)
 
 
+_ALL = object()  # --top-k none
+
+
+def _top_k(text: str):
+    if text.lower() in ("none", "all", "dense"):
+        return _ALL
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"top-k must be >= 1 or 'none', got {value}")
+    return value
+
+
 def build_parser():
     parser = study_parser(__doc__.split("\n\n")[0])
     parser.set_defaults(seeds=None)
     parser.add_argument("--setting", nargs="+", choices=SETTINGS, default=None, help="which settings")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=ALL_METHODS,
+        default=list(METHODS),
+        help=f"methods (default: all but the W ablations {list(ABLATIONS)}); LOCAL is always run",
+    )
+    parser.add_argument(
+        "--ablations",
+        action="store_true",
+        help=f"also run the W ablation rows {list(ABLATIONS)} (slides' λ rule, fixed W)",
+    )
+    parser.add_argument(
+        "--kernel",
+        choices=("exp", "sum"),
+        default=None,
+        help="W of the FedPP rows: 'exp' = exp(10·Σcos ζ), the authors' code (default); "
+        "'sum' = Σcos ζ, the slides",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=_top_k,
+        default=None,
+        help=f"neighbours kept per client by the FedPP rows (default {Config.top_k}; 'none' keeps all, "
+        "the slides' dense W)",
+    )
+    parser.add_argument(
+        "--name", default=None, help="results file stem (default fedpp_digits, or fedpp_digits_quick)"
+    )
     parser.add_argument("--rounds", type=int, default=None, help=f"rounds (default {Config.rounds})")
     parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     return parser
@@ -450,10 +546,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg,
         seeds=tuple(args.seeds) if args.seeds is not None else cfg.seeds,
         settings=tuple(args.setting) if args.setting else cfg.settings,
-        methods=tuple(args.methods),
+        methods=tuple(dict.fromkeys([*args.methods, *(ABLATIONS if args.ablations else ())])),
         rounds=args.rounds or cfg.rounds,
         workers=args.workers,
     )
+    if args.kernel is not None:
+        cfg = replace(cfg, kernel=args.kernel)
+    if args.top_k is not None:
+        cfg = replace(cfg, top_k=None if args.top_k is _ALL else args.top_k)
     started = time.perf_counter()
     results = run_study(cfg)
     seconds = time.perf_counter() - started
@@ -461,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(body)
     if args.no_write:
         return 0
-    name = "fedpp_digits_quick" if args.quick else "fedpp_digits"
+    name = args.name or ("fedpp_digits_quick" if args.quick else "fedpp_digits")
     png = plot(RESULTS / f"{name}.png", results, cfg, summarise(results))
     path = write_result(name, body, command="python -m benchmarks.fedpp_digits " + " ".join(sys.argv[1:]))
     print(f"\nwrote {path}" + (f" and {png}" if png else ""), file=sys.stderr)

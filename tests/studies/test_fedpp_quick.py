@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from benchmarks import fedpp_digits as study
 
@@ -31,3 +32,57 @@ def test_quick_study_fills_the_table_and_fedpp_beats_local_and_fedavg_without_ne
 
     body = study.report(cfg, results, seconds=0.0)
     assert "0.8251" in body and "| FedPP " in body
+
+
+def test_losers_lists_each_seeds_clients_below_local_by_how_much():
+    job = study.Job
+    results = [
+        (job("balanced", "LOCAL", 0), {"a": 0.8, "b": 0.7, "c": 0.5}, [], 0.0),
+        (job("balanced", study.FEDPP, 0), {"a": 0.9, "b": 0.65, "c": 0.5}, [], 0.0),  # tie counts as positive
+        (job("balanced", "LOCAL", 1), {"a": 0.6, "b": 0.6, "c": 0.6}, [], 0.0),
+        (job("balanced", study.FEDPP, 1), {"a": 0.5, "b": 0.7, "c": 0.58}, [], 0.0),
+    ]
+    got = study.losers(results, "balanced", study.FEDPP)
+    assert [s for s, _ in got] == [0, 1]
+    assert got[0][1] == {"b": pytest.approx(-0.05)}
+    assert got[1][1] == {"a": pytest.approx(-0.1), "c": pytest.approx(-0.02)}
+    text = study.losers_table(results, "balanced", ["LOCAL", study.FEDPP])
+    assert "b -5.0" in text and "a -10.0, c -2.0" in text
+
+
+def test_kernel_and_top_k_flags_reach_the_fedpp_rows_and_the_ablations_keep_their_own_w(capsys):
+    args = study.build_parser().parse_args(["--kernel", "sum", "--top-k", "none", "--ablations"])
+    assert args.kernel == "sum" and args.top_k is study._ALL and args.ablations
+    cfg = study.replace(study.Config(), kernel="sum", top_k=None)
+    assert study.task_spec(study.FEDPP, cfg, 0).server == {"alpha": 4.0, "top_k": None, "kernel": "sum"}
+    default = study.Config()
+    assert study.task_spec(study.FEDPP, default, 0).server == {"alpha": 4.0, "top_k": 2, "kernel": "exp"}
+    assert study.task_spec(study.FEDPP_SLIDES, default, 0).server == {
+        "alpha": 4.0,
+        "top_k": None,
+        "kernel": "sum",
+    }
+    assert study.task_spec(study.FEDPP_SUM_TOP2, default, 0).server == {
+        "alpha": 4.0,
+        "top_k": 2,
+        "kernel": "sum",
+    }
+    argv = [
+        "--quick",
+        "--no-write",
+        "--seeds",
+        "0",
+        "--rounds",
+        "2",
+        "--methods",
+        "LOCAL",
+        "FedPP",
+        "--ablations",
+    ]
+    assert study.main([*argv, "--top-k", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "top-k 3, kernel 'exp'" in out
+    assert "| FedPP (slides' W, dense) |" in out and "| FedPP (Σcos W, top-2)" in out
+    assert "clients below LOCAL" in out
+    with pytest.raises(SystemExit):
+        study.build_parser().parse_args(["--top-k", "0"])

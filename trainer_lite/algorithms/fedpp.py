@@ -27,7 +27,8 @@ a strong one.  On the rotated-digits study (``benchmarks/fedpp_digits.py``,
 ``benchmarks/results/fedpp_digits.md``) both rules reach the same mean
 accuracy and PTR (within a seed's spread); the slides' rule keeps the one
 large client of the imbalanced setting at its LOCAL accuracy (−0.001, the
-code's −0.009).
+code's −0.010).  Neither reaches the slides' PTR = 1.0 (0.92 balanced, 0.82
+imbalanced with the default rule; the results file lists the losing clients).
 
 Validation data: a fixed ``val_fraction`` of the device's training set (drawn
 once from the task seed and the dataset size, the same every round) is held
