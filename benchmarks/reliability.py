@@ -3,8 +3,9 @@ a device killed mid state-write never leaves corrupt state.
 
 Aggregator trials (mosquitto, ``cloud-aggregator serve`` and three ``edge-trainer``
 daemons, reused across trials): per seeded trial a PFL-DA task runs once
-uninterrupted and once (same seeds, another task name) with 1–3 SIGKILLs of the
-aggregator, each followed by a restart.  A kill lands either at a named point
+uninterrupted and once (same seeds, another task name) with 2–4 planned SIGKILLs of
+the aggregator (fewer land when the run finishes before a kill is due), each followed
+by a restart.  A kill lands either at a named point
 (``cloud_aggregator.faults``: after an upload is stored, before/after aggregation,
 after the new global's artifact is written, inside the round's open transaction,
 after the commit, after an announcement) on a random pass, or at a uniformly random

@@ -51,7 +51,8 @@ from trainer_lite.task import TaskSpec
 LOSS_SCALE = 50.0
 HPARAMS = {"lr": 0.1, "weight_decay": 3e-4, "local_steps": 10}
 ATTACKS = ("none", "scale-10", "scale100", "signflip", "random")
-#: (label, reducer, reducer_args); f = 4 is the number of attackers among 20.
+#: (label, reducer, reducer_args); f = 4 is the number of attackers among 20.  The first
+#: row (the plain mean) is relabelled per algorithm: see :func:`reducer_rows`.
 REDUCERS: tuple[tuple[str, str, dict], ...] = (
     ("fedavg (mean)", "mean", {}),
     ("clip (median norm)", "clip", {}),
@@ -143,6 +144,21 @@ def honest_loss(fleet: SimulatedFleet, g: Params, honest: Sequence[str]) -> floa
     return loss if np.isfinite(loss) else float("inf")
 
 
+#: How the results name each algorithm.
+ALGORITHM_NAMES = {"fedavg": "FedAvg", "pflda": "PFL-DA"}
+
+
+def hparams_for(algorithm: str) -> dict:
+    """The client hyperparameters of every run of ``algorithm`` (PFL-DA adds its λ)."""
+    return dict(HPARAMS, **({"lam": 0.9} if algorithm == "pflda" else {}))
+
+
+def reducer_rows(algorithm: str) -> tuple[tuple[str, str, dict], ...]:
+    """``REDUCERS`` with the plain mean's row named after ``algorithm`` ("pflda (mean)")."""
+    (_, mean_name, mean_args), *rest = REDUCERS
+    return ((f"{algorithm} (mean)", mean_name, mean_args), *rest)
+
+
 def run_one(
     clients: dict[str, ClientData],
     algorithm: str,
@@ -153,7 +169,7 @@ def run_one(
     n_attackers: int,
 ) -> Run:
     name, args = reducer
-    hparams = dict(HPARAMS, **({"lam": 0.9} if algorithm == "pflda" else {}))
+    hparams = hparams_for(algorithm)
     spec = TaskSpec(
         "robust",
         algorithm,
@@ -193,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     clients = printers(args.printers)
     t_data = time.time() - t0
-    reducers = REDUCERS
+    reducers = reducer_rows(args.algorithm)
     attacks = ATTACKS
     jobs = [(r, a, s) for r in reducers for a in attacks for s in seeds]
     results: dict[tuple[str, str], list[Run]] = {}
@@ -218,11 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = [[label, *[cell(label, a) for a in attacks]] for label, _, _ in reducers]
     table = markdown_table(headers, rows)
     print(table)
+    algo = ALGORITHM_NAMES[args.algorithm]
+    clean_label = f"{algo}'s clean run" + (
+        "" if args.algorithm == "fedavg" else " with the plain mean reducer"
+    )
     body = (
         f"{args.printers} simulated printers, {n_attackers} attackers (20%), {args.algorithm} "
-        f"(sigmoid GLM, {HPARAMS}, weighting uniform), {rounds} rounds, seeds {seeds}.\n\n"
+        f"(sigmoid GLM, {hparams_for(args.algorithm)}, weighting uniform), {rounds} rounds, seeds {seeds}.\n\n"
         f"Final mean personalized test loss of the honest printers (PFL-DA Table 5 units, "
-        f"50·MSE(s/50)), mean ± sd over seeds; in brackets the ratio to FedAvg's clean run "
+        f"50·MSE(s/50)), mean ± sd over seeds; in brackets the ratio to {clean_label} "
         f"({clean_ref:.3f}). Attacks on the upload's change Δ = θ − g: scale-10 = g − 10Δ, "
         f"scale100 = g + 100Δ, signflip = g − Δ, random = g + N(0, 1).\n\n{table}\n\n"
         f"Wall time: data {t_data:.0f} s (cached after the first run), "
@@ -248,7 +268,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         if png is not None:
             body += f"\n![curves]({png.name}) (curves that diverge past 10³ are left out)\n"
-        path = write_result(name, body)
+        # The module's real command line (the result's name carries the algorithm, the module does not).
+        command = " ".join(
+            ["python -m benchmarks.robust_aggregation", *(sys.argv[1:] if argv is None else argv)]
+        )
+        path = write_result(name, body, command=command)
         print(f"wrote {path}", file=sys.stderr)
     return 0
 
