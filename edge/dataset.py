@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.config import DataConfig
-from edge.state import load_arrays, save_arrays
+from edge.state import load_verified, save_arrays
 from trainer_lite.client import derive_rng
 from trainer_lite.data import Dataset
 
@@ -33,10 +33,15 @@ def save_dataset(state_dir: Path, train: Dataset, test: Dataset, meta: dict) -> 
 
 
 def load_dataset(state_dir: Path) -> tuple[Dataset, Dataset, dict] | None:
-    loaded = load_arrays(state_dir / FILE)
-    if loaded is None:
-        return None
-    a, meta = loaded
+    """The verified dataset (``.prev`` if the file is corrupt), ``None`` if never written.
+
+    A copy that verifies but lacks an array or holds inconsistent ones counts as corrupt
+    too (``edge.state.load_verified``); ``StateError`` when no copy is usable.
+    """
+    return load_verified(state_dir / FILE, _dataset_from)
+
+
+def _dataset_from(a: dict[str, np.ndarray], meta: dict) -> tuple[Dataset, Dataset, dict]:
     train = Dataset(a["train_x"], a["train_y"], a.get("train_domain"))
     test = Dataset(a["test_x"], a["test_y"], a.get("test_domain"))
     return train, test, meta

@@ -171,3 +171,23 @@ def test_task_state_with_missing_or_ill_typed_keys_is_a_state_error_or_falls_bac
     save_task_state(path, _task_state(3))
     save_arrays(path, {"local.w": np.zeros(3)}, meta)  # the good copy is now .prev
     assert load_task_state(path).answered == (3, "train")
+
+
+def test_dataset_file_missing_an_array_falls_back_or_is_a_state_error(tmp_path):
+    """load_dataset: a checksummed file without train_y (was KeyError) is corrupt like a bad checksum."""
+    from edge.dataset import FILE, load_dataset, save_dataset
+    from trainer_lite.data import Dataset
+
+    d = Dataset(np.zeros((4, 2)), np.ones((4, 1)))
+    save_arrays(
+        tmp_path / FILE, {"train_x": np.zeros((4, 2)), "test_x": np.zeros((1, 2)), "test_y": np.ones((1, 1))}
+    )
+    with pytest.raises(StateError):
+        load_dataset(tmp_path)
+    save_dataset(tmp_path, d, d, {"source": "x"})
+    save_arrays(
+        tmp_path / FILE,
+        {"train_x": np.zeros((4, 2)), "train_y": np.ones((3, 1)), "test_x": d.x, "test_y": d.y},
+    )
+    train, _, meta = load_dataset(tmp_path)  # rows disagree: the previous copy is used
+    assert meta == {"source": "x"} and len(train.y) == 4
