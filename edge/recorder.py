@@ -67,7 +67,7 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -491,6 +491,9 @@ class PrinterRecorder(_Loop):
         threaded = (not self.virtual) if context_thread is None else context_thread
         self.poller = ContextPoller(self.context, cfg.poll_s, clock) if threaded else None
         self._next_poll = -math.inf
+        self._horizon = -math.inf
+        self._held: deque = deque()
+        self.max_hold_s = max(2.0, 4 * cfg.poll_s + 2 * cfg.moonraker_timeout_s)
         self.invalid_rows = 0
         self.data = DatasetAppender(
             self.state_dir,
@@ -540,9 +543,27 @@ class PrinterRecorder(_Loop):
         rows = []
         for sample in self._context_samples():
             rows += self.layers.add_context(sample)
+            self._horizon = max(self._horizon, sample.t)
+        t_read = self.clock()
         batch = self.accel.read()
-        rows += self.layers.add_accel(batch, ok=self.accel.state == "ok")
+        self._held.append((t_read, batch, self.accel.state == "ok"))
+        rows += self._feed_accel()
         return self._store(rows)
+
+    def _feed_accel(self, *, everything: bool = False) -> list:
+        """Hand held accelerometer batches to the layer recorder, in time order with the context.
+
+        A batch is fed once a context sample at least as new as its read has been fed: the
+        recorder forgets samples no open layer needs, so the samples at the start of a print
+        must not pass before the (threaded, later-arriving) context sample that opens its
+        first layer.  A context that stays silent holds batches back at most ``max_hold_s``.
+        """
+        rows = []
+        stale = self.clock() - self.max_hold_s
+        while self._held and (everything or self._held[0][0] <= self._horizon or self._held[0][0] < stale):
+            _, batch, ok = self._held.popleft()
+            rows += self.layers.add_accel(batch, ok=ok)
+        return rows
 
     def _unit(self, row) -> tuple[str, str]:
         """The split key of ``row`` and its run's split, starting a new run when this row does."""
@@ -601,7 +622,8 @@ class PrinterRecorder(_Loop):
                     self._store(self.layers.add_context(sample))
             with contextlib.suppress(Exception):
                 batch = self.accel.read()
-                self._store(self.layers.add_accel(batch, ok=self.accel.state == "ok"))
+                self._held.append((self.clock(), batch, self.accel.state == "ok"))
+            self._store(self._feed_accel(everything=True))
             # Layers that ended are kept if the samples cover them (flush checks gaps);
             # the open layer is incomplete and is not stored.
             self._store(self.layers.flush())

@@ -247,6 +247,15 @@ def test_a_sigtermed_recorder_process_leaves_a_loadable_dataset(tmp_path):
     train, test, meta = load_dataset(state)
     assert len(train) + len(test) >= 4 and len(train) >= 1 and meta["source"] == "record-printer"
     assert not [p for p in os.listdir(state) if p.endswith(".tmp")]
+    # Layer i runs at 30 + i mm/s with sigmas (0.5 + 0.01 i, 0.4 + 0.01 i): every stored row is
+    # one of them, and layer 0 -- opened by a context sample that the poller thread hands over
+    # after the accelerometer has been read past it -- is there, first, in train.
+    speeds = np.concatenate([train.y[:, 0], test.y[:, 0]]) * 50
+    layer = np.round(speeds - 30).astype(int)
+    np.testing.assert_allclose(speeds, 30 + layer, atol=1e-6)
+    sigma = np.concatenate([train.x[:, 0], test.x[:, 0]])
+    np.testing.assert_allclose(sigma, np.hypot(0.5 + 0.01 * layer, 0.4 + 0.01 * layer), rtol=0.05)
+    assert train.y[0, 0] * 50 == pytest.approx(30.0)
     status = json.loads((state / STATUS_FILE).read_text())
     assert status["running"] is False and status["rows"]["train"] + status["rows"]["test"] == len(
         train
@@ -329,3 +338,39 @@ def test_cli_config_errors_exit_2(tmp_path):
         timeout=30,
     )
     assert out.returncode == 2 and "no [sensors] table" in out.stderr
+
+
+class LaggingContext:
+    """Hands over each Moonraker sample one poll late, as a slow printer host or the poller
+    thread does: by then the accelerometer has been read past the sample's time.  With a
+    0.5 s poll the lag exceeds the ~0.3 s the ADXL345 driver's stuck-axis gate holds samples
+    back (a Klipper stream holds none), so without the recorder's ordering the samples at the
+    start of a print were forgotten before the sample opening its first layer came in."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.prev = inner, None
+
+    def poll(self):
+        sample, self.prev = self.prev, self.inner.poll()
+        return sample if sample is not None else self.prev
+
+    def status(self) -> dict:
+        return self.inner.status()
+
+
+def test_context_that_arrives_late_still_opens_the_first_layer_of_each_print(sim, tmp_path):
+    from edge.recorder import build_context
+
+    cfg = SensorsConfig(kind="printer", moonraker_url=sim["server"].url, poll_s=0.5, read_interval_s=0.05)
+    rec = PrinterRecorder(
+        DEVICE,
+        tmp_path,
+        cfg,
+        clock=sim["clock"],
+        bus_factory=lambda n: sim["bus"],
+        context=LaggingContext(build_context(cfg, sim["clock"])),
+    )
+    end = sim["timeline"].end + 1.0
+    rec.run(until=lambda: sim["clock"].t > end)
+    assert {(r.job, r.layer) for r in rec.layers.rows} == {(s.job, s.layer) for s in sim["timeline"].segments}
+    assert not rec.layers.dropped
