@@ -326,6 +326,8 @@ def _config_targets(work: Workdir) -> list[Target]:
         'fleet = "plant"\nbroker = "mqtt://127.0.0.1:1883"\nstate_dir = "/tmp/agg"\nallow_plaintext = true\n'
         "max_payload_bytes = 65536\n[collect]\ndeadline_s = 20\nmin_participants = 2\n"
         'expected = ["printer1", "printer2"]\nstraggler = "next_round"\n'
+        "[admission]\nmax_norm_ratio = 50.0\nmin_history = 4\nhistory = 64\nmax_update_norm = 1e3\n"
+        "max_param_norm = inf\nreplay_rounds = 20\n"
         '[[task]]\nname = "speed"\nalgorithm = "pflda"\nmodel = "sigmoid_glm"\nrounds = 10\n'
         'hparams = { lr = 0.1, local_steps = 10, lam = 0.9 }\nserver = { weighting = "uniform", reducer = "krum", '
         "reducer_args = { f = 1 } }\n"
@@ -488,6 +490,135 @@ def _printer_target(work: Workdir) -> Target:
     )
 
 
+def _moonraker_target() -> Target:
+    """Moonraker's ``/printer/objects/query`` answer, as ``MoonrakerContext.poll`` parses it."""
+    from sensors.context.moonraker import MoonrakerError, parse_status
+
+    status = {
+        "gcode_move": {"speed": 3000.0, "speed_factor": 1.0, "gcode_position": [10.0, 20.0, 0.6, 5.0]},
+        "print_stats": {"state": "printing", "filename": "cube.gcode", "info": {"total_layer": None, "current_layer": 3}},
+        "toolhead": {"position": [10.0, 20.0, 0.6, 5.0]},
+        "motion_report": {"live_velocity": 31.5},
+    }  # fmt: skip
+    seeds = [
+        json.dumps({"result": {"eventtime": 12345.6, "status": status}}).encode(),
+        json.dumps({"eventtime": 1.0, "status": {"print_stats": {"state": "paused"}}}).encode(),
+        json.dumps({"result": {"status": {"print_stats": {"state": "standby"}, "toolhead": {"position": [0, 0, 1.4, 0]}}}}).encode(),
+    ]  # fmt: skip
+
+    def structured(rnd: random.Random) -> bytes:
+        st = {k: dict(v) for k, v in status.items()}
+        for _ in range(rnd.randint(1, 3)):
+            name = rnd.choice(list(st))
+            r = rnd.random()
+            if r < 0.25 or not isinstance(st[name], dict):  # an object that is not an object
+                st[name] = random_json(rnd)
+                continue
+            st[name] = dict(st[name])  # random_json may have put a shared JSON_VALUES dict there
+            if r < 0.5 and name == "print_stats":  # reach inside info
+                st[name]["info"] = mutate_json_fields({"total_layer": None, "current_layer": 3}, rnd)
+            elif r < 0.6 and name in ("gcode_move", "toolhead"):
+                key = "gcode_position" if name == "gcode_move" else "position"
+                st[name][key] = [random_json(rnd) for _ in range(rnd.randint(0, 5))]
+            else:
+                st[name] = mutate_json_fields(st[name], rnd)
+        doc: Any = {"result": {"eventtime": 1.0, "status": st}}
+        if rnd.random() < 0.1:
+            doc = mutate_json_fields(doc["result"], rnd)
+        return json.dumps(doc).encode()
+
+    return Target("moonraker.parse_status", lambda b: parse_status(b, 0.0), (MoonrakerError,), seeds, structured,
+                  "MoonrakerError")  # fmt: skip
+
+
+def _fleet_status_target() -> Target:
+    """A retained device status through ``fleet status``: decode, summarize, format; only ValueError
+    from decoding (the status is then skipped), never an error from the table."""
+    from cloud_aggregator.fleet_status import decode_status, format_table, summarize
+
+    good = {
+        "device": "printer1", "state": "online", "time": 1.7e9,
+        "tasks": {"speed": {"round": 4, "metrics": {"test_loss": 0.25}}, "weld": {"round": None, "metrics": {}}},
+        "models": {"enc": {"active": 3, "previous": 2, "transfer": {"version": 4, "have": 2, "of": 9},
+                           "rejected": [{"version": 2, "reason": "bad signature", "time": 1.0}]}},
+    }  # fmt: skip
+    seeds = [json.dumps(good).encode(), json.dumps({"device": "printer2", "state": "offline"}).encode()]
+
+    def structured(rnd: random.Random) -> bytes:
+        body = json.loads(json.dumps(good))
+        for _ in range(rnd.randint(1, 3)):
+            r = rnd.random()
+            if r < 0.3:
+                body = mutate_json_fields(body, rnd)
+            elif r < 0.5 and isinstance(body.get("tasks"), dict):
+                body["tasks"] = dict(body["tasks"])  # never edit a shared JSON_VALUES dict in place
+                body["tasks"]["speed"] = mutate_json_fields(good["tasks"]["speed"], rnd)
+                body["tasks"]["speed"]["metrics"] = mutate_json_fields({"test_loss": 0.25}, rnd)
+            elif r < 0.8 and isinstance(body.get("models"), dict):
+                m = mutate_json_fields(good["models"]["enc"], rnd)
+                if rnd.random() < 0.5:
+                    m["transfer"] = mutate_json_fields(good["models"]["enc"]["transfer"], rnd)
+                if rnd.random() < 0.5:
+                    m["rejected"] = [mutate_json_fields(good["models"]["enc"]["rejected"][0], rnd)]
+                body["models"] = {**body["models"], rnd.choice(["enc", "x"]): m}
+            else:
+                body[rnd.choice(["models", "tasks", "state", "time"])] = random_json(rnd)
+        return json.dumps(body).encode()
+
+    def decode(data: bytes) -> Any:
+        body = decode_status(data)
+        rows = summarize({"printer1": body, "printer2": good} if body is not None else {"printer2": good})
+        return format_table(rows, now=1.7e9)
+
+    return Target("fleet_status (decode_status + summarize + table)", decode, (ValueError,), seeds, structured,
+                  "ValueError (decode_status only)")  # fmt: skip
+
+
+def _state_target(work: Workdir) -> Target:
+    """A device's task state file through ``edge.daemon.load_task_state`` (no ``.prev`` copy)."""
+    from edge.daemon import TaskState, load_task_state, save_task_state
+    from edge.state import StateError, decode_arrays, encode_arrays
+
+    logging.getLogger("edge.state").setLevel(logging.CRITICAL)  # one error per corrupt input
+    states = [
+        TaskState('{"name": "speed"}', {"w": np.linspace(-1, 1, 4), "b": np.zeros(1)}, (5, "train"),
+                  {"w": np.ones(4, np.float32)}, {"n_samples": 17, "global_hash": "ab" * 32}, {"test_loss": 0.5}),
+        TaskState('{"name": "weld"}', {"U": np.eye(3)}),
+    ]  # fmt: skip
+    seeds = []
+    for i, state in enumerate(states):
+        save_task_state(work.root / f"seed{i}.safetensors", state)
+        seeds.append((work.root / f"seed{i}.safetensors").read_bytes())
+
+    def structured(rnd: random.Random) -> bytes:
+        """Valid checksums around mutated metadata (and tensors), so inputs reach the key checks."""
+        arrays, meta = decode_arrays(rnd.choice(seeds))
+        meta = mutate_json_fields(meta, rnd)
+        if rnd.random() < 0.3 and isinstance(meta.get("upload_meta"), dict):
+            meta["upload_meta"] = mutate_json_fields(meta["upload_meta"], rnd)
+        if rnd.random() < 0.3:
+            meta["answered"] = rnd.choice([[random_json(rnd), random_json(rnd)], random_json(rnd)])
+        if rnd.random() < 0.2:
+            name = rnd.choice(list(arrays))
+            arrays[rnd.choice([name, "upload.zz", "other"])] = rnd.choice(
+                [
+                    np.zeros(3, np.int64),
+                    np.zeros((0,), np.float32),
+                    np.full(2, np.nan),
+                    np.zeros((1, 1, 1), np.float16),
+                ]
+            )
+        return encode_arrays(arrays, meta)
+
+    def decode(data: bytes) -> Any:
+        path = work.write("local.safetensors", data)
+        return load_task_state(path)
+
+    return Target(
+        "device task state (load_task_state)", decode, (StateError,), seeds, structured, "StateError"
+    )
+
+
 class _StubSession:
     """Just enough of ``MqttSession`` for :class:`MqttFleet`'s receive path."""
 
@@ -556,6 +687,9 @@ def all_targets(work: Workdir) -> list[Target]:
         *_weld_targets(work),
         *_label_targets(work),
         _printer_target(work),
+        _moonraker_target(),
+        _fleet_status_target(),
+        _state_target(work),
     ]
 
 
@@ -614,6 +748,27 @@ def fuzz(target: Target, n: int, seed: int, hang_s: float) -> Tally:
     return tally
 
 
+#: What earlier runs found (kept in the results file, which each full run rewrites).
+HISTORY = """## Crashes found earlier
+
+The first run (200–300 inputs per decoder, before the fixes in commit ce030f4, regression tests in
+tests/fuzz/test_regressions.py) broke the contract in six decoders:
+
+- `manifest.verify_manifest`: `UnicodeEncodeError` for a manifest holding a lone surrogate (a hostile offer's JSON can carry `"\\udc80"`); `ModelManifest.from_dict`: `AttributeError` when `parity`/`extra` is not an object. `edge/models.py` catches only `ManifestError`. Now `ManifestError`.
+- `read_weld_file` (sidecars): `TypeError`/`ValueError` from `channels`, `sample_rate`, `scale` of the wrong type; `tokenize.TokenError` from a corrupt NPY header; `UnicodeDecodeError` from CSV files and sidecars; complex NPY arrays were silently cast to real. Now `WeldDataError`.
+- `LabelLog.load`: `UnicodeDecodeError` for non-UTF-8 logs. Now `LabelLogError`.
+
+The Moonraker, fleet-status and device-state targets were added later, with their fixes
+(commits d082e4a, 7f141b7, ffaa2e6; tests in tests/sensors/test_context_moonraker.py,
+tests/core/test_fleet_status.py, tests/core/test_state.py).  Against the code before those
+fixes, 3000 of each target's inputs (seed 0) gave 240 contract breaks in `parse_status` (all
+`AttributeError`: a status object that is not an object) and 654 in `summarize` (350
+`AttributeError`, 196 `TypeError`, 85 `KeyError`, 23 `ValueError` on ill-typed fields); `load_task_state`
+raised `KeyError` for a checksummed file without `spec`, and edited metadata passed the
+tensor-only checksum.
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = study_parser(__doc__.split("\n")[0], default_seeds=(0,))
     parser.add_argument("--examples", type=int, default=5000, help="inputs per decoder (quick: 300)")
@@ -653,10 +808,17 @@ def main(argv: list[str] | None = None) -> int:
         f"~40% structured where a generator exists), hang limit {args.hang_s} s, wall {wall:.0f} s, "
         f"peak RSS {peak_rss_mb():.0f} MiB. Findings: {len(found)}.\n\n{table}\n"
     )
+    body += (
+        "\nInputs come from a seeded `random.Random` mutator (byte mutations of valid seeds plus "
+        "structured generators), not a coverage-guided fuzzer; hypothesis drives the same generators "
+        "in `tests/fuzz` on a budget of seconds.\n"
+    )
     for f in found[:20]:
         body += f"\n### {f.kind} in {f.target}\n\n`{f.error}`\n\ninput (hex, first 200 bytes): `{f.data[:200].hex()}`\n"
         print(f"{f.kind} in {f.target}: {f.error}\n{f.trace}", file=sys.stderr)
     if not args.no_write:
+        if not args.quick and not args.only:
+            body += "\n" + HISTORY
         path = write_result("fuzz_decoders" + ("_quick" if args.quick else ""), body)
         print(f"wrote {path}", file=sys.stderr)
     return 1 if found else 0

@@ -39,14 +39,30 @@ def collect_status(
             continue
         try:
             parsed = wire.parse_topic(msg.topic)
-            body = json.loads(msg.payload) if msg.payload else None
+            body = decode_status(msg.payload)
         except (wire.WireError, ValueError) as exc:
             log.warning("ignoring status on %s: %s", msg.topic, exc)
             continue
-        if parsed.kind == "status" and isinstance(body, dict):
+        if parsed.kind == "status" and body is not None:
             statuses[parsed.device] = body
             last = time.monotonic()
     return statuses
+
+
+def decode_status(payload: bytes) -> dict | None:
+    """A retained status body: a JSON object, ``None`` for an empty payload (a cleared status).
+
+    Raises ``ValueError`` for anything else, nesting too deep for the json module included.
+    """
+    if not payload:
+        return None
+    try:
+        body = json.loads(payload)
+    except RecursionError:
+        raise ValueError("status JSON nested too deep") from None
+    if not isinstance(body, dict):
+        raise ValueError(f"status is not a JSON object: {type(body).__name__}")
+    return body
 
 
 def summarize(statuses: dict[str, Any]) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cloud_aggregator.fleet_status import format_table, summarize
+from cloud_aggregator.fleet_status import decode_status, format_table, summarize
 
 GOOD = {
     "device": "printer1",
@@ -77,3 +77,14 @@ def test_what_the_question_marks_stand_for():
     )
     assert (rows[0]["models"], rows[0]["tasks"], rows[0]["state"]) == ("?", "speed: ?", "?")
     assert (rows[1]["models"], rows[1]["tasks"]) == ("x ?", "speed: round 2 test_loss=?")
+
+
+@pytest.mark.parametrize("payload", [b"[" * 100_000, b"[1]", b'"online"', b"\xff", b"{"])
+def test_decode_status_refuses_what_is_not_an_object_with_value_error(payload):
+    """collect_status skips such a status with a warning; deep nesting was RecursionError."""
+    with pytest.raises(ValueError):
+        decode_status(payload)
+
+
+def test_decode_status_reads_objects_and_empty_payloads():
+    assert decode_status(b"") is None and decode_status(json.dumps(GOOD).encode()) == GOOD
