@@ -69,7 +69,11 @@ def _check(value: Any, tp: Any, where: str, errors: list[str]) -> Any:
     if tp is Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # TOML integers are unbounded in tomllib
+            errors.append(f"{where}: an integer of {len(str(abs(value)))} digits is out of range")
+            return value
     if tp in (int, float, str, bool) and (
         not isinstance(value, tp) or (tp is not bool and isinstance(value, bool))
     ):
@@ -235,13 +239,12 @@ class SensorsConfig:
             problems.append(
                 f"sensors.moonraker_url must start with http:// or https://, got {self.moonraker_url!r}"
             )
-        for name in ("poll_s", "moonraker_timeout_s", "status_every_s"):
-            if not getattr(self, name) > 0:
-                problems.append(f"sensors.{name} must be > 0, got {getattr(self, name)}")
-        if self.read_interval_s is not None and not self.read_interval_s > 0:
-            problems.append(f"sensors.read_interval_s must be > 0, got {self.read_interval_s}")
-        if not self.settle_s >= 0:
-            problems.append(f"sensors.settle_s must be >= 0, got {self.settle_s}")
+        for name in ("poll_s", "moonraker_timeout_s", "status_every_s", "read_interval_s"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 3600:
+                problems.append(f"sensors.{name} must be in (0, 3600] seconds, got {value}")
+        if not 0 <= self.settle_s <= 300:
+            problems.append(f"sensors.settle_s must be in [0, 300] seconds, got {self.settle_s}")
         if not 0.0 <= self.test_fraction < 1.0:
             problems.append(f"sensors.test_fraction must be in [0, 1), got {self.test_fraction}")
         if self.max_rows < 1 or self.max_pending_welds < 0:

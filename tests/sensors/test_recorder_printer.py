@@ -205,6 +205,9 @@ def test_sensors_config_errors_are_clear():
         build(DeviceConfig, {"device": DEVICE, "sensors": {"kind": "welder"}})
     with pytest.raises(ConfigError, match="unknown field"):
         build(DeviceConfig, {"device": DEVICE, "sensors": {"kind": "printer", "i2c": 1}})
+    for bad in ({"poll_s": float("inf")}, {"settle_s": 1e9}, {"rate_hz": 10**400}, {"test_fraction": 1.0}):
+        with pytest.raises(ConfigError, match=f"sensors.{next(iter(bad))}"):
+            build(DeviceConfig, {"device": DEVICE, "sensors": {"kind": "printer", **bad}})
     ok = build(DeviceConfig, {"device": DEVICE, "sensors": {"kind": "printer", "accel": "mpu6050"}})
     assert ok.sensors.i2c_address == 0x68 and ok.sensors.split_rule == "run"
 
