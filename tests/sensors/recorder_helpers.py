@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from sensors.context.timeline import Segment, Timeline, TimelineContext
-from sensors.sim.i2c_bus import FakeAdxl345, FakeI2cBus
+from sensors.sim.i2c_bus import FakeAdxl345, FakeI2cBus, FakeMpu6050
 from sensors.sim.printer import VibrationStream
 
 RATE_HZ = 200.0  # the ADXL345's ODR nearest to the paper's 227 Hz
@@ -77,8 +77,10 @@ class FakeMoonraker:
         self.httpd.server_close()
 
 
-def fake_printer_bus(timeline: Timeline, sigmas: dict, clock, *, seed: int = 0, t0: float = 0.0):
-    """A fake I2C bus holding an ADXL345 whose FIFO plays the simulated vibration of ``timeline``.
+def fake_printer_bus(
+    timeline: Timeline, sigmas: dict, clock, *, seed: int = 0, t0: float = 0.0, chip="adxl345"
+):
+    """A fake I2C bus holding an ADXL345 (or MPU-6050) whose FIFO plays the simulated vibration of ``timeline``.
 
     The chip starts measuring when the driver configures it (at ``t0`` on ``clock``), so
     its k-th sample is at ``t0 + (k + 1) / rate``.
@@ -86,8 +88,8 @@ def fake_printer_bus(timeline: Timeline, sigmas: dict, clock, *, seed: int = 0, 
     stream = VibrationStream(
         timeline, sigmas, rate_hz=RATE_HZ, rng=np.random.default_rng(seed), t0=t0 + 1.0 / RATE_HZ
     )
-    chip = FakeAdxl345(stream, clock)
-    return chip, FakeI2cBus(chip)
+    fake = (FakeAdxl345 if chip == "adxl345" else FakeMpu6050)(stream, clock)
+    return fake, FakeI2cBus(fake)
 
 
 def short_timeline(start: float, *, layers: int = 40, dur: float = 0.6, job: str = "cube.gcode"):

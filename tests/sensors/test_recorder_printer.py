@@ -377,3 +377,19 @@ def test_context_that_arrives_late_still_opens_the_first_layer_of_each_print(sim
     rec.run(until=lambda: sim["clock"].t > end)
     assert {(r.job, r.layer) for r in rec.layers.rows} == {(s.job, s.layer) for s in sim["timeline"].segments}
     assert not rec.layers.dropped
+
+
+def test_the_mpu6050_records_the_same_layers(sim, tmp_path):
+    plans = sim["runs"]
+    sigmas = {(p.job, p.layer): (p.sigma_ax, p.sigma_ay) for run in plans for p in run}
+    _, bus = fake_printer_bus(sim["timeline"], sigmas, sim["clock"], chip="mpu6050")
+    cfg = SensorsConfig(
+        kind="printer", accel="mpu6050", moonraker_url=sim["server"].url, poll_s=0.05, test_fraction=0.0
+    )
+    rec = PrinterRecorder(DEVICE, tmp_path, cfg, clock=sim["clock"], bus_factory=lambda n: bus)
+    end = sim["timeline"].end + 1.0
+    rec.run(until=lambda: sim["clock"].t > end)
+    train, _, meta = stored_rows(tmp_path)
+    assert len(train) == 12 and meta["accel"] == "mpu6050" and meta["accel_hz"] == 200.0
+    planned = [np.hypot(p.sigma_ax, p.sigma_ay) for run in plans for p in run]
+    np.testing.assert_allclose(train.x[:, 0], planned, rtol=0.08)
