@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.config import ConfigError, DeviceConfig, SensorsConfig, build
-from edge.dataset import load_dataset, save_dataset
+from edge.config import ConfigError, DataConfig, DeviceConfig, SensorsConfig, build
+from edge.dataset import load_dataset, prepare_dataset, save_dataset, simulated_printer_dataset
 from edge.recorder import STATUS_FILE, PrinterRecorder, RecorderError, make_recorder, split_for
 from sensors.layers import to_xy
 from sensors.sim.printer import VirtualClock, plan_fleet_member, timeline_for
@@ -77,6 +77,11 @@ def test_every_layer_is_appended_as_the_layer_recorder_made_it(sim, tmp_path):
     status = json.loads((tmp_path / STATUS_FILE).read_text())
     assert status["running"] is False and status["rows"]["train"] == 12 and status["accel"]["faults"] == {}
     assert sim["server"].requests > 100  # the context really came over HTTP
+    # edge-trainer's [data] source = "state" reads exactly this, in the simulated printers' form
+    train2, _, _ = prepare_dataset(tmp_path, DEVICE, DataConfig())
+    np.testing.assert_array_equal(train2.x, train.x)
+    sim_train, _, _ = simulated_printer_dataset(DEVICE, DataConfig(source="simulate-printer"))
+    assert train2.x.shape[1:] == sim_train.x.shape[1:] and train2.y.shape[1:] == sim_train.y.shape[1:]
 
 
 def test_a_bus_error_mid_layer_drops_that_layer_and_recording_goes_on(sim, tmp_path):
