@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,12 +35,16 @@ class Transfer:
     fh: BinaryIO
     have: set[int] = field(default_factory=set)
     inflight: set[int] = field(default_factory=set)
+    #: Missing chunks not yet asked for, in file order (``to_request`` takes from the front).
+    todo: deque[int] = field(default_factory=deque)
+    #: The push's ``wire.transfer_id``, computed once (chunks are checked against it).
+    transfer_id: str = ""
     started: float = 0.0
     last_progress: float = 0.0
     resumed: int = 0
     reported: int = 0
-    # While chunks land in order from the first, the file's sha256 is computed as they are
-    # written, saving a re-read of the whole file at the end (a third hash pass per byte).
+    # The file's sha256 is computed as the chunks from the first on are in (each chunk's bytes
+    # once, in file order), saving a re-read of the whole file at the end.
     running: Any = field(default_factory=hashlib.sha256)
     next_in_order: int = 0
 
@@ -50,12 +55,15 @@ class Transfer:
         """Open (or resume) the temp file: chunks already in it that hash right count as received."""
         part.parent.mkdir(parents=True, exist_ok=True)
         fh = part.open("r+b" if part.exists() else "w+b")
-        t = cls(offer, manifest, digest, part, fh, started=now, last_progress=now)
-        for i in range(t.n_chunks):
-            fh.seek(i * offer.chunk_size)
-            data = fh.read(t.chunk_len(i))
-            if len(data) == t.chunk_len(i) and hashlib.sha256(data).hexdigest() == offer.chunks[i]:
-                t.have.add(i)
+        t = cls(offer, manifest, digest, part, fh, transfer_id=offer.transfer, started=now, last_progress=now)
+        if part.stat().st_size:  # resuming: keep the chunks already in the file that hash right
+            for i in range(t.n_chunks):
+                fh.seek(i * offer.chunk_size)
+                data = fh.read(t.chunk_len(i))
+                if len(data) == t.chunk_len(i) and hashlib.sha256(data).hexdigest() == offer.chunks[i]:
+                    t.have.add(i)
+            t._advance()
+        t.todo.extend(i for i in range(t.n_chunks) if i not in t.have)
         t.resumed = len(t.have)
         return t
 
@@ -73,10 +81,9 @@ class Transfer:
     def to_request(self, window: int) -> list[int]:
         """Missing chunks to ask for now so that at most ``window`` are in flight (marked in flight)."""
         out = []
-        for i in range(self.n_chunks):
-            if len(self.inflight) >= window:
-                break
-            if i not in self.have and i not in self.inflight:
+        while self.todo and len(self.inflight) < window:
+            i = self.todo.popleft()
+            if i not in self.have:
                 self.inflight.add(i)
                 out.append(i)
         return out
@@ -91,7 +98,7 @@ class Transfer:
             differ from the offer's table (altered in transit).
         """
         m, index = self.manifest, chunk.index
-        if chunk.transfer != self.offer.transfer:
+        if chunk.transfer != self.transfer_id:
             return False
         if (chunk.name, chunk.version) != (m.name, m.version) or not 0 <= index < self.n_chunks:
             raise RefusedError(f"chunk says it is {chunk.name} v{chunk.version} #{index}")
@@ -101,21 +108,29 @@ class Transfer:
             raise RefusedError(f"chunk {index}'s sha256 differs from the offer's table (altered in transit)")
         self.fh.seek(index * self.offer.chunk_size)
         self.fh.write(chunk.data)
-        if index == self.next_in_order:
-            self.running.update(chunk.data)
-            self.next_in_order += 1
         self.have.add(index)
         self.inflight.discard(index)
         self.last_progress = now
+        if index == self.next_in_order:
+            self.running.update(chunk.data)
+            self.next_in_order += 1
+            self._advance()
         return True
+
+    def _advance(self) -> None:
+        """Feed the chunks now contiguous with the hashed prefix (ones that came early) to the running sha256."""
+        while self.next_in_order in self.have:
+            self.fh.seek(self.next_in_order * self.offer.chunk_size)
+            self.running.update(self.fh.read(self.chunk_len(self.next_in_order)))
+            self.next_in_order += 1
 
     def finish(self) -> tuple[int, str]:
         """Flush, fsync and close the file; its size and sha256."""
         self.fh.flush()
         os.fsync(self.fh.fileno())
         self.close()
-        in_order = self.next_in_order == self.n_chunks  # every byte went through the running hash
-        return self.part.stat().st_size, self.running.hexdigest() if in_order else file_sha256(self.part)
+        hashed = self.next_in_order == self.n_chunks  # every chunk went through the running hash
+        return self.part.stat().st_size, self.running.hexdigest() if hashed else file_sha256(self.part)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -333,8 +333,9 @@ class ModelManager:
             )
             return
         final = self.root / name / f"v{m.version}.onnx"
+        # The data are fsynced (finish); the rename becomes durable with active.json's, written in the
+        # same folder by the activation (a crash before that leaves the finished .part or a stray file).
         os.replace(t.part, final)
-        _fsync_dir(final.parent)
         self.last_transfer[name] = {
             "version": m.version,
             "bytes": m.size,
@@ -471,14 +472,6 @@ def _read_json(path: Path, default: Any) -> Any:
         except (OSError, ValueError) as exc:
             log.error("state file %s unreadable (%s); trying its previous copy", candidate, exc)
     return default
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def embed_rows(model: LoadedModel, x: np.ndarray) -> np.ndarray:
