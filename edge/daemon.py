@@ -33,7 +33,8 @@ import numpy as np
 
 from edge import wire
 from edge.config import DeviceConfig
-from edge.dataset import prepare_dataset
+from edge.dataset import FILE as DATASET_FILE
+from edge.dataset import load_dataset, prepare_dataset
 from edge.manifest import load_public_key
 from edge.models import ModelManager, embed_rows
 from edge.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsOptions
@@ -78,7 +79,20 @@ class EdgeTrainer:
         self.tasks: dict[str, TaskState] = {}
         self.clients: dict[str, ClientAlgorithm] = {}
         self.refused: dict[str, str] = {}  # task -> why this device does not take part
-        self.train, self.test, self.data_meta = prepare_dataset(self.state_dir, self.device, config.data)
+        # With [data] source = "state" the dataset may not exist yet: edge-recorder writes it
+        # (atomically, replacing the file) while this process runs; refresh_dataset() picks it up.
+        self._data_sig: tuple[int, int, int] | None = None
+        if config.data.source == "state" and load_dataset(self.state_dir) is None:
+            log.warning(
+                "%s: no local dataset in %s yet; rounds are skipped until edge-recorder writes one",
+                self.device,
+                self.state_dir / DATASET_FILE,
+            )
+            self.train = self.test = Dataset(np.empty((0, 1)), np.empty((0, 1)))
+            self.data_meta: dict = {}
+        else:
+            self._data_sig = self._dataset_signature()
+            self.train, self.test, self.data_meta = prepare_dataset(self.state_dir, self.device, config.data)
         self.models: ModelManager | None = None
         # Embeddings of the local splits per model name, for the version they were computed with.
         self._embedded: dict[str, tuple[int, Dataset, Dataset]] = {}
@@ -96,6 +110,36 @@ class EdgeTrainer:
                 unsubscribe=lambda topic: self.session.unsubscribe(topic),
             )
         self.rounds_done = 0
+
+    # -- local dataset ---------------------------------------------------------------
+    def _dataset_signature(self) -> tuple[int, int, int] | None:
+        try:
+            st = (self.state_dir / DATASET_FILE).stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def refresh_dataset(self) -> bool:
+        """Reload the dataset if edge-recorder replaced it since the last load; ``True`` if it did."""
+        sig = self._dataset_signature()  # before the load: a newer file is picked up next time
+        if sig is None or sig == self._data_sig:
+            return False
+        loaded = load_dataset(self.state_dir)
+        if loaded is None:
+            return False
+        self.train, self.test, self.data_meta = loaded
+        self._data_sig = sig
+        self._embedded.clear()  # embeddings were of the old rows
+        if self.models is not None:
+            self.models.holdout = (self.train, self.test)
+            self.models.data_schema_hash = self.data_meta.get("schema_hash")
+        log.info(
+            "%s: local dataset reloaded: %d train / %d test rows",
+            self.device,
+            len(self.train),
+            len(self.test),
+        )
+        return True
 
     # -- MQTT ------------------------------------------------------------------------
     def _status(self, state: str) -> tuple[str, bytes]:
@@ -276,6 +320,15 @@ class EdgeTrainer:
             return  # a stale announcement
         if param_hash(ann.params) != ann.params_hash:
             raise wire.WireError("downlink parameters do not match their announced hash")
+        self.refresh_dataset()
+        if len(self.train) == 0:
+            log.warning(
+                "%s: task %s round %d: no local training rows yet; skipping the round",
+                self.device,
+                ann.task,
+                ann.round,
+            )
+            return
         data = self.task_data(ann.spec)
         if data is None:
             log.warning(
