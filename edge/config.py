@@ -182,7 +182,9 @@ class SensorsConfig:
     Split: ``split = "run"`` holds out whole print runs, ``"layer"`` single layers,
     ``"weld"`` single welds; a unit goes to test when the hash of its key falls below
     ``test_fraction`` (the rule is in :mod:`edge.recorder`).  At most ``max_rows``
-    rows are kept per split (the oldest go first).
+    rows are kept per split (the oldest go first); its default is 100,000 for a printer
+    (4-byte rows) and 20,000 for a welder (624 features: every append rewrites the file,
+    ~50 MB per split at that size).
     """
 
     kind: str
@@ -205,7 +207,7 @@ class SensorsConfig:
     settle_s: float = 2.0
     split: str | None = None
     test_fraction: float = 0.25
-    max_rows: int = 100_000
+    max_rows: int | None = None
     max_pending_welds: int = 2000
     status_every_s: float = 10.0
 
@@ -247,7 +249,7 @@ class SensorsConfig:
             problems.append(f"sensors.settle_s must be in [0, 300] seconds, got {self.settle_s}")
         if not 0.0 <= self.test_fraction < 1.0:
             problems.append(f"sensors.test_fraction must be in [0, 1), got {self.test_fraction}")
-        if self.max_rows < 1 or self.max_pending_welds < 0:
+        if (self.max_rows is not None and self.max_rows < 1) or self.max_pending_welds < 0:
             problems.append("sensors.max_rows must be >= 1 and sensors.max_pending_welds >= 0")
         if self.kind == "welder":
             for name in ("weld_folder", "label_log"):
@@ -262,6 +264,11 @@ class SensorsConfig:
     def i2c_address(self) -> int:
         """The configured address, or the chip's default (ADXL345 0x53, MPU-6050 0x68)."""
         return self.address if self.address is not None else _DEFAULT_ADDRESS.get(self.accel, 0)
+
+    @property
+    def row_limit(self) -> int:
+        """``max_rows`` or its default for the kind of machine."""
+        return self.max_rows if self.max_rows is not None else (20_000 if self.kind == "welder" else 100_000)
 
     @property
     def split_rule(self) -> str:

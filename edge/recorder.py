@@ -510,7 +510,7 @@ class PrinterRecorder(_Loop):
                 "accel_hz": self.accel.rate_hz,
                 "context": cfg.context,
             },
-            max_rows=cfg.max_rows,
+            max_rows=cfg.row_limit,
         )
         self._dropped_before = Counter(self.data.meta.get("dropped_layers", {}))
         self.run_state: dict | None = self.data.meta.get("run")
@@ -726,7 +726,7 @@ class WelderRecorder(_Loop):
                 "test_fraction": cfg.test_fraction,
             },
             check_meta=check,
-            max_rows=cfg.max_rows,
+            max_rows=cfg.row_limit,
         )
         self._load_pending()
 
