@@ -84,6 +84,10 @@ class TaskConfig:
     model_args: dict[str, Any] = field(default_factory=dict)
     hparams: dict[str, Any] = field(default_factory=dict)
     server: dict[str, Any] = field(default_factory=dict)
+    #: The feature schema the task's inputs follow: a sha256 hex digest, or ``"weld-dwt"`` for
+    #: the default 624-feature weld schema (``sensors.features.schema``).  Devices whose
+    #: dataset carries another schema refuse the task instead of training on the wrong columns.
+    feature_schema: str | None = None
 
     def spec(self) -> TaskSpec:
         return TaskSpec(
@@ -96,7 +100,15 @@ class TaskConfig:
             dtype=self.dtype,
             rounds=self.rounds,
             seed=self.seed,
+            feature_schema=self._schema_hash(),
         )
+
+    def _schema_hash(self) -> str | None:
+        if self.feature_schema == "weld-dwt":
+            from sensors.features.schema import schema_hash  # numpy only; no PyWavelets at import
+
+            return schema_hash()
+        return self.feature_schema
 
 
 @dataclass(frozen=True)

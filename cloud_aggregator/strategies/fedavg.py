@@ -15,8 +15,8 @@ Two pluggable parts, each chosen by name in ``TaskSpec.server``:
     ``"mean"`` by default, or a Byzantine-robust rule: ``"clip"`` (norm clipping,
     then the mean), ``"median"``, ``"trimmed_mean"`` (β) or ``"krum"`` (f, m:
     Multi-Krum), e.g. ``server = {reducer = "krum", reducer_args = {f = 4, m = 8}}``.
-    The same two fields choose the reducer of FTL-TP, FedDAR-WA and separate
-    FedAvg.  Median and trimmed mean ignore weights; with ``"samples"`` weighting
+    The same two fields choose the reducer of FTL-TP, FedDAR-WA, separate
+    FedAvg and PerPCA (before its polar retraction).  Median and trimmed mean ignore weights; with ``"samples"`` weighting
     a device can inflate its own weight, so pair robust reducers with ``"uniform"``
     where n_samples is not trusted.
 """

@@ -51,6 +51,19 @@ def test_aggregator_tasks_are_validated_at_start():
         build(AggregatorConfig, {"task": [t, t]})
 
 
+def test_a_task_names_its_feature_schema():
+    from sensors.features.schema import schema_hash
+
+    t = {"name": "tool", "algorithm": "fedavg", "model": "mlp", "feature_schema": "weld-dwt"}
+    cfg = build(AggregatorConfig, {"task": [t]})
+    assert cfg.task[0].spec().feature_schema == schema_hash()
+    assert build(AggregatorConfig, {"task": [{**t, "feature_schema": "ab" * 32}]}).task[
+        0
+    ].spec().feature_schema == ("ab" * 32)
+    with pytest.raises(ConfigError, match="feature_schema"):
+        build(AggregatorConfig, {"task": [{**t, "feature_schema": "weld-dwt-v9"}]})
+
+
 # -- [admission] ----------------------------------------------------------------------------------
 def test_admission_table_becomes_the_fleets_admission_policy(tmp_path):
     from cloud_aggregator.admission import AdmissionPolicy
