@@ -76,8 +76,14 @@ def malloc_tuned(repeats: int) -> tuple[float, float] | None:
     """The per-weld PyWavelets timing in a child with glibc malloc thresholds raised."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
     try:
-        out = subprocess.run([sys.executable, "-c", _CHILD, str(repeats)], env=env, capture_output=True,
-                             text=True, check=True, timeout=600)
+        out = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(repeats)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=600,
+        )
     except (subprocess.SubprocessError, OSError) as exc:
         log.warning("malloc-tuned child failed: %s", exc)
         return None
@@ -115,27 +121,51 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, float, float]] = []
     py_weld = timed(lambda: extract_features(rec, schema), repeats)
     rows.append(("PyWavelets, per weld (extract_features)", *py_weld))
-    rows.append(("  of which wavedec", *timed(lambda: pywt.wavedec(x, schema.wavelet, mode=schema.mode,
-                                                                   level=schema.level, axis=-1), repeats)))
+    rows.append(
+        (
+            "  of which wavedec",
+            *timed(
+                lambda: pywt.wavedec(x, schema.wavelet, mode=schema.mode, level=schema.level, axis=-1),
+                repeats,
+            ),
+        )
+    )
     rows.append(("  of which band statistics", *timed(lambda: band_statistics(coeffs), repeats)))
     bw, bc = timed(lambda: extract_batch(batch, schema, sample_rate=rec.sample_rate), max(3, repeats // 2))
-    rows.append((f"PyWavelets, batch of {args.batch} (extract_batch), per weld", bw / args.batch, bc / args.batch))
+    rows.append(
+        (f"PyWavelets, batch of {args.batch} (extract_batch), per weld", bw / args.batch, bc / args.batch)
+    )
     # Short welds are where batching pays: Python overhead is a larger share.
     short = simulate_weld(WeldCondition("new", "new", "clean", "Cu-Cu", 0.5), rng, time_scale=0.3)
     short_batch = np.stack([short.select(schema.channels)] * args.batch)
     sw = timed(lambda: extract_features(short, schema), repeats)
     rows.append((f"PyWavelets, per weld, short weld ({short.duration:g} s)", *sw))
     sbw, sbc = timed(lambda: extract_batch(short_batch, schema, sample_rate=rec.sample_rate), repeats)
-    rows.append((f"PyWavelets, batch of {args.batch}, per weld, short weld ({short.duration:g} s)",
-                 sbw / args.batch, sbc / args.batch))
+    rows.append(
+        (
+            f"PyWavelets, batch of {args.batch}, per weld, short weld ({short.duration:g} s)",
+            sbw / args.batch,
+            sbc / args.batch,
+        )
+    )
     log.info("timing the NumPy reference ...")
-    ref_weld = timed(lambda: extract_features_reference(x, schema, sample_rate=rec.sample_rate), ref_repeats, 1)
+    ref_weld = timed(
+        lambda: extract_features_reference(x, schema, sample_rate=rec.sample_rate), ref_repeats, 1
+    )
     rows.append(("NumPy reference, per weld", *ref_weld))
     ref_coeffs = wavedec_reference(x, schema.wavelet, schema.level)
-    rows.append(("  of which DWT (hand-written filter bank)",
-                 *timed(lambda: wavedec_reference(x, schema.wavelet, schema.level), ref_repeats, 1)))
-    rows.append(("  of which band statistics (per-band loop)", *timed(lambda: statistics_reference(ref_coeffs, schema),
-                                                                    ref_repeats, 1)))
+    rows.append(
+        (
+            "  of which DWT (hand-written filter bank)",
+            *timed(lambda: wavedec_reference(x, schema.wavelet, schema.level), ref_repeats, 1),
+        )
+    )
+    rows.append(
+        (
+            "  of which band statistics (per-band loop)",
+            *timed(lambda: statistics_reference(ref_coeffs, schema), ref_repeats, 1),
+        )
+    )
     tuned = None if args.no_malloc_row else malloc_tuned(repeats)
     if tuned is not None:
         rows.append(("PyWavelets, per weld, child with MALLOC_MMAP/TRIM_THRESHOLD_=1 GiB", *tuned))

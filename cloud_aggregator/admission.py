@@ -264,7 +264,6 @@ class Admission:
             self._seen = {k: v for k, v in self._seen.items() if v[1] >= horizon}
             self._pruned_below = horizon
 
-
     def forget_stale(self, request: CollectRequest, admitted: int) -> bool:
         """Drop the norm reference of ``request``'s task and phase if it refused more of this round
         than was admitted; returns whether it did.  The fleet calls this when a round lacks

@@ -209,7 +209,9 @@ def _decompose(x: np.ndarray, schema: FeatureSchema) -> list[np.ndarray]:
     return pywt.wavedec(x, schema.wavelet, mode=schema.mode, level=schema.level, axis=-1)
 
 
-def extract_batch(signals: np.ndarray, schema: FeatureSchema = DEFAULT_SCHEMA, *, sample_rate: float) -> np.ndarray:
+def extract_batch(
+    signals: np.ndarray, schema: FeatureSchema = DEFAULT_SCHEMA, *, sample_rate: float
+) -> np.ndarray:
     """Features of equal-length welds, one ``wavedec(axis=-1)`` per chunk.
 
     Parameters
@@ -239,7 +241,9 @@ def extract_batch(signals: np.ndarray, schema: FeatureSchema = DEFAULT_SCHEMA, *
         chunk = np.asarray(x[start : start + step], dtype=np.float64)
         # A sum is NaN/inf if any element is (no temporary mask); confirm elementwise only then.
         if not np.isfinite(chunk.sum()) and not np.isfinite(chunk).all():
-            raise FeatureInputError(f"signals contain NaN or inf (in welds {start}..{start + len(chunk) - 1})")
+            raise FeatureInputError(
+                f"signals contain NaN or inf (in welds {start}..{start + len(chunk) - 1})"
+            )
         stats = band_statistics(_decompose(chunk, schema))
         out[start : start + chunk.shape[0]] = _select(stats, schema).reshape(chunk.shape[0], -1)
     return out

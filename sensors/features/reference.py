@@ -103,7 +103,9 @@ def _band_stats(c: np.ndarray, channel_rms: float, band_total: float) -> list[fl
         "energy_frac": E / band_total if band_total > 0 else 0.0,
     }
     if rms <= SILENT_REL * channel_rms:
-        values.update(crest=0.0, skewness=0.0, kurtosis=0.0, energy_spread=0.0, zero_cross_rate=0.0, time_centroid=0.5)
+        values.update(
+            crest=0.0, skewness=0.0, kurtosis=0.0, energy_spread=0.0, zero_cross_rate=0.0, time_centroid=0.5
+        )
         return [values[s] for s in STATS]
     centred = c - mean
     constant = std <= CONSTANT_REL * rms
@@ -137,7 +139,9 @@ def statistics_reference(coeffs: list[np.ndarray], schema: FeatureSchema) -> np.
     return np.asarray(rows, dtype=np.float64)
 
 
-def extract_features_reference(signals: np.ndarray, schema: FeatureSchema, *, sample_rate: float) -> np.ndarray:
+def extract_features_reference(
+    signals: np.ndarray, schema: FeatureSchema, *, sample_rate: float
+) -> np.ndarray:
     """Features of one weld ``(n_channels, n_samples)`` (channels in schema order).
 
     Returns

@@ -42,8 +42,17 @@ STATS: tuple[str, ...] = (
 #: Keys under which models, manifests and ONNX ``metadata_props`` carry the schema.
 SCHEMA_HASH_KEY = "ioft.feature_schema.sha256"
 SCHEMA_JSON_KEY = "ioft.feature_schema.json"
-_MODES = ("zero", "constant", "symmetric", "periodic", "smooth", "periodization", "reflect",
-          "antisymmetric", "antireflect")
+_MODES = (
+    "zero",
+    "constant",
+    "symmetric",
+    "periodic",
+    "smooth",
+    "periodization",
+    "reflect",
+    "antisymmetric",
+    "antireflect",
+)
 
 
 class SchemaMismatchError(ValueError):
@@ -91,7 +100,9 @@ class FeatureSchema:
         if not isinstance(self.version, int) or self.version < 1:
             errors.append(f"version must be a positive int (got {self.version!r})")
         if self.wavelet not in pywt.wavelist(kind="discrete"):
-            errors.append(f"wavelet {self.wavelet!r} is not a PyWavelets discrete wavelet (e.g. db4, sym5, coif3)")
+            errors.append(
+                f"wavelet {self.wavelet!r} is not a PyWavelets discrete wavelet (e.g. db4, sym5, coif3)"
+            )
         if self.mode not in _MODES:
             errors.append(f"mode {self.mode!r} not in {_MODES}")
         if not isinstance(self.level, int) or not 1 <= self.level <= 20:
@@ -106,7 +117,9 @@ class FeatureSchema:
         if errors:
             raise ValueError("invalid FeatureSchema: " + "; ".join(errors))
         if self.max_samples < self.min_samples:
-            raise ValueError(f"invalid FeatureSchema: max_samples {self.max_samples} < min_samples {self.min_samples}")
+            raise ValueError(
+                f"invalid FeatureSchema: max_samples {self.max_samples} < min_samples {self.min_samples}"
+            )
 
     @property
     def filter_length(self) -> int:
@@ -164,7 +177,9 @@ class FeatureSchema:
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no spaces, ASCII only."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+        return json.dumps(
+            self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+        )
 
     def schema_hash(self) -> str:
         """sha256 (hex) of :meth:`to_json`."""
@@ -181,7 +196,9 @@ class FeatureSchema:
         derived = ("bands", "min_samples", "n_features", "dtype", "layout")
         differ = sorted(k for k in derived if k in obj and _canon(obj[k]) != _canon(again[k]))
         if differ:
-            raise SchemaMismatchError(f"schema fields {differ} are inconsistent with the recipe they describe")
+            raise SchemaMismatchError(
+                f"schema fields {differ} are inconsistent with the recipe they describe"
+            )
         return schema
 
     @classmethod
@@ -195,9 +212,11 @@ class FeatureSchema:
 
     def describe(self) -> str:
         """One line for logs and error messages."""
-        return (f"{SCHEMA_NAME} v{self.version}: {self.wavelet}/{self.mode} level {self.level}, "
-                f"channels {','.join(self.channels)}, {self.sample_rate:g} Hz, {self.n_features} features "
-                f"[sha256 {self.schema_hash()[:12]}]")
+        return (
+            f"{SCHEMA_NAME} v{self.version}: {self.wavelet}/{self.mode} level {self.level}, "
+            f"channels {','.join(self.channels)}, {self.sample_rate:g} Hz, {self.n_features} features "
+            f"[sha256 {self.schema_hash()[:12]}]"
+        )
 
 
 def _canon(value: Any) -> str:
@@ -213,8 +232,9 @@ def schema_hash(schema: FeatureSchema = DEFAULT_SCHEMA) -> str:
     return schema.schema_hash()
 
 
-def check_schema(model_schema: str | Mapping[str, Any] | FeatureSchema,
-                 device_schema: FeatureSchema = DEFAULT_SCHEMA) -> None:
+def check_schema(
+    model_schema: str | Mapping[str, Any] | FeatureSchema, device_schema: FeatureSchema = DEFAULT_SCHEMA
+) -> None:
     """Refuse a model built for another feature schema.
 
     Parameters
@@ -233,10 +253,14 @@ def check_schema(model_schema: str | Mapping[str, Any] | FeatureSchema,
     if isinstance(model_schema, str):
         got, diffs = model_schema.strip().lower(), []
     else:
-        other = model_schema if isinstance(model_schema, FeatureSchema) else FeatureSchema.from_dict(model_schema)
+        other = (
+            model_schema if isinstance(model_schema, FeatureSchema) else FeatureSchema.from_dict(model_schema)
+        )
         got = other.schema_hash()
         mine, theirs = device_schema.to_dict(), other.to_dict()
-        diffs = [f"{k}: model {theirs[k]!r} vs device {mine[k]!r}" for k in sorted(mine) if mine[k] != theirs[k]]
+        diffs = [
+            f"{k}: model {theirs[k]!r} vs device {mine[k]!r}" for k in sorted(mine) if mine[k] != theirs[k]
+        ]
     if got != want:
         detail = ("; differing fields: " + "; ".join(diffs)) if diffs else ""
         raise SchemaMismatchError(

@@ -103,7 +103,12 @@ SURFACE_PROPS: dict[str, Surface] = {
 }
 #: FTL-TP domain group M: material domains and their weld times (Table 1a).
 GROUP_M_DOMAINS = (("Al-Cu", 0.5), ("Cu-Cu", 0.9), ("Cu-Al", 0.5), ("Al-Al", 0.9))
-GROUP_M_CLASSES = (("TC1", ("new", "new")), ("TC2", ("new", "worn")), ("TC3", ("worn", "new")), ("TC4", ("worn", "worn")))
+GROUP_M_CLASSES = (
+    ("TC1", ("new", "new")),
+    ("TC2", ("new", "worn")),
+    ("TC3", ("worn", "new")),
+    ("TC4", ("worn", "worn")),
+)
 GROUP_S_CLASSES = (("New", ("new", "new")), ("Worn", ("worn", "worn")), ("DMGD", ("damaged", "damaged")))
 GROUP_S_DOMAINS = ("clean", "polished", "contaminated")
 GROUP_S_MATERIAL, GROUP_S_TIME = "Cu-Cu", 1.0
@@ -121,8 +126,12 @@ class WeldCondition:
 
     def __post_init__(self) -> None:
         errors = []
-        for name, value, choices in (("horn", self.horn, TOOL_STATES), ("anvil", self.anvil, TOOL_STATES),
-                                     ("surface", self.surface, SURFACES), ("material", self.material, tuple(MATERIALS))):
+        for name, value, choices in (
+            ("horn", self.horn, TOOL_STATES),
+            ("anvil", self.anvil, TOOL_STATES),
+            ("surface", self.surface, SURFACES),
+            ("material", self.material, tuple(MATERIALS)),
+        ):
             if value not in choices:
                 errors.append(f"{name}={value!r} not in {choices}")
         if not 0.05 <= self.weld_time <= 5.0:
@@ -237,12 +246,23 @@ def simulate_weld(
     _add_bursts(ae, starts, amps, freqs, rng.uniform(40e-6, 160e-6, size=n_bursts), fs, rng)
     if damaged:  # crack growth: sharp, high-frequency bursts spread over the weld
         k = rng.poisson(12 * damaged)
-        _add_bursts(ae, rng.uniform(0.05, 0.95, size=k), mat.ae_gain * 0.25 * rng.lognormal(0, 0.4, size=k),
-                    rng.uniform(0.8 * hi, hi, size=k), rng.uniform(15e-6, 40e-6, size=k), fs, rng)
+        _add_bursts(
+            ae,
+            rng.uniform(0.05, 0.95, size=k),
+            mat.ae_gain * 0.25 * rng.lognormal(0, 0.4, size=k),
+            rng.uniform(0.8 * hi, hi, size=k),
+            rng.uniform(15e-6, 40e-6, size=k),
+            fs,
+            rng,
+        )
 
     # Microphone: radiated carrier with harmonics (and a subharmonic when cracked), shop noise.
     h2 = 0.6 * nonlin
-    mic = mat.mic_gain * envelope * (s1 + (h2 * s2 if 2 * f0 < nyq_ok else 0) + (0.4 * h2 * s3 if 3 * f0 < nyq_ok else 0))
+    mic = (
+        mat.mic_gain
+        * envelope
+        * (s1 + (h2 * s2 if 2 * f0 < nyq_ok else 0) + (0.4 * h2 * s3 if 3 * f0 < nyq_ok else 0))
+    )
     if condition.horn == "damaged":
         mic += mat.mic_gain * 0.25 * envelope * np.sin(0.5 * phase + rng.uniform(0, 2 * np.pi))
     mic += 0.05 * _smooth(noise[3], max(1, int(fs / 1500))) * 10 + 0.01 * noise[3]
@@ -255,14 +275,27 @@ def simulate_weld(
         weld_id=weld_id,
         started_at=started_at or datetime(2024, 1, 1, tzinfo=UTC),
         source="sim",
-        meta={"horn": condition.horn, "anvil": condition.anvil, "surface": condition.surface,
-              "material": condition.material, "weld_time": condition.weld_time, "time_scale": time_scale},
+        meta={
+            "horn": condition.horn,
+            "anvil": condition.anvil,
+            "surface": condition.surface,
+            "material": condition.material,
+            "weld_time": condition.weld_time,
+            "time_scale": time_scale,
+        },
         min_sample_rate=min(fs, 200_000.0),
     )
 
 
-def _add_bursts(x: np.ndarray, starts: np.ndarray, amps: np.ndarray, freqs: np.ndarray,
-                decays: np.ndarray, fs: float, rng: np.random.Generator) -> None:
+def _add_bursts(
+    x: np.ndarray,
+    starts: np.ndarray,
+    amps: np.ndarray,
+    freqs: np.ndarray,
+    decays: np.ndarray,
+    fs: float,
+    rng: np.random.Generator,
+) -> None:
     """Add decaying tone bursts in place (start given as a fraction of the weld)."""
     n = len(x)
     for s, a, f, d in zip(starts, amps, freqs, decays, strict=True):
@@ -310,7 +343,9 @@ class DomainGroupData:
         return self.schema.schema_hash()
 
 
-def group_conditions(group: str, n_per_domain: int | None = None) -> list[tuple[WeldCondition, int, int, int]]:
+def group_conditions(
+    group: str, n_per_domain: int | None = None
+) -> list[tuple[WeldCondition, int, int, int]]:
     """``(condition, domain, tool_class, surface)`` for every weld of a domain group, in order."""
     group = group.upper()
     if group == "M":
@@ -335,7 +370,11 @@ def group_conditions(group: str, n_per_domain: int | None = None) -> list[tuple[
 
 
 def simulate_group_recordings(
-    group: str, n_per_domain: int | None = None, *, seed: int = 0, sample_rate: float = 200_000.0,
+    group: str,
+    n_per_domain: int | None = None,
+    *,
+    seed: int = 0,
+    sample_rate: float = 200_000.0,
     time_scale: float = 1.0,
 ) -> Iterator[tuple[WeldRecording, WeldCondition, int, int, int]]:
     """Yield ``(recording, condition, domain, tool_class, surface)`` for a domain group.
@@ -347,8 +386,14 @@ def simulate_group_recordings(
     seeds = np.random.SeedSequence(seed).spawn(len(rows))
     start = datetime(2024, 1, 1, 6, 0, tzinfo=UTC)
     for i, ((cond, d, k, s), ss) in enumerate(zip(rows, seeds, strict=True)):
-        rec = simulate_weld(cond, np.random.default_rng(ss), sample_rate=sample_rate, time_scale=time_scale,
-                            weld_id=f"sim-{group.upper()}-{i:05d}", started_at=start + timedelta(seconds=20 * i))
+        rec = simulate_weld(
+            cond,
+            np.random.default_rng(ss),
+            sample_rate=sample_rate,
+            time_scale=time_scale,
+            weld_id=f"sim-{group.upper()}-{i:05d}",
+            started_at=start + timedelta(seconds=20 * i),
+        )
         yield rec, cond, d, k, s
 
 
@@ -394,8 +439,9 @@ def simulate_domain_group(
             rows.append(extract_batch(stack, schema, sample_rate=sample_rate))
             pending.clear()
 
-    for rec, cond, d, k, s in simulate_group_recordings(group, n_per_domain, seed=seed,
-                                                         sample_rate=sample_rate, time_scale=time_scale):
+    for rec, cond, d, k, s in simulate_group_recordings(
+        group, n_per_domain, seed=seed, sample_rate=sample_rate, time_scale=time_scale
+    ):
         if pending and pending[0].n_samples != rec.n_samples:
             flush()
         pending.append(rec)
@@ -409,17 +455,51 @@ def simulate_domain_group(
     surface = np.array([m[3] for m in meta], dtype=np.int64)
     tool_classes = tuple(name for name, _ in (GROUP_M_CLASSES if group == "M" else GROUP_S_CLASSES))
     if group == "M":
-        return DomainGroupData("M", X, tool, domain, tool, surface, tool_classes,
-                               tuple(m for m, _ in GROUP_M_DOMAINS), tool_classes, schema, tuple(m[0] for m in meta))
+        return DomainGroupData(
+            "M",
+            X,
+            tool,
+            domain,
+            tool,
+            surface,
+            tool_classes,
+            tuple(m for m, _ in GROUP_M_DOMAINS),
+            tool_classes,
+            schema,
+            tuple(m[0] for m in meta),
+        )
     if group == "S":
-        return DomainGroupData("S", X, tool, domain, tool, surface, tool_classes, GROUP_S_DOMAINS,
-                               tool_classes, schema, tuple(m[0] for m in meta))
-    return DomainGroupData("T", X, surface, tool, tool, surface, SURFACES, tool_classes, tool_classes, schema,
-                           tuple(m[0] for m in meta))
+        return DomainGroupData(
+            "S",
+            X,
+            tool,
+            domain,
+            tool,
+            surface,
+            tool_classes,
+            GROUP_S_DOMAINS,
+            tool_classes,
+            schema,
+            tuple(m[0] for m in meta),
+        )
+    return DomainGroupData(
+        "T",
+        X,
+        surface,
+        tool,
+        tool,
+        surface,
+        SURFACES,
+        tool_classes,
+        tool_classes,
+        schema,
+        tuple(m[0] for m in meta),
+    )
 
 
-def nearest_class_mean_accuracy(X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
-                                y_test: np.ndarray) -> float:
+def nearest_class_mean_accuracy(
+    X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray, y_test: np.ndarray
+) -> float:
     """Accuracy of a nearest-class-mean classifier on features standardised by the training set.
 
     A deliberately simple probe (NumPy only) for separability and domain shift.

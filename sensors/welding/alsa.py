@@ -136,15 +136,35 @@ class AlsaConfig:
     def segmenter_config(self) -> SegmenterConfig:
         """The segmentation part of this config."""
         return SegmenterConfig(
-            sample_rate=float(self.sample_rate), on_rms=self.on_rms, off_rms=self.off_rms, frame_s=self.frame_s,
-            hangover_s=self.hangover_s, pre_s=self.pre_s, post_s=self.post_s, min_weld_s=self.min_weld_s,
+            sample_rate=float(self.sample_rate),
+            on_rms=self.on_rms,
+            off_rms=self.off_rms,
+            frame_s=self.frame_s,
+            hangover_s=self.hangover_s,
+            pre_s=self.pre_s,
+            post_s=self.post_s,
+            min_weld_s=self.min_weld_s,
             max_weld_s=self.max_weld_s,
         )
 
     def command(self) -> list[str]:
         """The ``arecord`` command line."""
-        cmd = [self.arecord, "-q", "-D", self.device, "-f", self.sample_format, "-r", str(self.sample_rate),
-               "-c", str(len(self.channels)), "-t", "raw", "-B", str(self.buffer_time_us)]
+        cmd = [
+            self.arecord,
+            "-q",
+            "-D",
+            self.device,
+            "-f",
+            self.sample_format,
+            "-r",
+            str(self.sample_rate),
+            "-c",
+            str(len(self.channels)),
+            "-t",
+            "raw",
+            "-B",
+            str(self.buffer_time_us),
+        ]
         if self.sample_limit is not None:
             cmd += ["-s", str(self.sample_limit)]
         return [*cmd, "-"]
@@ -281,15 +301,21 @@ class AlsaWeldSource:
     def _recording(self, seg: Segment) -> WeldRecording:
         cfg = self.config
         self._t0_frozen = True  # one time base per capture: stamps stay monotonic and unique
-        started = datetime.fromtimestamp(self._t0 or 0.0, UTC) + timedelta(seconds=seg.start / cfg.sample_rate)
+        started = datetime.fromtimestamp(self._t0 or 0.0, UTC) + timedelta(
+            seconds=seg.start / cfg.sample_rate
+        )
         channels, data = cfg.channels, seg.data
         if cfg.drop_trigger:
             keep = [i for i, c in enumerate(cfg.channels) if c != (cfg.trigger_channel or cfg.channels[0])]
             channels, data = tuple(cfg.channels[i] for i in keep), data[keep]
         stamp = started.strftime("%Y%m%dT%H%M%S.%f")
         return WeldRecording(
-            data=data, channels=channels, sample_rate=float(cfg.sample_rate),
-            weld_id=f"{cfg.weld_id_prefix}-{stamp}", started_at=started, source=f"alsa:{cfg.device}",
+            data=data,
+            channels=channels,
+            sample_rate=float(cfg.sample_rate),
+            weld_id=f"{cfg.weld_id_prefix}-{stamp}",
+            started_at=started,
+            source=f"alsa:{cfg.device}",
             meta={"stream_sample": seg.start, "truncated": seg.truncated, "format": cfg.sample_format},
             min_sample_rate=cfg.min_sample_rate,
         )

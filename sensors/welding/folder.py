@@ -163,7 +163,9 @@ class WatchedFolderSource:
         """Check the folder, create the sub-folders and open the ledger."""
         folder = self.config.folder
         if not folder.is_dir():
-            raise FileNotFoundError(f"weld export folder {folder} does not exist; create it or fix the config")
+            raise FileNotFoundError(
+                f"weld export folder {folder} does not exist; create it or fix the config"
+            )
         for sub in (self.config.rejected_dir, self.config.done_dir):
             (folder / sub).mkdir(exist_ok=True)
         self._ledger = WeldLedger(self.config.ledger_path)
@@ -227,8 +229,10 @@ class WatchedFolderSource:
         return out
 
     def _marker(self, path: Path) -> Path | None:
-        for cand in (path.with_name(path.name + self.config.marker_suffix),
-                     path.with_name(path.stem + self.config.marker_suffix)):
+        for cand in (
+            path.with_name(path.name + self.config.marker_suffix),
+            path.with_name(path.stem + self.config.marker_suffix),
+        ):
             if cand.exists():
                 return cand
         return None
@@ -322,7 +326,9 @@ class WatchedFolderSource:
         self._decide(path, sig, digest, "delivered", recording.weld_id, "")
         return recording
 
-    def _decide(self, path: Path, sig: tuple[int, ...], digest: str, status: str, weld_id: str, reason: str) -> None:
+    def _decide(
+        self, path: Path, sig: tuple[int, ...], digest: str, status: str, weld_id: str, reason: str
+    ) -> None:
         """Record the decision durably, then act on the file."""
         entry = LedgerEntry(path.name, sig[0], sig[1], digest, status, weld_id, reason)
         self.ledger.record(entry)
@@ -356,8 +362,10 @@ class WatchedFolderSource:
 
     def _group(self, path: Path) -> list[Path]:
         parts = [path, sidecar_path(path)]
-        parts += [path.with_name(path.name + self.config.marker_suffix),
-                  path.with_name(path.stem + self.config.marker_suffix)]
+        parts += [
+            path.with_name(path.name + self.config.marker_suffix),
+            path.with_name(path.stem + self.config.marker_suffix),
+        ]
         return [p for p in parts if p.exists()]
 
     def _move_group(self, path: Path, target_dir: Path) -> None:
@@ -367,7 +375,9 @@ class WatchedFolderSource:
             try:
                 shutil.move(str(part), str(target_dir / part.name))
             except OSError as exc:  # read-only share: the ledger entry already marks it
-                log.warning("cannot move %s to %s (left in place, ledger marks it): %s", part, target_dir, exc)
+                log.warning(
+                    "cannot move %s to %s (left in place, ledger marks it): %s", part, target_dir, exc
+                )
                 self._unmovable.add(path.name)
 
 
@@ -377,5 +387,3 @@ def _sha256(path: Path, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-

@@ -73,7 +73,9 @@ def read_sidecar(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         if not text.strip() or exc.pos >= len(text.rstrip()):
             raise IncompleteWeldFileError(f"{side}: JSON ends early (still being written?)") from exc
-        raise WeldDataError(f"{side}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+        raise WeldDataError(
+            f"{side}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from exc
     if not isinstance(obj, dict):
         raise WeldDataError(f"{side}: sidecar must be a JSON object, got {type(obj).__name__}")
     return obj
@@ -164,7 +166,7 @@ def _default_channels(default: Sequence[str], n: int, path: Path) -> list[str]:
     if len(default) != n:
         raise WeldDataError(
             f"{path}: {n} channel(s) but no sidecar naming them and the default order has "
-            f"{len(default)} ({list(default)}); write {sidecar_path(path).name} with \"channels\""
+            f'{len(default)} ({list(default)}); write {sidecar_path(path).name} with "channels"'
         )
     return list(default)
 
@@ -197,9 +199,7 @@ def _apply_scale(data: np.ndarray, channels: list[str], scale: object, path: Pat
 def _read_npy(path: Path, side: Mapping[str, Any]) -> tuple[np.ndarray, list[str], float]:
     if "channels" not in side or "sample_rate" not in side:
         missing = [k for k in ("channels", "sample_rate") if k not in side]
-        raise WeldDataError(
-            f"{path}: NPY welds need a sidecar {sidecar_path(path).name} with {missing}"
-        )
+        raise WeldDataError(f"{path}: NPY welds need a sidecar {sidecar_path(path).name} with {missing}")
     with path.open("rb") as fh:
         try:
             version = np.lib.format.read_magic(fh)
@@ -208,7 +208,9 @@ def _read_npy(path: Path, side: Mapping[str, Any]) -> tuple[np.ndarray, list[str
             elif version == (2, 0):
                 shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
             else:
-                raise WeldDataError(f"{path}: NPY format version {version} is not supported; save with np.save")
+                raise WeldDataError(
+                    f"{path}: NPY format version {version} is not supported; save with np.save"
+                )
         except WeldDataError:
             raise
         except (ValueError, SyntaxError, TokenError) as exc:  # numpy parses the header with tokenize

@@ -39,14 +39,30 @@ from sensors.welding.recording import WeldDataError, WeldRecording, parse_timest
 TOOL_STATES = ("new", "worn", "damaged")
 SURFACES = ("clean", "polished", "contaminated")
 #: FTL-TP domain group M tool classes: (horn, anvil).
-TOOL_CLASSES_M = {"TC1": ("new", "new"), "TC2": ("new", "worn"), "TC3": ("worn", "new"), "TC4": ("worn", "worn")}
+TOOL_CLASSES_M = {
+    "TC1": ("new", "new"),
+    "TC2": ("new", "worn"),
+    "TC3": ("worn", "new"),
+    "TC4": ("worn", "worn"),
+}
 #: FTL-TP domain groups S/T tool classes: both tools in the same state.
 TOOL_CLASSES_S = {"New": ("new", "new"), "Worn": ("worn", "worn"), "DMGD": ("damaged", "damaged")}
 _TOOL_ALIASES = {"dmgd": "damaged", "damage": "damaged", "broken": "damaged", "ok": "new", "fresh": "new"}
-_SURFACE_ALIASES = {"contam": "contaminated", "contaminate": "contaminated", "oily": "contaminated",
-                    "polish": "polished", "sanded": "polished"}
-_FIELD_ALIASES = {"timestamp": "time", "datetime": "time", "weld": "weld_id", "id": "weld_id",
-                  "tool_condition": "tool", "surface_condition": "surface"}
+_SURFACE_ALIASES = {
+    "contam": "contaminated",
+    "contaminate": "contaminated",
+    "oily": "contaminated",
+    "polish": "polished",
+    "sanded": "polished",
+}
+_FIELD_ALIASES = {
+    "timestamp": "time",
+    "datetime": "time",
+    "weld": "weld_id",
+    "id": "weld_id",
+    "tool_condition": "tool",
+    "surface_condition": "surface",
+}
 _LABEL_FIELDS = ("horn", "anvil", "surface")
 
 
@@ -154,7 +170,9 @@ def parse_entry(raw: Mapping[str, Any], line: int, *, assume_tz: tzinfo = UTC) -
         if text.get(part):
             word = _norm_tool(text[part])
             if isinstance(word, tuple):
-                raise ValueError(f"{part} takes one state ({', '.join(TOOL_STATES)}), not class {text[part]!r}")
+                raise ValueError(
+                    f"{part} takes one state ({', '.join(TOOL_STATES)}), not class {text[part]!r}"
+                )
             if part in values and values[part] != word:
                 raise ValueError(f"tool={text['tool']!r} contradicts {part}={text[part]!r}")
             values[part] = word
@@ -192,7 +210,9 @@ class LabelLog:
             have = self._per_weld.setdefault(e.weld_id, {})
             for k, v in e.values.items():
                 if have.get(k, v) != v:
-                    errors.append(f"line {e.line}: weld {e.weld_id} {k}={v} contradicts earlier {k}={have[k]}")
+                    errors.append(
+                        f"line {e.line}: weld {e.weld_id} {k}={v} contradicts earlier {k}={have[k]}"
+                    )
                 have[k] = v
         if errors:
             raise LabelLogError("label log is inconsistent:\n  " + "\n  ".join(errors))
@@ -204,14 +224,25 @@ class LabelLog:
             self._states.append(state)
 
     @classmethod
-    def from_records(cls, records: Iterable[Mapping[str, Any]], *, source: str = "log",
-                     first_line: int = 1, assume_tz: tzinfo = UTC) -> LabelLog:
+    def from_records(
+        cls,
+        records: Iterable[Mapping[str, Any]],
+        *,
+        source: str = "log",
+        first_line: int = 1,
+        assume_tz: tzinfo = UTC,
+    ) -> LabelLog:
         """Validate raw records, collecting every error before raising."""
         return cls._build(enumerate(records, first_line), source, assume_tz)
 
     @classmethod
-    def _build(cls, numbered: Iterable[tuple[int, Any]], source: str, assume_tz: tzinfo,
-               errors: list[str] | None = None) -> LabelLog:
+    def _build(
+        cls,
+        numbered: Iterable[tuple[int, Any]],
+        source: str,
+        assume_tz: tzinfo,
+        errors: list[str] | None = None,
+    ) -> LabelLog:
         entries, errors = [], list(errors or [])
         for i, raw in numbered:
             try:
@@ -222,8 +253,10 @@ class LabelLog:
                 errors.append(f"{source} line {i}: {exc}")
         if errors:
             shown = errors[:20] + ([f"... and {len(errors) - 20} more"] if len(errors) > 20 else [])
-            raise LabelLogError(f"{len(errors)} invalid label entr{'y' if len(errors) == 1 else 'ies'}:\n  "
-                                + "\n  ".join(shown))
+            raise LabelLogError(
+                f"{len(errors)} invalid label entr{'y' if len(errors) == 1 else 'ies'}:\n  "
+                + "\n  ".join(shown)
+            )
         return cls(entries)
 
     @classmethod
@@ -247,7 +280,9 @@ class LabelLog:
             return cls._build(numbered, str(path), assume_tz, errors)
         if suffix == ".csv":
             lines = text.splitlines(keepends=True)
-            kept = [(i, ln) for i, ln in enumerate(lines, 1) if not ln.lstrip().startswith("#") and ln.strip()]
+            kept = [
+                (i, ln) for i, ln in enumerate(lines, 1) if not ln.lstrip().startswith("#") and ln.strip()
+            ]
             if not kept:
                 raise LabelLogError(f"{path}: empty CSV (need a header such as time,horn,anvil,surface)")
             reader = csv.DictReader(io.StringIO("".join(ln for _, ln in kept)))

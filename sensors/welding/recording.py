@@ -91,9 +91,7 @@ class WeldRecording:
             raise WeldDataError(f"duplicate channel names in {channels!r}")
         data = np.asarray(self.data)
         if data.ndim != 2:
-            raise WeldDataError(
-                f"weld data must be 2-D (n_channels, n_samples); got shape {data.shape}"
-            )
+            raise WeldDataError(f"weld data must be 2-D (n_channels, n_samples); got shape {data.shape}")
         if data.shape[0] != len(channels):
             raise WeldDataError(
                 f"weld data has {data.shape[0]} channel row(s) but {len(channels)} channel "
@@ -140,8 +138,19 @@ class WeldRecording:
 
     def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
         # Unpickling goes through __init__ again: validated, read-only data.
-        return (type(self), (self.data, self.channels, self.sample_rate, self.weld_id, self.started_at,
-                             self.source, self.meta, self.min_sample_rate))
+        return (
+            type(self),
+            (
+                self.data,
+                self.channels,
+                self.sample_rate,
+                self.weld_id,
+                self.started_at,
+                self.source,
+                self.meta,
+                self.min_sample_rate,
+            ),
+        )
 
     @property
     def n_samples(self) -> int:

@@ -166,8 +166,10 @@ class EnergySegmenter:
 
     def _emit(self, end: int, *, truncated: bool) -> Segment | None:
         if self._last_loud_end - self._start < self.min_n:
-            log.debug("dropped a %.3f s burst shorter than min_weld_s", (self._last_loud_end - self._start)
-                      / self.config.sample_rate)
+            log.debug(
+                "dropped a %.3f s burst shorter than min_weld_s",
+                (self._last_loud_end - self._start) / self.config.sample_rate,
+            )
             return None
         begin = max(self._start - self.pre_n, self._chunks_start)
         end = min(end, self.position)

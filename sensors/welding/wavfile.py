@@ -227,10 +227,21 @@ def write_wav(
     if extensible:
         mask = (1 << n_ch) - 1 if n_ch <= 18 else 0
         guid = struct.pack("<H", tag) + _GUID_TAIL
-        fmt = struct.pack(
-            "<HHIIHHHHI", WAVE_FORMAT_EXTENSIBLE, n_ch, int(sample_rate), int(sample_rate) * align,
-            align, bits, 22, bits, mask,
-        ) + guid
+        fmt = (
+            struct.pack(
+                "<HHIIHHHHI",
+                WAVE_FORMAT_EXTENSIBLE,
+                n_ch,
+                int(sample_rate),
+                int(sample_rate) * align,
+                align,
+                bits,
+                22,
+                bits,
+                mask,
+            )
+            + guid
+        )
     else:
         fmt = struct.pack("<HHIIHHH", tag, n_ch, int(sample_rate), int(sample_rate) * align, align, bits, 0)
     body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt

@@ -40,12 +40,14 @@ PINNED_HASH = "724b64af6bb9e25b51129e689e6fec9de2017ec5461ecea07b913e38f157f2f2"
 def weld(n: int, seed: int = 0, channels=CH) -> WeldRecording:
     rng = np.random.default_rng(seed)
     t = np.arange(n) / FS
-    data = np.stack([
-        2000 * (1 - np.exp(-t / 0.02)) + 30 * rng.standard_normal(n),
-        0.1 * (1 - np.exp(-t / 0.05)) + 1e-3 * rng.standard_normal(n),
-        0.2 * np.sin(2 * np.pi * 20_000 * t) + 0.05 * rng.standard_normal(n),
-        0.5 * np.sin(2 * np.pi * 20_000 * t + 1) + 0.1 * rng.standard_normal(n),
-    ])[: len(channels)]
+    data = np.stack(
+        [
+            2000 * (1 - np.exp(-t / 0.02)) + 30 * rng.standard_normal(n),
+            0.1 * (1 - np.exp(-t / 0.05)) + 1e-3 * rng.standard_normal(n),
+            0.2 * np.sin(2 * np.pi * 20_000 * t) + 0.05 * rng.standard_normal(n),
+            0.5 * np.sin(2 * np.pi * 20_000 * t + 1) + 0.1 * rng.standard_normal(n),
+        ]
+    )[: len(channels)]
     return WeldRecording(data, channels, FS, f"W{seed}", datetime(2024, 1, 1, tzinfo=UTC))
 
 
@@ -92,7 +94,9 @@ def test_schema_hash_is_stable_and_pinned():
     assert schema_hash() == DEFAULT_SCHEMA.schema_hash() == FeatureSchema().schema_hash() == PINNED_HASH
     again = subprocess.run(
         [sys.executable, "-c", "from sensors.features import schema_hash; print(schema_hash())"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert again == PINNED_HASH
     assert FeatureSchema.from_json(DEFAULT_SCHEMA.to_json()) == DEFAULT_SCHEMA
@@ -101,8 +105,16 @@ def test_schema_hash_is_stable_and_pinned():
 
 
 @pytest.mark.parametrize(
-    "change", [{"version": 2}, {"wavelet": "sym4"}, {"level": 11}, {"sample_rate": 250_000},
-               {"channels": ("power", "lvdt", "mic", "ae")}, {"mode": "periodization"}, {"max_samples": 10**6}],
+    "change",
+    [
+        {"version": 2},
+        {"wavelet": "sym4"},
+        {"level": 11},
+        {"sample_rate": 250_000},
+        {"channels": ("power", "lvdt", "mic", "ae")},
+        {"mode": "periodization"},
+        {"max_samples": 10**6},
+    ],
 )
 def test_every_recipe_change_changes_the_hash(change):
     assert DEFAULT_SCHEMA.replace(**change).schema_hash() != PINNED_HASH
@@ -112,9 +124,13 @@ def test_mismatch_is_refused_with_a_clear_error():
     other = DEFAULT_SCHEMA.replace(level=10, sample_rate=250_000)
     check_schema(PINNED_HASH)
     check_schema(DEFAULT_SCHEMA.to_dict())
-    with pytest.raises(SchemaMismatchError, match=r"model was built for feature schema sha256 [0-9a-f]{16}\.\.\., but"):
+    with pytest.raises(
+        SchemaMismatchError, match=r"model was built for feature schema sha256 [0-9a-f]{16}\.\.\., but"
+    ):
         check_schema(other.schema_hash())
-    with pytest.raises(SchemaMismatchError, match=r"level: model 10 vs device 12.*sample_rate: model 250000.0"):
+    with pytest.raises(
+        SchemaMismatchError, match=r"level: model 10 vs device 12.*sample_rate: model 250000.0"
+    ):
         check_schema(other.to_dict())
     meta = schema_metadata()
     check_model_metadata(meta)
@@ -151,8 +167,15 @@ def test_length_invariance_of_the_statistics():
     names = DEFAULT_SCHEMA.feature_names()
     short = extract_features(WeldRecording(rng.standard_normal((4, 100_000)), CH, FS, "s", datetime.now(UTC)))
     long = extract_features(WeldRecording(rng.standard_normal((4, 180_000)), CH, FS, "l", datetime.now(UTC)))
-    for stat, atol in (("std", 0.02), ("log_energy", 0.02), ("energy_frac", 0.02), ("energy_spread", 0.02),
-                       ("zero_cross_rate", 0.02), ("time_centroid", 0.02), ("kurtosis", 0.15)):
+    for stat, atol in (
+        ("std", 0.02),
+        ("log_energy", 0.02),
+        ("energy_frac", 0.02),
+        ("energy_spread", 0.02),
+        ("zero_cross_rate", 0.02),
+        ("time_centroid", 0.02),
+        ("kurtosis", 0.15),
+    ):
         idx = [i for i, n in enumerate(names) if n.endswith(f".D2.{stat}")]
         np.testing.assert_allclose(short[idx], long[idx], rtol=0.05, atol=atol)
 

@@ -48,31 +48,40 @@ def signals(n: int, seed: int) -> np.ndarray:
     """Weld-like channels with very different scales and offsets."""
     rng = np.random.default_rng(seed)
     t = np.arange(n) / FS
-    return np.stack([
-        2500 * (1 - np.exp(-t / 0.01)) + 40 * rng.standard_normal(n),
-        0.08 * (1 - np.exp(-t / 0.03)) + 5e-4 * rng.standard_normal(n),
-        0.3 * np.sin(2 * np.pi * 20_030 * t) + 0.02 * rng.standard_cauchy(n).clip(-50, 50),
-        0.6 * np.sin(2 * np.pi * 19_990 * t) * (1 + 0.3 * np.sin(2 * np.pi * 300 * t)) + 0.05 * rng.standard_normal(n),
-    ])
+    return np.stack(
+        [
+            2500 * (1 - np.exp(-t / 0.01)) + 40 * rng.standard_normal(n),
+            0.08 * (1 - np.exp(-t / 0.03)) + 5e-4 * rng.standard_normal(n),
+            0.3 * np.sin(2 * np.pi * 20_030 * t) + 0.02 * rng.standard_cauchy(n).clip(-50, 50),
+            0.6 * np.sin(2 * np.pi * 19_990 * t) * (1 + 0.3 * np.sin(2 * np.pi * 300 * t))
+            + 0.05 * rng.standard_normal(n),
+        ]
+    )
 
 
 def assert_parity(ours: np.ndarray, ref: np.ndarray, schema: FeatureSchema) -> None:
     # rtol 1e-9: float64 with different summation orders; atol for values that are ~0 by symmetry
     bad = ~np.isclose(ours, ref, rtol=1e-9, atol=1e-9)
     names = np.array(schema.feature_names())
-    assert not bad.any(), f"{bad.sum()} features differ, e.g. {list(zip(names[bad][:5], ours[bad][:5], ref[bad][:5], strict=True))}"
+    assert not bad.any(), (
+        f"{bad.sum()} features differ, e.g. {list(zip(names[bad][:5], ours[bad][:5], ref[bad][:5], strict=True))}"
+    )
 
 
 @pytest.mark.parametrize("n", [28_672, 40_001, 100_000])
 def test_default_features_match_the_numpy_reference(n):
     x = signals(n, n)
     rec = WeldRecording(x, CH, FS, "p", datetime(2024, 1, 1, tzinfo=UTC))
-    assert_parity(extract_features(rec), extract_features_reference(x, DEFAULT_SCHEMA, sample_rate=FS), DEFAULT_SCHEMA)
+    assert_parity(
+        extract_features(rec), extract_features_reference(x, DEFAULT_SCHEMA, sample_rate=FS), DEFAULT_SCHEMA
+    )
 
 
 def test_parity_on_degenerate_channels():
     n = 30_000
-    x = np.stack([np.zeros(n), np.full(n, 3.5), np.r_[np.zeros(n // 2), np.ones(n - n // 2)], signals(n, 1)[3]])
+    x = np.stack(
+        [np.zeros(n), np.full(n, 3.5), np.r_[np.zeros(n // 2), np.ones(n - n // 2)], signals(n, 1)[3]]
+    )
     rec = WeldRecording(x, CH, FS, "d", datetime(2024, 1, 1, tzinfo=UTC))
     ours = extract_features(rec)
     assert np.isfinite(ours).all()

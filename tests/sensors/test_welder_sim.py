@@ -25,8 +25,9 @@ def within_and_cross(data, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     for a in range(nd):
         idx = np.random.default_rng(seed + a).permutation(np.flatnonzero(data.domain == a))
         half = len(idx) // 2
-        within[a] = nearest_class_mean_accuracy(data.X[idx[:half]], data.y[idx[:half]], data.X[idx[half:]],
-                                                data.y[idx[half:]])
+        within[a] = nearest_class_mean_accuracy(
+            data.X[idx[:half]], data.y[idx[:half]], data.X[idx[half:]], data.y[idx[half:]]
+        )
         for b in range(nd):
             if a != b:
                 ia, ib = data.domain == a, data.domain == b
@@ -55,7 +56,12 @@ def test_group_shapes_labels_and_default_schema():
     data = simulate_domain_group("M", 4, seed=0, time_scale=0.3)
     assert data.X.shape == (16, 624) and np.isfinite(data.X).all()
     assert data.schema_hash == DEFAULT_SCHEMA.schema_hash()
-    assert data.domains == ("Al-Cu", "Cu-Cu", "Cu-Al", "Al-Al") and data.classes == ("TC1", "TC2", "TC3", "TC4")
+    assert data.domains == ("Al-Cu", "Cu-Cu", "Cu-Al", "Al-Al") and data.classes == (
+        "TC1",
+        "TC2",
+        "TC3",
+        "TC4",
+    )
     np.testing.assert_array_equal(data.domain, np.repeat(np.arange(4), 4))
     np.testing.assert_array_equal(data.y, np.tile(np.arange(4), 4))
     times = {c.material: c.weld_time for c in data.conditions}
@@ -85,7 +91,9 @@ def test_single_weld_physics_is_where_the_docstring_says():
     power, lvdt = rec.channel("power"), rec.channel("lvdt")
     assert power[:300].mean() < 0.5 * power[10_000:20_000].mean()  # ramp-up
     assert lvdt[-1000:].mean() > 5 * max(lvdt[:500].mean(), 1e-4)  # indentation grows
-    worn = simulate_weld(WeldCondition("worn", "worn", "clean", "Cu-Cu", 0.5), np.random.default_rng(0), time_scale=0.3)
+    worn = simulate_weld(
+        WeldCondition("worn", "worn", "clean", "Cu-Cu", 0.5), np.random.default_rng(0), time_scale=0.3
+    )
     assert worn.channel("lvdt")[-1000:].mean() < lvdt[-1000:].mean()  # a worn knurl indents less
 
 

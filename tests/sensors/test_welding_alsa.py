@@ -102,14 +102,15 @@ def file_pcm(tmp_path: Path, raw: Path) -> dict[str, str]:
     """An ALSA config defining PCM ``weldtest`` that captures from ``raw``."""
     conf = tmp_path / "asoundrc"
     conf.write_text(
-        "pcm.weldtest {\n type file\n slave.pcm \"null\"\n file \"/dev/null\"\n"
-        f" infile \"{raw}\"\n format \"raw\"\n}}\n"
+        'pcm.weldtest {\n type file\n slave.pcm "null"\n file "/dev/null"\n'
+        f' infile "{raw}"\n format "raw"\n}}\n'
     )
     return {"ALSA_CONFIG_PATH": f"{ALSA_CONF}:{conf}"}
 
 
-@pytest.mark.parametrize(("fmt", "dtype", "scale"), [("S16_LE", "<i2", 2**15), ("S32_LE", "<i4", 2**31),
-                                                     ("FLOAT_LE", "<f4", 1.0)])
+@pytest.mark.parametrize(
+    ("fmt", "dtype", "scale"), [("S16_LE", "<i2", 2**15), ("S32_LE", "<i4", 2**31), ("FLOAT_LE", "<f4", 1.0)]
+)
 def test_arecord_through_a_real_alsa_pcm(tmp_path, fmt, dtype, scale):
     _need_arecord()
     welds = [(0.1, 0.3), (0.6, 0.25), (1.0, 0.35)]
@@ -117,8 +118,14 @@ def test_arecord_through_a_real_alsa_pcm(tmp_path, fmt, dtype, scale):
     pcm = x.astype(dtype) if dtype == "<f4" else np.clip(np.round(x * scale), -scale, scale - 1).astype(dtype)
     raw = tmp_path / "capture.raw"
     pcm.T.tofile(raw)  # interleaved frames, as the card delivers them
-    cfg = AlsaConfig(device="weldtest", channels=("mic", "ae"), sample_format=fmt, sample_limit=pcm.shape[1],
-                     env=file_pcm(tmp_path, raw), read_frames=3000)
+    cfg = AlsaConfig(
+        device="weldtest",
+        channels=("mic", "ae"),
+        sample_format=fmt,
+        sample_limit=pcm.shape[1],
+        env=file_pcm(tmp_path, raw),
+        read_frames=3000,
+    )
     with AlsaWeldSource(cfg) as src:
         recs = list(src)
     assert len(recs) == 3
@@ -140,8 +147,14 @@ def test_arecord_drop_trigger_channel(tmp_path):
     pcm = np.round(x * 32767).astype("<i2")
     raw = tmp_path / "t.raw"
     pcm.T.tofile(raw)
-    cfg = AlsaConfig(device="weldtest", channels=("trigger", "ae"), trigger_channel="trigger", drop_trigger=True,
-                     sample_limit=pcm.shape[1], env=file_pcm(tmp_path, raw))
+    cfg = AlsaConfig(
+        device="weldtest",
+        channels=("trigger", "ae"),
+        trigger_channel="trigger",
+        drop_trigger=True,
+        sample_limit=pcm.shape[1],
+        env=file_pcm(tmp_path, raw),
+    )
     with AlsaWeldSource(cfg) as src:
         (rec,) = list(src)
     assert rec.channels == ("ae",)

@@ -27,7 +27,9 @@ T0 = datetime(2024, 5, 1, 8, 30, tzinfo=UTC)
 
 def make_recording(n: int = 4000, seed: int = 0, **kw) -> WeldRecording:
     rng = np.random.default_rng(seed)
-    data = rng.normal(size=(4, n)) * np.array([[3000.0], [0.1], [0.5], [0.2]]) + np.array([[1500.0], [0.05], [0], [0]])
+    data = rng.normal(size=(4, n)) * np.array([[3000.0], [0.1], [0.5], [0.2]]) + np.array(
+        [[1500.0], [0.05], [0], [0]]
+    )
     return WeldRecording(data, CH, 200_000, kw.pop("weld_id", "W1"), kw.pop("started_at", T0), **kw)
 
 
@@ -59,7 +61,13 @@ def test_recording_validates_and_freezes():
     ],
 )
 def test_recording_rejects_bad_input_with_clear_errors(change, message):
-    args = {"data": np.zeros((4, 100)), "channels": CH, "sample_rate": 200_000, "weld_id": "W1", "started_at": T0}
+    args = {
+        "data": np.zeros((4, 100)),
+        "channels": CH,
+        "sample_rate": 200_000,
+        "weld_id": "W1",
+        "started_at": T0,
+    }
     args.update(change)
     with pytest.raises(WeldDataError, match=message):
         WeldRecording(**args)
@@ -151,7 +159,7 @@ def test_wav_round_trip_property(tmp_path, n, n_ch, fmt, extensible, seed):
     write_wav(path, x, 192_000, sample_format=fmt, extensible=extensible)
     y, info = read_wav(path)
     assert y.shape == x.shape and info.sample_rate == 192_000
-    assert np.abs(y - x).max() <= (2.0 ** -15 if fmt == "int16" else 2.0 ** -23)
+    assert np.abs(y - x).max() <= (2.0**-15 if fmt == "int16" else 2.0**-23)
 
 
 # -- weld files with sidecars -----------------------------------------------------------------
@@ -159,8 +167,13 @@ def test_wav_round_trip_property(tmp_path, n, n_ch, fmt, extensible, seed):
 
 @pytest.mark.parametrize(
     ("name", "fmt", "rtol"),
-    [("a.wav", "int16", 2e-5), ("b.wav", "int32", 1e-9), ("c.wav", "float32", 1e-7),
-     ("d.npy", "float64", 0.0), ("e.csv", "float64", 1e-8)],
+    [
+        ("a.wav", "int16", 2e-5),
+        ("b.wav", "int32", 1e-9),
+        ("c.wav", "float32", 1e-7),
+        ("d.npy", "float64", 0.0),
+        ("e.csv", "float64", 1e-8),
+    ],
 )
 def test_weld_file_round_trip(tmp_path, name, fmt, rtol):
     rec = make_recording(meta={"material": "Cu-Cu"})

@@ -80,7 +80,9 @@ def test_invalid_entries_are_all_reported_with_line_numbers(tmp_path):
 
 def test_contradicting_weld_entries_and_bad_files(tmp_path):
     with pytest.raises(LabelLogError, match="W1 surface=polished contradicts earlier surface=clean"):
-        LabelLog.from_records([{"weld_id": "W1", "surface": "clean"}, {"weld_id": "W1", "surface": "polished"}])
+        LabelLog.from_records(
+            [{"weld_id": "W1", "surface": "clean"}, {"weld_id": "W1", "surface": "polished"}]
+        )
     (tmp_path / "x.jsonl").write_text('{"weld_id": "W1", "tool": "new"}\n{oops\n[1, 2]\n')
     with pytest.raises(LabelLogError, match=r"line 2: invalid JSON.*\n.*line 3: expected an object"):
         LabelLog.load(tmp_path / "x.jsonl")
@@ -94,14 +96,24 @@ def test_folder_to_labelled_rows_end_to_end(tmp_path):
     export = tmp_path / "export"
     export.mkdir()
     start = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
-    conditions = [WeldCondition("new", "new", "clean", "Cu-Cu", 0.5), WeldCondition("new", "worn", "clean", "Cu-Cu", 0.5)]
+    conditions = [
+        WeldCondition("new", "new", "clean", "Cu-Cu", 0.5),
+        WeldCondition("new", "worn", "clean", "Cu-Cu", 0.5),
+    ]
     for i, cond in enumerate(conditions):
-        rec = simulate_weld(cond, np.random.default_rng(i), time_scale=0.3, weld_id=f"L20-{i}",
-                            started_at=start + timedelta(minutes=90 * i))
+        rec = simulate_weld(
+            cond,
+            np.random.default_rng(i),
+            time_scale=0.3,
+            weld_id=f"L20-{i}",
+            started_at=start + timedelta(minutes=90 * i),
+        )
         write_weld_file(rec, export / f"weld_{i}.npy")
         (export / f"weld_{i}.done").touch()
     (tmp_path / "log.csv").write_text(LOG_CSV)
-    blip = simulate_weld(WeldCondition(weld_time=0.1), np.random.default_rng(9), time_scale=0.3, weld_id="blip")
+    blip = simulate_weld(
+        WeldCondition(weld_time=0.1), np.random.default_rng(9), time_scale=0.3, weld_id="blip"
+    )
     with WatchedFolderSource(FolderSourceConfig(export, state_dir=tmp_path / "state")) as src:
         recs = src.read_all()
     rows = list(labelled_rows([*recs, blip], LabelLog.load(tmp_path / "log.csv")))

@@ -64,7 +64,14 @@ class EchoClient(ClientAlgorithm):
         return dict(shared)
 
     def update(
-        self, shared: Params, local: Params, data: Dataset, *, rng: np.random.Generator, round_: int, phase: str
+        self,
+        shared: Params,
+        local: Params,
+        data: Dataset,
+        *,
+        rng: np.random.Generator,
+        round_: int,
+        phase: str,
     ) -> tuple[ClientResult, Params]:
         out = {"v.value": shared["v.value"] + np.asarray(self.config.step, dtype=shared["v.value"].dtype)}
         return ClientResult(out, len(data), {}), {}
