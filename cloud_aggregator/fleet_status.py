@@ -82,7 +82,8 @@ def summarize(statuses: dict[str, Any]) -> list[dict[str, Any]]:
                 "device": _text(device),
                 "state": _text(body.get("state")) if isinstance(body.get("state"), str) else "?",
                 "models": _models_cell(body.get("models")),
-                "tasks": _tasks_cell(body.get("tasks")),
+                "tasks": _tasks_cell(body.get("tasks"), body.get("refused")),
+                "data": _data_cell(body.get("data")),
                 "since": _finite(body.get("time")),
             }
         )
@@ -140,12 +141,34 @@ def _models_cell(models: Any) -> str:
     return "; ".join(cells) or "-"
 
 
-def _tasks_cell(tasks: Any) -> str:
-    if tasks is None or tasks == {}:
+def _data_cell(data: Any) -> str:
+    """``train/test rows``, and the recorder's sensor state where one runs (``sensor fault``)."""
+    if data is None:
         return "-"
-    if not isinstance(tasks, dict):
+    if not isinstance(data, dict):
         return "?"
+    cell = f"{_version(data.get('train'))}/{_version(data.get('test'))} rows"
+    sensor = data.get("sensor")
+    if isinstance(sensor, dict):
+        state = sensor.get("state")
+        state = _text(state, 12) if isinstance(state, str) else "?"
+        cell += f", sensor {state}" + ("" if sensor.get("running") is not False else " (recorder stopped)")
+    elif sensor is not None:
+        cell += ", sensor ?"
+    return cell
+
+
+def _tasks_cell(tasks: Any, refused: Any = None) -> str:
     cells = []
+    if isinstance(refused, dict):
+        for name, why in sorted(refused.items()):
+            cells.append(f"{_text(name)}: refused ({_text(why) if isinstance(why, str) else '?'})")
+    elif refused:
+        cells.append("refused ?")
+    if tasks is None or tasks == {}:
+        return "; ".join(cells) or "-"
+    if not isinstance(tasks, dict):
+        return "; ".join([*cells, "?"])
     for name, t in sorted(tasks.items()):
         if not isinstance(t, dict):
             cells.append(f"{_text(name)}: ?")
@@ -174,13 +197,21 @@ def _fmt(value: int | float) -> str:
 
 def format_table(rows: list[dict[str, Any]], now: float | None = None) -> str:
     now = time.time() if now is None else now
-    headers = ("device", "state", "models (active version)", "tasks (last round, last metric)", "status age")
+    headers = (
+        "device",
+        "state",
+        "models (active version)",
+        "tasks (last round, last metric)",
+        "local data",
+        "status age",
+    )
     cells = [
         (
             r["device"],
             r["state"],
             r["models"],
             r["tasks"],
+            r.get("data", "-"),
             f"{now - r['since']:.0f} s" if isinstance(r.get("since"), int | float) else "?",
         )
         for r in rows

@@ -38,6 +38,7 @@ from edge.dataset import load_dataset, prepare_dataset
 from edge.manifest import load_public_key
 from edge.models import ModelManager, embed_rows
 from edge.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsOptions
+from edge.recorder import STATUS_FILE as RECORDER_STATUS
 from edge.state import StateError, load_verified, save_arrays
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import initial_local, participate
@@ -156,7 +157,19 @@ class EdgeTrainer:
             body["models"] = self.models.status()
         if self.refused:
             body["refused"] = dict(self.refused)
+        body["data"] = self._data_status()
         return wire.topic_status(self.config.fleet, self.device), json.dumps(body, sort_keys=True).encode()
+
+    def _data_status(self) -> dict:
+        """Rows on hand and, where edge-recorder runs beside this daemon, the state of its sensors."""
+        out: dict = {"train": len(self.train), "test": len(self.test), "source": self.data_meta.get("source")}
+        try:
+            rec = json.loads((self.state_dir / RECORDER_STATUS).read_text())
+        except (OSError, ValueError, RecursionError):
+            return out  # no recorder here (simulated data), or a status being replaced: skip it
+        if isinstance(rec, dict):
+            out["sensor"] = {k: rec.get(k) for k in ("state", "running", "updated_at", "appended")}
+        return out
 
     def _session_options(self) -> SessionOptions:
         c = self.config

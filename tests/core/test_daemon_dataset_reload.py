@@ -40,3 +40,28 @@ def test_daemon_starts_without_data_and_reloads_each_new_dataset(tmp_path):
     os.utime(state / "dataset.safetensors", ns=(before.st_atime_ns, before.st_mtime_ns))
     assert trainer.refresh_dataset()
     np.testing.assert_array_equal(trainer.train.x, rows(9, 4).x)
+
+
+def test_the_device_status_reports_its_rows_and_the_recorders_sensor_state(tmp_path):
+    import json
+
+    state = tmp_path / "printer3"
+    cfg = build(
+        DeviceConfig,
+        {"device": "printer3", "fleet": "plant", "state_dir": str(state), "allow_plaintext": True},
+    )
+    trainer = EdgeTrainer(cfg)
+    body = json.loads(trainer._status("online")[1])
+    assert body["data"] == {"train": 0, "test": 0, "source": None}
+    save_dataset(state, rows(5, 0), rows(2, 1), {"source": "record-printer"})
+    (state / "recorder-status.json").write_text(
+        json.dumps(
+            {"state": "fault", "running": True, "updated_at": "2026-11-24T21:00:00+00:00", "appended": 7}
+        )
+    )
+    trainer.refresh_dataset()
+    body = json.loads(trainer._status("online")[1])
+    assert body["data"]["train"] == 5 and body["data"]["source"] == "record-printer"
+    assert body["data"]["sensor"]["state"] == "fault" and body["data"]["sensor"]["appended"] == 7
+    (state / "recorder-status.json").write_text("{not json")
+    assert "sensor" not in json.loads(trainer._status("online")[1])["data"]

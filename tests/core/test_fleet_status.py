@@ -30,6 +30,7 @@ def test_a_good_status_reads_as_before():
         "state": "online",
         "models": "enc v3 (fetching v4: 2/9) [refused v2: bad signature]",
         "tasks": "speed: round 4 test_loss=0.2500",
+        "data": "-",
         "since": 1000.0,
     }
     assert "10 s" in format_table([row], now=1010.0)
@@ -52,6 +53,11 @@ BAD = [
     {"time": 10**400},
     {"time": float("nan")},
     {"state": "\x1b[2Jonline\x07"},
+    {"data": [1]},
+    {"data": {"train": "many", "sensor": 5}},
+    {"data": {"sensor": {"state": ["x"], "running": "no"}}},
+    {"refused": ["tool"]},
+    {"refused": {"tool": 5}, "tasks": "x"},
     [1, 2],
     "online",
     None,
@@ -88,3 +94,22 @@ def test_decode_status_refuses_what_is_not_an_object_with_value_error(payload):
 
 def test_decode_status_reads_objects_and_empty_payloads():
     assert decode_status(b"") is None and decode_status(json.dumps(GOOD).encode()) == GOOD
+
+
+def test_local_data_and_refused_tasks_are_shown():
+    (row,) = summarize(
+        {
+            "welder2": {
+                **GOOD,
+                "refused": {"tool": "feature schema 0123abcd differs from this device's"},
+                "data": {"train": 40, "test": 8, "source": "record-welder", "sensor": {"state": "fault"}},
+            }
+        }
+    )
+    assert (
+        row["tasks"].startswith("tool: refused (feature schema 0123abcd") and "speed: round 4" in row["tasks"]
+    )
+    assert row["data"] == "40/8 rows, sensor fault"
+    stopped = summarize({"p": {"data": {"train": 3, "test": 1, "sensor": {"state": "ok", "running": False}}}})
+    assert stopped[0]["data"] == "3/1 rows, sensor ok (recorder stopped)"
+    assert "local data" in format_table([row], now=1010.0)
