@@ -181,7 +181,7 @@ class SensorsConfig:
 
     Split: ``split = "run"`` holds out whole print runs, ``"layer"`` single layers,
     ``"weld"`` single welds; a unit goes to test when the hash of its key falls below
-    ``test_fraction`` (the rule is in :mod:`edge.recorder`).  At most ``max_rows``
+    ``test_fraction`` (the rule is in :mod:`edge.recording`).  At most ``max_rows``
     rows are kept per split (the oldest go first); its default is 100,000 for a printer
     (4-byte rows) and 20,000 for a welder (624 features: every append rewrites the file,
     ~50 MB per split at that size).

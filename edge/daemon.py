@@ -38,7 +38,7 @@ from edge.dataset import load_dataset, prepare_dataset
 from edge.manifest import load_public_key
 from edge.models import ModelManager, embed_rows
 from edge.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsOptions
-from edge.recorder import STATUS_FILE as RECORDER_STATUS
+from edge.recording.base import STATUS_FILE as RECORDER_STATUS
 from edge.state import StateError, load_verified, save_arrays
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import initial_local, participate

@@ -108,7 +108,8 @@ def _child(url: str, start: float, state_dir: str) -> None:
     import time
 
     from edge.config import SensorsConfig
-    from edge.recorder import PrinterRecorder, run_until_signalled
+    from edge.recording.cli import run_until_signalled
+    from edge.recording.printer import PrinterRecorder
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     timeline, sigmas = short_timeline(start)

@@ -16,7 +16,9 @@ import pytest
 
 from edge.config import ConfigError, DataConfig, DeviceConfig, SensorsConfig, build
 from edge.dataset import load_dataset, prepare_dataset, save_dataset, simulated_printer_dataset
-from edge.recorder import STATUS_FILE, PrinterRecorder, RecorderError, make_recorder, split_for
+from edge.recording.base import STATUS_FILE, RecorderError, split_for
+from edge.recording.cli import make_recorder
+from edge.recording.printer import PrinterRecorder
 from sensors.layers import to_xy
 from sensors.sim.printer import VirtualClock, plan_fleet_member, timeline_for
 from tests.sensors.recorder_helpers import FakeMoonraker, fake_printer_bus, short_timeline
@@ -280,7 +282,7 @@ def test_cli_without_the_i2c_bus_reports_it_and_keeps_retrying(tmp_path):
         'moonraker_url = "http://127.0.0.1:9"\npoll_s = 0.2\n'
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edge.recorder", "--device", DEVICE, "--config", str(cfg)],
+        [sys.executable, "-m", "edge.recording.cli", "--device", DEVICE, "--config", str(cfg)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -315,7 +317,7 @@ def test_cli_config_errors_exit_2(tmp_path):
         [
             sys.executable,
             "-m",
-            "edge.recorder",
+            "edge.recording.cli",
             "--device",
             DEVICE,
             "--config",
@@ -334,7 +336,7 @@ def test_cli_config_errors_exit_2(tmp_path):
         [
             sys.executable,
             "-m",
-            "edge.recorder",
+            "edge.recording.cli",
             "--device",
             DEVICE,
             "--config",
@@ -369,7 +371,7 @@ class LaggingContext:
 
 
 def test_context_that_arrives_late_still_opens_the_first_layer_of_each_print(sim, tmp_path):
-    from edge.recorder import build_context
+    from edge.recording.printer import build_context
 
     cfg = SensorsConfig(kind="printer", moonraker_url=sim["server"].url, poll_s=0.5, read_interval_s=0.05)
     rec = PrinterRecorder(

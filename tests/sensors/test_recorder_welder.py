@@ -11,7 +11,8 @@ import pytest
 
 from edge.config import SensorsConfig
 from edge.dataset import load_dataset, save_dataset
-from edge.recorder import PENDING_FILE, RecorderError, WelderRecorder, split_for
+from edge.recording.base import RecorderError, split_for
+from edge.recording.welder import PENDING_FILE, WelderRecorder
 from edge.state import load_arrays
 from sensors.features.dwt import extract_features
 from sensors.features.schema import DEFAULT_SCHEMA

@@ -1,0 +1,244 @@
+"""What both recorders share: the dataset appender with its deterministic split, and the loop.
+
+The split rule and the crash-safety argument are in :mod:`edge.recording` (the package docstring)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge.config import SensorsConfig
+from edge.dataset import FILE as DATASET_FILE
+from edge.dataset import load_dataset, save_dataset
+from edge.state import StateError, atomic_write_json
+from trainer_lite.data import Dataset
+
+log = logging.getLogger(__name__)
+
+STATUS_FILE = "recorder-status.json"
+
+
+class RecorderError(RuntimeError):
+    """A setup problem the recorder cannot run with (exit status 2): fix the config or the state."""
+
+
+# ----------------------------------------------------------------------------- split
+def hash_fraction(device: str, key: str) -> float:
+    """``sha256(device NUL key)``'s first 8 bytes as a fraction in [0, 1)."""
+    digest = hashlib.sha256(f"{device}\0{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def split_for(device: str, key: str, test_fraction: float, *, train_empty: bool = False) -> str:
+    """``"train"`` or ``"test"`` for the unit ``key`` (see the module docstring)."""
+    if train_empty:
+        return "train"
+    return "test" if hash_fraction(device, key) < test_fraction else "train"
+
+
+# ----------------------------------------------------------------------------- dataset
+class DatasetAppender:
+    """The device's dataset held in memory and appended to atomically.
+
+    Rows are buffered by :meth:`add` and written by :meth:`flush` in one atomic
+    rewrite of the whole file (``save_dataset``); a write that fails (disk full) keeps
+    the rows buffered for the next flush, so nothing is lost or half-written.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        source: str,
+        x_dim: int,
+        y_dtype: type,
+        y_1d: bool,
+        meta: dict[str, Any],
+        check_meta: Callable[[dict], list[str]] | None = None,
+        max_rows: int = 100_000,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.max_rows = int(max_rows)
+        try:
+            loaded = load_dataset(self.state_dir)
+        except StateError as exc:
+            raise RecorderError(f"{self.state_dir / DATASET_FILE}: {exc}") from None
+        y_shape = (0,) if y_1d else (0, 1)
+        if loaded is None:
+            empty = Dataset(np.empty((0, x_dim)), np.empty(y_shape, dtype=y_dtype))
+            self.data = {"train": empty, "test": empty}
+            self.meta = dict(meta)
+        else:
+            train, test, old = loaded
+            problems = []
+            if old.get("source") != source:
+                problems.append(
+                    f"it holds rows from {old.get('source')!r}, not {source!r} -- real and simulated "
+                    "(or printer and welder) rows must not be mixed; move it aside to start a new one"
+                )
+            elif train.x.shape[1:] != (x_dim,) or test.x.shape[1:] != (x_dim,):
+                problems.append(f"its rows have {train.x.shape[1:]} inputs, expected ({x_dim},)")
+            elif check_meta is not None:
+                problems += check_meta(old)
+            if problems:
+                raise RecorderError(
+                    f"cannot append to {self.state_dir / DATASET_FILE}: " + "; ".join(problems)
+                )
+            self.data = {"train": train, "test": test}
+            self.meta = {**old, **meta}
+        self._buf: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {"train": [], "test": []}
+        self.y_1d = y_1d
+        self.writes = 0
+        self.write_errors = 0
+
+    def rows(self, split: str) -> int:
+        """Rows of ``split`` including those not yet written."""
+        return len(self.data[split]) + len(self._buf[split])
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf["train"]) + len(self._buf["test"])
+
+    def add(self, split: str, x: np.ndarray, y: np.ndarray | int | float) -> None:
+        x = np.asarray(x, dtype=np.float64).reshape(-1)
+        y = np.asarray(y).reshape(() if self.y_1d else (1,))
+        if not (np.isfinite(x).all() and np.isfinite(y).all()):
+            raise ValueError("row holds NaN or Inf")  # the callers check first; this is the last guard
+        self._buf[split].append((x, y))
+
+    def flush(self, meta_updates: dict[str, Any] | None = None) -> bool:
+        """Write buffered rows (and ``meta_updates``); ``True`` when the file is up to date."""
+        if not self.pending and not meta_updates:
+            return True
+        new = {}
+        for split, d in self.data.items():
+            rows = self._buf[split]
+            if rows:
+                x = np.concatenate([d.x, np.stack([r[0] for r in rows])])
+                y = np.concatenate([d.y, np.stack([r[1] for r in rows]).astype(d.y.dtype)])
+                if len(x) > self.max_rows:  # the oldest rows go first
+                    x, y = x[-self.max_rows :], y[-self.max_rows :]
+                new[split] = Dataset(x, y)
+            else:
+                new[split] = d
+        meta = {**self.meta, **(meta_updates or {})}
+        if not len(new["train"]) and not len(new["test"]):
+            self.meta = meta  # no file without rows: the trainer would find nothing to train on
+            return True
+        meta["rows"] = {"train": len(new["train"]), "test": len(new["test"])}
+        meta["updated_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        try:
+            save_dataset(self.state_dir, new["train"], new["test"], meta)
+        except OSError as exc:
+            self.write_errors += 1
+            log.error(
+                "could not write %s (%s); %d rows kept for the next try", DATASET_FILE, exc, self.pending
+            )
+            return False
+        self.data, self.meta = new, meta
+        self._buf = {"train": [], "test": []}
+        self.writes += 1
+        return True
+
+
+# ----------------------------------------------------------------------------- accelerometer
+class RecorderLoop:
+    """The shared loop: pacing on a real or virtual clock, stop, status file, error containment."""
+
+    kind = ""
+    interval_s = 0.1
+
+    def __init__(self, device: str, state_dir: Path, cfg: SensorsConfig, clock: Callable[[], float]) -> None:
+        self.device, self.state_dir, self.cfg, self.clock = device, Path(state_dir), cfg, clock
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.virtual = hasattr(clock, "advance")
+        self.steps = 0
+        self.appended = 0
+        self.loop_errors = 0
+        self.last_row_at: str | None = None
+        self._next_status = -math.inf
+        self._stop = threading.Event()
+
+    # subclasses
+    def start(self) -> None: ...
+
+    def step(self) -> int:
+        raise NotImplementedError
+
+    def finish(self) -> None: ...
+
+    def status(self) -> dict:
+        return {}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _pause(self, dt: float) -> None:
+        if dt <= 0:
+            return
+        if self.virtual:
+            self.clock.advance(dt)  # type: ignore[attr-defined]
+        else:
+            self._stop.wait(dt)
+
+    def run(self, stop: threading.Event | None = None, *, until: Callable[[], bool] | None = None) -> None:
+        """Record until ``stop`` is set (or ``until()`` is true); then finish cleanly."""
+        if stop is not None:
+            self._stop = stop
+        self.start()
+        failures = 0
+        try:
+            while not self._stop.is_set() and not (until is not None and until()):
+                began = self.clock()
+                try:
+                    self.step()
+                    failures = 0
+                except Exception:  # a bug or unforeseen fault must not stop recording
+                    self.loop_errors += 1
+                    failures += 1
+                    log.exception("recorder step failed (%d in a row); going on", failures)
+                    self._pause(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                self.steps += 1
+                self._maybe_status()
+                self._pause(self.interval_s - (self.clock() - began))
+        finally:
+            try:
+                self.finish()
+            finally:
+                self.write_status(final=True)
+        log.info("%s recorder stopped: %d rows appended this run", self.kind, self.appended)
+
+    def _maybe_status(self) -> None:
+        now = self.clock()
+        if now >= self._next_status:
+            self._next_status = now + self.cfg.status_every_s
+            self.write_status()
+
+    def write_status(self, *, final: bool = False) -> None:
+        body = {
+            "device": self.device,
+            "kind": self.kind,
+            "running": not final,
+            "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "appended": self.appended,
+            "last_row_at": self.last_row_at,
+            "loop_errors": self.loop_errors,
+            **self.status(),
+        }
+        try:
+            atomic_write_json(self.state_dir / STATUS_FILE, body)
+        except (OSError, TypeError, ValueError) as exc:
+            log.warning("could not write %s: %s", STATUS_FILE, exc)
+
+    def _stored(self, n: int) -> None:
+        if n:
+            self.appended += n
+            self.last_row_at = datetime.now(UTC).isoformat(timespec="seconds")
