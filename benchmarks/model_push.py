@@ -14,7 +14,7 @@ Target: push within 2x of the raw single-message time.  Then the device daemons'
 peak RSS (``VmHWM``) with the 10 MB model loaded, after a FedRep round on its
 embeddings (target < 150 MB).
 
-    python -m benchmarks.model_push [--devices 20] [--sizes 1 10] [--repeats 3]
+    python -m benchmarks.model_push [--devices 20] [--sizes 1 10] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -64,49 +64,60 @@ def receiver(url: str, topic: str, counts: list[int]) -> None:
     client.loop_stop()
 
 
-def raw_rounds(url: str, n: int, payload: bytes, chunk: int, repeats: int) -> tuple[list[float], list[float]]:
-    """Times until ``n`` subscriber processes got ``payload`` whole, and in ``chunk``-byte pieces."""
-    from edge.mqtt import BrokerAddress, MqttSession, SessionOptions
+class RawFanout:
+    """``n`` subscriber processes and a publisher: the raw transfer of the same bytes, one round at a time.
 
-    pieces = [payload[i : i + chunk] for i in range(0, len(payload), chunk)]
-    counts = [1, len(pieces)] * repeats
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.model_push",
-                "--receiver",
-                url,
-                "bench/raw",
-                *map(str, counts),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(n)
-    ]
-    for p in procs:
-        if p.stdout.readline().strip() != "ready":
-            raise RuntimeError("a raw receiver did not subscribe")
-    session = MqttSession(SessionOptions(BrokerAddress.parse(url), client_id="bench-raw"))
-    session.start()
-    whole, chunked = [], []
-    try:
-        for _ in range(repeats):
-            for pieces_now, out in (([payload], whole), (pieces, chunked)):
-                t0 = time.time()
-                for piece in pieces_now[:-1]:
-                    session.publish("bench/raw", piece, timeout=None)
-                session.publish("bench/raw", pieces_now[-1], timeout=60)
-                ends = [float(p.stdout.readline()) for p in procs]
-                out.append(max(ends) - t0)
-                time.sleep(0.3)
-    finally:
-        session.stop()
-        for p in procs:
+    The receivers stay up across rounds, so each raw round runs right after its push,
+    under the same conditions (the machine's load drifts over a run).  One untimed round
+    first: a fresh receiver's first large messages are slower (its buffers grow).  (The
+    devices' first push, which imports onnxruntime, is timed like the others.)
+    """
+
+    def __init__(self, url: str, n: int, payload: bytes, chunk: int, repeats: int) -> None:
+        from edge.mqtt import BrokerAddress, MqttSession, SessionOptions
+
+        self.payload = payload
+        self.pieces = [payload[i : i + chunk] for i in range(0, len(payload), chunk)]
+        counts = [1, len(self.pieces)] * (repeats + 1)
+        self.procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.model_push",
+                    "--receiver",
+                    url,
+                    "bench/raw",
+                    *map(str, counts),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(n)
+        ]
+        for p in self.procs:
+            if p.stdout.readline().strip() != "ready":
+                raise RuntimeError("a raw receiver did not subscribe")
+        self.session = MqttSession(SessionOptions(BrokerAddress.parse(url), client_id="bench-raw"))
+        self.session.start()
+        self.round()  # warm-up, not timed
+
+    def round(self) -> tuple[float, float]:
+        """Seconds until every receiver got the payload as one message, then as the same chunks."""
+        out = []
+        for pieces in ([self.payload], self.pieces):
+            t0 = time.time()
+            for piece in pieces[:-1]:
+                self.session.publish("bench/raw", piece, timeout=None)
+            self.session.publish("bench/raw", pieces[-1], timeout=60)
+            out.append(max(float(p.stdout.readline()) for p in self.procs) - t0)
+            time.sleep(0.3)
+        return out[0], out[1]
+
+    def stop(self) -> None:
+        self.session.stop()
+        for p in self.procs:
             p.wait(30)
-    return whole, chunked
 
 
 # -- the fleet ---------------------------------------------------------------------------------------
@@ -149,6 +160,12 @@ class StatusBoard:
         self.session.stop()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def vm_kib(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -163,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = study_parser(__doc__.splitlines()[0], default_seeds=(0,))
     parser.add_argument("--devices", type=int, default=20)
     parser.add_argument("--sizes", type=float, nargs="+", default=[1.0, 10.0], help="model sizes in MB")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--chunk-size", type=int, default=128 * 1024)
     args = parser.parse_args(argv)
     import logging
@@ -179,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     from export.synthetic import signed, window_encoder
     from tests.e2e.fleet import aggregator_toml
 
+    load_start = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="ioft-push-bench-"))
     broker = start_mosquitto(log_file=work / "mosquitto.log")
     url = broker.url
@@ -206,11 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(names)} devices online", file=sys.stderr)
         for size_mb in args.sizes:
             size = int(size_mb * MB)
-            transfer, activate, publish = [], [], []
+            transfer, activate, publish, cpu_dev, cpu_broker, whole, chunked = [], [], [], [], [], [], []
+            raw = None
             for _ in range(args.repeats):
                 version += 1
                 onnx_path = window_encoder(work / f"v{version}.onnx", pad_bytes=size - 400, seed=version)
                 pkg = signed(onnx_path, work / "pkg", key, version=version)
+                cpu0 = [cpu_seconds(p.pid) for p in devices.values()], cpu_seconds(broker.proc.pid)
                 t0 = time.time()
                 report = push_model(operator, FLEET, pkg, chunk_size=args.chunk_size)
 
@@ -221,14 +241,25 @@ def main(argv: list[str] | None = None) -> int:
                     )  # fmt: skip
 
                 board.wait(arrived, 300, f"v{version} active everywhere")
+                cpu_dev.append(sum(cpu_seconds(p.pid) for p in devices.values()) - sum(cpu0[0]))
+                cpu_broker.append(cpu_seconds(broker.proc.pid) - cpu0[1])
                 transfer.append(max(board.model(d)["last_transfer"]["completed_at"] for d in names) - t0)
                 activate.append(max(board.model(d)["activated_at"] for d in names) - t0)
                 publish.append(report.seconds)
-                print(f"v{version} {pkg.manifest.size} B: transfer {transfer[-1]:.3f} s", file=sys.stderr)
-            whole, chunked = raw_rounds(
-                url, len(names), pkg.onnx_path.read_bytes(), args.chunk_size, args.repeats
-            )
-            push_rows.append((pkg.manifest.size, transfer, activate, publish))
+                time.sleep(0.3)
+                if raw is None:
+                    raw = RawFanout(
+                        url, len(names), pkg.onnx_path.read_bytes(), args.chunk_size, args.repeats
+                    )
+                w, c = raw.round()  # the same bytes, raw, right after the push
+                whole.append(w)
+                chunked.append(c)
+                print(
+                    f"v{version} {pkg.manifest.size} B: transfer {transfer[-1]:.3f} s, raw {w:.3f} s",
+                    file=sys.stderr,
+                )
+            raw.stop()
+            push_rows.append((pkg.manifest.size, transfer, activate, publish, cpu_dev, cpu_broker))
             raw_rows.append((whole, chunked))
         rss_loaded = {d: vm_kib(p.pid, "VmHWM") for d, p in devices.items()}
         # A FedRep round on the embeddings of the 10 MB encoder, then peak RSS again.
@@ -262,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
 
     med = statistics.median
     rows = []
-    for (size, transfer, activate, publish), (whole, chunked) in zip(push_rows, raw_rows, strict=True):
+    for (size, transfer, activate, publish, *_), (whole, chunked) in zip(push_rows, raw_rows, strict=True):
         ratio = med(transfer) / med(whole)
         rows.append([
             f"{size / MB:.2f}", f"{med(publish):.3f}", f"{med(transfer):.3f}", f"{med(activate):.3f}",
@@ -274,6 +305,18 @@ def main(argv: list[str] | None = None) -> int:
          "raw: one message (s)", "raw: same chunks (s)", "push / raw", "target <= 2x", "push fan-out (MB/s)"],
         rows,
     )  # fmt: skip
+    cpu = markdown_table(
+        [
+            "model (MB)",
+            f"devices' CPU per push, all {len(names)} (s)",
+            "per device (ms)",
+            "broker CPU per push (s)",
+        ],
+        [
+            [f"{size / MB:.2f}", f"{med(dev):.2f}", f"{1000 * med(dev) / len(names):.0f}", f"{med(brk):.3f}"]
+            for size, *_, dev, brk in push_rows
+        ],
+    )
     mib = lambda kib: kib / 1024  # noqa: E731
     rss = markdown_table(
         ["when", "max peak RSS (MiB)", "median (MiB)", "target < 150 MiB"],
@@ -285,12 +328,19 @@ def main(argv: list[str] | None = None) -> int:
         ],
     )  # fmt: skip
     load = os.getloadavg()
+    cores = os.cpu_count()
     body = (
         f"{len(names)} `edge-trainer` processes (simulated printers with raw vibration windows), mosquitto on "
         f"loopback, chunks of {args.chunk_size // 1024} KiB, each device fetching at most model.window_bytes "
         f"(1 MiB) at a time; median of {args.repeats} pushes per size (times from the start of the push to the "
-        f"last device). Raw: the same bytes to {len(names)} subscriber processes. Load average at the end: "
-        f"{load[0]:.1f}.\n\n{table}\n\nDevice daemon peak RSS (VmHWM) with the model loaded "
+        f"last device). Raw: the same bytes to {len(names)} subscriber processes, one raw round right after each "
+        f"push (medians over as many rounds). Load average (1 min) before "
+        f"the run: {load_start[0]:.1f}; at the end (the benchmark's own processes included): {load[0]:.1f}."
+        f"\n\n{table}\n\nCPU time the device daemons and the broker spent per push, from the push until "
+        f"the model was active on every device (fetch, verify, onnxruntime load, holdout score, activation), "
+        f"median over the pushes (/proc times: {1000 // os.sysconf('SC_CLK_TCK')} ms resolution per process); "
+        f"the machine has {cores} cores:\n\n{cpu}\n\nDevice daemon peak RSS (VmHWM) "
+        f"with the model loaded "
         f"(rounds completed: {sorted(set(rounds.values()))}):\n\n{rss}\n"
     )
     print(body)
