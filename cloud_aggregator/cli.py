@@ -48,13 +48,17 @@ def _serve(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from cloud_aggregator.demo import run_demo
 
-    return run_demo(
-        devices=args.devices,
-        rounds=args.rounds,
-        broker=args.broker,
-        workdir=args.workdir,
-        prefer=args.prefer_broker,
-    )
+    try:
+        return run_demo(
+            devices=args.devices,
+            rounds=args.rounds,
+            broker=args.broker,
+            workdir=args.workdir,
+            prefer=args.prefer_broker,
+        )
+    except KeyboardInterrupt:
+        print("\ndemo stopped; the broker and the fleet's processes are stopped too", file=sys.stderr)
+        return 130
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -113,6 +113,9 @@ def run_demo(
         print("the demo needs at least 2 devices", file=sys.stderr)
         return 2
     started = time.monotonic()
+    # SIGTERM (a service manager, `timeout`) would end the process without running `finally`,
+    # leaving the broker and the device processes behind: make it unwind like Ctrl-C.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     own_dir = workdir is None
     work = Path(workdir or tempfile.mkdtemp(prefix="ioft-demo-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -163,6 +166,7 @@ def run_demo(
             stderr=subprocess.STDOUT,
             env=env,
         )
+        procs.insert(0, agg)  # stopped first in `finally`, before the devices it talks to
         print(f"{devices} edge-trainer processes and the aggregator started; state and logs in {work}")
         print("test loss = 50·MSE(speed/50) on each printer's unseen speeds (PFL-DA Table 5 units)\n")
         rc = _follow(agg, work / "aggregator" / "aggregator.sqlite", names, rounds, timeout=600)
@@ -198,6 +202,10 @@ def run_demo(
             broker_proc.stop()
         if own_dir and os.environ.get("IOFT_KEEP_DEMO") != "1":
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _raise_interrupt(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _follow(agg: subprocess.Popen, db: Path, devices: list[str], rounds: int, timeout: float) -> int:

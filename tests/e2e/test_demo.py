@@ -52,3 +52,47 @@ def test_demo_on_the_embedded_amqtt_broker(tmp_path):
     assert all(v == v for v in fleet_means(out))  # three numbers, none NaN: every task finished
     log = (tmp_path / "aggregator.log").read_text()
     assert "abandoned" not in log and "extending the deadline" not in log, log[-3000:]
+
+
+def test_a_terminated_demo_stops_its_broker_and_fleet(tmp_path):
+    """SIGTERM (`timeout`, a service manager) unwinds like Ctrl-C: nothing is left running."""
+    import signal
+    import socket
+    import time
+
+    _require_mosquitto()
+    cli = Path(sys.executable).with_name("cloud-aggregator")
+    cmd = [str(cli)] if cli.exists() else [sys.executable, "-m", "cloud_aggregator.cli"]
+    proc = subprocess.Popen(
+        [*cmd, "demo", "--workdir", str(tmp_path), "--rounds", "1000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = proc.stdout.readline()  # "broker: mosquitto on mqtt://127.0.0.1:PORT"
+    port = int(first.rsplit(":", 1)[1])
+    deadline = time.monotonic() + 60
+    while "round" not in proc.stdout.readline() and time.monotonic() < deadline:
+        pass  # wait until the fleet is training
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+
+    def ours() -> list[str]:
+        out = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(tmp_path) in text:
+                out.append(text)
+        return out
+
+    deadline = time.monotonic() + 10
+    while ours() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not ours()
+    with socket.socket() as s, pytest.raises(OSError):
+        s.settimeout(1.0)
+        s.connect(("127.0.0.1", port))
