@@ -122,7 +122,11 @@ def run_case(n: int, p: int, rounds: int, warmup: int) -> dict:
             raise RuntimeError(f"aggregator failed: {agg.stderr.read().decode()[-2000:]}")
         store = SqliteStore(db, readonly=True)
         recs = [r for r in store.rounds("bench") if warmup < r.round <= warmup + rounds]
+        refused = store.rejection_counts("bench")
         store.close()
+        thin = [r.round for r in recs if len(r.participants) != n]
+        if thin or refused:  # a round that waited for its deadline measures the deadline, not the system
+            raise RuntimeError(f"rounds {thin} lacked uploads; refused per device: {refused}")
         if io_start is None or io_end is None:
             raise RuntimeError("the measured window was never observed")
         broker_bytes = (io_end[0] - io_start[0]) / (io_end[1] - io_start[1])
@@ -151,7 +155,7 @@ def run_case(n: int, p: int, rounds: int, warmup: int) -> dict:
         broker.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> dict:
     parser = study_parser(__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, nargs="+", default=[5, 20])
     parser.add_argument("--params", type=int, nargs="+", default=[1_000, 150_000, 1_000_000])
@@ -161,9 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.devices, args.params, args.rounds = [3], [1_000, 150_000], 3
     cases = [(n, p) for n in args.devices for p in args.params]
-    rows = []
+    rows, results = [], []
     for n, p in progress(cases, "cases"):
         r = run_case(n, p, args.rounds, args.warmup)
+        results.append(r)
         rows.append(
             [
                 r["n"],
@@ -201,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if not args.no_write and not args.quick:
         write_result("round_overhead", body)
-    return 0
+    return {"results": results, "table": table}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

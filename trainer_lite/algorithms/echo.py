@@ -1,7 +1,7 @@
 """A zero-compute algorithm for measuring what a round costs in transport alone.
 
-The model is one shared vector of ``size`` values; a client adds a small constant
-and uploads it.  Nothing local, nothing to learn: a round's wall time is then the
+The model is one shared vector of ``size`` values; a client adds a small scalar
+(its own per device and round) and uploads it.  Nothing local, nothing to learn: a round's wall time is then the
 system's overhead (announce, deliver, persist, upload, validate, aggregate).
 """
 
@@ -49,7 +49,7 @@ class EchoConfig:
 
 @register_client
 class EchoClient(ClientAlgorithm):
-    """Uploads the downlinked vector plus ``step``."""
+    """Uploads the downlinked vector plus a step in ``[step, 2·step)``, distinct per device and round."""
 
     name = "echo"
     config_cls = EchoConfig
@@ -73,7 +73,10 @@ class EchoClient(ClientAlgorithm):
         round_: int,
         phase: str,
     ) -> tuple[ClientResult, Params]:
-        out = {"v.value": shared["v.value"] + np.asarray(self.config.step, dtype=shared["v.value"].dtype)}
+        # A step of its own size per device and round (from the round's seeded rng): identical
+        # uploads from two devices would be refused as replays, as real updates never are.
+        step = self.config.step * (1.0 + rng.random())
+        out = {"v.value": shared["v.value"] + np.asarray(step, dtype=shared["v.value"].dtype)}
         return ClientResult(out, len(data), {}), {}
 
     def evaluate(self, shared: Params, local: Params, data: Dataset) -> dict[str, float]:
