@@ -106,18 +106,21 @@ def run_case(n: int, p: int, rounds: int, warmup: int) -> dict:
         db = work / "aggregator" / "aggregator.sqlite"
         io_start = io_end = None
         agg_peak = 0.0
+        monitor: SqliteStore | None = None
+        # Polled every 5 ms: the byte window opens and closes at round boundaries, and a coarse
+        # poll would let part of the next round's traffic into it (rounds take ~10-50 ms here).
         while agg.poll() is None:
-            done = 0
-            if db.exists():
-                store = SqliteStore(db, readonly=True)
-                done = len(store.rounds("bench"))
-                store.close()
+            if monitor is None and db.exists():
+                monitor = SqliteStore(db, readonly=True)
+            done = monitor.round_count("bench") if monitor is not None else 0
             if io_start is None and done >= warmup:
                 io_start = (proc_io(broker.proc.pid), done)
             if io_end is None and done >= warmup + rounds:
                 io_end = (proc_io(broker.proc.pid), done)
             agg_peak = max(agg_peak, peak_rss_mb(agg.pid))
-            time.sleep(0.05)
+            time.sleep(0.005)
+        if monitor is not None:
+            monitor.close()
         if agg.returncode != 0:
             raise RuntimeError(f"aggregator failed: {agg.stderr.read().decode()[-2000:]}")
         store = SqliteStore(db, readonly=True)

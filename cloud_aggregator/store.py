@@ -213,6 +213,13 @@ class SqliteStore:
             for r in rows
         ]
 
+    def round_count(self, task: str) -> int:
+        """How many rounds of ``task`` are recorded (cheap: for monitors that poll)."""
+        if self.readonly and not self._has_schema():
+            return 0
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM rounds WHERE task=?", (task,)).fetchone()[0])
+
     def _has_schema(self) -> bool:
         with self._lock:
             row = self._db.execute(
