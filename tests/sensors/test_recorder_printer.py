@@ -310,45 +310,27 @@ def test_cli_without_the_i2c_bus_reports_it_and_keeps_retrying(tmp_path):
     assert not (tmp_path / "state" / "dataset.safetensors").exists()  # nothing recorded, nothing written
 
 
+def run_recorder_cli(cfg, state_dir) -> subprocess.CompletedProcess:
+    cmd = [
+        "-m",
+        "edge.recording.cli",
+        "--device",
+        DEVICE,
+        "--config",
+        str(cfg),
+        "--state-dir",
+        str(state_dir),
+    ]
+    return subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=30)
+
+
 def test_cli_config_errors_exit_2(tmp_path):
     cfg = tmp_path / "bad.toml"
     cfg.write_text('[sensors]\nkind = "printer"\naccel = "adxl999"\n')
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edge.recording.cli",
-            "--device",
-            DEVICE,
-            "--config",
-            str(cfg),
-            "--state-dir",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    out = run_recorder_cli(cfg, tmp_path)
     assert out.returncode == 2 and "sensors.accel" in out.stderr
     cfg.write_text("")
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edge.recording.cli",
-            "--device",
-            DEVICE,
-            "--config",
-            str(cfg),
-            "--state-dir",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    out = run_recorder_cli(cfg, tmp_path)
     assert out.returncode == 2 and "no [sensors] table" in out.stderr
 
 
