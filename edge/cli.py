@@ -36,13 +36,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def config_from_args(args: argparse.Namespace) -> DeviceConfig:
-    raw = load_toml(args.config) if args.config else {}
-    raw["device"] = args.device
-    if args.state_dir:
-        raw["state_dir"] = args.state_dir
+def device_toml(path: Path | None, device: str, state_dir: str | None) -> dict:
+    """The device's TOML as a dict, with the command line's device and state folder
+    (default ``/var/lib/ioft/<device>``); shared by ``edge-trainer`` and ``edge-recorder``."""
+    raw = load_toml(path) if path else {}
+    raw["device"] = device
+    if state_dir:
+        raw["state_dir"] = state_dir
     elif "state_dir" not in raw:
-        raw["state_dir"] = f"/var/lib/ioft/{args.device}"
+        raw["state_dir"] = f"/var/lib/ioft/{device}"
+    return raw
+
+
+def setup_logging(level: str, device: str) -> None:
+    logging.basicConfig(
+        level=level, format=f"%(asctime)s {device} %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> DeviceConfig:
+    raw = device_toml(args.config, args.device, args.state_dir)
     if args.broker:
         raw["broker"] = args.broker
     if args.fleet:
@@ -58,11 +71,7 @@ def config_from_args(args: argparse.Namespace) -> DeviceConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level,
-        format=f"%(asctime)s {args.device} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(args.log_level, args.device)
     try:
         config = config_from_args(args)
     except ConfigError as exc:

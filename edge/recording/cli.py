@@ -10,7 +10,8 @@ import sys
 import threading
 from pathlib import Path
 
-from edge.config import ConfigError, DeviceConfig, build, load_toml
+from edge.cli import device_toml, setup_logging
+from edge.config import ConfigError, DeviceConfig, build
 from edge.recording.base import RecorderError
 from edge.recording.printer import PrinterRecorder
 from edge.recording.welder import WelderRecorder
@@ -58,19 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level,
-        format=f"%(asctime)s {args.device} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(args.log_level, args.device)
     try:
-        raw = load_toml(args.config)
-        raw["device"] = args.device
-        if args.state_dir:
-            raw["state_dir"] = args.state_dir
-        elif "state_dir" not in raw:
-            raw["state_dir"] = f"/var/lib/ioft/{args.device}"
-        config = build(DeviceConfig, raw, str(args.config))
+        config = build(DeviceConfig, device_toml(args.config, args.device, args.state_dir), str(args.config))
         recorder = make_recorder(config)
     except (ConfigError, RecorderError) as exc:
         print(f"edge-recorder: {exc}", file=sys.stderr)
