@@ -236,7 +236,9 @@ class Admission:
         ):
             key = (request.spec.name, request.round, request.phase)
             if key not in self._ratio_refused:
-                self._ratio_refused = {k: v for k, v in self._ratio_refused.items() if k[1] >= request.round}
+                self._ratio_refused = {  # this task's earlier rounds are closed: forget them
+                    k: v for k, v in self._ratio_refused.items() if k[0] != key[0] or k[1] >= request.round
+                }
             self._ratio_refused.setdefault(key, set()).add(device)
             return Refusal(
                 "norm",
