@@ -82,18 +82,20 @@ class EdgeTrainer:
         self.refused: dict[str, str] = {}  # task -> why this device does not take part
         # With [data] source = "state" the dataset may not exist yet: edge-recorder writes it
         # (atomically, replacing the file) while this process runs; refresh_dataset() picks it up.
-        self._data_sig: tuple[int, int, int] | None = None
-        if config.data.source == "state" and load_dataset(self.state_dir) is None:
+        self._data_sig = self._dataset_signature()  # before the load, as in refresh_dataset()
+        self.data_meta: dict
+        try:
+            self.train, self.test, self.data_meta = prepare_dataset(self.state_dir, self.device, config.data)
+        except FileNotFoundError:
+            if config.data.source != "state":
+                raise
             log.warning(
                 "%s: no local dataset in %s yet; rounds are skipped until edge-recorder writes one",
                 self.device,
                 self.state_dir / DATASET_FILE,
             )
             self.train = self.test = Dataset(np.empty((0, 1)), np.empty((0, 1)))
-            self.data_meta: dict = {}
-        else:
-            self._data_sig = self._dataset_signature()
-            self.train, self.test, self.data_meta = prepare_dataset(self.state_dir, self.device, config.data)
+            self.data_meta = {}
         self.models: ModelManager | None = None
         # Embeddings of the local splits per model name, for the version they were computed with.
         self._embedded: dict[str, tuple[int, Dataset, Dataset]] = {}
