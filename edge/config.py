@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sensors.accel import adxl345, mpu6050
+
 
 class ConfigError(ValueError):
     """A configuration that does not match its schema; ``errors`` lists each problem."""
@@ -157,8 +159,8 @@ ACCEL_KINDS = ("adxl345", "mpu6050", "klipper")
 CONTEXT_KINDS = ("moonraker",)
 WELD_TARGETS = ("tool_m", "tool_s", "surface")
 SPLIT_RULES = ("run", "layer", "weld")
-_ACCEL_RANGES_G = (2, 4, 8, 16)  # the same four ranges on the ADXL345 and the MPU-6050
-_DEFAULT_ADDRESS = {"adxl345": 0x53, "mpu6050": 0x68}
+#: The chips' own defaults and ranges (the drivers are the one place that knows them).
+_CHIPS = {"adxl345": adxl345, "mpu6050": mpu6050}
 
 
 @dataclass(frozen=True)
@@ -235,8 +237,9 @@ class SensorsConfig:
             problems.append(f"sensors.address must be a 7-bit I2C address 0x03..0x77, got {self.address:#x}")
         if not (0 < self.rate_hz <= 8000):
             problems.append(f"sensors.rate_hz must be in (0, 8000], got {self.rate_hz}")
-        if self.range_g not in _ACCEL_RANGES_G:
-            problems.append(f"sensors.range_g must be one of {list(_ACCEL_RANGES_G)}, got {self.range_g}")
+        ranges = sorted(_CHIPS.get(self.accel, adxl345).RANGES)
+        if self.range_g not in ranges:
+            problems.append(f"sensors.range_g must be one of {ranges}, got {self.range_g}")
         if not self.moonraker_url.startswith(("http://", "https://")):
             problems.append(
                 f"sensors.moonraker_url must start with http:// or https://, got {self.moonraker_url!r}"
@@ -263,7 +266,11 @@ class SensorsConfig:
     @property
     def i2c_address(self) -> int:
         """The configured address, or the chip's default (ADXL345 0x53, MPU-6050 0x68)."""
-        return self.address if self.address is not None else _DEFAULT_ADDRESS.get(self.accel, 0)
+        return (
+            self.address
+            if self.address is not None
+            else (_CHIPS[self.accel].ADDRESS if self.accel in _CHIPS else 0)
+        )
 
     @property
     def row_limit(self) -> int:

@@ -37,6 +37,7 @@ from sensors.accel.base import (
 
 DEVID, BW_RATE, POWER_CTL, INT_SOURCE, DATA_FORMAT = 0x00, 0x2C, 0x2D, 0x30, 0x31
 DATAX0, FIFO_CTL, FIFO_STATUS = 0x32, 0x38, 0x39
+ADDRESS = 0x53  # SDO low; 0x1D with SDO high
 DEVID_VALUE = 0xE5
 MEASURE = 0x08
 FULL_RES, SELF_TEST = 0x08, 0x80
@@ -68,7 +69,7 @@ class Adxl345:
     def __init__(
         self,
         bus,
-        address: int = 0x53,
+        address: int = ADDRESS,
         rate_hz: float = 400.0,
         range_g: int = 16,
         *,

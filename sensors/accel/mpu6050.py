@@ -40,6 +40,7 @@ USER_CTRL, PWR_MGMT_1, FIFO_COUNT_H, FIFO_R_W, WHO_AM_I = 0x6A, 0x6B, 0x72, 0x74
 SELF_TEST_X, SELF_TEST_A = 0x0D, 0x10
 ST_ALL = 0xE0  # ACCEL_CONFIG XA_ST | YA_ST | ZA_ST (4.5)
 ST_LIMIT = 0.14  # change from factory trim, ±14 % (MPU-6050 Product Specification, accel table)
+ADDRESS = 0x68  # AD0 low; 0x69 with AD0 high
 WHO_AM_I_VALUE = 0x68
 ACCEL_FIFO_EN = 0x08
 USER_FIFO_EN, USER_FIFO_RESET = 0x40, 0x04
@@ -77,7 +78,7 @@ class Mpu6050:
     def __init__(
         self,
         bus,
-        address: int = 0x68,
+        address: int = ADDRESS,
         rate_hz: float = 250.0,
         range_g: int = 16,
         *,
