@@ -189,13 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.devices, args.repeats = min(args.devices, 4), 1
 
-    from cloud_aggregator.broker import start_mosquitto
+    from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
     from cloud_aggregator.push import push_model
     from edge.mqtt import BrokerAddress, MqttSession, SessionOptions
     from export.keys import generate_keypair, load_private_key
     from export.synthetic import signed, window_encoder
     from tests.e2e.fleet import aggregator_toml
 
+    interrupt_on_sigterm()  # `finally` below stops the broker and the devices
     load_start = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="ioft-push-bench-"))
     broker = start_mosquitto(log_file=work / "mosquitto.log")

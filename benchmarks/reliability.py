@@ -40,7 +40,7 @@ import numpy as np
 
 from benchmarks.common import markdown_table, progress, write_result
 from cloud_aggregator import faults
-from cloud_aggregator.broker import BrokerProcess, start_mosquitto
+from cloud_aggregator.broker import BrokerProcess, interrupt_on_sigterm, start_mosquitto
 from cloud_aggregator.store import SqliteStore
 from tests.e2e.fleet import FleetProcs, aggregator_toml
 from trainer_lite.params import param_hash
@@ -365,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="first trial seed (trial i uses seed + i)")
     parser.add_argument("--no-write", action="store_true", help="do not write benchmarks/results/")
     args = parser.parse_args(argv)
+    interrupt_on_sigterm()  # `finally` stops the broker and the fleet
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="ioft-reliability-"))
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import markdown_table, progress, study_parser, write_result
-from cloud_aggregator.broker import start_mosquitto
+from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
 from cloud_aggregator.store import SqliteStore
 from tests.e2e.fleet import FLEET, aggregator_toml
 
@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=7, help="measured rounds (after the warm-up)")
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args(argv)
+    interrupt_on_sigterm()  # each case's `finally` stops its broker and devices
     if args.quick:
         args.devices, args.params, args.rounds = [3], [1_000, 150_000], 3
     cases = [(n, p) for n in args.devices for p in args.params]

@@ -53,6 +53,20 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = Non
     raise RuntimeError(f"broker did not listen on 127.0.0.1:{port} within {timeout} s")
 
 
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM unwind the main thread like Ctrl-C (``KeyboardInterrupt``).
+
+    A process that starts a broker and children stops them in ``finally``; the default
+    SIGTERM action (a service manager, ``timeout``) ends it without running ``finally``
+    and leaves them behind.
+    """
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def _raise_interrupt(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @dataclass
 class BrokerProcess:
     """A running broker child process."""

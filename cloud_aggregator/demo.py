@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cloud_aggregator.broker import BrokerProcess, start_embedded
+from cloud_aggregator.broker import BrokerProcess, interrupt_on_sigterm, start_embedded
 from cloud_aggregator.rounds import RoundRecord
 from cloud_aggregator.store import SqliteStore
 
@@ -113,9 +113,7 @@ def run_demo(
         print("the demo needs at least 2 devices", file=sys.stderr)
         return 2
     started = time.monotonic()
-    # SIGTERM (a service manager, `timeout`) would end the process without running `finally`,
-    # leaving the broker and the device processes behind: make it unwind like Ctrl-C.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    interrupt_on_sigterm()  # so `finally` stops the broker and the device processes
     own_dir = workdir is None
     work = Path(workdir or tempfile.mkdtemp(prefix="ioft-demo-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -202,10 +200,6 @@ def run_demo(
             broker_proc.stop()
         if own_dir and os.environ.get("IOFT_KEEP_DEMO") != "1":
             shutil.rmtree(work, ignore_errors=True)
-
-
-def _raise_interrupt(signum: int, _frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _follow(agg: subprocess.Popen, db: Path, devices: list[str], rounds: int, timeout: float) -> int:

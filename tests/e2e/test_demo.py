@@ -96,3 +96,35 @@ def test_a_terminated_demo_stops_its_broker_and_fleet(tmp_path):
     with socket.socket() as s, pytest.raises(OSError):
         s.settimeout(1.0)
         s.connect(("127.0.0.1", port))
+
+
+def test_interrupt_on_sigterm_lets_a_benchmark_stop_its_broker(tmp_path):
+    """The benchmarks that start mosquitto (round_overhead, model_push, reliability) call
+    ``interrupt_on_sigterm``: a SIGTERMed one runs its ``finally`` and the broker goes."""
+    import signal
+    import socket
+
+    _require_mosquitto()
+    script = (
+        "import time\n"
+        "from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto\n"
+        "interrupt_on_sigterm()\n"
+        "broker = start_mosquitto()\n"
+        "try:\n"
+        "    print(broker.port, flush=True)\n"
+        "    time.sleep(60)\n"
+        "finally:\n"
+        "    broker.stop()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    port = int(proc.stdout.readline())
+    with socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass  # listening
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode != 0 and "KeyboardInterrupt: signal 15" in err, err[-2000:]
+    with socket.socket() as s, pytest.raises(OSError):
+        s.settimeout(1.0)
+        s.connect(("127.0.0.1", port))
