@@ -297,6 +297,8 @@ class EdgeTrainer:
                 )
             self._check_schema(spec)
             algo = self.clients[spec_json] = make_client(spec)
+        else:
+            self._check_schema(algo.spec)  # edge-recorder may have swapped in rows of another schema
         return algo
 
     def _check_schema(self, spec: TaskSpec) -> None:

@@ -106,3 +106,35 @@ def test_data_without_a_schema_refuses_a_task_that_names_one(trainer, monkeypatc
     announce(trainer, spec("needs", WINDOW_SCHEMA.schema_hash()))
     assert "needs" not in trainer.tasks
     assert "no feature schema" in trainer.refused["needs"]
+
+
+def test_a_known_task_is_refused_once_the_recorder_swaps_in_rows_of_another_schema(tmp_path):
+    from edge.dataset import save_dataset
+    from trainer_lite.data import Dataset
+
+    state = tmp_path / "printer5"
+    cfg = build(
+        DeviceConfig,
+        {"device": "printer5", "fleet": "plant", "state_dir": str(state), "allow_plaintext": True},
+    )
+    width = WINDOW_SCHEMA.shape[0] * WINDOW_SCHEMA.shape[1]
+    rng = np.random.default_rng(0)
+
+    def rows(n: int) -> Dataset:
+        return Dataset(
+            rng.normal(size=(n, width)).astype(np.float32), rng.normal(size=(n, 1)).astype(np.float32)
+        )
+
+    save_dataset(
+        state, rows(8), rows(2), {"source": "record-printer", "schema_hash": WINDOW_SCHEMA.schema_hash()}
+    )
+    trainer = EdgeTrainer(cfg)
+    s = spec("vib", WINDOW_SCHEMA.schema_hash())
+    announce(trainer, s, 1)
+    assert trainer.tasks["vib"].answered == (1, "train")  # its client is now cached
+    save_dataset(state, rows(8), rows(2), {"source": "record-printer", "schema_hash": OTHER_SCHEMA})
+    assert trainer.refresh_dataset()
+    sent = announce(trainer, s, 2)
+    assert trainer.tasks["vib"].answered == (1, "train")  # round 2 not trained
+    assert [topic for topic, _ in sent if "/up" in topic] == []
+    assert OTHER_SCHEMA[:12] in trainer.refused["vib"]
