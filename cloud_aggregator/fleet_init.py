@@ -9,7 +9,10 @@ What it writes (``DIR``)::
     broker/passwd                 (--auth passwords) PBKDF2-SHA512 hashes in mosquitto 2's format
     aggregator/aggregator.toml    the aggregator's connection settings (add [[task]] tables)
     operator/operator.toml        for ``push`` and ``fleet status`` (their own identity)
-    devices/<id>/device.toml      each device's connection settings, its certificate and key
+    devices/<id>/device.toml      each device's connection settings, its certificate and key,
+                                  and ``[model] public_key`` (it installs only models signed below)
+    model/fleet.key, fleet.pub    the fleet's Ed25519 model-signing key (``export --key``); keep
+                                  fleet.key with the operator, off the broker and the devices
 
 Identities: the username the broker sees is the certificate's CN
 (``use_identity_as_username``) or the password file's user; devices are their
@@ -44,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge import wire
+from export.keys import generate_keypair
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +90,15 @@ class FleetLayout:
     @property
     def acl(self) -> Path:
         return self.root / "broker" / "acl"
+
+    @property
+    def signing_key(self) -> Path:
+        """The fleet's Ed25519 private key: ``export --key`` signs models with it."""
+        return self.root / "model" / "fleet.key"
+
+    @property
+    def model_public_key(self) -> Path:
+        return self.signing_key.with_suffix(".pub")
 
     def identity_dir(self, name: str) -> Path:
         if name in RESERVED:
@@ -331,6 +344,10 @@ def client_toml(layout: FleetLayout, name: str) -> str:
         lines += [f"cert_file = {_toml_str(layout.cert(name))}", f"key_file = {_toml_str(layout.key(name))}"]
     if name == AGGREGATOR:
         lines += ["", "# Add [collect] and [[task]] tables here; see README."]
+    if name == OPERATOR:
+        lines += ["", f"# Models are signed with {layout.signing_key} (export --key)."]
+    if name not in RESERVED:
+        lines += ["", "[model]", f"public_key = {_toml_str(layout.model_public_key)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -428,6 +445,7 @@ def init_fleet(
         _write(staged.acl, acl_text(fleet))
         _write(staged.mosquitto_conf, mosquitto_conf_text(layout, bind=bind))
         (tmp / "broker" / "data").mkdir()
+        generate_keypair(staged.signing_key)  # 0600 from creation, like every private key here
         if auth == "passwords":
             lines = "".join(f"{n}:{mosquitto_password_hash(passwords[n])}\n" for n in identities)
             _write(tmp / "broker" / "passwd", lines, private=True)
@@ -504,4 +522,5 @@ def main(args: argparse.Namespace) -> int:
     for d in layout.devices:
         print(f"  {d}: {layout.identity_dir(d)}/  (edge-trainer --config {layout.toml(d)})")
     print(f"  keep {layout.root / 'ca' / 'ca.key'} offline: it signs new devices")
+    print(f"  models: export --key {layout.signing_key}; devices trust {layout.model_public_key}")
     return 0

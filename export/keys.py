@@ -37,6 +37,8 @@ def generate_keypair(private_path: str | Path, *, overwrite: bool = False) -> tu
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(pem)
+        fh.flush()
+        os.fsync(fh.fileno())
     public_path.write_bytes(
         key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo

@@ -81,6 +81,22 @@ def test_client_configs_load_against_the_schemas(tmp_path):
     for name in (AGGREGATOR, OPERATOR):
         cfg = build(AggregatorConfig, load_toml(layout.toml(name)))
         assert cfg.tls.cert_file == str(layout.cert(name)) and cfg.username is None
+    assert str(layout.signing_key) in layout.toml(OPERATOR).read_text()
+
+
+def test_devices_trust_the_fleets_model_signing_key_and_no_other(tmp_path):
+    from edge.manifest import ManifestError, load_public_key, verify_manifest
+    from export.keys import load_private_key, sign
+
+    layout = init_fleet(tmp_path / "f", "plant", DEVICES)
+    assert _mode(layout.signing_key) == 0o600
+    other = init_fleet(tmp_path / "g", "plant", DEVICES)
+    for d in DEVICES:
+        public = load_public_key(build(DeviceConfig, load_toml(layout.toml(d))).model.public_key)
+        text = '{"name": "enc", "version": 1}'
+        public.verify(bytes.fromhex(sign(text, load_private_key(layout.signing_key))), text.encode())
+        with pytest.raises(ManifestError, match="does not verify"):
+            verify_manifest(text, sign(text, load_private_key(other.signing_key)), public)
     conf = layout.mosquitto_conf.read_text()
     for line in (
         "allow_anonymous false",
