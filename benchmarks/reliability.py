@@ -1,5 +1,6 @@
 """Crash safety against real processes: the aggregator SIGKILLed and restarted ends bit-identical;
-a device killed mid state-write never leaves corrupt state.
+the fleet's faults (a device killed, the broker restarted, stragglers, a device offline for
+rounds, thin rounds) lose no update; a device killed mid state-write never leaves corrupt state.
 
 Aggregator trials (mosquitto, ``cloud-aggregator serve`` and three ``edge-trainer``
 daemons, reused across trials): per seeded trial a PFL-DA task runs once
@@ -16,6 +17,10 @@ simulation's.  The devices' updates are deterministic in (seed, device, round,
 phase) and the aggregator sums them in device order, which is what makes that
 comparison exact.
 
+Fleet fault scenarios: each of ``benchmarks.fault_scenarios.SCENARIOS``, ``--scenario-trials``
+times, on a fresh broker and fleet; every upload on the wire must be counted or refused
+with a recorded reason, none lost.
+
 Device trials: a process looping the daemon's own state write
 (``edge.daemon.save_task_state``: temp file, fsync, rename, ``.prev`` kept) is
 SIGKILLed at a random time; the state must then load verified and consistent
@@ -28,6 +33,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,13 +45,13 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import markdown_table, progress, write_result
+from benchmarks.fault_scenarios import DEVICES, SCENARIOS, ScenarioRun, pflda_task
 from cloud_aggregator import faults
 from cloud_aggregator.broker import BrokerProcess, interrupt_on_sigterm, start_mosquitto
 from cloud_aggregator.store import SqliteStore
 from tests.e2e.fleet import FleetProcs, aggregator_toml
 from trainer_lite.params import param_hash
 
-DEVICES = ("printer1", "printer2", "printer3")
 # Passes per run of each point (rounds R, devices N): used to draw where a targeted kill lands.
 POINT_PASSES = {
     "after_announce": lambda r, n: r,
@@ -60,48 +66,11 @@ if set(POINT_PASSES) != set(faults.POINTS):
     raise RuntimeError("every fault point needs a pass count in POINT_PASSES")
 
 
-def pflda_task(name: str, seed: int, rounds: int) -> dict:
-    return {
-        "name": name,
-        "algorithm": "pflda",
-        "model": "sigmoid_glm",
-        "rounds": rounds,
-        "seed": seed,
-        "hparams": {"lr": 0.1, "weight_decay": 3e-4, "local_steps": 10},
-        "server": {"weighting": "uniform"},
-    }
-
-
-# -- process helpers (also used by tests/e2e) ----------------------------------------------------
-def proc_state(pid: int) -> str:
-    """The kernel's one-letter state of a process (``T``: stopped), ``""`` once it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return text.rsplit(")", 1)[1].split()[0]
-
-
-def wait_stopped(proc: subprocess.Popen, timeout: float, what: str, log: Path | None = None) -> None:
-    """Block until ``proc`` froze itself (an ``IOFT_FAULT`` ``stop`` action)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc_state(proc.pid) == "T":
-            return
-        if proc.poll() is not None:
-            break
-        time.sleep(0.02)
-    tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
-    raise AssertionError(f"process never stopped at {what} (rc {proc.poll()}):\n{tail}")
-
-
 def start_aggregator(
     config: Path, log: Path, fault: str | None = None, *, extra_env: dict[str, str] | None = None
 ) -> subprocess.Popen:
     """``cloud-aggregator serve`` with ``IOFT_FAULT`` set to ``fault`` (or unset)."""
-    env = {k: v for k, v in os.environ.items() if k != faults.ENV} | (extra_env or {})
-    if fault:
-        env[faults.ENV] = fault
+    env = faults.child_env(fault) | (extra_env or {})
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "cloud_aggregator.cli", "serve", "--config", str(config)],
@@ -354,6 +323,58 @@ def state_trial(work: Path, rng: np.random.Generator) -> str:
     return f"{kind}, mid-write" if mid_write else kind
 
 
+# -- fleet fault scenarios -----------------------------------------------------------------------------
+def scenario_trial(work: Path, name: str) -> ScenarioRun | str:
+    """One run of a ``benchmarks.fault_scenarios`` scenario on a fresh broker and fleet;
+    the error text when it could not finish."""
+    work.mkdir(parents=True)
+    broker = start_mosquitto(log_file=work / "mosquitto.log")
+    fleet = FleetProcs(work, broker.url)
+    try:
+        return SCENARIOS[name](fleet, broker)
+    except AssertionError as exc:
+        return f"{name}: {str(exc).splitlines()[0]}"
+    finally:
+        fleet.stop_all()
+        broker.stop()
+
+
+def scenario_rows(runs: dict[str, list[ScenarioRun | str]]) -> tuple[list[list], dict[str, int]]:
+    rows, totals = [], Counter()
+    for name, trials in runs.items():
+        done = [r for r in trials if isinstance(r, ScenarioRun)]
+        statuses = sum((r.statuses() for r in done), Counter())
+        figures = {
+            "trials": len(trials),
+            "finished": len(done),
+            "faults": sum(len(r.faults) for r in done),
+            "completed": statuses["completed"],
+            "abandoned": statuses["abandoned"],
+            "on_wire": sum(r.on_wire for r in done),
+            "counted": sum(r.counted for r in done),
+            "late": sum(r.late_counted for r in done),
+            "refused": sum(r.refused_late for r in done),
+            "lost": sum(r.lost for r in done),
+        }
+        totals.update(figures)
+        wall = statistics.median(r.wall_s for r in done) if done else float("nan")
+        rows.append(
+            [
+                done[0].name if done else name,
+                f"{figures['finished']}/{figures['trials']}",
+                "; ".join(done[0].faults) if done else "",
+                figures["completed"],
+                figures["abandoned"],
+                figures["on_wire"],
+                f"{figures['counted']} ({figures['late']} late)",
+                figures["refused"],
+                figures["lost"],
+                f"{wall:.1f} s",
+            ]
+        )
+    return rows, dict(totals)
+
+
 # -- the study ---------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     import argparse
@@ -363,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="rounds per trial")
     parser.add_argument("--state-trials", type=int, default=200, help="device state-write kill trials")
     parser.add_argument("--seed", type=int, default=0, help="first trial seed (trial i uses seed + i)")
+    parser.add_argument("--scenario-trials", type=int, default=3, help="runs of each fleet fault scenario")
     parser.add_argument("--no-write", action="store_true", help="do not write benchmarks/results/")
     args = parser.parse_args(argv)
     interrupt_on_sigterm()  # `finally` stops the broker and the fleet
@@ -376,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
             trials.append(bench.trial(args.seed + i, args.rounds))
     finally:
         bench.close()
+    scenario_runs: dict[str, list[ScenarioRun | str]] = {name: [] for name in SCENARIOS}
+    cases = [(name, i) for i in range(args.scenario_trials) for name in SCENARIOS]
+    for name, i in progress(cases, "fleet fault scenarios"):
+        scenario_runs[name].append(scenario_trial(work / "scenarios" / f"{name}-{i}", name))
+    scenario_table, scen = scenario_rows(scenario_runs)
+    scenario_errors = [r for runs in scenario_runs.values() for r in runs if isinstance(r, str)]
     rng = np.random.default_rng(args.seed)
     outcomes = Counter(
         state_trial(work, rng) for _ in progress(range(args.state_trials), "state-write kills")
@@ -433,6 +461,17 @@ def main(argv: list[str] | None = None) -> int:
                 "final globals bit-identical to uninterrupted run and simulation",
                 sum(t.identical and t.matches_sim for t in trials),
             ],
+            [
+                "fleet fault scenarios run (finished)",
+                f"{scen.get('trials', 0)} ({scen.get('finished', 0)})",
+            ],
+            ["… faults injected", scen.get("faults", 0)],
+            ["… rounds completed / abandoned", f"{scen.get('completed', 0)} / {scen.get('abandoned', 0)}"],
+            [
+                "… uploads on the wire: counted / refused late and recorded",
+                f"{scen.get('on_wire', 0)}: {scen.get('counted', 0)} / {scen.get('refused', 0)}",
+            ],
+            ["… updates lost", scen.get("lost", 0)],
             ["device state-write kills", args.state_trials],
             ["… outcomes", ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))],
             ["corrupt or lost device states", failures],
@@ -446,6 +485,31 @@ def main(argv: list[str] | None = None) -> int:
         "aggregator saw its fleet online (when rounds start). Each kill is drawn among the rounds still to run. "
         "A planned kill that never landed (the run ended first) is not counted. `restored`: uploads the "
         "restarted aggregator read back from SQLite instead of waiting for devices to send them again.\n\n"
+        "## Fleet fault scenarios\n\n"
+        + markdown_table(
+            [
+                "scenario",
+                "finished",
+                "faults injected (each run)",
+                "rounds completed",
+                "abandoned",
+                "uploads on the wire",
+                "counted",
+                "refused late",
+                "lost",
+                "median wall",
+            ],
+            scenario_table,
+        )
+        + "\n\n"
+        + "".join(f"- did not finish: {e}\n" for e in scenario_errors)
+        + "\nEach run: a fresh mosquitto, three `edge-trainer` daemons and `cloud-aggregator serve` "
+        "(`benchmarks/fault_scenarios.py`, the same functions the e2e tests assert on). An upload on the "
+        "wire (one per device and round, seen by a subscriber to `#`) is *counted* when its round (or, "
+        "late, the next) lists its device, *refused late* when the aggregator recorded why it could not use "
+        "it (its round had closed, none was open, a duplicate), and *lost* otherwise. Uploads of abandoned "
+        "rounds are on record with the round. `straggler (drop)` refuses the late upload as configured; "
+        "`straggler (next_round)` counts it, damped, in the next round.\n\n"
         "## Device state writes\n\n`current`: the new file verified; `previous`: the kill fell between the "
         "two renames, the `.prev` copy verified; `mid-write`: the kill left a temp file behind (a write "
         "in progress); `corrupt`: no verified, consistent state — must be 0.\n"
@@ -453,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if not args.no_write:
         write_result("reliability", body)
-    ok = all(t.ok for t in trials) and failures == 0
+    ok = all(t.ok for t in trials) and failures == 0 and not scenario_errors and scen.get("lost", 0) == 0
     return 0 if ok else 1
 
 

@@ -31,6 +31,14 @@ POINTS = {
 ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 
+def child_env(fault: str | None) -> dict[str, str]:
+    """This process's environment for a child aggregator with ``IOFT_FAULT`` set to ``fault`` (or unset)."""
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    if fault:
+        env[ENV] = fault
+    return env
+
+
 def parse(text: str | None) -> dict[str, dict[int, str]] | None:
     """``{point: {n: action}}`` from the ``IOFT_FAULT`` syntax; ``None`` when unset or empty."""
     if not text:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import paho.mqtt.client as paho
 
+from cloud_aggregator import faults
 from cloud_aggregator.store import SqliteStore
 
 FLEET = "test"
@@ -118,7 +119,8 @@ class FleetProcs:
         self.devices[name] = proc
         return proc
 
-    def start_aggregator(self, toml: str) -> subprocess.Popen:
+    def start_aggregator(self, toml: str, *, fault: str | None = None) -> subprocess.Popen:
+        """``cloud-aggregator serve`` on ``toml``, with ``IOFT_FAULT=fault`` (devices never get it)."""
         cfg = self.work / "aggregator.toml"
         cfg.write_text(toml)
         log = (self.work / "aggregator.log").open("ab")
@@ -126,6 +128,7 @@ class FleetProcs:
             [sys.executable, "-m", "cloud_aggregator.cli", "serve", "--config", str(cfg)],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=faults.child_env(fault),
         )
         return self.aggregator
 

@@ -1,24 +1,19 @@
-"""Faults against real processes: a device killed mid-run, the broker restarted,
-and garbage, oversized and NaN-filled updates on the uplink.
+"""Faults against real processes: a device killed mid-run, the broker restarted
+(``benchmarks.fault_scenarios``, which the reliability study repeats and counts), and
+garbage, oversized and NaN-filled updates on the uplink.
 
 The aggregator freezes itself at an exact step (``IOFT_FAULT=<point>:<n>:stop``) while the
-test kills a device or the broker, then resumes it with SIGCONT: a PFL-DA round takes
+scenario kills a device or the broker, then resumes it with SIGCONT: a PFL-DA round takes
 tens of milliseconds, so "wait for round 2, then kill" raced the whole run to its end.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import numpy as np
 import paho.mqtt.client as paho
 import pytest
 
-from benchmarks.reliability import wait_stopped
-from cloud_aggregator import faults
-from cloud_aggregator.broker import start_mosquitto
+from benchmarks import fault_scenarios
 from edge import wire
 from tests.e2e.fleet import FLEET, PFLDA_TASK, aggregator_toml
 
@@ -26,68 +21,28 @@ DEVICES = ["printer1", "printer2", "printer3"]
 
 
 @pytest.mark.broker
-def test_round_completes_without_a_device_killed_mid_run(fleet_procs, monkeypatch):
-    task = {**PFLDA_TASK, "rounds": 5}
-    for d in DEVICES:
-        fleet_procs.start_device(d)
-    monkeypatch.setenv(faults.ENV, "after_save:2:stop")  # frozen between rounds 2 and 3
-    agg = fleet_procs.start_aggregator(
-        aggregator_toml(
-            fleet_procs.broker_url,
-            fleet_procs.work / "aggregator",
-            [task],
-            expected=DEVICES,
-            deadline_s=2.0,
-            min_participants=2,
-            max_extensions=5,  # a slow survivor under load extends a round instead of abandoning it
-            startup_wait_s=60,
-        )
-    )
-    wait_stopped(agg, 120, "after round 2", fleet_procs.work / "aggregator.log")
-    fleet_procs.devices["printer3"].send_signal(signal.SIGKILL)
-    fleet_procs.devices["printer3"].wait(30)
-    os.kill(agg.pid, signal.SIGCONT)
-    assert fleet_procs.wait_aggregator(120) == 0
-    records = fleet_procs.rounds()
+def test_round_completes_without_a_device_killed_mid_run(fleet_procs):
+    run = fault_scenarios.device_killed(fleet_procs)
+    records = run.records
     assert [r.status for r in records] == ["completed"] * 5
     assert [sorted(r.participants) for r in records[2:]] == [["printer1", "printer2"]] * 3
     # The rounds without printer3 waited for it until the deadline, then closed without it.
     for r in records[2:]:
         assert 2.0 <= r.finished - r.started < 2.0 * 6 + 10
+    assert (run.on_wire, run.counted, run.lost) == (12, 12, 0)
 
 
 @pytest.mark.broker
-def test_training_survives_a_broker_restart(fleet_procs, mosquitto, tmp_path, monkeypatch):
-    task = {**PFLDA_TASK, "rounds": 8}
-    for d in DEVICES:
-        fleet_procs.start_device(d)
-    monkeypatch.setenv(faults.ENV, "after_announce:4:stop")  # round 4 announced, nothing collected
-    agg = fleet_procs.start_aggregator(
-        aggregator_toml(
-            fleet_procs.broker_url,
-            fleet_procs.work / "aggregator",
-            [task],
-            expected=DEVICES,
-            deadline_s=60,
-            startup_wait_s=60,
-        )
-    )
-    wait_stopped(agg, 120, "round 4 announced", fleet_procs.work / "aggregator.log")
-    mosquitto.kill()  # no persistence: the retained round-4 announcement dies with it
-    killed_at = time.time()
-    restarted = start_mosquitto(mosquitto.port, log_file=tmp_path / "mosquitto2.log")
-    os.kill(agg.pid, signal.SIGCONT)
-    try:
-        assert fleet_procs.wait_aggregator(120) == 0, fleet_procs.log("aggregator")[-3000:]
-    finally:
-        restarted.stop()
-    records = fleet_procs.rounds()
+def test_training_survives_a_broker_restart(fleet_procs, mosquitto):
+    run = fault_scenarios.broker_restart(fleet_procs, mosquitto)
+    records = run.records
     assert [r.round for r in records] == list(range(1, 9))
     assert all(r.status == "completed" for r in records)
-    assert all(r.finished > killed_at for r in records[3:])  # round 4 on ran after the restart
+    assert all(r.finished > run.extras["killed_at"] for r in records[3:])  # round 4 on ran after the restart
     # Every device reconnected and answered every round, round 4 included (re-announced on reconnect).
     assert all(sorted(r.participants) == DEVICES for r in records)
-    assert all(p.poll() is None for p in fleet_procs.devices.values())
+    assert run.extras["devices_alive"]
+    assert (run.counted, run.lost) == (24, 0)
 
 
 class Attacker:
