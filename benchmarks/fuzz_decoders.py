@@ -531,6 +531,53 @@ def _moonraker_target() -> Target:
                   "MoonrakerError")  # fmt: skip
 
 
+def _klipper_target() -> Target:
+    """Bytes from Klipper's API socket (0x03-framed JSON), as ``KlipperAccelSource`` decodes them."""
+    from sensors.accel.klipper import TEMPLATE_KEY, TERMINATOR, KlipperAccelSource
+
+    def frame(obj: Any) -> bytes:
+        return json.dumps(obj).encode() + TERMINATOR
+
+    header = {"header": ["time", "x_acceleration", "y_acceleration", "z_acceleration"]}
+    batch = {
+        "data": [[12.0 + i / 3200, 100.0 * i, -50.0, 9806.65] for i in range(4)],
+        "errors": 0,
+        "overflows": 0,
+    }
+    seeds = [
+        frame({"id": 1, "result": header}) + frame({TEMPLATE_KEY: "adxl345", "params": batch}),
+        frame({TEMPLATE_KEY: "adxl345", "params": {**batch, "errors": 2, "overflows": 1}}) + b'{"ioft_ac',
+        frame({"id": 1, "error": {"error": "WebRequestError", "message": "Unknown sensor 'x'"}}),
+    ]  # fmt: skip
+
+    def structured(rnd: random.Random) -> bytes:
+        out = b""
+        for _ in range(rnd.randint(1, 4)):
+            params = mutate_json_fields(dict(batch), rnd)
+            if rnd.random() < 0.3:
+                params["data"] = [
+                    [random_json(rnd) for _ in range(rnd.randint(0, 5))] for _ in range(rnd.randint(0, 3))
+                ]
+            msg: Any = {TEMPLATE_KEY: rnd.choice(["adxl345", "adxl345", "other"]), "params": params}
+            if rnd.random() < 0.15:
+                msg = {"id": 1, rnd.choice(["result", "error"]): random_json(rnd)}
+            elif rnd.random() < 0.1:
+                msg = random_json(rnd)
+            out += frame(msg)
+        return out
+
+    def decode(data: bytes) -> None:
+        src = KlipperAccelSource("/nonexistent/klippy_uds", "adxl345", clock=lambda: 100.0)
+        src._sub_id = 1  # as after connecting: request 1 was the subscription
+        half = len(data) // 2  # in two reads, so a frame torn across them is exercised
+        src.decode(data[:half])
+        src.decode(data[half:])
+        src.status()
+
+    return Target("klipper API socket stream (KlipperAccelSource.decode)", decode, (), seeds, structured,
+                  "nothing (bad frames are counted)")  # fmt: skip
+
+
 def _fleet_status_target() -> Target:
     """A retained device status through ``fleet status``: decode, summarize, format; only ValueError
     from decoding (the status is then skipped), never an error from the table."""
@@ -688,6 +735,7 @@ def all_targets(work: Workdir) -> list[Target]:
         *_label_targets(work),
         _printer_target(work),
         _moonraker_target(),
+        _klipper_target(),
         _fleet_status_target(),
         _state_target(work),
     ]

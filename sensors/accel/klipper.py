@@ -42,6 +42,8 @@ ENDPOINTS = {
 }
 TERMINATOR = b"\x03"
 TEMPLATE_KEY = "ioft_accel"
+#: A frame without its 0x03 after this many bytes is garbage (a 0.1 s batch at 3200 Hz is ~25 KB).
+MAX_FRAME_BYTES = 1 << 20
 
 
 class KlipperError(SensorFault):
@@ -84,7 +86,7 @@ class KlipperAccelSource:
         self.buf = bytearray()
         self.state, self.reason = "stopped", ""
         self.retries = self.failures = 0
-        self.dropped = self.samples = 0
+        self.dropped = self.samples = self.malformed = 0
         self.next_retry = 0.0
         self._req_id = 0
         self._sub_id: int | None = None
@@ -146,7 +148,8 @@ class KlipperAccelSource:
         self.state = "stopped"
 
     # ------------------------------------------------------------------ data
-    def _recv_messages(self) -> list[dict]:
+    def _receive(self) -> None:
+        """Append what the socket has to ``buf``; a closed or failed socket is a fault."""
         while self.sock is not None:
             try:
                 chunk = self.sock.recv(1 << 16)
@@ -159,17 +162,24 @@ class KlipperAccelSource:
                 self._fault("klipper closed the connection")
                 break
             self.buf += chunk
+
+    def _frames(self) -> list:
+        """Complete 0x03-terminated JSON frames taken off ``buf``; torn or oversized ones counted."""
         msgs = []
         while True:
             end = self.buf.find(TERMINATOR)
             if end < 0:
+                if len(self.buf) > MAX_FRAME_BYTES:  # no terminator in sight: not Klipper talking
+                    self.buf.clear()
+                    self.malformed += 1
                 break
             raw = bytes(self.buf[:end])
             del self.buf[: end + 1]
             try:
                 msgs.append(json.loads(raw))
-            except ValueError:
-                continue  # a torn frame: its sample count is unknown, the next batch's times show the gap
+            except (ValueError, RecursionError):
+                # A torn frame: its sample count is unknown, the next batch's times show the gap.
+                self.malformed += 1
         return msgs
 
     def read(self) -> AccelBatch:
@@ -181,11 +191,24 @@ class KlipperAccelSource:
             self.retries += 1
             if not self._connect():
                 return AccelBatch.empty()
-        msgs = self._recv_messages()
+        self._receive()
+        return self.decode()
+
+    def decode(self, data: bytes = b"") -> AccelBatch:
+        """Samples from the complete frames in ``buf`` (after appending ``data``).
+
+        What Klipper sent is untrusted input: a frame that is not JSON, not an object, or
+        whose fields are not what the protocol says is skipped and counted in
+        ``malformed``; rows with a non-finite value are dropped and counted. Never raises.
+        """
+        self.buf += data
         rows: list[np.ndarray] = []
         dropped = 0
-        for msg in msgs:
-            if msg.get("id") == self._sub_id and self._sub_id is not None:
+        for msg in self._frames():
+            if not isinstance(msg, dict):
+                self.malformed += 1
+                continue
+            if self._sub_id is not None and msg.get("id") == self._sub_id:
                 if "error" in msg:
                     err = msg["error"]
                     text = err.get("message", err) if isinstance(err, dict) else err
@@ -198,17 +221,19 @@ class KlipperAccelSource:
             params = msg.get("params")
             if msg.get(TEMPLATE_KEY) != self.sensor or not isinstance(params, dict):
                 continue  # another subscription on this connection, or not ours
-            errors, overflows = int(params.get("errors", 0)), int(params.get("overflows", 0))
+            batch = _batch(params)
+            if batch is None:
+                self.malformed += 1
+                continue
+            arr, errors, overflows = batch
             # both count from the subscription's start (adxl345.py last_error_count,
             # bulk_sensor last_overflows): take the increase; an overflow event counts as one
             dropped += max(0, errors - self._errors) + max(0, overflows - self._overflows)
             self._errors, self._overflows = max(errors, self._errors), max(overflows, self._overflows)
-            data = params.get("data") or []
-            arr = np.asarray(data, dtype=np.float64).reshape(-1, 4) if data else np.empty((0, 4))
             if not np.isfinite(arr).all():
                 dropped += len(arr)  # never pass on a malformed row
-                continue
-            rows.append(arr)
+            elif len(arr):  # an empty batch (only counters moved) adds no rows
+                rows.append(arr)
         if not rows:
             self.dropped += dropped
             return AccelBatch.empty(dropped)
@@ -237,9 +262,36 @@ class KlipperAccelSource:
             "reason": self.reason,
             "retries": self.retries,
             "dropped": self.dropped,
+            "malformed_frames": self.malformed,
             "chip": self.chip,
             "subscribed": self._subscribed,
             "rate_hz": self.rate_hz,
             "achieved_hz": (self.samples - 1) / span if span > 0 else 0.0,
             "next_retry_in": max(0.0, self.next_retry - self.clock()) if self.sock is None else 0.0,
         }
+
+
+def _count(value: object) -> int | None:
+    """A protocol counter: a non-negative int (JSON may say 3 or 3.0), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not (0 <= value < 2**53 and value == int(value)):  # NaN and inf fail the range
+        return None
+    return int(value)
+
+
+def _batch(params: dict) -> tuple[np.ndarray, int, int] | None:
+    """``(rows (n, 4), errors, overflows)`` of one batch message, ``None`` if malformed."""
+    errors, overflows = _count(params.get("errors", 0)), _count(params.get("overflows", 0))
+    data = params.get("data") or []
+    if errors is None or overflows is None or not isinstance(data, list):
+        return None
+    if not data:
+        return np.empty((0, 4)), errors, overflows
+    try:
+        arr = np.asarray(data, dtype=np.float64)
+    except (ValueError, TypeError, OverflowError):  # ragged, strings, objects, ints past float
+        return None
+    if arr.ndim != 2 or arr.shape[1] != 4:
+        return None
+    return arr, errors, overflows

@@ -81,3 +81,33 @@ def test_non_utf8_files_are_documented_errors(npy_weld, tmp_path):
         log.write_bytes(b"time,tool\n2024-05-01T08:00:00Z,n\xe4w\n")
         with pytest.raises(LabelLogError, match="UTF-8"):
             LabelLog.load(log)
+
+
+def klipper_source():
+    from sensors.accel.klipper import KlipperAccelSource
+
+    src = KlipperAccelSource("/nonexistent/klippy_uds", "adxl345", clock=lambda: 100.0)
+    src._sub_id = 1  # as after connecting
+    return src
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"[1]",  # JSON, not an object
+        b'{"ioft_accel": "adxl345", "params": {"data": [], "errors": 3}}',  # counters only, no rows
+        b'{"ioft_accel": "adxl345", "params": {"data": [[1, 2], [3]]}}',  # ragged
+        b'{"ioft_accel": "adxl345", "params": {"data": [[1, 2, 3, 4]], "errors": "x"}}',
+        b'{"ioft_accel": "adxl345", "params": {"data": [[' + b"9" * 400 + b", 2, 3, 4]]}}",  # past float
+        b'{"ioft_accel": "adxl345", "params": {"data": [1, 2, 3, 4, 5, 6, 7, 8]}}',  # flat
+    ],
+)
+def test_klipper_frames_that_once_raised_are_skipped_and_the_stream_goes_on(frame):
+    from sensors.accel.klipper import TERMINATOR
+
+    src = klipper_source()
+    good = b'{"ioft_accel": "adxl345", "params": {"data": [[5.0, 1000, 0, 9806.65]]}}'
+    batch = src.decode(frame + TERMINATOR + good + TERMINATOR)
+    assert len(batch.t) == 1 and batch.xyz[0, 0] == pytest.approx(1.0)  # mm/s² -> m/s²
+    if b"errors" not in frame:
+        assert src.status()["malformed_frames"] == 1
