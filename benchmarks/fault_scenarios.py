@@ -12,13 +12,14 @@ point (``IOFT_FAULT=<point>:<n>:stop``), the scenario acts on the fleet, then se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,6 +195,7 @@ class ScenarioRun:
 
 
 def _finish(name: str, fleet: FleetProcs, sniffer: Sniffer, faults_: list[str], started: float, **extras):
+    await_exit(fleet)
     store = SqliteStore(fleet.db, readonly=True)
     try:
         by_reason = rejection_counts_by_reason(store)  # no_round refusals name no task
@@ -211,92 +213,85 @@ def _finish(name: str, fleet: FleetProcs, sniffer: Sniffer, faults_: list[str], 
     )
 
 
-def _start(fleet: FleetProcs, fault: str, task: dict, *, straggler: str | None = None, **collect):
-    toml = aggregator_toml(fleet.broker_url, fleet.work / "aggregator", [task], **collect)
-    if straggler is not None:
-        toml = add_collect(toml, straggler=straggler)
-    return fleet.start_aggregator(toml, fault=fault)
+@contextlib.contextmanager
+def _running(
+    fleet: FleetProcs, fault: str, task: dict, *, straggler: str | None = None, **collect
+) -> Iterator[tuple[subprocess.Popen, Sniffer]]:
+    """A sniffer on ``#``, the three devices, and the aggregator with ``IOFT_FAULT=fault``."""
+    sniffer = Sniffer(fleet.broker_url)  # paho reconnects it if the broker restarts
+    try:
+        for d in DEVICES:
+            fleet.start_device(d)
+        toml = aggregator_toml(fleet.broker_url, fleet.work / "aggregator", [task], **collect)
+        if straggler is not None:
+            toml = add_collect(toml, straggler=straggler)
+        yield fleet.start_aggregator(toml, fault=fault), sniffer
+    finally:
+        sniffer.stop()
 
 
 # -- the scenarios ---------------------------------------------------------------------------------
 def device_killed(fleet: FleetProcs, seed: int = 0) -> ScenarioRun:
     """printer3 SIGKILLed between rounds 2 and 3: rounds 3–5 close at their deadline without it."""
     started = time.monotonic()
-    sniffer = Sniffer(fleet.broker_url)
-    try:
-        for d in DEVICES:
-            fleet.start_device(d)
-        agg = _start(
-            fleet,
-            "after_save:2:stop",  # frozen between rounds 2 and 3
-            pflda_task(TASK, seed, 5),
-            expected=list(DEVICES),
-            deadline_s=2.0,
-            min_participants=2,
-            max_extensions=5,  # a slow survivor under load extends a round instead of abandoning it
-            startup_wait_s=60,
-        )
+    with _running(
+        fleet,
+        "after_save:2:stop",  # frozen between rounds 2 and 3
+        pflda_task(TASK, seed, 5),
+        expected=list(DEVICES),
+        deadline_s=2.0,
+        min_participants=2,
+        max_extensions=5,  # a slow survivor under load extends a round instead of abandoning it
+        startup_wait_s=60,
+    ) as (agg, sniffer):
         wait_stopped(agg, 120, "after round 2", fleet.work / "aggregator.log")
         kill(fleet.devices[P3])
         thaw(agg)
-        await_exit(fleet)
         return _finish("device killed mid-run", fleet, sniffer, [f"SIGKILL {P3}"], started)
-    finally:
-        sniffer.stop()
 
 
 def broker_restart(fleet: FleetProcs, broker: BrokerProcess, seed: int = 0) -> ScenarioRun:
     """mosquitto SIGKILLed (no persistence) right after round 4 was announced, then restarted."""
     started = time.monotonic()
-    sniffer = Sniffer(fleet.broker_url)  # paho reconnects it to the restarted broker
-    restarted = None
-    try:
-        for d in DEVICES:
-            fleet.start_device(d)
-        agg = _start(
-            fleet,
-            "after_announce:4:stop",  # round 4 announced, nothing collected
-            pflda_task(TASK, seed, 8),
-            expected=list(DEVICES),
-            deadline_s=60,
-            startup_wait_s=60,
-        )
+    with _running(
+        fleet,
+        "after_announce:4:stop",  # round 4 announced, nothing collected
+        pflda_task(TASK, seed, 8),
+        expected=list(DEVICES),
+        deadline_s=60,
+        startup_wait_s=60,
+    ) as (agg, sniffer):
         wait_stopped(agg, 120, "round 4 announced", fleet.work / "aggregator.log")
         broker.kill()  # the retained round-4 announcement dies with it
         killed_at = time.time()
         restarted = start_mosquitto(broker.port, log_file=fleet.work / "mosquitto-restarted.log")
-        thaw(agg)
-        await_exit(fleet)
-        alive = all(p.poll() is None for p in fleet.devices.values())
-        return _finish(
-            "broker restarted mid-round", fleet, sniffer, ["SIGKILL mosquitto"], started,
-            killed_at=killed_at, devices_alive=alive,
-        )  # fmt: skip
-    finally:
-        sniffer.stop()
-        if restarted is not None:
+        try:
+            thaw(agg)
+            run = _finish("broker restarted mid-round", fleet, sniffer, ["SIGKILL mosquitto"], started)
+            run.extras = {
+                "killed_at": killed_at,
+                "devices_alive": all(p.poll() is None for p in fleet.devices.values()),
+            }
+            return run
+        finally:
             restarted.stop()
 
 
 def straggler(fleet: FleetProcs, mode: str, seed: int = 5) -> ScenarioRun:
     """printer3 frozen past round 2's deadline, answers round 2 between rounds, then dies."""
     started = time.monotonic()
-    sniffer = Sniffer(fleet.broker_url)
-    try:
-        for d in DEVICES:
-            fleet.start_device(d)
-        task = pflda_task(TASK, seed, 3)
-        agg = _start(
-            fleet,
-            "after_save:1:stop,after_save:2:stop",
-            task,
-            straggler=mode,
-            expected=list(DEVICES),
-            deadline_s=4.0,
-            min_participants=2,
-            max_extensions=5,
-            startup_wait_s=60,
-        )
+    task = pflda_task(TASK, seed, 3)
+    with _running(
+        fleet,
+        "after_save:1:stop,after_save:2:stop",
+        task,
+        straggler=mode,
+        expected=list(DEVICES),
+        deadline_s=4.0,
+        min_participants=2,
+        max_extensions=5,
+        startup_wait_s=60,
+    ) as (agg, sniffer):
         log = fleet.work / "aggregator.log"
         wait_stopped(agg, 120, "after round 1", log)
         freeze(fleet.devices[P3])  # misses round 2's deadline
@@ -306,33 +301,24 @@ def straggler(fleet: FleetProcs, mode: str, seed: int = 5) -> ScenarioRun:
         wait_until(lambda: 2 in uploads(sniffer, TASK, P3), 60, "printer3's late round-2 upload")
         kill(fleet.devices[P3])  # and is gone before round 3: no fresh upload replaces it
         thaw(agg)
-        await_exit(fleet)
-        return _finish(
-            f"straggler ({mode})", fleet, sniffer, [f"SIGSTOP {P3} past the deadline", f"SIGKILL {P3}"],
-            started, task=task,
-        )  # fmt: skip
-    finally:
-        sniffer.stop()
+        faults_ = [f"SIGSTOP {P3} past the deadline", f"SIGKILL {P3}"]
+        return _finish(f"straggler ({mode})", fleet, sniffer, faults_, started, task=task)
 
 
 def offline_rejoin(fleet: FleetProcs, seed: int = 6) -> ScenarioRun:
     """printer3 SIGKILLed after round 2, restarted after round 5: it rejoins from its saved state."""
     started = time.monotonic()
-    sniffer = Sniffer(fleet.broker_url)
-    try:
-        for d in DEVICES:
-            fleet.start_device(d)
-        task = pflda_task(TASK, seed, 7)
-        agg = _start(
-            fleet,
-            "after_save:2:stop,after_save:5:stop",
-            task,
-            expected=list(DEVICES),
-            deadline_s=3.0,
-            min_participants=2,
-            max_extensions=5,
-            startup_wait_s=60,
-        )
+    task = pflda_task(TASK, seed, 7)
+    with _running(
+        fleet,
+        "after_save:2:stop,after_save:5:stop",
+        task,
+        expected=list(DEVICES),
+        deadline_s=3.0,
+        min_participants=2,
+        max_extensions=5,
+        startup_wait_s=60,
+    ) as (agg, sniffer):
         log = fleet.work / "aggregator.log"
         wait_stopped(agg, 120, "after round 2", log)
         kill(fleet.devices[P3])
@@ -343,33 +329,26 @@ def offline_rejoin(fleet: FleetProcs, seed: int = 6) -> ScenarioRun:
         fleet.start_device(P3)
         wait_until(lambda: came_online(sniffer, P3, seen), 120, "printer3 back online")
         thaw(agg)
-        await_exit(fleet)
+        faults_ = [f"SIGKILL {P3}", f"restart {P3}"]
         return _finish(
-            "device offline for 3 rounds", fleet, sniffer, [f"SIGKILL {P3}", f"restart {P3}"], started,
-            task=task, saved=saved,
-        )  # fmt: skip
-    finally:
-        sniffer.stop()
+            "device offline for 3 rounds", fleet, sniffer, faults_, started, task=task, saved=saved
+        )
 
 
 def thin_round(fleet: FleetProcs, seed: int = 8) -> ScenarioRun:
     """min_participants 3 of 3: round 2 is extended until a frozen printer3 answers; after it
     dies, rounds 3 and 4 wait out their extensions and are abandoned."""
     started = time.monotonic()
-    sniffer = Sniffer(fleet.broker_url)
-    try:
-        for d in DEVICES:
-            fleet.start_device(d)
-        agg = _start(
-            fleet,
-            "after_save:1:stop,after_save:2:stop",
-            pflda_task(TASK, seed, 4),
-            expected=None,  # whoever is online
-            deadline_s=1.5,
-            min_participants=3,
-            max_extensions=3,
-            startup_wait_s=60,
-        )
+    with _running(
+        fleet,
+        "after_save:1:stop,after_save:2:stop",
+        pflda_task(TASK, seed, 4),
+        expected=None,  # whoever is online
+        deadline_s=1.5,
+        min_participants=3,
+        max_extensions=3,
+        startup_wait_s=60,
+    ) as (agg, sniffer):
         log = fleet.work / "aggregator.log"
         wait_stopped(agg, 120, "after round 1", log)
         freeze(fleet.devices[P3])  # still online (no will yet), but silent
@@ -383,13 +362,8 @@ def thin_round(fleet: FleetProcs, seed: int = 8) -> ScenarioRun:
         wait_stopped(agg, 120, "after round 2", log)
         kill(fleet.devices[P3])  # its will marks it offline: rounds 3 and 4 have two devices
         thaw(agg)
-        await_exit(fleet)
-        return _finish(
-            "thin rounds (min 3 of 3)", fleet, sniffer, [f"SIGSTOP {P3} into an extension", f"SIGKILL {P3}"],
-            started,
-        )  # fmt: skip
-    finally:
-        sniffer.stop()
+        faults_ = [f"SIGSTOP {P3} into an extension", f"SIGKILL {P3}"]
+        return _finish("thin rounds (min 3 of 3)", fleet, sniffer, faults_, started)
 
 
 #: name -> runner(fleet, broker): every scenario the reliability study repeats.
