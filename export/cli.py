@@ -72,6 +72,32 @@ def _schema_metadata(name: str) -> dict[str, str]:
     raise ValueError(f"unknown schema {name!r}; choose 'weld-dwt' or 'printer-window'")
 
 
+#: The simulator data set whose held-out split stands for a schema's rows (data the cloud may hold).
+SCHEMA_DATA = {"weld-dwt": "weld-features", "printer-window": "printer-windows"}
+
+
+def _heldout(choice: str, schema: str) -> tuple[object, str]:
+    """``(rows or None, description)`` for ``export --task --heldout``: the schema's simulator
+    held-out split, rows from a ``.npy`` file, or ``synthetic`` (seeded standard-normal rows)."""
+    import numpy as np
+
+    if choice == "synthetic":
+        return None, "synthetic-normal"
+    if choice == "schema":
+        from cloud_aggregator.backbones.data import build_data
+
+        if schema not in SCHEMA_DATA:
+            raise ValueError(f"unknown schema {schema!r}; choose one of {sorted(SCHEMA_DATA)}")
+        data = build_data(SCHEMA_DATA[schema])
+        return data.x_test, f"heldout: {data.description} (test split)"
+    rows = np.load(choice, allow_pickle=False)
+    if rows.dtype.kind not in "fiu" or rows.ndim < 2 or len(rows) == 0:
+        raise ValueError(
+            f"{choice}: expected a non-empty numeric array of rows, got {rows.dtype} {rows.shape}"
+        )
+    return rows.astype(np.float32), f"heldout: {Path(choice).name}"
+
+
 def _export(args: argparse.Namespace) -> int:
     from edge.manifest import ManifestError
     from export.keys import load_private_key
@@ -93,6 +119,7 @@ def _export(args: argparse.Namespace) -> int:
             )
         else:
             params, spec = _task_params(args)
+            heldout, described = _heldout(args.heldout, args.schema)
             summary = export_params(
                 params,
                 args.out,
@@ -104,6 +131,8 @@ def _export(args: argparse.Namespace) -> int:
                 name=args.name,
                 version=args.version,
                 key=key,
+                heldout=heldout,
+                heldout_description=described,
                 quantize=args.quantize,
                 opset=args.opset,
                 extra={"task": spec.name},
@@ -171,6 +200,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--prefix", default="", help="strip this prefix from parameter names first (for --task)")
     e.add_argument(
         "--schema", default="weld-dwt", help="input schema of --task's data: weld-dwt | printer-window"
+    )
+    e.add_argument(
+        "--heldout",
+        default="schema",
+        help="rows --task's parity check runs on: 'schema' (the schema's simulator held-out split, "
+        "the default), ROWS.npy (e.g. lab recordings), or 'synthetic' (standard-normal rows)",
     )
     e.add_argument("--name", required=True, help="model name devices know it by, e.g. weld-encoder")
     e.add_argument("--version", type=int, required=True, help="increases with every push of this name")

@@ -172,6 +172,7 @@ def export_params(
     version: int,
     key: Ed25519PrivateKey,
     heldout: np.ndarray | None = None,
+    heldout_description: str = "heldout",
     prefix: str = "",
     quantize: bool = False,
     opset: int = DEFAULT_OPSET,
@@ -181,17 +182,24 @@ def export_params(
 ) -> ExportSummary:
     """Export the leading ``blocks`` of a trainer_lite model holding the fleet's ``params``.
 
-    Without ``heldout`` rows, parity is tested on 256 seeded standard-normal rows
-    (recorded in the manifest as ``parity_inputs=synthetic-normal``).
+    Parity is tested on ``heldout`` rows (flattened to the model's input width; the
+    manifest's ``parity_inputs`` says which, from ``heldout_description``) or, without
+    them, on 256 seeded standard-normal rows (``parity_inputs=synthetic-normal``).
     """
     from cloud_aggregator.backbones.assemble import assemble
 
     module = assemble(model, model_args, params, blocks=blocks, prefix=prefix).float()
     d_in = next(p for p in module.parameters()).shape[0]
-    inputs = "heldout"
+    inputs = heldout_description
     if heldout is None:
         heldout = np.random.default_rng(seed).standard_normal((256, d_in)).astype(np.float32)
         inputs = "synthetic-normal"
+    heldout = np.asarray(heldout, dtype=np.float32).reshape(len(heldout), -1)[:256]
+    if heldout.shape[1] != d_in:
+        raise ValueError(
+            f"the model takes {d_in} inputs but the held-out rows ({inputs}) have {heldout.shape[1]}: "
+            "name the task's --schema, pass --heldout ROWS.npy, or --heldout synthetic"
+        )
     metadata = dict(schema_metadata) | {"ioft.model.name": name, "ioft.model.version": str(version)}
     extra = dict(extra or {}) | {
         "source": f"trainer_lite {model} blocks {list(blocks) if blocks else 'all'}",

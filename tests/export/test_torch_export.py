@@ -189,9 +189,56 @@ def test_cli_exports_a_finished_tasks_shared_base_from_the_aggregator_store(tmp_
     body = (tmp_path / "pkg" / "weld-base-v1.manifest.json").read_text()
     m = verify_manifest(json.loads(body)["manifest"], json.loads(body)["signature"], load_public_key(pub))
     assert m.input.shape == (None, 624) and m.output.shape == (None, 32) and m.extra["task"] == "tool"
+    # Parity ran on the weld-dwt schema's simulator held-out welds, not on made-up rows.
+    assert m.extra["parity_inputs"].startswith("heldout: weld-features") and m.parity["n_inputs"] == 60
     assert m.schema_hash == schema_metadata()[SCHEMA_HASH_KEY]
     x = np.random.default_rng(2).normal(size=(5, 624)).astype(np.float32)
     (z,) = ort_session(tmp_path / "pkg" / "weld-base-v1.onnx").run(None, {"x": x})
     np.testing.assert_allclose(
         z, np.maximum(x @ params["fc0.weight"] + params["fc0.bias"], 0), rtol=1e-5, atol=1e-5
     )
+
+
+def test_cli_task_export_checks_parity_on_the_rows_it_is_given(tmp_path, capsys):
+    from cloud_aggregator.cli import main
+    from cloud_aggregator.rounds import RoundRecord
+    from cloud_aggregator.store import SqliteStore
+    from export.keys import generate_keypair
+    from trainer_lite.task import TaskSpec
+
+    spec = TaskSpec(name="tool", algorithm="fedavg", model="mlp", model_args={"sizes": [624, 8, 4]})
+    params = {k: v.astype(np.float32) for k, v in build_model("mlp", sizes=[624, 8, 4]).init(
+        np.random.default_rng(0)).items()}  # fmt: skip
+    db = tmp_path / "agg" / "aggregator.sqlite"
+    store = SqliteStore(db)
+    store.register_task("tool", spec.to_json())
+    store.save(
+        RoundRecord("tool", 1, "train", "completed", ["w1"], {"w1": 1}, {}, {}, "h", 0.0, 1.0),
+        (2, 0),
+        params,
+        {},
+    )
+    store.close()
+    priv, pub = generate_keypair(tmp_path / "fleet.key")
+
+    def export(version: int, *heldout: str) -> int:
+        return main(["export", "--task", "tool", "--store", str(db), "--blocks", "fc0", "--name", "weld-base",
+                     "--version", str(version), "--key", str(priv), "--out", str(tmp_path / "pkg"), *heldout])  # fmt: skip
+
+    def parity_inputs(version: int) -> tuple[str, int]:
+        body = json.loads((tmp_path / "pkg" / f"weld-base-v{version}.manifest.json").read_text())
+        m = verify_manifest(body["manifest"], body["signature"], load_public_key(pub))
+        return m.extra["parity_inputs"], m.parity["n_inputs"]
+
+    rows = np.random.default_rng(1).normal(size=(12, 624)).astype(np.float32)
+    np.save(tmp_path / "lab.npy", rows)
+    assert export(1, "--heldout", str(tmp_path / "lab.npy")) == 0
+    assert parity_inputs(1) == ("heldout: lab.npy", 12)
+    assert export(2, "--heldout", "synthetic") == 0
+    assert parity_inputs(2) == ("synthetic-normal", 256)
+    np.save(tmp_path / "narrow.npy", rows[:, :10])
+    capsys.readouterr()
+    assert export(3, "--heldout", str(tmp_path / "narrow.npy")) == 1
+    assert "takes 624 inputs but the held-out rows (heldout: narrow.npy) have 10" in capsys.readouterr().err
+    assert export(4, "--schema", "printer-window") == 1  # windows are 512 wide, the model takes 624
+    assert not (tmp_path / "pkg" / "weld-base-v3.manifest.json").exists()
