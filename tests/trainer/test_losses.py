@@ -32,10 +32,11 @@ def torch_value_and_grad(fn, pred: np.ndarray):
     return value.item(), tp.grad.numpy()
 
 
-def check(ours: tuple[float, np.ndarray], ref: tuple[float, np.ndarray]) -> None:
+def check(ours: tuple[float, np.ndarray], ref: tuple[float, np.ndarray], grad_atol: float = 0.0) -> None:
     assert rel_err(ours[0], ref[0]) <= RTOL
     assert ours[1].shape == ref[1].shape
-    assert rel_err(ours[1], ref[1]) <= RTOL
+    err = float(np.max(np.abs(ours[1] - ref[1]), initial=0.0))
+    assert err <= RTOL * float(np.max(np.abs(ref[1]), initial=0.0)) + grad_atol, (err, ours[1], ref[1])
 
 
 @FAST
@@ -137,9 +138,13 @@ def test_bce_with_logits(n, k, pos, sample_w, scale, seed):
             per = per * torch.tensor(sw)[:, None]
         return per.mean()
 
+    # dℓ/dz = σ(z)·c − p·t cancels for a saturated logit (σ(z) ≈ 1 ≈ t): both sides then carry
+    # an absolute error of a few ulps of their O(1) terms (torch's too), however small the
+    # gradient; a relative bound alone failed on z = 40·N(0, 1) (hypothesis, 1 in ~700 examples).
     check(
         losses.bce_with_logits(logits, target, pos_weight=pw, sample_weights=sw),
         torch_value_and_grad(ref, logits),
+        grad_atol=1e-13,
     )
 
 
