@@ -12,72 +12,35 @@ import contextlib
 import json
 import os
 import socket
-import threading
 import time
 
 import numpy as np
 import pytest
 
 from sensors.accel import AccelSource, KlipperAccelSource
+from tests.sensors.klipper_helpers import HEADER, KlipperServer
 
-HEADER = ["time", "x_acceleration", "y_acceleration", "z_acceleration"]
 
-
-class FakeKlipper:
-    """One-connection-at-a-time Klipper API server streaming a known ramp of samples."""
+class FakeKlipper(KlipperServer):
+    """Streams a known ramp of samples: sample k is (k, -k, 9806.65) mm/s²."""
 
     def __init__(
         self, path: str, *, sensors=("adxl345",), rate_hz: float = 3200.0, overflows_at: int | None = None
     ):
-        self.path, self.sensors, self.rate_hz = path, set(sensors), rate_hz
+        self.sensors, self.rate_hz = set(sensors), rate_hz
         self.overflows_at = overflows_at
-        self.requests: list[dict] = []
-        self.k = 0  # next sample index: value of sample k is (k, -k, 9806.65) mm/s²
-        self.stop_evt = threading.Event()
-        self.conn: socket.socket | None = None
-        if os.path.exists(path):
-            os.unlink(path)
-        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.srv.bind(path)
-        self.srv.listen(1)
-        self.srv.settimeout(0.05)
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        self.k = 0  # next sample index
+        super().__init__(path)
 
-    def _serve(self) -> None:
-        while not self.stop_evt.is_set():
-            try:
-                conn, _ = self.srv.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.conn = conn
-            try:
-                self._session(conn)
-            except OSError:
-                pass
-            finally:
-                conn.close()
-
-    def _session(self, conn: socket.socket) -> None:
-        buf = b""
-        while b"\x03" not in buf:
-            chunk = conn.recv(4096)
-            if not chunk:
-                return
-            buf += chunk
-        req = json.loads(buf.split(b"\x03")[0])
-        self.requests.append(req)
+    def stream(self, conn: socket.socket, req: dict) -> None:
         params = req.get("params", {})
         if req.get("method") != "adxl345/dump_adxl345" or params.get("sensor") not in self.sensors:
             err = {"error": "WebRequestError", "message": f"Unknown sensor {params.get('sensor')!r}"}
-            conn.sendall(json.dumps({"id": req["id"], "error": err}).encode() + b"\x03")
+            self.send(conn, {"id": req["id"], "error": err})
             while not self.stop_evt.is_set() and conn.recv(4096):
                 pass
             return
-        conn.sendall(json.dumps({"id": req["id"], "result": {"header": HEADER}}).encode() + b"\x03")
-        template = params.get("response_template", {})
+        self.send(conn, {"id": req["id"], "result": {"header": HEADER}})
         overflows = 0
         t0 = 100.0  # Klipper's print time is its own clock
         while not self.stop_evt.is_set():
@@ -87,9 +50,7 @@ class FakeKlipper:
             data = [[t0 + k / self.rate_hz, float(k), float(-k), 9806.65] for k in ks]
             if self.overflows_at is not None and self.k >= self.overflows_at:
                 overflows = 1
-            msg = dict(template)
-            msg["params"] = {"data": data, "errors": 0, "overflows": overflows}
-            raw = json.dumps(msg).encode() + b"\x03"
+            raw = json.dumps(self.batch(req, data, 0, overflows)).encode() + b"\x03"
             # split a frame across writes: the client must reassemble on 0x03
             conn.sendall(raw[:10])
             conn.sendall(raw[10:])

@@ -4,13 +4,11 @@ own clock, Moonraker on loopback plays the same print; one row per layer must co
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import socket
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -20,66 +18,36 @@ from edge.config import SensorsConfig
 from edge.dataset import load_dataset
 from edge.recording.printer import PrinterRecorder
 from sensors.sim.printer import VibrationStream
+from tests.sensors.klipper_helpers import HEADER, KlipperServer
 from tests.sensors.recorder_helpers import FakeMoonraker, short_timeline
 
 RATE_HZ = 3200.0
 KLIPPER_CLOCK_OFFSET = 5000.0  # Klipper's print time is not our clock: the source must realign
 
 
-class RealtimeKlipper:
-    """Klipper's API server for one ``adxl345/dump_adxl345`` subscription: batches every ~10 ms
-    of the samples that fell due, timed on Klipper's clock, in mm/s²."""
+class RealtimeKlipper(KlipperServer):
+    """Batches every ~10 ms of the samples that fell due, timed on Klipper's clock, in mm/s²."""
 
     def __init__(self, path: str, stream: VibrationStream, t0: float) -> None:
-        self.path, self.stream, self.t0 = path, stream, t0
-        self.stop = threading.Event()
+        self.vibration, self.t0 = stream, t0
         self.sent = 0
-        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.srv.bind(path)
-        self.srv.listen(1)
-        self.srv.settimeout(0.05)
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        super().__init__(path)
 
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.srv.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with conn, contextlib.suppress(OSError):
-                self._session(conn)
-
-    def _session(self, conn: socket.socket) -> None:
-        buf = b""
-        while b"\x03" not in buf:
-            chunk = conn.recv(4096)
-            if not chunk:
-                return
-            buf += chunk
-        req = json.loads(buf.split(b"\x03")[0])
+    def stream(self, conn: socket.socket, req: dict) -> None:
         assert req["method"] == "adxl345/dump_adxl345" and req["params"]["sensor"] == "adxl345"
-        header = {"header": ["time", "x_acceleration", "y_acceleration", "z_acceleration"]}
-        conn.sendall(json.dumps({"id": req["id"], "result": header}).encode() + b"\x03")
-        while not self.stop.is_set():
-            due = int((time.monotonic() - self.t0) * RATE_HZ) - self.stream.k
+        self.send(conn, {"id": req["id"], "result": {"header": HEADER}})
+        while not self.stop_evt.is_set():
+            due = int((time.monotonic() - self.t0) * RATE_HZ) - self.vibration.k
             if due > 0:
-                ks = self.stream.k + np.arange(due)
-                xyz = self.stream.next(due) * 1000.0  # m/s² -> Klipper's mm/s²
+                ks = self.vibration.k + np.arange(due)
+                xyz = self.vibration.next(due) * 1000.0  # m/s² -> Klipper's mm/s²
                 t = self.t0 + (ks + 1) / RATE_HZ + KLIPPER_CLOCK_OFFSET
-                data = np.column_stack([t, xyz]).tolist()
-                msg = {
-                    **req["params"]["response_template"],
-                    "params": {"data": data, "errors": 0, "overflows": 0},
-                }
-                conn.sendall(json.dumps(msg).encode() + b"\x03")
+                self.send(conn, self.batch(req, np.column_stack([t, xyz]).tolist()))
                 self.sent += due
             time.sleep(0.01)
 
     def close(self) -> None:
-        self.stop.set()
+        self.stop_evt.set()
         self.srv.close()
         self.thread.join(timeout=2)
 
