@@ -11,6 +11,7 @@ import json
 import math
 import sys
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -39,25 +40,23 @@ def moonraker_body(sample) -> bytes:
     return json.dumps({"result": {"eventtime": sample.t, "status": status}}).encode()
 
 
-class FakeMoonraker:
-    """A real HTTP server on 127.0.0.1 answering like Moonraker from a timeline played on ``clock``.
+class LoopbackHttp:
+    """A real HTTP server on 127.0.0.1: each GET is answered by ``answer(path)``.
 
-    ``down`` makes it answer HTTP 500 ("klippy disconnected") until cleared.
+    ``answer`` returns ``(200, json_bytes)``, ``(status, reason)`` for an HTTP error,
+    or ``None`` to send nothing (after hanging as long as it likes).
     """
 
-    def __init__(self, timeline: Timeline, clock) -> None:
-        self.context = TimelineContext(timeline, clock)
-        self.down = False
-        self.requests = 0
-        owner = self
-
+    def __init__(self, answer: Callable[[str], tuple[int, bytes] | None]) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
-                owner.requests += 1
-                if owner.down:
-                    self.send_error(500, "klippy disconnected")
+                result = answer(self.path)
+                if result is None:
                     return
-                body = moonraker_body(owner.context.poll())
+                status, body = result
+                if status != 200:
+                    self.send_error(status, body.decode())
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -75,6 +74,25 @@ class FakeMoonraker:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class FakeMoonraker(LoopbackHttp):
+    """Answers like Moonraker from a timeline played on ``clock``.
+
+    ``down`` makes it answer HTTP 500 ("klippy disconnected") until cleared.
+    """
+
+    def __init__(self, timeline: Timeline, clock) -> None:
+        self.context = TimelineContext(timeline, clock)
+        self.down = False
+        self.requests = 0
+        super().__init__(self._answer)
+
+    def _answer(self, path: str) -> tuple[int, bytes]:
+        self.requests += 1
+        if self.down:
+            return 500, b"klippy disconnected"
+        return 200, moonraker_body(self.context.poll())
 
 
 def fake_printer_bus(

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from sensors.context.moonraker import QUERY, MoonrakerConfig, MoonrakerContext, MoonrakerError, parse_status
+from tests.sensors.recorder_helpers import LoopbackHttp
 
 
 def answer(state="printing", z=0.6, speed=3000.0, factor=1.0, layer=None, live=None, filename="cube.gcode"):
@@ -41,33 +41,20 @@ class Canned:
 def server():
     canned = Canned()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            canned.paths.append(self.path)
-            if canned.mode == "hang":
-                canned.release.wait(2.0)
-                return
-            if canned.mode == "http500":
-                self.send_error(500, "klippy disconnected")
-                return
-            body = b"<html>not json" if canned.mode == "garbage" else canned.body
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(path: str) -> tuple[int, bytes] | None:
+        canned.paths.append(path)
+        if canned.mode == "hang":
+            canned.release.wait(2.0)
+            return None
+        if canned.mode == "http500":
+            return 500, b"klippy disconnected"
+        return 200, b"<html>not json" if canned.mode == "garbage" else canned.body
 
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    canned.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    http = LoopbackHttp(answer)
+    canned.url = http.url
     yield canned
     canned.release.set()
-    httpd.shutdown()
-    httpd.server_close()
+    http.close()
 
 
 class Clock:
