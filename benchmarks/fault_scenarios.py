@@ -26,8 +26,8 @@ from pathlib import Path
 from cloud_aggregator.admission import rejection_counts_by_reason
 from cloud_aggregator.broker import BrokerProcess, start_mosquitto
 from cloud_aggregator.store import SqliteStore
-from edge import wire
 from edge.daemon import load_task_state
+from ioft_protocol import round_messages, topics
 from tests.e2e.fleet import FLEET, FleetProcs, Sniffer, aggregator_toml
 
 DEVICES = ("printer1", "printer2", "printer3")
@@ -98,19 +98,19 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def uploads(sniffer: Sniffer, task: str, device: str) -> dict[int, wire.UpdateMessage]:
+def uploads(sniffer: Sniffer, task: str, device: str) -> dict[int, round_messages.UpdateMessage]:
     """Every upload ``device`` sent for ``task``, by round (a re-send replaces an identical copy)."""
-    topic = wire.topic_up(FLEET, task, device)
+    topic = topics.topic_up(FLEET, task, device)
     out = {}
     for t, payload in list(sniffer.messages):
         if t == topic:
-            msg = wire.UpdateMessage.decode(payload)
+            msg = round_messages.UpdateMessage.decode(payload)
             out[msg.round] = msg
     return out
 
 
 def came_online(sniffer: Sniffer, device: str, after: int) -> bool:
-    topic = wire.topic_status(FLEET, device)
+    topic = topics.topic_status(FLEET, device)
     return any(
         t == topic and json.loads(p).get("state") == "online" for t, p in list(sniffer.messages)[after:]
     )
@@ -150,7 +150,7 @@ class ScenarioRun:
     name: str
     faults: list[str]
     records: list
-    sent: dict[str, dict[int, wire.UpdateMessage]]
+    sent: dict[str, dict[int, round_messages.UpdateMessage]]
     refused: dict[str, int]
     extras: dict = field(default_factory=dict)
     wall_s: float = 0.0

@@ -181,24 +181,26 @@ class Workdir:
 def _wire_targets() -> list[Target]:
     from safetensors.numpy import save as st_save
 
-    from edge import wire
+    from ioft_protocol import codec, model_push, round_messages, topics
 
     rng = np.random.default_rng(0)
     params = {"decoder.weight": rng.standard_normal((2, 3)).astype(np.float32), "b": np.zeros(2, np.float32)}
-    up = wire.UpdateMessage("plant", "speed", "printer1", 3, "train", 45, "ab" * 32, {"loss": 0.5}, params)
-    ann = wire.Announcement(
+    up = round_messages.UpdateMessage(
+        "plant", "speed", "printer1", 3, "train", 45, "ab" * 32, {"loss": 0.5}, params
+    )
+    ann = round_messages.Announcement(
         "plant", "speed", 3, "train", '{"name": "speed"}', 1.7e9, "cd" * 32, params=params,
         personalized=("printer2",), participants=("printer1", "printer2"),
     )  # fmt: skip
     ann_dev = replace(ann, for_device="printer2", params_hash="ef" * 32)
-    offer = wire.ModelOffer(
+    offer = model_push.ModelOffer(
         "enc", '{"name": "enc"}', "0a" * 64, 4, ("11" * 32, "22" * 32), ("printer1",), 1.7e9
     )
-    chunk = wire.ModelChunk("enc", 2, 1, b"\x00onnx\xff" * 10, transfer="33" * 32)
+    chunk = model_push.ModelChunk("enc", 2, 1, b"\x00onnx\xff" * 10, transfer="33" * 32)
 
     def resave(payload: bytes, rnd: random.Random) -> bytes:
         """A well-formed safetensors payload whose ``ioft`` metadata has mutated fields."""
-        meta, tensors = wire.decode(payload)
+        meta, tensors = codec.decode(payload)
         meta = mutate_json_fields(meta, rnd)
         if rnd.random() < 0.2 and tensors:  # a tensor of another dtype or shape
             name = rnd.choice(list(tensors))
@@ -216,59 +218,61 @@ def _wire_targets() -> list[Target]:
             arr = arr.astype(rnd.choice([np.int8, np.float32]))
         return st_save({"data": arr}, metadata={"ioft": json.dumps(meta)})
 
-    allowed = (wire.WireError,)
+    allowed = (codec.WireError,)
     promise = "WireError"
     return [
-        Target("wire.UpdateMessage.decode", lambda b: wire.UpdateMessage.decode(b, max_bytes=MAX_INPUT),
+        Target("round_messages.UpdateMessage.decode", lambda b: round_messages.UpdateMessage.decode(b, max_bytes=MAX_INPUT),
                allowed, [up.encode(), ann.encode()], lambda r: resave(up.encode(), r), promise),
-        Target("wire.Announcement.decode", lambda b: wire.Announcement.decode(b, max_bytes=MAX_INPUT),
+        Target("round_messages.Announcement.decode", lambda b: round_messages.Announcement.decode(b, max_bytes=MAX_INPUT),
                allowed, [ann.encode(), ann_dev.encode(), up.encode()],
                lambda r: resave(r.choice([ann, ann_dev]).encode(), r), promise),
-        Target("wire.ModelOffer.decode", lambda b: wire.ModelOffer.decode(b, max_bytes=MAX_INPUT),
+        Target("model_push.ModelOffer.decode", lambda b: model_push.ModelOffer.decode(b, max_bytes=MAX_INPUT),
                allowed, [offer.encode()], lambda r: resave(offer.encode(), r), promise),
-        Target("wire.ModelChunk.decode", lambda b: wire.ModelChunk.decode(b, max_bytes=MAX_INPUT),
+        Target("model_push.ModelChunk.decode", lambda b: model_push.ModelChunk.decode(b, max_bytes=MAX_INPUT),
                allowed, [chunk.encode()], chunk_structured, promise),
-        Target("wire.parse_topic", lambda b: wire.parse_topic(b.decode("utf-8", "replace")), allowed,
-               [wire.topic_up("plant", "speed", "printer1").encode(), wire.topic_model_chunk("plant", "enc", 2, 7).encode(),
-                wire.topic_down_device("plant", "speed", "printer2").encode(), wire.topic_status("plant", "p1").encode()],
+        Target("topics.parse_topic", lambda b: topics.parse_topic(b.decode("utf-8", "replace")), allowed,
+               [topics.topic_up("plant", "speed", "printer1").encode(), topics.topic_model_chunk("plant", "enc", 2, 7).encode(),
+                topics.topic_down_device("plant", "speed", "printer2").encode(), topics.topic_status("plant", "p1").encode()],
                None, promise),
     ]  # fmt: skip
 
 
 def _transfer_target(work: Workdir) -> Target:
     """A fuzzed chunk through ``ModelChunk.decode`` and ``Transfer.accept`` (the device's path)."""
-    from edge import wire
-    from edge.manifest import ModelManifest, TensorSpec
     from edge.model_transfer import RefusedError, Transfer
+    from ioft_protocol import codec, model_push
+    from ioft_protocol.manifest import ModelManifest, TensorSpec
 
     blob = bytes(range(256)) * 2
     size = 128
     pieces = [blob[i : i + size] for i in range(0, len(blob), size)]
     hashes = tuple(hashlib.sha256(p).hexdigest() for p in pieces)
-    offer = wire.ModelOffer("enc", "{}", "0a" * 64, size, hashes)
+    offer = model_push.ModelOffer("enc", "{}", "0a" * 64, size, hashes)
     manifest = ModelManifest(
         "enc", 2, "embedding", TensorSpec("x", (None, 4)), TensorSpec("z", (None, 2)), "ab" * 32,
         hashlib.sha256(blob).hexdigest(), len(blob), 17, 8, {}, "2026-01-01T00:00:00+00:00", "0" * 16,
     )  # fmt: skip
-    seeds = [wire.ModelChunk("enc", 2, i, p, transfer=offer.transfer).encode() for i, p in enumerate(pieces)]
+    seeds = [
+        model_push.ModelChunk("enc", 2, i, p, transfer=offer.transfer).encode() for i, p in enumerate(pieces)
+    ]
 
     def decode(data: bytes) -> Any:
         part = work.root / "model.part"
         part.unlink(missing_ok=True)
         t = Transfer.open(part, offer, manifest, manifest.sha256, now=0.0)
         try:
-            return t.accept(wire.ModelChunk.decode(data, max_bytes=size), now=1.0)
+            return t.accept(model_push.ModelChunk.decode(data, max_bytes=size), now=1.0)
         finally:
             t.close()
 
-    return Target("model_transfer.Transfer.accept", decode, (wire.WireError, RefusedError), seeds, None,
+    return Target("model_transfer.Transfer.accept", decode, (codec.WireError, RefusedError), seeds, None,
                   "WireError (decode) or RefusedError (accept)")  # fmt: skip
 
 
 def _manifest_targets() -> list[Target]:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from edge.manifest import ManifestError, ModelManifest, TensorSpec, verify_manifest
+    from ioft_protocol.manifest import ManifestError, ModelManifest, TensorSpec, verify_manifest
 
     m = ModelManifest(
         "weld-encoder", 3, "embedding", TensorSpec("x", (None, 624)), TensorSpec("z", (None, 50)), "ab" * 32,
@@ -315,7 +319,8 @@ def _toml_value(rnd: random.Random) -> str:
 
 def _config_targets(work: Workdir) -> list[Target]:
     from cloud_aggregator.config import AggregatorConfig
-    from edge.config import ConfigError, DeviceConfig, build, load_toml
+    from edge.config import DeviceConfig
+    from ioft_protocol.config import ConfigError, build, load_toml
 
     device = (
         'device = "printer1"\nfleet = "plant"\nbroker = "mqtts://broker:8883"\nstate_dir = "/tmp/x"\n'
@@ -624,9 +629,9 @@ def _fleet_status_target() -> Target:
 def _state_target(work: Workdir) -> Target:
     """A device's task state file through ``edge.daemon.load_task_state`` (no ``.prev`` copy)."""
     from edge.daemon import TaskState, load_task_state, save_task_state
-    from edge.state import StateError, decode_arrays, encode_arrays
+    from ioft_protocol.state import StateError, decode_arrays, encode_arrays
 
-    logging.getLogger("edge.state").setLevel(logging.CRITICAL)  # one error per corrupt input
+    logging.getLogger("ioft_protocol.state").setLevel(logging.CRITICAL)  # one error per corrupt input
     states = [
         TaskState('{"name": "speed"}', {"w": np.linspace(-1, 1, 4), "b": np.zeros(1)}, (5, "train"),
                   {"w": np.ones(4, np.float32)}, {"n_samples": 17, "global_hash": "ab" * 32}, {"test_loss": 0.5}),
@@ -685,24 +690,24 @@ def _fleet_target() -> Target:
 
     from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
     from cloud_aggregator.rounds import CollectRequest
-    from edge import wire
+    from ioft_protocol import codec, round_messages
     from trainer_lite.params import param_hash
     from trainer_lite.task import TaskSpec
 
     g = {"w": np.linspace(-1, 1, 6, dtype=np.float32), "b": np.zeros(1, np.float32)}
     req = CollectRequest(
         TaskSpec("speed", "fedavg", "sigmoid_glm"), 2, "train", g, param_hash(g), {},
-        {n: wire.TensorSpec(tuple(v.shape), v.dtype.name) for n, v in g.items()},
+        {n: codec.TensorSpec(tuple(v.shape), v.dtype.name) for n, v in g.items()},
     )  # fmt: skip
     fleet = MqttFleet(_StubSession(), "plant", CollectPolicy(max_payload_bytes=MAX_INPUT))
     logging.getLogger("cloud_aggregator.mqtt_fleet").setLevel(logging.ERROR)  # one warning per input
     seeds = [
-        wire.UpdateMessage("plant", "speed", dev, r, "train", 10, req.global_hash, {}, {n: v + d for n, v in g.items()}).encode()
+        round_messages.UpdateMessage("plant", "speed", dev, r, "train", 10, req.global_hash, {}, {n: v + d for n, v in g.items()}).encode()
         for dev, r, d in (("printer1", 2, 0.01), ("printer2", 2, 0.02), ("printer2", 1, 0.02), ("printer3", 3, 0.5), ("printer4", 2, 1e4))
     ]  # fmt: skip
 
     def structured(rnd: random.Random) -> bytes:
-        meta, tensors = wire.decode(rnd.choice(seeds))
+        meta, tensors = codec.decode(rnd.choice(seeds))
         meta = mutate_json_fields(meta, rnd) if rnd.random() < 0.5 else meta
         if rnd.random() < 0.5:
             name = rnd.choice(list(tensors))
@@ -717,8 +722,8 @@ def _fleet_target() -> Target:
     def rnd_device(data: bytes) -> str:
         """The device the payload names (so inputs get past the identity check), else printer1."""
         try:
-            return wire.UpdateMessage.decode(data, max_bytes=MAX_INPUT).device
-        except wire.WireError:
+            return round_messages.UpdateMessage.decode(data, max_bytes=MAX_INPUT).device
+        except codec.WireError:
             return "printer1"
 
     return Target("mqtt_fleet receive path (decode + admission)", decode, (), seeds, structured, "nothing")

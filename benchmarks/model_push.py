@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import markdown_table, study_parser, write_result
+from ioft_protocol import topics
 
 MB = 1_000_000
 FLEET = "bench"
@@ -74,7 +75,7 @@ class RawFanout:
     """
 
     def __init__(self, url: str, n: int, payload: bytes, chunk: int, repeats: int) -> None:
-        from edge.mqtt import BrokerAddress, MqttSession, SessionOptions
+        from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
 
         self.payload = payload
         self.pieces = [payload[i : i + chunk] for i in range(0, len(payload), chunk)]
@@ -125,13 +126,11 @@ class StatusBoard:
     """Latest retained status of every device."""
 
     def __init__(self, url: str) -> None:
-        from edge import wire
-        from edge.mqtt import BrokerAddress, MqttSession, SessionOptions
+        from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
 
-        self.wire = wire
         self.status: dict[str, dict] = {}
         self.session = MqttSession(SessionOptions(BrokerAddress.parse(url), client_id="bench-status"))
-        self.session.subscribe(wire.topic_status_all(FLEET))
+        self.session.subscribe(topics.topic_status_all(FLEET))
         self.session.start()
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._stop = threading.Event()
@@ -141,7 +140,7 @@ class StatusBoard:
         while not self._stop.is_set():
             msg = self.session.get(0.1)
             if msg is not None and msg.payload:
-                self.status[self.wire.parse_topic(msg.topic).device] = json.loads(msg.payload)
+                self.status[topics.parse_topic(msg.topic).device] = json.loads(msg.payload)
 
     def model(self, device: str) -> dict:
         return ((self.status.get(device) or {}).get("models") or {}).get("enc") or {}
@@ -191,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
     from cloud_aggregator.push import push_model
-    from edge.mqtt import BrokerAddress, MqttSession, SessionOptions
     from export.keys import generate_keypair, load_private_key
     from export.synthetic import signed, window_encoder
+    from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
     from tests.e2e.fleet import aggregator_toml
 
     interrupt_on_sigterm()  # `finally` below stops the broker and the devices

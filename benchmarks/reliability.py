@@ -281,7 +281,7 @@ def state_trial(work: Path, rng: np.random.Generator) -> str:
     random wait, not an interpreter start: hundreds of kills fit in a minute or two.
     """
     from edge.daemon import load_task_state
-    from edge.state import StateError, decode_arrays
+    from ioft_protocol.state import StateError, decode_arrays
 
     folder = Path(tempfile.mkdtemp(dir=work, prefix="state-"))
     path = folder / "local.safetensors"

@@ -1,6 +1,6 @@
 """Update admission: which decoded uploads may reach a strategy, and why the others may not.
 
-The MQTT fleet decodes an uplink (``edge.wire``), then asks an :class:`Admission`
+The MQTT fleet decodes an uplink (``ioft_protocol``), then asks an :class:`Admission`
 whether it is this round's, well-formed, new and of a plausible size.  A refusal is a
 :class:`Refusal` with a short reason code (``REASONS``); the fleet counts it per device
 and per code (``FleetView.rejected_by_reason``) and stores it in the rejections table as
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edge.wire import TensorSpec
+from ioft_protocol.codec import TensorSpec
 
 if TYPE_CHECKING:  # rounds imports strategies; admission is imported by the fleet only
     from cloud_aggregator.rounds import CollectRequest
@@ -141,7 +141,7 @@ def param_norm(params: Mapping[str, np.ndarray]) -> float:
 
 
 def check_tensors(params: Mapping[str, np.ndarray], expected: Mapping[str, TensorSpec]) -> Refusal | None:
-    """Names, shapes, dtypes, then finiteness (``edge.wire.validate_tensors``, with reason codes)."""
+    """Names, shapes, dtypes, then finiteness (``ioft_protocol.codec.validate_tensors``, with reason codes)."""
     missing = sorted(set(expected) - set(params))
     extra = sorted(set(params) - set(expected))
     if missing or extra:

@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from edge.config import ConfigError, build, load_toml
+from ioft_protocol.config import ConfigError, build, load_toml
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from cloud_aggregator.admission import AdmissionPolicy
-from edge.config import TlsConfig
-from edge.wire import MAX_PAYLOAD_BYTES, check_id
+from ioft_protocol.codec import MAX_PAYLOAD_BYTES, check_id
+from ioft_protocol.mqtt import TlsConfig
 from trainer_lite.task import TaskSpec
 
 

@@ -16,9 +16,9 @@ import sys
 import time
 from typing import Any
 
-from edge import wire
-from edge.config import ConfigError
-from edge.mqtt import MqttSession
+from ioft_protocol import codec, topics
+from ioft_protocol.config import ConfigError
+from ioft_protocol.mqtt import MqttSession
 
 log = logging.getLogger(__name__)
 #: Preferred metric to show per task, best first.
@@ -29,7 +29,7 @@ def collect_status(
     session: MqttSession, fleet: str, *, quiet_s: float = 0.5, max_s: float = 5.0
 ) -> dict[str, dict]:
     """Retained statuses of every device, read until ``quiet_s`` passes without a new one."""
-    session.subscribe(wire.topic_status_all(fleet))
+    session.subscribe(topics.topic_status_all(fleet))
     statuses: dict[str, dict] = {}
     deadline = time.monotonic() + max_s
     last = time.monotonic()
@@ -38,9 +38,9 @@ def collect_status(
         if msg is None:
             continue
         try:
-            parsed = wire.parse_topic(msg.topic)
+            parsed = topics.parse_topic(msg.topic)
             body = decode_status(msg.payload)
-        except (wire.WireError, ValueError) as exc:
+        except (codec.WireError, ValueError) as exc:
             log.warning("ignoring status on %s: %s", msg.topic, exc)
             continue
         if parsed.kind == "status" and body is not None:

@@ -20,8 +20,8 @@ from cloud_aggregator.admission import Admission, AdmissionPolicy, Refusal, chec
 from cloud_aggregator.rounds import CollectRequest, LateUpdate, Rejection
 from cloud_aggregator.store import SqliteStore
 from cloud_aggregator.strategies import Update
-from edge import wire
-from edge.mqtt import Message, MqttSession
+from ioft_protocol import codec, round_messages, topics
+from ioft_protocol.mqtt import Message, MqttSession
 from trainer_lite.params import param_hash
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class CollectPolicy:
     max_extensions: int = 2
     expected: tuple[str, ...] = ()
     startup_wait_s: float = 60.0
-    max_payload_bytes: int = wire.MAX_PAYLOAD_BYTES
+    max_payload_bytes: int = codec.MAX_PAYLOAD_BYTES
 
 
 @dataclass
@@ -75,15 +75,15 @@ class MqttFleet:
         admission: AdmissionPolicy | None = None,
     ):
         self.session = session
-        self.fleet = wire.check_id("fleet", fleet)
+        self.fleet = codec.check_id("fleet", fleet)
         self.policy = policy
         self.store = store
         self.view = FleetView()
         self.admission = Admission(admission)
         self._announced: list[tuple[str, bytes]] = []
         self._held: list[Message] = []  # uplinks that arrived before the first round opened
-        session.subscribe(wire.topic_status_all(self.fleet))
-        session.subscribe(wire.topic_up_all(self.fleet))
+        session.subscribe(topics.topic_status_all(self.fleet))
+        session.subscribe(topics.topic_up_all(self.fleet))
         # After a broker restart the retained announcement may be gone: publish it again.
         session.on_connect_hooks.append(self._republish)
 
@@ -94,7 +94,7 @@ class MqttFleet:
     # -- announcing ---------------------------------------------------------------
     def announce(self, request: CollectRequest, deadline: float, state: str = "running") -> None:
         spec = request.spec
-        ann = wire.Announcement(
+        ann = round_messages.Announcement(
             fleet=self.fleet,
             task=spec.name,
             round=request.round,
@@ -107,12 +107,12 @@ class MqttFleet:
             personalized=tuple(request.downlinks),
             participants=request.participants,
         )
-        topic = wire.topic_down(self.fleet, spec.name)
+        topic = topics.topic_down(self.fleet, spec.name)
         payload = ann.encode()
         published = [(topic, payload)]
         for device, params in request.downlinks.items():
             personal = replace(ann, params=params, params_hash=param_hash(params), for_device=device)
-            published.append((wire.topic_down_device(self.fleet, spec.name, device), personal.encode()))
+            published.append((topics.topic_down_device(self.fleet, spec.name, device), personal.encode()))
         self._announced = published
         for t, p in published:
             self.session.publish(t, p, retain=True)
@@ -145,8 +145,8 @@ class MqttFleet:
     @staticmethod
     def _is_uplink(topic: str) -> bool:
         try:
-            return wire.parse_topic(topic).kind == "up"
-        except wire.WireError:
+            return topics.parse_topic(topic).kind == "up"
+        except codec.WireError:
             return False
 
     def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate]:
@@ -162,7 +162,9 @@ class MqttFleet:
                 for device, payload in self.store.stored_updates(
                     name, late.round, late.phase, late.global_hash
                 ):
-                    msg = wire.UpdateMessage.decode(payload, max_bytes=self.policy.max_payload_bytes)
+                    msg = round_messages.UpdateMessage.decode(
+                        payload, max_bytes=self.policy.max_payload_bytes
+                    )
                     self._take_late(device, msg, payload, request, received, persist=False)
             if stored:
                 log.info(
@@ -226,7 +228,7 @@ class MqttFleet:
     def _take_late(
         self,
         device: str,
-        msg: wire.UpdateMessage,
+        msg: round_messages.UpdateMessage,
         payload: bytes,
         request: CollectRequest,
         received: dict,
@@ -244,8 +246,8 @@ class MqttFleet:
         if device in late.counted or ("late", device) in received:
             return True  # counted in its own round already, or a duplicate delivery
         try:
-            wire.validate_tensors(msg.params, request.expected)
-        except wire.WireError as exc:
+            codec.validate_tensors(msg.params, request.expected)
+        except codec.WireError as exc:
             self._reject(device, request, f"late update: {exc}")
             return True
         if persist and self.store is not None:  # durable like any upload: a restart keeps it
@@ -260,8 +262,8 @@ class MqttFleet:
 
     def _handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
         try:
-            topic = wire.parse_topic(msg.topic)
-        except wire.WireError as exc:
+            topic = topics.parse_topic(msg.topic)
+        except codec.WireError as exc:
             log.warning("ignored message on unexpected topic %r: %s", msg.topic, exc)
             return
         if topic.fleet != self.fleet:
@@ -312,8 +314,8 @@ class MqttFleet:
     ) -> None:
         """Admit an uplink or count why not (``cloud_aggregator.admission``); never raises."""
         try:
-            msg = wire.UpdateMessage.decode(payload, max_bytes=self.policy.max_payload_bytes)
-        except wire.WireError as exc:
+            msg = round_messages.UpdateMessage.decode(payload, max_bytes=self.policy.max_payload_bytes)
+        except codec.WireError as exc:
             self._refuse(device, request, received, Refusal("malformed", str(exc)))
             return
         spec = request.spec

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge import wire
-from edge.config import ConfigError, build, load_toml
-from edge.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsOptions
 from export.package import Package, load_package
+from ioft_protocol import codec, model_push, topics
+from ioft_protocol.config import ConfigError, build, load_toml
+from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsConfig
 
 log = logging.getLogger(__name__)
 #: Default chunk: well under common broker limits (mosquitto's default max is 256 MB, many
@@ -64,24 +64,24 @@ def push_messages(
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    devices = tuple(wire.check_id("device", d) for d in devices)  # before anything is published
+    devices = tuple(codec.check_id("device", d) for d in devices)  # before anything is published
     manifest = package.manifest
     name, version = manifest.name, manifest.version
     data = package.onnx_path.read_bytes() if data is None else data
     if hashlib.sha256(data).hexdigest() != manifest.sha256 or len(data) != manifest.size:
         raise ValueError(f"{package.onnx_path} does not match its manifest (sha256/size); re-export it")
     table = chunk_table(data, chunk_size)
-    transfer = wire.transfer_id(chunk_size, table)
+    transfer = model_push.transfer_id(chunk_size, table)
     chunks = [
         (
-            wire.topic_model_chunk(fleet, name, version, i),
-            wire.ModelChunk(name, version, i, data[i * chunk_size : (i + 1) * chunk_size], transfer).encode(
-                digest=table[i]
-            ),
+            topics.topic_model_chunk(fleet, name, version, i),
+            model_push.ModelChunk(
+                name, version, i, data[i * chunk_size : (i + 1) * chunk_size], transfer
+            ).encode(digest=table[i]),
         )
         for i in range(len(table))
     ]
-    offer = wire.ModelOffer(
+    offer = model_push.ModelOffer(
         name=name,
         manifest=package.manifest_json,
         signature=package.signature,
@@ -90,10 +90,10 @@ def push_messages(
         devices=tuple(devices),
         pushed_at=time.time(),
     )
-    return [(wire.topic_model_offer(fleet, name), offer.encode()), *chunks]
+    return [(topics.topic_model_offer(fleet, name), offer.encode()), *chunks]
 
 
-def _replaced_offer(session: MqttSession, topic: str, ours: bytes) -> wire.ModelOffer | None:
+def _replaced_offer(session: MqttSession, topic: str, ours: bytes) -> model_push.ModelOffer | None:
     """The offer our push replaced, from the retained copy the broker sent when we subscribed.
 
     The broker sends a topic's retained message right after the SUBACK and before it
@@ -105,8 +105,8 @@ def _replaced_offer(session: MqttSession, topic: str, ours: bytes) -> wire.Model
         if msg.topic != topic or not msg.retain or not msg.payload or msg.payload == ours:
             continue
         try:
-            found = wire.ModelOffer.decode(msg.payload)
-        except wire.WireError as exc:
+            found = model_push.ModelOffer.decode(msg.payload)
+        except codec.WireError as exc:
             log.warning("the replaced offer on %s is malformed (%s); its chunks stay", topic, exc)
     session.unsubscribe(topic)
     return found
@@ -144,10 +144,10 @@ def push_model(
         # Another version's chunks, or this version's beyond the new count (a re-push with other chunks).
         stale = range(len(previous.chunks)) if old != version else range(n_chunks, len(previous.chunks))
         for i in stale:
-            session.publish(wire.topic_model_chunk(fleet, name, old, i), b"", retain=True, timeout=None)
+            session.publish(topics.topic_model_chunk(fleet, name, old, i), b"", retain=True, timeout=None)
         if stale:
             session.publish(
-                wire.topic_model_chunk(fleet, name, old, stale[-1]), b"", retain=True, timeout=ack_timeout
+                topics.topic_model_chunk(fleet, name, old, stale[-1]), b"", retain=True, timeout=ack_timeout
             )
             cleared = old
     log.info(
@@ -164,7 +164,7 @@ def push_model(
     return PushReport(name, version, size, n_chunks, chunk_size, seconds, cleared)
 
 
-def _version_of(offer: wire.ModelOffer) -> int | None:
+def _version_of(offer: model_push.ModelOffer) -> int | None:
     import json
 
     try:
@@ -189,7 +189,7 @@ def operator_session(args: argparse.Namespace, role: str) -> tuple[MqttSession, 
     if args.allow_plaintext:
         raw["allow_plaintext"] = True
     cfg = build(AggregatorConfig, raw, str(args.config or "command line"))
-    tls = TlsOptions(cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file) if cfg.tls else None
+    tls = TlsConfig(cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file) if cfg.tls else None
     session = MqttSession(
         SessionOptions(
             broker=BrokerAddress.parse(cfg.broker),
@@ -229,7 +229,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_devices(values: Sequence[str] | None) -> tuple[str, ...]:
-    """``--devices`` as ids: comma- and/or space-separated, each a valid device id (``wire.check_id``).
+    """``--devices`` as ids: comma- and/or space-separated, each a valid device id (``codec.check_id``).
 
     ``None`` (no ``--devices``) means the whole fleet; a ``--devices`` naming nobody is an
     error rather than a silent push to everyone.
@@ -245,7 +245,7 @@ def parse_devices(values: Sequence[str] | None) -> tuple[str, ...]:
     if not ids:
         raise ValueError("--devices names no device (give ids like printer1,printer2)")
     for d in ids:
-        wire.check_id("device", d)
+        codec.check_id("device", d)
     dupes = sorted({d for d in ids if ids.count(d) > 1})
     if dupes:
         raise ValueError(f"--devices names {', '.join(dupes)} more than once")

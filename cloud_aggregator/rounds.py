@@ -28,7 +28,7 @@ import numpy as np
 from cloud_aggregator import faults
 from cloud_aggregator.strategies import Strategy, Update, make_strategy
 from cloud_aggregator.strategies.fedavg import FedAvg
-from edge.wire import TensorSpec, WireError, validate_tensors
+from ioft_protocol.codec import TensorSpec, WireError, validate_tensors
 from trainer_lite.params import Params, param_hash
 from trainer_lite.task import TaskSpec
 

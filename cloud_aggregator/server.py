@@ -12,14 +12,14 @@ from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.rounds import CollectRequest, RoundEngine, RoundRecord, check_next_round
 from cloud_aggregator.store import SqliteStore
 from cloud_aggregator.strategies import make_strategy
-from edge.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsOptions
+from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsConfig
 from trainer_lite.params import param_hash
 
 log = logging.getLogger(__name__)
 
 
 def open_session(cfg: AggregatorConfig) -> MqttSession:
-    tls = TlsOptions(cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file) if cfg.tls else None
+    tls = TlsConfig(cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file) if cfg.tls else None
     return MqttSession(
         SessionOptions(
             broker=BrokerAddress.parse(cfg.broker),

@@ -21,7 +21,7 @@ from typing import Any
 
 from cloud_aggregator import faults
 from cloud_aggregator.rounds import RoundRecord
-from edge.state import atomic_write_bytes, decode_arrays, encode_arrays
+from ioft_protocol.state import atomic_write_bytes, decode_arrays, encode_arrays
 from trainer_lite.params import Params, param_hash
 
 SCHEMA = """

@@ -8,7 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from edge.config import ConfigError, DeviceConfig, build, load_toml
+from edge.config import DeviceConfig
+from ioft_protocol.config import ConfigError, build, load_toml
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -31,15 +31,15 @@ from pathlib import Path
 
 import numpy as np
 
-from edge import wire
 from edge.config import DeviceConfig
 from edge.dataset import FILE as DATASET_FILE
 from edge.dataset import load_dataset, prepare_dataset
-from edge.manifest import load_public_key
 from edge.models import ModelManager, embed_rows
-from edge.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsOptions
 from edge.recording.base import STATUS_FILE as RECORDER_STATUS
-from edge.state import StateError, load_verified, save_arrays
+from ioft_protocol import codec, round_messages, topics
+from ioft_protocol.manifest import load_public_key
+from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsConfig
+from ioft_protocol.state import StateError, load_verified, save_arrays
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import initial_local, participate
 from trainer_lite.data import Dataset
@@ -160,7 +160,7 @@ class EdgeTrainer:
         if self.refused:
             body["refused"] = dict(self.refused)
         body["data"] = self._data_status()
-        return wire.topic_status(self.config.fleet, self.device), json.dumps(body, sort_keys=True).encode()
+        return topics.topic_status(self.config.fleet, self.device), json.dumps(body, sort_keys=True).encode()
 
     def _data_status(self) -> dict:
         """Rows on hand and, where edge-recorder runs beside this daemon, the state of its sensors."""
@@ -175,7 +175,7 @@ class EdgeTrainer:
 
     def _session_options(self) -> SessionOptions:
         c = self.config
-        tls = TlsOptions(c.tls.ca_file, c.tls.cert_file, c.tls.key_file) if c.tls else None
+        tls = TlsConfig(c.tls.ca_file, c.tls.cert_file, c.tls.key_file) if c.tls else None
         return SessionOptions(
             broker=BrokerAddress.parse(c.broker),
             client_id=f"ioft-{c.fleet}-{c.device}",
@@ -193,10 +193,10 @@ class EdgeTrainer:
 
     def run(self) -> None:
         fleet = self.config.fleet
-        self.session.subscribe(f"{wire.PROTOCOL}/{fleet}/task/+/down")
-        self.session.subscribe(f"{wire.PROTOCOL}/{fleet}/task/+/down/{self.device}")
+        self.session.subscribe(f"{topics.PROTOCOL}/{fleet}/task/+/down")
+        self.session.subscribe(f"{topics.PROTOCOL}/{fleet}/task/+/down/{self.device}")
         if self.models is not None:
-            self.session.subscribe(wire.topic_model_offer_all(fleet))
+            self.session.subscribe(topics.topic_model_offer_all(fleet))
         self.session.start(timeout=None)  # paho keeps retrying until the broker is there
         log.info(
             "%s running (state %s, %d train / %d test rows)",
@@ -227,7 +227,7 @@ class EdgeTrainer:
     def handle(self, topic: str, payload: bytes) -> None:
         """Act on one downlink message; malformed input is logged and dropped."""
         try:
-            parsed = wire.parse_topic(topic)
+            parsed = topics.parse_topic(topic)
             if parsed.fleet != self.config.fleet:
                 return
             if parsed.kind in ("model_offer", "model_chunk"):
@@ -235,14 +235,14 @@ class EdgeTrainer:
                 return
             if parsed.kind not in ("down", "down_device"):
                 return
-            ann = wire.Announcement.decode(payload, max_bytes=self.config.max_payload_bytes)
+            ann = round_messages.Announcement.decode(payload, max_bytes=self.config.max_payload_bytes)
             if ann.task != parsed.task or ann.fleet != parsed.fleet:
-                raise wire.WireError(f"announcement for {ann.fleet}/{ann.task} on topic {topic}")
+                raise codec.WireError(f"announcement for {ann.fleet}/{ann.task} on topic {topic}")
             self.on_announcement(ann)
-        except (wire.WireError, ValueError, KeyError) as exc:
+        except (codec.WireError, ValueError, KeyError) as exc:
             log.warning("%s dropped downlink on %s: %s", self.device, topic, exc)
 
-    def _handle_model(self, parsed: wire.Topic, payload: bytes) -> None:
+    def _handle_model(self, parsed: topics.Topic, payload: bytes) -> None:
         if self.models is None or parsed.model is None:
             return
         if parsed.kind == "model_offer":
@@ -313,7 +313,7 @@ class EdgeTrainer:
                 f"({self.data_meta.get('source', '?')}) has {have}"
             )
 
-    def on_announcement(self, ann: wire.Announcement) -> None:
+    def on_announcement(self, ann: round_messages.Announcement) -> None:
         if self.config.tasks and ann.task not in self.config.tasks:
             return
         try:
@@ -336,7 +336,7 @@ class EdgeTrainer:
         if state.answered is not None and ann.round < state.answered[0]:
             return  # a stale announcement
         if param_hash(ann.params) != ann.params_hash:
-            raise wire.WireError("downlink parameters do not match their announced hash")
+            raise codec.WireError("downlink parameters do not match their announced hash")
         self.refresh_dataset()
         if len(self.train) == 0:
             log.warning(
@@ -388,7 +388,7 @@ class EdgeTrainer:
     def _publish_upload(self, task: str, state: TaskState) -> None:
         assert state.answered is not None
         round_, phase = state.answered
-        msg = wire.UpdateMessage(
+        msg = round_messages.UpdateMessage(
             fleet=self.config.fleet,
             task=task,
             device=self.device,
@@ -399,7 +399,9 @@ class EdgeTrainer:
             metrics=state.metrics,
             params=state.upload,
         )
-        self.session.publish(wire.topic_up(self.config.fleet, task, self.device), msg.encode(), timeout=None)
+        self.session.publish(
+            topics.topic_up(self.config.fleet, task, self.device), msg.encode(), timeout=None
+        )
 
     # -- state on disk --------------------------------------------------------------------
     def _path(self, task: str) -> Path:
@@ -440,7 +442,7 @@ class EdgeTrainer:
 
 
 def save_task_state(path: Path, state: TaskState) -> None:
-    """One atomic file per task (``edge.state.save_arrays``): a kill leaves the old or the new state."""
+    """One atomic file per task (``ioft_protocol.state.save_arrays``): a kill leaves the old or the new state."""
     arrays = {**with_prefix(state.local, "local"), **with_prefix(state.upload, UPLOAD)}
     meta = {
         "spec": state.spec_json,

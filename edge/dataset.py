@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.config import DataConfig
-from edge.state import load_verified, save_arrays
+from ioft_protocol.state import load_verified, save_arrays
 from trainer_lite.client import derive_rng
 from trainer_lite.data import Dataset
 
@@ -36,7 +36,7 @@ def load_dataset(state_dir: Path) -> tuple[Dataset, Dataset, dict] | None:
     """The verified dataset (``.prev`` if the file is corrupt), ``None`` if never written.
 
     A copy that verifies but lacks an array or holds inconsistent ones counts as corrupt
-    too (``edge.state.load_verified``); ``StateError`` when no copy is usable.
+    too (``ioft_protocol.state.load_verified``); ``StateError`` when no copy is usable.
     """
     return load_verified(state_dir / FILE, _dataset_from)
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from edge import wire
-from edge.manifest import ModelManifest, file_sha256
+from ioft_protocol import model_push
+from ioft_protocol.manifest import ModelManifest, file_sha256
 
 
 class RefusedError(Exception):
@@ -28,7 +28,7 @@ class RefusedError(Exception):
 class Transfer:
     """A model being fetched: the offer, the sparse temp file, and which chunks are in."""
 
-    offer: wire.ModelOffer
+    offer: model_push.ModelOffer
     manifest: ModelManifest
     digest: str
     part: Path
@@ -37,7 +37,7 @@ class Transfer:
     inflight: set[int] = field(default_factory=set)
     #: Missing chunks not yet asked for, in file order (``to_request`` takes from the front).
     todo: deque[int] = field(default_factory=deque)
-    #: The push's ``wire.transfer_id``, computed once (chunks are checked against it).
+    #: The push's ``model_push.transfer_id``, computed once (chunks are checked against it).
     transfer_id: str = ""
     started: float = 0.0
     last_progress: float = 0.0
@@ -50,7 +50,7 @@ class Transfer:
 
     @classmethod
     def open(
-        cls, part: Path, offer: wire.ModelOffer, manifest: ModelManifest, digest: str, now: float
+        cls, part: Path, offer: model_push.ModelOffer, manifest: ModelManifest, digest: str, now: float
     ) -> Transfer:
         """Open (or resume) the temp file: chunks already in it that hash right count as received."""
         part.parent.mkdir(parents=True, exist_ok=True)
@@ -88,7 +88,7 @@ class Transfer:
                 out.append(i)
         return out
 
-    def accept(self, chunk: wire.ModelChunk, now: float) -> bool:
+    def accept(self, chunk: model_push.ModelChunk, now: float) -> bool:
         """Write ``chunk`` if it belongs here; ``False`` for a stale copy of an earlier push.
 
         Raises

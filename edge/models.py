@@ -1,6 +1,6 @@
 """The device's model manager: fetch pushed ONNX models, verify, activate, roll back.
 
-A push is a retained offer (``edge.wire.ModelOffer``: the signed manifest and a
+A push is a retained offer (``ioft_protocol.model_push.ModelOffer``: the signed manifest and a
 table of chunk hashes) plus retained chunks.  The manager:
 
 1. verifies the offer's Ed25519 signature with the fleet key, then checks the
@@ -40,12 +40,12 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from edge import wire
 from edge.config import ModelConfig
-from edge.manifest import ManifestError, ModelManifest, file_sha256, verify_manifest
 from edge.model_transfer import RefusedError, Transfer
 from edge.onnx_model import LoadedModel, ModelLoadError, holdout_score
-from edge.state import atomic_write_json
+from ioft_protocol import codec, model_push, topics
+from ioft_protocol.manifest import ManifestError, ModelManifest, file_sha256, verify_manifest
+from ioft_protocol.state import atomic_write_json
 from trainer_lite.data import Dataset
 
 log = logging.getLogger(__name__)
@@ -162,10 +162,10 @@ class ModelManager:
             if t is not None and t.digest == digest:
                 return False  # the same offer again (a reconnect re-delivers retained messages)
             try:
-                offer = wire.ModelOffer.decode(payload, max_bytes=wire.MAX_OFFER_BYTES)
+                offer = model_push.ModelOffer.decode(payload, max_bytes=model_push.MAX_OFFER_BYTES)
                 if offer.name != name:
                     raise RefusedError(f"offer for model {offer.name!r} on the topic of {name!r}")
-            except (wire.WireError, RefusedError) as exc:
+            except (codec.WireError, RefusedError) as exc:
                 return self._refuse(name, None, f"malformed offer: {exc}", digest)
             if offer.devices and self.device not in offer.devices:
                 log.info("model %s is pushed to %s, not to this device", name, list(offer.devices))
@@ -186,7 +186,7 @@ class ModelManager:
             self._start(name, offer, manifest, digest)
             return True
 
-    def _check(self, name: str, m: ModelManifest, offer: wire.ModelOffer) -> None:
+    def _check(self, name: str, m: ModelManifest, offer: model_push.ModelOffer) -> None:
         if m.name != name:
             raise RefusedError(f"manifest names model {m.name!r}, pushed as {name!r}")
         if self.data_schema_hash is None:
@@ -224,7 +224,7 @@ class ModelManager:
             )
 
     # -- transfer ---------------------------------------------------------------------------
-    def _start(self, name: str, offer: wire.ModelOffer, m: ModelManifest, digest: str) -> None:
+    def _start(self, name: str, offer: model_push.ModelOffer, m: ModelManifest, digest: str) -> None:
         incoming = self.root / name / "incoming"
         part = incoming / f"v{m.version}-{m.sha256[:16]}.part"
         for other in incoming.glob("*.part"):
@@ -246,7 +246,7 @@ class ModelManager:
 
     def _fill_window(self, name: str, t: Transfer) -> None:
         for i in t.to_request(max(1, self.cfg.window_bytes // t.offer.chunk_size)):
-            self._subscribe(wire.topic_model_chunk(self.fleet, name, t.manifest.version, i))
+            self._subscribe(topics.topic_model_chunk(self.fleet, name, t.manifest.version, i))
 
     def handle_chunk(self, name: str, version: int, index: int, payload: bytes) -> bool:
         """Act on one chunk; returns whether the status changed."""
@@ -257,7 +257,7 @@ class ModelManager:
             if not payload:
                 return False
             try:
-                chunk = wire.ModelChunk.decode(payload, max_bytes=t.offer.chunk_size)
+                chunk = model_push.ModelChunk.decode(payload, max_bytes=t.offer.chunk_size)
                 if chunk.index != index:
                     raise RefusedError(f"chunk on the topic of #{index} says it is #{chunk.index}")
                 if not t.accept(chunk, self._clock()):
@@ -267,10 +267,10 @@ class ModelManager:
                         "%s v%d chunk %d is from another push; waiting for this one's", name, version, index
                     )
                     return False
-            except (wire.WireError, RefusedError) as exc:
+            except (codec.WireError, RefusedError) as exc:
                 self._close_transfer(name, delete=True)
                 return self._refuse(name, version, f"bad chunk: {exc}", t.digest)
-            self._unsubscribe(wire.topic_model_chunk(self.fleet, name, version, index))
+            self._unsubscribe(topics.topic_model_chunk(self.fleet, name, version, index))
             if t.complete:
                 self._complete(name)
                 return True
@@ -305,7 +305,7 @@ class ModelManager:
         if t is None:
             return
         for i in t.inflight:
-            self._unsubscribe(wire.topic_model_chunk(self.fleet, name, t.manifest.version, i))
+            self._unsubscribe(topics.topic_model_chunk(self.fleet, name, t.manifest.version, i))
         t.close()
         if delete:
             t.part.unlink(missing_ok=True)
@@ -348,7 +348,9 @@ class ModelManager:
         self._activate(name, t.offer, m, t.digest, final)
 
     # -- activation and rollback ------------------------------------------------------------
-    def _activate(self, name: str, offer: wire.ModelOffer, m: ModelManifest, digest: str, path: Path) -> None:
+    def _activate(
+        self, name: str, offer: model_push.ModelOffer, m: ModelManifest, digest: str, path: Path
+    ) -> None:
         current = self.records.get(name)
         try:
             model = LoadedModel(path, m, threads=self.cfg.threads)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.manifest import ModelManifest
+from ioft_protocol.manifest import ModelManifest
 from trainer_lite.data import Dataset
 
 #: Rows per onnxruntime call: bounds the activations a large holdout would need at once.

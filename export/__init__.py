@@ -4,5 +4,5 @@ Only ``onnx_export`` and ``pipeline`` import torch.  ``keys`` (Ed25519 key pair 
 signing), ``package`` (signed manifest beside the ONNX file), ``quantize`` (int8
 dynamic quantization and its report), ``runtime`` (onnxruntime sessions) and
 ``synthetic`` (ONNX encoders of any size for tests and benchmarks) do not; the
-device's half — manifest parsing and signature verification — is ``edge.manifest``.
+device's half — manifest parsing and signature verification — is ``ioft_protocol.manifest``.
 """

@@ -99,10 +99,10 @@ def _heldout(choice: str, schema: str) -> tuple[object, str]:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from edge.manifest import ManifestError
     from export.keys import load_private_key
     from export.package import ExportError
     from export.pipeline import export_params, export_run
+    from ioft_protocol.manifest import ManifestError
 
     try:
         key = load_private_key(args.key)

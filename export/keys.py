@@ -12,7 +12,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from edge.manifest import ManifestError, key_id
+from ioft_protocol.manifest import ManifestError, key_id
 
 
 def generate_keypair(private_path: str | Path, *, overwrite: bool = False) -> tuple[Path, Path]:

@@ -24,9 +24,9 @@ import numpy as np
 import onnx
 import torch
 
-from edge.manifest import TensorSpec
 from export.package import ExportError, graph_io, opset_of
 from export.runtime import ort_session
+from ioft_protocol.manifest import TensorSpec
 
 log = logging.getLogger(__name__)
 #: onnxruntime 1.17 (the device extra's floor) runs opset <= 20 and IR <= 9; 17 is also what

@@ -16,9 +16,9 @@ from pathlib import Path
 import onnx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from edge.manifest import ModelManifest, TensorSpec, file_sha256, verify_manifest
-from edge.state import atomic_write_json
 from export.keys import sign, signing_key_id
+from ioft_protocol.manifest import ModelManifest, TensorSpec, file_sha256, verify_manifest
+from ioft_protocol.state import atomic_write_json
 from sensors.features.schema import SCHEMA_HASH_KEY
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.state import decode_arrays, encode_arrays
+from ioft_protocol.state import decode_arrays, encode_arrays
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class BackboneData:
         return tuple(self.x_train.shape[1:])
 
     def save(self, path: str | Path) -> None:
-        from edge.state import atomic_write_bytes
+        from ioft_protocol.state import atomic_write_bytes
 
         meta = {
             "task": self.task,

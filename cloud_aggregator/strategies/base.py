@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from edge.wire import TensorSpec
+from ioft_protocol.codec import TensorSpec
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.algorithms.base import build_config
 from trainer_lite.client import cast_params

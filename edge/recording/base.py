@@ -18,7 +18,7 @@ import numpy as np
 from edge.config import SensorsConfig
 from edge.dataset import FILE as DATASET_FILE
 from edge.dataset import load_dataset, save_dataset
-from edge.state import StateError, atomic_write_json
+from ioft_protocol.state import StateError, atomic_write_json
 from trainer_lite.data import Dataset
 
 log = logging.getLogger(__name__)

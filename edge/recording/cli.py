@@ -11,10 +11,11 @@ import threading
 from pathlib import Path
 
 from edge.cli import device_toml, setup_logging
-from edge.config import ConfigError, DeviceConfig, build
+from edge.config import DeviceConfig
 from edge.recording.base import RecorderError
 from edge.recording.printer import PrinterRecorder
 from edge.recording.welder import WelderRecorder
+from ioft_protocol.config import ConfigError, build
 
 log = logging.getLogger(__name__)
 

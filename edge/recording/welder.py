@@ -14,7 +14,7 @@ import numpy as np
 from edge.config import SensorsConfig
 from edge.dataset import FILE as DATASET_FILE
 from edge.recording.base import DatasetAppender, RecorderLoop, split_for
-from edge.state import StateError, load_arrays, save_arrays
+from ioft_protocol.state import StateError, load_arrays, save_arrays
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from cloud_aggregator.rounds import RoundEngine
 from cloud_aggregator.simulation import ClientData, simulate
 from cloud_aggregator.strategies import Update, make_strategy
 from cloud_aggregator.strategies.feddar import domain_weights
-from edge import wire
+from ioft_protocol import codec
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.base import loss_and_grads
 from trainer_lite.algorithms.feddar import (
@@ -299,7 +299,7 @@ def test_only_declared_tensors_leave_the_client(algorithm, hp):
         valid, rejected = RoundEngine.validate([_update("d0", result)], expected)
         assert valid and not rejected
         # It travels as is: the wire carries exactly these tensors.
-        _, sent = wire.decode(wire.encode("update", {"phase": phase}, result.shared))
+        _, sent = codec.decode(codec.encode("update", {"phase": phase}, result.shared))
         assert sorted(sent) == sorted(result.shared)
         assert local == {}
         for name, arr in result.shared.items():

@@ -23,8 +23,8 @@ from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.rounds import CollectRequest, Rejection
 from cloud_aggregator.store import SqliteStore
 from cloud_aggregator.strategies import Update
-from edge import wire
-from edge.mqtt import Message
+from ioft_protocol import codec, round_messages, topics
+from ioft_protocol.mqtt import Message
 from trainer_lite.params import param_hash
 from trainer_lite.task import TaskSpec
 
@@ -62,12 +62,12 @@ def request(round_: int, g: dict[str, np.ndarray]) -> CollectRequest:
         global_params=g,
         global_hash=param_hash(g),
         downlinks={},
-        expected={n: wire.TensorSpec(tuple(v.shape), v.dtype.name) for n, v in g.items()},
+        expected={n: codec.TensorSpec(tuple(v.shape), v.dtype.name) for n, v in g.items()},
     )
 
 
 def upload(req: CollectRequest, device: str, params, *, round_=None, name=None, ghash=None) -> Message:
-    msg = wire.UpdateMessage(
+    msg = round_messages.UpdateMessage(
         FLEET,
         TASK,
         name or device,
@@ -78,7 +78,7 @@ def upload(req: CollectRequest, device: str, params, *, round_=None, name=None, 
         {},
         params,
     )
-    return Message(wire.topic_up(FLEET, TASK, device), msg.encode(), False)
+    return Message(topics.topic_up(FLEET, TASK, device), msg.encode(), False)
 
 
 def honest(g, device: str, round_: int) -> dict[str, np.ndarray]:
@@ -135,8 +135,8 @@ def test_hostile_uploads_are_refused_counted_by_reason_and_never_aggregated(flee
         upload(r2, "d5", honest(g, "d5", 1), round_=1),  # stale: a round-1 upload re-sent
         upload(r2, "d6", honest(g2, "d6", 3), round_=3),  # from the future
         upload(r2, "d7", honest(g2, "d7", 2), ghash="0" * 64),  # quotes another global
-        Message(wire.topic_up(FLEET, TASK, "d8"), msgs[1].payload, False),  # d1's payload verbatim
-        Message(wire.topic_up(FLEET, TASK, "d9"), b"\x00garbage" * 4, False),
+        Message(topics.topic_up(FLEET, TASK, "d8"), msgs[1].payload, False),  # d1's payload verbatim
+        Message(topics.topic_up(FLEET, TASK, "d9"), b"\x00garbage" * 4, False),
         upload(r2, "d9", honest(g2, "d9", 2), name="d8"),  # speaks for d8
     ]
     # Replays with the round fields edited: d5 re-sends its own round-1 tensors as a
@@ -213,7 +213,7 @@ def test_replay_fingerprints_expire():
 
 
 def test_check_tensors_classifies_shape_dtype_and_non_finite():
-    spec = {"w": wire.TensorSpec((2,), "float32")}
+    spec = {"w": codec.TensorSpec((2,), "float32")}
     assert check_tensors({"w": np.zeros(2, np.float32)}, spec) is None
     assert check_tensors({"w": np.zeros(3, np.float32)}, spec).code == "shape_dtype"
     assert check_tensors({"w": np.zeros(2, np.float64)}, spec).code == "shape_dtype"

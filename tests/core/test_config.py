@@ -6,7 +6,8 @@ import pytest
 
 from cloud_aggregator.config import AggregatorConfig
 from edge.cli import config_from_args, parse_args
-from edge.config import ConfigError, DeviceConfig, build, load_toml
+from edge.config import DeviceConfig
+from ioft_protocol.config import ConfigError, build, load_toml
 
 
 def test_every_error_is_listed():

@@ -6,9 +6,10 @@ import os
 
 import numpy as np
 
-from edge.config import DeviceConfig, build
+from edge.config import DeviceConfig
 from edge.daemon import EdgeTrainer
 from edge.dataset import save_dataset
+from ioft_protocol.config import build
 from trainer_lite.data import Dataset
 
 

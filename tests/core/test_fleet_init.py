@@ -23,7 +23,8 @@ from cloud_aggregator.fleet_init import (
     init_fleet,
     mosquitto_password_hash,
 )
-from edge.config import DeviceConfig, build, load_toml
+from edge.config import DeviceConfig
+from ioft_protocol.config import build, load_toml
 
 DEVICES = ["printer1", "welder1"]
 
@@ -85,8 +86,8 @@ def test_client_configs_load_against_the_schemas(tmp_path):
 
 
 def test_devices_trust_the_fleets_model_signing_key_and_no_other(tmp_path):
-    from edge.manifest import ManifestError, load_public_key, verify_manifest
     from export.keys import load_private_key, sign
+    from ioft_protocol.manifest import ManifestError, load_public_key, verify_manifest
 
     layout = init_fleet(tmp_path / "f", "plant", DEVICES)
     assert _mode(layout.signing_key) == 0o600

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from edge.daemon import TaskState, load_task_state, save_task_state
-from edge.state import StateError, atomic_write_bytes, decode_arrays, load_arrays, save_arrays
+from ioft_protocol.state import StateError, atomic_write_bytes, decode_arrays, load_arrays, save_arrays
 
 
 def test_save_load_round_trip_keeps_previous(tmp_path):
@@ -47,7 +47,7 @@ def test_no_good_copy_is_an_error_not_garbage(tmp_path):
 
 WRITER = """
 import sys, numpy as np
-from edge.state import save_arrays
+from ioft_protocol.state import save_arrays
 path = sys.argv[1]
 i = 0
 while True:

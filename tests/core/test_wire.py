@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge import wire
+from ioft_protocol import codec, round_messages, topics
 
 
 def _update(**kw):
@@ -24,12 +24,12 @@ def _update(**kw):
         metrics={"test_loss": 0.5},
         params={"decoder.weight": np.ones((1, 1), np.float32)},
     )
-    return wire.UpdateMessage(**{**base, **kw})
+    return round_messages.UpdateMessage(**{**base, **kw})
 
 
 def test_update_round_trip():
     msg = _update()
-    back = wire.UpdateMessage.decode(msg.encode())
+    back = round_messages.UpdateMessage.decode(msg.encode())
     assert (back.fleet, back.task, back.device, back.round, back.phase, back.n_samples) == (
         "f",
         "t",
@@ -43,24 +43,26 @@ def test_update_round_trip():
 
 
 def test_announcement_round_trip_and_kind_check():
-    ann = wire.Announcement("f", "t", 2, "train", '{"a":1}', 123.5, "hash", params={"w": np.zeros(3)})
-    back = wire.Announcement.decode(ann.encode())
+    ann = round_messages.Announcement(
+        "f", "t", 2, "train", '{"a":1}', 123.5, "hash", params={"w": np.zeros(3)}
+    )
+    back = round_messages.Announcement.decode(ann.encode())
     assert back.round == 2 and back.deadline == 123.5 and back.state == "running"
-    with pytest.raises(wire.WireError, match="expected an update"):
-        wire.UpdateMessage.decode(ann.encode())
+    with pytest.raises(codec.WireError, match="expected an update"):
+        round_messages.UpdateMessage.decode(ann.encode())
 
 
 def test_personal_downlinks_name_their_device_and_the_broadcast_lists_them():
-    base = wire.Announcement(
+    base = round_messages.Announcement(
         "f", "t", 2, "train", "{}", 1.0, "g", personalized=("d1",), participants=("d1", "d2")
     )
-    back = wire.Announcement.decode(base.encode())
+    back = round_messages.Announcement.decode(base.encode())
     assert back.params_hash == "g" and back.for_device is None
     assert back.personalized == ("d1",) and back.participants == ("d1", "d2")
     # d1 waits for its own copy; d2 trains on the broadcast; d3 was not selected.
     assert [back.takes_part(d) for d in ("d1", "d2", "d3")] == [False, True, False]
-    own = wire.Announcement.decode(
-        wire.Announcement(
+    own = round_messages.Announcement.decode(
+        round_messages.Announcement(
             "f", "t", 2, "train", "{}", 1.0, "g", params_hash="p", for_device="d1", participants=("d1", "d2")
         ).encode()
     )
@@ -69,7 +71,7 @@ def test_personal_downlinks_name_their_device_and_the_broadcast_lists_them():
 
 
 def test_announcement_device_lists_are_checked():
-    payload = wire.encode(
+    payload = codec.encode(
         "round",
         {
             "fleet": "f",
@@ -86,26 +88,26 @@ def test_announcement_device_lists_are_checked():
             "participants": None,
         },
     )
-    with pytest.raises(wire.WireError):
-        wire.Announcement.decode(payload)
+    with pytest.raises(codec.WireError):
+        round_messages.Announcement.decode(payload)
 
 
 def test_size_is_checked_before_decoding():
     payload = _update(params={"w": np.zeros(10_000, np.float32)}).encode()
-    with pytest.raises(wire.WireError, match="exceeds the limit"):
-        wire.decode(payload, max_bytes=1000)
+    with pytest.raises(codec.WireError, match="exceeds the limit"):
+        codec.decode(payload, max_bytes=1000)
 
 
 @pytest.mark.parametrize("payload", [b"", b"1234567", b"\x00" * 64, b"\xff" * 100, b"{}" * 10])
 def test_garbage_is_a_wire_error(payload):
-    with pytest.raises(wire.WireError):
-        wire.UpdateMessage.decode(payload)
+    with pytest.raises(codec.WireError):
+        round_messages.UpdateMessage.decode(payload)
 
 
 def test_integer_tensors_and_bad_fields_are_refused():
-    with pytest.raises(wire.WireError, match="dtype"):
-        wire.encode("update", {}, {"w": np.zeros(3, np.int64)})
-    bad = wire.encode(
+    with pytest.raises(codec.WireError, match="dtype"):
+        codec.encode("update", {}, {"w": np.zeros(3, np.int64)})
+    bad = codec.encode(
         "update",
         {
             "fleet": "f",
@@ -118,16 +120,16 @@ def test_integer_tensors_and_bad_fields_are_refused():
             "metrics": {},
         },
     )
-    with pytest.raises(wire.WireError, match="device id"):
-        wire.UpdateMessage.decode(bad)
+    with pytest.raises(codec.WireError, match="device id"):
+        round_messages.UpdateMessage.decode(bad)
     negative = _update(n_samples=-1).encode()
-    with pytest.raises(wire.WireError, match="n_samples"):
-        wire.UpdateMessage.decode(negative)
+    with pytest.raises(codec.WireError, match="n_samples"):
+        round_messages.UpdateMessage.decode(negative)
 
 
 def test_validate_tensors_names_shapes_dtype_finiteness():
-    spec = {"w": wire.TensorSpec((2,), "float32")}
-    wire.validate_tensors({"w": np.zeros(2, np.float32)}, spec)
+    spec = {"w": codec.TensorSpec((2,), "float32")}
+    codec.validate_tensors({"w": np.zeros(2, np.float32)}, spec)
     cases = [
         ({}, "missing"),
         ({"w": np.zeros(2, np.float32), "x": np.zeros(1, np.float32)}, "unexpected"),
@@ -136,15 +138,17 @@ def test_validate_tensors_names_shapes_dtype_finiteness():
         ({"w": np.array([1.0, np.inf], np.float32)}, "NaN or Inf"),
     ]
     for tensors, match in cases:
-        with pytest.raises(wire.WireError, match=match):
-            wire.validate_tensors(tensors, spec)
+        with pytest.raises(codec.WireError, match=match):
+            codec.validate_tensors(tensors, spec)
 
 
 def test_topics_parse_back():
-    assert wire.parse_topic(wire.topic_up("f", "t", "d")) == wire.Topic("up", "f", "t", "d")
-    assert wire.parse_topic(wire.topic_down("f", "t")) == wire.Topic("down", "f", "t")
-    assert wire.parse_topic(wire.topic_down_device("f", "t", "d")) == wire.Topic("down_device", "f", "t", "d")
-    assert wire.parse_topic(wire.topic_status("f", "d")) == wire.Topic("status", "f", device="d")
+    assert topics.parse_topic(topics.topic_up("f", "t", "d")) == topics.Topic("up", "f", "t", "d")
+    assert topics.parse_topic(topics.topic_down("f", "t")) == topics.Topic("down", "f", "t")
+    assert topics.parse_topic(topics.topic_down_device("f", "t", "d")) == topics.Topic(
+        "down_device", "f", "t", "d"
+    )
+    assert topics.parse_topic(topics.topic_status("f", "d")) == topics.Topic("status", "f", device="d")
     for bad in [
         "",
         "ioft/v1",
@@ -153,15 +157,15 @@ def test_topics_parse_back():
         "ioft/v1/F/status/d",
         "ioft/v1/f/x/y",
     ]:
-        with pytest.raises(wire.WireError):
-            wire.parse_topic(bad)
+        with pytest.raises(codec.WireError):
+            topics.parse_topic(bad)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=512))
 def test_decode_never_raises_anything_but_wire_error(data):
-    with contextlib.suppress(wire.WireError):
-        wire.UpdateMessage.decode(data)
+    with contextlib.suppress(codec.WireError):
+        round_messages.UpdateMessage.decode(data)
 
 
 @settings(max_examples=100, deadline=None)
@@ -172,7 +176,7 @@ def test_decode_never_raises_anything_but_wire_error(data):
 def test_any_float_tensors_round_trip(shapes, dtype):
     rng = np.random.default_rng(0)
     params = {f"p{i}": rng.normal(size=s).astype(dtype) for i, s in enumerate(shapes)}
-    back = wire.UpdateMessage.decode(_update(params=params).encode()).params
+    back = round_messages.UpdateMessage.decode(_update(params=params).encode()).params
     assert set(back) == set(params)
     for k in params:
         np.testing.assert_array_equal(back[k], params[k])

@@ -23,9 +23,9 @@ import pytest
 
 from cloud_aggregator.broker import BrokerProcess, free_port, start_mosquitto
 from cloud_aggregator.fleet_init import AGGREGATOR, OPERATOR, FleetLayout, init_fleet
-from edge import wire
-from edge.config import DeviceConfig, TlsConfig
-from edge.mqtt import BrokerAddress, MqttError, MqttSession, SessionOptions, TlsOptions
+from edge.config import DeviceConfig
+from ioft_protocol import topics
+from ioft_protocol.mqtt import BrokerAddress, MqttError, MqttSession, SessionOptions, TlsConfig
 from tests.conftest import _require_mosquitto
 from tests.e2e.fleet import FLEET, PFLDA_TASK, FleetProcs, aggregator_toml
 
@@ -156,7 +156,7 @@ def _wait_for(client: Client, topic: str, payload: bytes) -> None:
         time.sleep(0.01)
 
 
-P = f"{wire.PROTOCOL}/{FLEET}"
+P = f"{topics.PROTOCOL}/{FLEET}"
 
 
 @pytest.mark.parametrize("fleet", ["cert_fleet", "pw_fleet"])
@@ -166,33 +166,33 @@ def test_a_device_cannot_speak_for_another_device_or_the_cloud(fleet, request):
     watcher_dev = _connected(layout, "printer2")  # reads what devices may read: broadcasts, own downlink
     p1 = _connected(layout, "printer1")
     try:
-        assert agg.subscribe(wire.topic_up_all(FLEET)) == [1]
-        assert agg.subscribe(wire.topic_status_all(FLEET)) == [1]
+        assert agg.subscribe(topics.topic_up_all(FLEET)) == [1]
+        assert agg.subscribe(topics.topic_status_all(FLEET)) == [1]
         assert watcher_dev.subscribe(f"{P}/task/+/down") == [1]
         assert watcher_dev.subscribe(f"{P}/task/+/down/printer2") == [1]
-        assert watcher_dev.subscribe(wire.topic_model_offer_all(FLEET)) == [1]
+        assert watcher_dev.subscribe(topics.topic_model_offer_all(FLEET)) == [1]
         forged = [
-            (wire.topic_up(FLEET, "speed", "printer2"), b"forged update"),
-            (wire.topic_status(FLEET, "printer2"), b"forged status"),
-            (wire.topic_down(FLEET, "speed"), b"forged broadcast"),
-            (wire.topic_down_device(FLEET, "speed", "printer2"), b"forged downlink"),
-            (wire.topic_model_offer(FLEET, "enc"), b"forged model offer"),
+            (topics.topic_up(FLEET, "speed", "printer2"), b"forged update"),
+            (topics.topic_status(FLEET, "printer2"), b"forged status"),
+            (topics.topic_down(FLEET, "speed"), b"forged broadcast"),
+            (topics.topic_down_device(FLEET, "speed", "printer2"), b"forged downlink"),
+            (topics.topic_model_offer(FLEET, "enc"), b"forged model offer"),
         ]
         for topic, payload in forged:
             p1.publish(topic, payload)
         # Positive controls, sent after the forgeries on the same connection: the broker handles
         # one client's packets in order, so by the time these arrive the forgeries would have too.
         own = [
-            (wire.topic_up(FLEET, "speed", "printer1"), b"own update"),
-            (wire.topic_status(FLEET, "printer1"), b"own status"),
+            (topics.topic_up(FLEET, "speed", "printer1"), b"own update"),
+            (topics.topic_status(FLEET, "printer1"), b"own status"),
         ]
         for topic, payload in own:
             p1.publish(topic, payload)
         for topic, payload in own:
             _wait_for(agg, topic, payload)
         # The cloud's own downlink does reach the device, through the same subscriptions.
-        agg.publish(wire.topic_down_device(FLEET, "speed", "printer2"), b"real downlink")
-        _wait_for(watcher_dev, wire.topic_down_device(FLEET, "speed", "printer2"), b"real downlink")
+        agg.publish(topics.topic_down_device(FLEET, "speed", "printer2"), b"real downlink")
+        _wait_for(watcher_dev, topics.topic_down_device(FLEET, "speed", "printer2"), b"real downlink")
         time.sleep(SETTLE_S)
         seen = agg.messages + watcher_dev.messages
         assert not [m for m in seen if m in forged], seen
@@ -212,30 +212,30 @@ def test_a_device_cannot_read_other_devices_uplinks_or_downlinks(fleet, request)
         # file: every filter is granted at the QoS asked, and the read ACL is applied to each
         # message at delivery instead.  So the SUBACK proves nothing; non-delivery does.
         filters = [
-            wire.topic_up(FLEET, "speed", "printer1"),
-            wire.topic_down_device(FLEET, "speed", "printer1"),
-            wire.topic_status(FLEET, "printer1"),
-            wire.topic_up_all(FLEET),
+            topics.topic_up(FLEET, "speed", "printer1"),
+            topics.topic_down_device(FLEET, "speed", "printer1"),
+            topics.topic_status(FLEET, "printer1"),
+            topics.topic_up_all(FLEET),
             f"{P}/task/+/down/+",
             f"{P}/#",
             "#",
         ]
         assert {f: spy.subscribe(f) for f in filters} == {f: [1] for f in filters}
-        assert agg.subscribe(wire.topic_up_all(FLEET)) == [1]
+        assert agg.subscribe(topics.topic_up_all(FLEET)) == [1]
         private = [
-            (p1, wire.topic_up(FLEET, "speed", "printer1"), b"printer1's update"),
-            (p1, wire.topic_status(FLEET, "printer1"), b"printer1's status"),
-            (agg, wire.topic_down_device(FLEET, "speed", "printer1"), b"printer1's downlink"),
+            (p1, topics.topic_up(FLEET, "speed", "printer1"), b"printer1's update"),
+            (p1, topics.topic_status(FLEET, "printer1"), b"printer1's status"),
+            (agg, topics.topic_down_device(FLEET, "speed", "printer1"), b"printer1's downlink"),
         ]
         for client, topic, payload in private:
             client.publish(topic, payload)
         # Positive controls: the aggregator does get printer1's uplink, and the broadcast published
         # after everything else reaches the spy through the very same wildcard subscriptions.
-        _wait_for(agg, wire.topic_up(FLEET, "speed", "printer1"), b"printer1's update")
-        agg.publish(wire.topic_down(FLEET, "speed"), b"broadcast")
-        _wait_for(spy, wire.topic_down(FLEET, "speed"), b"broadcast")
+        _wait_for(agg, topics.topic_up(FLEET, "speed", "printer1"), b"printer1's update")
+        agg.publish(topics.topic_down(FLEET, "speed"), b"broadcast")
+        _wait_for(spy, topics.topic_down(FLEET, "speed"), b"broadcast")
         time.sleep(SETTLE_S)
-        assert {t for t, _ in spy.messages} == {wire.topic_down(FLEET, "speed")}, spy.messages
+        assert {t for t, _ in spy.messages} == {topics.topic_down(FLEET, "speed")}, spy.messages
     finally:
         for c in (agg, p1, spy):
             c.close()
@@ -248,13 +248,13 @@ def test_a_device_cannot_take_over_the_aggregators_client_id(cert_fleet):
     agg = _connected(layout, AGGREGATOR, client_id=AGGREGATOR)
     p1 = _connected(layout, "printer1")
     try:
-        assert agg.subscribe(wire.topic_up_all(FLEET)) == [1]
+        assert agg.subscribe(topics.topic_up_all(FLEET)) == [1]
         thief = _connected(layout, "printer2", client_id=AGGREGATOR)
         try:
             time.sleep(SETTLE_S)
             assert not agg.gone.is_set(), "the aggregator was disconnected by a device reusing its id"
-            p1.publish(wire.topic_up(FLEET, "speed", "printer1"), b"after the takeover attempt")
-            _wait_for(agg, wire.topic_up(FLEET, "speed", "printer1"), b"after the takeover attempt")
+            p1.publish(topics.topic_up(FLEET, "speed", "printer1"), b"after the takeover attempt")
+            _wait_for(agg, topics.topic_up(FLEET, "speed", "printer1"), b"after the takeover attempt")
             assert thief.messages == []
         finally:
             thief.close()
@@ -270,7 +270,7 @@ def test_the_operator_identity_reads_the_fleet_status(cert_fleet):
     try:
         status = {"device": "printer1", "state": "online", "tasks": {}}
         p1.c.publish(
-            wire.topic_status(FLEET, "printer1"), json.dumps(status).encode(), qos=1, retain=True
+            topics.topic_status(FLEET, "printer1"), json.dumps(status).encode(), qos=1, retain=True
         ).wait_for_publish(10)
         out = subprocess.run(
             [
@@ -290,7 +290,7 @@ def test_the_operator_identity_reads_the_fleet_status(cert_fleet):
         assert out.returncode == 0, out.stderr[-3000:]
         assert json.loads(out.stdout)["printer1"]["state"] == "online"
     finally:
-        p1.c.publish(wire.topic_status(FLEET, "printer1"), b"", qos=1, retain=True).wait_for_publish(10)
+        p1.c.publish(topics.topic_status(FLEET, "printer1"), b"", qos=1, retain=True).wait_for_publish(10)
         p1.close()
 
 
@@ -360,7 +360,7 @@ def test_wrong_or_missing_passwords_are_refused(pw_fleet):
 
 def test_our_session_refuses_plaintext_and_reports_bad_credentials(pw_fleet):
     layout, broker = pw_fleet
-    tls = TlsOptions(str(layout.ca_cert))
+    tls = TlsConfig(str(layout.ca_cert))
     with pytest.raises(MqttError, match="refusing plaintext"):
         MqttSession(
             SessionOptions(BrokerAddress.parse(f"mqtt://127.0.0.1:{broker.port}"), "x", allow_plaintext=False)
@@ -393,11 +393,11 @@ def test_our_session_stops_retrying_on_certificate_failures(cert_fleet, tmp_path
     layout, broker = cert_fleet
     other = _other_ca(tmp_path)
     cases = {
-        "refused our client certificate": TlsOptions(
+        "refused our client certificate": TlsConfig(
             str(layout.ca_cert), str(other.cert("printer1")), str(other.key("printer1"))
         ),
-        "refused our client certificate (TLSV13_ALERT_CERTIFICATE_REQUIRED)": TlsOptions(str(layout.ca_cert)),
-        "broker's certificate is not trusted": TlsOptions(
+        "refused our client certificate (TLSV13_ALERT_CERTIFICATE_REQUIRED)": TlsConfig(str(layout.ca_cert)),
+        "broker's certificate is not trusted": TlsConfig(
             str(other.ca_cert), str(layout.cert("printer1")), str(layout.key("printer1"))
         ),
     }
@@ -407,7 +407,7 @@ def test_our_session_stops_retrying_on_certificate_failures(cert_fleet, tmp_path
         with pytest.raises(MqttError, match=re.escape(reason)):
             session.start(timeout=20)
         assert time.monotonic() - started < 10, reason  # diagnosed, not timed out
-    good = TlsOptions(str(layout.ca_cert), str(layout.cert("printer1")), str(layout.key("printer1")))
+    good = TlsConfig(str(layout.ca_cert), str(layout.cert("printer1")), str(layout.key("printer1")))
     session = MqttSession(SessionOptions(BrokerAddress.parse(broker.url), "x", tls=good))
     session.start(timeout=10)
     session.stop()

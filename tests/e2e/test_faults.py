@@ -14,7 +14,7 @@ import paho.mqtt.client as paho
 import pytest
 
 from benchmarks import fault_scenarios
-from edge import wire
+from ioft_protocol import round_messages, topics
 from tests.e2e.fleet import FLEET, PFLDA_TASK, aggregator_toml
 
 DEVICES = ["printer1", "printer2", "printer3"]
@@ -55,25 +55,25 @@ class Attacker:
         self.client = paho.Client(
             callback_api_version=paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311
         )
-        self.client.on_connect = lambda c, *a: c.subscribe(wire.topic_down(FLEET, "speed"), qos=1)
+        self.client.on_connect = lambda c, *a: c.subscribe(topics.topic_down(FLEET, "speed"), qos=1)
         self.client.on_message = self._on_announcement
         self.client.connect(host, int(port))
         self.client.loop_start()
 
     def _on_announcement(self, client, userdata, msg) -> None:
-        ann = wire.Announcement.decode(bytes(msg.payload))
+        ann = round_messages.Announcement.decode(bytes(msg.payload))
         if ann.state != "running" or ann.round in {int(s.split(":")[1]) for s in self.sent}:
             return
-        up = lambda dev: wire.topic_up(FLEET, "speed", dev)  # noqa: E731
+        up = lambda dev: topics.topic_up(FLEET, "speed", dev)  # noqa: E731
         nan = {k: np.full_like(v, np.nan) for k, v in ann.params.items()}
-        msg_nan = wire.UpdateMessage(
+        msg_nan = round_messages.UpdateMessage(
             FLEET, "speed", "printer1", ann.round, ann.phase, 10, ann.global_hash, {}, nan
         )
         wrong_shape = {k: np.zeros((3, 3), np.float32) for k in ann.params}
-        msg_shape = wire.UpdateMessage(
+        msg_shape = round_messages.UpdateMessage(
             FLEET, "speed", "printer2", ann.round, ann.phase, 10, ann.global_hash, {}, wrong_shape
         )
-        spoof = wire.UpdateMessage(
+        spoof = round_messages.UpdateMessage(
             FLEET, "speed", "printer1", ann.round, ann.phase, 10, ann.global_hash, {}, ann.params
         )
         client.publish(up("printer1"), b"\x00garbage\xff" * 5, qos=1)

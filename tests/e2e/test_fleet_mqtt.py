@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from cloud_aggregator.store import SqliteStore
-from edge import wire
 from edge.dataset import load_dataset
+from ioft_protocol import codec
 from tests.e2e.fleet import FLEET, PFLDA_TASK, Sniffer, aggregator_toml
 
 DEVICES = ["printer1", "printer2", "printer3"]
@@ -55,7 +55,7 @@ def test_fleet_trains_over_mqtt_and_leaks_nothing_personal(fleet_procs):
         raw_values += [train.x, train.y, test.x, test.y]
     for topic, payload in sniffer.messages:
         if "/task/" in topic:
-            meta, tensors = wire.decode(payload)
+            meta, tensors = codec.decode(payload)
             assert set(tensors) <= {"decoder.weight", "decoder.bias"}, (topic, sorted(tensors))
             assert set(meta) <= WIRE_FIELDS, meta  # no field beyond the protocol's
         else:
@@ -85,7 +85,7 @@ def test_device_stops_cleanly_on_sigterm_and_resumes_its_state(fleet_procs):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
     # State on disk is consistent: the last answered round and its upload are there.
-    from edge.state import load_arrays
+    from ioft_protocol.state import load_arrays
 
     arrays, meta = load_arrays(fleet_procs.work / "printer1" / "tasks" / "speed" / "local.safetensors")
     assert meta["answered"] == [3, "train"]

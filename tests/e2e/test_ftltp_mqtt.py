@@ -16,7 +16,7 @@ import pytest
 
 from cloud_aggregator.store import SqliteStore
 from cloud_aggregator.strategies import make_strategy
-from edge import wire
+from ioft_protocol import round_messages
 from tests.e2e.fleet import Sniffer, aggregator_toml
 from trainer_lite.task import TaskSpec
 
@@ -61,14 +61,16 @@ def test_task_groups_train_over_mqtt_with_personal_downlinks(fleet_procs, tmp_pa
     assert len({d for r in records for d in r.participants}) > 2  # selection varies by round
 
     # Each upload held the base plus its own group's layers, nothing else.
-    uploads = [wire.UpdateMessage.decode(p) for t, p in sniffer.messages if "/task/tool/up/" in t]
+    uploads = [round_messages.UpdateMessage.decode(p) for t, p in sniffer.messages if "/task/tool/up/" in t]
     assert {(u.round, u.device) for u in uploads} == {(r.round, d) for r in records for d in r.participants}
     for u in uploads:
         own = GROUPS[u.device]
         assert any(n.startswith(f"group.{own}.") for n in u.params)
         assert not any(n.startswith("group.") and not n.startswith(f"group.{own}.") for n in u.params)
     # Each selected device got its own downlink; the broadcast names them.
-    downs = [(t, wire.Announcement.decode(p)) for t, p in sniffer.messages if "/task/tool/down" in t]
+    downs = [
+        (t, round_messages.Announcement.decode(p)) for t, p in sniffer.messages if "/task/tool/down" in t
+    ]
     for topic, ann in downs:
         if ann.state == "done":
             continue

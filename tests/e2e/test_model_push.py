@@ -19,10 +19,10 @@ import paho.mqtt.client as paho
 import pytest
 
 from cloud_aggregator.push import push_messages, push_model
-from edge import wire
-from edge.mqtt import BrokerAddress, MqttSession, SessionOptions
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
+from ioft_protocol import model_push, round_messages, topics
+from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
 from sensors.features.schema import schema_hash
 from tests.e2e.fleet import FLEET, aggregator_toml
 
@@ -51,19 +51,19 @@ class Watcher:
             callback_api_version=paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311
         )
         self.client.on_connect = lambda c, *a: c.subscribe(
-            [(wire.topic_status_all(FLEET), 1), (wire.topic_up_all(FLEET), 1)]
+            [(topics.topic_status_all(FLEET), 1), (topics.topic_up_all(FLEET), 1)]
         )
         self.client.on_message = self._on_message
         self.client.connect(host, int(port))
         self.client.loop_start()
 
     def _on_message(self, client, userdata, msg) -> None:
-        parsed = wire.parse_topic(msg.topic)
+        parsed = topics.parse_topic(msg.topic)
         with self._lock:
             if parsed.kind == "status" and msg.payload:
                 self.status[parsed.device] = json.loads(msg.payload)
             elif parsed.kind == "up":
-                self.uplinks.append(set(wire.UpdateMessage.decode(msg.payload).params))
+                self.uplinks.append(set(round_messages.UpdateMessage.decode(msg.payload).params))
 
     def model(self, device: str, name: str = "enc") -> dict:
         with self._lock:
@@ -151,7 +151,7 @@ def test_push_heads_on_embeddings_refusals_and_rollback(fleet_procs, keys, tmp_p
             signed(window_encoder(tmp_path / "t.onnx", pad_bytes=70_000), tmp_path / "t", key, version=4),
             chunk_size=CHUNK,
         )
-        chunk = wire.ModelChunk.decode(msgs[1][1], max_bytes=CHUNK)
+        chunk = model_push.ModelChunk.decode(msgs[1][1], max_bytes=CHUNK)
         msgs[1] = (msgs[1][0], replace(chunk, data=chunk.data[:-1] + b"\x00").encode())
         for topic, payload in msgs:
             session.publish(topic, payload, retain=True)

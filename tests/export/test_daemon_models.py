@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from cloud_aggregator.push import push_messages
-from edge import wire
 from edge.cli import config_from_args, parse_args
-from edge.config import ConfigError, DeviceConfig, build
+from edge.config import DeviceConfig
 from edge.daemon import EdgeTrainer
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
+from ioft_protocol import round_messages
+from ioft_protocol.config import ConfigError, build
 from trainer_lite.params import param_hash
 from trainer_lite.task import TaskSpec
 
@@ -77,7 +78,7 @@ def test_a_task_trains_and_predicts_on_the_active_encoders_embeddings(tmp_path):
     algo = trainer._client(SPEC.to_json())
     shared = algo.init_global(np.random.default_rng(0))
     trainer.on_announcement(
-        wire.Announcement(
+        round_messages.Announcement(
             "plant", "speed-raw", 1, "train", SPEC.to_json(), 0.0, param_hash(shared), params=shared
         )
     )

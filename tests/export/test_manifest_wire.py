@@ -9,9 +9,16 @@ from dataclasses import replace
 
 import pytest
 
-from edge import wire
-from edge.manifest import ManifestError, ModelManifest, TensorSpec, key_id, load_public_key, verify_manifest
 from export.keys import generate_keypair, load_private_key, sign
+from ioft_protocol import codec, model_push, topics
+from ioft_protocol.manifest import (
+    ManifestError,
+    ModelManifest,
+    TensorSpec,
+    key_id,
+    load_public_key,
+    verify_manifest,
+)
 
 SHA = "ab" * 32
 
@@ -80,47 +87,50 @@ def test_manifests_that_cannot_be_served_are_malformed():
 
 
 def test_model_topics_parse_and_reject_odd_numbers():
-    t = wire.parse_topic(wire.topic_model_chunk("plant", "weld-encoder", 12, 0))
+    t = topics.parse_topic(topics.topic_model_chunk("plant", "weld-encoder", 12, 0))
     assert (t.kind, t.model, t.version, t.index) == ("model_chunk", "weld-encoder", 12, 0)
-    assert wire.parse_topic(wire.topic_model_offer("plant", "enc")).kind == "model_offer"
+    assert topics.parse_topic(topics.topic_model_offer("plant", "enc")).kind == "model_offer"
     for bad in (
         "ioft/v1/plant/model/enc/01/chunk/1",
         "ioft/v1/plant/model/enc/0/chunk/1",
         "ioft/v1/plant/model/enc/1/chunk/-1",
         "ioft/v1/plant/model/enc/1/chunk/²",
     ):
-        with pytest.raises(wire.WireError):
-            wire.parse_topic(bad)
+        with pytest.raises(codec.WireError):
+            topics.parse_topic(bad)
 
 
 def test_chunks_carry_their_bytes_and_refuse_corruption_and_oversize():
-    chunk = wire.ModelChunk("enc", 2, 5, bytes(range(256)) * 4)
+    chunk = model_push.ModelChunk("enc", 2, 5, bytes(range(256)) * 4)
     payload = chunk.encode()
-    assert wire.ModelChunk.decode(payload, max_bytes=1024) == chunk
-    with pytest.raises(wire.WireError, match="exceeds"):
-        wire.ModelChunk.decode(payload, max_bytes=16)
-    with pytest.raises(wire.WireError, match="malformed"):
-        wire.ModelChunk.decode(payload[:-7], max_bytes=1024)
+    assert model_push.ModelChunk.decode(payload, max_bytes=1024) == chunk
+    with pytest.raises(codec.WireError, match="exceeds"):
+        model_push.ModelChunk.decode(payload, max_bytes=16)
+    with pytest.raises(codec.WireError, match="malformed"):
+        model_push.ModelChunk.decode(payload[:-7], max_bytes=1024)
     flipped = payload[:-1] + bytes([payload[-1] ^ 1])
-    with pytest.raises(wire.WireError, match="own sha256"):
-        wire.ModelChunk.decode(flipped, max_bytes=1024)
-    assert wire.ModelChunk.decode(wire.ModelChunk("enc", 1, 0, b"").encode(), max_bytes=8).data == b""
+    with pytest.raises(codec.WireError, match="own sha256"):
+        model_push.ModelChunk.decode(flipped, max_bytes=1024)
+    assert (
+        model_push.ModelChunk.decode(model_push.ModelChunk("enc", 1, 0, b"").encode(), max_bytes=8).data
+        == b""
+    )
 
 
 def test_offers_validate_their_fields():
-    offer = wire.ModelOffer("enc", "{}", "ab" * 64, 128, ("cd" * 32,), ("printer1",), 1.5)
-    assert wire.ModelOffer.decode(offer.encode()) == offer
-    with pytest.raises(wire.WireError, match="signature"):
-        wire.ModelOffer.decode(replace(offer, signature="zz").encode())
-    with pytest.raises(wire.WireError, match="chunks"):
-        wire.ModelOffer.decode(replace(offer, chunks=("nothex",)).encode())
-    with pytest.raises(wire.WireError, match="device id"):
-        wire.ModelOffer.decode(replace(offer, devices=("Bad Device",)).encode())
+    offer = model_push.ModelOffer("enc", "{}", "ab" * 64, 128, ("cd" * 32,), ("printer1",), 1.5)
+    assert model_push.ModelOffer.decode(offer.encode()) == offer
+    with pytest.raises(codec.WireError, match="signature"):
+        model_push.ModelOffer.decode(replace(offer, signature="zz").encode())
+    with pytest.raises(codec.WireError, match="chunks"):
+        model_push.ModelOffer.decode(replace(offer, chunks=("nothex",)).encode())
+    with pytest.raises(codec.WireError, match="device id"):
+        model_push.ModelOffer.decode(replace(offer, devices=("Bad Device",)).encode())
 
 
 DEVICE_SIDE = """
 import json, sys
-import edge.daemon, edge.models, edge.onnx_model, edge.manifest
+import edge.daemon, edge.models, edge.onnx_model, ioft_protocol.manifest
 import export.keys, export.package, export.quantize, export.runtime, export.cli
 import cloud_aggregator.push, cloud_aggregator.fleet_status, cloud_aggregator.cli
 import cloud_aggregator.backbones.data

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from cloud_aggregator.push import push_messages
-from edge import wire
 from edge.config import DataConfig, ModelConfig
 from edge.dataset import simulated_printer_raw_dataset
-from edge.manifest import load_public_key
 from edge.models import ModelManager
 from export.keys import generate_keypair, load_private_key, sign
 from export.synthetic import signed, window_encoder
+from ioft_protocol import model_push, topics
+from ioft_protocol.manifest import load_public_key
 from sensors.features.schema import schema_hash
 
 FLEET = "plant"
@@ -61,7 +61,7 @@ class Retained:
             topic = self.pending.pop(0)
             if topic not in self.subs or topic not in self.store:
                 continue
-            parsed = wire.parse_topic(topic)
+            parsed = topics.parse_topic(topic)
             self.delivered += 1
             mgr.handle_chunk(parsed.model, parsed.version, parsed.index, self.store[topic])
 
@@ -126,7 +126,7 @@ def test_a_pushed_encoder_is_fetched_in_a_bounded_window_verified_and_activated(
     assert (tmp_path / "models" / "enc" / "v1.onnx").read_bytes() == pkg.onnx_path.read_bytes()
     assert not list((tmp_path / "models" / "enc" / "incoming").glob("*.part"))
     # The same retained offer again (a reconnect) changes nothing.
-    assert not mgr.handle_offer("enc", retained.store[wire.topic_model_offer(FLEET, "enc")])
+    assert not mgr.handle_offer("enc", retained.store[topics.topic_model_offer(FLEET, "enc")])
 
 
 def test_wrong_key_altered_manifest_and_wrong_schema_are_refused_before_any_fetch(tmp_path, keys, holdout):
@@ -143,7 +143,7 @@ def test_wrong_key_altered_manifest_and_wrong_schema_are_refused_before_any_fetc
 
     genuine = signed(window_encoder(tmp_path / "c.onnx", pad_bytes=100), tmp_path / "alt", key, version=3)
     msgs = push_messages(FLEET, genuine, chunk_size=CHUNK)
-    offer = wire.ModelOffer.decode(msgs[0][1])
+    offer = model_push.ModelOffer.decode(msgs[0][1])
     altered = replace(offer, manifest=offer.manifest.replace('"version":3', '"version":4'))
     assert altered.manifest != offer.manifest
     mgr.handle_offer("enc", altered.encode())
@@ -170,7 +170,7 @@ def test_tampered_and_truncated_chunks_are_refused_and_the_old_model_keeps_servi
     v2 = signed(window_encoder(tmp_path / "b.onnx", pad_bytes=20_000), tmp_path / "p2", key, version=2)
     msgs = push_messages(FLEET, v2, chunk_size=CHUNK)
     topic, payload = msgs[2]
-    chunk = wire.ModelChunk.decode(payload, max_bytes=CHUNK)
+    chunk = model_push.ModelChunk.decode(payload, max_bytes=CHUNK)
     flipped = bytes([chunk.data[0] ^ 0xFF]) + chunk.data[1:]
     msgs[2] = (topic, replace(chunk, data=flipped).encode())  # self-consistent, but not what was signed
     mgr.handle_offer("enc", retained.publish_all(msgs))

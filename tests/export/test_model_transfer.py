@@ -8,10 +8,11 @@ import hashlib
 import pytest
 
 from cloud_aggregator.push import push_messages
-from edge import model_transfer, wire
-from edge.manifest import load_public_key, verify_manifest
+from edge import model_transfer
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
+from ioft_protocol import model_push
+from ioft_protocol.manifest import load_public_key, verify_manifest
 
 CHUNK = 4096
 
@@ -23,9 +24,9 @@ def push(tmp_path):
         window_encoder(tmp_path / "a.onnx", pad_bytes=50_000), tmp_path / "pkg", load_private_key(priv)
     )
     messages = push_messages("plant", pkg, chunk_size=CHUNK)
-    offer = wire.ModelOffer.decode(messages[0][1])
+    offer = model_push.ModelOffer.decode(messages[0][1])
     manifest = verify_manifest(offer.manifest, offer.signature, load_public_key(pub))
-    chunks = [wire.ModelChunk.decode(p, max_bytes=CHUNK) for _, p in messages[1:]]
+    chunks = [model_push.ModelChunk.decode(p, max_bytes=CHUNK) for _, p in messages[1:]]
     return offer, manifest, chunks, pkg.onnx_path.read_bytes()
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from cloud_aggregator import cli, push
-from edge import wire
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
+from ioft_protocol import codec, model_push, topics
 
 FLEET = "plant"
 
@@ -71,8 +71,8 @@ def test_devices_comma_or_space_separated_reach_the_offer_as_ids(package, sessio
     assert run_push(package, *devices) == 0
     (session,) = sessions
     offer_topic, offer = session.published[0]
-    assert offer_topic == wire.topic_model_offer(FLEET, "enc")
-    assert wire.ModelOffer.decode(offer).devices == ("printer1", "printer2")  # what a device decodes
+    assert offer_topic == topics.topic_model_offer(FLEET, "enc")
+    assert model_push.ModelOffer.decode(offer).devices == ("printer1", "printer2")  # what a device decodes
     assert "for devices printer1, printer2" in capsys.readouterr().out
 
 
@@ -94,6 +94,6 @@ def test_a_bad_device_id_fails_before_anything_is_published(package, sessions, c
 
 def test_push_model_checks_device_ids_before_publishing(package):
     session = FakeSession()
-    with pytest.raises(wire.WireError, match="device id"):
+    with pytest.raises(codec.WireError, match="device id"):
         push.push_model(session, FLEET, package, devices=["printer1,printer2"])
     assert session.published == [] and session.subscribed == []

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from edge.manifest import ManifestError, ModelManifest, TensorSpec, verify_manifest
+from ioft_protocol.manifest import ManifestError, ModelManifest, TensorSpec, verify_manifest
 from sensors.welding.formats import read_weld_file, write_weld_file
 from sensors.welding.labels import LabelLog, LabelLogError
 from sensors.welding.recording import WeldDataError, WeldRecording

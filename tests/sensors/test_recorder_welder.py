@@ -13,7 +13,7 @@ from edge.config import SensorsConfig
 from edge.dataset import load_dataset, save_dataset
 from edge.recording.base import RecorderError, split_for
 from edge.recording.welder import PENDING_FILE, WelderRecorder
-from edge.state import load_arrays
+from ioft_protocol.state import load_arrays
 from sensors.features.dwt import extract_features
 from sensors.features.schema import DEFAULT_SCHEMA
 from sensors.sim.printer import VirtualClock

@@ -9,9 +9,10 @@ import logging
 import numpy as np
 import pytest
 
-from edge import wire
-from edge.config import DeviceConfig, build
+from edge.config import DeviceConfig
 from edge.daemon import EdgeTrainer
+from ioft_protocol import round_messages, topics
+from ioft_protocol.config import build
 from sensors.sim.vibration import WINDOW_SCHEMA
 from trainer_lite.algorithms import make_client
 from trainer_lite.params import param_hash
@@ -54,10 +55,10 @@ def announce(trainer: EdgeTrainer, s: TaskSpec, round_: int = 1) -> list[tuple[s
     sent: list[tuple[str, bytes]] = []
     trainer.session.publish = lambda topic, payload, **kw: sent.append((topic, payload))
     shared = make_client(s).init_global(np.random.default_rng(0))  # built without the device
-    ann = wire.Announcement(
+    ann = round_messages.Announcement(
         "plant", s.name, round_, "train", s.to_json(), 0.0, param_hash(shared), params=shared
     )
-    trainer.handle(f"{wire.PROTOCOL}/plant/task/{s.name}/down", ann.encode())
+    trainer.handle(f"{topics.PROTOCOL}/plant/task/{s.name}/down", ann.encode())
     return sent
 
 
@@ -75,7 +76,7 @@ def test_spec_json_round_trips_and_leaves_the_field_out_when_unset():
 def test_a_task_for_the_local_schema_trains(trainer):
     sent = announce(trainer, spec("same", WINDOW_SCHEMA.schema_hash()))
     assert trainer.tasks["same"].answered == (1, "train")
-    assert wire.topic_up("plant", "same", "printer4") in [topic for topic, _ in sent]
+    assert topics.topic_up("plant", "same", "printer4") in [topic for topic, _ in sent]
     assert "same" not in trainer.refused
 
 

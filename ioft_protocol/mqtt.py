@@ -46,12 +46,18 @@ class MqttError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class TlsOptions:
-    """Client TLS: the fleet CA, and this client's certificate and key (mutual TLS)."""
+class TlsConfig:
+    """``[tls]``: the fleet CA that signed the broker's certificate, and this client's certificate
+    and key (mutual TLS; both or neither: with neither, a username and password log in).
+    ``cloud-aggregator fleet init`` writes these.  One type for both sides' TOML and the session."""
 
     ca_file: str
     cert_file: str | None = None
     key_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("give cert_file and key_file together (or neither, for password login)")
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,7 @@ class SessionOptions:
     client_id: str
     username: str | None = None
     password: str | None = None
-    tls: TlsOptions | None = None
+    tls: TlsConfig | None = None
     allow_plaintext: bool = True
     keepalive: int = 15
     clean_session: bool = True

@@ -1,0 +1,107 @@
+"""Payload encoding (safetensors bytes with one JSON metadata key), ids and tensor checks."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+VERSION = 1
+#: Default ceiling on a payload; mosquitto's own default limit is 256 MB.
+MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_FLOATS = ("float32", "float64")
+
+
+class WireError(ValueError):
+    """A payload or topic that does not follow the protocol; the message is dropped."""
+
+
+def check_id(kind: str, value: str) -> str:
+    """Fleet, task and device ids are topic-safe: ``[a-z0-9][a-z0-9_-]{0,62}``."""
+    if not isinstance(value, str) or not _ID.match(value):
+        raise WireError(f"{kind} id {value!r} must match [a-z0-9][a-z0-9_-]{{0,62}}")
+    return value
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What one uploaded tensor must look like."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def encode(kind: str, fields: dict[str, Any], tensors: dict[str, np.ndarray] | None = None) -> bytes:
+    """Serialize a message: ``fields`` must be JSON-able; tensors must be float arrays."""
+    meta = {"v": VERSION, "kind": kind, **fields}
+    arrays = {}
+    for name, value in (tensors or {}).items():
+        arr = np.ascontiguousarray(value)
+        if arr.dtype.name not in _FLOATS:
+            raise WireError(f"tensor {name!r} has dtype {arr.dtype}; the wire carries {_FLOATS}")
+        arrays[name] = arr
+    return st_save(arrays, metadata={"ioft": json.dumps(meta, separators=(",", ":"), sort_keys=True)})
+
+
+def decode(
+    payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Parse a payload into ``(fields, tensors)``: size, then format, then version.
+
+    Raises
+    ------
+    WireError
+        With a message saying what was wrong; the caller logs it and drops the message.
+    """
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise WireError(f"payload must be bytes, got {type(payload).__name__}")
+    size = len(payload)
+    if size > max_bytes:
+        raise WireError(f"payload of {size} bytes exceeds the limit of {max_bytes}")
+    if size < 8:
+        raise WireError(f"payload of {size} bytes is too short to be a message")
+    payload = bytes(payload)
+    try:
+        tensors = st_load(payload)
+        (header_len,) = struct.unpack("<Q", payload[:8])
+        header = json.loads(payload[8 : 8 + header_len])
+        meta = json.loads(header["__metadata__"]["ioft"])
+    except (SafetensorError, ValueError, KeyError, TypeError) as exc:
+        raise WireError(f"malformed payload: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("v") != VERSION or not isinstance(meta.get("kind"), str):
+        raise WireError(f"unsupported message header {str(meta)[:200]!r}; expected version {VERSION}")
+    for name, arr in tensors.items():
+        if arr.dtype.name not in _FLOATS:
+            raise WireError(f"tensor {name!r} has dtype {arr.dtype}; the wire carries {_FLOATS}")
+    return meta, tensors
+
+
+def validate_tensors(tensors: dict[str, np.ndarray], expected: dict[str, TensorSpec]) -> None:
+    """Names, shapes, dtype and finiteness against what the round expects."""
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        raise WireError(f"tensor names differ from the round's: missing {missing}, unexpected {extra}")
+    for name, spec in expected.items():
+        arr = tensors[name]
+        if tuple(arr.shape) != tuple(spec.shape) or arr.dtype.name != spec.dtype:
+            raise WireError(
+                f"tensor {name!r} is {arr.dtype.name}{list(arr.shape)}, expected {spec.dtype}{list(spec.shape)}"
+            )
+        if not np.isfinite(arr).all():
+            raise WireError(f"tensor {name!r} holds NaN or Inf")
+
+
+def require_field(meta: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    value = meta.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise WireError(f"field {key!r} missing or of wrong type (got {value!r})")
+    return value

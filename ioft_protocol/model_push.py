@@ -1,0 +1,158 @@
+"""Model-push messages: a signed model offer (retained) and the chunks of its ONNX file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from ioft_protocol.codec import MAX_PAYLOAD_BYTES, VERSION, WireError, check_id, decode, encode
+from ioft_protocol.codec import require_field as _field
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SIGNATURE = re.compile(r"^[0-9a-f]{128}$")
+#: A chunk's payload overhead on top of its bytes (safetensors header with our metadata).
+CHUNK_OVERHEAD_BYTES = 1024
+#: Ceiling on an offer: the manifest plus 65 bytes per chunk hash (a 1 GB model in 128 KiB
+#: chunks needs ~0.5 MB).
+MAX_OFFER_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ModelOffer:
+    """A model push, retained on ``model/<name>/manifest``.
+
+    ``manifest`` is the exact JSON text the fleet key signed (``ioft_protocol.manifest``
+    parses it only after the signature verifies); ``signature`` is its Ed25519
+    signature in hex.  The transfer table is not signed: it lets a device check
+    each chunk as it lands, while the signed whole-file sha256 is what decides.
+    ``devices`` (empty: the whole fleet) narrows who installs the model.  Every
+    chunk of this push carries :attr:`transfer` (a digest of the table), so a device
+    can tell a stale retained chunk left by an earlier push of the same version from
+    the one this push is about to publish.
+    """
+
+    name: str
+    manifest: str
+    signature: str
+    chunk_size: int
+    chunks: tuple[str, ...]
+    devices: tuple[str, ...] = ()
+    pushed_at: float = 0.0
+
+    @property
+    def transfer(self) -> str:
+        return transfer_id(self.chunk_size, self.chunks)
+
+    def encode(self) -> bytes:
+        fields = {
+            "name": self.name,
+            "manifest": self.manifest,
+            "signature": self.signature,
+            "chunk_size": self.chunk_size,
+            "chunks": list(self.chunks),
+            "devices": list(self.devices),
+            "pushed_at": self.pushed_at,
+        }
+        return encode("model_offer", fields)
+
+    @classmethod
+    def decode(cls, payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> ModelOffer:
+        meta, tensors = decode(payload, max_bytes=max_bytes)
+        if meta["kind"] != "model_offer" or tensors:
+            raise WireError(f"expected a model offer without tensors, got kind {meta['kind']!r}")
+        signature = _field(meta, "signature", str)
+        if not _SIGNATURE.match(signature):
+            raise WireError("model offer signature must be 128 lowercase hex digits (Ed25519)")
+        chunk_size = _field(meta, "chunk_size", int)
+        if chunk_size < 1:
+            raise WireError(f"chunk_size must be >= 1, got {chunk_size}")
+        chunks = _field(meta, "chunks", list)
+        if not chunks or not all(isinstance(c, str) and _SHA256.match(c) for c in chunks):
+            raise WireError("chunks must be a non-empty list of sha256 hex digests")
+        devices = _field(meta, "devices", list)
+        return cls(
+            name=check_id("model", _field(meta, "name", str)),
+            manifest=_field(meta, "manifest", str),
+            signature=signature,
+            chunk_size=chunk_size,
+            chunks=tuple(chunks),
+            devices=tuple(check_id("device", d) for d in devices),
+            pushed_at=float(_field(meta, "pushed_at", (int, float))),
+        )
+
+
+def transfer_id(chunk_size: int, chunks: tuple[str, ...] | list[str]) -> str:
+    """Digest naming one push's chunking of a file (its chunk size and chunk hashes)."""
+    return hashlib.sha256(f"{chunk_size}:{','.join(chunks)}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ModelChunk:
+    """One chunk of a model file, retained on ``model/<name>/<version>/chunk/<index>``.
+
+    ``transfer`` names the push it belongs to (:func:`transfer_id`); ``sha256`` is
+    filled in by :meth:`decode`, which has checked it against ``data``.
+    """
+
+    name: str
+    version: int
+    index: int
+    data: bytes
+    transfer: str = ""
+    sha256: str = field(default="", compare=False)
+
+    def encode(self, digest: str | None = None) -> bytes:
+        """The payload; ``digest`` is the data's sha256 when the caller has just computed it."""
+        meta = {
+            "v": VERSION,
+            "kind": "model_chunk",
+            "name": self.name,
+            "version": self.version,
+            "index": self.index,
+            "transfer": self.transfer,
+            "sha256": digest or hashlib.sha256(self.data).hexdigest(),
+        }
+        arr = np.frombuffer(self.data, dtype=np.uint8)
+        return st_save(
+            {"data": arr}, metadata={"ioft": json.dumps(meta, separators=(",", ":"), sort_keys=True)}
+        )
+
+    @classmethod
+    def decode(cls, payload: bytes, *, max_bytes: int) -> ModelChunk:
+        """Parse a chunk; its own sha256 must match its bytes (the manifest's table is checked later)."""
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise WireError(f"payload must be bytes, got {type(payload).__name__}")
+        if len(payload) > max_bytes + CHUNK_OVERHEAD_BYTES:
+            raise WireError(f"chunk payload of {len(payload)} bytes exceeds the limit of {max_bytes}")
+        payload = bytes(payload)
+        try:
+            tensors = st_load(payload)
+            (header_len,) = struct.unpack("<Q", payload[:8])
+            meta = json.loads(json.loads(payload[8 : 8 + header_len])["__metadata__"]["ioft"])
+        except (SafetensorError, ValueError, KeyError, TypeError, struct.error) as exc:
+            raise WireError(f"malformed model chunk: {exc}") from None
+        if not isinstance(meta, dict) or meta.get("v") != VERSION or meta.get("kind") != "model_chunk":
+            raise WireError(f"not a model chunk: {str(meta)[:200]!r}")
+        arr = tensors.get("data")
+        if set(tensors) != {"data"} or arr is None or arr.dtype != np.uint8 or arr.ndim != 1:
+            raise WireError("a model chunk carries exactly one 1-D uint8 tensor named 'data'")
+        data = arr.tobytes()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != meta.get("sha256"):
+            raise WireError("model chunk bytes do not match their own sha256 (corrupted or truncated)")
+        return cls(
+            name=check_id("model", _field(meta, "name", str)),
+            version=_field(meta, "version", int),
+            index=_field(meta, "index", int),
+            data=data,
+            transfer=_field(meta, "transfer", str),
+            sha256=digest,
+        )
