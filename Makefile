@@ -1,13 +1,16 @@
 # The two commands of the README: `make demo` and `make test`.
 # Both create .venv on first use (Python 3.11), install the project with its extras,
-# and refresh it when pyproject.toml changes.
+# and refresh it when pyproject.toml changes.  `make test` also installs, from Debian's
+# packages, the programs its tests run for real (mosquitto, arecord) when they are missing.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Debian packages the tests run for real: the MQTT broker and the ALSA capture tool.
+TEST_DEBS := mosquitto mosquitto-clients alsa-utils
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-deps lint explore bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,12 +23,32 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/cloud-aggregator demo
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q
+# mosquitto and arecord from Debian when missing (as root; otherwise one line saying what to install).
+test-deps:
+	@missing=""; \
+	{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } || missing="$$missing mosquitto mosquitto-clients"; \
+	command -v arecord >/dev/null || missing="$$missing alsa-utils"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "make test needs:$$missing -- run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
+	  echo "installing from Debian:$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+# The suite, deterministic: hypothesis runs derandomized (profile "ci"); tests that need
+# mosquitto fail instead of skipping.
+test: $(STAMP) test-deps
+	CI=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q
+
+# Property tests with 30x their CI budgets and fresh random examples (not run by CI).
+explore: $(STAMP)
+	HYPOTHESIS_PROFILE=explore IOFT_HYPOTHESIS_SCALE=30 $(BIN)/python -m pytest -q -m "not slow" -p no:randomly \
+	  $$(grep -rl "hypothesis" tests --include="test_*.py")
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

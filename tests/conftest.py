@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from cloud_aggregator.broker import BrokerProcess, find_mosquitto, start_mosquitto
+from tests import budget  # noqa: F401  (loads the hypothesis profile before any test module)
 
 
 def _require_mosquitto() -> None:

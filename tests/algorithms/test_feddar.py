@@ -13,6 +13,7 @@ from cloud_aggregator.simulation import ClientData, simulate
 from cloud_aggregator.strategies import Update, make_strategy
 from cloud_aggregator.strategies.feddar import domain_weights
 from ioft_protocol import codec
+from tests.budget import examples
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.base import loss_and_grads
 from trainer_lite.algorithms.feddar import (
@@ -66,7 +67,7 @@ def _update(device: str, result) -> Update:
 # -- the pure aggregation ------------------------------------------------------------------
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
     sizes=st.lists(st.integers(0, 5), min_size=1, max_size=6),
@@ -91,7 +92,7 @@ def test_sa_of_locally_optimal_heads_is_the_pooled_least_squares_head(seed, size
     np.testing.assert_allclose(got, pooled, rtol=1e-7, atol=1e-9)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), p=st.integers(1, 5), rank=st.integers(0, 5))
 def test_psd_solve_is_exact_on_the_range_and_keeps_the_fallback_elsewhere(seed, p, rank):
     rng = np.random.default_rng(seed)
@@ -231,7 +232,7 @@ def test_wa_differs_from_sa_when_domain_mixes_differ():
     assert np.abs(heads["sa"] - heads["wa"]).max() > 1e-2
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
     counts=st.lists(st.lists(st.integers(0, 2), min_size=M, max_size=M), min_size=1, max_size=4),

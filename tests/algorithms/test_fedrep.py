@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from cloud_aggregator.simulation import ClientData, simulate
 from cloud_aggregator.strategies import Update, make_strategy
+from tests.budget import examples
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.base import loss_and_grads
 from trainer_lite.data import Dataset
@@ -51,7 +52,7 @@ def test_only_the_body_leaves_and_the_head_stays():
     assert not np.allclose(result.shared["encoder.weight"], g["encoder.weight"])
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), head_steps=st.integers(1, 6), body_steps=st.integers(1, 6))
 def test_head_steps_then_body_steps_in_that_order(seed, head_steps, body_steps):
     """The same update written out by hand: SGD on the head with the body fixed, then on the body."""

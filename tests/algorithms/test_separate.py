@@ -11,6 +11,7 @@ from cloud_aggregator.rounds import RoundEngine
 from cloud_aggregator.simulation import ClientData, simulate
 from cloud_aggregator.strategies import Update, make_strategy
 from cloud_aggregator.strategies.separate import per_domain_mean
+from tests.budget import examples
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.feddar import COUNTS
 from trainer_lite.algorithms.separate import domain_key
@@ -72,7 +73,7 @@ def test_each_domain_model_trains_on_its_own_samples_only():
         np.testing.assert_allclose(result.shared[domain_key(0, name)], ref_out.shared[name], rtol=1e-12)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
     counts=st.lists(st.lists(st.integers(0, 4), min_size=M, max_size=M), min_size=1, max_size=5),

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from cloud_aggregator.reducers import get_reducer, krum_scores
 from cloud_aggregator.strategies import Update, make_strategy
+from tests.budget import examples
 from trainer_lite.task import TaskSpec
 
 G = {"w": np.zeros(2, np.float64)}
@@ -118,7 +119,7 @@ def uploads(draw, min_n=3, max_n=9, dim=3):
     return np.array(rows), weights
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=uploads(), perm_seed=st.integers(0, 2**32 - 1), which=st.sampled_from(REDUCERS))
 def test_permutation_invariance(data, perm_seed, which):
     rows, weights = data
@@ -153,7 +154,7 @@ def attacked(draw):
     return f, honest, rows
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(case=attacked())
 def test_median_and_trimmed_mean_stay_within_the_honest_range(case):
     f, honest, rows = case
@@ -166,7 +167,7 @@ def test_median_and_trimmed_mean_stay_within_the_honest_range(case):
         assert np.all(out >= lo) and np.all(out <= hi), (out, lo, hi)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(case=attacked(), far=st.floats(1e4, 1e9))
 def test_krum_picks_honest_uploads_when_attackers_are_far(case, far):
     f, honest, rows = case

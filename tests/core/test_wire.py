@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ioft_protocol import codec, round_messages, topics
+from tests.budget import examples
 
 
 def _update(**kw):
@@ -161,14 +162,14 @@ def test_topics_parse_back():
             topics.parse_topic(bad)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=512))
 def test_decode_never_raises_anything_but_wire_error(data):
     with contextlib.suppress(codec.WireError):
         round_messages.UpdateMessage.decode(data)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     shapes=st.lists(st.lists(st.integers(0, 4), max_size=3), min_size=0, max_size=4),
     dtype=st.sampled_from(["float32", "float64"]),

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.fuzz_decoders import Target, Workdir, all_targets, check_one, fuzz, mutate
+from tests.budget import examples
 
 
 def _names() -> list[str]:
@@ -27,7 +28,7 @@ def _names() -> list[str]:
 
 NAMES = _names()
 SETTINGS = settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

@@ -12,6 +12,7 @@ from sensors.accel import Adxl345, FifoOverrun, Mpu6050, WrongDevice
 from sensors.accel.base import STANDARD_GRAVITY, AccelSource
 from sensors.sim.i2c_bus import FakeAdxl345, FakeI2cBus, FakeMpu6050, GaussianStream
 from sensors.sim.printer import VirtualClock
+from tests.budget import examples
 
 
 class RecordingStream(GaussianStream):
@@ -186,7 +187,7 @@ def test_mpu6050_overflow_sets_the_flag_is_counted_and_resets_the_fifo():
 
 
 # ----------------------------------------------------------------------------- scaling
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(range_g=st.sampled_from([2, 4, 8, 16]), data=st.data())
 def test_adxl345_scaling_is_exact(range_g, data):
     half = 1 << (10 + {2: 0, 4: 1, 8: 2, 16: 3}[range_g] - 1)
@@ -200,7 +201,7 @@ def test_adxl345_scaling_is_exact(range_g, data):
     np.testing.assert_allclose(b.xyz[0], np.asarray(raw) * 0.0039 * 9.80665, rtol=1e-12, atol=0)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(range_g=st.sampled_from([2, 4, 8, 16]), data=st.data())
 def test_mpu6050_scaling_is_exact(range_g, data):
     raw = data.draw(st.lists(st.integers(-32767, 32766), min_size=3, max_size=3))

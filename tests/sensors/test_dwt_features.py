@@ -29,6 +29,7 @@ from sensors.features import (
     schema_metadata,
 )
 from sensors.welding import WeldRecording
+from tests.budget import examples
 
 CH = ("power", "lvdt", "ae", "mic")
 FS = 200_000.0
@@ -199,7 +200,7 @@ def test_inputs_that_do_not_fit_are_refused():
 SMALL = FeatureSchema(level=6)  # min_samples 448: keeps the property tests fast
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     n=st.integers(SMALL.min_samples, 6000),
     dtype=st.sampled_from([np.int16, np.int32, np.float32, np.float64]),

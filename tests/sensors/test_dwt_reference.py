@@ -18,6 +18,7 @@ from sensors.features.reference import (
     wavedec_reference,
 )
 from sensors.welding import WeldRecording
+from tests.budget import examples
 
 FS = 200_000.0
 CH = ("power", "lvdt", "ae", "mic")
@@ -88,7 +89,7 @@ def test_parity_on_degenerate_channels():
     assert_parity(ours, extract_features_reference(x, DEFAULT_SCHEMA, sample_rate=FS), DEFAULT_SCHEMA)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(
     n=st.integers(7 * 2**7, 9000),
     level=st.integers(3, 7),

@@ -20,6 +20,7 @@ from sensors.welding import (
     write_weld_file,
 )
 from sensors.welding.wavfile import SAMPLE_FORMATS, read_wav, read_wav_info, write_wav
+from tests.budget import examples
 
 CH = ("power", "lvdt", "ae", "mic")
 T0 = datetime(2024, 5, 1, 8, 30, tzinfo=UTC)
@@ -145,7 +146,9 @@ def test_unsupported_wav_is_bad(tmp_path):
         read_wav(path)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     n=st.integers(2, 3000),
     n_ch=st.integers(1, 6),

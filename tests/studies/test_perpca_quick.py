@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from benchmarks import perpca as study
@@ -24,9 +22,7 @@ def test_generator_has_orthonormal_truth_and_theta_grows_with_the_angle():
 
 
 def test_quick_study_perpca_recovers_below_pooled_and_local_pca():
-    start = time.perf_counter()
     out = study.main(["--quick", "--no-write", "--seeds", "0", "--workers", "2"])
-    assert time.perf_counter() - start < 60
     moderate = next(r for r in out["synth"] if r["alpha"] == 60.0)
     assert 0.1 < moderate["theta"] < 0.3
     err = moderate["decoupled"]

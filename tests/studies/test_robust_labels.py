@@ -1,16 +1,19 @@
-"""The robust-aggregation results file names the real command, the run it compares with and
-every hyperparameter (the PFL-DA file named a module that does not exist, called its mean
-run "FedAvg's clean run" and left out lam).  The runs are stubbed: only the text is checked."""
+"""The robust-aggregation results file reproduces itself: the command it names, run again, writes
+the same table, and its ratios are to the clean run of the same algorithm with the mean reducer
+(the PFL-DA file once named a module that does not exist and compared with FedAvg's run).
+The runs are stubbed: what is checked is the study's bookkeeping, not its training."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import re
+import shlex
 
 import pytest
 
 from benchmarks import common
 from benchmarks import robust_aggregation as study
+
+MEAN_LOSS, ROBUST_LOSS = 2.0, 2.5
 
 
 @pytest.fixture
@@ -18,8 +21,8 @@ def fake_runs(tmp_path, monkeypatch):
     seen = []
 
     def run_one(clients, algorithm, reducer, attack, seed, rounds, n_attackers):
-        seen.append((algorithm, reducer[0]))
-        loss = 2.0 if reducer[0] == "mean" else 2.5
+        seen.append((algorithm, reducer[0], rounds))
+        loss = MEAN_LOSS if reducer[0] == "mean" else ROBUST_LOSS
         return study.Run(reducer[0], attack, seed, loss, (loss,) * rounds)
 
     monkeypatch.setattr(study, "printers", lambda n, cache=True: {})
@@ -30,31 +33,37 @@ def fake_runs(tmp_path, monkeypatch):
     return seen
 
 
-def test_pflda_results_name_the_real_command_the_mean_run_and_lam(fake_runs, tmp_path):
+def _table(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if line.startswith("|"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "result"),
+    [
+        (["--seeds", "0", "--rounds", "2"], "robust_aggregation.md"),
+        (["--algorithm", "pflda", "--seeds", "0", "--rounds", "2"], "robust_aggregation_pflda.md"),
+    ],
+)
+def test_the_command_in_the_results_file_reproduces_it(fake_runs, tmp_path, argv, result):
+    assert study.main(argv) == 0
+    first = (tmp_path / result).read_text()
+    (command,) = re.findall(r"^Command: `(.*)`", first, re.M)
+    program, args = command.split(" ", 3)[:3], shlex.split(command)[3:]
+    assert program == ["python", "-m", "benchmarks.robust_aggregation"]
+    algorithm = "pflda" if "pflda" in argv else "fedavg"
+    runs_before = list(fake_runs)
+    assert {a for a, _, _ in runs_before} == {algorithm}
+    (tmp_path / result).unlink()
+    assert study.main(args) == 0
+    assert fake_runs[len(runs_before) :] == runs_before  # the same runs, in the same order
+    assert _table((tmp_path / result).read_text()) == _table(first)
+
+
+def test_ratios_are_to_the_same_algorithms_clean_mean_run(fake_runs, tmp_path):
     assert study.main(["--algorithm", "pflda", "--seeds", "0", "--rounds", "2"]) == 0
-    text = (tmp_path / "robust_aggregation_pflda.md").read_text()
-    assert "Command: `python -m benchmarks.robust_aggregation --algorithm pflda --seeds 0 --rounds 2`" in text
-    assert "robust_aggregation_pflda --" not in text
-    assert "FedAvg" not in text and "PFL-DA's clean run with the plain mean reducer (2.000)" in text
-    assert "'lam': 0.9" in text
-    assert "| pflda (mean) " in text and "fedavg (mean)" not in text
-    assert {a for a, _ in fake_runs} == {"pflda"}
-
-
-def test_fedavg_results_keep_their_wording(fake_runs, tmp_path):
-    assert study.main(["--seeds", "0", "--rounds", "2"]) == 0
-    text = (tmp_path / "robust_aggregation.md").read_text()
-    assert "Command: `python -m benchmarks.robust_aggregation --seeds 0 --rounds 2`" in text
-    assert "ratio to FedAvg's clean run (2.000)" in text and "| fedavg (mean) " in text
-    assert "lam" not in text
-
-
-def test_the_command_in_the_file_runs():
-    """The module the results file names exists and takes --algorithm pflda."""
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.robust_aggregation", "--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "--algorithm" in out.stdout and "pflda" in out.stdout
+    rows = [r for r in _table((tmp_path / "robust_aggregation_pflda.md").read_text()).splitlines()[2:]]
+    ratios = {r.split("|")[1].strip(): re.findall(r"\(([0-9.]+)×\)", r) for r in rows}
+    assert set(ratios["pflda (mean)"]) == {"1.00"}
+    for label, found in ratios.items():
+        if label != "pflda (mean)":
+            assert set(found) == {f"{ROBUST_LOSS / MEAN_LOSS:.2f}"}, label

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.budget import examples
 from trainer_lite.layers import (
     Affine,
     GaussianBasis,
@@ -24,7 +25,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
 RTOL = 1e-6
-FAST = settings(max_examples=25, deadline=None)
+FAST = settings(max_examples=examples(25), deadline=None)
 
 
 def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.budget import examples
 from trainer_lite import losses
 from trainer_lite.algorithms.base import get_loss
 
@@ -15,7 +16,7 @@ F = torch.nn.functional
 pytestmark = pytest.mark.torch
 
 RTOL = 1e-6
-FAST = settings(max_examples=30, deadline=None)
+FAST = settings(max_examples=examples(30), deadline=None)
 seeds = st.integers(0, 2**31 - 1)
 
 

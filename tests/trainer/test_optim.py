@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.budget import examples
 from trainer_lite.losses import cross_entropy
 from trainer_lite.models import mlp
 from trainer_lite.optim import SGD, Adam, AdamW, Optimizer
@@ -14,7 +15,7 @@ from trainer_lite.optim import SGD, Adam, AdamW, Optimizer
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
-FAST = settings(max_examples=20, deadline=None)
+FAST = settings(max_examples=examples(20), deadline=None)
 seeds = st.integers(0, 2**31 - 1)
 SHAPES = {"a.weight": (3, 4), "a.bias": (4,), "b.scale": (1,)}
 
