@@ -1,7 +1,11 @@
-"""Model builders by name, so a task spec (plain JSON) can say which model a fleet trains.
+"""Every model a device and the aggregator can build, by the name a task spec (plain JSON) uses.
 
 Every model is a ``Sequential`` of named blocks (``encoder``, ``decoder``, ``head``...);
-algorithms declare which blocks are shared by these names.
+algorithms declare which blocks are shared by these names.  :data:`_MODELS` at the
+end of this module is the one list of them, the models the algorithms need
+(``vector`` for ``echo``, ``linear_rep`` for FedDAR) included.  A study that trains a
+model of its own adds it with :func:`register_model` from its own module
+(``benchmarks.study_models``); a task spec over MQTT only ever names models listed here.
 """
 
 from __future__ import annotations
@@ -12,14 +16,29 @@ from typing import Any
 
 import numpy as np
 
-from trainer_lite.layers import Affine, GaussianGLM, Layer, Linear, ReLU, Residual, Sequential, SigmoidGLM
+from trainer_lite.layers import (
+    Affine,
+    GaussianGLM,
+    Layer,
+    Linear,
+    ReLU,
+    Residual,
+    Sequential,
+    SigmoidGLM,
+    Vector,
+)
 
 ModelBuilder = Callable[..., Sequential]
-_MODELS: dict[str, ModelBuilder] = {}
 
 
 def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
-    """Decorator adding a builder to the registry under ``name``."""
+    """Decorator adding a builder outside this module (a study's model) under ``name``.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is already taken.
+    """
 
     def deco(fn: ModelBuilder) -> ModelBuilder:
         if name in _MODELS:
@@ -40,6 +59,7 @@ def build_model(name: str, **kwargs: Any) -> Sequential:
 
 
 def model_names() -> list[str]:
+    """The names :func:`build_model` accepts, sorted."""
     return sorted(_MODELS)
 
 
@@ -70,25 +90,21 @@ def mlp(sizes: list[int], *, init: str = "torch", final_relu: bool = False) -> S
     return Sequential(layers)
 
 
-@register_model("mlp")
 def mlp_model(sizes: list[int], init: str = "torch", final_relu: bool = False) -> Sequential:
     """:func:`mlp` under the registry (FTL-TP: ``sizes=[624, 175, 125, 50, C]``, ``init="kaiming"``)."""
     return mlp(sizes, init=init, final_relu=final_relu)
 
 
-@register_model("sigmoid_glm")
 def sigmoid_glm(dim: int = 1) -> Sequential:
     """PFL-DA Table 4, first row: encoder ``φ1·x + φ2``, decoder ``g1·σ(h) + g2``."""
     return Sequential([("encoder", Affine(dim)), ("decoder", SigmoidGLM(dim, 1))])
 
 
-@register_model("linear")
 def linear(d_in: int = 1, d_out: int = 1) -> Sequential:
     """A single linear block named ``head``."""
     return Sequential([("head", Linear(d_in, d_out))])
 
 
-@register_model("gaussian_glm")
 def gaussian_glm(
     dim: int = 1, n_basis: int = 16, form: str = "code", hidden: int | None = None, bias: bool | None = None
 ) -> Sequential:
@@ -109,7 +125,6 @@ def gaussian_glm(
     return Sequential([("encoder", Affine(dim)), ("decoder", decoder)])
 
 
-@register_model("printer_nn")
 def printer_nn(
     dim: int = 1, feature_dim: int = 128, encoder_hidden: int = 64, width: int = 128, depth: int = 5
 ) -> Sequential:
@@ -128,3 +143,32 @@ def printer_nn(
     encoder = Residual(mlp([dim, encoder_hidden, feature_dim]), shortcut=Linear(dim, feature_dim))
     decoder = mlp([feature_dim] + [width] * (depth - 1) + [1])
     return Sequential([("encoder", encoder), ("decoder", decoder)])
+
+
+def linear_representation(
+    d_in: int = 20, k: int = 2, d_out: int = 1, bias: bool = False, init: str = "torch"
+) -> Sequential:
+    """FedDAR's linear model ``y = xᵀ B w``: block ``encoder`` (``d_in → k``), block ``head`` (``k → d_out``)."""
+    return Sequential(
+        [
+            ("encoder", Linear(d_in, k, bias=bias, init=init)),
+            ("head", Linear(k, d_out, bias=bias, init=init)),
+        ]
+    )
+
+
+def vector(size: int = 1000) -> Sequential:
+    """The ``echo`` transport benchmark's model: one parameter vector, block ``v``."""
+    return Sequential([("v", Vector(size))])
+
+
+#: Every model a device and the aggregator can build, by the name a task spec uses.
+_MODELS: dict[str, ModelBuilder] = {
+    "mlp": mlp_model,
+    "sigmoid_glm": sigmoid_glm,
+    "linear": linear,
+    "gaussian_glm": gaussian_glm,
+    "printer_nn": printer_nn,
+    "linear_rep": linear_representation,
+    "vector": vector,
+}

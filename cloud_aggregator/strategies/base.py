@@ -16,7 +16,7 @@ import numpy as np
 
 from ioft_protocol.codec import TensorSpec
 from trainer_lite.algorithms import ClientAlgorithm, make_client
-from trainer_lite.algorithms.base import build_config
+from trainer_lite.algorithms.base import build_config, client_class
 from trainer_lite.client import cast_params
 from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec
@@ -97,25 +97,37 @@ class Strategy(ABC):
 _STRATEGIES: dict[str, type[Strategy]] = {}
 
 
-def register_strategy(*algorithms: str):
-    """Class decorator: serve the named client algorithms with this strategy."""
+def register_strategy(cls: type[Strategy]) -> type[Strategy]:
+    """Class decorator: register a server strategy under ``cls.name``.
 
-    def deco(cls: type[Strategy]) -> type[Strategy]:
-        for a in algorithms:
-            if a in _STRATEGIES:
-                raise ValueError(f"a strategy for {a!r} is registered twice")
-            _STRATEGIES[a] = cls
-        return cls
+    Which clients it serves is said by the clients: each client algorithm names its
+    strategy in ``ClientAlgorithm.server``.
+    """
+    if cls.name in _STRATEGIES:
+        raise ValueError(f"server strategy {cls.name!r} registered twice")
+    _STRATEGIES[cls.name] = cls
+    return cls
 
-    return deco
+
+def strategy_class(algorithm: str) -> type[Strategy]:
+    """The strategy class that serves client algorithm ``algorithm`` (the one its ``server`` names).
+
+    Raises
+    ------
+    ValueError
+        If ``algorithm`` is not a registered client algorithm (the message lists them),
+        or if it names a strategy that is not registered (the message lists those).
+    """
+    client = client_class(algorithm)
+    try:
+        return _STRATEGIES[client.server]
+    except KeyError:
+        raise ValueError(
+            f"algorithm {algorithm!r} names server strategy {client.server!r}, which is not registered; "
+            f"set {client.__name__}.server to one of {sorted(_STRATEGIES)}"
+        ) from None
 
 
 def make_strategy(spec: TaskSpec) -> Strategy:
-    """The server strategy for ``spec.algorithm``; the error lists what is served."""
-    try:
-        cls = _STRATEGIES[spec.algorithm]
-    except KeyError:
-        raise ValueError(
-            f"no server strategy for algorithm {spec.algorithm!r}; have {sorted(_STRATEGIES)}"
-        ) from None
-    return cls(spec)
+    """The server strategy for ``spec.algorithm``: the one its client class names in ``server``."""
+    return strategy_class(spec.algorithm)(spec)

@@ -1,9 +1,10 @@
 """FedAvg's server step: a (weighted, optionally robust) mean of the shared parameters.
 
-Serves every algorithm whose server side combines what was uploaded into one
-shared model: FedAvg itself, PFL-DA and Simple-DA (the decoder w, §2.3:
-``w = (1/N) Σ w_i``), and local-only training (nothing shared: the mean of empty
-dicts is empty).
+Serves every client algorithm whose ``server`` is ``"fedavg"``: those whose server
+side combines what was uploaded into one shared model, e.g. FedAvg itself, PFL-DA
+and Simple-DA (the decoder w, §2.3: ``w = (1/N) Σ w_i``), FedRep (the body),
+the transport benchmark's ``echo``, and local-only training (nothing shared: the
+mean of empty dicts is empty).
 
 Two pluggable parts, each chosen by name in ``TaskSpec.server``:
 
@@ -45,7 +46,7 @@ class FedAvgConfig(ReducerChoice):
         get_weighting(self.weighting, self.weighting_args)
 
 
-@register_strategy("fedavg", "pflda", "simple_da", "indiv", "fedprox", "tp", "ditto", "fedper", "lgfedavg")
+@register_strategy
 class FedAvg(Strategy):
     name = "fedavg"
     config_cls = FedAvgConfig
@@ -71,7 +72,3 @@ class FedAvg(Strategy):
             self.weigh.load_state(state)
         elif state:
             raise ValueError(f"weighting {self.config.weighting!r} keeps no state, got {sorted(state)}")
-
-
-# The transport benchmark's zero-compute algorithm averages like FedAvg.
-register_strategy("echo")(FedAvg)

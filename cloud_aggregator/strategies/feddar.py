@@ -63,7 +63,7 @@ class FedDARServerConfig(ReducerChoice):
             raise ValueError(f"rcond must be in [0, 1), got {self.rcond}")
 
 
-@register_strategy("feddar")
+@register_strategy
 class FedDAR(Strategy):
     """Algorithm 1's server; WA or SA as the client's ``aggregation`` hyperparameter says."""
 
@@ -155,7 +155,7 @@ class FedDARLinearServerConfig(FedDARServerConfig):
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
 
-@register_strategy("feddar_linear")
+@register_strategy
 class FedDARLinear(FedDAR):
     """Algorithm 2's server: exact head solve, one encoder step, QR."""
 

@@ -202,7 +202,7 @@ class FedPPServerConfig:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
 
-@register_strategy("fedpp")
+@register_strategy
 class FedPP(Strategy):
     """Propagates the devices' personal models over their subspace-similarity graph."""
 

@@ -16,7 +16,7 @@ A group with no upload this round keeps its blocks.  The device → group map is
 ``group.<g>.*`` above it).
 
 The FL baselines of the paper's comparison need no server of their own: FedAvg,
-FedProx and FedL2R are all FedAvg's weighted mean, registered for ``fedl2r`` here.
+FedProx and FedL2R are all FedAvg's weighted mean (their clients name ``server = "fedavg"``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 from cloud_aggregator.reducers import Reducer, ReducerChoice, get_reducer
 from cloud_aggregator.strategies.base import Strategy, TensorSpec, Update, register_strategy
-from cloud_aggregator.strategies.fedavg import FedAvg
 from trainer_lite.algorithms import ClientAlgorithm
 from trainer_lite.algorithms.ftltp import FTLTPClient
 from trainer_lite.client import derive_rng
@@ -92,7 +91,7 @@ def group_means(
     return base_mean, uppers
 
 
-@register_strategy("ftltp")
+@register_strategy
 class FTLTP(Strategy):
     name = "ftltp"
     config_cls = FTLTPServerConfig
@@ -165,7 +164,3 @@ class FTLTP(Strategy):
         for block in uppers.values():
             out.update(block)
         return out
-
-
-# FedL2R (FedSR's L2 regulariser) aggregates like FedAvg.
-register_strategy("fedl2r")(FedAvg)

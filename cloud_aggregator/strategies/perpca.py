@@ -42,7 +42,7 @@ class PerPCAServerConfig(ReducerChoice):
         get_weighting(self.weighting, self.weighting_args)
 
 
-@register_strategy("perpca")
+@register_strategy
 class PerPCAStrategy(Strategy):
     name = "perpca"
     config_cls = PerPCAServerConfig

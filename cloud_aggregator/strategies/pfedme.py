@@ -26,7 +26,7 @@ class PFedMeServerConfig(FedAvgConfig):
             raise ValueError(f"beta must be > 0, got {self.beta}")
 
 
-@register_strategy("pfedme")
+@register_strategy
 class PFedMe(FedAvg):
     name = "pfedme"
     config_cls = PFedMeServerConfig

@@ -74,7 +74,7 @@ class SeparateServerConfig(ReducerChoice):
     """Only the reducer: each copy is weighted by its domain's sample counts."""
 
 
-@register_strategy("separate_fedavg")
+@register_strategy
 class SeparateFedAvg(Strategy):
     name = "separate_fedavg"
     config_cls = SeparateServerConfig

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from trainer_lite import losses
-from trainer_lite.data import Dataset
+from trainer_lite.data import Dataset, minibatches
 from trainer_lite.layers import Sequential
 from trainer_lite.models import build_model
 from trainer_lite.optim import SGD, Adam, Optimizer
@@ -25,6 +25,8 @@ from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec
 
 LossFn = Callable[[np.ndarray, np.ndarray], tuple[float, np.ndarray]]
+#: ``grad_hook(params, grads)``: adds regularisation gradients to ``grads`` in place.
+GradHook = Callable[[Params, Params], None]
 # Every built-in loss also takes keyword-only ``sample_weights`` (see trainer_lite.losses).
 _LOSSES: dict[str, LossFn] = {
     "mse": losses.mse,
@@ -122,14 +124,66 @@ def loss_and_grads(model: Sequential, params: Params, data: Dataset, loss: LossF
     return value, model.param_grads(params, cache, dpred)
 
 
+def run_local_steps(
+    model: Sequential,
+    params: Params,
+    trainable: Iterable[str],
+    data: Dataset,
+    loss: LossFn,
+    optimizer: Optimizer,
+    steps: int,
+    batch_size: int | None,
+    rng: np.random.Generator,
+    grad_hook: GradHook | None = None,
+) -> float:
+    """``steps`` optimizer steps on ``trainable`` names of ``params`` (updated in place).
+
+    Minibatches cycle through seeded epochs; ``grad_hook(params, grads)`` may add
+    regularisation gradients in place before each step.  Algorithms call
+    :meth:`ClientAlgorithm.local_steps`, which fills these arguments from the
+    algorithm's model, loss and config.
+
+    Returns
+    -------
+    float
+        The mean minibatch loss over the steps.
+    """
+    names = list(trainable)
+    total, done = 0.0, 0
+    while done < steps:
+        for batch in minibatches(data, batch_size, rng):
+            value, grads = loss_and_grads(model, params, batch, loss)
+            grads = {n: grads[n] for n in names}
+            if grad_hook is not None:
+                grad_hook(params, grads)
+            optimizer.step(params, grads)
+            total += value
+            done += 1
+            if done == steps:
+                break
+    return total / steps
+
+
 class ClientAlgorithm(ABC):
     """Base of every client algorithm.
 
-    Subclasses set ``name``, ``config_cls`` and implement ``shared_names``,
-    ``init_local``, ``update`` and ``personal_params``.
+    Subclasses set ``name``, ``server``, ``config_cls`` and implement
+    ``shared_names``, ``init_local``, ``update`` and ``personal_params``.
+
+    Attributes
+    ----------
+    name
+        The algorithm's key in a task spec (``TaskSpec.algorithm``).
+    server
+        The key of the server strategy that aggregates this algorithm's uploads
+        (``cloud_aggregator.strategies``), e.g. ``"fedavg"``.  Every registered
+        class names its own, even where a parent class already does.
+    config_cls
+        The dataclass that validates ``TaskSpec.hparams``.
     """
 
     name: ClassVar[str]
+    server: ClassVar[str]
     config_cls: ClassVar[type] = TrainConfig
 
     def __init__(self, spec: TaskSpec) -> None:
@@ -208,22 +262,97 @@ class ClientAlgorithm(ABC):
     def phases(self) -> tuple[str, ...]:
         return ("train",)
 
+    # -- local optimisation -----------------------------------------------
+    def local_steps(
+        self,
+        params: Params,
+        data: Dataset,
+        rng: np.random.Generator,
+        *,
+        round_: int,
+        trainable: Iterable[str] | None = None,
+        steps: int | None = None,
+        lr: float | None = None,
+        model: Sequential | None = None,
+        grad_hook: GradHook | None = None,
+    ) -> float:
+        """Train ``params`` in place with this algorithm's loss and optimizer settings.
+
+        For algorithms whose config is a :class:`TrainConfig`: a fresh optimizer from
+        ``self.config`` for ``round_``, minibatches of ``self.config.batch_size``
+        (see :func:`run_local_steps`).
+
+        Parameters
+        ----------
+        params
+            The parameters to train; updated in place.
+        data
+            The rows to train on.
+        rng
+            The round's generator (draws the minibatches).
+        round_
+            The round, for the learning-rate schedule.
+        trainable
+            Names of ``params`` to step; ``None``: all of them.
+        steps
+            Optimizer steps; ``None``: ``self.config.local_steps``.
+        lr
+            A learning rate in place of ``self.config.lr`` (same schedule), e.g. a
+            head's or a fine-tune's own rate; ``None``: the config's.
+        model
+            The model to differentiate; ``None``: ``self.model``.
+        grad_hook
+            ``grad_hook(params, grads)`` adds regularisation gradients in place.
+
+        Returns
+        -------
+        float
+            The mean minibatch loss over the steps.
+        """
+        cfg = self.config
+        opt_cfg = cfg if lr is None else dataclasses.replace(cfg, lr=lr)
+        return run_local_steps(
+            self.model if model is None else model,
+            params,
+            params if trainable is None else trainable,
+            data,
+            self.loss,
+            opt_cfg.make_optimizer(round_),
+            cfg.local_steps if steps is None else steps,
+            cfg.batch_size,
+            rng,
+            grad_hook=grad_hook,
+        )
+
 
 _CLIENTS: dict[str, type[ClientAlgorithm]] = {}
 
 
 def register_client(cls: type[ClientAlgorithm]) -> type[ClientAlgorithm]:
-    """Class decorator: register a client algorithm under ``cls.name``."""
+    """Class decorator: register a client algorithm under ``cls.name``.
+
+    The class must name its server strategy itself (``server = "..."`` in its own
+    body), so which server serves which client is read where the client is written.
+    """
     if cls.name in _CLIENTS:
         raise ValueError(f"algorithm {cls.name!r} registered twice")
+    if not isinstance(cls.__dict__.get("server"), str):
+        raise TypeError(
+            f"{cls.__name__} must name its server strategy in its class body, "
+            f'e.g. server = "fedavg" (cloud_aggregator.strategies)'
+        )
     _CLIENTS[cls.name] = cls
     return cls
 
 
+def client_class(algorithm: str) -> type[ClientAlgorithm]:
+    """The client algorithm class registered under ``algorithm``; the error lists valid names."""
+    try:
+        return _CLIENTS[algorithm]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {sorted(_CLIENTS)}") from None
+
+
 def make_client(spec: TaskSpec) -> ClientAlgorithm:
     """The client algorithm named by ``spec.algorithm``; the error lists valid names."""
-    try:
-        cls = _CLIENTS[spec.algorithm]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {spec.algorithm!r}; choose one of {sorted(_CLIENTS)}") from None
-    return cls(spec)
+    return client_class(spec.algorithm)(spec)

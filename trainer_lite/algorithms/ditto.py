@@ -98,6 +98,7 @@ class DittoClient(ClientAlgorithm):
     """Ditto's client: uploads its trained copy of the global model, keeps ``v`` at home."""
 
     name = "ditto"
+    server = "fedavg"
     config_cls = DittoConfig
 
     def shared_names(self) -> list[str]:

@@ -1,6 +1,6 @@
 """A zero-compute algorithm for measuring what a round costs in transport alone.
 
-The model is one shared vector of ``size`` values; a client adds a small scalar
+The model is one shared vector of ``size`` values (model ``"vector"``); a client adds a small scalar
 (its own per device and round) and uploads it.  Nothing local, nothing to learn: a round's wall time is then the
 system's overhead (announce, deliver, persist, upload, validate, aggregate).
 """
@@ -13,32 +13,7 @@ import numpy as np
 
 from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, register_client
 from trainer_lite.data import Dataset
-from trainer_lite.layers import Layer, Sequential
-from trainer_lite.models import register_model
 from trainer_lite.params import Params
-
-
-class Vector(Layer):
-    """A parameter vector that leaves its input untouched (only its transport matters)."""
-
-    def __init__(self, size: int) -> None:
-        if size < 1:
-            raise ValueError(f"size must be >= 1, got {size}")
-        self.size = size
-
-    def init(self, rng: np.random.Generator) -> Params:
-        return {"value": rng.normal(size=self.size)}
-
-    def forward(self, p: Params, x: np.ndarray):
-        return x, None
-
-    def backward(self, p: Params, cache, dy: np.ndarray):
-        return {"value": np.zeros_like(p["value"])}, dy
-
-
-@register_model("vector")
-def vector(size: int = 1000) -> Sequential:
-    return Sequential([("v", Vector(size))])
 
 
 @dataclass(frozen=True)
@@ -52,6 +27,7 @@ class EchoClient(ClientAlgorithm):
     """Uploads the downlinked vector plus a step in ``[step, 2·step)``, distinct per device and round."""
 
     name = "echo"
+    server = "fedavg"
     config_cls = EchoConfig
 
     def shared_names(self) -> list[str]:

@@ -42,15 +42,13 @@ of the theory) on the same model and phases.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, LossFn, TrainConfig, register_client
-from trainer_lite.algorithms.fedavg import run_local_steps
 from trainer_lite.data import Dataset, minibatches
 from trainer_lite.layers import Linear, Sequential, sigmoid
-from trainer_lite.models import register_model
 from trainer_lite.params import Params, copy_params
 
 HEADS = "heads"
@@ -62,19 +60,6 @@ GRAD = "grad"
 PHASES = ("heads", "encoder")
 _AGGREGATIONS = ("sa", "wa")
 _HESSIAN_LOSSES = ("mse", "bce")
-
-
-@register_model("linear_rep")
-def linear_representation(
-    d_in: int = 20, k: int = 2, d_out: int = 1, bias: bool = False, init: str = "torch"
-) -> Sequential:
-    """FedDAR's linear model ``y = xᵀ B w``: block ``encoder`` (``d_in → k``), block ``head`` (``k → d_out``)."""
-    return Sequential(
-        [
-            ("encoder", Linear(d_in, k, bias=bias, init=init)),
-            ("head", Linear(k, d_out, bias=bias, init=init)),
-        ]
-    )
 
 
 def head_key(m: int, name: str) -> str:
@@ -227,6 +212,7 @@ class FedDARClient(ClientAlgorithm):
     """FedDAR's client (Algorithm 1): τ_h head steps per domain, then τ_φ re-weighted encoder steps."""
 
     name = "feddar"
+    server = "feddar"
     config_cls = FedDARConfig
 
     def __init__(self, spec) -> None:
@@ -351,7 +337,6 @@ class FedDARClient(ClientAlgorithm):
         cfg = self.config
         groups = dict(self.domain_groups(data))
         z = self.encoder(self.encoder_params(shared), data.x)
-        head_cfg = cfg if cfg.head_lr is None else replace(cfg, lr=cfg.head_lr)
         upload: Params = {}
         counts = np.zeros(self.n_domains)
         total = 0.0
@@ -362,16 +347,15 @@ class FedDARClient(ClientAlgorithm):
             if len(idx):
                 sub = Dataset(z[idx], data.y[idx])
                 # A fresh optimizer per domain: every head shares the head model's names.
-                total += len(idx) * run_local_steps(
-                    self.head,
+                total += len(idx) * self.local_steps(
                     head,
-                    self.head_names,
                     sub,
-                    self.loss,
-                    head_cfg.make_optimizer(round_),
-                    cfg.head_steps,
-                    cfg.batch_size,
                     rng,
+                    round_=round_,
+                    trainable=self.head_names,
+                    steps=cfg.head_steps,
+                    lr=cfg.head_lr,
+                    model=self.head,
                 )
             upload.update({head_key(m, n): head[n] for n in self.head_names})
             if cfg.aggregation == "sa":

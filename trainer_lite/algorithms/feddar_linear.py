@@ -69,6 +69,7 @@ class FedDARLinearClient(FedDARClient):
     """
 
     name = "feddar_linear"
+    server = "feddar_linear"
     config_cls = FedDARLinearConfig
 
     def check_model(self) -> None:

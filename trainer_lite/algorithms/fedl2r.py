@@ -196,6 +196,7 @@ class FedL2RClient(FedAvgClient):
     """Every parameter is shared; the local loss adds ``α·mean‖z‖²`` on the representation."""
 
     name = "fedl2r"
+    server = "fedavg"
     config_cls = FedL2RConfig
 
     def __init__(self, spec: TaskSpec) -> None:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, TrainConfig, register_client
-from trainer_lite.algorithms.fedavg import run_local_steps
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, copy_params
 
@@ -73,19 +72,8 @@ class PartialSharingClient(ClientAlgorithm):
         round_: int,
         phase: str,
     ) -> tuple[ClientResult, Params]:
-        cfg = self.config
         params = copy_params(self.personal_params(shared, local))
-        train_loss = run_local_steps(
-            self.model,
-            params,
-            params,
-            data,
-            self.loss,
-            cfg.make_optimizer(round_),
-            cfg.local_steps,
-            cfg.batch_size,
-            rng,
-        )
+        train_loss = self.local_steps(params, data, rng, round_=round_)
         uploaded = {n: params[n] for n in self.shared_names()}
         kept = {n: params[n] for n in self.personal_names()}
         return ClientResult(uploaded, len(data), {"train_loss": train_loss}), kept
@@ -96,3 +84,4 @@ class FedPerClient(PartialSharingClient):
     """FedPer: shared body, personal head (by default the last block with parameters)."""
 
     name = "fedper"
+    server = "fedavg"

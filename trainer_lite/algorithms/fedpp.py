@@ -59,7 +59,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, TrainConfig, register_client
-from trainer_lite.algorithms.fedavg import run_local_steps
 from trainer_lite.algorithms.pflda import PERSONAL
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, copy_params, strip_prefix, with_prefix
@@ -171,6 +170,7 @@ class FedPPClient(ClientAlgorithm):
     """A FEDORA device: personal θ_k pulled selectively toward its propagated θ̂_k."""
 
     name = "fedpp"
+    server = "fedpp"
     config_cls = FedPPConfig
 
     def model_names(self) -> list[str]:
@@ -238,16 +238,13 @@ class FedPPClient(ClientAlgorithm):
         if cfg.epochs is not None:
             per_epoch = 1 if cfg.batch_size is None else math.ceil(len(train) / cfg.batch_size)
             steps = cfg.epochs * per_epoch
-        train_loss = run_local_steps(
-            self.model,
+        train_loss = self.local_steps(
             theta,
-            names,
             train,
-            self.loss,
-            cfg.make_optimizer(round_),
-            steps,
-            cfg.batch_size,
             rng,
+            round_=round_,
+            trainable=names,
+            steps=steps,
             grad_hook=pull if lam > 0 else None,
         )
         upload: Params = {n: theta[n] for n in names}

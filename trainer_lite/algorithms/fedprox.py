@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer_lite.algorithms.base import ClientResult, TrainConfig, register_client
-from trainer_lite.algorithms.fedavg import FedAvgClient, run_local_steps
+from trainer_lite.algorithms.fedavg import FedAvgClient
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, copy_params
 
@@ -33,6 +33,7 @@ class FedProxClient(FedAvgClient):
     """Every parameter is shared; the local objective has the proximal term."""
 
     name = "fedprox"
+    server = "fedavg"
     config_cls = FedProxConfig
 
     def update(
@@ -53,16 +54,7 @@ class FedProxClient(FedAvgClient):
             for n in grads:
                 grads[n] = grads[n] + cfg.mu * (p[n] - anchor[n])
 
-        train_loss = run_local_steps(
-            self.model,
-            params,
-            params,
-            data,
-            self.loss,
-            cfg.make_optimizer(round_),
-            cfg.local_steps,
-            cfg.batch_size,
-            rng,
-            grad_hook=proximal if cfg.mu else None,
+        train_loss = self.local_steps(
+            params, data, rng, round_=round_, grad_hook=proximal if cfg.mu else None
         )
         return ClientResult(params, len(data), {"train_loss": train_loss}), {}

@@ -10,12 +10,11 @@ this reuses; the server is FedAvg over the body.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from trainer_lite.algorithms.base import ClientResult, register_client
-from trainer_lite.algorithms.fedavg import run_local_steps
 from trainer_lite.algorithms.fedper import PartialSharingClient, PartialSharingConfig
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, copy_params
@@ -41,6 +40,7 @@ class FedRepClient(PartialSharingClient):
     """Head steps then body steps; upload the body, keep the head."""
 
     name = "fedrep"
+    server = "fedavg"
     config_cls = FedRepConfig
 
     def update(
@@ -56,29 +56,10 @@ class FedRepClient(PartialSharingClient):
         cfg = self.config
         params = copy_params(self.personal_params(shared, local))
         head_names, body_names = self.personal_names(), self.shared_names()
-        head_cfg = cfg if cfg.head_lr is None else replace(cfg, lr=cfg.head_lr)
-        head_loss = run_local_steps(
-            self.model,
-            params,
-            head_names,
-            data,
-            self.loss,
-            head_cfg.make_optimizer(round_),
-            cfg.head_steps,
-            cfg.batch_size,
-            rng,
+        head_loss = self.local_steps(
+            params, data, rng, round_=round_, trainable=head_names, steps=cfg.head_steps, lr=cfg.head_lr
         )
-        body_loss = run_local_steps(
-            self.model,
-            params,
-            body_names,
-            data,
-            self.loss,
-            cfg.make_optimizer(round_),
-            cfg.local_steps,
-            cfg.batch_size,
-            rng,
-        )
+        body_loss = self.local_steps(params, data, rng, round_=round_, trainable=body_names)
         uploaded = {n: params[n] for n in body_names}
         kept = {n: params[n] for n in head_names}
         metrics = {"train_loss": body_loss, "head_loss": head_loss}

@@ -119,6 +119,7 @@ class FTLTPClient(ClientAlgorithm):
     """A device of one task group: trains base + its group's blocks, uploads both."""
 
     name = "ftltp"
+    server = "ftltp"
     config_cls = FTLTPConfig
 
     def __init__(self, spec: TaskSpec) -> None:

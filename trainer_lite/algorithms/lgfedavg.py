@@ -18,6 +18,7 @@ class LGFedAvgClient(PartialSharingClient):
     """LG-FedAvg: personal body, shared head (by default the last block with parameters)."""
 
     name = "lgfedavg"
+    server = "fedavg"
 
     def default_personal_blocks(self) -> list[str]:
         return self._param_blocks()[:-1]

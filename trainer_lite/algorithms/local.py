@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, TrainConfig, register_client
-from trainer_lite.algorithms.fedavg import run_local_steps
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, copy_params
 
@@ -15,6 +14,7 @@ class LocalClient(ClientAlgorithm):
     """All parameters are local; the device uploads an empty dict and its sample count."""
 
     name = "indiv"
+    server = "fedavg"
     config_cls = TrainConfig
 
     def shared_names(self) -> list[str]:
@@ -37,16 +37,5 @@ class LocalClient(ClientAlgorithm):
         phase: str,
     ) -> tuple[ClientResult, Params]:
         params = copy_params(local)
-        cfg = self.config
-        train_loss = run_local_steps(
-            self.model,
-            params,
-            params,
-            data,
-            self.loss,
-            cfg.make_optimizer(round_),
-            cfg.local_steps,
-            cfg.batch_size,
-            rng,
-        )
+        train_loss = self.local_steps(params, data, rng, round_=round_)
         return ClientResult({}, len(data), {"train_loss": train_loss}), params

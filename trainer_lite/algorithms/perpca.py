@@ -164,6 +164,7 @@ class PerPCAClient(ClientAlgorithm):
     """
 
     name = "perpca"
+    server = "perpca"
     config_cls = PerPCAConfig
 
     def __init__(self, spec: TaskSpec) -> None:

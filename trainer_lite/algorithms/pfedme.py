@@ -50,6 +50,7 @@ class PFedMeClient(FedAvgClient):
     """Uploads its copy of the global model; keeps the personalized θ."""
 
     name = "pfedme"
+    server = "pfedme"
     config_cls = PFedMeConfig
 
     def personal_params(self, shared: Params, local: Params) -> Params:

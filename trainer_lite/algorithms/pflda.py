@@ -178,6 +178,7 @@ class PFLDAClient(_EncoderDecoderClient):
     """PFL-DA's client: Algorithm 2 (local_update) and Algorithm 3 (local_update_regularized)."""
 
     name = "pflda"
+    server = "fedavg"
     config_cls = PFLDAConfig
 
     def init_local(self, rng: np.random.Generator) -> Params:
@@ -244,6 +245,7 @@ class SimpleDAClient(_EncoderDecoderClient):
     """
 
     name = "simple_da"
+    server = "fedavg"
     config_cls = EncoderDecoderConfig
 
     def init_local(self, rng: np.random.Generator) -> Params:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, TrainConfig, register_client
-from trainer_lite.algorithms.fedavg import run_local_steps
 from trainer_lite.algorithms.feddar import COUNTS, domain_counts, domain_ids, score
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, copy_params
@@ -47,6 +46,7 @@ class SeparateFedAvgClient(ClientAlgorithm):
     """M independent FedAvg models, domain ``m``'s trained on domain-``m`` samples only."""
 
     name = "separate_fedavg"
+    server = "separate_fedavg"
     config_cls = SeparateConfig
 
     @property
@@ -108,7 +108,6 @@ class SeparateFedAvgClient(ClientAlgorithm):
         round_: int,
         phase: str,
     ) -> tuple[ClientResult, Params]:
-        cfg = self.config
         dom = domain_ids(data, self.n_domains)
         counts = domain_counts(dom, self.n_domains)
         upload: Params = {}
@@ -117,17 +116,7 @@ class SeparateFedAvgClient(ClientAlgorithm):
             params = copy_params(self.domain_params(shared, m))
             idx = np.flatnonzero(dom == m)
             if len(idx):
-                total += len(idx) * run_local_steps(
-                    self.model,
-                    params,
-                    params,
-                    data.take(idx),
-                    self.loss,
-                    cfg.make_optimizer(round_),
-                    cfg.local_steps,
-                    cfg.batch_size,
-                    rng,
-                )
+                total += len(idx) * self.local_steps(params, data.take(idx), rng, round_=round_)
             upload.update({domain_key(m, n): v for n, v in params.items()})
         upload[COUNTS] = counts.astype(np.float64)
         return ClientResult(upload, len(data), {"train_loss": total / max(len(data), 1)}), {}

@@ -12,12 +12,12 @@ predicts with the global model itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from trainer_lite.algorithms.base import ClientResult, TrainConfig, register_client
-from trainer_lite.algorithms.fedavg import FedAvgClient, run_local_steps
+from trainer_lite.algorithms.fedavg import FedAvgClient
 from trainer_lite.algorithms.pflda import PERSONAL
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, copy_params, strip_prefix, with_prefix
@@ -46,6 +46,7 @@ class TPClient(FedAvgClient):
     """FedAvg client that also keeps a fine-tuned copy of the global model as its personal model."""
 
     name = "tp"
+    server = "fedavg"
     config_cls = TPConfig
 
     def personal_params(self, shared: Params, local: Params) -> Params:
@@ -67,17 +68,6 @@ class TPClient(FedAvgClient):
         if round_ < cfg.finetune_from:
             return result, {}
         tuned = copy_params(shared)
-        ft = cfg if cfg.finetune_lr is None else replace(cfg, lr=cfg.finetune_lr)
-        loss = run_local_steps(
-            self.model,
-            tuned,
-            tuned,
-            data,
-            self.loss,
-            ft.make_optimizer(round_),
-            cfg.finetune_steps,
-            cfg.batch_size,
-            rng,
-        )
+        loss = self.local_steps(tuned, data, rng, round_=round_, steps=cfg.finetune_steps, lr=cfg.finetune_lr)
         metrics = {**result.metrics, "finetune_loss": loss}
         return ClientResult(result.shared, result.n_samples, metrics), with_prefix(tuned, PERSONAL)

@@ -5,13 +5,14 @@ that the caller passes in.  ``forward`` returns the output and a cache;
 ``backward`` takes the cache and the upstream gradient and returns the parameter
 gradients (same names) and the gradient with respect to the input.
 
-Modules: ``base`` (the protocol), ``basic`` (linear maps, sigmoid GLM, ReLU),
+Modules: ``base`` (the protocol), ``basic`` (linear maps, sigmoid GLM, ReLU,
+a bare parameter vector),
 ``gaussian`` (PFL-DA's Gaussian-basis GLM), ``containers`` (``Sequential``,
 ``Residual``).
 """
 
 from trainer_lite.layers.base import Cache, Layer, sigmoid
-from trainer_lite.layers.basic import Affine, Linear, ReLU, SigmoidGLM
+from trainer_lite.layers.basic import Affine, Linear, ReLU, SigmoidGLM, Vector
 from trainer_lite.layers.containers import Residual, Sequential
 from trainer_lite.layers.gaussian import GaussianBasis, GaussianGLM
 
@@ -26,5 +27,6 @@ __all__ = [
     "Residual",
     "Sequential",
     "SigmoidGLM",
+    "Vector",
     "sigmoid",
 ]

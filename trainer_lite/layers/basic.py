@@ -1,4 +1,4 @@
-"""Linear maps and pointwise nonlinearities."""
+"""Linear maps, pointwise nonlinearities and the transport benchmark's bare parameter vector."""
 
 from __future__ import annotations
 
@@ -159,3 +159,25 @@ class ReLU(Layer):
 
     def backward(self, p: Params, cache: Cache, dy: np.ndarray) -> tuple[Params, np.ndarray]:
         return {}, np.multiply(dy, cache, dtype=dy.dtype)
+
+
+class Vector(Layer):
+    """A parameter vector ``value`` of ``size`` values that leaves its input untouched.
+
+    The model of the zero-compute ``echo`` algorithm, where only the vector's
+    transport matters; its gradient is always zero.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.size = size
+
+    def init(self, rng: np.random.Generator) -> Params:
+        return {"value": rng.normal(size=self.size)}
+
+    def forward(self, p: Params, x: np.ndarray) -> tuple[np.ndarray, Cache]:
+        return x, None
+
+    def backward(self, p: Params, cache: Cache, dy: np.ndarray) -> tuple[Params, np.ndarray]:
+        return {"value": np.zeros_like(p["value"])}, dy
