@@ -175,6 +175,7 @@ def start_embedded(
 
 
 def _run_amqtt(port: int) -> None:
+    # Lazy: amqtt is the optional `broker` extra, needed only where no mosquitto is installed.
     from amqtt.broker import Broker
 
     config = {

@@ -8,13 +8,16 @@ import signal
 import sys
 from pathlib import Path
 
+from cloud_aggregator import fleet_init, fleet_status, push
+from cloud_aggregator.backbones import cli as backbones_cli
+from cloud_aggregator.config import AggregatorConfig
+from cloud_aggregator.demo import run_demo
+from cloud_aggregator.server import serve
+from export import cli as export_cli
 from ioft_protocol.config import ConfigError, build, load_toml
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from cloud_aggregator.config import AggregatorConfig
-    from cloud_aggregator.server import serve
-
     raw = load_toml(args.config) if args.config else {}
     if args.broker:
         raw["broker"] = args.broker
@@ -46,8 +49,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from cloud_aggregator.demo import run_demo
-
     try:
         return run_demo(
             devices=args.devices,
@@ -85,10 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_demo)
 
     # Models (issue 6): each subcommand lives in its own module; only the wiring is here.
-    from cloud_aggregator import fleet_init, fleet_status, push
-    from export import cli as export_cli
-
     export_cli.add_parsers(sub)
+    backbones_cli.add_parsers(sub)
     push.add_parser(sub)
     fleet = sub.add_parser("fleet", help="fleet-wide views and set-up")
     fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)

@@ -105,7 +105,9 @@ class TaskConfig:
 
     def _schema_hash(self) -> str | None:
         if self.feature_schema == "weld-dwt":
-            from sensors.features.schema import schema_hash  # numpy only; no PyWavelets at import
+            # Lazy: sensors.features.schema imports PyWavelets (the device extra), and the
+            # aggregator's config must load with the core dependencies alone.
+            from sensors.features.schema import schema_hash
 
             return schema_hash()
         return self.feature_schema

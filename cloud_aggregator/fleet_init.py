@@ -46,6 +46,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
 from export.keys import generate_keypair
 from ioft_protocol import codec, topics
 
@@ -196,8 +201,6 @@ def mosquitto_password_hash(
 
 # -- certificates --------------------------------------------------------------------------------------
 def _san(hosts: Sequence[str]) -> list:
-    from cryptography import x509
-
     names: list = []
     for h in hosts:
         try:
@@ -216,11 +219,6 @@ class _Issuer:
     """
 
     def __init__(self, fleet: str, days: int) -> None:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import NameOID
-
         self.key = ec.generate_private_key(ec.SECP256R1())
         self.name = x509.Name(
             [
@@ -261,11 +259,6 @@ class _Issuer:
         """A leaf ``(cert PEM, key PEM)``: a server certificate when ``server_hosts`` is given, else a
         client one.  The extended key usage matters: OpenSSL refuses a server certificate offered as
         a client's, so the broker's key cannot log in as a device named after it."""
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         builder = (
@@ -309,14 +302,10 @@ class _Issuer:
 
 
 def _pem_cert(cert) -> bytes:
-    from cryptography.hazmat.primitives import serialization
-
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
 def _pem_key(key) -> bytes:
-    from cryptography.hazmat.primitives import serialization
-
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
 import os
 import sys
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cloud_aggregator.config import AggregatorConfig
 from export.package import Package, load_package
 from ioft_protocol import codec, model_push, topics
 from ioft_protocol.config import ConfigError, build, load_toml
@@ -165,8 +167,6 @@ def push_model(
 
 
 def _version_of(offer: model_push.ModelOffer) -> int | None:
-    import json
-
     try:
         version = json.loads(offer.manifest).get("version")
     except (ValueError, AttributeError):
@@ -178,8 +178,6 @@ def _version_of(offer: model_push.ModelOffer) -> int | None:
 def operator_session(args: argparse.Namespace, role: str) -> tuple[MqttSession, str]:
     """A session for an operator command: broker, fleet and TLS from ``--config`` (the aggregator's
     TOML) with ``--broker``/``--fleet``/``--allow-plaintext`` overriding; its own client id."""
-    from cloud_aggregator.config import AggregatorConfig
-
     raw = load_toml(args.config) if args.config else {}
     raw.pop("task", None)
     if args.broker:

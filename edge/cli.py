@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from edge.config import DeviceConfig
+from edge.daemon import EdgeTrainer
 from ioft_protocol.config import ConfigError, build, load_toml
 
 
@@ -78,8 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    from edge.daemon import EdgeTrainer
-
     trainer = EdgeTrainer(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: trainer.stop())

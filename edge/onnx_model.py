@@ -27,6 +27,8 @@ class LoadedModel:
     """An onnxruntime session for a verified file and the manifest that describes it."""
 
     def __init__(self, path: str | Path, manifest: ModelManifest, *, threads: int = 1) -> None:
+        # Lazy, as the module docstring says: onnxruntime, and PyWavelets through
+        # sensors.features.schema, load only on a device that opens a model.
         import onnxruntime as ort
 
         from sensors.features.schema import SCHEMA_HASH_KEY

@@ -1,17 +1,17 @@
-"""From a trained backbone (or the fleet's shared parameters) to a signed package, in one call.
+"""From a torch module to a signed package, in one call: :func:`export_module`.
 
-``export_run``: a ``cloud_aggregator.backbones.train`` run folder → its encoder (or
-the whole classifier/regressor) → ONNX (checked, parity-tested) → optional int8
-variant with its size/latency/score change → manifest signed with the fleet key.
-``export_params``: the same from named NumPy parameters of a ``trainer_lite`` model
-(e.g. a task's final global encoder), via ``cloud_aggregator.backbones.assemble``.
+The module → ONNX (checked, parity-tested on held-out rows) → optional int8 variant
+with its size/latency/score change → manifest signed with the fleet key.  What the
+module is (a trained cloud backbone, or the fleet's shared parameters assembled in
+torch) is the caller's business: ``cloud_aggregator.backbones.packaging`` exports
+both, so this package imports nothing of the cloud's.
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,53 +24,65 @@ from export.package import Package, package_model
 from export.quantize import VariantReport, compare_variants, quantize_int8, report_table
 
 log = logging.getLogger(__name__)
-OUTPUTS = ("embedding", "logits", "regression")
+
+#: A task score of model outputs on the held-out rows: ``(score, its name)``.
+ScoreFn = Callable[[np.ndarray], tuple[float, str]]
 
 
 @dataclass(frozen=True)
 class ExportSummary:
+    """What :func:`export_module` produced: the package, the ONNX export's checks, the
+    variants compared (float32, and int8 when quantized) and the report printed for people."""
+
     package: Package
     export: ExportResult
     variants: list[VariantReport]
     report: str
 
 
-def _score_fn(
-    data, head: torch.nn.Module | None, output: str
-) -> Callable[[np.ndarray], tuple[float, str]] | None:
-    """Task score of model outputs on the held-out split: through the trained head for embeddings."""
-    y = data.y_test
-
-    def score(out: np.ndarray) -> tuple[float, str]:
-        pred = out
-        if output == "embedding":
-            with torch.no_grad():
-                pred = head(torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))).numpy()
-        if data.task == "classification":
-            return float(np.mean(pred.argmax(axis=1) == y)), "accuracy"
-        sse = float(np.sum((pred - y) ** 2))
-        return 1.0 - sse / float(np.sum((y - y.mean(axis=0)) ** 2)), "r2"
-
-    return score if (output != "embedding" or head is not None) else None
-
-
-def _finish(
+def export_module(
     module: torch.nn.Module,
     heldout: np.ndarray,
     metadata: dict[str, str],
-    out_dir: Path,
+    out_dir: str | Path,
     *,
     name: str,
     version: int,
     kind: str,
     key: Ed25519PrivateKey,
-    quantize: bool,
-    score: Callable[[np.ndarray], tuple[float, str]] | None,
-    score_inputs: np.ndarray,
-    opset: int,
-    tolerance: float,
-    extra: dict[str, str],
+    quantize: bool = False,
+    score: ScoreFn | None = None,
+    score_inputs: np.ndarray | None = None,
+    opset: int = DEFAULT_OPSET,
+    tolerance: float = PARITY_TOLERANCE,
+    extra: dict[str, str] | None = None,
 ) -> ExportSummary:
+    """Export ``module`` to ONNX, optionally quantize it, and package it signed in ``out_dir``.
+
+    Parameters
+    ----------
+    module
+        The torch module to ship (in eval mode, float32).
+    heldout
+        Rows the ONNX graph's parity with ``module`` is tested on.
+    metadata
+        ONNX metadata props (the input schema's hash, the model's name and version).
+    kind
+        What the model outputs (``embedding``, ``logits``, ``regression``), for the manifest.
+    score, score_inputs
+        A task score of outputs on ``score_inputs`` (default: ``heldout``), reported per variant.
+    extra
+        Further manifest fields; each variant's held-out score is added.
+
+    Returns
+    -------
+    ExportSummary
+        The package, the export's checks, the variants and the report (also written
+        beside the ONNX file as ``<name>.report.md``).
+    """
+    out_dir = Path(out_dir)
+    extra = dict(extra or {})
+    score_inputs = heldout if score_inputs is None else score_inputs
     with tempfile.TemporaryDirectory(prefix="ioft-export-") as tmp:
         fp32 = Path(tmp) / f"{name}-float32.onnx"
         result = export_onnx(module, heldout, fp32, metadata=metadata, opset=opset, tolerance=tolerance)
@@ -105,119 +117,3 @@ def _finish(
         report
     )
     return ExportSummary(package, result, variants, report)
-
-
-def export_run(
-    run_dir: str | Path,
-    out_dir: str | Path,
-    *,
-    name: str,
-    version: int,
-    key: Ed25519PrivateKey,
-    output: str = "embedding",
-    quantize: bool = False,
-    opset: int = DEFAULT_OPSET,
-    tolerance: float = PARITY_TOLERANCE,
-    n_heldout: int = 256,
-) -> ExportSummary:
-    """Export a trained backbone run: ``output="embedding"`` ships the encoder (heads stay federated)."""
-    from cloud_aggregator.backbones.train import load_run
-
-    if output not in OUTPUTS:
-        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
-    model, data, settings, ckpt = load_run(run_dir)
-    if output != "embedding" and (output == "logits") != (data.task == "classification"):
-        raise ValueError(f"a {data.task} backbone cannot be exported as {output!r}")
-    module = model.encoder if output == "embedding" else model
-    heldout = data.x_test[:n_heldout]
-    metadata = dict(data.schema_metadata) | {
-        "ioft.model.name": name,
-        "ioft.model.version": str(version),
-        "ioft.backbone": settings.backbone,
-    }
-    final = ckpt["history"][-1] if ckpt["history"] else {}
-    extra = {
-        "backbone": settings.backbone,
-        "data": data.description,
-        "epochs": str(ckpt["epoch"]),
-        **{k: f"{v:.6f}" for k, v in final.items() if k.startswith("test_")},
-    }
-    return _finish(
-        module,
-        heldout,
-        metadata,
-        Path(out_dir),
-        name=name,
-        version=version,
-        kind=output,
-        key=key,
-        quantize=quantize,
-        score=_score_fn(data, model.head, output),
-        score_inputs=data.x_test,
-        opset=opset,
-        tolerance=tolerance,
-        extra=extra,
-    )
-
-
-def export_params(
-    params: Mapping[str, np.ndarray],
-    out_dir: str | Path,
-    *,
-    model: str,
-    model_args: Mapping[str, object],
-    blocks: Sequence[str] | None,
-    schema_metadata: dict[str, str],
-    name: str,
-    version: int,
-    key: Ed25519PrivateKey,
-    heldout: np.ndarray | None = None,
-    heldout_description: str = "heldout",
-    prefix: str = "",
-    quantize: bool = False,
-    opset: int = DEFAULT_OPSET,
-    tolerance: float = PARITY_TOLERANCE,
-    seed: int = 0,
-    extra: dict[str, str] | None = None,
-) -> ExportSummary:
-    """Export the leading ``blocks`` of a trainer_lite model holding the fleet's ``params``.
-
-    Parity is tested on ``heldout`` rows (flattened to the model's input width; the
-    manifest's ``parity_inputs`` says which, from ``heldout_description``) or, without
-    them, on 256 seeded standard-normal rows (``parity_inputs=synthetic-normal``).
-    """
-    from cloud_aggregator.backbones.assemble import assemble
-
-    module = assemble(model, model_args, params, blocks=blocks, prefix=prefix).float()
-    d_in = next(p for p in module.parameters()).shape[0]
-    inputs = heldout_description
-    if heldout is None:
-        heldout = np.random.default_rng(seed).standard_normal((256, d_in)).astype(np.float32)
-        inputs = "synthetic-normal"
-    heldout = np.asarray(heldout, dtype=np.float32).reshape(len(heldout), -1)[:256]
-    if heldout.shape[1] != d_in:
-        raise ValueError(
-            f"the model takes {d_in} inputs but the held-out rows ({inputs}) have {heldout.shape[1]}: "
-            "name the task's --schema, pass --heldout ROWS.npy, or --heldout synthetic"
-        )
-    metadata = dict(schema_metadata) | {"ioft.model.name": name, "ioft.model.version": str(version)}
-    extra = dict(extra or {}) | {
-        "source": f"trainer_lite {model} blocks {list(blocks) if blocks else 'all'}",
-        "parity_inputs": inputs,
-    }
-    return _finish(
-        module,
-        heldout,
-        metadata,
-        Path(out_dir),
-        name=name,
-        version=version,
-        kind="embedding",
-        key=key,
-        quantize=quantize,
-        score=None,
-        score_inputs=heldout,
-        opset=opset,
-        tolerance=tolerance,
-        extra=extra,
-    )

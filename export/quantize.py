@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from export.runtime import ort_session
 
@@ -37,9 +39,6 @@ class VariantReport:
 
 def quantize_int8(src: str | Path, dst: str | Path) -> Path:
     """Dynamic int8 quantization of ``src`` into ``dst``, keeping its metadata (schema hash)."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     src, dst = Path(src), Path(dst)
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
     original = onnx.load(str(src))

@@ -17,7 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ioft_protocol.state import decode_arrays, encode_arrays
+from ioft_protocol.state import atomic_write_bytes, decode_arrays, encode_arrays
+from sensors.features.schema import SCHEMA_HASH_KEY, schema_metadata
+from sensors.layers import SPEED_SCALE
+from sensors.sim.vibration import WINDOW_SCHEMA, simulate_windows
+from sensors.sim.welder import simulate_domain_group
 
 
 @dataclass(frozen=True)
@@ -36,8 +40,6 @@ class BackboneData:
 
     @property
     def schema_hash(self) -> str:
-        from sensors.features.schema import SCHEMA_HASH_KEY
-
         return self.schema_metadata[SCHEMA_HASH_KEY]
 
     @property
@@ -45,8 +47,6 @@ class BackboneData:
         return tuple(self.x_train.shape[1:])
 
     def save(self, path: str | Path) -> None:
-        from ioft_protocol.state import atomic_write_bytes
-
         meta = {
             "task": self.task,
             "n_outputs": self.n_outputs,
@@ -80,10 +80,6 @@ class BackboneData:
 
 def printer_windows(n_printers: int = 24, seed: int = 0, test_printers: int | None = None) -> BackboneData:
     """Raw vibration windows of ``n_printers`` simulated lab printers; the last quarter held out."""
-    from sensors.features.schema import SCHEMA_HASH_KEY
-    from sensors.layers import SPEED_SCALE
-    from sensors.sim.vibration import WINDOW_SCHEMA, simulate_windows
-
     if n_printers < 2:
         raise ValueError(f"need at least 2 printers (one to hold out), got {n_printers}")
     n_test = max(1, n_printers // 4) if test_printers is None else test_printers
@@ -112,9 +108,6 @@ def weld_features(
     n_per_domain: int = 60, seed: int = 0, time_scale: float = 0.3, test_fraction: float = 0.25
 ) -> BackboneData:
     """DWT features of simulated group-M welds; a seeded ``test_fraction`` of each domain held out."""
-    from sensors.features.schema import schema_metadata
-    from sensors.sim.welder import simulate_domain_group
-
     group = simulate_domain_group("M", n_per_domain, seed=seed, time_scale=time_scale)
     rng = np.random.default_rng(seed)
     test = np.zeros(len(group.y), dtype=bool)

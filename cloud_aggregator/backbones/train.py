@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from cloud_aggregator.backbones.data import BackboneData, build_data
 from cloud_aggregator.backbones.nets import BACKBONE_DATA, Backbone, build_backbone
@@ -148,8 +149,6 @@ def train_backbone(
         shared small machine set 1: two threads contending with other processes ran a
         training step ~90x slower here (700 ms vs 7.5 ms).
     """
-    from tqdm import tqdm
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = pick_device(device)

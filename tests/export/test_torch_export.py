@@ -14,12 +14,12 @@ onnx = pytest.importorskip("onnx")
 from cloud_aggregator.backbones.assemble import assemble  # noqa: E402
 from cloud_aggregator.backbones.data import BackboneData, printer_windows  # noqa: E402
 from cloud_aggregator.backbones.nets import FeatureMLP  # noqa: E402
+from cloud_aggregator.backbones.packaging import export_params, export_run  # noqa: E402
 from cloud_aggregator.backbones.train import CHECKPOINT, TrainSettings, load_run, train_backbone  # noqa: E402
 from edge.onnx_model import LoadedModel, holdout_score  # noqa: E402
 from export.keys import generate_keypair, load_private_key  # noqa: E402
 from export.onnx_export import export_onnx  # noqa: E402
 from export.package import ExportError  # noqa: E402
-from export.pipeline import export_params, export_run  # noqa: E402
 from export.runtime import ort_session  # noqa: E402
 from ioft_protocol.manifest import load_public_key, verify_manifest  # noqa: E402
 from sensors.features.schema import SCHEMA_HASH_KEY, schema_metadata  # noqa: E402
