@@ -39,165 +39,18 @@ from benchmarks.pflda_sine import (
     Block,
     StackedDataset,
     StackedFleet,
-    StackLinear,
     keep_freed_memory,
     run_stacked,
 )
-from trainer_lite.layers import Affine, Cache, GaussianGLM, Layer, ReLU, Residual, Sequential, sigmoid
-from trainer_lite.models import register_model
+from benchmarks.study_models import register_study_models
 from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec
 
+# The stacked printer models are named in the study's task specs (benchmarks.study_models).
+register_study_models()
+
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "printers"
 TEST_SPEED = 30
-
-
-# ---------------------------------------------------------------------------
-# The three models of Table 4, able to run stacked (one parameter set per replica).
-# They draw and name their parameters exactly as trainer_lite's ``sigmoid_glm``,
-# ``gaussian_glm`` and ``printer_nn``; the study test checks outputs and gradients agree.
-# ---------------------------------------------------------------------------
-
-
-def _col(v: np.ndarray) -> np.ndarray:
-    """A per-member row vector ``(..., d)`` as ``(..., 1, d)``, to broadcast over samples."""
-    return v[..., None, :]
-
-
-class StackAffine(Layer):
-    """:class:`trainer_lite.layers.Affine` (``φ1·x + φ2``) over stacked inputs."""
-
-    def __init__(self, dim: int = 1) -> None:
-        self.proto = Affine(dim)
-
-    def param_names(self) -> list[str]:
-        return ["scale", "shift"]
-
-    def init(self, rng: np.random.Generator) -> Params:
-        return self.proto.init(rng)
-
-    def forward(self, p: Params, x: np.ndarray) -> tuple[np.ndarray, Cache]:
-        return x * _col(p["scale"]) + _col(p["shift"]), x
-
-    def param_grads(self, p: Params, cache: Cache, dy: np.ndarray) -> Params:
-        return {"scale": (dy * cache).sum(axis=-2), "shift": dy.sum(axis=-2)}
-
-    def backward(self, p: Params, cache: Cache, dy: np.ndarray) -> tuple[Params, np.ndarray]:
-        return self.param_grads(p, cache, dy), dy * _col(p["scale"])
-
-
-class StackSigmoidGLM(Layer):
-    """:class:`trainer_lite.layers.SigmoidGLM` (``g1·σ(h) + g2``) over stacked inputs."""
-
-    def __init__(self) -> None:
-        self.linear = StackLinear(1, 1)
-
-    def param_names(self) -> list[str]:
-        return ["weight", "bias"]
-
-    def init(self, rng: np.random.Generator) -> Params:
-        return self.linear.init(rng)
-
-    def forward(self, p: Params, x: np.ndarray) -> tuple[np.ndarray, Cache]:
-        s = sigmoid(x)
-        y, _ = self.linear.forward(p, s)
-        return y, s
-
-    def param_grads(self, p: Params, cache: Cache, dy: np.ndarray) -> Params:
-        return self.linear.param_grads(p, cache, dy)
-
-    def backward(self, p: Params, cache: Cache, dy: np.ndarray) -> tuple[Params, np.ndarray]:
-        s = cache
-        return self.param_grads(p, s, dy), (dy @ np.swapaxes(p["weight"], -1, -2)) * s * (1.0 - s)
-
-
-class FusedGaussianDecoder(Layer):
-    """The authors' Gaussian decoder (``gaussian_glm``'s, form ``"code"``) computed through ``W1·W2``.
-
-    ``y = fc2(fc1(φ(x)))`` with nothing between the two linear maps, so
-    ``y = φ·(W1 W2) + (b1 W2 + b2)`` and every gradient factors the same way
-    (e.g. ``∂W1 = (φᵀ dy) W2ᵀ``): the 16 → 1024 → 1 map costs O(16·1024) a step
-    instead of O(n·16·1024), with the very same parameters and training dynamics.
-    """
-
-    def __init__(self, n_basis: int = 16, hidden: int = 1024) -> None:
-        self.proto = GaussianGLM(n_basis, 1, 1, form="code", hidden=hidden)
-
-    def param_names(self) -> list[str]:
-        return self.proto.param_names()
-
-    def init(self, rng: np.random.Generator) -> Params:
-        return self.proto.init(rng)
-
-    def forward(self, p: Params, x: np.ndarray) -> tuple[np.ndarray, Cache]:
-        a = p["rbf.stds"] ** 2  # the code form: s multiplies, a = s²
-        d = x - p["rbf.centers"]  # (..., n, 1) − (..., 1, K)
-        phi = np.exp(-0.5 * a * d * d)
-        w1, w2 = p["fc1.weight"], p["fc2.weight"]
-        v = w1 @ w2
-        c0 = _col(p["fc1.bias"]) @ w2 + _col(p["fc2.bias"])
-        return phi @ v + c0, (d, phi, a, v)
-
-    def _grads(self, p: Params, cache: Cache, dy: np.ndarray, need_dx: bool):
-        d, phi, a, v = cache
-        t = lambda m: np.swapaxes(m, -1, -2)  # noqa: E731
-        w1, w2 = p["fc1.weight"], p["fc2.weight"]
-        gsum = dy.sum(axis=-2, keepdims=True)  # (..., 1, 1)
-        phig = t(phi) @ dy  # (..., K, 1)
-        grads = {
-            "fc1.weight": phig @ t(w2),
-            "fc1.bias": (gsum @ t(w2))[..., 0, :],
-            "fc2.weight": t(w1) @ phig + t(_col(p["fc1.bias"])) * gsum,
-            "fc2.bias": gsum[..., 0, :],
-        }
-        # Through the bumps: g = dL/dφ·φ, ∂μ = g·d·a, ∂a = −½·g·d², a = s² so ∂s = 2s·∂a.
-        g = (dy @ t(v)) * phi
-        gd = g * d
-        gda = gd * a
-        grads["rbf.centers"] = gda.sum(axis=-2, keepdims=True)
-        grads["rbf.stds"] = -0.5 * (gd * d).sum(axis=-2, keepdims=True) * 2.0 * p["rbf.stds"]
-        dx = -gda.sum(axis=-1, keepdims=True) if need_dx else None
-        return grads, dx
-
-    def param_grads(self, p: Params, cache: Cache, dy: np.ndarray) -> Params:
-        return self._grads(p, cache, dy, False)[0]
-
-    def backward(self, p: Params, cache: Cache, dy: np.ndarray) -> tuple[Params, np.ndarray]:
-        return self._grads(p, cache, dy, True)
-
-
-@register_model("printer_sigmoid_stacked")
-def printer_sigmoid_stacked() -> Sequential:
-    """``sigmoid_glm`` (one feature) for stacked fleets."""
-    return Sequential([("encoder", StackAffine(1)), ("decoder", StackSigmoidGLM())])
-
-
-@register_model("printer_gaussian_stacked")
-def printer_gaussian_stacked(n_basis: int = 16, hidden: int = 1024) -> Sequential:
-    """``gaussian_glm`` (the authors' form) for stacked fleets, fused as above."""
-    return Sequential([("encoder", StackAffine(1)), ("decoder", FusedGaussianDecoder(n_basis, hidden))])
-
-
-@register_model("printer_nn_stacked")
-def printer_nn_stacked(
-    feature_dim: int = 128, encoder_hidden: int = 64, width: int = 128, depth: int = 5
-) -> Sequential:
-    """``printer_nn`` (the authors' NN) for stacked fleets."""
-    body = Sequential(
-        [
-            ("fc0", StackLinear(1, encoder_hidden)),
-            ("relu0", ReLU()),
-            ("fc1", StackLinear(encoder_hidden, feature_dim)),
-        ]
-    )
-    encoder = Residual(body, shortcut=StackLinear(1, feature_dim))
-    sizes = [feature_dim] + [width] * (depth - 1) + [1]
-    layers: list[tuple[str, Layer]] = []
-    for i in range(depth):
-        layers.append((f"fc{i}", StackLinear(sizes[i], sizes[i + 1])))
-        if i < depth - 1:
-            layers.append((f"relu{i}", ReLU()))
-    return Sequential([("encoder", encoder), ("decoder", Sequential(layers))])
 
 
 @dataclass(frozen=True)

@@ -38,16 +38,18 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.study_models import register_study_models
+from benchmarks.study_models import stacked_mse as stacked_mse  # the loss its fleets train with
 from cloud_aggregator.rounds import CollectRequest, MemoryStore, RoundEngine, RoundRecord
 from cloud_aggregator.strategies import Strategy, Update, make_strategy
 from trainer_lite.algorithms import ClientAlgorithm, make_client
-from trainer_lite.algorithms.base import register_loss
 from trainer_lite.client import derive_rng
 from trainer_lite.data import Dataset
-from trainer_lite.layers import Cache, Layer, Linear, ReLU, Residual, Sequential
-from trainer_lite.models import register_model
 from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec
+
+# The study's model and loss are named in its task specs (benchmarks.study_models).
+register_study_models()
 
 
 def keep_freed_memory() -> None:
@@ -76,65 +78,6 @@ def keep_freed_memory() -> None:
 # ---------------------------------------------------------------------------
 # Vectorized fleet: parameters and data with a leading client (or replica) axis.
 # ---------------------------------------------------------------------------
-
-
-def _t(a: np.ndarray) -> np.ndarray:
-    return np.swapaxes(a, -1, -2)
-
-
-def sum_samples(a: np.ndarray) -> np.ndarray:
-    """``a.sum(axis=-2, keepdims=True)`` as a batched GEMV: NumPy's strided reduction over the
-    middle axis of a ``(members, n, d)`` array is an order of magnitude slower."""
-    return np.ones((*a.shape[:-2], 1, a.shape[-2]), dtype=a.dtype) @ a
-
-
-class StackLinear(Layer):
-    """``Linear`` over ``(..., n, d_in)`` inputs with one weight ``(..., d_in, d_out)`` per leading index.
-
-    Initialises exactly as :class:`trainer_lite.layers.Linear` (same draws, same
-    names), so a stacked model starts where the per-client model would.
-    """
-
-    def __init__(self, d_in: int, d_out: int, *, init: str = "torch") -> None:
-        self.proto = Linear(d_in, d_out, init=init)
-        self.d_in = d_in
-
-    def param_names(self) -> list[str]:
-        return ["weight", "bias"]
-
-    def init(self, rng: np.random.Generator) -> Params:
-        return self.proto.init(rng)
-
-    def forward(self, p: Params, x: np.ndarray) -> tuple[np.ndarray, Cache]:
-        # A width-1 input is a broadcast product, far cheaper than a batched GEMM.
-        y = x * p["weight"] if self.d_in == 1 else x @ p["weight"]
-        y += p["bias"][..., None, :]
-        return y, x
-
-    def param_grads(self, p: Params, cache: Cache, dy: np.ndarray) -> Params:
-        return {"weight": _t(cache) @ dy, "bias": sum_samples(dy)[..., 0, :]}
-
-    def backward(self, p: Params, cache: Cache, dy: np.ndarray) -> tuple[Params, np.ndarray]:
-        w = p["weight"]
-        # A width-1 output makes dx an outer product: broadcast, not a batched GEMM.
-        dx = dy * _t(w) if w.shape[-1] == 1 else dy @ _t(w)
-        return self.param_grads(p, cache, dy), dx
-
-
-def stacked_mse(pred: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray]:
-    """Sum over leading axes of each stack member's MSE; on 2-D input exactly ``losses.mse``.
-
-    The gradient is each member's own MSE gradient, so Adam, weight decay and the
-    pulls see per-client values as in a per-client run.
-    """
-    if pred.shape != target.shape:
-        raise ValueError(f"prediction shape {pred.shape} != target shape {target.shape}")
-    diff = pred - target
-    per = np.mean(diff * diff, axis=(-2, -1))
-    return float(np.sum(per)), diff * (2.0 / (diff.shape[-1] * diff.shape[-2]))
-
-
-register_loss("stacked_mse", stacked_mse)
 
 
 @dataclass(frozen=True)
@@ -288,66 +231,6 @@ def run_stacked(
 
     engine = RoundEngine(spec, fleet, strategy=strategy, store=store, on_record=record)
     return engine.run()
-
-
-# ---------------------------------------------------------------------------
-# The sine study's model.
-# ---------------------------------------------------------------------------
-
-
-class PhaseEncoder(Layer):
-    """``Φ_β(x) = Π(x + NN_β(1))``, ``Π(φ) = φ mod 1 − ½``: a learned phase shift.
-
-    ``NN`` is the authors' ``Embeddingnet1`` on the constant input 1: a shortcut
-    ``Linear(1, 1)`` plus ``Linear(1, h)``, ReLU, ``Linear(h, h)``, ReLU, ``Linear(h, 1)``.
-    Parameters ``body.fc{0,1,2}.*`` and ``shortcut.*``.
-    """
-
-    def __init__(self, hidden: int = 32) -> None:
-        body = Sequential(
-            [
-                ("fc0", StackLinear(1, hidden)),
-                ("relu0", ReLU()),
-                ("fc1", StackLinear(hidden, hidden)),
-                ("relu1", ReLU()),
-                ("fc2", StackLinear(hidden, 1)),
-            ]
-        )
-        self.net = Residual(body, shortcut=StackLinear(1, 1))
-
-    def param_names(self) -> list[str]:
-        return self.net.param_names()
-
-    def init(self, rng: np.random.Generator) -> Params:
-        return self.net.init(rng)
-
-    def forward(self, p: Params, x: np.ndarray) -> tuple[np.ndarray, Cache]:
-        one = np.ones((*x.shape[:-2], 1, 1), dtype=x.dtype)
-        shift, cache = self.net.forward(p, one)
-        return np.mod(x + shift, 1.0) - 0.5, cache
-
-    def param_grads(self, p: Params, cache: Cache, dy: np.ndarray) -> Params:
-        # Π has slope 1 almost everywhere, so the shift's gradient is the sum over points.
-        return self.net.param_grads(p, cache, sum_samples(dy))
-
-    def backward(self, p: Params, cache: Cache, dy: np.ndarray) -> tuple[Params, np.ndarray]:
-        return self.param_grads(p, cache, dy), dy
-
-
-def sine_decoder(width: int = 32) -> Sequential:
-    """The authors' ``DecoderFunction``: ``fc1`` + ReLU, three ``relu(fc(h)) + h`` blocks, ``fc5``."""
-    layers: list[tuple[str, Layer]] = [("fc1", StackLinear(1, width)), ("relu1", ReLU())]
-    for i in (2, 3, 4):
-        block = Sequential([("fc", StackLinear(width, width)), ("relu", ReLU())])
-        layers.append((f"res{i}", Residual(block)))
-    layers.append(("fc5", StackLinear(width, 1)))
-    return Sequential(layers)
-
-
-@register_model("pflda_sine")
-def pflda_sine_model(width: int = 32, encoder_hidden: int = 32) -> Sequential:
-    """PFL-DA §4.1's model (blocks ``encoder`` and ``decoder``); runs per client or stacked."""
-    return Sequential([("encoder", PhaseEncoder(encoder_hidden)), ("decoder", sine_decoder(width))])
 
 
 # ---------------------------------------------------------------------------

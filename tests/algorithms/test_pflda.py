@@ -7,8 +7,10 @@ import pytest
 
 from cloud_aggregator.simulation import ClientData, mean_test_loss, simulate
 from trainer_lite.algorithms import make_client
+from trainer_lite.algorithms.base import loss_and_grads
 from trainer_lite.algorithms.pflda import PERSONAL, centered_loss_and_grads
 from trainer_lite.data import Dataset
+from trainer_lite.layers import Affine, Linear, Sequential
 from trainer_lite.losses import mse
 from trainer_lite.models import build_model
 from trainer_lite.params import strip_prefix
@@ -88,8 +90,6 @@ def test_convex_pull_is_the_weighted_average_after_each_step():
     # γ's SGD step uses the encoder after its own step (the uploaded round's encoder).
     enc = {n: new_local[n] for n in ("encoder.scale", "encoder.shift")}
     gamma0 = strip_prefix(local, PERSONAL)
-    from trainer_lite.algorithms.base import loss_and_grads
-
     _, g = loss_and_grads(algo.model, {**enc, **gamma0}, data, mse)
     expected = {n: lam * shared[n] + (1 - lam) * (gamma0[n] - 0.1 * g[n]) for n in gamma0}
     for n, v in strip_prefix(new_local, PERSONAL).items():
@@ -103,19 +103,10 @@ def test_gradient_pull_solves_the_ridge_problem_of_algorithm_3():
     loss ``(a·u − c)² + λ‖u − w‖²`` (``a = (φ, 1)``, ``u = (W, b)``) has minimiser
     ``u* = w + a·(c − a·w)/(λ + a·a)``; many small SGD steps of Algorithm 3 reach it.
     """
-    from trainer_lite.layers import Affine, Linear, Sequential
-    from trainer_lite.models import model_names, register_model
-
-    if "test_affine_linear" not in model_names():
-        register_model("test_affine_linear")(
-            lambda: Sequential([("encoder", Affine(1)), ("decoder", Linear(1, 1))])
-        )
     lam, c = 0.7, 0.4
-    algo = make_client(
-        _spec(
-            model="test_affine_linear", pull="gradient", lam=lam, optimizer="sgd", lr=0.02, local_steps=3000
-        )
-    )
+    algo = make_client(_spec(pull="gradient", lam=lam, optimizer="sgd", lr=0.02, local_steps=3000))
+    # A model no fleet trains, so it is built here rather than registered in trainer_lite.models.
+    algo.model = Sequential([("encoder", Affine(1)), ("decoder", Linear(1, 1))])
     data = Dataset(np.zeros((8, 1)), np.full((8, 1), c))
     rng = np.random.default_rng(3)
     shared, local = algo.init_global(rng), algo.init_local(rng)
