@@ -6,19 +6,19 @@ import numpy as np
 import pytest
 
 from cloud_aggregator.strategies import make_strategy
-from cloud_aggregator.strategies.base import _STRATEGIES, strategy_class
-from trainer_lite.algorithms.base import _CLIENTS, ClientAlgorithm, client_class, register_client
+from cloud_aggregator.strategies.base import strategy_class
+from trainer_lite.algorithms.base import ClientAlgorithm, algorithm_names, client_class, register_client
 from trainer_lite.algorithms.fedavg import FedAvgClient
 from trainer_lite.data import Dataset
 from trainer_lite.models import build_model, model_names
 from trainer_lite.task import TaskSpec
 
 
-@pytest.mark.parametrize("algorithm", sorted(_CLIENTS))
+@pytest.mark.parametrize("algorithm", algorithm_names())
 def test_every_client_names_a_registered_strategy_in_its_own_class_body(algorithm):
     cls = client_class(algorithm)
     assert "server" in cls.__dict__
-    assert strategy_class(algorithm) is _STRATEGIES[cls.server]
+    assert strategy_class(algorithm).name == cls.server
 
 
 def test_the_strategy_a_spec_resolves_to_is_the_one_its_client_names():
@@ -39,7 +39,7 @@ def test_a_client_must_name_its_server_itself():
 
     with pytest.raises(TypeError, match="must name its server strategy"):
         register_client(Inherits)
-    assert "inherits_fedavg_server" not in _CLIENTS
+    assert "inherits_fedavg_server" not in algorithm_names()
 
 
 def test_the_models_algorithms_need_are_listed_with_the_others():

@@ -353,6 +353,11 @@ def client_class(algorithm: str) -> type[ClientAlgorithm]:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {sorted(_CLIENTS)}") from None
 
 
+def algorithm_names() -> list[str]:
+    """The names :func:`client_class` accepts, sorted."""
+    return sorted(_CLIENTS)
+
+
 def make_client(spec: TaskSpec) -> ClientAlgorithm:
     """The client algorithm named by ``spec.algorithm``; the error lists valid names."""
     return client_class(spec.algorithm)(spec)
