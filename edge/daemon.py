@@ -32,10 +32,11 @@ from pathlib import Path
 import numpy as np
 
 from edge.config import DeviceConfig
-from edge.dataset import FILE as DATASET_FILE
-from edge.dataset import load_dataset, prepare_dataset
+from edge.dataset import DIR as DATASET_DIR
+from edge.dataset import prepare_dataset
 from edge.models import ModelManager, embed_rows
 from edge.recording.base import STATUS_FILE as RECORDER_STATUS
+from edge.segments import DatasetReader
 from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.manifest import load_public_key
 from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsConfig
@@ -80,19 +81,21 @@ class EdgeTrainer:
         self.tasks: dict[str, TaskState] = {}
         self.clients: dict[str, ClientAlgorithm] = {}
         self.refused: dict[str, str] = {}  # task -> why this device does not take part
-        # With [data] source = "state" the dataset may not exist yet: edge-recorder writes it
-        # (atomically, replacing the file) while this process runs; refresh_dataset() picks it up.
-        self._data_sig = self._dataset_signature()  # before the load, as in refresh_dataset()
+        # With [data] source = "state" the dataset may not exist yet: edge-recorder appends
+        # segments while this process runs; refresh_dataset() reads the new ones.
+        self._data = DatasetReader(self.state_dir)
         self.data_meta: dict
         try:
-            self.train, self.test, self.data_meta = prepare_dataset(self.state_dir, self.device, config.data)
+            self.train, self.test, self.data_meta = prepare_dataset(
+                self.state_dir, self.device, config.data, reader=self._data
+            )
         except FileNotFoundError:
             if config.data.source != "state":
                 raise
             log.warning(
                 "%s: no local dataset in %s yet; rounds are skipped until edge-recorder writes one",
                 self.device,
-                self.state_dir / DATASET_FILE,
+                self.state_dir / DATASET_DIR,
             )
             self.train = self.test = Dataset(np.empty((0, 1)), np.empty((0, 1)))
             self.data_meta = {}
@@ -115,23 +118,15 @@ class EdgeTrainer:
         self.rounds_done = 0
 
     # -- local dataset ---------------------------------------------------------------
-    def _dataset_signature(self) -> tuple[int, int, int] | None:
-        try:
-            st = (self.state_dir / DATASET_FILE).stat()
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
     def refresh_dataset(self) -> bool:
-        """Reload the dataset if edge-recorder replaced it since the last load; ``True`` if it did."""
-        sig = self._dataset_signature()  # before the load: a newer file is picked up next time
-        if sig is None or sig == self._data_sig:
+        """Take in the segments edge-recorder appended since the last read; ``True`` if the data changed.
+
+        Only new segments are read (:meth:`edge.segments.DatasetReader.refresh`); ones
+        merged by the recorder's compaction are recognised by their sequence numbers.
+        """
+        if not self._data.refresh():
             return False
-        loaded = load_dataset(self.state_dir)
-        if loaded is None:
-            return False
-        self.train, self.test, self.data_meta = loaded
-        self._data_sig = sig
+        self.train, self.test, self.data_meta = self._data.train, self._data.test, self._data.meta
         self._embedded.clear()  # embeddings were of the old rows
         if self.models is not None:
             self.models.holdout = (self.train, self.test)

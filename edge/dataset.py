@@ -1,7 +1,9 @@
 """The device's local dataset: kept in its state directory, never uploaded.
 
-Stored as one verified array file (``dataset.safetensors``: train/test inputs and
-targets), written atomically.  The simulators fill it once, seeded by the device
+Stored as append-only segments in ``dataset.segments/`` (:mod:`edge.segments`: each a
+verified array file of train/test inputs and targets, written atomically; the recorder
+appends one per stored batch, the trainer reads only the new ones).  The single file
+``dataset.safetensors`` of older versions still loads, as the oldest segment.  The simulators fill it once, seeded by the device
 id.  No real-sensor source writes it yet: ``[data] source`` takes only the simulated
 sources or ``"state"`` (a file already there).  The drivers and sources in
 ``sensors/`` (I2C accelerometers, Klipper, Moonraker/G-code context, watched-folder
@@ -17,34 +19,33 @@ from pathlib import Path
 import numpy as np
 
 from edge.config import DataConfig
-from ioft_protocol.state import load_verified, save_arrays
+from edge.segments import LEGACY_FILE, SEGMENT_DIR, DatasetReader, write_base
 from trainer_lite.client import derive_rng
 from trainer_lite.data import Dataset
 
 log = logging.getLogger(__name__)
-FILE = "dataset.safetensors"
+#: The single-file dataset of older versions (still read; no longer written).
+FILE = LEGACY_FILE
+#: The folder of the dataset's segments.
+DIR = SEGMENT_DIR
 
 
 def save_dataset(state_dir: Path, train: Dataset, test: Dataset, meta: dict) -> None:
+    """Replace the whole dataset (one ``base`` segment; the older segments are deleted after it)."""
     arrays = {"train_x": train.x, "train_y": train.y, "test_x": test.x, "test_y": test.y}
     if train.domain is not None and test.domain is not None:
         arrays |= {"train_domain": train.domain, "test_domain": test.domain}
-    save_arrays(state_dir / FILE, arrays, meta)
+    write_base(Path(state_dir), arrays, meta)
 
 
 def load_dataset(state_dir: Path) -> tuple[Dataset, Dataset, dict] | None:
-    """The verified dataset (``.prev`` if the file is corrupt), ``None`` if never written.
+    """The verified dataset, ``None`` if never written.
 
-    A copy that verifies but lacks an array or holds inconsistent ones counts as corrupt
-    too (``ioft_protocol.state.load_verified``); ``StateError`` when no copy is usable.
+    A segment that fails verification (or lacks an array, or holds inconsistent ones)
+    is set aside as ``*.corrupt`` and the rest loads; the old single file falls back
+    to its ``.prev``.  ``StateError`` when files exist but none is usable.
     """
-    return load_verified(state_dir / FILE, _dataset_from)
-
-
-def _dataset_from(a: dict[str, np.ndarray], meta: dict) -> tuple[Dataset, Dataset, dict]:
-    train = Dataset(a["train_x"], a["train_y"], a.get("train_domain"))
-    test = Dataset(a["test_x"], a["test_y"], a.get("test_domain"))
-    return train, test, meta
+    return DatasetReader(Path(state_dir)).load()
 
 
 #: The paper's accelerometers ran at 227 Hz; an ADXL345 offers 200 Hz as the nearest rate.
@@ -207,9 +208,16 @@ def simulated_welder_dataset(state_dir: Path, device: str, cfg: DataConfig) -> t
     return Dataset(x[train_idx], y[train_idx]), Dataset(x[test_idx], y[test_idx]), meta
 
 
-def prepare_dataset(state_dir: Path, device: str, cfg: DataConfig) -> tuple[Dataset, Dataset, dict]:
-    """Load the dataset from the state directory, creating it from the simulator if asked."""
-    existing = load_dataset(state_dir)
+def prepare_dataset(
+    state_dir: Path, device: str, cfg: DataConfig, *, reader: DatasetReader | None = None
+) -> tuple[Dataset, Dataset, dict]:
+    """Load the dataset from the state directory, creating it from the simulator if asked.
+
+    ``reader`` (the trainer's, which later reads only new segments) is left holding the
+    dataset, also one just created.
+    """
+    reader = reader if reader is not None else DatasetReader(Path(state_dir))
+    existing = reader.load()
     if existing is not None:
         return existing
     if cfg.source == "simulate-printer":
@@ -220,8 +228,9 @@ def prepare_dataset(state_dir: Path, device: str, cfg: DataConfig) -> tuple[Data
         train, test, meta = simulated_printer_raw_dataset(device, cfg)
     else:
         raise FileNotFoundError(
-            f"no local dataset in {state_dir / FILE}; record some data first or start with --simulate printer"
+            f"no local dataset in {state_dir / DIR}; record some data first or start with --simulate printer"
         )
     save_dataset(state_dir, train, test, meta)
+    reader.load()
     log.info("created local dataset: %d train / %d test rows (%s)", len(train), len(test), meta)
     return train, test, meta

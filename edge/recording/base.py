@@ -16,10 +16,9 @@ from typing import Any
 import numpy as np
 
 from edge.config import SensorsConfig
-from edge.dataset import FILE as DATASET_FILE
-from edge.dataset import load_dataset, save_dataset
+from edge.dataset import DIR as DATASET_DIR
+from edge.segments import DatasetReader, SegmentWriter
 from ioft_protocol.state import StateError, atomic_write_json
-from trainer_lite.data import Dataset
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +45,20 @@ def split_for(device: str, key: str, test_fraction: float, *, train_empty: bool 
 
 # ----------------------------------------------------------------------------- dataset
 class DatasetAppender:
-    """The device's dataset held in memory and appended to atomically.
+    """The device's dataset, appended to one segment per flush (:mod:`edge.segments`).
 
-    Rows are buffered by :meth:`add` and written by :meth:`flush` in one atomic
-    rewrite of the whole file (``save_dataset``); a write that fails (disk full) keeps
-    the rows buffered for the next flush, so nothing is lost or half-written.
+    Rows are buffered by :meth:`add` and written by :meth:`flush` as one new segment,
+    atomically (temp file, fsync, rename, fsync folder): a flush that returned ``True``
+    survives a kill or a power cut.  A write that fails (disk full) keeps the rows
+    buffered for the next flush, so nothing is lost or half-written.  After a write the
+    segment tail is compacted (:meth:`edge.segments.SegmentWriter.tidy`); a failed
+    compaction is logged and tried again after the next append, the rows stay stored.
+    The rows themselves are not kept in memory: only their counts.
     """
+
+    #: Compaction: unsealed segments merged at a time, and the size that seals a segment.
+    fanout = 32
+    seal_bytes = 128 * 1024
 
     def __init__(
         self,
@@ -67,15 +74,16 @@ class DatasetAppender:
     ) -> None:
         self.state_dir = Path(state_dir)
         self.max_rows = int(max_rows)
+        self.x_dim = int(x_dim)
+        reader = DatasetReader(self.state_dir)
         try:
-            loaded = load_dataset(self.state_dir)
+            loaded = reader.load()
         except StateError as exc:
-            raise RecorderError(f"{self.state_dir / DATASET_FILE}: {exc}") from None
-        y_shape = (0,) if y_1d else (0, 1)
+            raise RecorderError(f"{self.state_dir / DATASET_DIR}: {exc}") from None
+        self.y_dtype = np.dtype(y_dtype)
         if loaded is None:
-            empty = Dataset(np.empty((0, x_dim)), np.empty(y_shape, dtype=y_dtype))
-            self.data = {"train": empty, "test": empty}
             self.meta = dict(meta)
+            self._count = {"train": 0, "test": 0}
         else:
             train, test, old = loaded
             problems = []
@@ -90,10 +98,13 @@ class DatasetAppender:
                 problems += check_meta(old)
             if problems:
                 raise RecorderError(
-                    f"cannot append to {self.state_dir / DATASET_FILE}: " + "; ".join(problems)
+                    f"cannot append to {self.state_dir / DATASET_DIR}: " + "; ".join(problems)
                 )
-            self.data = {"train": train, "test": test}
             self.meta = {**old, **meta}
+            self._count = {"train": len(train), "test": len(test)}
+            self.y_dtype = train.y.dtype  # new rows take the stored rows' label type, as before
+        self.store = SegmentWriter(reader, fanout=self.fanout, seal_bytes=self.seal_bytes)
+        del reader, loaded  # the rows are on disk; only their counts are needed here
         self._buf: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {"train": [], "test": []}
         self.y_1d = y_1d
         self.writes = 0
@@ -101,7 +112,11 @@ class DatasetAppender:
 
     def rows(self, split: str) -> int:
         """Rows of ``split`` including those not yet written."""
-        return len(self.data[split]) + len(self._buf[split])
+        return self._count[split] + len(self._buf[split])
+
+    def stored(self, split: str) -> int:
+        """Rows of ``split`` written (after ``max_rows``)."""
+        return self._count[split]
 
     @property
     def pending(self) -> int:
@@ -114,38 +129,42 @@ class DatasetAppender:
             raise ValueError("row holds NaN or Inf")  # the callers check first; this is the last guard
         self._buf[split].append((x, y))
 
+    def _batch(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        rows = self._buf[split]
+        if not rows:
+            return np.empty((0, self.x_dim)), np.empty((0,) if self.y_1d else (0, 1), dtype=self.y_dtype)
+        return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows]).astype(self.y_dtype)
+
     def flush(self, meta_updates: dict[str, Any] | None = None) -> bool:
-        """Write buffered rows (and ``meta_updates``); ``True`` when the file is up to date."""
+        """Write buffered rows (and ``meta_updates``) as one segment; ``True`` when the dataset is up to date."""
         if not self.pending and not meta_updates:
             return True
-        new = {}
-        for split, d in self.data.items():
-            rows = self._buf[split]
-            if rows:
-                x = np.concatenate([d.x, np.stack([r[0] for r in rows])])
-                y = np.concatenate([d.y, np.stack([r[1] for r in rows]).astype(d.y.dtype)])
-                if len(x) > self.max_rows:  # the oldest rows go first
-                    x, y = x[-self.max_rows :], y[-self.max_rows :]
-                new[split] = Dataset(x, y)
-            else:
-                new[split] = d
         meta = {**self.meta, **(meta_updates or {})}
-        if not len(new["train"]) and not len(new["test"]):
+        counts = {split: min(self.rows(split), self.max_rows) for split in self._buf}  # the oldest go first
+        if not counts["train"] and not counts["test"]:
             self.meta = meta  # no file without rows: the trainer would find nothing to train on
             return True
-        meta["rows"] = {"train": len(new["train"]), "test": len(new["test"])}
+        meta["rows"] = counts
         meta["updated_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         try:
-            save_dataset(self.state_dir, new["train"], new["test"], meta)
+            self.store.append(
+                {split: self._batch(split) for split in self._buf}, meta, max_rows=self.max_rows
+            )
         except OSError as exc:
             self.write_errors += 1
             log.error(
-                "could not write %s (%s); %d rows kept for the next try", DATASET_FILE, exc, self.pending
+                "could not write to %s (%s); %d rows kept for the next try", DATASET_DIR, exc, self.pending
             )
             return False
-        self.data, self.meta = new, meta
+        self.meta, self._count = meta, counts
         self._buf = {"train": [], "test": []}
         self.writes += 1
+        try:
+            self.store.tidy()
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "compacting %s failed (%s); the rows are stored, it is tried again later", DATASET_DIR, exc
+            )
         return True
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from edge.config import SensorsConfig
-from edge.dataset import FILE as DATASET_FILE
+from edge.dataset import DIR as DATASET_DIR
 from edge.recording.base import DatasetAppender, RecorderLoop, split_for
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ class PrinterRecorder(RecorderLoop):
             self.accel.rate_hz,
             getattr(getattr(self.context, "config", None), "url", self.cfg.context),
             self.cfg.poll_s,
-            self.state_dir / DATASET_FILE,
+            self.state_dir / DATASET_DIR,
         )
         self.accel.start()
         if self.poller is not None:
@@ -323,8 +323,8 @@ class PrinterRecorder(RecorderLoop):
             log.info(
                 "stored %d layer row(s): %d train / %d test",
                 added,
-                len(self.data.data["train"]),
-                len(self.data.data["test"]),
+                self.data.stored("train"),
+                self.data.stored("test"),
             )
         self._stored(added)
         return added

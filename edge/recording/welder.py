@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.config import SensorsConfig
-from edge.dataset import FILE as DATASET_FILE
+from edge.dataset import DIR as DATASET_DIR
 from edge.recording.base import DatasetAppender, RecorderLoop, split_for
 from ioft_protocol.state import StateError, load_arrays, save_arrays
 
@@ -121,11 +121,7 @@ class WelderRecorder(RecorderLoop):
         if len(keep) < len(self.pending):
             log.warning("dropping %d unlabelled welds (max_pending_welds)", len(self.pending) - len(keep))
         self.pending = keep
-        x = (
-            np.stack([p["features"] for p in keep])
-            if keep
-            else np.empty((0, self.data.data["train"].x.shape[1]))
-        )
+        x = np.stack([p["features"] for p in keep]) if keep else np.empty((0, self.data.x_dim))
         meta = {"welds": [{k: v for k, v in p.items() if k != "features"} for p in keep]}
         try:
             save_arrays(self.state_dir / PENDING_FILE, {"x": x}, meta)
@@ -172,7 +168,7 @@ class WelderRecorder(RecorderLoop):
             self.cfg.weld_folder,
             self.label_path,
             self.cfg.target,
-            self.state_dir / DATASET_FILE,
+            self.state_dir / DATASET_DIR,
         )
         self._reload_labels()
 
@@ -251,8 +247,8 @@ class WelderRecorder(RecorderLoop):
             log.info(
                 "stored %d weld row(s): %d train / %d test",
                 len(stored),
-                len(self.data.data["train"]),
-                len(self.data.data["test"]),
+                self.data.stored("train"),
+                self.data.stored("test"),
             )
         elif self.data.pending:
             self.data.flush()

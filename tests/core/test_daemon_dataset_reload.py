@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+import pytest
 
+from edge import segments
 from edge.config import DeviceConfig
 from edge.daemon import EdgeTrainer
-from edge.dataset import save_dataset
+from edge.dataset import FILE, load_dataset, save_dataset
+from edge.recording.base import DatasetAppender
+from edge.segments import DatasetReader
 from ioft_protocol.config import build
+from ioft_protocol.state import save_arrays
 from trainer_lite.data import Dataset
 
 
@@ -35,12 +38,84 @@ def test_daemon_starts_without_data_and_reloads_each_new_dataset(tmp_path):
     assert trainer.refresh_dataset()
     assert (len(trainer.train), len(trainer.test)) == (9, 3)
     np.testing.assert_array_equal(trainer.train.x, rows(9, 2).x)
-    # A file replaced within the same clock tick still differs by inode (atomic rename).
-    before = (state / "dataset.safetensors").stat()
+    # A replacement within the same clock tick is a new base segment: seen by its name.
     save_dataset(state, rows(9, 4), rows(3, 5), {"source": "edge-recorder"})
-    os.utime(state / "dataset.safetensors", ns=(before.st_atime_ns, before.st_mtime_ns))
     assert trainer.refresh_dataset()
     np.testing.assert_array_equal(trainer.train.x, rows(9, 4).x)
+
+
+def appender(state, *, fanout: int = 4) -> DatasetAppender:
+    DatasetAppender.fanout, DatasetAppender.seal_bytes = fanout, 1 << 30  # restored by the fixture
+    return DatasetAppender(
+        state,
+        source="record-printer",
+        x_dim=2,
+        y_dtype=np.float64,
+        y_1d=False,
+        meta={"source": "record-printer"},
+    )
+
+
+@pytest.fixture
+def small_segments():
+    saved = DatasetAppender.fanout, DatasetAppender.seal_bytes
+    yield
+    DatasetAppender.fanout, DatasetAppender.seal_bytes = saved
+
+
+def test_the_trainer_reads_only_new_segments_and_keeps_its_rows_across_compaction(
+    tmp_path, monkeypatch, small_segments
+):
+    """Prepare: a recorder appends while the trainer runs. Execute: refresh after each append.
+    Assert: each refresh reads only the new segment; a merge of segments it holds reads nothing."""
+    state = tmp_path / "printer3"
+    cfg = build(
+        DeviceConfig,
+        {"device": "printer3", "fleet": "plant", "state_dir": str(state), "allow_plaintext": True},
+    )
+    trainer = EdgeTrainer(cfg)
+    reads = []
+    original = segments.read_segment
+    monkeypatch.setattr(
+        segments, "read_segment", lambda path, name: reads.append(name.name) or original(path, name)
+    )
+    rec = appender(state)
+    for i in range(10):
+        rec.add("test" if i % 3 == 2 else "train", [i, -i], [float(i)])
+        assert rec.flush({"n": i})
+        reads.clear()
+        assert trainer.refresh_dataset()
+        # One file per refresh: the new segment, or the merge that took it in with segments held.
+        assert len(reads) == 1 and reads[0].endswith(f"-{i + 1:08d}.safetensors"), reads
+        assert trainer.data_meta["n"] == i
+    assert trainer.train.x[:, 0].tolist() == [0, 1, 3, 4, 6, 7, 9]
+    assert trainer.test.x[:, 0].tolist() == [2, 5, 8]
+    rec.store.fanout = 2
+    rec.store.tidy()  # merges everything the trainer holds into one file
+    assert [p.name for p in (state / "dataset.segments").iterdir()] == ["seg-00000001-00000010.safetensors"]
+    reads.clear()
+    assert not trainer.refresh_dataset() and reads == []  # nothing new: its arrays are kept
+    fresh, _, _ = load_dataset(state)
+    np.testing.assert_array_equal(fresh.x, trainer.train.x)
+
+
+def test_a_dataset_of_the_old_single_file_loads_and_takes_appends(tmp_path, small_segments):
+    state = tmp_path / "printer3"
+    old_train = Dataset(np.arange(6.0).reshape(3, 2), np.ones((3, 1)))
+    old_test = Dataset(np.full((1, 2), 9.0), np.ones((1, 1)))
+    arrays = {"train_x": old_train.x, "train_y": old_train.y, "test_x": old_test.x, "test_y": old_test.y}
+    save_arrays(state / FILE, arrays, {"source": "record-printer", "runs": 2})
+    reader = DatasetReader(state)
+    train, test, meta = reader.load()
+    assert (len(train), len(test), meta["runs"]) == (3, 1, 2)
+    rec = appender(state)
+    rec.add("train", [7.0, 7.0], [0.5])
+    assert rec.flush({"runs": 3})
+    assert (state / FILE).exists()  # read as is, never rewritten
+    assert reader.refresh()
+    assert reader.train.x[:, 0].tolist() == [0.0, 2.0, 4.0, 7.0] and reader.meta["runs"] == 3
+    train, test, _ = load_dataset(state)
+    assert len(train) == 4 and len(test) == 1
 
 
 def test_the_device_status_reports_its_rows_and_the_recorders_sensor_state(tmp_path):

@@ -313,7 +313,7 @@ def test_cli_without_the_i2c_bus_reports_it_and_keeps_retrying(tmp_path):
     assert proc.returncode == 0, text
     assert text.count("/dev/i2c-99 not found: enable I2C") >= 2  # reported, then retried
     assert "Traceback" not in text
-    assert not (tmp_path / "state" / "dataset.safetensors").exists()  # nothing recorded, nothing written
+    assert not (tmp_path / "state" / "dataset.segments").exists()  # nothing recorded, nothing written
 
 
 def run_recorder_cli(cfg, state_dir) -> subprocess.CompletedProcess:
