@@ -21,7 +21,7 @@ from cloud_aggregator.strategies.fedpp import (
     transition,
 )
 from trainer_lite.algorithms import make_client
-from trainer_lite.algorithms.fedavg import run_local_steps
+from trainer_lite.algorithms.base import run_local_steps
 from trainer_lite.algorithms.fedpp import (
     BASIS,
     SEND_BASIS,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, TrainConfig, register_client
-from trainer_lite.algorithms.base import run_local_steps as run_local_steps  # re-export: fedpp_digits
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, copy_params
 
