@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
 import paho.mqtt.client as paho
@@ -110,6 +111,34 @@ class SessionOptions:
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 10.0
     extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def for_login(cls, login: BrokerLogin, client_id: str, **options: Any) -> SessionOptions:
+        """Options from a config's broker login (``device.toml``, ``aggregator.toml``) plus ``options``."""
+        return cls(
+            broker=BrokerAddress.parse(login.broker),
+            client_id=client_id,
+            username=login.username,
+            password=login.password,
+            tls=login.tls,
+            allow_plaintext=login.allow_plaintext,
+            **options,
+        )
+
+
+class BrokerLogin(Protocol):
+    """How a config names its broker and credentials (both sides' TOML have these fields)."""
+
+    @property
+    def broker(self) -> str: ...
+    @property
+    def username(self) -> str | None: ...
+    @property
+    def password(self) -> str | None: ...
+    @property
+    def tls(self) -> TlsConfig | None: ...
+    @property
+    def allow_plaintext(self) -> bool: ...
 
 
 class MqttSession:
