@@ -3,9 +3,11 @@
 A second long-running process beside ``edge-trainer``, so that recording is never
 held up by training (and a training round never waits for a sensor).  It reads the
 ``[sensors]`` table of the device's TOML (:class:`edge.config.SensorsConfig`) and
-appends rows to ``<state_dir>/dataset.safetensors`` -- the file the trainer trains on
--- through :func:`edge.dataset.save_dataset`, i.e. atomically (temp file, fsync,
-rename, fsync folder; the previous copy kept as ``.prev``).
+appends rows to the dataset the trainer trains on, ``<state_dir>/dataset.segments/``
+(:mod:`edge.segments`): each stored batch is one new segment written atomically (temp
+file, fsync, rename, fsync folder), never a rewrite of the rows already stored; small
+segments are merged behind it.  A dataset of an older version (the single file
+``dataset.safetensors``) is appended to as is: it stays, read as the oldest segment.
 
 Printer (:class:`PrinterRecorder`)
     The accelerometer (ADXL345 / MPU-6050 on ``/dev/i2c-N`` through smbus2, or
@@ -47,7 +49,8 @@ Reporting: faults are logged as they happen and ``<state_dir>/recorder-status.js
 context status, row counts and the drop counts by reason.  SIGTERM/SIGINT end the
 loop after the current step; the pending layers are finalized (only if the samples
 cover them), stored, and the sensors put in standby.  Every write is atomic, so the
-dataset is consistent whenever the process dies.
+dataset is consistent whenever the process dies: it holds every batch whose flush
+returned, each row once.
 
 Welds are delivered at most once (the folder source's ledger records a weld before
 handing it over): a crash between delivery and the dataset write loses that weld's
