@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cloud_aggregator.admission import rejection_counts_by_reason
+from cloud_aggregator.admission import Reason
 from cloud_aggregator.broker import BrokerProcess, start_mosquitto
 from cloud_aggregator.store import SqliteStore
 from edge.daemon import load_task_state
@@ -35,7 +35,7 @@ P1, P2, P3 = DEVICES
 TASK = "speed"
 #: Refusal codes that account for a genuine upload the aggregator could not use: it came
 #: for a round already closed (or while none was open), or repeated one already counted.
-LATE_CODES = ("stale_round", "no_round", "duplicate")
+LATE_CODES = (Reason.STALE_ROUND, Reason.NO_ROUND, Reason.REPLAY)
 
 
 # -- process and wire helpers ------------------------------------------------------------------------
@@ -198,7 +198,7 @@ def _finish(name: str, fleet: FleetProcs, sniffer: Sniffer, faults_: list[str], 
     await_exit(fleet)
     store = SqliteStore(fleet.db, readonly=True)
     try:
-        by_reason = rejection_counts_by_reason(store)  # no_round refusals name no task
+        by_reason = store.rejection_counts_by_reason()  # no_round refusals name no task
     finally:
         store.close()
     refused = {d: sum(per.get(code, 0) for code in LATE_CODES) for d, per in by_reason.items()}

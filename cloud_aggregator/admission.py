@@ -1,30 +1,37 @@
-"""Update admission: which decoded uploads may reach a strategy, and why the others may not.
+"""Update admission: the one pipeline every upload passes, in simulation and over MQTT alike.
 
-The MQTT fleet decodes an uplink (``ioft_protocol``), then asks an :class:`Admission`
-whether it is this round's, well-formed, new and of a plausible size.  A refusal is a
-:class:`Refusal` with a short reason code (``REASONS``); the fleet counts it per device
-and per code (``FleetView.rejected_by_reason``) and stores it in the rejections table as
-``"<code>: <detail>"`` (:func:`rejection_counts_by_reason` reads it back).
+:meth:`Admission.receive` judges a device's upload for the open round and files the verdict
+(an ``Update``, a straggler's ``LateUpdate``, or a :class:`Refusal`) in the round's inbox.
+``cloud_aggregator.simulation.SimulatedFleet`` hands it ``UpdateMessage`` objects,
+``cloud_aggregator.mqtt_fleet.MqttFleet`` the payload bytes that came with a topic; every
+step after decoding is the same code.  A refusal names a :class:`Reason` (data, not text)
+and is counted per device in :attr:`Admission.refused`.
 
-Checks, in order (the first failing one names the reason):
+Steps, in order (the first failing one names the reason):
 
-``stale_round`` / ``future_round`` / ``wrong_global``
-    The upload quotes another round, or this round but another phase or starting global.
-    Stale uploads are normal after a restart; they are still counted, never aggregated.
-``duplicate``
-    A second upload from a device already counted this round (QoS 1 redelivery or a
-    resend): the first one stands.
-``not_selected``, ``shape_dtype``, ``non_finite``
-    The server did not select the device; tensor names, shapes or dtypes differ from
-    what the round expects; a tensor holds NaN or Inf.
-``replay``
-    The tensors are bit-identical to an upload already seen from *another* device, or
-    from the same device in an earlier round or phase: a replayed payload carries no new
-    training.  The fingerprint is over tensors only (names, dtypes, shapes, bytes) so a
-    replayer cannot evade it by editing the round fields.  Uploads identical to what the
-    device was sent (a device with nothing to learn from) and empty uploads are exempt.
-    Fingerprints live in memory for ``AdmissionPolicy.replay_rounds`` rounds.
-``norm``
+decode: ``malformed``
+    The payload is not an update message (size, format, version, ids, field types).
+    ``no_round``: it arrived while no round was open.
+identity: ``impersonation``
+    The message names another device than its topic.  Who may publish on a topic is the
+    broker's ACL's job; this step keeps the topic and the message in agreement.
+task, round and phase: ``wrong_task``, ``stale_round``, ``future_round``, ``wrong_global``
+    The message is for another fleet or task, another round, or this round but another
+    phase or starting global.  Stale uploads are normal after a restart; they are counted,
+    never aggregated.  An upload quoting the previous round exactly is a straggler when the
+    request has a ``LateWindow`` (``cloud_aggregator.stragglers``): it goes on to the
+    tensor and replay steps as a ``LateUpdate``.
+selection: ``not_selected``
+    The server selected the round's participants and this device is not one of them.
+tensors: ``shape_dtype``, ``non_finite``
+    Names, shapes or dtypes differ from what the round expects, or a tensor holds NaN or
+    Inf (``ioft_protocol.codec.validate_tensors``, the one tensor check).
+replay: ``replay``
+    The device already answered this task, round and phase (a QoS 1 redelivery, a resend,
+    a copy): the first upload stands.  Together with the round-field checks above this is
+    the whole replay defence: equal tensors are no evidence of a replay, neither across
+    devices nor from one device across rounds (a converged model repeats itself).
+norm: ``norm``
     ``‖u − g‖₂`` (the change from the parameters the device was sent, over all tensors,
     in float64) above ``max_norm_ratio × r``, where ``r`` is the *median* of the last
     ``history`` accepted change norms of that task and phase (tasks train different
@@ -33,67 +40,86 @@ Checks, in order (the first failing one names the reason):
     bound applies once ``min_history`` norms are known and ``r > 0``.  A reference that
     refuses most of a round (an honest trajectory can speed up by orders of magnitude,
     e.g. leaving a plateau) is stale, not a majority attack: :meth:`Admission.forget_stale`
-    drops it when a round would otherwise stall, and the resent uploads are judged afresh.  Optional absolute bounds
-    ``max_update_norm`` (on ``‖u − g‖``) and ``max_param_norm`` (on ``‖u‖``) apply always.
+    drops it when a round would otherwise stall, and the resent uploads are judged afresh.
+    Optional absolute bounds ``max_update_norm`` (on ``‖u − g‖``) and ``max_param_norm``
+    (on ``‖u‖``) apply always.  Stragglers skip this step.
 
 The norm bound is a coarse filter against absurd uploads (×100 scaling, garbage); a
 robust reducer (``cloud_aggregator.reducers``) handles subtler poisoning.  Uploads
-restored from the store after a restart were admitted once and skip the replay and norm
-checks, so a restarted aggregator (whose in-memory history is empty) reaches the same
-decision about them.
+restored from the store after a restart were admitted once and skip the norm check, so a
+restarted aggregator (whose in-memory history is empty) reaches the same decision about them.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cloud_aggregator.rounds import Rejection
+from cloud_aggregator.stragglers import LateUpdate
+from cloud_aggregator.strategies import Update
+from ioft_protocol import codec
 from ioft_protocol.codec import TensorSpec
+from ioft_protocol.round_messages import UpdateMessage
 
-if TYPE_CHECKING:  # rounds imports strategies; admission is imported by the fleet only
+if TYPE_CHECKING:
     from cloud_aggregator.rounds import CollectRequest
-    from cloud_aggregator.store import SqliteStore
 
-REASONS = (
-    "malformed",
-    "impersonation",
-    "wrong_task",
-    "no_round",
-    "stale_round",
-    "future_round",
-    "wrong_global",
-    "duplicate",
-    "not_selected",
-    "shape_dtype",
-    "non_finite",
-    "replay",
-    "norm",
+
+class Reason(StrEnum):
+    """Why an upload was refused (see the module docstring for each step)."""
+
+    MALFORMED = "malformed"
+    NO_ROUND = "no_round"
+    IMPERSONATION = "impersonation"
+    WRONG_TASK = "wrong_task"
+    STALE_ROUND = "stale_round"
+    FUTURE_ROUND = "future_round"
+    WRONG_GLOBAL = "wrong_global"
+    NOT_SELECTED = "not_selected"
+    SHAPE_DTYPE = "shape_dtype"
+    NON_FINITE = "non_finite"
+    REPLAY = "replay"
+    NORM = "norm"
+    #: Stored before reason codes had their own column, with no code in its text.
+    OTHER = "other"
+
+
+#: Refusals of an upload that is the device's answer to the open round: the round records the
+#: device as rejected (unless it has an admitted upload).  The others concern another round,
+#: device or task, or repeat an answer, and are only counted.
+ROUND_ANSWERS = frozenset(
+    {Reason.MALFORMED, Reason.NOT_SELECTED, Reason.SHAPE_DTYPE, Reason.NON_FINITE, Reason.NORM}
 )
 
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why an upload was not admitted: ``code`` is one of ``REASONS``."""
+    """Why an upload was not admitted: a :class:`Reason` and what exactly was wrong."""
 
-    code: str
+    reason: Reason
     detail: str
 
     def __str__(self) -> str:
-        return f"{self.code}: {self.detail}"
+        return f"{self.reason}: {self.detail}"
 
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
-    """Bounds of the ``norm`` and ``replay`` checks (see the module docstring).
+    """Bounds of the ``norm`` check (see the module docstring).
 
     ``max_norm_ratio`` ``None`` turns the relative bound off; 1000 lets honest
     heterogeneity through (a device joining late, far from a converged fleet, may move 100×
     more than the median) and stops garbage; tighten it for a fleet known to be homogeneous.
+
+    ``replay_rounds`` is ignored: it bounded a memory of tensor fingerprints, and equal tensors
+    are no evidence of a replay (see the module docstring).  It is accepted, still checked to be
+    >= 1, so that ``[admission]`` tables which set it keep loading.
     """
 
     max_norm_ratio: float | None = 1000.0
@@ -114,16 +140,6 @@ class AdmissionPolicy:
             raise ValueError("need 1 <= min_history <= history and replay_rounds >= 1")
 
 
-def fingerprint(params: Mapping[str, np.ndarray]) -> str:
-    """sha256 over names, dtypes, shapes and bytes (independent of dict order)."""
-    h = hashlib.sha256()
-    for name in sorted(params):
-        arr = np.ascontiguousarray(params[name])
-        h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
-        h.update(arr.tobytes())
-    return h.hexdigest()
-
-
 def change_norm(params: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> float:
     """``‖params − base‖₂`` over all tensors in float64; a name ``base`` lacks counts in full."""
     total = 0.0
@@ -137,96 +153,193 @@ def change_norm(params: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]
 
 
 def param_norm(params: Mapping[str, np.ndarray]) -> float:
+    """``‖params‖₂`` over all tensors in float64."""
     return change_norm(params, {})
 
 
 def check_tensors(params: Mapping[str, np.ndarray], expected: Mapping[str, TensorSpec]) -> Refusal | None:
-    """Names, shapes, dtypes, then finiteness (``ioft_protocol.codec.validate_tensors``, with reason codes)."""
-    missing = sorted(set(expected) - set(params))
-    extra = sorted(set(params) - set(expected))
-    if missing or extra:
-        return Refusal(
-            "shape_dtype", f"tensor names differ from the round's: missing {missing}, unexpected {extra}"
-        )
-    for name, spec in expected.items():
-        arr = params[name]
-        if tuple(arr.shape) != tuple(spec.shape) or arr.dtype.name != spec.dtype:
-            return Refusal(
-                "shape_dtype",
-                f"tensor {name!r} is {arr.dtype.name}{list(arr.shape)}, expected {spec.dtype}{list(spec.shape)}",
-            )
-    for name, arr in params.items():
-        if not np.isfinite(arr).all():
-            return Refusal("non_finite", f"tensor {name!r} holds NaN or Inf")
+    """``ioft_protocol.codec.validate_tensors`` with its failure as a :class:`Refusal`."""
+    try:
+        codec.validate_tensors(dict(params), dict(expected))
+    except codec.NonFiniteTensor as exc:
+        return Refusal(Reason.NON_FINITE, str(exc))
+    except codec.WireError as exc:
+        return Refusal(Reason.SHAPE_DTYPE, str(exc))
     return None
 
 
-class Admission:
-    """Stateful checks across rounds: replay fingerprints and the running norm reference."""
+def check_round(round_: int, phase: str, global_hash: str, request: CollectRequest) -> Refusal | None:
+    """Whether the round fields name the open round, phase and starting global."""
+    quoted = f"update for round {round_}/{phase}, open: {request.round}/{request.phase}"
+    if round_ < request.round:
+        return Refusal(Reason.STALE_ROUND, quoted)
+    if round_ > request.round:
+        return Refusal(Reason.FUTURE_ROUND, quoted)
+    if phase != request.phase or global_hash != request.global_hash:
+        return Refusal(
+            Reason.WRONG_GLOBAL,
+            f"update for {round_}/{phase} from global {global_hash[:12]!r}, "
+            f"open: {request.phase} from {request.global_hash[:12]!r}",
+        )
+    return None
 
-    def __init__(self, policy: AdmissionPolicy | None = None) -> None:
+
+#: A round's inbox: ``{device: Update | Rejection}`` and ``{("late", device): LateUpdate}``.
+Inbox = dict
+
+
+class Admission:
+    """The admission pipeline of one fleet, with its state across rounds.
+
+    Parameters
+    ----------
+    fleet
+        The fleet id uploads must name.
+    policy
+        Bounds of the norm check.
+    max_payload_bytes
+        Payloads above this size are refused before they are parsed.
+    """
+
+    def __init__(
+        self,
+        fleet: str,
+        policy: AdmissionPolicy | None = None,
+        *,
+        max_payload_bytes: int = codec.MAX_PAYLOAD_BYTES,
+    ) -> None:
+        self.fleet = fleet
         self.policy = policy or AdmissionPolicy()
-        # fingerprint -> (device, round, phase) of its first admitted upload
-        self._seen: dict[str, tuple[str, int, str]] = {}
+        self.max_payload_bytes = max_payload_bytes
+        #: device -> reason -> refusals
+        self.refused: dict[str, dict[Reason, int]] = {}
+        # (task, round, phase) -> devices admitted (fresh or late): whoever is in it already answered
+        self._answered: dict[tuple[str, int, str], set[str]] = {}
         self._norms: dict[tuple[str, str], deque[float]] = {}
         # (task, round, phase) -> devices refused by the relative bound in that round
         self._ratio_refused: dict[tuple[str, int, str], set[str]] = {}
-        self._sent_hash: dict[tuple[int, str, str], str] = {}
-        self._pruned_below = 0
 
-    # -- stateless --------------------------------------------------------------------
+    # -- the pipeline ---------------------------------------------------------------------
+    def receive(
+        self,
+        device: str,
+        upload: bytes | UpdateMessage,
+        request: CollectRequest | None,
+        inbox: Inbox,
+        *,
+        restored: bool = False,
+    ) -> Update | LateUpdate | Refusal:
+        """Judge ``device``'s upload (see :meth:`judge`), file the verdict in ``inbox`` and count a refusal.
+
+        A refusal of the device's answer to the open round (``ROUND_ANSWERS``) is filed as a
+        ``Rejection`` unless the device has an admitted upload there; other refusals are only counted.
+        """
+        verdict = self.judge(device, upload, request, restored=restored)
+        if isinstance(verdict, Refusal):
+            per = self.refused.setdefault(device, {})
+            per[verdict.reason] = per.get(verdict.reason, 0) + 1
+            if verdict.reason in ROUND_ANSWERS and not isinstance(inbox.get(device), Update):
+                inbox[device] = Rejection(device, str(verdict))
+        elif isinstance(verdict, LateUpdate):
+            inbox[("late", device)] = verdict
+        else:
+            inbox[device] = verdict
+        return verdict
+
+    def judge(
+        self,
+        device: str,
+        upload: bytes | UpdateMessage,
+        request: CollectRequest | None,
+        *,
+        restored: bool = False,
+    ) -> Update | LateUpdate | Refusal:
+        """decode → identity → task/round/phase → selection → tensors → replay → norm.
+
+        ``device`` is who sent it (the topic's device); ``restored`` marks an upload admitted
+        before a restart, read back from the store: it skips the norm check.  Never raises.
+        """
+        if request is None:
+            return Refusal(Reason.NO_ROUND, "update arrived while no round is open")
+        if isinstance(upload, UpdateMessage):
+            msg = upload
+        else:
+            try:
+                msg = UpdateMessage.decode(upload, max_bytes=self.max_payload_bytes)
+            except codec.WireError as exc:
+                return Refusal(Reason.MALFORMED, str(exc))
+        if msg.device != device:
+            return Refusal(Reason.IMPERSONATION, f"payload claims to be from {msg.device!r}")
+        task = request.spec.name
+        if (msg.fleet, msg.task) != (self.fleet, task):
+            return Refusal(Reason.WRONG_TASK, f"update for {msg.fleet}/{msg.task}, not {self.fleet}/{task}")
+        off_round = check_round(msg.round, msg.phase, msg.global_hash, request)
+        late = request.late
+        if off_round is not None:
+            if late is None or (msg.round, msg.phase, msg.global_hash) != (
+                late.round,
+                late.phase,
+                late.global_hash,
+            ):
+                return off_round
+            return self._judge_late(device, msg, request)
+        if request.participants is not None and device not in request.participants:
+            return Refusal(Reason.NOT_SELECTED, "device was not selected for this round")
+        bad = check_tensors(msg.params, request.expected_by_device.get(device, request.expected))
+        if bad is not None:
+            return bad
+        key = (task, request.round, request.phase)
+        if device in self._answered.get(key, ()):
+            return Refusal(Reason.REPLAY, f"device already answered round {request.round}/{request.phase}")
+        delta = change_norm(msg.params, self._sent(device, request))
+        if not restored:
+            bad = self.check_norm(device, delta, msg.params, request)
+            if bad is not None:
+                return bad
+        self._answer(key, device)
+        if np.isfinite(delta):
+            norms = self._norms.setdefault((task, request.phase), deque(maxlen=self.policy.history))
+            norms.append(delta)
+        return Update(device, msg.params, msg.n_samples, msg.metrics)
+
+    def _judge_late(self, device: str, msg: UpdateMessage, request: CollectRequest) -> LateUpdate | Refusal:
+        """A straggler for ``request.late``: tensors against the open round's, then replay."""
+        late = request.late
+        bad = check_tensors(msg.params, request.expected)
+        if bad is not None:
+            return Refusal(bad.reason, f"late update: {bad.detail}")
+        key = (request.spec.name, late.round, late.phase)
+        if device in late.counted or device in self._answered.get(key, ()):
+            return Refusal(Reason.REPLAY, f"device already answered round {late.round}/{late.phase}")
+        self._answer(key, device)
+        return LateUpdate(Update(device, msg.params, msg.n_samples, msg.metrics), late.round)
+
+    def _answer(self, key: tuple[str, int, str], device: str) -> None:
+        if key not in self._answered:  # rounds before the previous one are closed for good
+            task, round_, _ = key
+            self._answered = {k: v for k, v in self._answered.items() if k[0] != task or k[1] >= round_ - 1}
+        self._answered.setdefault(key, set()).add(device)
+
+    # -- the norm reference -----------------------------------------------------------------
     @staticmethod
-    def check_round(round_: int, phase: str, global_hash: str, request: CollectRequest) -> Refusal | None:
-        if round_ < request.round:
-            return Refusal(
-                "stale_round", f"update for round {round_}/{phase}, open: {request.round}/{request.phase}"
-            )
-        if round_ > request.round:
-            return Refusal(
-                "future_round", f"update for round {round_}/{phase}, open: {request.round}/{request.phase}"
-            )
-        if phase != request.phase or global_hash != request.global_hash:
-            return Refusal(
-                "wrong_global",
-                f"update for {round_}/{phase} from global {global_hash[:12]!r}, "
-                f"open: {request.phase} from {request.global_hash[:12]!r}",
-            )
-        return None
-
-    # -- stateful ---------------------------------------------------------------------
-    def _sent(self, device: str, request: CollectRequest) -> Mapping[str, np.ndarray]:
+    def _sent(device: str, request: CollectRequest) -> Mapping[str, np.ndarray]:
         return request.downlinks.get(device, request.global_params)
 
-    def _sent_fingerprint(self, device: str, request: CollectRequest) -> str:
-        key = (request.round, request.phase, device if device in request.downlinks else "")
-        if key not in self._sent_hash:
-            if len(self._sent_hash) > 4096:  # one entry per round and personalized device
-                self._sent_hash.clear()
-            self._sent_hash[key] = fingerprint(self._sent(device, request))
-        return self._sent_hash[key]
-
-    def check_new(
-        self, device: str, params: Mapping[str, np.ndarray], request: CollectRequest
+    def check_norm(
+        self, device: str, delta: float, params: Mapping[str, np.ndarray], request: CollectRequest
     ) -> Refusal | None:
-        """``replay`` and ``norm`` (call after :func:`check_tensors` passed)."""
+        """The ``norm`` step for an upload whose change from what ``device`` was sent is ``delta``."""
         p = self.policy
-        if params:
-            fp = fingerprint(params)
-            first = self._seen.get(fp)
-            if (
-                first is not None
-                and first != (device, request.round, request.phase)
-                and fp != self._sent_fingerprint(device, request)
-            ):
-                who, r, ph = first
-                return Refusal("replay", f"tensors identical to {who}'s upload for round {r}/{ph}")
-        delta = change_norm(params, self._sent(device, request))
         if p.max_update_norm is not None and not delta <= p.max_update_norm:
-            return Refusal("norm", f"‖u − g‖ = {delta:.3g} exceeds max_update_norm = {p.max_update_norm:.3g}")
+            return Refusal(
+                Reason.NORM, f"‖u − g‖ = {delta:.3g} exceeds max_update_norm = {p.max_update_norm:.3g}"
+            )
         if p.max_param_norm is not None:
             norm = param_norm(params)
             if not norm <= p.max_param_norm:
-                return Refusal("norm", f"‖u‖ = {norm:.3g} exceeds max_param_norm = {p.max_param_norm:.3g}")
+                return Refusal(
+                    Reason.NORM, f"‖u‖ = {norm:.3g} exceeds max_param_norm = {p.max_param_norm:.3g}"
+                )
         ref = self.reference(request.phase, request.spec.name)
         if (
             p.max_norm_ratio is not None
@@ -241,7 +354,7 @@ class Admission:
                 }
             self._ratio_refused.setdefault(key, set()).add(device)
             return Refusal(
-                "norm",
+                Reason.NORM,
                 f"‖u − g‖ = {delta:.3g} exceeds {p.max_norm_ratio:g} × the running median {ref:.3g}",
             )
         return None
@@ -253,22 +366,9 @@ class Admission:
             return None
         return float(np.median(np.fromiter(norms, dtype=np.float64)))
 
-    def admitted(self, device: str, params: Mapping[str, np.ndarray], request: CollectRequest) -> None:
-        """Record an admitted upload: its fingerprint and its change norm."""
-        if params:
-            self._seen.setdefault(fingerprint(params), (device, request.round, request.phase))
-        delta = change_norm(params, self._sent(device, request))
-        if np.isfinite(delta):
-            key = (request.spec.name, request.phase)
-            self._norms.setdefault(key, deque(maxlen=self.policy.history)).append(delta)
-        horizon = request.round - self.policy.replay_rounds
-        if horizon > self._pruned_below:  # at most once per round: memory stays bounded
-            self._seen = {k: v for k, v in self._seen.items() if v[1] >= horizon}
-            self._pruned_below = horizon
-
     def forget_stale(self, request: CollectRequest, admitted: int) -> bool:
         """Drop the norm reference of ``request``'s task and phase if it refused more of this round
-        than was admitted; returns whether it did.  The fleet calls this when a round lacks
+        than was admitted; returns whether it did.  The MQTT fleet calls this when a round lacks
         participants: a reference that blocks most honest devices would stall training for good.
         """
         refused = self._ratio_refused.get((request.spec.name, request.round, request.phase), set())
@@ -277,24 +377,3 @@ class Admission:
         self._norms.pop((request.spec.name, request.phase), None)
         self._ratio_refused.pop((request.spec.name, request.round, request.phase), None)
         return True
-
-
-def rejection_counts_by_reason(store: SqliteStore, task: str | None = None) -> dict[str, dict[str, int]]:
-    """``{device: {reason code: count}}`` from the store's rejections table.
-
-    Reasons are stored as ``"<code>: <detail>"``; older rows without a known code count as ``"other"``.
-    """
-    query = "SELECT device, reason FROM rejections"
-    args: tuple = ()
-    if task is not None:
-        query += " WHERE task=?"
-        args = (task,)
-    with store._lock:  # the store keeps its connection private; this is a read under its lock
-        rows = store._db.execute(query, args).fetchall()
-    out: dict[str, dict[str, int]] = {}
-    for device, reason in rows:
-        code = reason.split(":", 1)[0]
-        code = code if code in REASONS else "other"
-        per = out.setdefault(device, {})
-        per[code] = per.get(code, 0) + 1
-    return out

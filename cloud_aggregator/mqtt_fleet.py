@@ -1,10 +1,11 @@
 """The fleet over MQTT: announce a round (retained), collect uploads until every
 expected device answered or the deadline passed.
 
-Every uplink is decoded only after its size is checked; its topic's device must be
-the device named inside; it must be for this fleet, task, round, phase and the
-global parameters the round started from.  Anything else is logged with the device
-id, counted and dropped: a malformed payload never stops a round.
+Every uplink goes through the admission pipeline (``cloud_aggregator.admission``), the
+same one the in-process simulator runs: decoded only after its size is checked, its
+topic's device must be the device named inside, it must be for this fleet, task, round,
+phase and the global the round started from, and so on.  A refused one is logged with
+the device id, counted per reason and stored: a malformed payload never stops a round.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from cloud_aggregator import faults
-from cloud_aggregator.admission import Admission, AdmissionPolicy, Refusal, check_tensors
-from cloud_aggregator.rounds import CollectRequest, LateUpdate, Rejection
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.admission import Admission, AdmissionPolicy, Inbox, Reason, Refusal
+from cloud_aggregator.rounds import CollectRequest, Rejection, RoundStore
+from cloud_aggregator.stragglers import LateUpdate
 from cloud_aggregator.strategies import Update
 from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.mqtt import Message, MqttSession
@@ -55,9 +56,13 @@ class FleetView:
 
     online: dict[str, bool] = field(default_factory=dict)
     status: dict[str, dict] = field(default_factory=dict)
-    rejected: dict[str, int] = field(default_factory=dict)
-    #: device -> reason code (``cloud_aggregator.admission.REASONS``) -> count
-    rejected_by_reason: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: device -> reason -> count: the fleet's ``Admission.refused``
+    rejected_by_reason: dict[str, dict[Reason, int]] = field(default_factory=dict)
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Refusals per device, all reasons together."""
+        return {d: sum(per.values()) for d, per in self.rejected_by_reason.items()}
 
     def online_devices(self) -> list[str]:
         return sorted(d for d, up in self.online.items() if up)
@@ -71,15 +76,15 @@ class MqttFleet:
         session: MqttSession,
         fleet: str,
         policy: CollectPolicy,
-        store: SqliteStore | None = None,
+        store: RoundStore | None = None,
         admission: AdmissionPolicy | None = None,
     ):
         self.session = session
         self.fleet = codec.check_id("fleet", fleet)
         self.policy = policy
         self.store = store
-        self.view = FleetView()
-        self.admission = Admission(admission)
+        self.admission = Admission(self.fleet, admission, max_payload_bytes=policy.max_payload_bytes)
+        self.view = FleetView(rejected_by_reason=self.admission.refused)
         self._announced: list[tuple[str, bytes]] = []
         self._held: list[Message] = []  # uplinks that arrived before the first round opened
         session.subscribe(topics.topic_status_all(self.fleet))
@@ -151,21 +156,15 @@ class MqttFleet:
 
     def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate]:
         # Keyed by device; a straggler's late upload by ("late", device) beside its fresh one.
-        received: dict = {}
+        received: Inbox = {}
         if self.store is not None:  # updates that arrived before a restart: no device needs to resend
             name = request.spec.name
             stored = self.store.stored_updates(name, request.round, request.phase, request.global_hash)
-            for device, payload in stored:
-                self._accept(device, payload, request, received, persist=False)
             late = request.late
             if late is not None:
-                for device, payload in self.store.stored_updates(
-                    name, late.round, late.phase, late.global_hash
-                ):
-                    msg = round_messages.UpdateMessage.decode(
-                        payload, max_bytes=self.policy.max_payload_bytes
-                    )
-                    self._take_late(device, msg, payload, request, received, persist=False)
+                stored += self.store.stored_updates(name, late.round, late.phase, late.global_hash)
+            for device, payload in stored:
+                self._accept(device, payload, request, received, persist=False)
             if stored:
                 log.info(
                     "round %d/%s: %d uploads restored from the store",
@@ -225,41 +224,6 @@ class MqttFleet:
                     )
         return list(received.values())
 
-    def _take_late(
-        self,
-        device: str,
-        msg: round_messages.UpdateMessage,
-        payload: bytes,
-        request: CollectRequest,
-        received: dict,
-        *,
-        persist: bool,
-    ) -> bool:
-        """Keep a straggler's upload for the previous round (``straggler = "next_round"``).
-
-        Returns ``False`` when ``msg`` is not one (the caller drops it as stale).
-        """
-        late = request.late
-        quoted = (msg.round, msg.phase, msg.global_hash)
-        if late is None or quoted != (late.round, late.phase, late.global_hash):
-            return False
-        if device in late.counted or ("late", device) in received:
-            return True  # counted in its own round already, or a duplicate delivery
-        try:
-            codec.validate_tensors(msg.params, request.expected)
-        except codec.WireError as exc:
-            self._reject(device, request, f"late update: {exc}")
-            return True
-        if persist and self.store is not None:  # durable like any upload: a restart keeps it
-            self.store.put_update(
-                request.spec.name, late.round, late.phase, device, late.global_hash, payload
-            )
-        log.info("late update from %s for round %d counts in round %d", device, late.round, request.round)
-        received[("late", device)] = LateUpdate(
-            Update(device, msg.params, msg.n_samples, msg.metrics), late.round
-        )
-        return True
-
     def _handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
         try:
             topic = topics.parse_topic(msg.topic)
@@ -275,7 +239,7 @@ class MqttFleet:
                 return
             self._accept(topic.device, msg.payload, request, received, persist=True)
         elif topic.kind == "up":
-            self._reject(topic.device, None, "update arrived while no round is open")
+            self._accept(topic.device, msg.payload, None, {}, persist=True)
 
     def _status(self, device: str, payload: bytes) -> None:
         try:
@@ -288,72 +252,29 @@ class MqttFleet:
         self.view.status[device] = status
         self.view.online[device] = status.get("state") == "online"
 
-    def _reject(self, device: str, request: CollectRequest | None, reason: str | Refusal) -> None:
-        if not isinstance(reason, Refusal):  # callers outside admission: classify by wording
-            code = (
-                "no_round" if request is None else "non_finite" if "NaN or Inf" in reason else "shape_dtype"
-            )
-            reason = Refusal(code, reason)
-        self.view.rejected[device] = self.view.rejected.get(device, 0) + 1
-        per = self.view.rejected_by_reason.setdefault(device, {})
-        per[reason.code] = per.get(reason.code, 0) + 1
-        log.warning("dropped update from %s: %s", device, reason)
-        if self.store is not None:
-            self.store.put_rejection(
-                request.spec.name if request else "", request.round if request else None, device, str(reason)
-            )
-
-    def _refuse(self, device: str, request: CollectRequest, received: dict, refusal: Refusal) -> None:
-        """Count a refusal and mark the device's round answer rejected unless it already uploaded."""
-        self._reject(device, request, refusal)
-        if not isinstance(received.get(device), Update):
-            received[device] = Rejection(device, str(refusal))
-
     def _accept(
-        self, device: str, payload: bytes, request: CollectRequest, received: dict, *, persist: bool
+        self, device: str, payload: bytes, request: CollectRequest | None, received: Inbox, *, persist: bool
     ) -> None:
-        """Admit an uplink or count why not (``cloud_aggregator.admission``); never raises."""
-        try:
-            msg = round_messages.UpdateMessage.decode(payload, max_bytes=self.policy.max_payload_bytes)
-        except codec.WireError as exc:
-            self._refuse(device, request, received, Refusal("malformed", str(exc)))
+        """Admit an uplink into ``received`` or record why not; never raises.
+
+        ``persist`` keeps an admitted upload in the store (``False``: it was read back from it).
+        """
+        verdict = self.admission.receive(device, payload, request, received, restored=not persist)
+        if isinstance(verdict, Refusal):
+            log.warning("dropped update from %s: %s", device, verdict)
+            if self.store is not None:
+                task, round_ = (request.spec.name, request.round) if request is not None else ("", None)
+                self.store.put_rejection(task, round_, device, verdict.reason, verdict.detail)
             return
-        spec = request.spec
-        if msg.device != device:
-            self._reject(
-                device, request, Refusal("impersonation", f"payload claims to be from {msg.device!r}")
+        if isinstance(verdict, LateUpdate):
+            log.info(
+                "late update from %s for round %d counts in round %d", device, verdict.round, request.round
             )
-            return
-        if (msg.fleet, msg.task) != (self.fleet, spec.name):
-            detail = f"update for {msg.fleet}/{msg.task}, not {self.fleet}/{spec.name}"
-            self._reject(device, request, Refusal("wrong_task", detail))
-            return
-        off_round = self.admission.check_round(msg.round, msg.phase, msg.global_hash, request)
-        if off_round is not None:
-            if self._take_late(device, msg, payload, request, received, persist=persist):
-                return  # a straggler counted in this round (straggler = "next_round")
-            # Stale retries are normal after a restart; counted (not aggregated) all the same.
-            self._reject(device, request, off_round)
-            return
-        if isinstance(received.get(device), Update):
-            # QoS 1 redelivery or a resend: the first upload stands.
-            self._reject(device, request, Refusal("duplicate", "device already uploaded for this round"))
-            return
-        if request.participants is not None and device not in request.participants:
-            self._refuse(
-                device, request, received, Refusal("not_selected", "device was not selected for this round")
+        if persist and self.store is not None:  # durable like any upload: a restart keeps it
+            late = request.late
+            r, phase, gh = (
+                (late.round, late.phase, late.global_hash)
+                if isinstance(verdict, LateUpdate)
+                else (request.round, request.phase, request.global_hash)
             )
-            return
-        bad = check_tensors(msg.params, request.expected_by_device.get(device, request.expected))
-        # Restored uploads were admitted before the restart: replay/norm history is not re-judged.
-        if bad is None and persist:
-            bad = self.admission.check_new(device, msg.params, request)
-        if bad is not None:
-            self._refuse(device, request, received, bad)
-            return
-        if persist and self.store is not None:
-            self.store.put_update(
-                spec.name, request.round, request.phase, device, request.global_hash, payload
-            )
-        self.admission.admitted(device, msg.params, request)
-        received[device] = Update(device, msg.params, msg.n_samples, msg.metrics)
+            self.store.put_update(request.spec.name, r, phase, device, gh, payload)

@@ -1,18 +1,10 @@
-"""The round loop, written once: announce → collect → validate → aggregate → record.
+"""The round loop, written once: announce → collect → aggregate → record.
 
 Transport lives behind ``Fleet.collect`` (in-process virtual clients, or devices
-over MQTT); algorithms live behind ``Strategy``.  Persistence lives behind
-``RoundStore`` so that a restarted aggregator resumes from its last completed round.
-
-Stragglers (an upload for round r that arrives after r closed) are dropped by
-default.  With ``straggler="next_round"`` (FedAvg-style strategies only) such an
-upload is counted once, in round r+1, when all of these hold: it quotes the global
-round r started from, its device was not aggregated in round r, and the device
-sends no fresh round-r+1 upload (a fresh one replaces it: one vote per device per
-round, which weightings and robust reducers assume).  It enters round r+1 as
-``G_r + s·(u − G_{r−1})``: its own change, applied to the current global and shrunk
-by the staleness factor ``s`` (``staleness_weight``, default 0.5; FedAsync's mixing
-with a polynomial staleness of one round), then weighted like any other upload.
+over MQTT); both admit uploads through the one pipeline of ``cloud_aggregator.admission``,
+so what reaches the engine is admitted already.  Algorithms live behind ``Strategy``.
+Persistence lives behind ``RoundStore`` so that a restarted aggregator resumes from its
+last completed round.  Stragglers are ``cloud_aggregator.stragglers``' business.
 """
 
 from __future__ import annotations
@@ -21,40 +13,26 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cloud_aggregator import faults
+from cloud_aggregator.stragglers import (
+    STRAGGLER_MODES,
+    LateUpdate,
+    LateWindow,
+    absorb_late,
+    check_next_round,
+    restore_late_window,
+)
 from cloud_aggregator.strategies import Strategy, Update, make_strategy
-from cloud_aggregator.strategies.fedavg import FedAvg
-from ioft_protocol.codec import TensorSpec, WireError, validate_tensors
+from ioft_protocol.codec import TensorSpec
 from trainer_lite.params import Params, param_hash
 from trainer_lite.task import TaskSpec
 
+if TYPE_CHECKING:  # annotations only: admission imports this module
+    from cloud_aggregator.admission import Reason
+
 log = logging.getLogger(__name__)
-
-
-STRAGGLER_MODES = ("drop", "next_round")
-
-
-@dataclass(frozen=True)
-class LateWindow:
-    """The round before the open one, whose stragglers may still count (``next_round``)."""
-
-    round: int
-    phase: str
-    global_hash: str  # the global that round started from: a late upload must quote it
-    global_params: Params
-    counted: frozenset[str]  # devices already aggregated in that round
-
-
-@dataclass(frozen=True)
-class LateUpdate:
-    """A straggler's upload for ``LateWindow.round``, delivered while the next round is open."""
-
-    update: Update
-    round: int
 
 
 @dataclass(frozen=True)
@@ -104,13 +82,16 @@ class RoundRecord:
 
 
 class Fleet(Protocol):
-    """Delivers a round to devices and returns their uploads (or rejections)."""
+    """Delivers a round to devices and returns what admission made of their uploads.
+
+    At most one ``Update`` per device: each passed ``cloud_aggregator.admission.Admission``.
+    """
 
     def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate]: ...
 
 
 class RoundStore(Protocol):
-    """Durable state: the global parameters after each completed phase."""
+    """Durable state: completed phases and their globals, uploads as they arrive, refusals."""
 
     def resume_point(self, task: str) -> tuple[int, int, Params, dict[str, Any]] | None:
         """``(round, phase_index, global, strategy_state)`` to start from, or ``None``."""
@@ -120,13 +101,42 @@ class RoundStore(Protocol):
     ) -> None:
         """Atomically record a finished phase and the point to resume from."""
 
+    def rounds(self, task: str) -> list[RoundRecord]:
+        """``task``'s recorded phases, in round order."""
+
+    def get_params(self, digest: str) -> Params:
+        """A global saved by :meth:`save`, by its ``param_hash``."""
+
+    def put_update(
+        self, task: str, round_: int, phase: str, device: str, global_hash: str, payload: bytes
+    ) -> bool:
+        """Keep an admitted upload until its round is saved; ``False`` if that device's is kept already."""
+
+    def stored_updates(self, task: str, round_: int, phase: str, global_hash: str) -> list[tuple[str, bytes]]:
+        """``(device, payload)`` of the uploads kept for a round that has not been saved."""
+
+    def put_rejection(self, task: str, round_: int | None, device: str, reason: Reason, detail: str) -> None:
+        """Record a refused upload with its reason code."""
+
+    def rejection_counts(self, task: str | None = None) -> dict[str, int]:
+        """``{device: refusals}`` (of ``task``, or all)."""
+
+    def rejection_counts_by_reason(self, task: str | None = None) -> dict[str, dict[str, int]]:
+        """``{device: {reason code: refusals}}`` (of ``task``, or all)."""
+
 
 class MemoryStore:
-    """A ``RoundStore`` that keeps everything in memory (the in-process simulator)."""
+    """A ``RoundStore`` that keeps everything in memory (the in-process simulator).
+
+    Of the globals it keeps the last two per task: all a resume needs (a straggler window).
+    """
 
     def __init__(self) -> None:
         self.records: list[RoundRecord] = []
         self._point: dict[str, tuple[int, int, Params, dict[str, Any]]] = {}
+        self._params: dict[str, dict[str, Params]] = {}
+        self._updates: dict[tuple[str, int, str, str], tuple[str, bytes]] = {}
+        self._rejections: list[tuple[str, str, str]] = []  # (task, device, reason code)
 
     def resume_point(self, task: str) -> tuple[int, int, Params, dict[str, Any]] | None:
         return self._point.get(task)
@@ -136,6 +146,54 @@ class MemoryStore:
     ) -> None:
         self.records.append(record)
         self._point[record.task] = (*next_point, global_params, state)
+        kept = self._params.setdefault(record.task, {})
+        kept[param_hash(global_params)] = global_params
+        while len(kept) > 2:
+            del kept[next(iter(kept))]
+        self._updates = {
+            k: v
+            for k, v in self._updates.items()
+            if k[0] != record.task or k[1] > record.round or (k[1] == record.round and k[2] != record.phase)
+        }
+
+    def rounds(self, task: str) -> list[RoundRecord]:
+        return sorted((r for r in self.records if r.task == task), key=lambda r: r.round)
+
+    def get_params(self, digest: str) -> Params:
+        for kept in self._params.values():
+            if digest in kept:
+                return kept[digest]
+        raise KeyError(f"global {digest[:12]} is not among the last two kept per task")
+
+    def put_update(
+        self, task: str, round_: int, phase: str, device: str, global_hash: str, payload: bytes
+    ) -> bool:
+        key = (task, round_, phase, device)
+        if key in self._updates:
+            return False
+        self._updates[key] = (global_hash, payload)
+        return True
+
+    def stored_updates(self, task: str, round_: int, phase: str, global_hash: str) -> list[tuple[str, bytes]]:
+        return [
+            (k[3], payload)
+            for k, (gh, payload) in self._updates.items()
+            if k[:3] == (task, round_, phase) and gh == global_hash
+        ]
+
+    def put_rejection(self, task: str, round_: int | None, device: str, reason: Reason, detail: str) -> None:
+        self._rejections.append((task, device, str(reason)))
+
+    def rejection_counts(self, task: str | None = None) -> dict[str, int]:
+        return {d: sum(per.values()) for d, per in self.rejection_counts_by_reason(task).items()}
+
+    def rejection_counts_by_reason(self, task: str | None = None) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for t, device, code in self._rejections:
+            if task is None or t == task:
+                per = out.setdefault(device, {})
+                per[code] = per.get(code, 0) + 1
+        return out
 
 
 class RoundEngine:
@@ -154,7 +212,7 @@ class RoundEngine:
     on_record
         Called with each ``RoundRecord`` as it is stored (progress tables, plots).
     straggler, staleness_weight
-        ``"drop"`` or ``"next_round"`` and its factor ``s`` (see the module docstring).
+        ``"drop"`` or ``"next_round"`` and its factor ``s`` (``cloud_aggregator.stragglers``).
     """
 
     def __init__(
@@ -199,7 +257,9 @@ class RoundEngine:
             self.strategy.load_state(state)
             log.info("task %s resumes at round %d phase %s", self.spec.name, round_, phases[phase_idx])
             if self.straggler == "next_round":
-                self._late = self._restore_late_window(round_)
+                self._late = restore_late_window(
+                    self.store, self.spec.name, round_, self.strategy.init_global
+                )
         while round_ <= self.spec.rounds:
             self.run_phase(round_, phases[phase_idx])
             phase_idx += 1
@@ -227,10 +287,10 @@ class RoundEngine:
             expected_by_device=by_device,
             late=late,
         )
-        replies, late_devices, superseded = self.absorb_late(
-            self.fleet.collect(request), request, self.staleness_weight
+        replies, late_devices, superseded = absorb_late(
+            self.fleet.collect(request), late, self.global_params, self.staleness_weight
         )
-        valid, rejected = self.validate(replies, expected, by_device, request.participants)
+        valid, rejected = self.split(replies)
         status = "completed" if len(valid) >= self.min_participants else "abandoned"
         before = self.global_params
         if status == "completed":
@@ -279,102 +339,29 @@ class RoundEngine:
         if self.on_record is not None:
             self.on_record(record)
 
-    def _restore_late_window(self, round_: int) -> LateWindow | None:
-        """Round ``round_ - 1``'s window from the store, so stragglers still count after a restart."""
-        if round_ < 2 or not hasattr(self.store, "rounds") or not hasattr(self.store, "get_params"):
-            return None
-        records = {r.round: r for r in self.store.rounds(self.spec.name)}
-        last = records.get(round_ - 1)
-        if last is None:
-            return None
-        if round_ - 1 == 1:
-            base = self.strategy.init_global()
-        elif round_ - 2 in records:
-            base = self.store.get_params(records[round_ - 2].global_hash)
-        else:
-            return None
-        return LateWindow(last.round, last.phase, param_hash(base), base, frozenset(last.participants))
-
     @staticmethod
-    def absorb_late(
-        replies: Sequence[Update | Rejection | LateUpdate], request: CollectRequest, staleness_weight: float
-    ) -> tuple[list[Update | Rejection], list[str], list[str]]:
-        """Turn stragglers' uploads into ordinary ones (see the module docstring).
+    def split(replies: Sequence[Update | Rejection]) -> tuple[list[Update], dict[str, str]]:
+        """The admitted uploads in device order, and ``{device: why}`` for the rejected ones.
 
-        Returns the replies, the devices counted late, and those whose late upload a fresh one replaced.
+        Raises
+        ------
+        ValueError
+            When the fleet returned two uploads from one device: a ``Fleet`` admits uploads
+            through ``cloud_aggregator.admission``, which keeps one per device and round.
         """
-        fresh = {r.device for r in replies if isinstance(r, Update)}
-        out: list[Update | Rejection] = []
-        late: list[str] = []
-        superseded: list[str] = []
-        for r in replies:
-            if not isinstance(r, LateUpdate):
-                out.append(r)
-                continue
-            window = request.late
-            device = r.update.device
-            if window is None or r.round != window.round or device in window.counted:
-                continue  # not counted: the fleet should not have offered it
-            if device in fresh:
-                superseded.append(device)
-                continue
-            params = damp_late(request.global_params, window.global_params, r.update.params, staleness_weight)
-            out.append(Update(device, params, r.update.n_samples, dict(r.update.metrics)))
-            fresh.add(device)
-            late.append(device)
-        return out, late, superseded
-
-    @staticmethod
-    def validate(
-        replies: Sequence[Update | Rejection],
-        expected: dict[str, TensorSpec],
-        by_device: dict[str, dict[str, TensorSpec]] | None = None,
-        participants: Sequence[str] | None = None,
-    ) -> tuple[list[Update], dict[str, str]]:
-        """Keep well-formed uploads, one per device; name what was wrong with the rest.
-
-        ``by_device`` overrides ``expected`` for the devices it lists; with
-        ``participants``, uploads from devices the server did not select are rejected.
-        """
-        by_device = by_device or {}
-        selected = None if participants is None else set(participants)
         valid: dict[str, Update] = {}
         rejected: dict[str, str] = {}
         for reply in replies:
             if isinstance(reply, Rejection):
                 rejected[reply.device] = reply.reason
-                continue
-            if reply.device in valid:
-                continue  # a duplicate delivery of the same upload
-            if selected is not None and reply.device not in selected:
-                rejected[reply.device] = "device was not selected for this round"
-                continue
-            try:
-                validate_tensors(reply.params, by_device.get(reply.device, expected))
-            except WireError as exc:
-                log.warning("rejected update from %s: %s", reply.device, exc)
-                rejected[reply.device] = str(exc)
-                continue
-            valid[reply.device] = reply
-            rejected.pop(reply.device, None)
+            elif reply.device in valid:
+                raise ValueError(
+                    f"the fleet returned two uploads from {reply.device!r}; a Fleet admits uploads "
+                    "through cloud_aggregator.admission.Admission, which keeps one per device and round"
+                )
+            else:
+                valid[reply.device] = reply
+        for device in valid:
+            rejected.pop(device, None)
         # A fixed order makes the floating-point sums, and so a resumed run, reproducible.
         return [valid[d] for d in sorted(valid)], rejected
-
-
-def damp_late(current: Params, base: Params, params: Params, staleness_weight: float) -> Params:
-    """``current + s·(params − base)`` per name, in each array's dtype (a late upload's change, shrunk)."""
-    out = {}
-    for name, g in current.items():
-        s = np.asarray(staleness_weight, dtype=g.dtype)
-        out[name] = (g + s * (params[name].astype(g.dtype) - base[name].astype(g.dtype))).astype(g.dtype)
-    return out
-
-
-def check_next_round(strategy: Strategy) -> None:
-    """Refuse ``straggler = "next_round"`` where a late upload has no meaning."""
-    if not isinstance(strategy, FedAvg) or len(strategy.phases()) != 1:
-        raise ValueError(
-            f"straggler = 'next_round' needs a one-phase FedAvg-style strategy (the global is a weighted "
-            f"mean of uploads, so an older upload can be shrunk and mixed in); {type(strategy).__name__} "
-            f"with phases {strategy.phases()} is not one: use straggler = 'drop'"
-        )

@@ -1,24 +1,35 @@
 """An in-process fleet of virtual clients: the papers' studies and benchmarks run here.
 
 The clients run the very ``trainer_lite`` algorithm code that ``edge-trainer``
-runs, and the server runs the same ``RoundEngine`` and ``Strategy`` as the MQTT
+runs, every upload passes the same admission pipeline (``cloud_aggregator.admission``)
+as over MQTT, and the server runs the same ``RoundEngine`` and ``Strategy`` as the MQTT
 aggregator; only the transport differs.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from cloud_aggregator.admission import Admission, AdmissionPolicy, Inbox, Refusal
 from cloud_aggregator.rounds import CollectRequest, Rejection, RoundEngine, RoundRecord
+from cloud_aggregator.stragglers import LateUpdate
 from cloud_aggregator.strategies import Update
+from ioft_protocol.round_messages import UpdateMessage
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import derive_rng, initial_local, participate
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec
+
+log = logging.getLogger(__name__)
+
+#: One upload as a fleet receives it: the sending device (a topic's over MQTT) and the message,
+#: decoded (what a simulated client sends) or as bytes (decoded by admission).
+Uplink = tuple[str, UpdateMessage | bytes]
 
 
 @dataclass(frozen=True)
@@ -40,10 +51,24 @@ class SimulatedFleet:
         ``{device id: ClientData}``.
     participation
         Fraction C of clients sampled each round (at least one), seeded by the task seed.
+    admission
+        Bounds of the admission pipeline's norm check.
+    uplinks
+        Sees each round's uploads before admission and returns what is delivered instead
+        (tests inject hostile uploads here); ``None`` delivers them as sent.
+    fleet
+        The fleet id the uploads name.
     """
 
     def __init__(
-        self, spec: TaskSpec, clients: Mapping[str, ClientData], *, participation: float = 1.0
+        self,
+        spec: TaskSpec,
+        clients: Mapping[str, ClientData],
+        *,
+        participation: float = 1.0,
+        admission: AdmissionPolicy | None = None,
+        uplinks: Callable[[CollectRequest, list[Uplink]], Sequence[Uplink]] | None = None,
+        fleet: str = "sim",
     ) -> None:
         if not clients:
             raise ValueError("a simulated fleet needs at least one client")
@@ -54,6 +79,8 @@ class SimulatedFleet:
         self.clients = dict(clients)
         self.participation = participation
         self.local: dict[str, Params] = {d: initial_local(self.algo, d) for d in self.clients}
+        self.admission = Admission(fleet, admission)
+        self.uplinks = uplinks
 
     def sample(self, round_: int) -> list[str]:
         devices = sorted(self.clients)
@@ -63,8 +90,8 @@ class SimulatedFleet:
         rng = derive_rng(self.spec.seed, "participation", round_)
         return sorted(rng.choice(devices, size=k, replace=False).tolist())
 
-    def collect(self, request: CollectRequest) -> Sequence[Update | Rejection]:
-        out: list[Update | Rejection] = []
+    def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate]:
+        sent: list[Uplink] = []
         if request.participants is None:
             devices = self.sample(request.round)
         else:  # the server chose (e.g. FTL-TP's fraction per task group); unknown ids are absent
@@ -82,8 +109,25 @@ class SimulatedFleet:
                 round_=request.round,
                 phase=request.phase,
             )
-            out.append(Update(device, result.shared, result.n_samples, result.metrics))
-        return out
+            msg = UpdateMessage(
+                self.admission.fleet,
+                request.spec.name,
+                device,
+                request.round,
+                request.phase,
+                result.n_samples,
+                request.global_hash,
+                result.metrics,
+                result.shared,
+            )
+            sent.append((device, msg))
+        delivered = sent if self.uplinks is None else self.uplinks(request, sent)
+        inbox: Inbox = {}
+        for device, upload in delivered:
+            verdict = self.admission.receive(device, upload, request, inbox)
+            if isinstance(verdict, Refusal):
+                log.warning("dropped update from %s: %s", device, verdict)
+        return list(inbox.values())
 
     def evaluate(self, global_params: Params, split: str = "test") -> dict[str, dict[str, float]]:
         """Every client's personalized-model metrics on its ``split`` (``"test"`` or ``"train"``)."""

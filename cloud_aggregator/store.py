@@ -7,7 +7,8 @@ a round's record and its resume point commit in one transaction.  Received
 updates are stored as they arrive (idempotently, keyed by task, round, phase and
 device), so a restarted aggregator loses none and counts none twice: it reads
 them back for the round it resumes, and a device's re-send of a stored one is a
-duplicate.  ``cloud_aggregator.faults`` points mark each step for kill tests.
+duplicate.  Refused uploads are kept with their reason code (``admission.Reason``) in a
+column of its own.  ``cloud_aggregator.faults`` points mark each step for kill tests.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_aggregator import faults
+from cloud_aggregator.admission import Reason
 from cloud_aggregator.rounds import RoundRecord
 from ioft_protocol.state import atomic_write_bytes, decode_arrays, encode_arrays
 from trainer_lite.params import Params, param_hash
@@ -45,9 +47,25 @@ CREATE TABLE IF NOT EXISTS updates (
     PRIMARY KEY (task, round, phase, device)
 );
 CREATE TABLE IF NOT EXISTS rejections (
-    task TEXT NOT NULL, round INTEGER, device TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL
+    task TEXT NOT NULL, round INTEGER, device TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL,
+    code TEXT NOT NULL DEFAULT 'other'
 );
 """
+
+#: Codes of stores written before ``admission.Reason``: a duplicate upload is a replay now.
+_LEGACY_CODES = {"duplicate": Reason.REPLAY}
+
+
+def legacy_code(text: str) -> tuple[Reason, str]:
+    """``(code, detail)`` of a rejection stored as ``"<code>: <detail>"`` text; ``other`` if it names none."""
+    head, sep, detail = text.partition(":")
+    if not sep:
+        return Reason.OTHER, text
+    try:
+        code = _LEGACY_CODES.get(head) or Reason(head)
+    except ValueError:
+        return Reason.OTHER, text
+    return code, detail.strip()
 
 
 class SqliteStore:
@@ -73,6 +91,25 @@ class SqliteStore:
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(rounds)")}
         if "extra" not in columns:  # a store written before round records had extras
             self._db.execute("ALTER TABLE rounds ADD COLUMN extra TEXT NOT NULL DEFAULT '{}'")
+        if not self._has_reason_codes():
+            self._migrate_reason_codes()
+
+    def _has_reason_codes(self) -> bool:
+        with self._lock:
+            return "code" in {r[1] for r in self._db.execute("PRAGMA table_info(rejections)")}
+
+    def _migrate_reason_codes(self) -> None:
+        """Give rejections stored as ``"<code>: <detail>"`` text their code column (parsed once, here)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("ALTER TABLE rejections ADD COLUMN code TEXT NOT NULL DEFAULT 'other'")
+            rows = self._db.execute("SELECT rowid, reason FROM rejections").fetchall()
+            for rowid, text in rows:
+                code, detail = legacy_code(text)
+                self._db.execute(
+                    "UPDATE rejections SET code=?, reason=? WHERE rowid=?", (str(code), detail, rowid)
+                )
+            self._db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
@@ -179,10 +216,12 @@ class SqliteStore:
             ).fetchall()
         return [(d, bytes(p)) for d, p in rows]
 
-    def put_rejection(self, task: str, round_: int | None, device: str, reason: str) -> None:
+    def put_rejection(self, task: str, round_: int | None, device: str, reason: Reason, detail: str) -> None:
+        """Record a refused upload: its code in ``code``, what was wrong in ``reason``."""
         with self._lock:
             self._db.execute(
-                "INSERT INTO rejections VALUES (?,?,?,?,?)", (task, round_, device, reason[:500], time.time())
+                "INSERT INTO rejections (task, round, device, reason, at, code) VALUES (?,?,?,?,?,?)",
+                (task, round_, device, detail[:500], time.time(), str(reason)),
             )
 
     # -- reading back -------------------------------------------------------------
@@ -228,13 +267,29 @@ class SqliteStore:
         return row is not None
 
     def rejection_counts(self, task: str | None = None) -> dict[str, int]:
-        query = "SELECT device, COUNT(*) FROM rejections"
+        """``{device: refusals}`` (of ``task``, or of all tasks and of no round)."""
+        return {d: sum(per.values()) for d, per in self.rejection_counts_by_reason(task).items()}
+
+    def rejection_counts_by_reason(self, task: str | None = None) -> dict[str, dict[str, int]]:
+        """``{device: {reason code: refusals}}`` (of ``task``, or of all tasks and of no round).
+
+        A read-only view of a store no aggregator has opened since codes got their column
+        counts its rejections as ``other``.
+        """
+        if self.readonly and not self._has_schema():
+            return {}
+        code = "code" if not self.readonly or self._has_reason_codes() else "'other'"
+        query = f"SELECT device, {code}, COUNT(*) FROM rejections"
         args: tuple = ()
         if task is not None:
             query += " WHERE task=?"
             args = (task,)
         with self._lock:
-            return dict(self._db.execute(query + " GROUP BY device", args).fetchall())
+            rows = self._db.execute(query + " GROUP BY device, 2", args).fetchall()
+        out: dict[str, dict[str, int]] = {}
+        for device, reason, n in rows:
+            out.setdefault(device, {})[reason] = n
+        return out
 
     def tasks(self) -> dict[str, str]:
         with self._lock:

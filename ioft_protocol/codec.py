@@ -24,6 +24,14 @@ class WireError(ValueError):
     """A payload or topic that does not follow the protocol; the message is dropped."""
 
 
+class TensorMismatch(WireError):
+    """Tensor names, shapes or dtypes differ from what the round expects."""
+
+
+class NonFiniteTensor(WireError):
+    """A tensor holds NaN or Inf."""
+
+
 def check_id(kind: str, value: str) -> str:
     """Fleet, task and device ids are topic-safe: ``[a-z0-9][a-z0-9_-]{0,62}``."""
     if not isinstance(value, str) or not _ID.match(value):
@@ -85,19 +93,28 @@ def decode(
 
 
 def validate_tensors(tensors: dict[str, np.ndarray], expected: dict[str, TensorSpec]) -> None:
-    """Names, shapes, dtype and finiteness against what the round expects."""
+    """Names, shapes and dtypes of all tensors, then their finiteness, against what the round expects.
+
+    Raises
+    ------
+    TensorMismatch
+        Naming the missing or unexpected tensor, or the one of the wrong shape or dtype.
+    NonFiniteTensor
+        Naming the tensor that holds NaN or Inf.
+    """
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
-        raise WireError(f"tensor names differ from the round's: missing {missing}, unexpected {extra}")
+        raise TensorMismatch(f"tensor names differ from the round's: missing {missing}, unexpected {extra}")
     for name, spec in expected.items():
         arr = tensors[name]
         if tuple(arr.shape) != tuple(spec.shape) or arr.dtype.name != spec.dtype:
-            raise WireError(
+            raise TensorMismatch(
                 f"tensor {name!r} is {arr.dtype.name}{list(arr.shape)}, expected {spec.dtype}{list(spec.shape)}"
             )
+    for name, arr in tensors.items():
         if not np.isfinite(arr).all():
-            raise WireError(f"tensor {name!r} holds NaN or Inf")
+            raise NonFiniteTensor(f"tensor {name!r} holds NaN or Inf")
 
 
 def require_field(meta: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:

@@ -37,6 +37,9 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     config_cls: ClassVar[type]
+    #: Whether an upload for the previous round can be mixed into this one (``straggler = "next_round"``,
+    #: ``cloud_aggregator.stragglers``): true where the global is a weighted mean of uploads.
+    accepts_late_updates: ClassVar[bool] = False
 
     def __init__(self, spec: TaskSpec, client: ClientAlgorithm | None = None) -> None:
         self.spec = spec

@@ -50,6 +50,7 @@ class FedAvgConfig(ReducerChoice):
 class FedAvg(Strategy):
     name = "fedavg"
     config_cls = FedAvgConfig
+    accepts_late_updates = True
 
     def __init__(self, spec, client=None) -> None:
         super().__init__(spec, client)

@@ -7,9 +7,11 @@ import math
 import numpy as np
 import pytest
 
+from cloud_aggregator.admission import Admission, Reason, check_tensors
 from cloud_aggregator.rounds import CollectRequest, RoundEngine
 from cloud_aggregator.simulation import ClientData, SimulatedFleet, simulate
 from cloud_aggregator.strategies import Update, make_strategy
+from ioft_protocol.round_messages import UpdateMessage
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.base import get_loss
 from trainer_lite.algorithms.centralised import centralised_transfer, train_centralised
@@ -18,6 +20,7 @@ from trainer_lite.algorithms.ftltp import group_key
 from trainer_lite.data import Dataset
 from trainer_lite.models import mlp
 from trainer_lite.optim import SGD
+from trainer_lite.params import param_hash
 from trainer_lite.task import TaskSpec
 
 SIZES = [6, 5, 4, 3, 2]  # a small 4-block MLP standing in for 624-175-125-50-C
@@ -121,9 +124,9 @@ def test_uploads_with_another_groups_names_are_rejected_before_aggregation():
     s_upload = {n: g[n] for n in make_client(spec).names_for("S")}
     good = Update("m0", {n: g[n] for n in m_names}, 4)
     wrong = Update("m1", s_upload, 4)  # an M device uploading S's blocks
-    valid, rejected = RoundEngine.validate([good, wrong], strategy.expected(g, "train"), by_device)
-    assert [u.device for u in valid] == ["m0"]
-    assert "m1" in rejected and "group.M" in rejected["m1"]
+    assert check_tensors(good.params, by_device.get("m0", strategy.expected(g, "train"))) is None
+    refusal = check_tensors(wrong.params, by_device.get("m1", strategy.expected(g, "train")))
+    assert refusal.reason is Reason.SHAPE_DTYPE and "group.M" in refusal.detail
 
 
 # -- Algorithm 1: sample-weighted aggregation -----------------------------------------
@@ -179,13 +182,14 @@ def test_client_fraction_selects_per_group_and_the_rest_is_rejected():
     chosen = picks[0]
     outsider = next(d for d in devices if d not in chosen)
     names = strategy.client.names_for(devices[outsider])
-    valid, rejected = RoundEngine.validate(
-        [Update(outsider, {n: g[n] for n in names}, 3)],
-        strategy.expected(g, "train"),
+    request = CollectRequest(
+        spec, 1, "train", g, param_hash(g), {}, strategy.expected(g, "train"), tuple(chosen),
         strategy.expected_by_device(g, "train"),
-        chosen,
+    )  # fmt: skip
+    upload = UpdateMessage(
+        "sim", spec.name, outsider, 1, "train", 3, param_hash(g), {}, {n: g[n] for n in names}
     )
-    assert valid == [] and "not selected" in rejected[outsider]
+    assert Admission("sim").judge(outsider, upload, request).reason is Reason.NOT_SELECTED
 
 
 def test_only_the_selected_devices_train():

@@ -1,4 +1,5 @@
-"""Update admission over the MQTT fleet's receive path, with a fake session (no broker).
+"""Update admission: the pipeline on its own, and over the MQTT fleet's receive path with a
+fake session (no broker).
 
 Each hostile upload must be refused, counted per device and reason (FleetView and the
 store), and never reach the strategy; honest uploads in the same round still count.
@@ -7,18 +8,13 @@ store), and never reach the strategy; honest uploads in the same round still cou
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from collections import deque
 
 import numpy as np
 import pytest
 
-from cloud_aggregator.admission import (
-    Admission,
-    AdmissionPolicy,
-    change_norm,
-    check_tensors,
-    rejection_counts_by_reason,
-)
+from cloud_aggregator.admission import Admission, AdmissionPolicy, Reason, change_norm, check_tensors
 from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.rounds import CollectRequest, Rejection
 from cloud_aggregator.store import SqliteStore
@@ -63,6 +59,12 @@ def request(round_: int, g: dict[str, np.ndarray]) -> CollectRequest:
         global_hash=param_hash(g),
         downlinks={},
         expected={n: codec.TensorSpec(tuple(v.shape), v.dtype.name) for n, v in g.items()},
+    )
+
+
+def message(req: CollectRequest, device: str, params) -> round_messages.UpdateMessage:
+    return round_messages.UpdateMessage(
+        FLEET, TASK, device, req.round, req.phase, 10, req.global_hash, {}, params
     )
 
 
@@ -117,7 +119,7 @@ def test_hostile_uploads_are_refused_counted_by_reason_and_never_aggregated(flee
     msgs = [upload(r1, d, honest(g, d, 1)) for d in DEVICES]
     updates, rejected = run_round(f, session, r1, [msgs[0], *msgs])
     assert sorted(updates) == DEVICES and not rejected
-    assert f.view.rejected_by_reason == {"d0": {"duplicate": 1}}
+    assert f.view.rejected_by_reason == {"d0": {Reason.REPLAY: 1}}
 
     r2 = request(2, honest(g, "d0", 99))
     g2 = r2.global_params
@@ -139,86 +141,88 @@ def test_hostile_uploads_are_refused_counted_by_reason_and_never_aggregated(flee
         Message(topics.topic_up(FLEET, TASK, "d9"), b"\x00garbage" * 4, False),
         upload(r2, "d9", honest(g2, "d9", 2), name="d8"),  # speaks for d8
     ]
-    # Replays with the round fields edited: d5 re-sends its own round-1 tensors as a
-    # round-2 upload; d6 re-sends d0's round-1 tensors under its own name.
-    replay_own = upload(r2, "d5", honest(g, "d5", 1))
-    replay_other = upload(r2, "d6", honest(g, "d0", 1))
+    # Equal tensors are no replay: d5 sends its own round-1 tensors as its round-2 answer, d6
+    # d0's round-1 tensors (a converged fleet repeats itself; identity is the broker's job).
+    same_as_before = upload(r2, "d5", honest(g, "d5", 1))
+    same_as_other = upload(r2, "d6", honest(g, "d0", 1))
     fresh = [upload(r2, d, honest(g2, d, 2)) for d in ("d7", "d8", "d9")]
-    updates, rejected = run_round(f, session, r2, [*hostile, replay_own, replay_other, *fresh])
+    again = fresh[0]  # a replay: d7 answered round 2 already
+    updates, rejected = run_round(f, session, r2, [*hostile, same_as_before, same_as_other, *fresh, again])
 
-    assert sorted(updates) == ["d7", "d8", "d9"]
+    assert sorted(updates) == ["d5", "d6", "d7", "d8", "d9"]
     for d in ("d7", "d8", "d9"):  # the fresh uploads are the ones kept
         np.testing.assert_array_equal(updates[d].params["w"], honest(g2, d, 2)["w"])
-    assert set(rejected) == {"d0", "d1", "d2", "d3", "d4", "d5", "d6"}
+    np.testing.assert_array_equal(updates["d6"].params["w"], honest(g, "d0", 1)["w"])
+    assert set(rejected) == {"d0", "d1", "d2", "d3", "d4"}  # their answers to round 2 were refused
     by_reason = {d: dict(v) for d, v in f.view.rejected_by_reason.items()}
     assert by_reason == {
-        "d0": {"duplicate": 1, "shape_dtype": 1},
+        "d0": {"replay": 1, "shape_dtype": 1},
         "d1": {"shape_dtype": 1},
         "d2": {"non_finite": 1},
         "d3": {"non_finite": 1},
         "d4": {"norm": 1},
-        "d5": {"stale_round": 1, "replay": 1},
-        "d6": {"future_round": 1, "replay": 1},
-        "d7": {"wrong_global": 1},
+        "d5": {"stale_round": 1},
+        "d6": {"future_round": 1},
+        "d7": {"wrong_global": 1, "replay": 1},
         "d8": {"impersonation": 1},  # d1's payload verbatim names d1 inside
         "d9": {"malformed": 1, "impersonation": 1},
     }
-    assert rejection_counts_by_reason(store, TASK) == by_reason
+    assert store.rejection_counts_by_reason(TASK) == by_reason
     assert store.rejection_counts(TASK) == {d: sum(v.values()) for d, v in by_reason.items()}
     assert f.view.rejected == store.rejection_counts(TASK)
+
+
+def test_equal_tensors_are_admitted_a_second_answer_is_a_replay():
+    """Replay is (device, task, round, phase) answered already, never a tensor fingerprint."""
+    g = global_params()
+    adm = Admission(FLEET)
+    r1, r2 = request(1, g), request(2, g)
+    converged = honest(g, "d1", 1)
+    for device in ("d1", "d2"):  # two devices, bit-identical tensors: both count
+        assert adm.judge(device, message(r1, device, converged), r1).device == device
+    assert adm.judge("d1", message(r2, "d1", converged), r2).device == "d1"  # and again next round
+    assert adm.judge("d0", message(r1, "d0", g), r1).device == "d0"  # what it was sent, unchanged
+    refusal = adm.judge("d1", message(r2, "d1", honest(g, "d1", 2)), r2)
+    assert refusal.reason is Reason.REPLAY and "already answered round 2/train" in refusal.detail
+    other_phase = dataclasses.replace(r2, phase="heads")
+    assert adm.judge("d1", message(other_phase, "d1", converged), other_phase).device == "d1"
 
 
 def test_norm_reference_is_a_running_median_and_bounds_are_configurable():
     g = global_params()
     req = request(1, g)
-    adm = Admission(AdmissionPolicy(max_norm_ratio=10.0, min_history=3))
+    adm = Admission(FLEET, AdmissionPolicy(max_norm_ratio=10.0, min_history=3))
     small = {n: v + 0.1 for n, v in g.items()}
     step = change_norm(small, g)
     # Before min_history norms are known, nothing is judged relative.
     big = {n: v + 50.0 for n, v in g.items()}
-    assert adm.check_new("d0", big, req) is None
+    assert adm.check_norm("d0", change_norm(big, g), big, req) is None
     for i in range(3):
         p = {n: v + 0.1 * (1 + i / 10) for n, v in g.items()}
-        adm.admitted(f"d{i}", p, req)
+        assert isinstance(adm.judge(f"d{i}", message(req, f"d{i}", p), req), Update)
     assert adm.reference("train", SPEC.name) == pytest.approx(step * 1.1, rel=1e-5)
-    refusal = adm.check_new("d5", big, req)
-    assert refusal is not None and refusal.code == "norm"
-    assert adm.check_new("d5", {n: v + 0.5 for n, v in g.items()}, req) is None
-    # One huge admitted outlier cannot drag the median up.
-    adm.admitted("d9", {n: v + 1e6 for n, v in g.items()}, req)
-    assert adm.check_new("d5", big, req).code == "norm"
-    absolute = Admission(AdmissionPolicy(max_norm_ratio=None, max_param_norm=1.0))
-    assert absolute.check_new("d0", big, req).code == "norm"
-    assert Admission(AdmissionPolicy(max_norm_ratio=None)).check_new("d0", big, req) is None
-
-
-def test_identical_to_what_was_sent_is_not_a_replay():
-    g = global_params()
-    adm = Admission()
-    req = request(1, g)
-    adm.admitted("d0", g, req)  # a device with nothing to learn returns the global
-    assert adm.check_new("d1", g, req) is None
-    adm.admitted("d0", {}, req)
-    assert adm.check_new("d1", {}, req) is None  # local-only algorithms upload nothing
-
-
-def test_replay_fingerprints_expire():
-    g = global_params()
-    adm = Admission(AdmissionPolicy(replay_rounds=2))
-    p = honest(g, "d1", 1)
-    adm.admitted("d1", p, request(1, g))
-    assert adm.check_new("d2", p, request(2, g)).code == "replay"
-    adm.admitted("d3", honest(g, "d3", 5), request(5, g))
-    assert adm.check_new("d2", p, request(5, g)) is None
+    refusal = adm.judge("d5", message(req, "d5", big), req)
+    assert refusal.reason is Reason.NORM
+    assert isinstance(adm.judge("d5", message(req, "d5", {n: v + 0.5 for n, v in g.items()}), req), Update)
+    # One huge admitted outlier (restored from the store: not judged again) cannot drag the median up.
+    outlier = {n: v + 1e6 for n, v in g.items()}
+    assert isinstance(adm.judge("d9", message(req, "d9", outlier), req, restored=True), Update)
+    assert adm.judge("d6", message(req, "d6", big), req).reason is Reason.NORM
+    absolute = Admission(FLEET, AdmissionPolicy(max_norm_ratio=None, max_param_norm=1.0))
+    assert absolute.judge("d0", message(req, "d0", big), req).reason is Reason.NORM
+    assert isinstance(
+        Admission(FLEET, AdmissionPolicy(max_norm_ratio=None)).judge("d0", message(req, "d0", big), req),
+        Update,
+    )
 
 
 def test_check_tensors_classifies_shape_dtype_and_non_finite():
     spec = {"w": codec.TensorSpec((2,), "float32")}
     assert check_tensors({"w": np.zeros(2, np.float32)}, spec) is None
-    assert check_tensors({"w": np.zeros(3, np.float32)}, spec).code == "shape_dtype"
-    assert check_tensors({"w": np.zeros(2, np.float64)}, spec).code == "shape_dtype"
-    assert check_tensors({"v": np.zeros(2, np.float32)}, spec).code == "shape_dtype"
-    assert check_tensors({"w": np.array([0, np.nan], np.float32)}, spec).code == "non_finite"
+    assert check_tensors({"w": np.zeros(3, np.float32)}, spec).reason is Reason.SHAPE_DTYPE
+    assert check_tensors({"w": np.zeros(2, np.float64)}, spec).reason is Reason.SHAPE_DTYPE
+    assert check_tensors({"v": np.zeros(2, np.float32)}, spec).reason is Reason.SHAPE_DTYPE
+    assert check_tensors({"w": np.array([0, np.nan], np.float32)}, spec).reason is Reason.NON_FINITE
 
 
 def test_policy_validation():
@@ -233,25 +237,62 @@ def test_policy_validation():
 def test_norm_reference_is_per_task():
     """A converged task's tiny steps must not judge another task's first rounds."""
     g = global_params()
-    adm = Admission(AdmissionPolicy(max_norm_ratio=10.0, min_history=3))
+    adm = Admission(FLEET, AdmissionPolicy(max_norm_ratio=10.0, min_history=3))
     converged = request(50, g)
     for i in range(3):
-        adm.admitted(f"d{i}", {n: v + 1e-4 * (i + 1) for n, v in g.items()}, converged)
-    other = dataclasses.replace(converged, spec=TaskSpec("other-task", "fedavg", "sigmoid_glm"))
+        p = {n: v + 1e-4 * (i + 1) for n, v in g.items()}
+        adm.judge(f"d{i}", message(converged, f"d{i}", p), converged)
+    other_spec = TaskSpec("other-task", "fedavg", "sigmoid_glm")
+    other = dataclasses.replace(converged, spec=other_spec)
     first_step = {n: v + 1.0 for n, v in g.items()}
-    assert adm.check_new("d0", first_step, other) is None
-    assert adm.check_new("d0", first_step, converged).code == "norm"
+    other_msg = dataclasses.replace(message(converged, "d0", first_step), task="other-task")
+    assert isinstance(adm.judge("d0", other_msg, other), Update)
+    assert adm.judge("d5", message(converged, "d5", first_step), converged).reason is Reason.NORM
 
 
 def test_a_reference_that_refuses_most_of_a_round_is_forgotten():
     g = global_params()
-    adm = Admission(AdmissionPolicy(max_norm_ratio=10.0, min_history=3))
+    adm = Admission(FLEET, AdmissionPolicy(max_norm_ratio=10.0, min_history=3))
+    r1 = request(1, g)
     for i in range(3):
-        adm.admitted(f"d{i}", {n: v + 1e-4 * (i + 1) for n, v in g.items()}, request(1, g))
+        adm.judge(f"d{i}", message(r1, f"d{i}", {n: v + 1e-4 * (i + 1) for n, v in g.items()}), r1)
     req = request(2, g)
     for i in range(3):  # the whole fleet moved faster: every upload is refused
-        assert adm.check_new(f"d{i}", {n: v + 1.0 + i for n, v in g.items()}, req).code == "norm"
+        faster = {n: v + 1.0 + i for n, v in g.items()}
+        assert adm.judge(f"d{i}", message(req, f"d{i}", faster), req).reason is Reason.NORM
     assert not adm.forget_stale(req, admitted=3)  # refused ≤ admitted: a minority, keep it
     assert adm.forget_stale(req, admitted=0)
     assert adm.reference("train", SPEC.name) is None
-    assert adm.check_new("d0", {n: v + 1.0 for n, v in g.items()}, req) is None
+    assert isinstance(adm.judge("d0", message(req, "d0", {n: v + 1.0 for n, v in g.items()}), req), Update)
+
+
+def test_rejections_stored_as_text_get_their_code_once(tmp_path):
+    """A store written before codes had a column: the code is parsed at migration, or 'other'."""
+    path = tmp_path / "agg.sqlite"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE rejections (task TEXT NOT NULL, round INTEGER, device TEXT NOT NULL, "
+        "reason TEXT NOT NULL, at REAL NOT NULL)"
+    )
+    rows = [
+        ("d0", "duplicate: device already uploaded for this round"),
+        ("d0", "norm: ‖u − g‖ = 5 exceeds 1000 × the running median 0.001"),
+        ("d1", "replay: tensors identical to d0's upload for round 3/train"),
+        ("d1", "tensor 'w' holds NaN or Inf"),
+    ]
+    old.executemany("INSERT INTO rejections VALUES (?, 3, ?, ?, 0.0)", [(TASK, d, r) for d, r in rows])
+    old.commit()
+    old.close()
+    store = SqliteStore(path)
+    try:
+        assert store.rejection_counts_by_reason(TASK) == {
+            "d0": {"replay": 1, "norm": 1},
+            "d1": {"replay": 1, "other": 1},
+        }
+    finally:
+        store.close()
+    reopened = SqliteStore(path, readonly=True)
+    try:
+        assert reopened.rejection_counts(TASK) == {"d0": 2, "d1": 2}
+    finally:
+        reopened.close()

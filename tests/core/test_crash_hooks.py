@@ -9,16 +9,9 @@ import numpy as np
 import pytest
 
 from cloud_aggregator import faults
-from cloud_aggregator.rounds import (
-    CollectRequest,
-    LateUpdate,
-    LateWindow,
-    RoundEngine,
-    RoundRecord,
-    check_next_round,
-    damp_late,
-)
+from cloud_aggregator.rounds import RoundEngine, RoundRecord
 from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.stragglers import LateUpdate, LateWindow, absorb_late, check_next_round, damp_late
 from cloud_aggregator.strategies import Update, make_strategy
 from trainer_lite.task import TaskSpec
 
@@ -45,10 +38,6 @@ def test_fault_point_kills_on_the_named_pass_only():
     assert unset.returncode == 0 and unset.stdout.split() == ["0", "1", "2", "3", "4"]
 
 
-def _request(current, window):
-    return CollectRequest(SPEC, 2, "train", current, "gh", {}, {}, late=window)
-
-
 def test_late_upload_is_damped_counted_once_and_replaced_by_a_fresh_one():
     base = {"w": np.zeros(3, np.float32)}
     current = {"w": np.ones(3, np.float32)}
@@ -60,14 +49,14 @@ def test_late_upload_is_damped_counted_once_and_replaced_by_a_fresh_one():
         LateUpdate(Update("b", late_params, 5), 1),  # b sent a fresh one: replaced
         LateUpdate(Update("a", late_params, 5), 1),  # a was aggregated in round 1 already
     ]
-    out, late, superseded = RoundEngine.absorb_late(replies, _request(current, window), 0.5)
+    out, late, superseded = absorb_late(replies, window, current, 0.5)
     assert (late, superseded) == (["c"], ["b"])
     counted = {u.device: u.params["w"] for u in out}
     assert sorted(counted) == ["b", "c"]
     np.testing.assert_array_equal(counted["c"], np.full(3, 3.0, np.float32))
     assert counted["c"].dtype == np.float32
     # Without a window (straggler = "drop") nothing late is counted.
-    out, late, _ = RoundEngine.absorb_late(replies, _request(current, None), 0.5)
+    out, late, _ = absorb_late(replies, None, current, 0.5)
     assert [u.device for u in out] == ["b"] and late == []
     np.testing.assert_array_equal(damp_late(current, base, late_params, 1.0)["w"], np.full(3, 5.0))
 

@@ -1,11 +1,14 @@
-"""The round engine: validation, abandoned rounds, and resuming to the same result."""
+"""The round engine: abandoned rounds, the store contract, and resuming to the same result."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
-from cloud_aggregator.rounds import MemoryStore, Rejection, RoundEngine
+from cloud_aggregator.admission import Reason
+from cloud_aggregator.rounds import MemoryStore, RoundEngine
 from cloud_aggregator.simulation import ClientData, SimulatedFleet, simulate
 from cloud_aggregator.store import SqliteStore
 from cloud_aggregator.strategies import Update
@@ -67,30 +70,58 @@ def test_resume_from_sqlite_gives_identical_final_parameters(tmp_path):
     assert [r.round for r in store.rounds("speed")] == [1, 2, 3, 4, 5, 6]
 
 
-class ScriptedFleet:
-    def __init__(self, replies):
-        self.replies = replies
+def test_invalid_uploads_are_refused_by_admission_and_thin_rounds_abandoned():
+    def hostile(req, sent):
+        (a, good), (b, honest_b), (c, _) = sent
+        nan = dataclasses.replace(
+            honest_b, params={k: np.full_like(v, np.nan) for k, v in honest_b.params.items()}
+        )
+        return [(a, good), (a, good), (b, nan), (c, b"\x00malformed payload")]
 
-    def collect(self, request):
-        return self.replies(request)
-
-
-def test_invalid_updates_are_rejected_and_thin_rounds_abandoned():
-    def replies(req):
-        good = {k: v.copy() for k, v in req.global_params.items()}
-        nan = {k: np.full_like(v, np.nan) for k, v in req.global_params.items()}
-        return [
-            Update("a", good, 5),
-            Update("a", good, 5),  # duplicate: ignored
-            Update("b", nan, 5),
-            Rejection("c", "malformed payload"),
-        ]
-
+    fleet = SimulatedFleet(SPEC, printers(3), uplinks=hostile)
     store = MemoryStore()
-    engine = RoundEngine(SPEC, ScriptedFleet(replies), store=store, min_participants=2)
+    engine = RoundEngine(SPEC, fleet, store=store, min_participants=2)
     start = engine.strategy.init_global()
     final = engine.run()
     assert all(r.status == "abandoned" for r in store.records)
-    assert store.records[0].participants == ["a"]
-    assert set(store.records[0].rejected) == {"b", "c"} and "NaN" in store.records[0].rejected["b"]
+    assert store.records[0].participants == ["printer1"]
+    assert set(store.records[0].rejected) == {"printer2", "printer3"}
+    assert store.records[0].rejected["printer2"].startswith("non_finite")
+    n = SPEC.rounds
+    assert fleet.admission.refused == {
+        "printer1": {Reason.REPLAY: n},  # the second copy: printer1 had answered
+        "printer2": {Reason.NON_FINITE: n},
+        "printer3": {Reason.MALFORMED: n},
+    }
     assert param_hash(final) == param_hash(start)  # nothing aggregated from too few uploads
+
+
+def test_the_engine_refuses_a_fleet_that_returns_two_uploads_from_one_device():
+    class TwiceFleet:
+        def collect(self, request):
+            return [Update("a", request.global_params, 5), Update("a", request.global_params, 5)]
+
+    with pytest.raises(ValueError, match="two uploads from 'a'"):
+        RoundEngine(SPEC, TwiceFleet()).run()
+
+
+def test_memory_store_is_a_complete_round_store(tmp_path):
+    """The in-process store answers every RoundStore method the SQLite store does."""
+    sqlite = SqliteStore(tmp_path / "agg.sqlite")
+    try:
+        for store in (MemoryStore(), sqlite):
+            engine = RoundEngine(SPEC, SimulatedFleet(SPEC, printers(2)), store=store)
+            final = engine.run()
+            records = store.rounds("speed")
+            assert [r.round for r in records] == list(range(1, SPEC.rounds + 1))
+            assert param_hash(store.get_params(records[-1].global_hash)) == param_hash(final)
+            assert store.put_update("speed", 9, "train", "a", "g", b"x")
+            assert not store.put_update("speed", 9, "train", "a", "g", b"y")
+            assert store.stored_updates("speed", 9, "train", "g") == [("a", b"x")]
+            store.put_rejection("speed", 9, "a", Reason.NORM, "too far")
+            store.put_rejection("speed", 9, "a", Reason.REPLAY, "again")
+            store.put_rejection("", None, "b", Reason.NO_ROUND, "no round open")
+            assert store.rejection_counts_by_reason("speed") == {"a": {"norm": 1, "replay": 1}}
+            assert store.rejection_counts() == {"a": 2, "b": 1}
+    finally:
+        sqlite.close()
