@@ -1,7 +1,7 @@
 """Fleet faults against real processes, one function per scenario, shared by the e2e tests
 (which assert on what a run returns) and ``benchmarks.reliability`` (which counts it).
 
-Each scenario takes a :class:`~tests.e2e.fleet.FleetProcs` on a fresh mosquitto, runs
+Each scenario takes a :class:`~cloud_aggregator.local_fleet.LocalFleet` on a fresh mosquitto, runs
 three ``edge-trainer`` daemons and ``cloud-aggregator serve``, injects its faults and
 returns a :class:`ScenarioRun`: the round records, every upload seen on the wire, and
 the accounting of those uploads against what the aggregator recorded.
@@ -25,10 +25,10 @@ from pathlib import Path
 
 from cloud_aggregator.admission import Reason
 from cloud_aggregator.broker import BrokerProcess, start_mosquitto
+from cloud_aggregator.local_fleet import FLEET, LocalFleet, Sniffer, aggregator_toml, pflda_task
 from cloud_aggregator.store import SqliteStore
 from edge.daemon import load_task_state
 from ioft_protocol import round_messages, topics
-from tests.e2e.fleet import FLEET, FleetProcs, Sniffer, aggregator_toml
 
 DEVICES = ("printer1", "printer2", "printer3")
 P1, P2, P3 = DEVICES
@@ -39,18 +39,6 @@ LATE_CODES = (Reason.STALE_ROUND, Reason.NO_ROUND, Reason.REPLAY)
 
 
 # -- process and wire helpers ------------------------------------------------------------------------
-def pflda_task(name: str, seed: int, rounds: int) -> dict:
-    return {
-        "name": name,
-        "algorithm": "pflda",
-        "model": "sigmoid_glm",
-        "rounds": rounds,
-        "seed": seed,
-        "hparams": {"lr": 0.1, "weight_decay": 3e-4, "local_steps": 10},
-        "server": {"weighting": "uniform"},
-    }
-
-
 def proc_state(pid: int) -> str:
     """The kernel's one-letter state of a process (``T``: stopped), ``""`` once it is gone."""
     try:
@@ -116,7 +104,7 @@ def came_online(sniffer: Sniffer, device: str, after: int) -> bool:
     )
 
 
-def await_exit(fleet: FleetProcs, timeout: float = 120) -> None:
+def await_exit(fleet: LocalFleet, timeout: float = 120) -> None:
     rc = fleet.wait_aggregator(timeout)
     if rc != 0:
         raise AssertionError(f"aggregator exited with {rc}:\n{fleet.log('aggregator')[-3000:]}")
@@ -127,7 +115,7 @@ def add_collect(toml: str, **items: object) -> str:
     return toml.replace("[collect]\n", "[collect]\n" + lines)
 
 
-def global_of(fleet: FleetProcs, digest: str):
+def global_of(fleet: LocalFleet, digest: str):
     store = SqliteStore(fleet.db, readonly=True)
     try:
         return store.get_params(digest)
@@ -194,7 +182,7 @@ class ScenarioRun:
         return Counter(r.status for r in self.records)
 
 
-def _finish(name: str, fleet: FleetProcs, sniffer: Sniffer, faults_: list[str], started: float, **extras):
+def _finish(name: str, fleet: LocalFleet, sniffer: Sniffer, faults_: list[str], started: float, **extras):
     await_exit(fleet)
     store = SqliteStore(fleet.db, readonly=True)
     try:
@@ -215,7 +203,7 @@ def _finish(name: str, fleet: FleetProcs, sniffer: Sniffer, faults_: list[str], 
 
 @contextlib.contextmanager
 def _running(
-    fleet: FleetProcs, fault: str, task: dict, *, straggler: str | None = None, **collect
+    fleet: LocalFleet, fault: str, task: dict, *, straggler: str | None = None, **collect
 ) -> Iterator[tuple[subprocess.Popen, Sniffer]]:
     """A sniffer on ``#``, the three devices, and the aggregator with ``IOFT_FAULT=fault``."""
     sniffer = Sniffer(fleet.broker_url)  # paho reconnects it if the broker restarts
@@ -231,7 +219,7 @@ def _running(
 
 
 # -- the scenarios ---------------------------------------------------------------------------------
-def device_killed(fleet: FleetProcs, seed: int = 0) -> ScenarioRun:
+def device_killed(fleet: LocalFleet, seed: int = 0) -> ScenarioRun:
     """printer3 SIGKILLed between rounds 2 and 3: rounds 3–5 close at their deadline without it."""
     started = time.monotonic()
     with _running(
@@ -250,7 +238,7 @@ def device_killed(fleet: FleetProcs, seed: int = 0) -> ScenarioRun:
         return _finish("device killed mid-run", fleet, sniffer, [f"SIGKILL {P3}"], started)
 
 
-def broker_restart(fleet: FleetProcs, broker: BrokerProcess, seed: int = 0) -> ScenarioRun:
+def broker_restart(fleet: LocalFleet, broker: BrokerProcess, seed: int = 0) -> ScenarioRun:
     """mosquitto SIGKILLed (no persistence) right after round 4 was announced, then restarted."""
     started = time.monotonic()
     with _running(
@@ -277,7 +265,7 @@ def broker_restart(fleet: FleetProcs, broker: BrokerProcess, seed: int = 0) -> S
             restarted.stop()
 
 
-def straggler(fleet: FleetProcs, mode: str, seed: int = 5) -> ScenarioRun:
+def straggler(fleet: LocalFleet, mode: str, seed: int = 5) -> ScenarioRun:
     """printer3 frozen past round 2's deadline, answers round 2 between rounds, then dies."""
     started = time.monotonic()
     task = pflda_task(TASK, seed, 3)
@@ -305,7 +293,7 @@ def straggler(fleet: FleetProcs, mode: str, seed: int = 5) -> ScenarioRun:
         return _finish(f"straggler ({mode})", fleet, sniffer, faults_, started, task=task)
 
 
-def offline_rejoin(fleet: FleetProcs, seed: int = 6) -> ScenarioRun:
+def offline_rejoin(fleet: LocalFleet, seed: int = 6) -> ScenarioRun:
     """printer3 SIGKILLed after round 2, restarted after round 5: it rejoins from its saved state."""
     started = time.monotonic()
     task = pflda_task(TASK, seed, 7)
@@ -335,7 +323,7 @@ def offline_rejoin(fleet: FleetProcs, seed: int = 6) -> ScenarioRun:
         )
 
 
-def thin_round(fleet: FleetProcs, seed: int = 8) -> ScenarioRun:
+def thin_round(fleet: LocalFleet, seed: int = 8) -> ScenarioRun:
     """min_participants 3 of 3: round 2 is extended until a frozen printer3 answers; after it
     dies, rounds 3 and 4 wait out their extensions and are abandoned."""
     started = time.monotonic()
@@ -367,7 +355,7 @@ def thin_round(fleet: FleetProcs, seed: int = 8) -> ScenarioRun:
 
 
 #: name -> runner(fleet, broker): every scenario the reliability study repeats.
-SCENARIOS: dict[str, Callable[[FleetProcs, BrokerProcess], ScenarioRun]] = {
+SCENARIOS: dict[str, Callable[[LocalFleet, BrokerProcess], ScenarioRun]] = {
     "device_killed": lambda fleet, broker: device_killed(fleet),
     "broker_restart": broker_restart,
     "straggler_drop": lambda fleet, broker: straggler(fleet, "drop"),

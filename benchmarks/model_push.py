@@ -188,36 +188,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.devices, args.repeats = min(args.devices, 4), 1
 
+    # Imported here, not at the top: `--receiver` processes (the raw baseline) run this module
+    # too and should carry nothing of the fleet's.
     from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
+    from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
     from cloud_aggregator.push import push_model
     from export.keys import generate_keypair, load_private_key
     from export.synthetic import signed, window_encoder
     from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
-    from tests.e2e.fleet import aggregator_toml
 
     interrupt_on_sigterm()  # `finally` below stops the broker and the devices
     load_start = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="ioft-push-bench-"))
-    broker = start_mosquitto(log_file=work / "mosquitto.log")
-    url = broker.url
+    fleet = LocalFleet.start(work, broker=start_mosquitto(log_file=work / "mosquitto.log"), fleet=FLEET)
+    broker, url = fleet.broker, fleet.broker_url
     priv, pub = generate_keypair(work / "fleet.key")
     key = load_private_key(priv)
     names = [f"printer{i:02d}" for i in range(args.devices)]
-    devices: dict[str, subprocess.Popen] = {}
+    devices = fleet.devices
     board = StatusBoard(url)
     operator = MqttSession(SessionOptions(BrokerAddress.parse(url), client_id="bench-push"))
     operator.start()
     push_rows, raw_rows = [], []
     version = 0
     try:
-        for name in names:
-            log = (work / f"{name}.log").open("ab")
-            devices[name] = subprocess.Popen(
-                [sys.executable, "-m", "edge.cli", "--device", name, "--fleet", FLEET, "--broker", url,
-                 "--state-dir", str(work / name), "--simulate", "printer-raw", "--allow-plaintext",
-                 "--model-key", str(pub), "--log-level", "WARNING"],
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+        fleet.start_devices(names, "--model-key", str(pub), "--log-level", "WARNING", simulate="printer-raw")
         board.wait(
             lambda: all((board.status.get(d) or {}).get("state") == "online" for d in names), 300, "online"
         )
@@ -266,18 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         agg_dir = work / "aggregator"
         task = {"name": "speed-raw", "algorithm": "fedrep", "model": "mlp", "rounds": 2, "seed": 0,
                 "model_args": {"sizes": [2, 8, 1]}, "hparams": {"features": "onnx:enc", "local_steps": 5}}  # fmt: skip
-        cfg = work / "aggregator.toml"
-        cfg.write_text(
-            aggregator_toml(url, agg_dir, [task], expected=names, deadline_s=30.0).replace(
-                '"test"', f'"{FLEET}"'
-            )
-        )
-        agg = subprocess.run(
-            [sys.executable, "-m", "cloud_aggregator.cli", "--log-level", "WARNING", "serve", "--config", str(cfg)],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        if agg.returncode != 0:
-            raise RuntimeError(f"aggregator failed: {agg.stderr[-2000:]}")
+        toml = aggregator_toml(url, agg_dir, [task], fleet=FLEET, expected=names, deadline_s=30.0)
+        fleet.start_aggregator(toml, log_level="WARNING")
+        rc = fleet.wait_aggregator(300)
+        if rc != 0:
+            raise RuntimeError(f"aggregator failed: {fleet.log('aggregator')[-2000:]}")
         rss_round = {d: vm_kib(p.pid, "VmHWM") for d, p in devices.items()}
         rounds = {
             d: (board.status.get(d) or {}).get("tasks", {}).get("speed-raw", {}).get("round") for d in names
@@ -285,11 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         operator.stop()
         board.stop()
-        for p in devices.values():
-            p.terminate()
-        for p in devices.values():
-            p.wait(30)
-        broker.stop()
+        fleet.stop()
 
     med = statistics.median
     rows = []

@@ -45,11 +45,11 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import markdown_table, progress, write_result
-from benchmarks.fault_scenarios import DEVICES, SCENARIOS, ScenarioRun, pflda_task
+from benchmarks.fault_scenarios import DEVICES, SCENARIOS, ScenarioRun
 from cloud_aggregator import faults
-from cloud_aggregator.broker import BrokerProcess, interrupt_on_sigterm, start_mosquitto
+from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
+from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml, pflda_task
 from cloud_aggregator.store import SqliteStore
-from tests.e2e.fleet import FleetProcs, aggregator_toml
 from trainer_lite.params import param_hash
 
 # Passes per run of each point (rounds R, devices N): used to draw where a targeted kill lands.
@@ -64,20 +64,6 @@ POINT_PASSES = {
 }
 if set(POINT_PASSES) != set(faults.POINTS):
     raise RuntimeError("every fault point needs a pass count in POINT_PASSES")
-
-
-def start_aggregator(
-    config: Path, log: Path, fault: str | None = None, *, extra_env: dict[str, str] | None = None
-) -> subprocess.Popen:
-    """``cloud-aggregator serve`` with ``IOFT_FAULT`` set to ``fault`` (or unset)."""
-    env = faults.child_env(fault) | (extra_env or {})
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "cloud_aggregator.cli", "serve", "--config", str(config)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
 
 
 def wait_log(log: Path, offset: int, text: str, proc: subprocess.Popen, timeout: float) -> None:
@@ -155,21 +141,18 @@ class CrashBench:
         self.work = work
         self.deadline_s = deadline_s
         work.mkdir(parents=True, exist_ok=True)
-        self.broker: BrokerProcess = start_mosquitto(log_file=work / "mosquitto.log")
-        self.fleet = FleetProcs(work, self.broker.url)
-        for d in DEVICES:
-            self.fleet.start_device(d, "--log-level", "WARNING")
+        self.fleet = LocalFleet.start(work, broker=start_mosquitto(log_file=work / "mosquitto.log"))
+        self.fleet.start_devices(DEVICES, "--log-level", "WARNING")
 
     def close(self) -> None:
-        self.fleet.stop_all()
-        self.broker.stop()
+        self.fleet.stop()
 
-    def _config(self, name: str, task: dict) -> tuple[Path, Path, Path]:
+    def _config(self, name: str, task: dict) -> tuple[str, Path, Path]:
+        """The aggregator TOML of a trial's task, its log and its store (in ``work/<name>/``)."""
         folder = self.work / name
-        folder.mkdir(parents=True, exist_ok=True)
         # Every device is awaited; the deadline only bounds a hang, so who took part is deterministic.
         toml = aggregator_toml(
-            self.broker.url,
+            self.fleet.broker_url,
             folder / "state",
             [task],
             expected=list(DEVICES),
@@ -177,13 +160,12 @@ class CrashBench:
             min_participants=len(DEVICES),
             startup_wait_s=120,
         )
-        (folder / "agg.toml").write_text(toml)
-        return folder / "agg.toml", folder / "aggregator.log", folder / "state" / "aggregator.sqlite"
+        return toml, folder / "aggregator.log", folder / "state" / "aggregator.sqlite"
 
     def run_clean(self, task: dict, timeout: float = 300) -> tuple[list, str | None, float]:
-        config, log, db = self._config(task["name"], task)
+        toml, log, db = self._config(task["name"], task)
         started = time.monotonic()
-        proc = start_aggregator(config, log)
+        proc = self.fleet.start_aggregator(toml, name=f"{task['name']}/aggregator")
         rc = proc.wait(timeout)
         wall = time.monotonic() - started
         if rc != 0:
@@ -205,7 +187,7 @@ class CrashBench:
         ref_records, ref_final, _ = self.run_clean(ref_task, timeout)
         rounds_wall = ref_records[-1].finished - ref_records[0].started
         task = pflda_task(f"crash{seed}", seed, rounds)
-        config, log, db = self._config(task["name"], task)
+        toml, log, db = self._config(task["name"], task)
         n_kills = len(plan) if plan is not None else int(rng.integers(2, 5))
         out = CrashTrial(seed, [], rounds=rounds)
         started = time.monotonic()
@@ -224,7 +206,7 @@ class CrashBench:
                 out.plan.append(item)
             fault = item if item and not item.startswith("time:") else None
             offset = log.stat().st_size if log.exists() else 0
-            proc = start_aggregator(config, log, fault)
+            proc = self.fleet.start_aggregator(toml, fault=fault, name=f"{task['name']}/aggregator")
             if item is not None and item.startswith("time:"):
                 wait_log(log, offset, "devices online", proc, timeout)  # rounds start now
                 try:
@@ -328,15 +310,12 @@ def scenario_trial(work: Path, name: str) -> ScenarioRun | str:
     """One run of a ``benchmarks.fault_scenarios`` scenario on a fresh broker and fleet;
     the error text when it could not finish."""
     work.mkdir(parents=True)
-    broker = start_mosquitto(log_file=work / "mosquitto.log")
-    fleet = FleetProcs(work, broker.url)
-    try:
-        return SCENARIOS[name](fleet, broker)
-    except AssertionError as exc:
-        return f"{name}: {str(exc).splitlines()[0]}"
-    finally:
-        fleet.stop_all()
-        broker.stop()
+    broker = start_mosquitto(log_file=work / "mosquitto.log")  # a scenario may restart it: mosquitto only
+    with LocalFleet.start(work, broker=broker) as fleet:
+        try:
+            return SCENARIOS[name](fleet, broker)
+        except AssertionError as exc:
+            return f"{name}: {str(exc).splitlines()[0]}"
 
 
 def scenario_rows(runs: dict[str, list[ScenarioRun | str]]) -> tuple[list[list], dict[str, int]]:

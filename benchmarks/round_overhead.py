@@ -20,16 +20,14 @@ bytes ≤ 1.05× the payload.
 from __future__ import annotations
 
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.common import markdown_table, progress, study_parser, write_result
 from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
+from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
 from cloud_aggregator.store import SqliteStore
-from tests.e2e.fleet import FLEET, aggregator_toml
 
 
 def proc_io(pid: int) -> int:
@@ -47,36 +45,11 @@ def peak_rss_mb(pid: int) -> float:
 
 def run_case(n: int, p: int, rounds: int, warmup: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"ioft-bench-{n}-{p}-"))
-    broker = start_mosquitto()
-    devices: list[subprocess.Popen] = []
-    agg = None
+    # mosquitto only (its bytes are what is measured), and no broker log: its I/O is all network.
+    fleet = LocalFleet.start(work, broker=start_mosquitto())
     try:
         names = [f"dev{i}" for i in range(n)]
-        for name in names:
-            devices.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "edge.cli",
-                        "--device",
-                        name,
-                        "--fleet",
-                        FLEET,
-                        "--broker",
-                        broker.url,
-                        "--state-dir",
-                        str(work / name),
-                        "--simulate",
-                        "printer",
-                        "--allow-plaintext",
-                        "--log-level",
-                        "WARNING",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+        fleet.start_devices(names, "--log-level", "WARNING", simulate="printer")
         task = {
             "name": "bench",
             "algorithm": "echo",
@@ -84,25 +57,16 @@ def run_case(n: int, p: int, rounds: int, warmup: int) -> dict:
             "rounds": warmup + rounds,
             "model_args": {"size": p},
         }
-        cfg = work / "agg.toml"
-        toml = aggregator_toml(broker.url, work / "aggregator", [task], expected=names, deadline_s=60)
-        cfg.write_text(
-            toml.replace("allow_plaintext = true", "allow_plaintext = true\nmax_payload_bytes = 16777216")
+        toml = aggregator_toml(
+            fleet.broker_url,
+            work / "aggregator",
+            [task],
+            expected=names,
+            deadline_s=60,
+            settings={"max_payload_bytes": 16777216},
         )
-        agg = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cloud_aggregator.cli",
-                "--log-level",
-                "WARNING",
-                "serve",
-                "--config",
-                str(cfg),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        agg = fleet.start_aggregator(toml, log_level="WARNING")
+        broker = fleet.broker
         db = work / "aggregator" / "aggregator.sqlite"
         io_start = io_end = None
         agg_peak = 0.0
@@ -122,7 +86,7 @@ def run_case(n: int, p: int, rounds: int, warmup: int) -> dict:
         if monitor is not None:
             monitor.close()
         if agg.returncode != 0:
-            raise RuntimeError(f"aggregator failed: {agg.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"aggregator failed: {fleet.log('aggregator')[-2000:]}")
         store = SqliteStore(db, readonly=True)
         recs = [r for r in store.rounds("bench") if warmup < r.round <= warmup + rounds]
         refused = store.rejection_counts("bench")
@@ -142,20 +106,11 @@ def run_case(n: int, p: int, rounds: int, warmup: int) -> dict:
             "broker_bytes": broker_bytes,
             "raw_broker": raw_broker,
             "raw_devices": 2 * n * 4 * p,
-            "device_rss": max(peak_rss_mb(d.pid) for d in devices),
+            "device_rss": max(peak_rss_mb(d.pid) for d in fleet.devices.values()),
             "agg_rss": agg_peak,
         }
     finally:
-        if agg is not None and agg.poll() is None:
-            agg.kill()
-        for d in devices:
-            d.terminate()
-        for d in devices:
-            try:
-                d.wait(10)
-            except subprocess.TimeoutExpired:
-                d.kill()
-        broker.stop()
+        fleet.stop()
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,7 +1,8 @@
 """``cloud-aggregator demo`` (``make demo``): a whole fleet on one machine.
 
 A broker (mosquitto if installed, else amqtt), ``cloud-aggregator serve`` and N
-``edge-trainer --device printerK --simulate printer`` processes, all on loopback.
+``edge-trainer --device printerK --simulate printer`` processes, all on loopback,
+started and stopped by :class:`cloud_aggregator.local_fleet.LocalFleet`.
 The fleet trains PFL-DA with the sigmoid GLM of PFL-DA Table 4 on simulated
 printers (each has run only a few speed settings; the test split is the speeds it
 never ran), then the same devices train alone ("indiv"), and the demo prints both.
@@ -11,14 +12,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from cloud_aggregator.broker import BrokerProcess, interrupt_on_sigterm, start_embedded
+from cloud_aggregator.broker import interrupt_on_sigterm
+from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
 from cloud_aggregator.rounds import RoundRecord
 from cloud_aggregator.store import SqliteStore
 
@@ -30,47 +31,39 @@ LOSS_SCALE = 50.0
 #: sweep over fleet seeds 0-2: the fleet mean of PFL-DA is below indiv's on each).
 HPARAMS = {"lr": 0.1, "weight_decay": 0.0, "local_steps": 30, "lr_decay": 0.95, "lr_decay_every": 5}
 #: (task name, algorithm, extra hyperparameters): PFL-DA, then the two references.
-TASKS = (
-    ("speed-pflda", "pflda", ", lam = 0.9"),
-    ("speed-indiv", "indiv", ""),
-    ("speed-fedavg", "fedavg", ""),
+TASKS: tuple[tuple[str, str, dict[str, float]], ...] = (
+    ("speed-pflda", "pflda", {"lam": 0.9}),
+    ("speed-indiv", "indiv", {}),
+    ("speed-fedavg", "fedavg", {}),
 )
 
 
 def demo_config(fleet: str, broker: str, state_dir: Path, devices: list[str], rounds: int) -> str:
     """The aggregator's TOML: PFL-DA first, then the same model trained alone, then one global model."""
-    hp = ", ".join(f"{k} = {v}" for k, v in HPARAMS.items())
-    expected = ", ".join(f'"{d}"' for d in devices)
-    tasks = ""
-    for name, algorithm, extra in TASKS:
-        tasks += f"""
-[[task]]
-name = "{name}"
-algorithm = "{algorithm}"
-model = "sigmoid_glm"
-rounds = {rounds}
-seed = 0
-hparams = {{ {hp}{extra} }}
-server = {{ weighting = "uniform" }}
-"""
-    return f"""fleet = "{fleet}"
-broker = "{broker}"
-state_dir = "{state_dir}"
-allow_plaintext = true
-restart = true
-
-[collect]
-deadline_s = 20
-min_participants = {max(1, len(devices) // 2)}
-expected = [{expected}]
-startup_wait_s = 60
-{tasks}"""
-
-
-def _script(name: str, module: str) -> list[str]:
-    """The installed console script beside this interpreter, else ``python -m module``."""
-    exe = Path(sys.executable).with_name(name)
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", module]
+    tasks = [
+        {
+            "name": name,
+            "algorithm": algorithm,
+            "model": "sigmoid_glm",
+            "rounds": rounds,
+            "seed": 0,
+            "hparams": HPARAMS | extra,
+            "server": {"weighting": "uniform"},
+        }
+        for name, algorithm, extra in TASKS
+    ]
+    return aggregator_toml(
+        broker,
+        state_dir,
+        tasks,
+        fleet=fleet,
+        deadline_s=20,
+        min_participants=max(1, len(devices) // 2),
+        expected=devices,
+        max_extensions=2,
+        startup_wait_s=60,
+        settings={"restart": True},
+    )
 
 
 def _table(records: list[RoundRecord], devices: list[str]) -> list[str]:
@@ -118,60 +111,27 @@ def run_demo(
     work = Path(workdir or tempfile.mkdtemp(prefix="ioft-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     names = [f"printer{i}" for i in range(1, devices + 1)]
-    broker_proc: BrokerProcess | None = None
-    procs: list[subprocess.Popen] = []
-    logs: list[Path] = []
+    fleet: LocalFleet | None = None
     try:
-        if broker is None:
-            broker_proc = start_embedded(prefer=prefer, log_file=work / "broker.log")
-            broker = broker_proc.url
-            print(f"broker: {broker_proc.kind} on {broker}")
+        fleet = LocalFleet.start(work, broker=broker, prefer=prefer, fleet="demo")
+        if fleet.broker is not None:
+            print(f"broker: {fleet.broker.kind} on {fleet.broker_url}")
         else:
             print(f"broker: {broker} (external)")
-        fleet = "demo"
-        cfg = work / "aggregator.toml"
-        cfg.write_text(demo_config(fleet, broker, work / "aggregator", names, rounds))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        for name in names:
-            log = work / f"{name}.log"
-            logs.append(log)
-            procs.append(
-                subprocess.Popen(
-                    [
-                        *_script("edge-trainer", "edge.cli"),
-                        "--device",
-                        name,
-                        "--fleet",
-                        fleet,
-                        "--broker",
-                        broker,
-                        "--state-dir",
-                        str(work / name),
-                        "--simulate",
-                        "printer",
-                        "--allow-plaintext",
-                    ],
-                    stdout=log.open("ab"),
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )
-            )
-        agg_log = work / "aggregator.log"
-        logs.append(agg_log)
-        agg = subprocess.Popen(
-            [*_script("cloud-aggregator", "cloud_aggregator.cli"), "serve", "--config", str(cfg)],
-            stdout=agg_log.open("ab"),
-            stderr=subprocess.STDOUT,
-            env=env,
+        fleet.start_devices(names, simulate="printer")
+        agg = fleet.start_aggregator(
+            demo_config(fleet.fleet, fleet.broker_url, work / "aggregator", names, rounds)
         )
-        procs.insert(0, agg)  # stopped first in `finally`, before the devices it talks to
         print(f"{devices} edge-trainer processes and the aggregator started; state and logs in {work}")
         print("test loss = 50·MSE(speed/50) on each printer's unseen speeds (PFL-DA Table 5 units)\n")
-        rc = _follow(agg, work / "aggregator" / "aggregator.sqlite", names, rounds, timeout=600)
+        rc = _follow(agg, fleet.db, names, rounds, timeout=600)
         if rc != 0:
-            print(f"\naggregator exited with {rc}; its log:\n" + agg_log.read_text()[-3000:], file=sys.stderr)
+            print(
+                f"\naggregator exited with {rc}; its log:\n" + fleet.log("aggregator")[-3000:],
+                file=sys.stderr,
+            )
             return 1
-        store = SqliteStore(work / "aggregator" / "aggregator.sqlite")
+        store = SqliteStore(fleet.db)
         indiv_rounds = store.rounds("speed-indiv")
         final = {name: _final(store, name) for name, _, _ in TASKS}
         store.close()
@@ -188,16 +148,8 @@ def run_demo(
         print(f"\ndemo finished in {time.monotonic() - started:.1f} s")
         return 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        if broker_proc is not None:
-            broker_proc.stop()
+        if fleet is not None:
+            fleet.stop()  # the aggregator first, then the devices it talks to, then the broker
         if own_dir and os.environ.get("IOFT_KEEP_DEMO") != "1":
             shutil.rmtree(work, ignore_errors=True)
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from cloud_aggregator.broker import BrokerProcess, find_mosquitto, start_mosquitto
+from cloud_aggregator.local_fleet import LocalFleet
 from tests import budget  # noqa: F401  (loads the hypothesis profile before any test module)
 
 
@@ -31,11 +32,9 @@ def mosquitto(tmp_path) -> Iterator[BrokerProcess]:
 
 
 @pytest.fixture
-def fleet_procs(tmp_path, mosquitto):
-    """Spawn helpers for aggregator and device processes against the test's mosquitto."""
-    from tests.e2e.fleet import FleetProcs
-
-    procs = FleetProcs(tmp_path, mosquitto.url)
+def fleet_procs(tmp_path, mosquitto) -> Iterator[LocalFleet]:
+    """A :class:`LocalFleet` on the test's mosquitto: spawns aggregator and device processes, stopped afterwards."""
+    procs = LocalFleet(tmp_path, mosquitto.url)
     try:
         yield procs
     finally:

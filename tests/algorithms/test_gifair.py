@@ -209,9 +209,9 @@ def test_gifair_over_mqtt_matches_the_in_process_simulation_and_stores_its_state
     """Devices report train_loss_start over the wire; the aggregator reweights and persists the group losses."""
     import json
 
+    from cloud_aggregator.local_fleet import aggregator_toml
     from cloud_aggregator.store import SqliteStore
     from edge.dataset import save_dataset
-    from tests.e2e.fleet import aggregator_toml
     from trainer_lite.params import param_hash
 
     groups = {"a0": "A", "a1": "A", "b0": "B"}

@@ -223,9 +223,9 @@ def test_over_mqtt_matches_the_in_process_simulation(fleet_procs):
     """The same client and strategy between processes over mosquitto: the same U, bit for bit."""
     import json
 
+    from cloud_aggregator.local_fleet import aggregator_toml
     from cloud_aggregator.store import SqliteStore
     from edge.dataset import save_dataset
-    from tests.e2e.fleet import aggregator_toml
     from trainer_lite.params import param_hash
 
     task = {

@@ -23,11 +23,11 @@ import pytest
 
 from cloud_aggregator.broker import BrokerProcess, free_port, start_mosquitto
 from cloud_aggregator.fleet_init import AGGREGATOR, OPERATOR, FleetLayout, init_fleet
+from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
 from edge.config import DeviceConfig
 from ioft_protocol import topics
 from ioft_protocol.mqtt import BrokerAddress, MqttError, MqttSession, SessionOptions, TlsConfig
 from tests.conftest import _require_mosquitto
-from tests.e2e.fleet import FLEET, PFLDA_TASK, FleetProcs, aggregator_toml
 
 pytestmark = pytest.mark.broker
 DEVICES = ("printer1", "printer2")
@@ -480,7 +480,7 @@ def test_a_device_refuses_a_plaintext_broker(cert_fleet, tmp_path):
 @pytest.mark.slow
 def test_a_round_completes_over_tls_with_per_device_certificates(tmp_path):
     for layout, broker in _fleet_broker(tmp_path, "certs"):
-        procs = FleetProcs(tmp_path / "run", broker.url, allow_plaintext=False)
+        procs = LocalFleet(tmp_path / "run", broker.url, allow_plaintext=False)
         procs.work.mkdir()
         try:
             for d in DEVICES:
@@ -489,7 +489,7 @@ def test_a_round_completes_over_tls_with_per_device_certificates(tmp_path):
                 f'tls = {{ ca_file = "{layout.ca_cert}", cert_file = "{layout.cert(AGGREGATOR)}", '
                 f'key_file = "{layout.key(AGGREGATOR)}" }}'
             )
-            task = {**PFLDA_TASK, "rounds": 2}
+            task = pflda_task(rounds=2)
             procs.start_aggregator(
                 aggregator_toml(
                     broker.url,

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 from benchmarks import fault_scenarios
-from benchmarks.fault_scenarios import DEVICES, global_of, kill, pflda_task, wait_stopped
+from benchmarks.fault_scenarios import DEVICES, global_of, kill, wait_stopped
 from benchmarks.reliability import CrashBench, state_trial
 from cloud_aggregator import faults
 from cloud_aggregator.broker import start_mosquitto
+from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
 from cloud_aggregator.rounds import damp_late
 from cloud_aggregator.strategies import Update, make_strategy
 from edge.dataset import load_dataset
-from tests.e2e.fleet import aggregator_toml
 from trainer_lite.algorithms import make_client
 from trainer_lite.client import participate
 from trainer_lite.params import param_hash

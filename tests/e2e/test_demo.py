@@ -99,22 +99,20 @@ def test_a_terminated_demo_stops_its_broker_and_fleet(tmp_path):
 
 
 def test_interrupt_on_sigterm_lets_a_benchmark_stop_its_broker(tmp_path):
-    """The benchmarks that start mosquitto (round_overhead, model_push, reliability) call
-    ``interrupt_on_sigterm``: a SIGTERMed one runs its ``finally`` and the broker goes."""
+    """The benchmarks that start a fleet (round_overhead, model_push, reliability) call
+    ``interrupt_on_sigterm``: a SIGTERMed one leaves its ``LocalFleet`` block and the broker goes."""
     import signal
     import socket
 
     _require_mosquitto()
     script = (
         "import time\n"
-        "from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto\n"
+        "from cloud_aggregator.broker import interrupt_on_sigterm\n"
+        "from cloud_aggregator.local_fleet import LocalFleet\n"
         "interrupt_on_sigterm()\n"
-        "broker = start_mosquitto()\n"
-        "try:\n"
-        "    print(broker.port, flush=True)\n"
+        f"with LocalFleet.start({str(tmp_path)!r}) as fleet:\n"
+        "    print(fleet.broker.port, flush=True)\n"
         "    time.sleep(60)\n"
-        "finally:\n"
-        "    broker.stop()\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -14,8 +14,8 @@ import paho.mqtt.client as paho
 import pytest
 
 from benchmarks import fault_scenarios
+from cloud_aggregator.local_fleet import FLEET, aggregator_toml, pflda_task
 from ioft_protocol import round_messages, topics
-from tests.e2e.fleet import FLEET, PFLDA_TASK, aggregator_toml
 
 DEVICES = ["printer1", "printer2", "printer3"]
 
@@ -92,7 +92,7 @@ class Attacker:
 def test_hostile_uplinks_are_dropped_and_training_continues(fleet_procs):
     from cloud_aggregator.store import SqliteStore
 
-    task = {**PFLDA_TASK, "rounds": 4}
+    task = pflda_task(rounds=4)
     attacker = Attacker(fleet_procs.broker_url, max_payload=64 * 1024)
     try:
         for d in DEVICES:

@@ -8,10 +8,10 @@ import signal
 import numpy as np
 import pytest
 
+from cloud_aggregator.local_fleet import FLEET, Sniffer, aggregator_toml, pflda_task
 from cloud_aggregator.store import SqliteStore
 from edge.dataset import load_dataset
 from ioft_protocol import codec
-from tests.e2e.fleet import FLEET, PFLDA_TASK, Sniffer, aggregator_toml
 
 DEVICES = ["printer1", "printer2", "printer3"]
 #: Every field an announcement or update may carry besides its tensors.
@@ -23,14 +23,13 @@ WIRE_FIELDS = {
 
 @pytest.mark.broker
 def test_fleet_trains_over_mqtt_and_leaks_nothing_personal(fleet_procs):
+    task = pflda_task()
     sniffer = Sniffer(fleet_procs.broker_url)
     try:
         for d in DEVICES:
             fleet_procs.start_device(d)
         fleet_procs.start_aggregator(
-            aggregator_toml(
-                fleet_procs.broker_url, fleet_procs.work / "aggregator", [PFLDA_TASK], expected=DEVICES
-            )
+            aggregator_toml(fleet_procs.broker_url, fleet_procs.work / "aggregator", [task], expected=DEVICES)
         )
         assert fleet_procs.wait_aggregator(90) == 0, fleet_procs.log("aggregator")
     finally:
@@ -40,7 +39,7 @@ def test_fleet_trains_over_mqtt_and_leaks_nothing_personal(fleet_procs):
     store = SqliteStore(fleet_procs.db)
     records = store.rounds("speed")
     store.close()
-    assert [r.round for r in records] == list(range(1, PFLDA_TASK["rounds"] + 1))
+    assert [r.round for r in records] == list(range(1, task["rounds"] + 1))
     assert all(r.status == "completed" and sorted(r.participants) == DEVICES for r in records)
     assert all(len(r.global_hash) == 64 for r in records)
     first, last = records[0].mean_metric("test_loss"), records[-1].mean_metric("test_loss")
@@ -48,7 +47,7 @@ def test_fleet_trains_over_mqtt_and_leaks_nothing_personal(fleet_procs):
 
     # Privacy invariant: only the shared decoder ever travelled; no personal parameter, no raw sample.
     uplinks = [(t, p) for t, p in sniffer.messages if "/up/" in t]
-    assert len(uplinks) >= len(DEVICES) * PFLDA_TASK["rounds"]
+    assert len(uplinks) >= len(DEVICES) * task["rounds"]
     raw_values = []
     for d in DEVICES:
         train, test, _ = load_dataset(fleet_procs.work / d)
@@ -74,7 +73,7 @@ def test_fleet_trains_over_mqtt_and_leaks_nothing_personal(fleet_procs):
 
 @pytest.mark.broker
 def test_device_stops_cleanly_on_sigterm_and_resumes_its_state(fleet_procs):
-    task = {**PFLDA_TASK, "rounds": 3}
+    task = pflda_task(rounds=3)
     for d in DEVICES[:2]:
         fleet_procs.start_device(d)
     fleet_procs.start_aggregator(

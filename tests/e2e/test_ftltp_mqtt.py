@@ -14,10 +14,10 @@ import json
 import numpy as np
 import pytest
 
+from cloud_aggregator.local_fleet import Sniffer, aggregator_toml
 from cloud_aggregator.store import SqliteStore
 from cloud_aggregator.strategies import make_strategy
 from ioft_protocol import round_messages
-from tests.e2e.fleet import Sniffer, aggregator_toml
 from trainer_lite.task import TaskSpec
 
 GROUPS = {"welder1": "M", "welder2": "M", "welder3": "S", "welder4": "S"}

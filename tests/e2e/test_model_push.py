@@ -18,13 +18,13 @@ from dataclasses import replace
 import paho.mqtt.client as paho
 import pytest
 
+from cloud_aggregator.local_fleet import FLEET, aggregator_toml
 from cloud_aggregator.push import push_messages, push_model
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from ioft_protocol import model_push, round_messages, topics
 from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
 from sensors.features.schema import schema_hash
-from tests.e2e.fleet import FLEET, aggregator_toml
 
 DEVICES = ["printer1", "printer2", "printer3"]
 CHUNK = 32 * 1024

@@ -14,10 +14,10 @@ import json
 import numpy as np
 import pytest
 
+from cloud_aggregator.local_fleet import aggregator_toml
 from cloud_aggregator.simulation import ClientData, simulate
 from cloud_aggregator.store import SqliteStore
 from edge.dataset import save_dataset
-from tests.e2e.fleet import aggregator_toml
 from trainer_lite.algorithms import make_client
 from trainer_lite.data import Dataset
 from trainer_lite.params import param_hash

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from cloud_aggregator.local_fleet import aggregator_toml
 from edge.dataset import load_dataset
-from tests.e2e.fleet import aggregator_toml
 
 WELDERS = ["welder1", "welder2", "welder3"]
 TASK = {
