@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from edge.config import DataConfig
-from edge.segments import LEGACY_FILE, SEGMENT_DIR, DatasetReader, write_base
+from edge.segment_writer import write_base
+from edge.segments import LEGACY_FILE, SEGMENT_DIR, DatasetReader
 from trainer_lite.client import derive_rng
 from trainer_lite.data import Dataset
 

@@ -17,7 +17,8 @@ import numpy as np
 
 from edge.config import SensorsConfig
 from edge.dataset import DIR as DATASET_DIR
-from edge.segments import DatasetReader, SegmentWriter
+from edge.segment_writer import SegmentWriter
+from edge.segments import DatasetReader
 from ioft_protocol.state import StateError, atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class DatasetAppender:
     atomically (temp file, fsync, rename, fsync folder): a flush that returned ``True``
     survives a kill or a power cut.  A write that fails (disk full) keeps the rows
     buffered for the next flush, so nothing is lost or half-written.  After a write the
-    segment tail is compacted (:meth:`edge.segments.SegmentWriter.tidy`); a failed
+    segment tail is compacted (:meth:`edge.segment_writer.SegmentWriter.tidy`); a failed
     compaction is logged and tried again after the next append, the rows stay stored.
     The rows themselves are not kept in memory: only their counts.
     """

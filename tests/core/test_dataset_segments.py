@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from edge import segments
+from edge import segment_writer, segments
 from edge.dataset import load_dataset, save_dataset
 from edge.recording.base import DatasetAppender
 from edge.segments import SEGMENT_DIR, SegmentName, cover
@@ -119,7 +119,7 @@ def test_a_failed_write_keeps_the_rows_for_the_next_flush(tmp_path, monkeypatch)
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(segments, "atomic_write_bytes", full)
+    monkeypatch.setattr(segment_writer, "atomic_write_bytes", full)
     assert not rec.flush() and rec.pending == 3 and rec.write_errors == 1
     monkeypatch.undo()
     assert rec.flush() and rec.pending == 0
