@@ -23,13 +23,12 @@ from edge.segments import (
     SegmentName,
     check_arrays,
     encode_segment,
-    fsync_dir,
     list_names,
     next_seq,
     read_segment,
     set_aside,
 )
-from ioft_protocol.state import atomic_write_bytes
+from ioft_protocol.state import atomic_write_bytes, fsync_dir
 
 log = logging.getLogger(__name__)
 

@@ -135,15 +135,6 @@ def next_seq(folder: Path) -> int:
     return max((int(m.group(1)) for m in map(_ANY.match, entries) if m is not None), default=0) + 1
 
 
-def fsync_dir(folder: Path) -> None:
-    """fsync a folder, so that a rename or unlink in it is durable."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def encode_segment(
     arrays: dict[str, np.ndarray],
     *,

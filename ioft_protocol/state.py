@@ -45,7 +45,8 @@ class StateError(RuntimeError):
     """State on disk is unusable and no good copy is left."""
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """fsync a folder, so that a rename or unlink in it is durable."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -66,7 +67,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, keep_previous: bool = F
         if keep_previous and path.exists():
             os.replace(path, path.with_name(path.name + ".prev"))
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
