@@ -26,7 +26,7 @@ from cloud_aggregator.config import AggregatorConfig
 from export.package import Package, load_package
 from ioft_protocol import codec, model_push, topics
 from ioft_protocol.config import ConfigError, build, load_toml
-from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsConfig
+from ioft_protocol.mqtt import MqttSession, SessionOptions
 
 log = logging.getLogger(__name__)
 #: Default chunk: well under common broker limits (mosquitto's default max is 256 MB, many
@@ -187,17 +187,7 @@ def operator_session(args: argparse.Namespace, role: str) -> tuple[MqttSession, 
     if args.allow_plaintext:
         raw["allow_plaintext"] = True
     cfg = build(AggregatorConfig, raw, str(args.config or "command line"))
-    tls = TlsConfig(cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file) if cfg.tls else None
-    session = MqttSession(
-        SessionOptions(
-            broker=BrokerAddress.parse(cfg.broker),
-            client_id=f"ioft-{role}-{os.getpid()}",
-            username=cfg.username,
-            password=cfg.password,
-            tls=tls,
-            allow_plaintext=cfg.allow_plaintext,
-        )
-    )
+    session = MqttSession(SessionOptions.for_login(cfg, f"ioft-{role}-{os.getpid()}"))
     session.start(timeout=15.0)
     return session, cfg.fleet
 

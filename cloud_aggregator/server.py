@@ -12,26 +12,15 @@ from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.rounds import CollectRequest, RoundEngine, RoundRecord, check_next_round
 from cloud_aggregator.store import SqliteStore
 from cloud_aggregator.strategies import make_strategy
-from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsConfig
+from ioft_protocol.mqtt import MqttSession, SessionOptions
 from trainer_lite.params import param_hash
 
 log = logging.getLogger(__name__)
 
 
 def open_session(cfg: AggregatorConfig) -> MqttSession:
-    tls = TlsConfig(cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file) if cfg.tls else None
-    return MqttSession(
-        SessionOptions(
-            broker=BrokerAddress.parse(cfg.broker),
-            client_id=cfg.client_id,
-            username=cfg.username,
-            password=cfg.password,
-            tls=tls,
-            allow_plaintext=cfg.allow_plaintext,
-            # A persistent session: uplinks sent while we reconnect are queued by the broker.
-            clean_session=False,
-        )
-    )
+    # A persistent session: uplinks sent while we reconnect are queued by the broker.
+    return MqttSession(SessionOptions.for_login(cfg, cfg.client_id, clean_session=False))
 
 
 def format_record(rec: RoundRecord, metric: str = "test_loss") -> str:

@@ -39,7 +39,7 @@ from edge.recording.base import STATUS_FILE as RECORDER_STATUS
 from edge.segments import DatasetReader
 from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.manifest import load_public_key
-from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsConfig
+from ioft_protocol.mqtt import MqttSession, SessionOptions
 from ioft_protocol.state import StateError, load_verified, save_arrays
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import initial_local, participate
@@ -170,14 +170,9 @@ class EdgeTrainer:
 
     def _session_options(self) -> SessionOptions:
         c = self.config
-        tls = TlsConfig(c.tls.ca_file, c.tls.cert_file, c.tls.key_file) if c.tls else None
-        return SessionOptions(
-            broker=BrokerAddress.parse(c.broker),
-            client_id=f"ioft-{c.fleet}-{c.device}",
-            username=c.username,
-            password=c.password,
-            tls=tls,
-            allow_plaintext=c.allow_plaintext,
+        return SessionOptions.for_login(
+            c,
+            f"ioft-{c.fleet}-{c.device}",
             keepalive=c.keepalive,
             will=self._status("offline"),
             birth=lambda: [self._status("online")],
