@@ -161,7 +161,7 @@ def check_tensors(params: Mapping[str, np.ndarray], expected: Mapping[str, Tenso
     """``ioft_protocol.codec.validate_tensors`` with its failure as a :class:`Refusal`."""
     try:
         codec.validate_tensors(dict(params), dict(expected))
-    except codec.NonFiniteTensor as exc:
+    except codec.NonFiniteTensorError as exc:
         return Refusal(Reason.NON_FINITE, str(exc))
     except codec.WireError as exc:
         return Refusal(Reason.SHAPE_DTYPE, str(exc))

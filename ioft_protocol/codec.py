@@ -24,11 +24,11 @@ class WireError(ValueError):
     """A payload or topic that does not follow the protocol; the message is dropped."""
 
 
-class TensorMismatch(WireError):
+class TensorMismatchError(WireError):
     """Tensor names, shapes or dtypes differ from what the round expects."""
 
 
-class NonFiniteTensor(WireError):
+class NonFiniteTensorError(WireError):
     """A tensor holds NaN or Inf."""
 
 
@@ -97,24 +97,26 @@ def validate_tensors(tensors: dict[str, np.ndarray], expected: dict[str, TensorS
 
     Raises
     ------
-    TensorMismatch
+    TensorMismatchError
         Naming the missing or unexpected tensor, or the one of the wrong shape or dtype.
-    NonFiniteTensor
+    NonFiniteTensorError
         Naming the tensor that holds NaN or Inf.
     """
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
-        raise TensorMismatch(f"tensor names differ from the round's: missing {missing}, unexpected {extra}")
+        raise TensorMismatchError(
+            f"tensor names differ from the round's: missing {missing}, unexpected {extra}"
+        )
     for name, spec in expected.items():
         arr = tensors[name]
         if tuple(arr.shape) != tuple(spec.shape) or arr.dtype.name != spec.dtype:
-            raise TensorMismatch(
+            raise TensorMismatchError(
                 f"tensor {name!r} is {arr.dtype.name}{list(arr.shape)}, expected {spec.dtype}{list(spec.shape)}"
             )
     for name, arr in tensors.items():
         if not np.isfinite(arr).all():
-            raise NonFiniteTensor(f"tensor {name!r} holds NaN or Inf")
+            raise NonFiniteTensorError(f"tensor {name!r} holds NaN or Inf")
 
 
 def require_field(meta: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
