@@ -18,14 +18,13 @@ import pytest
 
 from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.rounds import CollectRequest, Rejection, RoundEngine
-from cloud_aggregator.simulation import ClientData, SimulatedFleet, Uplink
+from cloud_aggregator.simulation import SimulatedFleet, Uplink
 from cloud_aggregator.store import SqliteStore
 from cloud_aggregator.stragglers import LateUpdate
 from cloud_aggregator.strategies import Update
-from edge.config import DataConfig
-from edge.dataset import simulated_printer_dataset
 from ioft_protocol import topics
 from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
+from tests.e2e.test_converged_fleet import printer_clients
 from trainer_lite.params import param_hash
 from trainer_lite.task import TaskSpec
 
@@ -72,14 +71,6 @@ def hostile(request: CollectRequest, sent: list[Uplink]) -> list[Uplink]:
     return [*bad, ("printer1", p1), ("printer1", p1), ("printer2", p2), ("printer3", p3)]
 
 
-def _printers() -> dict[str, ClientData]:
-    out = {}
-    for name in PRINTERS:
-        train, test, _ = simulated_printer_dataset(name, DataConfig(source="simulate-printer"))
-        out[name] = ClientData(train, test)
-    return out
-
-
 class RelayFleet:
     """Trains in process, publishes the adversary's sequence on the broker, collects over MQTT."""
 
@@ -108,7 +99,7 @@ def _session(url: str, client_id: str) -> MqttSession:
 
 @pytest.mark.broker
 def test_simulator_and_mqtt_fleet_refuse_the_same_uploads_for_the_same_reasons(mosquitto, tmp_path):
-    sim = SimulatedFleet(SPEC, _printers(), uplinks=hostile, fleet=FLEET)
+    sim = SimulatedFleet(SPEC, printer_clients(PRINTERS), uplinks=hostile, fleet=FLEET)
     sim_records = []
     sim_final = RoundEngine(SPEC, sim, on_record=sim_records.append).run()
 
@@ -125,7 +116,7 @@ def test_simulator_and_mqtt_fleet_refuse_the_same_uploads_for_the_same_reasons(m
         while (msg := aggregator.get(10)) is None or msg.topic != "probe/ready":
             assert msg is not None, "the broker never delivered the probe"
         mqtt_records = []
-        relay = RelayFleet(SimulatedFleet(SPEC, _printers(), fleet=FLEET), publisher, mqtt)
+        relay = RelayFleet(SimulatedFleet(SPEC, printer_clients(PRINTERS), fleet=FLEET), publisher, mqtt)
         mqtt_final = RoundEngine(SPEC, relay, store=store, on_record=mqtt_records.append).run()
         stored = store.rejection_counts_by_reason(SPEC.name)
     finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -39,9 +40,10 @@ def _tensor_digest(params: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def _printers() -> dict[str, ClientData]:
+def printer_clients(names: Sequence[str] = PRINTERS) -> dict[str, ClientData]:
+    """The demo's simulated printers (what ``edge-trainer --simulate printer`` trains on)."""
     out = {}
-    for name in PRINTERS:
+    for name in names:
         train, test, _ = simulated_printer_dataset(name, DataConfig(source="simulate-printer"))
         out[name] = ClientData(train, test)
     return out
@@ -71,7 +73,7 @@ def test_2000_rounds_of_a_converged_fleet_in_process_refuse_nothing():
         previous.update(digests)
         return sent
 
-    fleet = SimulatedFleet(spec, _printers(), uplinks=watch)
+    fleet = SimulatedFleet(spec, printer_clients(), uplinks=watch)
     records = []
     RoundEngine(spec, fleet, min_participants=2, on_record=records.append).run()
 
