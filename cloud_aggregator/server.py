@@ -9,8 +9,9 @@ from pathlib import Path
 
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
-from cloud_aggregator.rounds import CollectRequest, RoundEngine, RoundRecord, check_next_round
+from cloud_aggregator.rounds import CollectRequest, RoundEngine, RoundRecord
 from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.stragglers import check_next_round
 from cloud_aggregator.strategies import make_strategy
 from ioft_protocol.mqtt import MqttSession, SessionOptions
 from trainer_lite.params import param_hash

@@ -21,7 +21,7 @@ from benchmarks.reliability import CrashBench, state_trial
 from cloud_aggregator import faults
 from cloud_aggregator.broker import start_mosquitto
 from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
-from cloud_aggregator.rounds import damp_late
+from cloud_aggregator.stragglers import damp_late
 from cloud_aggregator.strategies import Update, make_strategy
 from edge.dataset import load_dataset
 from trainer_lite.algorithms import make_client
