@@ -332,7 +332,7 @@ def _config_targets(work: Workdir) -> list[Target]:
         "max_payload_bytes = 65536\n[collect]\ndeadline_s = 20\nmin_participants = 2\n"
         'expected = ["printer1", "printer2"]\nstraggler = "next_round"\n'
         "[admission]\nmax_norm_ratio = 50.0\nmin_history = 4\nhistory = 64\nmax_update_norm = 1e3\n"
-        "max_param_norm = inf\nreplay_rounds = 20\n"
+        "max_param_norm = inf\n"
         '[[task]]\nname = "speed"\nalgorithm = "pflda"\nmodel = "sigmoid_glm"\nrounds = 10\n'
         'hparams = { lr = 0.1, local_steps = 10, lam = 0.9 }\nserver = { weighting = "uniform", reducer = "krum", '
         "reducer_args = { f = 1 } }\n"

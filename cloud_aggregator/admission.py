@@ -116,10 +116,6 @@ class AdmissionPolicy:
     ``max_norm_ratio`` ``None`` turns the relative bound off; 1000 lets honest
     heterogeneity through (a device joining late, far from a converged fleet, may move 100×
     more than the median) and stops garbage; tighten it for a fleet known to be homogeneous.
-
-    ``replay_rounds`` is ignored: it bounded a memory of tensor fingerprints, and equal tensors
-    are no evidence of a replay (see the module docstring).  It is accepted, still checked to be
-    >= 1, so that ``[admission]`` tables which set it keep loading.
     """
 
     max_norm_ratio: float | None = 1000.0
@@ -127,7 +123,6 @@ class AdmissionPolicy:
     history: int = 256
     max_update_norm: float | None = None
     max_param_norm: float | None = None
-    replay_rounds: int = 100
 
     def __post_init__(self) -> None:
         if self.max_norm_ratio is not None and not self.max_norm_ratio > 1.0:
@@ -136,8 +131,8 @@ class AdmissionPolicy:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0 or None, got {value}")
-        if self.min_history < 1 or self.history < self.min_history or self.replay_rounds < 1:
-            raise ValueError("need 1 <= min_history <= history and replay_rounds >= 1")
+        if self.min_history < 1 or self.history < self.min_history:
+            raise ValueError("need 1 <= min_history <= history")
 
 
 def change_norm(params: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> float:

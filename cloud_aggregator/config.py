@@ -43,7 +43,8 @@ class AdmissionConfig:
     times the task's running median change is refused), ``min_history`` (accepted
     changes before that bound applies), ``history`` (how many changes the median is
     over), ``max_update_norm`` / ``max_param_norm`` (absolute bounds on ‖u − g‖ and
-    ‖u‖, off by default) and ``replay_rounds`` (rounds a replay fingerprint is kept).
+    ‖u‖, off by default).  ``replay_rounds`` is gone (equal tensors are no evidence of a
+    replay; a replay is a second answer to a round): a table that sets it is refused by name.
     TOML has no null: ``inf`` turns a bound off, e.g.::
 
         [admission]
@@ -57,7 +58,6 @@ class AdmissionConfig:
     history: int = AdmissionPolicy.history
     max_update_norm: float | None = AdmissionPolicy.max_update_norm
     max_param_norm: float | None = AdmissionPolicy.max_param_norm
-    replay_rounds: int = AdmissionPolicy.replay_rounds
 
     def __post_init__(self) -> None:
         self.policy()  # AdmissionPolicy's own checks, at config time
