@@ -13,7 +13,7 @@ Inputs come from two generators that share one mutator:
   document with random values for known keys, JSON sidecars and label rows with
   random values), so inputs pass the outer format and reach field validation.
 
-``tests/fuzz`` runs both through hypothesis (``st.randoms`` drives the mutator) with
+``tests/studies/test_fuzz_decoders_quick.py`` runs both through hypothesis (``st.randoms`` drives the mutator) with
 a budget of seconds; ``python -m benchmarks.fuzz_decoders --examples N`` runs N inputs
 per decoder with a seeded ``random.Random`` (hypothesis' per-example overhead is
 larger than most decoders' cost) and writes ``benchmarks/results/fuzz_decoders.md``.
@@ -805,7 +805,7 @@ def fuzz(target: Target, n: int, seed: int, hang_s: float) -> Tally:
 HISTORY = """## Crashes found earlier
 
 The first run (200–300 inputs per decoder, before the fixes in commit ce030f4, regression tests in
-tests/fuzz/test_regressions.py) broke the contract in six decoders:
+tests/ioft_protocol/test_manifest_regressions.py, tests/sensors/test_decoder_regressions.py) broke the contract in six decoders:
 
 - `manifest.verify_manifest`: `UnicodeEncodeError` for a manifest holding a lone surrogate (a hostile offer's JSON can carry `"\\udc80"`); `ModelManifest.from_dict`: `AttributeError` when `parity`/`extra` is not an object. `edge/models.py` catches only `ManifestError`. Now `ManifestError`.
 - `read_weld_file` (sidecars): `TypeError`/`ValueError` from `channels`, `sample_rate`, `scale` of the wrong type; `tokenize.TokenError` from a corrupt NPY header; `UnicodeDecodeError` from CSV files and sidecars; complex NPY arrays were silently cast to real. Now `WeldDataError`.
@@ -813,7 +813,7 @@ tests/fuzz/test_regressions.py) broke the contract in six decoders:
 
 The Moonraker, fleet-status and device-state targets were added later, with their fixes
 (commits d082e4a, 7f141b7, ffaa2e6; tests in tests/sensors/test_context_moonraker.py,
-tests/core/test_fleet_status.py, tests/core/test_state.py).  Against the code before those
+tests/cloud_aggregator/test_fleet_status.py, tests/ioft_protocol/test_state.py).  Against the code before those
 fixes, 3000 of each target's inputs (seed 0) gave 240 contract breaks in `parse_status` (all
 `AttributeError`: a status object that is not an object) and 654 in `summarize` (350
 `AttributeError`, 196 `TypeError`, 85 `KeyError`, 23 `ValueError` on ill-typed fields); `load_task_state`
@@ -864,7 +864,7 @@ def main(argv: list[str] | None = None) -> int:
     body += (
         "\nInputs come from a seeded `random.Random` mutator (byte mutations of valid seeds plus "
         "structured generators), not a coverage-guided fuzzer; hypothesis drives the same generators "
-        "in `tests/fuzz` on a budget of seconds.\n"
+        "in `tests/studies/test_fuzz_decoders_quick.py` on a budget of seconds.\n"
     )
     for f in found[:20]:
         body += f"\n### {f.kind} in {f.target}\n\n`{f.error}`\n\ninput (hex, first 200 bytes): `{f.data[:200].hex()}`\n"
