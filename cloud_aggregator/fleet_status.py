@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from cloud_aggregator.push import add_session_args, operator_session
 from ioft_protocol import codec, topics
 from ioft_protocol.config import ConfigError
 from ioft_protocol.mqtt import MqttSession
@@ -222,8 +223,6 @@ def format_table(rows: list[dict[str, Any]], now: float | None = None) -> str:
 
 
 def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
-    from cloud_aggregator.push import add_session_args
-
     p = fleet_sub.add_parser(
         "status", help="per device: online/offline, active models, last round and metric"
     )
@@ -234,8 +233,6 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cloud_aggregator.push import operator_session
-
     try:
         session, fleet = operator_session(args, "status")
     except (ConfigError, ValueError) as exc:
