@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 import torch
 
-from export.package import ExportError, graph_io, opset_of
+from export.package import PARITY_TOLERANCE, ExportError, graph_io, opset_of
 from export.runtime import ort_session
 from ioft_protocol.manifest import TensorSpec
 
@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 #: onnxruntime 1.17 (the device extra's floor) runs opset <= 20 and IR <= 9; 17 is also what
 #: the legacy exporter emits exactly, with IR 8.
 DEFAULT_OPSET = 17
-PARITY_TOLERANCE = 1e-5
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ from ioft_protocol.manifest import ModelManifest, TensorSpec, file_sha256, verif
 from ioft_protocol.state import atomic_write_json
 from sensors.features.schema import SCHEMA_HASH_KEY
 
+#: Parity bound of an export: max |onnxruntime − torch| ≤ this × max(1, max |torch output|).
+PARITY_TOLERANCE = 1e-5
+
 
 class ExportError(RuntimeError):
     """The export failed a check; no file was left at the target path."""

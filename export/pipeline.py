@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from export.onnx_export import DEFAULT_OPSET, PARITY_TOLERANCE, ExportResult, export_onnx
-from export.package import Package, package_model
+from export.onnx_export import DEFAULT_OPSET, ExportResult, export_onnx
+from export.package import PARITY_TOLERANCE, Package, package_model
 from export.quantize import VariantReport, compare_variants, quantize_int8, report_table
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import numpy as np
 from cloud_aggregator.backbones.data import build_data
 from cloud_aggregator.store import SqliteStore
 from export.keys import load_private_key
-from export.package import ExportError
+from export.package import PARITY_TOLERANCE, ExportError
 from ioft_protocol.manifest import ManifestError
 from sensors.features.schema import SCHEMA_HASH_KEY, schema_metadata
 from sensors.sim.vibration import WINDOW_SCHEMA
@@ -131,6 +131,7 @@ def _export(args: argparse.Namespace) -> int:
                 output=args.output,
                 quantize=args.quantize,
                 opset=args.opset,
+                tolerance=args.parity_tolerance,
             )
         else:
             params, spec = _task_params(args)
@@ -150,6 +151,7 @@ def _export(args: argparse.Namespace) -> int:
                 heldout_description=described,
                 quantize=args.quantize,
                 opset=args.opset,
+                tolerance=args.parity_tolerance,
                 extra={"task": spec.name},
             )
     except (ExportError, ManifestError, ValueError, KeyError, FileNotFoundError) as exc:
@@ -158,6 +160,13 @@ def _export(args: argparse.Namespace) -> int:
     print(summary.report)
     print(f"package: {summary.package.manifest_path} + {summary.package.onnx_path.name}")
     return 0
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -202,4 +211,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--output", default="embedding", choices=["embedding", "logits", "regression"])
     e.add_argument("--quantize", action="store_true", help="package the int8 dynamic-quantized variant")
     e.add_argument("--opset", type=int, default=17)
+    e.add_argument(
+        "--parity-tolerance",
+        type=_positive_float,
+        default=PARITY_TOLERANCE,
+        help="largest |onnxruntime - torch| on held-out rows, relative to max(1, the outputs' largest "
+        "magnitude) (default: %(default)g)",
+    )
     e.set_defaults(func=_export)

@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cloud_aggregator.backbones.assemble import assemble
 from cloud_aggregator.backbones.data import BackboneData
 from cloud_aggregator.backbones.train import load_run
-from export.onnx_export import DEFAULT_OPSET, PARITY_TOLERANCE
+from export.onnx_export import DEFAULT_OPSET
+from export.package import PARITY_TOLERANCE
 from export.pipeline import ExportSummary, ScoreFn, export_module
 
 #: What ``export_run`` can ship: the encoder (heads stay federated) or the whole model.

@@ -242,3 +242,38 @@ def test_cli_task_export_checks_parity_on_the_rows_it_is_given(tmp_path, capsys)
     assert "takes 624 inputs but the held-out rows (heldout: narrow.npy) have 10" in capsys.readouterr().err
     assert export(4, "--schema", "printer-window") == 1  # windows are 512 wide, the model takes 624
     assert not (tmp_path / "pkg" / "weld-base-v3.manifest.json").exists()
+
+
+@pytest.mark.parametrize(("tolerance", "rc"), [(None, 0), ("1e-12", 1)])
+def test_the_readmes_weld_task_exports_its_shared_layers_within_a_settable_tolerance(
+    tmp_path, capsys, tolerance, rc
+):
+    """The README's `tool` task (MLP 624-175-125-50-4, kaiming) and its `export --task tool --blocks
+    fc0 relu0` example: float32 parity at the outputs' scale passes by default (an absolute 1e-5 once
+    failed it at 2.48e-5); `--parity-tolerance` tightens it, and a miss is one line and exit 1."""
+    from cloud_aggregator.cli import main
+    from cloud_aggregator.rounds import RoundRecord
+    from cloud_aggregator.store import SqliteStore
+    from trainer_lite.task import TaskSpec
+
+    args = {"sizes": [624, 175, 125, 50, 4], "init": "kaiming"}
+    spec = TaskSpec(name="tool", algorithm="fedavg", model="mlp", model_args=args)
+    params = build_model("mlp", **args).init(np.random.default_rng(0))
+    store = SqliteStore(tmp_path / "aggregator.sqlite")
+    store.register_task("tool", spec.to_json())
+    store.save(RoundRecord("tool", 1, "train", "completed", ["w1"], {"w1": 10}, {}, {}, "h", 0.0, 1.0),
+               (2, 0), params, {})  # fmt: skip
+    store.close()
+    priv, _ = generate_keypair(tmp_path / "fleet.key")
+    argv = ["export", "--task", "tool", "--store", str(tmp_path / "aggregator.sqlite"), "--blocks", "fc0",
+            "relu0", "--schema", "weld-dwt", "--name", "weld-base", "--version", "1", "--key", str(priv),
+            "--out", str(tmp_path / "pkg")]  # fmt: skip
+    if tolerance is not None:
+        argv += ["--parity-tolerance", tolerance]
+    assert main(argv) == rc
+    err = capsys.readouterr().err.strip().splitlines()
+    if rc:
+        assert len(err) == 1 and "parity check failed" in err[0] and "Traceback" not in err[0]
+        assert not (tmp_path / "pkg" / "weld-base-v1.onnx").exists()
+    else:
+        assert (tmp_path / "pkg" / "weld-base-v1.onnx").exists()
