@@ -12,8 +12,11 @@ from cloud_aggregator import fleet_init, fleet_status, push
 from cloud_aggregator.backbones import cli as backbones_cli
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.demo import run_demo
+from cloud_aggregator.fleet_init import FleetInitError
 from cloud_aggregator.server import serve
 from export import cli as export_cli
+from export.package import ExportError
+from ioft_protocol.cli import entry_point
 from ioft_protocol.config import ConfigError, build, load_toml
 
 
@@ -96,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@entry_point("cloud-aggregator", mistakes=(FleetInitError,), failures=(ExportError,))
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; a user mistake is one line and exit 2, a runtime failure one line and 1."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level,

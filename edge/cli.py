@@ -10,7 +10,8 @@ from pathlib import Path
 
 from edge.config import DeviceConfig
 from edge.daemon import EdgeTrainer
-from ioft_protocol.config import ConfigError, build, load_toml
+from ioft_protocol.cli import check_broker_login, entry_point
+from ioft_protocol.config import build, load_toml
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,14 +72,18 @@ def config_from_args(args: argparse.Namespace) -> DeviceConfig:
     return build(DeviceConfig, raw, str(args.config or "command line"))
 
 
+@entry_point("edge-trainer")
 def main(argv: list[str] | None = None) -> int:
+    """Run the device daemon until SIGTERM/SIGINT; a user mistake is one line and exit 2."""
     args = parse_args(argv)
     setup_logging(args.log_level, args.device)
-    try:
-        config = config_from_args(args)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    config = config_from_args(args)
+    source = (
+        str(args.config)
+        if args.config
+        else "the command line (no --config: give the device.toml `fleet init` wrote)"
+    )
+    check_broker_login(config, config.device, source)
     trainer = EdgeTrainer(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: trainer.stop())
