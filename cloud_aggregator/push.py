@@ -7,6 +7,14 @@ devices fetch while the chunks stream; a device that joins later or reconnects
 mid-transfer fetches what it lacks from the retained chunks.
 Once the new offer is out, the chunks of the version it replaces are cleared
 (empty retained messages), so the broker holds one version per model.
+
+Nothing is published before the package is checked as a device would check it: the
+signature with the fleet's public key (``--public-key``, the operator TOML's
+``[model] public_key``, or the fleet folder's ``model/fleet.pub``) and the file's
+size and sha256 against the manifest; a package that fails either never replaces
+(and so never clears) the version the fleet has.  ``--wait`` then follows the
+devices' retained statuses and prints each one's answer: installed, refused (with
+its reason) or pending.
 """
 
 from __future__ import annotations
@@ -22,10 +30,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from cloud_aggregator.config import AggregatorConfig
 from export.package import Package, load_package
 from ioft_protocol import codec, model_push, topics
 from ioft_protocol.config import ConfigError, build, load_toml
+from ioft_protocol.manifest import (
+    ManifestError,
+    ModelManifest,
+    file_sha256,
+    load_public_key,
+    verify_manifest,
+)
 from ioft_protocol.mqtt import MqttSession, SessionOptions
 
 log = logging.getLogger(__name__)
@@ -166,6 +183,148 @@ def push_model(
     return PushReport(name, version, size, n_chunks, chunk_size, seconds, cleared)
 
 
+class PushCheckError(ValueError):
+    """A package that would not install anywhere: nothing is published for it."""
+
+
+def verify_package(package: Package, public_key: Ed25519PublicKey) -> ModelManifest:
+    """Check ``package`` as a device will: the signature with the fleet key, then the file.
+
+    Parameters
+    ----------
+    package
+        The package to push.
+    public_key
+        The fleet's Ed25519 public key (the one every device names in ``[model] public_key``).
+
+    Returns
+    -------
+    ModelManifest
+        The verified manifest.
+
+    Raises
+    ------
+    PushCheckError
+        If the signature does not verify (another key, or the manifest edited after
+        signing) or the ONNX file's size or sha256 differs from the manifest's.
+    """
+    try:
+        manifest = verify_manifest(package.manifest_json, package.signature, public_key)
+    except ManifestError as exc:
+        raise PushCheckError(f"{package.manifest_path}: {exc}; export and sign it again") from None
+    size = package.onnx_path.stat().st_size
+    if size != manifest.size or file_sha256(package.onnx_path) != manifest.sha256:
+        raise PushCheckError(
+            f"{package.onnx_path} ({size} bytes) is not the file its manifest signed "
+            f"({manifest.size} bytes, sha256 {manifest.sha256[:12]}...); export it again"
+        )
+    return manifest
+
+
+# -- waiting for the devices' answers -----------------------------------------------------------
+#: What ``--wait`` says of a device.
+INSTALLED, REFUSED, PENDING = "installed", "refused", "pending"
+
+
+@dataclass(frozen=True)
+class DeviceAnswer:
+    """One device's answer to a push, read from its retained status."""
+
+    device: str
+    state: str  # INSTALLED, REFUSED or PENDING
+    detail: str = ""
+
+
+def answer_of(device: str, status: dict | None, name: str, version: int) -> DeviceAnswer:
+    """What ``status`` (a device's retained status body) says about model ``name`` v``version``.
+
+    Installed when that version is active; refused when a refusal of that version is
+    listed (a version installed and then rolled back is refused, with the reason);
+    otherwise pending (offline, fetching, or not answered yet).  Any field of the wrong
+    type counts as no answer: a device writes its own status.
+    """
+    if not isinstance(status, dict):
+        return DeviceAnswer(device, PENDING, "no status")
+    models = status.get("models")
+    entry = models.get(name) if isinstance(models, dict) else None
+    entry = entry if isinstance(entry, dict) else {}
+    active = entry.get("active")
+    if active == version:
+        return DeviceAnswer(device, INSTALLED)
+    rejected = entry.get("rejected")
+    for r in reversed(rejected if isinstance(rejected, list) else []):
+        if isinstance(r, dict) and r.get("version") == version:
+            return DeviceAnswer(device, REFUSED, _printable(r.get("reason")))
+    if isinstance(active, int) and active > version:
+        return DeviceAnswer(device, REFUSED, f"v{active} is active there (newer)")
+    if status.get("state") != "online":
+        return DeviceAnswer(device, PENDING, "offline")
+    transfer = entry.get("transfer")
+    if isinstance(transfer, dict) and transfer.get("version") == version:
+        return DeviceAnswer(device, PENDING, f"fetching: {transfer.get('have')}/{transfer.get('of')} chunks")
+    return DeviceAnswer(device, PENDING, "no answer yet")
+
+
+def _printable(text: object, limit: int = 300) -> str:
+    s = "".join(ch if ch.isprintable() else "?" for ch in str(text))
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def wait_for_answers(
+    session: MqttSession,
+    fleet: str,
+    name: str,
+    version: int,
+    devices: Sequence[str] = (),
+    *,
+    timeout: float = 120.0,
+    settle_s: float = 1.0,
+) -> list[DeviceAnswer]:
+    """Follow the devices' retained statuses until each addressed device answered, or ``timeout``.
+
+    Parameters
+    ----------
+    session
+        A connected operator session (it may read ``status/+``).
+    fleet, name, version
+        The push to wait for.
+    devices
+        The addressed devices; empty: every device with a status (the whole fleet).
+    timeout
+        Give up after this many seconds; who has not answered by then is pending.
+    settle_s
+        With no ``devices``, wait at least this long for the retained statuses to arrive.
+
+    Returns
+    -------
+    list of DeviceAnswer
+        One per device, sorted by device id.
+    """
+    session.subscribe(topics.topic_status_all(fleet))
+    statuses: dict[str, dict | None] = dict.fromkeys(devices)
+    started = time.monotonic()
+    deadline = started + timeout
+    while True:
+        now = time.monotonic()
+        msg = session.get(min(0.1, max(0.0, deadline - now)))
+        if msg is not None:
+            try:
+                parsed = topics.parse_topic(msg.topic)
+                body = json.loads(msg.payload) if msg.payload else None
+            except (codec.WireError, ValueError, RecursionError) as exc:
+                log.warning("ignoring status on %s: %s", msg.topic, exc)
+                continue
+            if parsed.kind == "status" and (not devices or parsed.device in statuses):
+                statuses[parsed.device] = body if isinstance(body, dict) else None
+            continue
+        answers = [answer_of(d, statuses[d], name, version) for d in sorted(statuses)]
+        waiting = [a for a in answers if a.state == PENDING and a.detail != "offline"]
+        settled = bool(devices) or now - started >= settle_s
+        if (settled and not waiting) or now >= deadline:
+            session.unsubscribe(topics.topic_status_all(fleet))
+            return answers
+
+
 def _version_of(offer: model_push.ModelOffer) -> int | None:
     try:
         version = json.loads(offer.manifest).get("version")
@@ -180,6 +339,7 @@ def operator_session(args: argparse.Namespace, role: str) -> tuple[MqttSession, 
     TOML) with ``--broker``/``--fleet``/``--allow-plaintext`` overriding; its own client id."""
     raw = load_toml(args.config) if args.config else {}
     raw.pop("task", None)
+    raw.pop("model", None)  # the operator's [model] public_key: read by fleet_public_key
     if args.broker:
         raw["broker"] = args.broker
     if args.fleet:
@@ -200,20 +360,66 @@ def add_session_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("push", help="publish a signed model package to the fleet over MQTT")
+    p = sub.add_parser(
+        "push",
+        help="publish a signed model package to the fleet over MQTT",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("model", type=Path, help="the package: <name>-v<version>.manifest.json (or .onnx)")
     add_session_args(p)
     p.add_argument(
-        "--devices",
-        nargs="+",
-        default=None,
-        metavar="ID",
-        help="install only on these devices, comma- or space-separated (printer1,printer2; default: all)",
+        "--public-key",
+        type=Path,
+        help="the fleet's Ed25519 public key the package must verify with (default: the --config "
+        "TOML's [model] public_key, else model/fleet.pub in the fleet folder holding --config)",
     )
     p.add_argument(
-        "--chunk-size", type=int, default=DEFAULT_CHUNK_BYTES, help="bytes per chunk (default 128 KiB)"
+        "--devices",
+        action="append",
+        default=None,
+        metavar="ID,ID",
+        help="install only on these devices, comma-separated (printer1,printer2); default: all",
+    )
+    p.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_BYTES, help="bytes per chunk")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the devices' answers and print installed / refused (reason) / pending per device",
+    )
+    p.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=120.0,
+        help="seconds --wait waits before calling a device pending",
     )
     p.set_defaults(func=main)
+
+
+def fleet_public_key(args: argparse.Namespace) -> Ed25519PublicKey:
+    """The key a push must verify with: ``--public-key``, the ``--config`` TOML's
+    ``[model] public_key`` (relative to the TOML's folder), or ``model/fleet.pub`` in the
+    fleet folder that holds ``--config`` (``fleet init``'s layout).
+
+    Raises
+    ------
+    ManifestError
+        If no key is named or found, or the file is not an Ed25519 public key.
+    ConfigError
+        If ``--config`` is not readable TOML.
+    """
+    path = args.public_key
+    if path is None and args.config:
+        named = load_toml(args.config).get("model", {})
+        if isinstance(named, dict) and isinstance(named.get("public_key"), str):
+            path = Path(args.config).parent / named["public_key"]
+        elif (Path(args.config).resolve().parent.parent / "model" / "fleet.pub").is_file():
+            path = Path(args.config).resolve().parent.parent / "model" / "fleet.pub"
+    if path is None:
+        raise ManifestError(
+            "no fleet public key to check the package with; pass --public-key FLEET/model/fleet.pub "
+            "(or --config FLEET/operator/operator.toml)"
+        )
+    return load_public_key(path)
 
 
 def parse_devices(values: Sequence[str] | None) -> tuple[str, ...]:
@@ -241,21 +447,45 @@ def parse_devices(values: Sequence[str] | None) -> tuple[str, ...]:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Check the package, push it, and with ``--wait`` report each device's answer.
+
+    Returns
+    -------
+    int
+        0 on success (with ``--wait``: every device installed it), 1 when a device
+        refused it or had not answered by ``--wait-timeout``, 2 for an operator mistake.
+    """
     try:
         devices = parse_devices(args.devices)  # checked before any session: nothing published or cleared
         package = load_package(args.model)
+        manifest = verify_package(package, fleet_public_key(args))
+        if args.chunk_size < 1:
+            raise ValueError(f"--chunk-size must be >= 1, got {args.chunk_size}")
         session, fleet = operator_session(args, "push")
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, OSError, ValueError, KeyError) as exc:
         print(f"cannot push: {exc}", file=sys.stderr)
         return 2
     try:
         report = push_model(session, fleet, package, chunk_size=args.chunk_size, devices=devices)
+        print(
+            f"pushed {report.name} v{report.version} to fleet {fleet}: {report.size} bytes in "
+            f"{report.chunks} chunks ({report.seconds:.3f} s)"
+            + (f"; for devices {', '.join(devices)}" if devices else "")
+            + (f"; cleared v{report.cleared_version}'s chunks" if report.cleared_version else ""),
+            flush=True,
+        )
+        if not args.wait:
+            return 0
+        answers = wait_for_answers(
+            session, fleet, manifest.name, manifest.version, devices, timeout=args.wait_timeout
+        )
     finally:
         session.stop()
-    print(
-        f"pushed {report.name} v{report.version} to fleet {fleet}: {report.size} bytes in {report.chunks} "
-        f"chunks ({report.seconds:.3f} s)"
-        + (f"; for devices {', '.join(devices)}" if devices else "")
-        + (f"; cleared v{report.cleared_version}'s chunks" if report.cleared_version else "")
-    )
-    return 0
+    if not answers:
+        print("no device has a status yet: nobody to wait for")
+        return 1
+    for a in answers:
+        print(f"  {a.device}: {a.state}" + (f" ({a.detail})" if a.detail else ""))
+    counts = {state: sum(a.state == state for a in answers) for state in (INSTALLED, REFUSED, PENDING)}
+    print(", ".join(f"{n} {state}" for state, n in counts.items()))
+    return 0 if counts[INSTALLED] == len(answers) else 1

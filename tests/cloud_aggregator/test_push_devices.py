@@ -1,7 +1,9 @@
-"""``cloud-aggregator push --devices``: comma- or space-separated ids, each checked before anything is sent.
+"""``cloud-aggregator push --devices``: comma-separated ids, each checked before anything is sent.
 
 A malformed id used to be pushed as one device (``'printer1,printer2'``): every device
 then refused the offer as malformed, after the previous version's chunks were cleared.
+``--devices`` used to take every following word, the manifest included
+(``push --devices a,b MANIFEST`` did not parse).
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ def package(tmp_path):
     return signed(window_encoder(tmp_path / "a.onnx"), tmp_path / "pkg", load_private_key(priv), version=1)
 
 
+def public_key(package) -> str:
+    return str(package.manifest_path.parent.parent / "keys" / "fleet.pub")
+
+
 @pytest.fixture
 def sessions(monkeypatch):
     made: list[FakeSession] = []
@@ -59,15 +65,16 @@ def sessions(monkeypatch):
 
 
 def run_push(package, *devices: str) -> int:
-    argv = ["push", str(package.manifest_path), "--fleet", FLEET, "--broker", "mqtt://127.0.0.1:1"]
-    return cli.main(argv + (["--devices", *devices] if devices else []))
+    """``push --devices D1 [--devices D2 ...] MANIFEST``: the manifest last, after the options."""
+    argv = ["push", "--fleet", FLEET, "--broker", "mqtt://127.0.0.1:1", "--public-key", public_key(package)]
+    return cli.main(argv + [a for d in devices for a in ("--devices", d)] + [str(package.manifest_path)])
 
 
 @pytest.mark.parametrize(
     "devices",
     [("printer1,printer2",), ("printer1", "printer2"), ("printer1,", "printer2"), ("printer1, printer2",)],
 )
-def test_devices_comma_or_space_separated_reach_the_offer_as_ids(package, sessions, capsys, devices):
+def test_devices_comma_separated_or_repeated_reach_the_offer_as_ids(package, sessions, capsys, devices):
     assert run_push(package, *devices) == 0
     (session,) = sessions
     offer_topic, offer = session.published[0]

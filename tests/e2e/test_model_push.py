@@ -114,7 +114,8 @@ def test_push_heads_on_embeddings_refusals_and_rollback(fleet_procs, keys, tmp_p
         )
         out = subprocess.run(
             [sys.executable, "-m", "cloud_aggregator.cli", "push", str(v1.manifest_path), "--fleet", FLEET,
-             "--broker", fleet_procs.broker_url, "--allow-plaintext", "--chunk-size", str(CHUNK)],
+             "--broker", fleet_procs.broker_url, "--allow-plaintext", "--chunk-size", str(CHUNK),
+             "--public-key", str(pub)],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
