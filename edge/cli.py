@@ -8,10 +8,13 @@ import signal
 import sys
 from pathlib import Path
 
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
 from edge.config import DeviceConfig
 from edge.daemon import EdgeTrainer
 from ioft_protocol.cli import check_broker_login, entry_point
-from ioft_protocol.config import build, load_toml
+from ioft_protocol.config import ConfigError, build, load_toml
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,6 +75,47 @@ def config_from_args(args: argparse.Namespace) -> DeviceConfig:
     return build(DeviceConfig, raw, str(args.config or "command line"))
 
 
+def certificate_name(cert_file: str) -> str:
+    """The common name (CN) of the PEM certificate in ``cert_file``: the identity the broker sees.
+
+    Raises
+    ------
+    ConfigError
+        If the file cannot be read, is not a PEM certificate, or has no CN.
+    """
+    try:
+        cert = x509.load_pem_x509_certificate(Path(cert_file).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"tls.cert_file {cert_file}: not a readable PEM certificate ({exc})") from None
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if not names:
+        raise ConfigError(f"tls.cert_file {cert_file}: the certificate has no common name (CN)")
+    return str(names[0].value)
+
+
+def check_identity(config: DeviceConfig) -> None:
+    """Refuse a device id that is not its certificate's name.
+
+    The fleet's broker takes the certificate's CN as username and client id, so a daemon
+    started as ``printer9`` with ``printer1``'s certificate would speak as printer1 and knock
+    the real printer1 off the broker every second (and its uplinks as printer9 are refused).
+
+    Raises
+    ------
+    ConfigError
+        Naming both names and the way forward.
+    """
+    if config.tls is None or config.tls.cert_file is None:
+        return
+    cn = certificate_name(config.tls.cert_file)
+    if cn != config.device:
+        raise ConfigError(
+            f"--device {config.device} does not match tls.cert_file {config.tls.cert_file}, which is "
+            f"{cn!r}'s certificate (the broker would take this daemon for {cn}): start it with "
+            f"--device {cn}, or give {config.device}'s own device.toml (`fleet init` writes one per device)"
+        )
+
+
 @entry_point("edge-trainer")
 def main(argv: list[str] | None = None) -> int:
     """Run the device daemon until SIGTERM/SIGINT; a user mistake is one line and exit 2."""
@@ -84,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         else "the command line (no --config: give the device.toml `fleet init` wrote)"
     )
     check_broker_login(config, config.device, source)
+    check_identity(config)  # a twin of another device: refused before it connects
     trainer = EdgeTrainer(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: trainer.stop())

@@ -39,7 +39,7 @@ from edge.recording.base import STATUS_FILE as RECORDER_STATUS
 from edge.segments import DatasetReader
 from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.manifest import load_public_key
-from ioft_protocol.mqtt import MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
 from ioft_protocol.state import StateError, load_verified, save_arrays
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import initial_local, participate
@@ -199,7 +199,7 @@ class EdgeTrainer:
         try:
             while not self._stop.is_set():
                 if self.session.fatal:
-                    raise RuntimeError(self.session.fatal)
+                    raise MqttError(self.session.fatal)
                 msg = self.session.get(0.2)
                 if msg is not None:
                     self.handle(msg.topic, msg.payload)

@@ -2,9 +2,13 @@
 
 Lifecycle, explicitly (after Home Assistant's MQTT client): the Last Will is set
 before connecting; every (re)connect re-publishes the birth messages and
-re-subscribes from tracked state; paho reconnects with exponential backoff;
-bad credentials stop the retrying; inbound messages go to a bounded queue that
-the owner drains on its own thread, so slow work never blocks the network loop.
+re-subscribes from tracked state; paho reconnects with exponential backoff
+(capped at ``reconnect_max_s``, forever); every failed attempt is logged at INFO
+with its reason (refused, unresolvable, TLS handshake and why); bad credentials
+and refused certificates stop the retrying, and so does another client that
+keeps taking our client id (see ``SessionOptions.takeover_limit``); inbound
+messages go to a bounded queue that the owner drains on its own thread, so slow
+work never blocks the network loop.
 
 The wire protocol is MQTT 3.1.1 so the session also works against embedded
 brokers that speak nothing newer (amqtt).
@@ -81,6 +85,10 @@ class BrokerAddress:
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
 
+#: How long a probe of a failed attempt waits for the broker's TCP and TLS answers.
+_PROBE_TIMEOUT_S = 3.0
+
+
 @dataclass(frozen=True)
 class Message:
     topic: str
@@ -95,6 +103,10 @@ class SessionOptions:
     ``birth`` returns ``(topic, payload)`` pairs published retained on every connect
     (called on the network thread: it must not block);
     ``will`` is published by the broker, retained, if we vanish without a clean disconnect.
+    ``takeover_limit`` connections in a row that the broker closes within ``takeover_window_s``
+    of accepting them mean another client holds our client id (MQTT 3.1.1: the broker drops
+    the older connection when one with the same id connects); the session then stops retrying
+    instead of knocking the other one off forever.
     """
 
     broker: BrokerAddress
@@ -110,6 +122,8 @@ class SessionOptions:
     inbound_limit: int = 10_000
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 10.0
+    takeover_limit: int = 3
+    takeover_window_s: float = 30.0
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -166,6 +180,15 @@ class MqttSession:
         self._subs: dict[str, int] = {}
         self._lock = threading.Lock()
         self._connacked = False  # this connection attempt got a CONNACK (reset before each attempt)
+        self._accepted_at: float | None = None  # when the broker accepted the current connection
+        self._short_lived = 0  # connections in a row the broker closed soon after accepting them
+        self._attempts_failed = 0  # failed attempts since the last accepted connection
+        self._quiet_attempts = False  # a one-shot's start(): failed attempts at DEBUG, reason raised
+        #: Why the latest attempt failed (``None`` once connected).
+        self.last_error: str | None = None
+        #: Connections the broker closed after accepting them (a takeover, a broker restart, ...).
+        self.drops = 0
+        self._taps: dict[str, Callable[[Message], None]] = {}
         self.on_connect_hooks: list[Callable[[], None]] = []
         self._ssl: ssl.SSLContext | None = self._ssl_context() if options.tls is not None else None
         self._client = self._make_client()
@@ -209,8 +232,18 @@ class MqttSession:
 
     # -- lifecycle ---------------------------------------------------------
     def start(self, timeout: float | None = 10.0) -> None:
-        """Connect in the background; wait up to ``timeout`` s for the first CONNACK."""
+        """Connect in the background; wait up to ``timeout`` s for the first CONNACK.
+
+        Parameters
+        ----------
+        timeout
+            ``None`` (daemons): return at once and keep retrying forever, one INFO line per
+            failed attempt.  A number (one-shot commands): raise ``MqttError`` naming the last
+            attempt's reason if no connection comes within it; the attempts log at DEBUG only,
+            so the caller's one line is all the operator sees.
+        """
         b = self.options.broker
+        self._quiet_attempts = timeout is not None
         try:
             self._client.connect_async(b.host, b.port, keepalive=self.options.keepalive)
         except (OSError, ValueError) as exc:
@@ -218,7 +251,27 @@ class MqttSession:
         self._client.loop_start()
         if timeout is not None and not self.wait_connected(timeout):
             self.stop()
-            raise MqttError(self.fatal or f"no connection to {b.url()} within {timeout} s")
+            why = f": {self.last_error}" if self.last_error else ""
+            raise MqttError(self.fatal or f"no connection to {b.url()} within {timeout:g} s{why}")
+
+    def wait_until_connected(self, stop: threading.Event) -> bool:
+        """Block until connected (``True``) or ``stop`` is set (``False``), however long it takes;
+        raise ``MqttError`` if the session gives up (bad credentials, refused certificate)."""
+        while not stop.is_set():
+            if self.fatal is not None:
+                raise MqttError(self.fatal)
+            if self.connected.wait(0.1):
+                return True
+        return False
+
+    def tap(self, topic: str, callback: Callable[[Message], None] | None) -> None:
+        """Hand messages on exactly ``topic`` to ``callback`` (on the network thread: no blocking)
+        instead of the inbound queue; ``None`` removes the tap.  Subscribe separately."""
+        with self._lock:
+            if callback is None:
+                self._taps.pop(topic, None)
+            else:
+                self._taps[topic] = callback
 
     def wait_connected(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -302,6 +355,9 @@ class MqttSession:
         if self.options.birth is not None:
             for topic, payload in self.options.birth():
                 client.publish(topic, payload, qos=1, retain=True)
+        self._accepted_at = time.monotonic()
+        self._attempts_failed = 0
+        self.last_error = None
         self.connected.set()
         log.info("connected to %s as %s", self.options.broker.url(), self.options.client_id)
         for hook in self.on_connect_hooks:  # hooks run on the network thread: no waiting
@@ -318,53 +374,115 @@ class MqttSession:
         if not self._connacked:
             # Dropped before any CONNACK: under TLS 1.3 that is how a refused client certificate shows.
             self._diagnose(client)
-        if self.fatal is None:
+        elif self._accepted_at is not None:
+            self._count_drop(client, reason_code.is_failure, time.monotonic() - self._accepted_at)
+            self._accepted_at = None
+        if self.fatal is None and reason_code.is_failure:  # not our own clean disconnect (stop)
             log.warning("disconnected from %s (%s); reconnecting", self.options.broker.url(), reason_code)
 
-    def _diagnose(self, client: paho.Client) -> None:
-        """A failed attempt: with TLS, find out whether it is one that retrying cannot fix.
-
-        paho retries every failure alike and keeps the error to itself, so a device with the
-        wrong CA or a revoked certificate would retry forever in silence.  One handshake of our
-        own, with the same context, names the reason; certificate failures stop the retrying.
-        """
-        if self._ssl is None or self.fatal is not None:
+    def _count_drop(self, client: paho.Client, by_broker: bool, lasted_s: float) -> None:
+        """A connection the broker had accepted has ended: is another client taking our id?"""
+        if not by_broker:
+            return  # our own disconnect
+        self.drops += 1
+        o = self.options
+        self._short_lived = self._short_lived + 1 if lasted_s < o.takeover_window_s else 0
+        if self._short_lived < o.takeover_limit or self.fatal is not None:
             return
-        reason = self._probe_tls()
-        if reason is None:
-            return
-        self.fatal = f"TLS to {self.options.broker.url()} failed: {reason} (not retrying)"
+        self.fatal = (
+            f"the broker {o.broker.url()} closed our connection {self._short_lived} times in a row right "
+            f"after accepting it: another client is connected with our identity (client id "
+            f"{o.client_id!r}, or the certificate's name where the broker uses it as client id); the same "
+            "device or aggregator is running twice, or a device folder was copied: stop the other one "
+            "(not retrying)"
+        )
         log.error(self.fatal)
         client.disconnect()  # ends paho's retry loop
 
-    def _probe_tls(self) -> str | None:
+    def _diagnose(self, client: paho.Client) -> None:
+        """A failed attempt: say why at INFO, and stop retrying where retrying cannot help.
+
+        paho retries every failure alike and keeps the error to itself, so a device pointed at
+        a closed port, a mistyped host, the wrong CA or with a revoked certificate would retry
+        in silence.  One attempt of our own (TCP, then the TLS handshake with the same context)
+        names the reason; certificate failures stop the retrying.
+        """
+        if self.fatal is not None:
+            return
+        self._short_lived = 0  # the broker is away or refusing, not another client taking our id
+        self._attempts_failed += 1
+        reason, fatal = self._probe()
+        url = self.options.broker.url()
+        if fatal:
+            self.fatal = f"TLS to {url} failed: {reason} (not retrying)"
+            log.error(self.fatal)
+            client.disconnect()  # ends paho's retry loop
+            return
+        self.last_error = reason
+        log.log(
+            logging.DEBUG if self._quiet_attempts else logging.INFO,
+            "cannot connect to %s: %s (attempt %d; retrying, at most %g s apart)",
+            url,
+            reason,
+            self._attempts_failed,
+            self.options.reconnect_max_s,
+        )
+
+    def _probe(self) -> tuple[str, bool]:
+        """Why connecting fails, and whether that is final: ``(reason, fatal)``."""
         b, tls = self.options.broker, self.options.tls
         try:
-            with (
-                socket.create_connection((b.host, b.port), timeout=3.0) as raw,
-                self._ssl.wrap_socket(raw, server_hostname=b.host) as conn,
-            ):
-                # TLS 1.3: the broker judges our certificate after our side of the handshake is
-                # done, so its refusal arrives as an alert on the first read.
-                conn.settimeout(1.0)
-                conn.recv(1)
-        except ssl.SSLCertVerificationError as exc:
+            socket.getaddrinfo(b.host, b.port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as exc:
+            return f"cannot resolve the host name {b.host!r} ({exc}); check the broker URL", False
+        try:
+            raw = socket.create_connection((b.host, b.port), timeout=_PROBE_TIMEOUT_S)
+        except ConnectionRefusedError:
             return (
-                f"the broker's certificate is not trusted ({exc.verify_message}); check tls.ca_file "
-                f"({tls.ca_file}) and that {b.host!r} is among the certificate's names"
-            )
-        except ssl.SSLError as exc:
-            if exc.reason in _CERT_REFUSED:
+                f"connection refused: nothing listens on {b.host} port {b.port} (is the broker running, "
+                "and is the port right?)"
+            ), False
+        except TimeoutError:
+            return f"no answer from {b.host} port {b.port} within {_PROBE_TIMEOUT_S:g} s (firewall?)", False
+        except OSError as exc:  # unreachable network, ...: the broker may come back
+            return f"cannot reach {b.host} port {b.port}: {exc.strerror or exc}", False
+        if self._ssl is None:
+            raw.close()
+            return "the broker took the TCP connection but the MQTT connect failed", False
+        with raw:
+            try:
+                with self._ssl.wrap_socket(raw, server_hostname=b.host) as conn:
+                    # TLS 1.3: the broker judges our certificate after our side of the handshake
+                    # is done, so its refusal arrives as an alert on the first read.
+                    conn.settimeout(1.0)
+                    try:
+                        conn.recv(1)
+                    except TimeoutError:  # the broker waits for our CONNECT: TLS is fine
+                        return "the TLS handshake succeeded but the MQTT connect failed", False
+            except ssl.SSLCertVerificationError as exc:
                 return (
-                    f"the broker refused our client certificate ({exc.reason}); check tls.cert_file "
-                    f"({tls.cert_file}): it must be signed by the fleet CA (`cloud-aggregator fleet init`)"
-                )
-            log.warning("TLS to %s: %s", b.url(), exc)
-        except OSError as exc:  # refused, unreachable, timed out: the broker may come back
-            log.debug("TLS probe of %s: %s", b.url(), exc)
-        return None
+                    f"the broker's certificate is not trusted ({exc.verify_message}); check tls.ca_file "
+                    f"({tls.ca_file}) and that {b.host!r} is among the certificate's names"
+                ), True
+            except ssl.SSLError as exc:
+                if exc.reason in _CERT_REFUSED:
+                    return (
+                        f"the broker refused our client certificate ({exc.reason}); check tls.cert_file "
+                        f"({tls.cert_file}): it must be signed by the fleet CA (`cloud-aggregator fleet init`)"
+                    ), True
+                return (
+                    f"TLS handshake failed ({exc.reason or exc}); is port {b.port} the broker's TLS listener?"
+                ), False
+            except OSError as exc:  # closed during the handshake, timed out: the broker may come back
+                return f"TLS handshake failed: {exc.strerror or exc}", False
+        return "the TLS handshake succeeded but the MQTT connect failed", False
 
     def _on_message(self, client, userdata, msg) -> None:
+        with self._lock:
+            tap = self._taps.get(msg.topic)
+        if tap is not None:
+            tap(Message(msg.topic, bytes(msg.payload), bool(msg.retain)))
+            return
         try:
             self.inbound.put_nowait(Message(msg.topic, bytes(msg.payload), bool(msg.retain)))
         except queue.Full:
