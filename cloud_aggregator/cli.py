@@ -13,14 +13,15 @@ from cloud_aggregator.backbones import cli as backbones_cli
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.demo import run_demo
 from cloud_aggregator.fleet_init import FleetInitError
-from cloud_aggregator.server import serve
+from cloud_aggregator.server import Control, ServeRefusedError, Terminated, serve
 from export import cli as export_cli
 from export.package import ExportError
 from ioft_protocol.cli import entry_point
 from ioft_protocol.config import ConfigError, build, load_toml
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve_config(args: argparse.Namespace) -> AggregatorConfig:
+    """The config file with the command line's overrides, validated (``ConfigError`` if not)."""
     raw = load_toml(args.config) if args.config else {}
     if args.broker:
         raw["broker"] = args.broker
@@ -29,24 +30,48 @@ def _serve(args: argparse.Namespace) -> int:
     if args.allow_plaintext:
         raw["allow_plaintext"] = True
     if args.restart:
-        raw["restart"] = True
+        raw["restart"] = list(args.restart)
+    return build(AggregatorConfig, raw, str(args.config or "command line"))
+
+
+def _serve(args: argparse.Namespace) -> int:
     try:
-        cfg = build(AggregatorConfig, raw, str(args.config or "command line"))
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
+        cfg = _serve_config(args)
+    except ConfigError as exc:  # one line: every failing field, what to fix
+        print(
+            f"invalid configuration in {args.config or 'command line'}: {'; '.join(exc.errors)}",
+            file=sys.stderr,
+        )
         return 2
-    if not cfg.task:
-        print("no [[task]] configured; nothing to do", file=sys.stderr)
+    if not cfg.task and not args.service:
+        print("no [[task]] configured; nothing to do (add one, or run with --service)", file=sys.stderr)
         return 2
+    control = Control()
+    if args.service and args.config:
+
+        def _reload() -> AggregatorConfig:
+            raw_args = argparse.Namespace(**{**vars(args), "restart": None})  # a restart is for start-up only
+            return _serve_config(raw_args)
+
+        control.reload = _reload
+        signal.signal(signal.SIGHUP, lambda *_: control.reload_requested.set())
 
     def _term(*_: object) -> None:
-        raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: let the first unwind
+        raise Terminated
 
     signal.signal(signal.SIGTERM, _term)
+    log = logging.getLogger(__name__)
     try:
-        serve(cfg)
+        serve(cfg, control, service=args.service)
+    except ServeRefusedError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except Terminated:
+        log.info("stopped by SIGTERM; every finished round is saved, `serve` again resumes")
+        return 0
     except KeyboardInterrupt:
-        logging.getLogger(__name__).info("stopped by signal; state is saved, `serve` again resumes")
+        log.info("interrupted; every finished round is saved, `serve` again resumes")
         return 130
     return 0
 
@@ -77,7 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--broker", help="mqtt://host:port or mqtts://host:port")
     s.add_argument("--state-dir", help="folder for aggregator.sqlite and artifacts")
     s.add_argument("--allow-plaintext", action="store_true")
-    s.add_argument("--restart", action="store_true", help="forget stored rounds and start the tasks afresh")
+    s.add_argument(
+        "--restart",
+        action="append",
+        metavar="TASK",
+        help="delete TASK's stored rounds (saying what) and start it afresh; repeatable",
+    )
+    s.add_argument(
+        "--service",
+        action="store_true",
+        help="keep running when the tasks are done; SIGHUP re-reads --config for new or extended tasks",
+    )
     s.set_defaults(func=_serve)
 
     d = sub.add_parser("demo", help="a whole fleet on this machine: broker, aggregator, simulated printers")

@@ -7,8 +7,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from cloud_aggregator.admission import AdmissionPolicy
+from cloud_aggregator.stragglers import check_next_round
+from cloud_aggregator.strategies import make_strategy
 from ioft_protocol.codec import MAX_PAYLOAD_BYTES, check_id
+from ioft_protocol.config import ConfigError, build
 from ioft_protocol.mqtt import TlsConfig
+from trainer_lite.algorithms.base import algorithm_hparams
 from trainer_lite.task import TaskSpec
 
 
@@ -89,6 +93,33 @@ class TaskConfig:
     #: dataset carries another schema refuse the task instead of training on the wrong columns.
     feature_schema: str | None = None
 
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Resolve the algorithm, model, hyperparameters and server options as ``serve`` will.
+
+        Raises
+        ------
+        ValueError
+            Naming what is wrong (an unknown algorithm or model lists the valid names; a
+            hyperparameter of the wrong name or type names it), so a config is refused at
+            start-up, before anything connects or writes, never mid-run.
+        """
+        spec = self.spec()
+        try:
+            strategy = make_strategy(spec)  # the client algorithm, its model and both configs
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            raise ValueError(f"task {self.name!r}: {exc}") from None
+        for what, cls, values in (
+            ("hparams", strategy.client.config_cls, algorithm_hparams(spec.hparams)),
+            ("server", strategy.config_cls, spec.server),
+        ):
+            try:
+                build(cls, dict(values), f"task {self.name!r} {what}")
+            except ConfigError as exc:
+                raise ValueError(f"task {self.name!r} {what}: {'; '.join(exc.errors)}") from None
+
     def spec(self) -> TaskSpec:
         return TaskSpec(
             name=self.name,
@@ -124,7 +155,10 @@ class AggregatorConfig:
     password: str | None = None
     tls: TlsConfig | None = None
     max_payload_bytes: int = MAX_PAYLOAD_BYTES
-    restart: bool = False
+    #: Tasks whose stored rounds ``serve`` deletes before it starts them afresh (``serve
+    #: --restart TASK``); ``true``: every task.  Any other change of a stored task's spec
+    #: than its ``rounds`` is refused (``cloud_aggregator.store.TaskChange``).
+    restart: bool | list[str] = False
     collect: CollectConfig = field(default_factory=CollectConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     task: list[TaskConfig] = field(default_factory=list)
@@ -134,5 +168,14 @@ class AggregatorConfig:
         names = [t.name for t in self.task]
         if len(set(names)) != len(names):
             raise ValueError(f"task names must be unique, got {names}")
-        for t in self.task:
-            t.spec()  # validates the name, dtype and rounds now, not mid-run
+        if self.collect.straggler == "next_round":  # refused at start-up, not when the task's turn comes
+            for t in self.task:
+                check_next_round(make_strategy(t.spec()))
+        if isinstance(self.restart, list):
+            unknown = sorted(set(self.restart) - set(names))
+            if unknown:
+                raise ValueError(f"restart names tasks that are not configured: {unknown}; tasks: {names}")
+
+    def restarts(self, task: str) -> bool:
+        """Whether ``task``'s stored rounds are to be deleted before it starts (``restart``)."""
+        return self.restart is True or (isinstance(self.restart, list) and task in self.restart)

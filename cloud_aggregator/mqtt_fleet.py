@@ -27,6 +27,12 @@ from trainer_lite.params import param_hash
 
 log = logging.getLogger(__name__)
 
+#: Refusals that are the protocol at work, logged at INFO (counted and stored like any other): a
+#: device re-sending an upload already counted (after an aggregator restart it re-sends its answer
+#: to the round it sees re-announced, which may close on the stored copy before the re-send
+#: lands), or answering a round already closed.
+ROUTINE_REFUSALS = frozenset({Reason.REPLAY, Reason.STALE_ROUND})
+
 
 @dataclass
 class CollectPolicy:
@@ -261,7 +267,8 @@ class MqttFleet:
         """
         verdict = self.admission.receive(device, payload, request, received, restored=not persist)
         if isinstance(verdict, Refusal):
-            log.warning("dropped update from %s: %s", device, verdict)
+            level = logging.INFO if verdict.reason in ROUTINE_REFUSALS else logging.WARNING
+            log.log(level, "dropped update from %s: %s", device, verdict)
             if self.store is not None:
                 task, round_ = (request.spec.name, request.round) if request is not None else ("", None)
                 self.store.put_rejection(task, round_, device, verdict.reason, verdict.detail)

@@ -1,22 +1,60 @@
-"""``cloud-aggregator serve``: orchestrate the configured tasks' rounds over MQTT."""
+"""``cloud-aggregator serve``: orchestrate the configured tasks' rounds over MQTT.
+
+Before anything connects or writes, every configured task is checked against the store
+(:meth:`cloud_aggregator.store.SqliteStore.check_task`): a task may gain rounds and keep
+its history; any other change of its spec is refused in one line that names the changed
+fields (:class:`ServeRefusedError`), and ``restart`` (``serve --restart TASK``) deletes that
+one task's history, saying what it deletes, and starts it afresh.
+
+Run once, ``serve`` returns when its tasks are done.  As a service (``serve --service``)
+it stays up after that and takes new or extended tasks from its config on ``SIGHUP``
+(:class:`Control`): the re-read config is validated as at start-up, and a bad edit is
+refused in one line while the running tasks go on.
+"""
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
-import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from cloud_aggregator.config import AggregatorConfig
+from cloud_aggregator.config import AggregatorConfig, TaskConfig
 from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.rounds import CollectRequest, RoundEngine, RoundRecord
-from cloud_aggregator.store import SqliteStore
-from cloud_aggregator.stragglers import check_next_round
+from cloud_aggregator.store import SqliteStore, TaskChangedError
 from cloud_aggregator.strategies import make_strategy
+from ioft_protocol.config import ConfigError
 from ioft_protocol.mqtt import MqttSession, SessionOptions
 from trainer_lite.params import param_hash
 
 log = logging.getLogger(__name__)
+
+
+class ServeRefusedError(ValueError):
+    """An operator's config that ``serve`` refuses before it connects or writes; one line."""
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by the ``SIGTERM`` handler: stop now (each round is saved as it ends)."""
+
+
+@dataclass
+class Control:
+    """How a running ``serve --service`` is asked to re-read its config.
+
+    Attributes
+    ----------
+    reload
+        Reads and validates the config again (raises ``ConfigError``); ``None``: no reloads.
+    reload_requested
+        Set by the ``SIGHUP`` handler; a watcher thread then calls ``reload``.
+    """
+
+    reload: Callable[[], AggregatorConfig] | None = None
+    reload_requested: threading.Event = field(default_factory=threading.Event)
 
 
 def open_session(cfg: AggregatorConfig) -> MqttSession:
@@ -28,7 +66,9 @@ def format_record(rec: RoundRecord, metric: str = "test_loss") -> str:
     cells = " ".join(f"{d}={m.get(metric, float('nan')):.4f}" for d, m in sorted(rec.metrics.items()))
     mean = rec.mean_metric(metric)
     mean_s = "n/a" if mean is None else f"{mean:.4f}"
-    extra = f" rejected={sorted(rec.rejected)}" if rec.rejected else ""
+    accuracy = rec.mean_metric("test_accuracy")  # classification tasks
+    extra = "" if accuracy is None else f" test_accuracy mean={accuracy:.4f}"
+    extra += f" rejected={sorted(rec.rejected)}" if rec.rejected else ""
     if rec.extra.get("late"):
         extra += f" late={rec.extra['late']}"
     return (
@@ -37,52 +77,154 @@ def format_record(rec: RoundRecord, metric: str = "test_loss") -> str:
     )
 
 
-def serve(cfg: AggregatorConfig, stop: threading.Event | None = None) -> None:
-    """Run every configured task to completion (resuming where a previous run stopped)."""
-    stop = stop or threading.Event()
-    if cfg.collect.straggler == "next_round":  # refuse before any round starts, not mid-run
-        for task in cfg.task:
-            check_next_round(make_strategy(task.spec()))
+def check_tasks(store: SqliteStore, tasks: list[TaskConfig], restart: Callable[[str], bool]) -> None:
+    """Refuse every task whose spec changed in a way that voids its stored history.
+
+    Raises
+    ------
+    ServeRefusedError
+        One line naming each refused task, its changed fields and the way forward.
+    """
+    refused = []
+    for task in tasks:
+        if restart(task.name):
+            continue
+        try:
+            store.check_task(task.name, task.spec().to_json())
+        except TaskChangedError as exc:
+            refused.append(str(exc))
+    if refused:
+        raise ServeRefusedError("; ".join(refused))
+
+
+def register_tasks(store: SqliteStore, tasks: list[TaskConfig], restart: Callable[[str], bool]) -> None:
+    """Record each task's spec; a restarted one loses its history, after a line saying what."""
+    for task in tasks:
+        spec = task.spec()
+        if restart(task.name):
+            stored = store.task_spec(task.name)
+            what = (
+                "nothing was stored" if stored is None else f"deleting {store.history(task.name).describe()}"
+            )
+            log.warning("task %s: --restart: %s; starting it afresh", task.name, what)
+        if store.register_task(spec.name, spec.to_json(), restart=restart(task.name)):
+            log.info("task %s: resuming from the stored state", spec.name)
+
+
+def _one_line(exc: Exception) -> str:
+    if isinstance(exc, ConfigError):
+        return "; ".join(exc.errors)
+    return str(exc).replace("\n", " ")
+
+
+def _settings_changed(old: AggregatorConfig, new: AggregatorConfig) -> list[str]:
+    return [
+        f.name
+        for f in fields(old)
+        if f.name not in ("task", "restart") and getattr(old, f.name) != getattr(new, f.name)
+    ]
+
+
+def _watch_reloads(
+    control: Control, store: SqliteStore, cfg: AggregatorConfig, accepted: queue.Queue[AggregatorConfig]
+) -> None:
+    """Serve ``SIGHUP``s: validate the re-read config; queue it, or refuse it in one line."""
+    assert control.reload is not None
+    while True:
+        control.reload_requested.wait()
+        control.reload_requested.clear()
+        try:
+            new = control.reload()
+            check_tasks(store, new.task, lambda _: False)
+        except (ConfigError, ServeRefusedError, ValueError, OSError) as exc:
+            log.error("SIGHUP: config refused, the running tasks go on: %s", _one_line(exc))
+            continue
+        changed = _settings_changed(cfg, new)
+        if changed:
+            log.warning("SIGHUP: %s changed; they apply when serve is started again", ", ".join(changed))
+        log.info("SIGHUP: config accepted: tasks %s", [t.name for t in new.task])
+        accepted.put(new)
+
+
+def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: bool = False) -> None:
+    """Run every configured task to completion (resuming where a previous run stopped).
+
+    Parameters
+    ----------
+    cfg
+        The validated config; ``cfg.restart`` names the tasks to start afresh.
+    control
+        Reloads on ``SIGHUP`` (service mode).
+    service
+        Keep running when the tasks are done and take new or extended tasks from each
+        reload, until ``SIGTERM`` (:class:`Terminated`).
+
+    Raises
+    ------
+    ServeRefusedError
+        A task's spec changed in a way that voids its stored history (nothing was written).
+    """
+    control = control or Control()
     store = SqliteStore(Path(cfg.state_dir) / "aggregator.sqlite")
-    session = open_session(cfg)
-    session.start(timeout=30.0)
-    c = cfg.collect
-    policy = CollectPolicy(
-        deadline_s=c.deadline_s,
-        min_participants=c.min_participants,
-        max_extensions=c.max_extensions,
-        expected=tuple(c.expected),
-        startup_wait_s=c.startup_wait_s,
-        max_payload_bytes=cfg.max_payload_bytes,
-    )
-    fleet = MqttFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy())
+    session: MqttSession | None = None
     try:
+        check_tasks(store, cfg.task, cfg.restarts)  # all refusals at once, before any write
+        register_tasks(store, cfg.task, cfg.restarts)
+        accepted: queue.Queue[AggregatorConfig] = queue.Queue()
+        if service and control.reload is not None:
+            threading.Thread(
+                target=_watch_reloads, args=(control, store, cfg, accepted), name="reload", daemon=True
+            ).start()
+        session = open_session(cfg)
+        session.start(timeout=30.0)
+        c = cfg.collect
+        policy = CollectPolicy(
+            deadline_s=c.deadline_s,
+            min_participants=c.min_participants,
+            max_extensions=c.max_extensions,
+            expected=tuple(c.expected),
+            startup_wait_s=c.startup_wait_s,
+            max_payload_bytes=cfg.max_payload_bytes,
+        )
+        fleet = MqttFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy())
         online = fleet.wait_for_devices()
-        log.info("fleet %s: %d devices online: %s", cfg.fleet, len(online), online)
-        for task in cfg.task:
-            if stop.is_set():
-                break
-            spec = task.spec()
-            resumed = store.register_task(spec.name, spec.to_json(), restart=cfg.restart)
-            if resumed:
-                log.info("task %s: resuming from the stored state", spec.name)
-            strategy = make_strategy(spec)
-            engine = RoundEngine(
-                spec,
-                fleet,
-                strategy=strategy,
-                store=store,
-                min_participants=c.min_participants,
-                on_record=lambda rec: log.info("%s", format_record(rec)),
-                straggler=c.straggler,
-                staleness_weight=c.staleness_weight,
-            )
-            final = engine.run()
-            fleet.finish(CollectRequest(spec, spec.rounds, "done", final, param_hash(final), {}, {}))
-            log.info(
-                "task %s done: %d rounds, final global %s", spec.name, spec.rounds, param_hash(final)[:12]
-            )
-        time.sleep(0.2)
+        log.info("fleet %s: %d online at start: %s", cfg.fleet, len(online), online)
+        tasks = list(cfg.task)
+        while True:
+            for task in tasks:
+                _run_task(task, fleet, store, cfg)
+            if not service:
+                return
+            log.info("all tasks done; waiting for new or extended tasks (SIGHUP re-reads the config)")
+            new = accepted.get()
+            tasks = [t for t in new.task if store.next_round(t.name) <= t.rounds]
+            try:
+                register_tasks(store, tasks, lambda _: False)
+            except TaskChangedError as exc:  # the store moved on since the watcher checked
+                log.error("SIGHUP: config refused, the running tasks go on: %s", exc)
+                tasks = []
     finally:
-        session.stop()
+        if session is not None:
+            session.stop()
         store.close()
+
+
+def _run_task(task: TaskConfig, fleet: MqttFleet, store: SqliteStore, cfg: AggregatorConfig) -> None:
+    spec = task.spec()
+    if store.next_round(spec.name) > spec.rounds:
+        log.info("task %s: all %d rounds are done", spec.name, spec.rounds)
+        return
+    c = cfg.collect
+    engine = RoundEngine(
+        spec,
+        fleet,
+        strategy=make_strategy(spec),
+        store=store,
+        min_participants=c.min_participants,
+        on_record=lambda rec: log.info("%s", format_record(rec)),
+        straggler=c.straggler,
+        staleness_weight=c.staleness_weight,
+    )
+    final = engine.run()
+    fleet.finish(CollectRequest(spec, spec.rounds, "done", final, param_hash(final), {}, {}))
+    log.info("task %s done: %d rounds, final global %s", spec.name, spec.rounds, param_hash(final)[:12])

@@ -17,6 +17,7 @@ import json
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,68 @@ def legacy_code(text: str) -> tuple[Reason, str]:
     except ValueError:
         return Reason.OTHER, text
     return code, detail.strip()
+
+
+#: Fields of a stored task's spec an operator may change and keep its history: more rounds.
+KEEPS_HISTORY = frozenset({"rounds"})
+
+
+class TaskChangedError(ValueError):
+    """A configured task differs from the stored one in fields that would void its history.
+
+    ``fields`` names them; the message says how to go on (put them back, or ``serve
+    --restart TASK``).
+    """
+
+    def __init__(self, task: str, fields: list[str], history: TaskHistory) -> None:
+        self.task = task
+        self.fields = fields
+        super().__init__(
+            f"task {task!r}: {', '.join(fields)} changed since its stored {history.describe()}; "
+            f"put {'it' if len(fields) == 1 else 'them'} back to resume, or run "
+            f"`cloud-aggregator serve --restart {task}` to delete its history and start it afresh"
+        )
+
+
+@dataclass(frozen=True)
+class TaskHistory:
+    """What the store holds of one task (what ``--restart TASK`` deletes)."""
+
+    rounds: int
+    last_round: int
+    updates: int
+    rejections: int
+
+    def describe(self) -> str:
+        """E.g. ``"3 rounds (1-3), 2 pending uploads, 0 refused uploads"``."""
+        span = f" (1-{self.last_round})" if self.last_round else ""
+        return (
+            f"{self.rounds} round record{'s' if self.rounds != 1 else ''}{span}, "
+            f"{self.updates} pending upload{'s' if self.updates != 1 else ''}, "
+            f"{self.rejections} refused upload{'s' if self.rejections != 1 else ''}"
+        )
+
+
+def changed_fields(stored_json: str, spec_json: str, last_round: int = 0) -> list[str]:
+    """The spec fields that differ and void a task's history (``rounds`` only below ``last_round``).
+
+    Parameters
+    ----------
+    stored_json, spec_json
+        ``TaskSpec.to_json()`` of the stored and the configured task.
+    last_round
+        The last round the store completed: fewer ``rounds`` than that is a change too.
+
+    Returns
+    -------
+    list[str]
+        Sorted field names; empty when the task resumes with its history.
+    """
+    old, new = json.loads(stored_json), json.loads(spec_json)
+    out = sorted(k for k in set(old) | set(new) if k not in KEEPS_HISTORY and old.get(k) != new.get(k))
+    if int(new.get("rounds", 0)) < last_round:
+        out.append(f"rounds (below the {last_round} already run)")
+    return out
 
 
 class SqliteStore:
@@ -130,24 +193,62 @@ class SqliteStore:
         return arrays
 
     # -- tasks ---------------------------------------------------------------
-    def register_task(self, name: str, spec_json: str, *, restart: bool = False) -> bool:
-        """Record the task's spec; returns ``True`` when a run of the same spec can resume.
+    def task_spec(self, name: str) -> str | None:
+        """The stored spec JSON of ``name``; ``None`` for a task the store has not seen."""
+        with self._lock:
+            row = self._db.execute("SELECT spec FROM tasks WHERE name=?", (name,)).fetchone()
+        return None if row is None else row[0]
 
-        A different spec under the same name (or ``restart``) clears that task's history.
+    def history(self, name: str) -> TaskHistory:
+        """How many rounds, pending uploads and refusals of ``name`` are stored."""
+        with self._lock:
+            rounds, last = self._db.execute(
+                "SELECT COUNT(*), COALESCE(MAX(round), 0) FROM rounds WHERE task=?", (name,)
+            ).fetchone()
+            updates = self._db.execute("SELECT COUNT(*) FROM updates WHERE task=?", (name,)).fetchone()[0]
+            refused = self._db.execute("SELECT COUNT(*) FROM rejections WHERE task=?", (name,)).fetchone()[0]
+        return TaskHistory(int(rounds), int(last), int(updates), int(refused))
+
+    def check_task(self, name: str, spec_json: str) -> None:
+        """Raise :class:`TaskChangedError` unless ``spec_json`` can resume ``name``'s stored history."""
+        stored = self.task_spec(name)
+        if stored is None or stored == spec_json:
+            return
+        history = self.history(name)
+        fields = changed_fields(stored, spec_json, history.last_round)
+        if fields:
+            raise TaskChangedError(name, fields, history)
+
+    def register_task(self, name: str, spec_json: str, *, restart: bool = False) -> bool:
+        """Record the task's spec; returns ``True`` when it resumes stored history.
+
+        ``restart`` deletes the task's rounds, resume point, pending uploads and refusals
+        first.  Otherwise a spec that differs from the stored one only in
+        :data:`KEEPS_HISTORY` (more ``rounds``) replaces it and keeps the history, and any
+        other difference raises :class:`TaskChangedError` and changes nothing.
         """
+        if not restart:
+            self.check_task(name, spec_json)
         with self._lock:
             row = self._db.execute("SELECT spec FROM tasks WHERE name=?", (name,)).fetchone()
             if row is not None and row[0] == spec_json and not restart:
                 return True
             self._db.execute("BEGIN IMMEDIATE")
-            for table in ("rounds", "resume", "updates", "rejections"):
-                self._db.execute(f"DELETE FROM {table} WHERE task=?", (name,))
+            if restart:
+                for table in ("rounds", "resume", "updates", "rejections"):
+                    self._db.execute(f"DELETE FROM {table} WHERE task=?", (name,))
             self._db.execute(
                 "INSERT OR REPLACE INTO tasks (name, spec, created) VALUES (?, ?, ?)",
                 (name, spec_json, time.time()),
             )
             self._db.execute("COMMIT")
-            return False
+            return row is not None and not restart
+
+    def next_round(self, name: str) -> int:
+        """The round ``name`` resumes at (1 for a task with no resume point)."""
+        with self._lock:
+            row = self._db.execute("SELECT round FROM resume WHERE task=?", (name,)).fetchone()
+        return 1 if row is None else int(row[0])
 
     # -- RoundStore ------------------------------------------------------------
     def resume_point(self, task: str) -> tuple[int, int, Params, dict[str, Any]] | None:

@@ -373,6 +373,16 @@ class EdgeTrainer:
         self.tasks[ann.task] = new_state
         self._publish_upload(ann.task, new_state)
         self.rounds_done += 1
+        shown = [k for k in ("test_accuracy", "test_loss", "train_loss") if k in metrics]
+        log.info(
+            "%s: task %s round %d %s: %s (%.2f s)",
+            self.device,
+            ann.task,
+            ann.round,
+            ann.phase,
+            " ".join(f"{k} {metrics[k]:.4f}" for k in shown),
+            metrics["train_seconds"],
+        )
         self._publish_status()
 
     def _publish_upload(self, task: str, state: TaskState) -> None:
