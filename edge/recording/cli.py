@@ -1,5 +1,6 @@
 """``edge-recorder --device NAME --config FILE``: builds the recorder the ``[sensors]`` table asks for
-and runs it until SIGTERM/SIGINT."""
+and runs it until SIGTERM/SIGINT.  ``edge-recorder --simulate printer`` runs the same recorder on a
+simulated printer (:mod:`edge.recording.simulate`) until its print ends."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from edge.cli import device_toml, setup_logging
 from edge.config import DeviceConfig
 from edge.recording.base import RecorderError
 from edge.recording.printer import PrinterRecorder
+from edge.recording.simulate import SIMULATED_KINDS, SimulatedPrinter
 from edge.recording.welder import WelderRecorder
-from ioft_protocol.config import ConfigError, build
+from ioft_protocol.cli import entry_point
+from ioft_protocol.config import build
 
 log = logging.getLogger(__name__)
 
@@ -43,36 +47,79 @@ def make_recorder(config: DeviceConfig, **kwargs) -> PrinterRecorder | WelderRec
 
 # ----------------------------------------------------------------------------- CLI
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--device`` and ``--config`` are required unless ``--simulate``."""
     p = argparse.ArgumentParser(
         prog="edge-recorder",
         description="ioft device recorder: appends rows from this machine's sensors to its local dataset.",
     )
-    p.add_argument("--device", required=True, help="this device's id, e.g. printer3")
+    p.add_argument("--device", help="this device's id, e.g. printer3 (with --simulate: default sim-printer)")
     p.add_argument(
-        "--config", type=Path, required=True, help="the device's TOML config, with a [sensors] table"
+        "--config",
+        type=Path,
+        help="the device's TOML config, with a [sensors] table (optional with --simulate)",
     )
     p.add_argument(
-        "--state-dir", help="where the dataset lives (default: the config's, else /var/lib/ioft/<device>)"
+        "--state-dir",
+        help="where the dataset lives (default: the config's, else /var/lib/ioft/<device>; "
+        "with --simulate: ./ioft-sim/<device>, never the config's, so no real dataset gets simulated rows)",
     )
+    p.add_argument(
+        "--simulate",
+        choices=SIMULATED_KINDS,
+        help="try the real recorder before the hardware arrives: a fake I2C accelerometer and a "
+        "loopback Moonraker play a simulated print",
+    )
+    p.add_argument(
+        "--layers", type=int, default=20, help="with --simulate: layers in the print; it stops after them"
+    )
+    p.add_argument("--layer-s", type=float, default=1.0, help="with --simulate: seconds per layer")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.simulate is None and (args.device is None or args.config is None):
+        p.error("--device and --config are required (or try it with --simulate printer)")
+    return args
 
 
+@entry_point("edge-recorder", mistakes=(RecorderError,))
 def main(argv: list[str] | None = None) -> int:
+    """Record until SIGTERM/SIGINT (``--simulate``: until the print ends); a user mistake is one line and exit 2."""
     args = parse_args(argv)
+    if args.simulate:
+        return simulate(args)
     setup_logging(args.log_level, args.device)
-    try:
-        config = build(DeviceConfig, device_toml(args.config, args.device, args.state_dir), str(args.config))
-        recorder = make_recorder(config)
-    except (ConfigError, RecorderError) as exc:
-        print(f"edge-recorder: {exc}", file=sys.stderr)
-        return 2
-    run_until_signalled(recorder)
+    config = build(DeviceConfig, device_toml(args.config, args.device, args.state_dir), str(args.config))
+    run_until_signalled(make_recorder(config))
     return 0
 
 
-def run_until_signalled(recorder: PrinterRecorder | WelderRecorder) -> None:
-    """Run ``recorder`` in this (main) thread until SIGTERM or SIGINT, then finish cleanly."""
+def simulate(args: argparse.Namespace) -> int:
+    """``--simulate printer``: the real recorder on a simulated printer, until the print ends or a signal."""
+    device = args.device or "sim-printer"
+    setup_logging(args.log_level, device)
+    sensors = None
+    if args.config is not None:
+        sensors = build(DeviceConfig, device_toml(args.config, device, None), str(args.config)).sensors
+    state_dir = Path(args.state_dir) if args.state_dir else Path("ioft-sim") / device
+    sim = SimulatedPrinter(args.layers, args.layer_s)
+    try:
+        recorder = sim.recorder(device, state_dir, sensors)
+        log.info(
+            "simulated print: %d layers of %.2f s on %s; dataset in %s",
+            args.layers,
+            args.layer_s,
+            sim.moonraker.url,
+            state_dir,
+        )
+        run_until_signalled(recorder, until=sim.finished)
+    finally:
+        sim.close()
+    return 0
+
+
+def run_until_signalled(
+    recorder: PrinterRecorder | WelderRecorder, until: Callable[[], bool] | None = None
+) -> None:
+    """Run ``recorder`` in this (main) thread until SIGTERM or SIGINT (or ``until()``), then finish cleanly."""
     stop = threading.Event()
 
     def on_signal(signum, _frame) -> None:
@@ -81,7 +128,7 @@ def run_until_signalled(recorder: PrinterRecorder | WelderRecorder) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    recorder.run(stop)
+    recorder.run(stop, until=until)
 
 
 if __name__ == "__main__":

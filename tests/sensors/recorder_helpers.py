@@ -1,5 +1,6 @@
 """Shared pieces of the edge-recorder tests: a Moonraker on loopback that plays a timeline,
-and a simulated printer (vibration stream on a fake ADXL345) for the same timeline.
+and a simulated printer (vibration stream on a fake ADXL345) for the same timeline -- both
+from :mod:`sensors.sim.printer_host`, where ``edge-recorder --simulate printer`` finds them.
 
 Also runnable as a process (``python -m tests.sensors.recorder_helpers URL START STATE_DIR``):
 a printer recorder on the real clock with the fake chip, stopped by SIGTERM like the CLI.
@@ -7,117 +8,17 @@ a printer recorder on the real clock with the fake chip, stopped by SIGTERM like
 
 from __future__ import annotations
 
-import json
-import math
 import sys
-import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import numpy as np
-
-from sensors.context.timeline import Segment, Timeline, TimelineContext
-from sensors.sim.i2c_bus import FakeAdxl345, FakeI2cBus, FakeMpu6050
-from sensors.sim.printer import VibrationStream
-
-RATE_HZ = 200.0  # the ADXL345's ODR nearest to the paper's 227 Hz
-
-
-def moonraker_body(sample) -> bytes:
-    """What Moonraker's ``/printer/objects/query`` answers for a context sample."""
-    z = sample.z_mm if math.isfinite(sample.z_mm) else 0.0
-    status = {
-        "print_stats": {
-            "state": sample.state,
-            "filename": sample.job or "",
-            "info": {"total_layer": None, "current_layer": sample.layer},
-        },
-        "gcode_move": {"speed": 1500.0, "speed_factor": 1.0, "gcode_position": [10.0, 20.0, z, 1.0]},
-        "toolhead": {"position": [10.0, 20.0, z, 1.0]},
-        "motion_report": {"live_velocity": sample.speed_mm_s},
-    }
-    return json.dumps({"result": {"eventtime": sample.t, "status": status}}).encode()
-
-
-class LoopbackHttp:
-    """A real HTTP server on 127.0.0.1: each GET is answered by ``answer(path)``.
-
-    ``answer`` returns ``(200, json_bytes)``, ``(status, reason)`` for an HTTP error,
-    or ``None`` to send nothing (after hanging as long as it likes).
-    """
-
-    def __init__(self, answer: Callable[[str], tuple[int, bytes] | None]) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                result = answer(self.path)
-                if result is None:
-                    return
-                status, body = result
-                if status != 200:
-                    self.send_error(status, body.decode())
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-class FakeMoonraker(LoopbackHttp):
-    """Answers like Moonraker from a timeline played on ``clock``.
-
-    ``down`` makes it answer HTTP 500 ("klippy disconnected") until cleared.
-    """
-
-    def __init__(self, timeline: Timeline, clock) -> None:
-        self.context = TimelineContext(timeline, clock)
-        self.down = False
-        self.requests = 0
-        super().__init__(self._answer)
-
-    def _answer(self, path: str) -> tuple[int, bytes]:
-        self.requests += 1
-        if self.down:
-            return 500, b"klippy disconnected"
-        return 200, moonraker_body(self.context.poll())
-
-
-def fake_printer_bus(
-    timeline: Timeline, sigmas: dict, clock, *, seed: int = 0, t0: float = 0.0, chip="adxl345"
-):
-    """A fake I2C bus holding an ADXL345 (or MPU-6050) whose FIFO plays the simulated vibration of ``timeline``.
-
-    The chip starts measuring when the driver configures it (at ``t0`` on ``clock``), so
-    its k-th sample is at ``t0 + (k + 1) / rate``.
-    """
-    stream = VibrationStream(
-        timeline, sigmas, rate_hz=RATE_HZ, rng=np.random.default_rng(seed), t0=t0 + 1.0 / RATE_HZ
-    )
-    fake = (FakeAdxl345 if chip == "adxl345" else FakeMpu6050)(stream, clock)
-    return fake, FakeI2cBus(fake)
-
-
-def short_timeline(start: float, *, layers: int = 40, dur: float = 0.6, job: str = "cube.gcode"):
-    """Layers of ``dur`` seconds (fast, for real-time tests) and their planned sigmas."""
-    segs, sigmas = [], {}
-    for i in range(layers):
-        t = start + i * dur
-        segs.append(Segment(t, t + dur, i, 0.2 * (i + 1), 30.0 + i, "printing", job))
-        sigmas[(job, i)] = (0.5 + 0.01 * i, 0.4 + 0.01 * i)
-    return Timeline(segs), sigmas
+from sensors.sim.printer_host import (  # noqa: F401 -- the tests import them from here
+    RATE_HZ,
+    FakeMoonraker,
+    LoopbackHttp,
+    fake_printer_bus,
+    moonraker_body,
+    short_timeline,
+)
 
 
 def _child(url: str, start: float, state_dir: str) -> None:
