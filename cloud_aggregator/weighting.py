@@ -20,7 +20,29 @@ log = logging.getLogger(__name__)
 
 
 class Weighting(Protocol):
+    """Per-upload weights for a round, and what of them survives a restart."""
+
     def __call__(self, updates: Sequence[Update], round_: int) -> list[float]: ...
+    def state(self) -> dict[str, Any]: ...
+    def load_state(self, state: dict[str, Any]) -> None: ...
+
+
+class StatelessWeighting:
+    """A weighting that is a function of the round's uploads alone: nothing to save."""
+
+    def __init__(self, name: str, weigh: Callable[[Sequence[Update], int], list[float]]) -> None:
+        self.name = name
+        self._weigh = weigh
+
+    def __call__(self, updates: Sequence[Update], round_: int) -> list[float]:
+        return self._weigh(updates, round_)
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"weighting {self.name!r} keeps no state, got {sorted(state)}")
 
 
 _WEIGHTINGS: dict[str, Callable[..., Weighting]] = {}
@@ -48,13 +70,13 @@ def get_weighting(name: str, args: dict[str, Any] | None = None) -> Weighting:
 @register_weighting("samples")
 def samples() -> Weighting:
     """Weight by local sample count (McMahan et al. 2017)."""
-    return lambda updates, round_: [float(u.n_samples) for u in updates]
+    return StatelessWeighting("samples", lambda updates, round_: [float(u.n_samples) for u in updates])
 
 
 @register_weighting("uniform")
 def uniform() -> Weighting:
     """Every participant counts the same (PFL-DA's p_i = 1/N)."""
-    return lambda updates, round_: [1.0] * len(updates)
+    return StatelessWeighting("uniform", lambda updates, round_: [1.0] * len(updates))
 
 
 # F_i(w) by default: the downlinked model's loss on the device's training rows, as

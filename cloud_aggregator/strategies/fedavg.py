@@ -66,10 +66,7 @@ class FedAvg(Strategy):
         return self.reduce(global_params, [(u.params, w) for u, w in zip(updates, weights, strict=True)])
 
     def state(self) -> dict[str, Any]:
-        return self.weigh.state() if hasattr(self.weigh, "state") else {}
+        return self.weigh.state()
 
     def load_state(self, state: dict[str, Any]) -> None:
-        if hasattr(self.weigh, "load_state"):
-            self.weigh.load_state(state)
-        elif state:
-            raise ValueError(f"weighting {self.config.weighting!r} keeps no state, got {sorted(state)}")
+        self.weigh.load_state(state)

@@ -61,10 +61,7 @@ class PerPCAStrategy(Strategy):
         return {"U": polar(np.asarray(mean["U"], dtype=np.float64)).astype(dtype)}
 
     def state(self) -> dict[str, Any]:
-        return self.weigh.state() if hasattr(self.weigh, "state") else {}
+        return self.weigh.state()
 
     def load_state(self, state: dict[str, Any]) -> None:
-        if hasattr(self.weigh, "load_state"):
-            self.weigh.load_state(state)
-        elif state:
-            raise ValueError(f"weighting {self.config.weighting!r} keeps no state, got {sorted(state)}")
+        self.weigh.load_state(state)
