@@ -55,7 +55,13 @@ def test_aggregator_tasks_are_validated_at_start():
 def test_a_task_names_its_feature_schema():
     from sensors.features.schema import schema_hash
 
-    t = {"name": "tool", "algorithm": "fedavg", "model": "mlp", "feature_schema": "weld-dwt"}
+    t = {
+        "name": "tool",
+        "algorithm": "fedavg",
+        "model": "mlp",
+        "model_args": {"sizes": [624, 4]},
+        "feature_schema": "weld-dwt",
+    }
     cfg = build(AggregatorConfig, {"task": [t]})
     assert cfg.task[0].spec().feature_schema == schema_hash()
     assert build(AggregatorConfig, {"task": [{**t, "feature_schema": "ab" * 32}]}).task[
