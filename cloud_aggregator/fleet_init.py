@@ -146,6 +146,8 @@ topic read {p}/task/+/up/+
 topic read {p}/status/+
 topic readwrite {p}/task/+/down
 topic readwrite {p}/task/+/down/+
+# Its lock: one aggregator per fleet (cloud_aggregator.singleton).
+topic readwrite {p}/aggregator
 
 # Operator commands (`push`, `fleet status`): model pushes and reading the fleet's status.
 user {OPERATOR}

@@ -24,6 +24,7 @@ from pathlib import Path
 from cloud_aggregator.config import AggregatorConfig, TaskConfig
 from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.rounds import CollectRequest, RoundEngine, RoundRecord
+from cloud_aggregator.singleton import claim_fleet, lock_will
 from cloud_aggregator.store import SqliteStore, TaskChangedError
 from cloud_aggregator.strategies import make_strategy
 from ioft_protocol.config import ConfigError
@@ -59,7 +60,9 @@ class Control:
 
 def open_session(cfg: AggregatorConfig) -> MqttSession:
     # A persistent session: uplinks sent while we reconnect are queued by the broker.
-    return MqttSession(SessionOptions.for_login(cfg, cfg.client_id, clean_session=False))
+    return MqttSession(
+        SessionOptions.for_login(cfg, cfg.client_id, clean_session=False, will=lock_will(cfg.fleet))
+    )
 
 
 def format_record(rec: RoundRecord, metric: str = "test_loss") -> str:
@@ -176,7 +179,7 @@ def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: boo
                 target=_watch_reloads, args=(control, store, cfg, accepted), name="reload", daemon=True
             ).start()
         session = open_session(cfg)
-        session.start(timeout=30.0)
+        claim_fleet(session, cfg.fleet)  # retries until the broker is there; refuses a second aggregator
         c = cfg.collect
         policy = CollectPolicy(
             deadline_s=c.deadline_s,
@@ -205,7 +208,7 @@ def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: boo
                 tasks = []
     finally:
         if session is not None:
-            session.stop()
+            session.stop(final=lock_will(cfg.fleet))  # clear our lock
         store.close()
 
 

@@ -86,10 +86,10 @@ def certificate_name(cert_file: str) -> str:
     try:
         cert = x509.load_pem_x509_certificate(Path(cert_file).read_bytes())
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"tls.cert_file {cert_file}: not a readable PEM certificate ({exc})") from None
+        raise ConfigError(cert_file, [f"tls.cert_file: not a readable PEM certificate ({exc})"]) from None
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     if not names:
-        raise ConfigError(f"tls.cert_file {cert_file}: the certificate has no common name (CN)")
+        raise ConfigError(cert_file, ["tls.cert_file: the certificate has no common name (CN)"])
     return str(names[0].value)
 
 
@@ -110,9 +110,12 @@ def check_identity(config: DeviceConfig) -> None:
     cn = certificate_name(config.tls.cert_file)
     if cn != config.device:
         raise ConfigError(
-            f"--device {config.device} does not match tls.cert_file {config.tls.cert_file}, which is "
-            f"{cn!r}'s certificate (the broker would take this daemon for {cn}): start it with "
-            f"--device {cn}, or give {config.device}'s own device.toml (`fleet init` writes one per device)"
+            config.tls.cert_file,
+            [
+                f"--device {config.device} does not match tls.cert_file {config.tls.cert_file}, which is "
+                f"{cn!r}'s certificate (the broker would take this daemon for {cn}): start it with "
+                f"--device {cn}, or give {config.device}'s own device.toml (`fleet init` writes one per device)"
+            ],
         )
 
 

@@ -1,0 +1,158 @@
+"""One aggregator per fleet: a second ``serve`` for a fleet that has one refuses to start.
+
+Why it needs care: the fleet's broker replaces every client id with the certificate's
+name (``use_username_as_clientid``), and on a plaintext broker every aggregator uses its
+configured ``client_id``; either way two aggregators share one client id, and MQTT
+closes the older connection when a newer one with the same id connects.  So the second
+aggregator's very first connection knocks the running one off once -- nothing can avoid
+that -- and the two would then take turns knocking each other off, every second, forever.
+
+The design, which needs only a publish and a subscribe on one topic of the aggregator's
+own (``ioft/<fleet>/aggregator``, readwrite for the ``aggregator`` user in the ACL that
+``fleet init`` writes):
+
+* A running aggregator holds a retained **lock** there: its pid, host and start time,
+  re-published on every (re)connect.  Its Last Will is an empty retained message on the
+  same topic, so a crashed aggregator's lock is cleared by the broker; a clean stop
+  clears it too.
+* A starting aggregator connects (retrying forever while the broker is away), reads the
+  lock and then listens for ``quiet_s`` seconds.  A running aggregator reconnects within
+  its reconnect delay (1 s) and thereby takes the session back: the newcomer sees its
+  connection closed right after it was accepted, stops, and exits naming the running one
+  (from the lock, where there is one).  The running one loses its connection once.
+* A lock that nothing defends within ``stale_s`` (its holder died while the broker was
+  down, so no will fired) is stale: the newcomer says so and takes over.
+
+With an older ACL that lacks the topic, the lock is silently refused by the broker and
+the takeover still shows: the refusal then cannot name the other aggregator.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from ioft_protocol import topics
+from ioft_protocol.mqtt import Message, MqttError, MqttSession
+
+log = logging.getLogger(__name__)
+
+#: How long a newcomer waits for a running aggregator to take the session back (its reconnect delay is 1 s).
+QUIET_S = 3.0
+
+
+class FleetTakenError(MqttError):
+    """Another aggregator is running for this fleet; the message names it where it can."""
+
+
+def lock_topic(fleet: str) -> str:
+    """The retained topic on which the running aggregator of ``fleet`` holds its lock."""
+    return f"{topics.PROTOCOL}/{fleet}/aggregator"
+
+
+def lock_will(fleet: str) -> tuple[str, bytes]:
+    """The aggregator session's Last Will (and its final message on a clean stop): clear the lock."""
+    return lock_topic(fleet), b""
+
+
+@dataclass(frozen=True)
+class FleetLock:
+    """The lock this process holds: ``payload`` is published retained on ``topic``."""
+
+    topic: str
+    payload: bytes
+
+
+def _describe(payload: bytes) -> str:
+    """A lock's holder in words, or the raw payload if it is not ours."""
+    try:
+        held = json.loads(payload)
+        return f"pid {held['pid']} on host {held['host']}, running since {held['since']}"
+    except (ValueError, TypeError, KeyError):
+        return f"lock {payload[:80]!r}"
+
+
+def claim_fleet(
+    session: MqttSession,
+    fleet: str,
+    stop: threading.Event | None = None,
+    *,
+    quiet_s: float = QUIET_S,
+    stale_s: float | None = None,
+) -> FleetLock:
+    """Start ``session`` (retrying forever), and make sure no other aggregator runs for ``fleet``.
+
+    Parameters
+    ----------
+    session
+        The aggregator's session, not started yet; its will should be :func:`lock_will`.
+    fleet
+        The fleet id.
+    stop
+        Set to give up waiting for the broker.
+    quiet_s
+        How long to listen for a running aggregator taking the session back, with no lock seen.
+    stale_s
+        The same with another's lock seen (default: the session's longest reconnect delay + 5 s).
+
+    Returns
+    -------
+    FleetLock
+        The lock now held (re-published on every reconnect).
+
+    Raises
+    ------
+    FleetTakenError
+        Another aggregator took the session back (the session is stopped).
+    MqttError
+        The session gave up (bad credentials, refused certificate).
+    """
+    topic = lock_topic(fleet)
+    seen: list[Message] = []
+    session.tap(topic, seen.append)
+    session.subscribe(topic)
+    session.start(timeout=None)
+    if not session.wait_until_connected(stop or threading.Event()):
+        return FleetLock(topic, b"")
+    stale_s = session.options.reconnect_max_s + 5.0 if stale_s is None else stale_s
+    drops = session.drops
+    deadline = time.monotonic() + quiet_s
+    extended = False
+    while time.monotonic() < deadline:
+        if session.drops > drops:
+            session.stop()
+            held = next((m.payload for m in reversed(seen) if m.payload), None)
+            who = f" ({_describe(held)})" if held else ""
+            raise FleetTakenError(
+                f"another aggregator is running for fleet {fleet}{who}: it took the broker session "
+                f"({session.options.client_id!r} at {session.options.broker.url()}) back as soon as this one "
+                "connected; stop it first (two aggregators would knock each other off every second)"
+            )
+        if seen and seen[-1].payload and not extended:
+            extended = True  # another's lock: give its holder time to show up
+            deadline = time.monotonic() + stale_s
+        time.sleep(0.05)
+    session.unsubscribe(topic)
+    session.tap(topic, None)
+    if seen and seen[-1].payload:
+        log.warning(
+            "fleet %s: the lock on %s (%s) is stale: no aggregator took the session back within %g s; "
+            "taking over",
+            fleet,
+            topic,
+            _describe(seen[-1].payload),
+            stale_s,
+        )
+    since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    lock = FleetLock(
+        topic, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}).encode()
+    )
+    session.on_connect_hooks.append(lambda: session.publish(topic, lock.payload, retain=True, timeout=None))
+    session.publish(topic, lock.payload, retain=True)
+    log.info("fleet %s: this is its only aggregator (lock on %s)", fleet, topic)
+    return lock

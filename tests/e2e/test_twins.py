@@ -1,0 +1,117 @@
+"""Twin identities (issue 13, item 3): a device id that is not its certificate's, two daemons with
+one identity, and a second aggregator for a fleet.  Real processes, a real mosquitto with the
+config `fleet init` writes (the broker takes the certificate's CN as client id)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cloud_aggregator.broker import BrokerProcess, free_port, start_mosquitto
+from cloud_aggregator.fleet_init import AGGREGATOR, FleetLayout, init_fleet
+from cloud_aggregator.local_fleet import FLEET, aggregator_toml, pflda_task
+from tests.conftest import _require_mosquitto
+from tests.e2e.watched import Watched
+
+pytestmark = pytest.mark.broker
+#: Guards against a hung test only; nothing here is a timing assertion.
+PATIENCE_S = 120.0
+TWIN = "another client is connected with our identity"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Iterator[tuple[FleetLayout, BrokerProcess]]:
+    _require_mosquitto()
+    root = tmp_path_factory.mktemp("twins")
+    port = free_port()
+    layout = init_fleet(root / "fleet", FLEET, ("printer1", "printer2"), hosts=("127.0.0.1",), port=port)
+    broker = start_mosquitto(
+        port, config=layout.mosquitto_conf, log_file=root / "mosquitto.log", tls=True, as_invoker=True
+    )
+    try:
+        yield layout, broker
+    finally:
+        broker.stop()
+
+
+def _trainer_args(
+    layout: FleetLayout, broker: BrokerProcess, device: str, config_of: str, state: Path
+) -> list[str]:
+    config = str(layout.toml(config_of))
+    where = ["--broker", broker.url, "--state-dir", str(state)]
+    return ["--device", device, "--config", config, *where, "--simulate", "printer"]
+
+
+def test_a_device_id_that_is_not_its_certificates_exits_2_in_one_line(fleet, tmp_path):
+    layout, broker = fleet
+    out = subprocess.run(
+        [sys.executable, "-m", "edge.cli", *_trainer_args(layout, broker, "printer9", "printer1", tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE_S,
+    )
+    assert out.returncode == 2, out.stderr
+    errors = [ln for ln in out.stderr.splitlines() if "INFO" not in ln]
+    assert len(errors) == 1 and "--device printer9 does not match" in errors[0], out.stderr
+    assert "'printer1'" in errors[0] and "Traceback" not in out.stderr
+
+
+def test_two_daemons_with_one_identity_stop_instead_of_knocking_each_other_off(fleet, tmp_path):
+    layout, broker = fleet
+    twins = [
+        Watched("edge.cli", _trainer_args(layout, broker, "printer1", "printer1", tmp_path / f"p{i}"))
+        for i in (1, 2)
+    ]
+    try:
+        for t in twins:
+            t.wait_until(lambda t=t: t.matching("connected to"), PATIENCE_S, "a first connection")
+        twins[0].wait_until(
+            lambda: any(t.proc.poll() is not None for t in twins), PATIENCE_S, "a twin giving up"
+        )
+        stopped = [t for t in twins if t.proc.poll() is not None]
+        for t in stopped:
+            assert t.wait_exit(PATIENCE_S) != 0
+            assert t.matching(TWIN, "not retrying"), t.text
+            assert "Traceback" not in t.text
+    finally:
+        for t in twins:
+            t.stop()
+
+
+def test_a_second_aggregator_for_the_fleet_refuses_to_start(fleet, tmp_path):
+    layout, broker = fleet
+    tls = (
+        f'tls = {{ ca_file = "{layout.ca_cert}", cert_file = "{layout.cert(AGGREGATOR)}", '
+        f'key_file = "{layout.key(AGGREGATOR)}" }}'
+    )
+    cfgs = []
+    for name in ("first", "second"):
+        cfg = tmp_path / f"{name}.toml"
+        text = aggregator_toml(
+            broker.url,
+            tmp_path / name,
+            [pflda_task(rounds=1)],
+            startup_wait_s=600.0,
+            expected=["printer1"],
+            connection=[f'client_id = "{AGGREGATOR}"', tls],
+        )
+        cfg.write_text(text)
+        cfgs.append(cfg)
+    first = Watched("cloud_aggregator.cli", ["serve", "--config", str(cfgs[0])])
+    second = None
+    try:
+        first.wait_until(lambda: first.matching("only aggregator"), PATIENCE_S, "the first holding the fleet")
+        second = Watched("cloud_aggregator.cli", ["serve", "--config", str(cfgs[1])])
+        assert second.wait_exit(PATIENCE_S) != 0
+        assert second.matching(f"another aggregator is running for fleet {FLEET}", "pid"), second.text
+        assert "Traceback" not in second.text
+        assert first.proc.poll() is None, first.text
+        assert not first.matching(TWIN), first.text
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
