@@ -26,6 +26,7 @@ from cloud_aggregator.admission import Reason
 from cloud_aggregator.rounds import RoundRecord
 from ioft_protocol.state import atomic_write_bytes, decode_arrays, encode_arrays
 from trainer_lite.params import Params, param_hash
+from trainer_lite.task import training_changes
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -67,10 +68,6 @@ def legacy_code(text: str) -> tuple[Reason, str]:
     except ValueError:
         return Reason.OTHER, text
     return code, detail.strip()
-
-
-#: Fields of a stored task's spec an operator may change and keep its history: more rounds.
-KEEPS_HISTORY = frozenset({"rounds"})
 
 
 class TaskChangedError(ValueError):
@@ -124,9 +121,8 @@ def changed_fields(stored_json: str, spec_json: str, last_round: int = 0) -> lis
     list[str]
         Sorted field names; empty when the task resumes with its history.
     """
-    old, new = json.loads(stored_json), json.loads(spec_json)
-    out = sorted(k for k in set(old) | set(new) if k not in KEEPS_HISTORY and old.get(k) != new.get(k))
-    if int(new.get("rounds", 0)) < last_round:
+    out = training_changes(stored_json, spec_json)
+    if int(json.loads(spec_json).get("rounds", 0)) < last_round:
         out.append(f"rounds (below the {last_round} already run)")
     return out
 
@@ -224,7 +220,7 @@ class SqliteStore:
 
         ``restart`` deletes the task's rounds, resume point, pending uploads and refusals
         first.  Otherwise a spec that differs from the stored one only in
-        :data:`KEEPS_HISTORY` (more ``rounds``) replaces it and keeps the history, and any
+        :data:`trainer_lite.task.SCHEDULE_FIELDS` (more ``rounds``) replaces it and keeps the history, and any
         other difference raises :class:`TaskChangedError` and changes nothing.
         """
         if not restart:

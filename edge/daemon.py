@@ -45,7 +45,7 @@ from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import initial_local, participate
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, param_hash, strip_prefix, with_prefix
-from trainer_lite.task import TaskSpec
+from trainer_lite.task import TaskSpec, training_changes
 
 log = logging.getLogger(__name__)
 UPLOAD = "upload"
@@ -414,10 +414,13 @@ class EdgeTrainer:
                 state = self._load(task)
             except StateError as exc:
                 log.error("%s: %s; starting task %s afresh", self.device, exc, task)
-        if state is None or state.spec_json != spec_json:
+        changed = None if state is None else training_changes(state.spec_json, spec_json)
+        if state is None or changed:
             if state is not None:
-                log.info("%s: task %s has a new spec; resetting its local state", self.device, task)
+                log.info("%s: task %s changed %s; resetting its local state", self.device, task, changed)
             state = TaskState(spec_json=spec_json, local=initial_local(algo, self.device))
+        elif state.spec_json != spec_json:  # more rounds: the same training goes on
+            state.spec_json = spec_json
         self.tasks[task] = state
         return state
 

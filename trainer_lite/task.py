@@ -85,3 +85,14 @@ class TaskSpec:
         if unknown:
             raise ValueError(f"unknown task spec fields {sorted(unknown)}; valid: {sorted(known)}")
         return cls(**raw)
+
+
+#: Spec fields that schedule a task rather than define what it trains: an operator may change
+#: them and keep the task's history on the aggregator and its local state on every device.
+SCHEDULE_FIELDS = frozenset({"rounds"})
+
+
+def training_changes(old_json: str, new_json: str) -> list[str]:
+    """Sorted names of the fields two ``TaskSpec.to_json()`` texts differ in, ``SCHEDULE_FIELDS`` aside."""
+    old, new = json.loads(old_json), json.loads(new_json)
+    return sorted(k for k in set(old) | set(new) if k not in SCHEDULE_FIELDS and old.get(k) != new.get(k))
