@@ -16,7 +16,7 @@ from cloud_aggregator.fleet_init import FleetInitError
 from cloud_aggregator.server import Control, ServeRefusedError, Terminated, serve
 from export import cli as export_cli
 from export.package import ExportError
-from ioft_protocol.cli import entry_point
+from ioft_protocol.cli import check_broker_login, entry_point
 from ioft_protocol.config import ConfigError, build, load_toml
 
 
@@ -37,6 +37,7 @@ def _serve_config(args: argparse.Namespace) -> AggregatorConfig:
 def _serve(args: argparse.Namespace) -> int:
     try:
         cfg = _serve_config(args)
+        check_broker_login(cfg, cfg.client_id, str(args.config or "command line"))
     except ConfigError as exc:  # one line: every failing field, what to fix
         print(
             f"invalid configuration in {args.config or 'command line'}: {'; '.join(exc.errors)}",
