@@ -133,10 +133,11 @@ def test_serve_hands_the_admission_policy_to_the_fleet(tmp_path, monkeypatch):
         def start(self, timeout):
             pass
 
-        def stop(self):
+        def stop(self, final=None):
             pass
 
     monkeypatch.setattr(server, "open_session", lambda cfg: FakeSession())
+    monkeypatch.setattr(server, "claim_fleet", lambda session, fleet: None)
     monkeypatch.setattr(server, "MqttFleet", FakeFleet)
     cfg = build(
         AggregatorConfig,
