@@ -33,6 +33,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from cloud_aggregator.config import AggregatorConfig
+from cloud_aggregator.fleet_layout import DefaultsHelpFormatter
 from export.package import Package, load_package
 from ioft_protocol import codec, model_push, topics
 from ioft_protocol.config import ConfigError, build, load_toml
@@ -363,14 +364,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "push",
         help="publish a signed model package to the fleet over MQTT",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("model", type=Path, help="the package: <name>-v<version>.manifest.json (or .onnx)")
     add_session_args(p)
     p.add_argument(
         "--public-key",
         type=Path,
-        help="the fleet's Ed25519 public key the package must verify with (default: the --config "
+        help="the fleet's Ed25519 public key the package must verify with (none given: the --config "
         "TOML's [model] public_key, else model/fleet.pub in the fleet folder holding --config)",
     )
     p.add_argument(
@@ -378,7 +379,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=None,
         metavar="ID,ID",
-        help="install only on these devices, comma-separated (printer1,printer2); default: all",
+        help="install only on these devices, comma-separated (printer1,printer2; none given: all)",
     )
     p.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_BYTES, help="bytes per chunk")
     p.add_argument(

@@ -11,7 +11,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from edge.config import DeviceConfig
+from edge.config import DeviceConfig, resolve_relative_files
 from edge.daemon import EdgeTrainer
 from ioft_protocol.cli import check_broker_login, entry_point
 from ioft_protocol.config import ConfigError, build, load_toml
@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def device_toml(path: Path | None, device: str, state_dir: str | None) -> dict:
     """The device's TOML as a dict, with the command line's device and state folder
     (default ``/var/lib/ioft/<device>``); shared by ``edge-trainer`` and ``edge-recorder``."""
-    raw = load_toml(path) if path else {}
+    raw = resolve_relative_files(load_toml(path), Path(path).parent) if path else {}
     raw["device"] = device
     if state_dir:
         raw["state_dir"] = state_dir

@@ -6,10 +6,30 @@ The reader (``ioft_protocol.config.build``) checks it and lists every failing fi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from ioft_protocol.codec import check_id
 from ioft_protocol.mqtt import TlsConfig
 from sensors.accel import adxl345, mpu6050
+
+#: Files ``device.toml`` may name relative to its own folder: ``(table, key)``.
+RELATIVE_FILES = (("tls", "ca_file"), ("tls", "cert_file"), ("tls", "key_file"), ("model", "public_key"))
+
+
+def resolve_relative_files(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``raw`` with the relative paths of :data:`RELATIVE_FILES` joined to ``base`` (the TOML's folder).
+
+    A device folder from ``cloud-aggregator fleet init`` names its certificate, key, CA
+    and model key beside its ``device.toml``, so it works wherever it is copied.
+    """
+    out = dict(raw)
+    for table, key in RELATIVE_FILES:
+        section = out.get(table)
+        value = section.get(key) if isinstance(section, dict) else None
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            out[table] = {**section, key: str(base / value)}
+    return out
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from cloud_aggregator import fleet_init
+from cloud_aggregator import fleet_devices, fleet_init, fleet_layout
 from cloud_aggregator.cli import main as cli_main
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.fleet_init import (
@@ -23,7 +23,7 @@ from cloud_aggregator.fleet_init import (
     init_fleet,
     mosquitto_password_hash,
 )
-from edge.config import DeviceConfig
+from edge.config import DeviceConfig, resolve_relative_files
 from ioft_protocol.config import build, load_toml
 
 DEVICES = ["printer1", "welder1"]
@@ -35,6 +35,11 @@ def _cert(path) -> x509.Certificate:
 
 def _mode(path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
+
+
+def _device_config(toml) -> DeviceConfig:
+    """A device.toml read the way ``edge-trainer --config`` reads it (paths relative to its folder)."""
+    return build(DeviceConfig, resolve_relative_files(load_toml(toml), toml.parent))
 
 
 def test_certificates_are_a_fleet_ca_a_broker_and_one_identity_each(tmp_path):
@@ -67,20 +72,23 @@ def test_certificates_are_a_fleet_ca_a_broker_and_one_identity_each(tmp_path):
 def test_client_configs_load_against_the_schemas(tmp_path):
     layout = init_fleet(tmp_path / "f", "plant", DEVICES)
     for d in DEVICES:
-        cfg = build(DeviceConfig, load_toml(layout.toml(d)))
-        assert (cfg.device, cfg.fleet, cfg.broker, cfg.allow_plaintext) == (
+        cfg = _device_config(layout.toml(d))
+        assert (cfg.device, cfg.fleet, cfg.broker, cfg.allow_plaintext, cfg.state_dir) == (
             d,
             "plant",
             layout.broker_url,
             False,
+            f"/var/lib/ioft/{d}",
         )
         assert (cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file) == (
-            str(layout.ca_cert),
+            str(layout.device_ca(d)),
             str(layout.cert(d)),
             str(layout.key(d)),
         )
     for name in (AGGREGATOR, OPERATOR):
-        cfg = build(AggregatorConfig, load_toml(layout.toml(name)))
+        raw = load_toml(layout.toml(name))
+        raw.pop("model", None)  # the operator's key for push's check (operator_session drops it)
+        cfg = build(AggregatorConfig, raw)
         assert cfg.tls.cert_file == str(layout.cert(name)) and cfg.username is None
     assert str(layout.signing_key) in layout.toml(OPERATOR).read_text()
 
@@ -93,7 +101,7 @@ def test_devices_trust_the_fleets_model_signing_key_and_no_other(tmp_path):
     assert _mode(layout.signing_key) == 0o600
     other = init_fleet(tmp_path / "g", "plant", DEVICES)
     for d in DEVICES:
-        public = load_public_key(build(DeviceConfig, load_toml(layout.toml(d))).model.public_key)
+        public = load_public_key(_device_config(layout.toml(d)).model.public_key)
         text = '{"name": "enc", "version": 1}'
         public.verify(bytes.fromhex(sign(text, load_private_key(layout.signing_key))), text.encode())
         with pytest.raises(ManifestError, match="does not verify"):
@@ -105,6 +113,7 @@ def test_devices_trust_the_fleets_model_signing_key_and_no_other(tmp_path):
         "use_identity_as_username true",
         "use_username_as_clientid true",
         f"acl_file {layout.acl}",
+        f"crlfile {layout.crl}",
         "listener 8883",
     ):
         assert f"\n{line}\n" in conf, line
@@ -112,21 +121,57 @@ def test_devices_trust_the_fleets_model_signing_key_and_no_other(tmp_path):
 
 
 def test_the_acl_lets_devices_write_only_their_own_topics():
-    acl = acl_text("plant")
+    acl = acl_text("plant", ["printer1", "welder1"])
     rules = [line for line in acl.splitlines() if line and not line.startswith("#")]
-    device = rules[: rules.index(f"user {AGGREGATOR}")]
-    # Every device rule is a pattern; the only writes are on the device's own uplink and status.
-    assert all(r.startswith("pattern ") for r in device)
-    assert [r for r in device if r.startswith(("pattern write", "pattern readwrite"))] == [
+    patterns = [r for r in rules if r.startswith("pattern ")]
+    # Every pattern names the client itself (mosquitto warns at start about one that does not).
+    assert patterns and all("%u" in r for r in patterns)
+    assert [r for r in patterns if r.startswith(("pattern write", "pattern readwrite"))] == [
         "pattern write ioft/v1/plant/task/+/up/%u",
         "pattern write ioft/v1/plant/status/%u",
     ]
-    # What a device reads naming one device names itself.
-    assert "pattern read ioft/v1/plant/task/+/down/%u" in device
-    assert not [r for r in device if "/up/" in r and "read" in r.split()[1]]
-    aggregator = rules[rules.index(f"user {AGGREGATOR}") + 1 : rules.index(f"user {OPERATOR}")]
+    assert "pattern read ioft/v1/plant/task/+/down/%u" in patterns
+
+    def block(user: str) -> list[str]:
+        start = rules.index(f"user {user}") + 1
+        end = next((i for i in range(start, len(rules)) if rules[i].startswith("user ")), len(rules))
+        return rules[start:end]
+
+    for device in ("printer1", "welder1"):
+        lines = block(device)
+        assert "topic read ioft/v1/plant/task/+/down" in lines
+        assert "topic read ioft/v1/plant/model/+/manifest" in lines
+        assert all(r.startswith("topic read ") for r in lines)  # a device writes only through patterns
+    assert "user printer2" not in rules  # not enrolled: no reads
+    aggregator = block(AGGREGATOR)
     assert "topic read ioft/v1/plant/task/+/up/+" in aggregator
-    assert not [r for r in aggregator if "write" in r.split()[1] and "/down" not in r]
+    # Its writes: the downlinks and its own one-aggregator lock.
+    assert not [
+        r for r in aggregator if "write" in r.split()[1] and "/down" not in r and "/aggregator" not in r
+    ]
+
+
+def test_a_device_folder_is_complete_and_works_where_it_is_copied(tmp_path):
+    layout = init_fleet(tmp_path / "f", "plant", DEVICES)
+    pi = shutil.copytree(layout.identity_dir("printer1"), tmp_path / "elsewhere" / "ioft")
+    shutil.rmtree(layout.root)  # nothing may point back into the fleet folder
+    cfg = _device_config(pi / "device.toml")
+    for path in (cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file, cfg.model.public_key):
+        assert path.startswith(str(pi)) and (tmp_path / path).exists(), path
+    assert "fleet.key" not in {p.name for p in pi.iterdir()} and "ca.key" not in {
+        p.name for p in pi.iterdir()
+    }
+
+
+def test_edge_resolves_only_relative_paths_against_the_toml_folder(tmp_path):
+    raw = {"tls": {"ca_file": "ca.crt", "cert_file": "/abs/d.crt", "key_file": "k/d.key"}, "device": "d"}
+    out = resolve_relative_files(raw, tmp_path)
+    assert out["tls"] == {
+        "ca_file": str(tmp_path / "ca.crt"),
+        "cert_file": "/abs/d.crt",
+        "key_file": str(tmp_path / "k" / "d.key"),
+    }
+    assert raw["tls"]["ca_file"] == "ca.crt"  # the caller's dict is not changed
 
 
 def test_passwords_are_hashed_as_mosquitto_2_expects(tmp_path):
@@ -147,7 +192,7 @@ def test_passwords_are_hashed_as_mosquitto_2_expects(tmp_path):
     assert (
         "require_certificate false" in conf and f"password_file {layout.root / 'broker' / 'passwd'}" in conf
     )
-    dev = build(DeviceConfig, load_toml(layout.toml("printer1")))
+    dev = _device_config(layout.toml("printer1"))
     assert dev.username == "printer1" and dev.tls.cert_file is None
 
 
@@ -178,7 +223,7 @@ def test_an_existing_fleet_is_replaced_only_with_force(tmp_path):
 
 
 def test_a_failure_midway_leaves_nothing(tmp_path, monkeypatch):
-    real = fleet_init._Issuer.issue
+    real = fleet_init.FleetCA.issue
     calls = []
 
     def flaky(self, cn, **kw):
@@ -187,7 +232,7 @@ def test_a_failure_midway_leaves_nothing(tmp_path, monkeypatch):
             raise OSError("disk full")
         return real(self, cn, **kw)
 
-    monkeypatch.setattr(fleet_init._Issuer, "issue", flaky)
+    monkeypatch.setattr(fleet_init.FleetCA, "issue", flaky)
     with pytest.raises(OSError, match="disk full"):
         init_fleet(tmp_path / "f", "plant", DEVICES)
     assert "printer1" in calls and list(tmp_path.iterdir()) == []
@@ -213,6 +258,72 @@ def test_command_line(tmp_path, capsys):
     args = ["fleet", "init", "--fleet", "plant", "--devices", "printer1,printer2", "--devices", "welder1"]
     assert cli_main([*args, "--out", str(out), "--host", "broker.lan,192.168.1.10", "--port", "8885"]) == 0
     assert sorted(p.name for p in (out / "devices").iterdir()) == ["printer1", "printer2", "welder1"]
-    assert "mqtts://broker.lan:8885" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "mqtts://broker.lan:8885" in printed
+    # The printed command runs as written: it names the device.
+    assert "edge-trainer --device printer1 --config" in printed
     assert cli_main([*args, "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["init", "add-device", "renew-device", "revoke-device"])
+def test_help_shows_the_defaults(command, capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["fleet", command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    if command in ("init", "add-device", "renew-device"):
+        assert "(default: 825)" in text
+    if command == "init":
+        assert "(default: 8883)" in text and "(default: certs)" in text
+
+
+def test_add_renew_and_revoke_rewrite_the_acl_crl_and_folders(tmp_path):
+    layout = init_fleet(tmp_path / "f", "plant", DEVICES)
+    assert fleet_layout.open_fleet(layout.root).devices == tuple(sorted(DEVICES))
+    fleet_devices.add_devices(layout.root, ["printer3"])
+    assert "user printer3" in layout.acl.read_text()
+    _cert(layout.cert("printer3")).verify_directly_issued_by(_cert(layout.ca_cert))
+    with pytest.raises(FleetInitError, match="printer3 is already enrolled"):
+        fleet_devices.add_devices(layout.root, ["printer3"])
+    serial = _cert(layout.cert("printer1")).serial_number
+    fleet_devices.renew_devices(layout.root, ["printer1"])
+    renewed = _cert(layout.cert("printer1")).serial_number
+    assert renewed != serial
+    fleet_devices.revoke_devices(layout.root, ["printer1"])
+    crl = x509.load_pem_x509_crl(layout.crl.read_bytes())
+    crl.is_signature_valid(_cert(layout.ca_cert).public_key())
+    assert {r.serial_number for r in crl} == {serial, renewed}  # every certificate it was issued
+    assert "user printer1" not in layout.acl.read_text() and not layout.identity_dir("printer1").exists()
+    assert fleet_layout.open_fleet(layout.root).devices == ("printer3", "welder1")
+    with pytest.raises(FleetInitError, match="printer1 is not enrolled"):
+        fleet_devices.revoke_devices(layout.root, ["printer1"])
+    assert not [p for p in (layout.root / "devices").iterdir() if p.name.startswith(".")]  # no temp left
+
+
+def test_password_devices_are_added_and_revoked_in_the_password_file(tmp_path):
+    layout = init_fleet(tmp_path / "f", "plant", DEVICES, auth="passwords")
+    fleet_devices.add_devices(layout.root, ["printer3"])
+    users = [line.split(":")[0] for line in layout.passwd.read_text().splitlines()]
+    assert "printer3" in users and _mode(layout.passwd) == 0o600
+    password = load_toml(layout.toml("printer3"))["password"]
+    line = next(x for x in layout.passwd.read_text().splitlines() if x.startswith("printer3:"))
+    _, _, iterations, salt, digest = line.split(":", 1)[1].split("$")
+    assert base64.b64decode(digest) == hashlib.pbkdf2_hmac(
+        "sha512", password.encode(), base64.b64decode(salt), int(iterations)
+    )
+    fleet_devices.revoke_devices(layout.root, ["printer1"])
+    assert "printer1" not in [x.split(":")[0] for x in layout.passwd.read_text().splitlines()]
+
+
+def test_the_operator_toml_names_the_key_push_checks_with(tmp_path):
+    from argparse import Namespace
+
+    from cloud_aggregator.push import fleet_public_key
+    from ioft_protocol.manifest import key_id, load_public_key
+
+    layout = init_fleet(tmp_path / "f", "plant", DEVICES)
+    args = Namespace(public_key=None, config=layout.toml(OPERATOR))
+    assert key_id(fleet_public_key(args)) == key_id(load_public_key(layout.model_public_key))
+    assert build(
+        AggregatorConfig, {k: v for k, v in load_toml(layout.toml(OPERATOR)).items() if k != "model"}
+    )

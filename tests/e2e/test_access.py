@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import ssl
 import subprocess
 import sys
@@ -413,13 +414,11 @@ def test_a_daemon_with_a_foreign_certificate_exits_naming_the_reason(cert_fleet,
     """``edge-trainer`` with another CA's certificate stops (instead of retrying forever) and says why."""
     layout, broker = cert_fleet
     other = _other_ca(tmp_path)
-    cfg = tmp_path / "device.toml"
-    cfg.write_text(
-        layout.toml("printer1")
-        .read_text()
-        .replace(str(layout.cert("printer1")), str(other.cert("printer1")))
-        .replace(str(layout.key("printer1")), str(other.key("printer1")))
-    )
+    folder = tmp_path / "printer1"  # the device folder as copied to the device, with another CA's pair
+    shutil.copytree(layout.identity_dir("printer1"), folder)
+    shutil.copyfile(other.cert("printer1"), folder / "printer1.crt")
+    shutil.copyfile(other.key("printer1"), folder / "printer1.key")
+    cfg = folder / "device.toml"
     proc = subprocess.run(
         [
             sys.executable,
@@ -469,7 +468,7 @@ def test_a_device_refuses_a_plaintext_broker(cert_fleet, tmp_path):
     args = ["--device", "printer1", "--config", str(layout.toml("printer1")), *common, "--allow-plaintext"]
     cfg = config_from_args(parse_args(args))
     assert isinstance(cfg, DeviceConfig) and cfg.tls == TlsConfig(
-        str(layout.ca_cert), str(layout.cert("printer1")), str(layout.key("printer1"))
+        str(layout.device_ca("printer1")), str(layout.cert("printer1")), str(layout.key("printer1"))
     )
     with pytest.raises(
         MqttError, match=re.escape("TLS is configured but the broker URL mqtt://127.0.0.1:1883 is plaintext")

@@ -1,0 +1,196 @@
+"""``cloud-aggregator fleet add-device``, ``renew-device`` and ``revoke-device``: change an enrolled fleet.
+
+Each works on the folder ``fleet init`` wrote (``--dir``), needs the CA key in it
+(``ca/ca.key``) for certificates, and rewrites what the broker reads (the ACL, the
+CRL or the password file) atomically, keeping the files' owner; the broker applies
+them when reloaded (``systemctl reload mosquitto``, or SIGHUP).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from cloud_aggregator.fleet_ca import FleetCA, revoked_serials
+from cloud_aggregator.fleet_layout import (
+    FleetInitError,
+    FleetLayout,
+    acl_text,
+    device_errors,
+    fsync_tree,
+    mosquitto_password_hash,
+    open_fleet,
+    print_device_lines,
+    replace_file,
+    split_ids,
+    write_identity,
+)
+
+RELOAD_HINT = "reload the broker: systemctl reload mosquitto (or kill -HUP <mosquitto's pid>)"
+
+
+def _load_ca(layout: FleetLayout) -> FleetCA:
+    key = layout.root / "ca" / "ca.key"
+    if not key.exists():
+        raise FleetInitError(f"{key} is missing: run this where the fleet's CA key is kept")
+    return FleetCA.load(layout.ca_cert, key)
+
+
+def _stage_device(layout: FleetLayout, ca: FleetCA | None, name: str, *, days: int) -> None:
+    """Write ``devices/<name>/`` in a temp sibling, then swap it in (a crash leaves the old one)."""
+    final = layout.identity_dir(name)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
+    try:
+        os.chmod(tmp, 0o755)
+        write_identity(ca, layout, name, days=days, folder=tmp)
+        fsync_tree(tmp)
+        if final.exists():
+            old = final.with_name(f".{name}.old-{secrets.token_hex(4)}")
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _rewrite_acl(layout: FleetLayout, devices: Sequence[str]) -> None:
+    replace_file(layout.acl, acl_text(layout.fleet, devices))
+
+
+def _passwd_lines(layout: FleetLayout) -> dict[str, str]:
+    lines = layout.passwd.read_text().splitlines()
+    return {line.split(":", 1)[0]: line for line in lines if ":" in line}
+
+
+def add_devices(root: str | Path, devices: Sequence[str], *, days: int = 825) -> FleetLayout:
+    """Enrol ``devices`` in the fleet at ``root``: a certificate (or password) and folder each, and
+    the ACL; reload the broker afterwards (SIGHUP) for the ACL and password file to apply.
+
+    Raises
+    ------
+    FleetInitError
+        On a bad or reserved id, one already enrolled, or a folder that is not a fleet.
+    """
+    layout = open_fleet(root)
+    errors = device_errors(devices)
+    errors += [f"{d} is already enrolled ({layout.identity_dir(d)})" for d in devices if d in layout.devices]
+    if errors:
+        raise FleetInitError("cannot add devices:\n  - " + "\n  - ".join(errors))
+    passwords = {d: secrets.token_urlsafe(24) for d in devices} if layout.auth == "passwords" else {}
+    new = FleetLayout(layout.root, layout.fleet, layout.auth, layout.broker_url, layout.port,
+                      (*layout.devices, *devices), passwords)  # fmt: skip
+    ca = _load_ca(new) if new.auth == "certs" else None
+    for d in devices:
+        _stage_device(new, ca, d, days=days)
+    if passwords:
+        lines = _passwd_lines(new) | {d: f"{d}:{mosquitto_password_hash(p)}" for d, p in passwords.items()}
+        replace_file(new.passwd, "".join(f"{line}\n" for line in lines.values()), private=True)
+    _rewrite_acl(new, new.devices)
+    return new
+
+
+def renew_devices(root: str | Path, devices: Sequence[str], *, days: int = 825) -> FleetLayout:
+    """A new certificate and key (or password) for each of ``devices``, in its folder.
+
+    The old certificate stays valid until it expires (``revoke_devices`` ends every
+    certificate of a device); a renewed password replaces the old one at the broker's reload.
+    """
+    layout = open_fleet(root)
+    errors = [f"{d} is not enrolled (enrolled: {', '.join(layout.devices)})" for d in devices
+              if d not in layout.devices]  # fmt: skip
+    if not devices or errors:
+        raise FleetInitError("cannot renew:\n  - " + "\n  - ".join(errors or device_errors(devices)))
+    passwords = {d: secrets.token_urlsafe(24) for d in devices} if layout.auth == "passwords" else {}
+    new = FleetLayout(layout.root, layout.fleet, layout.auth, layout.broker_url, layout.port,
+                      layout.devices, passwords)  # fmt: skip
+    ca = _load_ca(new) if new.auth == "certs" else None
+    for d in devices:
+        _stage_device(new, ca, d, days=days)
+    if passwords:
+        lines = _passwd_lines(new) | {d: f"{d}:{mosquitto_password_hash(p)}" for d, p in passwords.items()}
+        replace_file(new.passwd, "".join(f"{line}\n" for line in lines.values()), private=True)
+    return new
+
+
+def revoke_devices(root: str | Path, devices: Sequence[str], *, crl_days: int = 3650) -> FleetLayout:
+    """Revoke ``devices``: every certificate the CA issued them goes into the CRL (or their
+    password line goes), they leave the ACL, and their folder is deleted.  Reload the
+    broker afterwards (SIGHUP or restart); a connected device is refused from its next
+    connection on.
+    """
+    layout = open_fleet(root)
+    errors = [f"{d} is not enrolled (enrolled: {', '.join(layout.devices)})" for d in devices
+              if d not in layout.devices]  # fmt: skip
+    if not devices or errors:
+        raise FleetInitError("cannot revoke:\n  - " + "\n  - ".join(errors or device_errors(devices)))
+    if layout.auth == "certs":
+        ca = _load_ca(layout)
+        issued = [
+            line.split("\t") for line in layout.issued.read_text().splitlines() if line.count("\t") == 2
+        ]
+        serials = {int(serial, 16) for serial, name, _ in issued if name in devices}
+        replace_file(layout.crl, ca.crl(revoked_serials(layout.crl.read_bytes()) | serials, days=crl_days))
+    else:
+        lines = {u: line for u, line in _passwd_lines(layout).items() if u not in devices}
+        replace_file(layout.passwd, "".join(f"{line}\n" for line in lines.values()), private=True)
+    remaining = tuple(d for d in layout.devices if d not in devices)
+    _rewrite_acl(layout, remaining)
+    for d in devices:
+        shutil.rmtree(layout.identity_dir(d))
+    return FleetLayout(layout.root, layout.fleet, layout.auth, layout.broker_url, layout.port, remaining)
+
+
+def _run(args: argparse.Namespace, action: str) -> tuple[FleetLayout, list[str]] | None:
+    devices = split_ids(args.devices)
+    try:
+        if action == "add":
+            return add_devices(args.dir, devices, days=args.days), devices
+        if action == "renew":
+            return renew_devices(args.dir, devices, days=args.days), devices
+        return revoke_devices(args.dir, devices), devices
+    except (FleetInitError, OSError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return None
+
+
+def main_add(args: argparse.Namespace) -> int:
+    """``fleet add-device``."""
+    done = _run(args, "add")
+    if done is None:
+        return 2
+    layout, devices = done
+    print(f"fleet {layout.fleet}: enrolled {', '.join(devices)}; {RELOAD_HINT}")
+    print_device_lines(layout, devices)
+    return 0
+
+
+def main_renew(args: argparse.Namespace) -> int:
+    """``fleet renew-device``."""
+    done = _run(args, "renew")
+    if done is None:
+        return 2
+    layout, devices = done
+    kept = "the old certificate stays valid until it expires" if layout.auth == "certs" else RELOAD_HINT
+    print(f"fleet {layout.fleet}: renewed {', '.join(devices)} ({kept})")
+    print_device_lines(layout, devices)
+    return 0
+
+
+def main_revoke(args: argparse.Namespace) -> int:
+    """``fleet revoke-device``."""
+    done = _run(args, "revoke")
+    if done is None:
+        return 2
+    layout, devices = done
+    print(f"fleet {layout.fleet}: revoked {', '.join(devices)}; {RELOAD_HINT}")
+    return 0

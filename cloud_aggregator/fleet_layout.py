@@ -1,0 +1,420 @@
+"""A fleet folder's layout and the files in it: the ACL, mosquitto's config, client TOMLs, passwords.
+
+Shared by ``fleet init`` (:mod:`cloud_aggregator.fleet_init`, which writes a whole
+fleet) and ``fleet add-device`` / ``renew-device`` / ``revoke-device``
+(:mod:`cloud_aggregator.fleet_devices`, which change one in place).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import os
+import pwd
+import secrets
+import shutil
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cloud_aggregator.fleet_ca import FleetCA, cert_expiry, cert_serial
+from ioft_protocol import codec, topics
+from ioft_protocol.config import ConfigError, load_toml
+from ioft_protocol.mqtt import BrokerAddress
+
+AGGREGATOR = "aggregator"
+OPERATOR = "operator"
+RESERVED = (AGGREGATOR, OPERATOR)
+#: The user mosquitto drops to when started as root (Debian's package creates it).
+BROKER_USER = "mosquitto"
+AUTH_MODES = ("certs", "passwords")
+DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
+#: mosquitto 2's default PBKDF2 iteration count; the passwords are 192-bit random
+#: tokens, so stretching adds nothing but connection latency.
+PBKDF2_ITERATIONS = 101
+#: Largest MQTT packet the broker accepts: the wire's payload ceiling plus headroom for topic and header.
+MAX_PACKET_BYTES = codec.MAX_PAYLOAD_BYTES + 64 * 1024
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default, except where there is none (``None``, off, empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class FleetInitError(ValueError):
+    """Arguments that cannot make a fleet, or a folder that is already one."""
+
+
+@dataclass(frozen=True)
+class FleetLayout:
+    """Where ``init_fleet`` put everything (absolute paths)."""
+
+    root: Path
+    fleet: str
+    auth: str
+    broker_url: str
+    port: int
+    devices: tuple[str, ...]
+    passwords: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.root / "ca" / "ca.crt"
+
+    @property
+    def issued(self) -> Path:
+        """``serial<TAB>name<TAB>expiry`` per certificate the CA issued: what ``revoke-device`` revokes."""
+        return self.root / "ca" / "issued.tsv"
+
+    @property
+    def crl(self) -> Path:
+        return self.root / "broker" / "crl.pem"
+
+    @property
+    def passwd(self) -> Path:
+        return self.root / "broker" / "passwd"
+
+    @property
+    def mosquitto_conf(self) -> Path:
+        return self.root / "broker" / "mosquitto.conf"
+
+    @property
+    def acl(self) -> Path:
+        return self.root / "broker" / "acl"
+
+    @property
+    def signing_key(self) -> Path:
+        """The fleet's Ed25519 private key: ``export --key`` signs models with it."""
+        return self.root / "model" / "fleet.key"
+
+    @property
+    def model_public_key(self) -> Path:
+        return self.signing_key.with_suffix(".pub")
+
+    def identity_dir(self, name: str) -> Path:
+        if name in RESERVED:
+            return self.root / name
+        return self.root / "devices" / name
+
+    def cert(self, name: str) -> Path:
+        return self.identity_dir(name) / f"{name}.crt"
+
+    def key(self, name: str) -> Path:
+        return self.identity_dir(name) / f"{name}.key"
+
+    def toml(self, name: str) -> Path:
+        base = {AGGREGATOR: "aggregator.toml", OPERATOR: "operator.toml"}.get(name, "device.toml")
+        return self.identity_dir(name) / base
+
+    def device_ca(self, name: str) -> Path:
+        """The CA certificate's copy in a device's folder."""
+        return self.identity_dir(name) / "ca.crt"
+
+    def device_model_key(self, name: str) -> Path:
+        """The fleet's model public key's copy in a device's folder."""
+        return self.identity_dir(name) / "fleet.pub"
+
+
+# -- access control --------------------------------------------------------------------------------
+def acl_text(fleet: str, devices: Sequence[str] = ()) -> str:
+    """The mosquitto ACL for one fleet and its ``devices``.
+
+    Every device writes only its own uplinks and status and reads its own per-device
+    downlinks (``pattern`` rules on ``%u``, its certificate CN or username); the task
+    broadcasts and the model pushes it reads are ``topic`` lines under its own ``user``
+    line (a ``pattern`` without ``%u`` makes mosquitto warn at every start), so a
+    device missing here (revoked) reads nothing.  Patterns apply to every user, so
+    ``aggregator`` and ``operator`` are reserved and can never be device ids.
+    """
+    p = f"{topics.PROTOCOL}/{codec.check_id('fleet', fleet)}"
+    device_reads = "".join(
+        f"""
+user {codec.check_id("device", d)}
+topic read {p}/task/+/down
+topic read {p}/model/+/manifest
+topic read {p}/model/+/+/chunk/+
+"""
+        for d in sorted(devices)
+    )
+    return f"""# ioft fleet {fleet}: generated by `cloud-aggregator fleet init` (add-device and
+# revoke-device rewrite it). %u is a client's certificate CN (or password-file user).
+pattern write {p}/task/+/up/%u
+pattern write {p}/status/%u
+pattern read {p}/task/+/down/%u
+
+# Each device: the task broadcasts and the model pushes.
+{device_reads}
+
+# The aggregator: reads every uplink and status, publishes (and reads back) the downlinks.
+user {AGGREGATOR}
+topic read {p}/task/+/up/+
+topic read {p}/status/+
+topic readwrite {p}/task/+/down
+topic readwrite {p}/task/+/down/+
+# Its lock: one aggregator per fleet (cloud_aggregator.singleton).
+topic readwrite {p}/aggregator
+
+# Operator commands (`push`, `fleet status`): model pushes and reading the fleet's status.
+user {OPERATOR}
+topic readwrite {p}/model/#
+topic read {p}/status/+
+"""
+
+
+def mosquitto_conf_text(layout: FleetLayout, *, bind: str | None) -> str:
+    """One TLS listener; ``require_certificate`` (mutual TLS, with the fleet's CRL) or a password file."""
+    b = layout.root / "broker"
+    listener = f"listener {layout.port}" + (f" {bind}" if bind else "")
+    if layout.auth == "certs":
+        auth = f"""require_certificate true
+use_identity_as_username true
+crlfile {layout.crl}"""
+    else:
+        auth = f"""require_certificate false
+password_file {b / "passwd"}"""
+    return f"""# ioft fleet {layout.fleet}: generated by `cloud-aggregator fleet init`.
+# Paths are absolute: after moving this folder, edit them.  Started as root (as Debian's
+# service starts it) mosquitto drops to the `mosquitto` user before it reads the key,
+# passwd and acl files and writes data/: fleet init (as root) gave them to that user.
+# After add-device / revoke-device: reload it (systemctl reload mosquitto, or kill -HUP).
+per_listener_settings false
+allow_anonymous false
+acl_file {b / "acl"}
+persistence true
+persistence_location {b / "data"}/
+set_tcp_nodelay true
+# Bounded: a device cannot make the broker buffer a 256 MB packet.
+max_packet_size {MAX_PACKET_BYTES}
+
+{listener}
+protocol mqtt
+cafile {layout.ca_cert}
+certfile {b / "server.crt"}
+keyfile {b / "server.key"}
+tls_version tlsv1.2
+{auth}
+# The client id becomes the username: nobody can disconnect another by reusing its id.
+use_username_as_clientid true
+"""
+
+
+# -- passwords ---------------------------------------------------------------------------------------
+def mosquitto_password_hash(
+    password: str, *, salt: bytes | None = None, iterations: int = PBKDF2_ITERATIONS
+) -> str:
+    """``$7$<iterations>$<salt b64>$<hash b64>``: mosquitto 2's PBKDF2-SHA512 password-file format
+    (what ``mosquitto_passwd -b`` writes; a 12-byte salt, a 64-byte hash)."""
+    salt = secrets.token_bytes(12) if salt is None else salt
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations)
+    return f"$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
+
+
+# -- config snippets -------------------------------------------------------------------------------------
+def _toml_str(s: str | Path) -> str:
+    return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def client_toml(layout: FleetLayout, name: str) -> str:
+    """The connection part of a device's (or the aggregator's, or the operator's) TOML.
+
+    A device's names its files relative to its own folder (``edge.config`` resolves them
+    against the TOML's folder), so ``devices/<id>/`` works wherever it is copied; the
+    aggregator's and operator's name theirs by absolute path in the fleet folder.
+    """
+    device = name not in RESERVED
+    lines = [f"# ioft fleet {layout.fleet}: {name}'s broker connection (`cloud-aggregator fleet init`)."]
+    if device:
+        lines += [
+            "# Copy this folder to the device; paths are relative to it.",
+            f"# Run: edge-trainer --device {name} --config <this folder>/device.toml",
+            f"device = {_toml_str(name)}",
+        ]
+    lines += [f"fleet = {_toml_str(layout.fleet)}", f"broker = {_toml_str(layout.broker_url)}"]
+    if device:
+        lines.append(f"state_dir = {_toml_str(f'/var/lib/ioft/{name}')}")
+    if name == AGGREGATOR:
+        lines.append(
+            f"client_id = {_toml_str(AGGREGATOR)}  # the broker uses the username as client id anyway"
+        )
+    if layout.auth == "passwords":
+        lines += [f"username = {_toml_str(name)}", f"password = {_toml_str(layout.passwords[name])}"]
+    ca, cert, key = layout.ca_cert, layout.cert(name), layout.key(name)
+    if device:
+        ca, cert, key = Path(layout.device_ca(name).name), Path(cert.name), Path(key.name)
+    lines += ["", "[tls]", f"ca_file = {_toml_str(ca)}"]
+    if layout.auth == "certs":
+        lines += [f"cert_file = {_toml_str(cert)}", f"key_file = {_toml_str(key)}"]
+    if name == AGGREGATOR:
+        lines += ["", "# Add [collect] and [[task]] tables here; see README."]
+    if name == OPERATOR:
+        lines += [
+            "",
+            f"# Models are signed with {layout.signing_key} (export --key); push checks them with:",
+            "[model]",
+            f"public_key = {_toml_str(layout.model_public_key)}",
+        ]
+    if device:
+        lines += ["", "[model]", f"public_key = {_toml_str(layout.device_model_key(name).name)}"]
+    return "\n".join(lines) + "\n"
+
+
+# -- writing ---------------------------------------------------------------------------------------------
+def write_file(path: Path, data: bytes | str, *, private: bool = False) -> None:
+    """Create ``path`` (0600 from the start when ``private``) and fsync it; the folder is a temp one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode() if isinstance(data, str) else data
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(raw)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def replace_file(path: Path, data: bytes | str, *, private: bool = False) -> None:
+    """Atomically replace ``path`` (a file the broker reads), keeping its owner."""
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    try:
+        write_file(tmp, data, private=private)
+        if path.exists() and os.geteuid() == 0:
+            st = path.stat()
+            os.chown(tmp, st.st_uid, st.st_gid)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def fsync_tree(root: Path) -> None:
+    for folder, _, _ in os.walk(root):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def broker_owner(user: str = BROKER_USER) -> tuple[int, int] | None:
+    """``(uid, gid)`` of the user mosquitto drops to, when we are root and it exists (else ``None``)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return None
+    return entry.pw_uid, entry.pw_gid
+
+
+def unreachable_folder(path: Path) -> Path | None:
+    """The first folder above ``path`` that other users cannot enter (mosquitto, once it drops root)."""
+    for folder in reversed(Path(path).resolve().parents):
+        if not folder.stat().st_mode & stat.S_IXOTH:
+            return folder
+    return None
+
+
+def give_to_broker(layout: FleetLayout) -> None:
+    """Hand the broker's secrets and its data folder to the user mosquitto runs as (when root)."""
+    owner = broker_owner()
+    if owner is None:
+        return
+    b = layout.root / "broker"
+    for path in (b / "server.key", layout.passwd, b / "data"):
+        if path.exists():
+            os.chown(path, *owner)
+
+
+def issue(
+    ca: FleetCA, layout: FleetLayout, name: str, folder: Path, *, days: int, server_hosts: Sequence[str] = ()
+) -> None:
+    """Issue ``name``'s certificate and key into ``folder`` and record it in ``ca/issued.tsv``."""
+    cert, key = ca.issue(name, server_hosts=server_hosts, days=days)
+    stem = "server" if server_hosts else name
+    write_file(folder / f"{stem}.crt", cert)
+    write_file(folder / f"{stem}.key", key, private=True)
+    with layout.issued.open("a") as fh:
+        fh.write(f"{cert_serial(cert):x}\t{name}\t{cert_expiry(cert).isoformat()}\n")
+
+
+def write_identity(
+    ca: FleetCA | None,
+    layout: FleetLayout,
+    name: str,
+    *,
+    days: int,
+    staged: FleetLayout | None = None,
+    folder: Path | None = None,
+) -> None:
+    """Everything ``name`` needs: its certificate and key (``ca``: certificate auth), its TOML (naming
+    ``layout``'s paths), and for a device the CA certificate and model key.
+
+    Files go under ``staged`` (a fleet folder being built; default ``layout``), into ``folder``
+    (default: ``name``'s identity folder there).
+    """
+    staged = layout if staged is None else staged
+    folder = staged.identity_dir(name) if folder is None else folder
+    if ca is not None:
+        issue(ca, staged, name, folder, days=days)
+    # A password in the TOML makes it a secret too.
+    write_file(folder / layout.toml(name).name, client_toml(layout, name), private=layout.auth == "passwords")
+    if name not in RESERVED:
+        shutil.copyfile(staged.ca_cert, folder / layout.device_ca(name).name)
+        shutil.copyfile(staged.model_public_key, folder / layout.device_model_key(name).name)
+
+
+def device_errors(devices: Sequence[str]) -> list[str]:
+    errors: list[str] = []
+    if not devices:
+        errors.append("name at least one device (--devices printer1,printer2)")
+    for d in devices:
+        try:
+            codec.check_id("device", d)
+        except codec.WireError as exc:
+            errors.append(str(exc))
+        if d in RESERVED:
+            errors.append(f"device id {d!r} is reserved for the {d}'s own identity; rename the device")
+    dupes = sorted({d for d in devices if list(devices).count(d) > 1})
+    if dupes:
+        errors.append(f"device ids must be unique; repeated: {', '.join(dupes)}")
+    return errors
+
+
+def open_fleet(root: str | Path) -> FleetLayout:
+    """The layout of a folder ``init_fleet`` wrote (fleet, broker URL and auth read back from it).
+
+    Raises
+    ------
+    FleetInitError
+        If ``root`` is not a fleet folder.
+    """
+    root = Path(root).resolve()
+    try:
+        raw = load_toml(root / AGGREGATOR / "aggregator.toml")
+        broker = BrokerAddress.parse(str(raw.get("broker")))
+        fleet = codec.check_id("fleet", str(raw.get("fleet")))
+    except (ConfigError, ValueError) as exc:
+        detail = "; ".join(exc.errors) if isinstance(exc, ConfigError) else str(exc)
+        raise FleetInitError(
+            f"{root} is not a fleet folder (aggregator/aggregator.toml: {detail}); "
+            "give the folder `fleet init --out` wrote"
+        ) from None
+    auth = "passwords" if (root / "broker" / "passwd").exists() else "certs"
+    folder = root / "devices"
+    devices = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return FleetLayout(root, fleet, auth, str(raw["broker"]), broker.port, tuple(devices))
+
+
+def split_ids(values: Sequence[str] | None) -> list[str]:
+    return [v.strip() for value in values or () for v in value.split(",") if v.strip()]
+
+
+def print_device_lines(layout: FleetLayout, devices: Sequence[str]) -> None:
+    for d in devices:
+        print(
+            f"  {d}: copy {layout.identity_dir(d)}/ to the device, then "
+            f"edge-trainer --device {d} --config <copied folder>/device.toml"
+        )

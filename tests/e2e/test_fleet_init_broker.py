@@ -1,0 +1,214 @@
+"""``fleet init``'s output used as written: ``mosquitto -c broker/mosquitto.conf`` started as root
+(the way Debian's service starts it), a device folder copied elsewhere running a real
+``edge-trainer``, and ``fleet add-device`` / ``renew-device`` / ``revoke-device`` against
+the running broker (reloaded with SIGHUP, as ``systemctl reload mosquitto`` does).
+
+Before: mosquitto dropped to its own user and could not read the 0600 root key (it did
+not start), its ACL patterns printed three warnings at every start, and the device
+folder named files by absolute path into the fleet folder, without the CA certificate,
+``fleet.pub`` or a ``state_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cloud_aggregator.broker import find_mosquitto, free_port, wait_for_port
+from cloud_aggregator.fleet_layout import open_fleet
+from ioft_protocol.config import load_toml
+from tests.conftest import _require_mosquitto
+from tests.e2e.test_access import Client
+
+pytestmark = pytest.mark.broker
+FLEET = "plant"
+
+
+class Broker:
+    """``mosquitto -c CONF`` as this process's user (root here, like Debian's service), log captured."""
+
+    def __init__(self, conf: Path, port: int, log: Path) -> None:
+        self.log_path = log
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [find_mosquitto(), "-c", str(conf)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_for_port(port, 10.0, self.proc)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def reload(self) -> None:
+        """SIGHUP (``systemctl reload mosquitto``), then wait until the log says it reloaded."""
+        before = self.log().count("Reloading config")
+        self.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while self.log().count("Reloading config") == before:
+            assert time.monotonic() < deadline, f"mosquitto did not reload:\n{self.log()}"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def fleet_dir() -> Iterator[Path]:
+    """A folder the ``mosquitto`` user can enter (pytest's temp folders are 0700)."""
+    _require_mosquitto()
+    root = Path(tempfile.mkdtemp(prefix="ioft-fleet-"))
+    os.chmod(root, 0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "cloud_aggregator.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def init(fleet_dir: Path, port: int, *extra: str) -> Path:
+    out = cli("fleet", "init", "--fleet", FLEET, "--devices", "printer1,printer2", "--out",
+              str(fleet_dir / "fleet"), "--host", "127.0.0.1", "--port", str(port), "--bind", "127.0.0.1", *extra)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "edge-trainer --device printer1 --config" in out.stdout
+    return fleet_dir / "fleet"
+
+
+def device_client(folder: Path, name: str, port: int) -> Client:
+    """A client logging in with what a copied device folder holds (certificate or password)."""
+    raw = load_toml(folder / "device.toml")
+    tls = raw["tls"]
+    cert = (folder / tls["cert_file"], folder / tls["key_file"]) if "cert_file" in tls else None
+    return Client(
+        port,
+        ca=folder / tls["ca_file"],
+        cert=cert,
+        username=raw.get("username"),
+        password=raw.get("password"),
+    )
+
+
+def connects(folder: Path, name: str, port: int) -> bool:
+    client = device_client(folder, name, port)
+    try:
+        return client.connect()
+    finally:
+        client.close()
+
+
+def assert_clean_start(broker: Broker) -> None:
+    log = broker.log()
+    assert "Warning" not in log and "Error" not in log, log
+    if os.geteuid() == 0:  # started as root, it dropped to `mosquitto` and still read its key
+        uid = next(line.split()[2] for line in Path(f"/proc/{broker.proc.pid}/status").read_text().splitlines()
+                   if line.startswith("Uid:"))  # fmt: skip
+        assert int(uid) == pwd.getpwnam("mosquitto").pw_uid
+
+
+def test_the_generated_broker_starts_and_a_copied_device_folder_runs(fleet_dir, tmp_path):
+    port = free_port()
+    root = init(fleet_dir, port)
+    broker = Broker(root / "broker" / "mosquitto.conf", port, tmp_path / "mosquitto.log")
+    device = None
+    try:
+        assert_clean_start(broker)
+        pi = tmp_path / "pi" / "etc-ioft"  # the folder as copied onto the device
+        shutil.copytree(root / "devices" / "printer1", pi)
+        assert sorted(p.name for p in pi.iterdir()) == [
+            "ca.crt", "device.toml", "fleet.pub", "printer1.crt", "printer1.key"
+        ]  # fmt: skip
+        assert load_toml(pi / "device.toml")["state_dir"] == "/var/lib/ioft/printer1"
+        with (tmp_path / "printer1.log").open("wb") as log:
+            device = subprocess.Popen(
+                [sys.executable, "-m", "edge.cli", "--device", "printer1", "--config", str(pi / "device.toml"),
+                 "--state-dir", str(tmp_path / "state"), "--simulate", "printer"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:
+            out = cli("fleet", "status", "--config", str(root / "operator" / "operator.toml"), "--json")
+            if out.returncode == 0 and json.loads(out.stdout).get("printer1", {}).get("state") == "online":
+                break
+            assert device.poll() is None, (tmp_path / "printer1.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, out.stdout + out.stderr
+            time.sleep(0.5)
+    finally:
+        if device is not None:
+            device.terminate()
+            device.wait(20)
+        broker.stop()
+
+
+def test_add_renew_and_revoke_devices_on_a_running_broker(fleet_dir, tmp_path):
+    port = free_port()
+    root = init(fleet_dir, port)
+    broker = Broker(root / "broker" / "mosquitto.conf", port, tmp_path / "mosquitto.log")
+    try:
+        on_pi = {
+            d: shutil.copytree(root / "devices" / d, tmp_path / "pi" / d) for d in ("printer1", "printer2")
+        }
+        assert all(connects(on_pi[d], d, port) for d in on_pi)
+
+        out = cli("fleet", "add-device", "--dir", str(root), "--devices", "printer3")
+        assert out.returncode == 0, out.stderr
+        assert "edge-trainer --device printer3" in out.stdout
+        broker.reload()
+        assert connects(root / "devices" / "printer3", "printer3", port)
+        assert open_fleet(root).devices == ("printer1", "printer2", "printer3")
+
+        out = cli("fleet", "revoke-device", "--dir", str(root), "--devices", "printer2")
+        assert out.returncode == 0, out.stderr
+        broker.reload()
+        assert not connects(on_pi["printer2"], "printer2", port)  # the device still holds its files
+        assert connects(on_pi["printer1"], "printer1", port)
+        assert not (root / "devices" / "printer2").exists()
+
+        old_cert = (root / "devices" / "printer1" / "printer1.crt").read_bytes()
+        out = cli("fleet", "renew-device", "--dir", str(root), "--devices", "printer1", "--days", "30")
+        assert out.returncode == 0, out.stderr
+        assert (root / "devices" / "printer1" / "printer1.crt").read_bytes() != old_cert
+        assert connects(root / "devices" / "printer1", "printer1", port)
+
+        out = cli("fleet", "revoke-device", "--dir", str(root), "--devices", "printer9")
+        assert (
+            out.returncode == 2 and "printer9 is not enrolled" in out.stderr and "Traceback" not in out.stderr
+        )
+        assert "Warning" not in broker.log()  # after the reloads either (the refusal logs an Error)
+    finally:
+        broker.stop()
+
+
+def test_password_fleet_revocation(fleet_dir, tmp_path):
+    port = free_port()
+    root = init(fleet_dir, port, "--auth", "passwords")
+    broker = Broker(root / "broker" / "mosquitto.conf", port, tmp_path / "mosquitto.log")
+    try:
+        assert_clean_start(broker)
+        pi = shutil.copytree(root / "devices" / "printer2", tmp_path / "pi")
+        assert connects(pi, "printer2", port)
+        out = cli("fleet", "revoke-device", "--dir", str(root), "--devices", "printer2")
+        assert out.returncode == 0, out.stderr
+        broker.reload()
+        assert not connects(pi, "printer2", port)
+        assert connects(root / "devices" / "printer1", "printer1", port)
+    finally:
+        broker.stop()
