@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from cloud_aggregator.fleet_ca import FleetCA, revoked_serials
+from cloud_aggregator.fleet_ca import FleetCA, cert_serial, revoked_serials
 from cloud_aggregator.fleet_layout import (
     FleetInitError,
     FleetLayout,
@@ -135,11 +135,12 @@ def revoke_devices(root: str | Path, devices: Sequence[str], *, crl_days: int = 
         raise FleetInitError("cannot revoke:\n  - " + "\n  - ".join(errors or device_errors(devices)))
     if layout.auth == "certs":
         ca = _load_ca(layout)
-        issued = [
-            line.split("\t") for line in layout.issued.read_text().splitlines() if line.count("\t") == 2
-        ]
+        text = layout.issued.read_text() if layout.issued.exists() else ""  # older fleets have no record
+        issued = [line.split("\t") for line in text.splitlines() if line.count("\t") == 2]
         serials = {int(serial, 16) for serial, name, _ in issued if name in devices}
-        replace_file(layout.crl, ca.crl(revoked_serials(layout.crl.read_bytes()) | serials, days=crl_days))
+        serials |= {cert_serial(layout.cert(d).read_bytes()) for d in devices if layout.cert(d).exists()}
+        before = revoked_serials(layout.crl.read_bytes()) if layout.crl.exists() else set()
+        replace_file(layout.crl, ca.crl(before | serials, days=crl_days))
     else:
         lines = {u: line for u, line in _passwd_lines(layout).items() if u not in devices}
         replace_file(layout.passwd, "".join(f"{line}\n" for line in lines.values()), private=True)
@@ -193,4 +194,6 @@ def main_revoke(args: argparse.Namespace) -> int:
         return 2
     layout, devices = done
     print(f"fleet {layout.fleet}: revoked {', '.join(devices)}; {RELOAD_HINT}")
+    if layout.auth == "certs" and "crlfile" not in layout.mosquitto_conf.read_text():
+        print(f"  {layout.mosquitto_conf} has no crlfile line (an older fleet): add `crlfile {layout.crl}`")
     return 0

@@ -8,12 +8,15 @@ then refused the offer as malformed, after the previous version's chunks were cl
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from cloud_aggregator import cli, push
+from cloud_aggregator import cli, push, push_answers
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from ioft_protocol import codec, model_push, topics
+from ioft_protocol.manifest import load_public_key
 
 FLEET = "plant"
 
@@ -104,3 +107,50 @@ def test_push_model_checks_device_ids_before_publishing(package):
     with pytest.raises(codec.WireError, match="device id"):
         push.push_model(session, FLEET, package, devices=["printer1,printer2"])
     assert session.published == [] and session.subscribed == []
+
+
+def test_a_manifest_edited_after_signing_is_refused_before_any_session(package, sessions, capsys):
+    """The version edited after signing: one line, exit 2, nothing published (no session opened)."""
+    body = json.loads(package.manifest_path.read_text())
+    body["manifest"] = body["manifest"].replace('"version":1', '"version":2')
+    package.manifest_path.write_text(json.dumps(body))
+    assert run_push(package, "printer1,printer2") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cannot push:") and "signature does not verify" in err and err.count("\n") == 1
+    assert sessions == []
+
+
+def test_without_a_public_key_push_says_where_to_find_one(package, sessions, capsys):
+    argv = ["push", "--fleet", FLEET, "--broker", "mqtt://127.0.0.1:1", str(package.manifest_path)]
+    assert cli.main(argv) == 2
+    assert "--public-key" in capsys.readouterr().err and sessions == []
+
+
+def test_the_file_must_be_the_one_signed(package):
+    data = bytearray(package.onnx_path.read_bytes())
+    data[0] ^= 1
+    package.onnx_path.write_bytes(bytes(data))
+    with pytest.raises(push.PushCheckError, match="is not the file its manifest signed"):
+        push.verify_package(package, load_public_key(public_key(package)))
+
+
+@pytest.mark.parametrize(
+    ("status", "state", "detail"),
+    [
+        ({"state": "online", "models": {"enc": {"active": 3}}}, "installed", ""),
+        (
+            {"state": "online", "models": {"enc": {"active": 2, "rejected": [
+                {"version": 3, "reason": "worse; rolled back to v2"}]}}},
+            "refused", "worse; rolled back to v2",
+        ),
+        ({"state": "online", "models": {"enc": {"active": 4}}}, "refused", "v4 is active there (newer)"),
+        ({"state": "online", "models": {"enc": {"transfer": {"version": 3, "have": 1, "of": 5}}}}, "pending",
+         "fetching: 1/5 chunks"),
+        ({"state": "offline", "models": {}}, "pending", "offline"),
+        ({"state": "online", "models": ["not", "a", "table"]}, "pending", "no answer yet"),
+        (None, "pending", "no status"),
+    ],
+)  # fmt: skip
+def test_a_device_answer_is_read_from_its_status(status, state, detail):
+    answer = push_answers.answer_of("printer1", status, "enc", 3)
+    assert (answer.state, answer.detail) == (state, detail)
