@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from cloud_aggregator.rounds import CollectRequest, Rejection, RoundEngine, Roun
 from cloud_aggregator.stragglers import LateUpdate
 from cloud_aggregator.strategies import Update
 from ioft_protocol.round_messages import UpdateMessage
+from sensors.features.scaling import standardize_locally
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import derive_rng, initial_local, participate
 from trainer_lite.data import Dataset
@@ -76,7 +77,7 @@ class SimulatedFleet:
             raise ValueError(f"participation must be in (0, 1], got {participation}")
         self.spec = spec
         self.algo: ClientAlgorithm = make_client(spec)
-        self.clients = dict(clients)
+        self.clients = {d: _scaled(c, self.algo.scaling) for d, c in clients.items()}
         self.participation = participation
         self.local: dict[str, Params] = {d: initial_local(self.algo, d) for d in self.clients}
         self.admission = Admission(fleet, admission)
@@ -165,3 +166,14 @@ def mean_test_loss(fleet: SimulatedFleet, global_params: Params, metric: str = "
     """Mean of every client's personalized test metric."""
     values = [m[metric] for m in fleet.evaluate(global_params).values()]
     return float(np.mean(values))
+
+
+def _scaled(data: ClientData, scaling: str) -> ClientData:
+    """``data`` as the device would train on it under the task's ``scaling`` (see ``edge.daemon``)."""
+    if scaling != "local":
+        return data
+    train, test = data.train, data.test
+    test_x = test.x if test is not None else train.x[:0]
+    tx, ex = standardize_locally(train.x, test_x)
+    scaled_test = None if test is None else Dataset(ex, test.y, test.domain)
+    return replace(data, train=Dataset(tx, train.y, train.domain), test=scaled_test)

@@ -41,6 +41,7 @@ from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.manifest import load_public_key
 from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
 from ioft_protocol.state import StateError, load_verified, save_arrays
+from sensors.features.scaling import standardize_locally
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import initial_local, participate
 from trainer_lite.data import Dataset
@@ -102,6 +103,8 @@ class EdgeTrainer:
         self.models: ModelManager | None = None
         # Embeddings of the local splits per model name, for the version they were computed with.
         self._embedded: dict[str, tuple[int, Dataset, Dataset]] = {}
+        # spec -> (rows it was fitted on, the same rows scaled) for tasks with scaling = "local"
+        self._scaled: dict[str, tuple[Dataset, Dataset, Dataset, Dataset]] = {}
         self.session = MqttSession(self._session_options())
         if config.model.public_key:
             self.models = ModelManager(
@@ -252,6 +255,19 @@ class EdgeTrainer:
         Returns ``None`` when the task names an encoder this device has no active version of.
         """
         algo = self._client(spec_json)
+        rows = self._rows(algo)
+        if rows is None or algo.scaling != "local":
+            return rows
+        train, test, version = rows
+        cached = self._scaled.get(spec_json)
+        if cached is None or cached[0] is not train or cached[1] is not test:  # refit on new rows only
+            tx, ex = standardize_locally(train.x, test.x)
+            cached = (train, test, Dataset(tx, train.y, train.domain), Dataset(ex, test.y, test.domain))
+            self._scaled[spec_json] = cached
+        return cached[2], cached[3], version
+
+    def _rows(self, algo: ClientAlgorithm) -> tuple[Dataset, Dataset, int | None] | None:
+        """The task's rows before scaling: the dataset's, or a pushed encoder's embeddings of them."""
         source = algo.spec.hparams.get("features")
         if source is None:
             return self.train, self.test, None

@@ -70,3 +70,16 @@ class Standardizer:
         if x.ndim != 2 or x.shape[1] != len(self.mean):
             raise ValueError(f"expected rows of {len(self.mean)} features, got shape {x.shape}")
         return ((x - self.mean) / self.std).astype(dtype)
+
+
+def standardize_locally(train_x: np.ndarray, test_x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both splits standardised with ``train_x``'s statistics (a task's ``scaling = "local"``).
+
+    The device's own training rows fit the scaling, so nothing leaves the device; the same
+    call serves the in-process simulator.  An empty training split is returned unchanged.
+    """
+    if len(train_x) == 0:
+        return train_x, test_x
+    scaler = Standardizer.fit(train_x)
+    dtype = np.result_type(train_x.dtype, np.float32)
+    return scaler.transform(train_x, dtype), scaler.transform(test_x, dtype)

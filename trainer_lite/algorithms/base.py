@@ -96,8 +96,11 @@ class TrainConfig:
 
 
 #: Task hyperparameters that the device daemon reads, not the algorithm: ``"features":
-#: "onnx:<model>"`` says the task trains on that pushed ONNX encoder's embeddings.
-DEVICE_HPARAMS = ("features",)
+#: "onnx:<model>"`` says the task trains on that pushed ONNX encoder's embeddings;
+#: ``"scaling": "local"`` that each device standardises its rows with its own training
+#: rows' per-feature mean and deviation (weld DWT features span ten decades).
+DEVICE_HPARAMS = ("features", "scaling")
+SCALINGS = ("none", "local")
 
 
 def algorithm_hparams(hparams: Mapping[str, Any]) -> dict[str, Any]:
@@ -191,6 +194,9 @@ class ClientAlgorithm(ABC):
         self.model: Sequential = build_model(spec.model, **spec.model_args)
         self.config = build_config(self.config_cls, algorithm_hparams(spec.hparams))
         self.loss: LossFn = get_loss(self.config.loss)
+        self.scaling: str = spec.hparams.get("scaling", "none")
+        if self.scaling not in SCALINGS:
+            raise ValueError(f"hyperparameter scaling={self.scaling!r}: choose one of {list(SCALINGS)}")
 
     # -- what is shared ---------------------------------------------------
     @abstractmethod
