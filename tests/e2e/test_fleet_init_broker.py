@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.broker import find_mosquitto, free_port, wait_for_port
+from cloud_aggregator.broker import find_mosquitto, free_port
 from cloud_aggregator.fleet_layout import open_fleet
 from ioft_protocol.config import load_toml
 from tests.conftest import _require_mosquitto
@@ -47,7 +47,14 @@ class Broker:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        wait_for_port(port, 10.0, self.proc)
+        # Waits for the log's "running" line, not with a TCP probe: a probe that closes
+        # without a TLS handshake makes mosquitto log an OpenSSL "Error", which raced
+        # ``assert_clean_start``.
+        deadline = time.monotonic() + 10
+        while f"listen socket on port {port}" not in self.log() or " running" not in self.log():
+            assert self.proc.poll() is None, f"mosquitto exited with {self.proc.returncode}:\n{self.log()}"
+            assert time.monotonic() < deadline, f"mosquitto did not start:\n{self.log()}"
+            time.sleep(0.02)
 
     def log(self) -> str:
         return self.log_path.read_text()
