@@ -12,6 +12,7 @@ from cloud_aggregator.strategies import make_strategy
 from ioft_protocol.codec import MAX_PAYLOAD_BYTES, check_id
 from ioft_protocol.config import ConfigError, build
 from ioft_protocol.mqtt import TlsConfig
+from ioft_protocol.round_messages import DeviceSelection
 from trainer_lite.algorithms.base import algorithm_hparams
 from trainer_lite.task import TaskSpec
 
@@ -92,6 +93,9 @@ class TaskConfig:
     #: the default 624-feature weld schema (``sensors.features.schema``).  Devices whose
     #: dataset carries another schema refuse the task instead of training on the wrong columns.
     feature_schema: str | None = None
+    #: Which devices run the task (``devices = { kind = "welder", tags = [...], ids = [...] }``;
+    #: ``None``: every device).  Not part of the spec: narrowing it keeps the task's history.
+    devices: DeviceSelection | None = None
 
     def __post_init__(self) -> None:
         self.check()

@@ -67,7 +67,7 @@ def decode_status(payload: bytes) -> dict | None:
 
 
 def summarize(statuses: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per device: state, models, last round and metric per task.
+    """One row per device: state, kind and tags, models, last round and metric (or refusal) per task.
 
     Any device can write its own retained status, so every field is checked: a field
     of the wrong type shows as ``?`` in that device's row, never raises, and text is
@@ -82,6 +82,7 @@ def summarize(statuses: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "device": _text(device),
                 "state": _text(body.get("state")) if isinstance(body.get("state"), str) else "?",
+                "kind": _kind_cell(body.get("kind"), body.get("tags")),
                 "models": _models_cell(body.get("models")),
                 "tasks": _tasks_cell(body.get("tasks"), body.get("refused")),
                 "data": _data_cell(body.get("data")),
@@ -140,6 +141,16 @@ def _models_cell(models: Any) -> str:
                 cell += " [refused ?]"
         cells.append(cell)
     return "; ".join(cells) or "-"
+
+
+def _kind_cell(kind: Any, tags: Any) -> str:
+    """``kind [tag, ...]`` as the device declared them (``-``: none declared)."""
+    cell = "-" if kind is None else (_text(kind, 20) if isinstance(kind, str) else "?")
+    if isinstance(tags, list) and tags:
+        cell += " [" + ", ".join(_text(t, 20) if isinstance(t, str) else "?" for t in tags[:8]) + "]"
+    elif tags not in (None, []):
+        cell += " [?]"
+    return cell
 
 
 def _data_cell(data: Any) -> str:
@@ -201,6 +212,7 @@ def format_table(rows: list[dict[str, Any]], now: float | None = None) -> str:
     headers = (
         "device",
         "state",
+        "kind [tags]",
         "models (active version)",
         "tasks (last round, last metric)",
         "local data",
@@ -210,6 +222,7 @@ def format_table(rows: list[dict[str, Any]], now: float | None = None) -> str:
         (
             r["device"],
             r["state"],
+            r.get("kind", "-"),
             r["models"],
             r["tasks"],
             r.get("data", "-"),

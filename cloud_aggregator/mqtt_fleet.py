@@ -23,6 +23,7 @@ from cloud_aggregator.stragglers import LateUpdate
 from cloud_aggregator.strategies import Update
 from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.mqtt import Message, MqttSession
+from ioft_protocol.round_messages import DeviceSelection
 from trainer_lite.params import param_hash
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,28 @@ class FleetView:
     def online_devices(self) -> list[str]:
         return sorted(d for d, up in self.online.items() if up)
 
+    def outside(self, device: str, selection: DeviceSelection | None) -> str | None:
+        """Why ``selection`` leaves ``device`` out, judged from the kind and tags in its status."""
+        if selection is None:
+            return None
+        status = self.status.get(device, {})
+        kind, tags = status.get("kind"), status.get("tags")
+        tags = [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
+        return selection.refusal(device, kind if isinstance(kind, str) else None, tags)
+
+    def refusal(self, device: str, task: str, selection: DeviceSelection | None) -> str | None:
+        """Why ``device`` will not run ``task``, from its retained status; ``None``: it may.
+
+        Either the task's ``selection`` leaves it out (its declared ``kind`` and ``tags``)
+        or the device said so itself (``refused: {task: reason}``).
+        """
+        why = self.outside(device, selection)
+        if why is not None:
+            return why
+        refused = self.status.get(device, {}).get("refused")
+        why = refused.get(task) if isinstance(refused, dict) else None
+        return why if isinstance(why, str) else None
+
 
 class MqttFleet:
     """A ``Fleet`` whose devices are ``edge-trainer`` processes reached through a broker."""
@@ -93,6 +116,10 @@ class MqttFleet:
         self.view = FleetView(rejected_by_reason=self.admission.refused)
         self._announced: list[tuple[str, bytes]] = []
         self._held: list[Message] = []  # uplinks that arrived before the first round opened
+        #: task -> which devices run it (``[[task]] devices``); absent: every device.
+        self.selections: dict[str, DeviceSelection | None] = {}
+        #: task -> how its last round closed: ``{"closed": "answered" | "deadline", "refused": {...}}``.
+        self.notes: dict[str, dict] = {}
         session.subscribe(topics.topic_status_all(self.fleet))
         session.subscribe(topics.topic_up_all(self.fleet))
         # After a broker restart the retained announcement may be gone: publish it again.
@@ -117,6 +144,7 @@ class MqttFleet:
             params=request.global_params,
             personalized=tuple(request.downlinks),
             participants=request.participants,
+            devices=self.selections.get(spec.name),
         )
         topic = topics.topic_down(self.fleet, spec.name)
         payload = ann.encode()
@@ -133,15 +161,22 @@ class MqttFleet:
         self.announce(request, deadline=time.time(), state="done")
 
     # -- collecting -------------------------------------------------------------------
-    def wait_for_devices(self) -> list[str]:
-        """Block until enough devices are online (or the start-up wait passes)."""
+    def wait_for_devices(self, settle_s: float = 1.0) -> list[str]:
+        """Block until enough devices are online (or the start-up wait passes); the devices online.
+
+        Once enough are, statuses are still read until none arrives for ``settle_s``, so a
+        device that connects a moment later is counted too (retained statuses come in a burst).
+        """
         want = set(self.policy.expected) or None
         need = len(want) if want else self.policy.min_participants
         deadline = time.monotonic() + self.policy.startup_wait_s
+        quiet_since: float | None = None
         while time.monotonic() < deadline:
             online = set(self.view.online_devices())
             if (want and want <= online) or (not want and len(online) >= need):
-                break
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since >= settle_s:
+                    break
             msg = self.session.get(0.1)
             if msg is None:
                 continue
@@ -151,6 +186,7 @@ class MqttFleet:
                 self._held.append(msg)
             else:
                 self._handle(msg, None)
+                quiet_since = None  # a status came: wait for the burst to end
         return self.view.online_devices()
 
     @staticmethod
@@ -185,6 +221,22 @@ class MqttFleet:
         expected = set(self.policy.expected) or set(self.view.online_devices())
         if request.participants is not None:  # the server chose: wait for those only
             expected = set(request.participants)
+        task, selection = request.spec.name, self.selections.get(request.spec.name)
+        refused: dict[str, str] = {}
+
+        def awaited(devices: set[str]) -> set[str]:
+            """``devices`` less those outside the selection or that refused the task (noted)."""
+            out = set()
+            for d in devices:
+                why = self.view.refusal(d, task, selection)
+                if why is None or isinstance(received.get(d), Update):
+                    out.add(d)
+                else:
+                    refused[d] = why
+            return out
+
+        expected = awaited(expected)
+        closed = "deadline"
         deadline = time.time() + self.policy.deadline_s
         self.announce(request, deadline)
         faults.point("after_announce")
@@ -194,6 +246,7 @@ class MqttFleet:
             valid = len(answered)
             # All awaited devices answered; too few of them for min_participants waits for more.
             if expected and expected <= answered and valid >= self.policy.min_participants:
+                closed = "answered"
                 break
             if time.time() >= deadline:
                 if valid >= self.policy.min_participants or extensions >= self.policy.max_extensions:
@@ -228,6 +281,13 @@ class MqttFleet:
                         | (online - was_online)
                         | {d for d in received if isinstance(received[d], Update)}
                     )
+                # A device that refuses the task (its status says so, at once) is not waited for.
+                expected = awaited(expected)
+        online = set(self.view.online_devices())
+        awaited(online)  # note every online device that sat this round out, and why
+        self.notes[task] = {"closed": closed, "refused": dict(sorted(refused.items()))}
+        if refused:
+            log.info("round %d/%s: not run by %s", request.round, request.phase, refused)
         return list(received.values())
 
     def _handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
@@ -242,6 +302,10 @@ class MqttFleet:
             self._status(topic.device, msg.payload)
         elif topic.kind == "up" and request is not None and received is not None:
             if topic.task != request.spec.name:
+                return
+            why = self.view.outside(topic.device, self.selections.get(topic.task))
+            if why is not None:  # counted and stored like any refusal
+                self._record_refusal(topic.device, request, Refusal(Reason.NOT_SELECTED, why))
                 return
             self._accept(topic.device, msg.payload, request, received, persist=True)
         elif topic.kind == "up":
@@ -258,6 +322,19 @@ class MqttFleet:
         self.view.status[device] = status
         self.view.online[device] = status.get("state") == "online"
 
+    def _record_refusal(
+        self, device: str, request: CollectRequest | None, verdict: Refusal, *, counted: bool = False
+    ) -> None:
+        """Log and store a refused upload; count it unless admission already did (``counted``)."""
+        if not counted:
+            per = self.admission.refused.setdefault(device, {})
+            per[verdict.reason] = per.get(verdict.reason, 0) + 1
+        level = logging.INFO if verdict.reason in ROUTINE_REFUSALS else logging.WARNING
+        log.log(level, "dropped update from %s: %s", device, verdict)
+        if self.store is not None:
+            task, round_ = (request.spec.name, request.round) if request is not None else ("", None)
+            self.store.put_rejection(task, round_, device, verdict.reason, verdict.detail)
+
     def _accept(
         self, device: str, payload: bytes, request: CollectRequest | None, received: Inbox, *, persist: bool
     ) -> None:
@@ -267,11 +344,7 @@ class MqttFleet:
         """
         verdict = self.admission.receive(device, payload, request, received, restored=not persist)
         if isinstance(verdict, Refusal):
-            level = logging.INFO if verdict.reason in ROUTINE_REFUSALS else logging.WARNING
-            log.log(level, "dropped update from %s: %s", device, verdict)
-            if self.store is not None:
-                task, round_ = (request.spec.name, request.round) if request is not None else ("", None)
-                self.store.put_rejection(task, round_, device, verdict.reason, verdict.detail)
+            self._record_refusal(device, request, verdict, counted=True)
             return
         if isinstance(verdict, LateUpdate):
             log.info(

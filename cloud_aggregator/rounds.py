@@ -327,6 +327,11 @@ class RoundEngine:
                 "late": sorted(counted & set(late_devices)),
                 "superseded": sorted(superseded),
             }
+        # A fleet that knows which devices sat the round out (MqttFleet.notes: a device outside
+        # the task's selection, or one that refused it) says so, with how the round closed.
+        notes = getattr(self.fleet, "notes", {}).get(self.spec.name)
+        if notes and notes.get("refused"):
+            record.extra = {**record.extra, **notes}
         if self.straggler == "next_round":
             self._late = LateWindow(round_, phase, gh, before, frozenset(counted))
         self._pending = record

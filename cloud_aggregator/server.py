@@ -191,6 +191,7 @@ def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: boo
         )
         fleet = MqttFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy())
         online = fleet.wait_for_devices()
+        fleet.selections.update({t.name: t.devices for t in cfg.task})  # which devices run each task
         log.info("fleet %s: %d online at start: %s", cfg.fleet, len(online), online)
         tasks = list(cfg.task)
         while True:
@@ -201,6 +202,7 @@ def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: boo
             log.info("all tasks done; waiting for new or extended tasks (SIGHUP re-reads the config)")
             new = accepted.get()
             tasks = [t for t in new.task if store.next_round(t.name) <= t.rounds]
+            fleet.selections.update({t.name: t.devices for t in tasks})
             try:
                 register_tasks(store, tasks, lambda _: False)
             except TaskChangedError as exc:  # the store moved on since the watcher checked

@@ -11,6 +11,7 @@ from typing import Any
 
 from ioft_protocol.codec import check_id
 from ioft_protocol.mqtt import TlsConfig
+from ioft_protocol.round_messages import MACHINE_KINDS
 from sensors.accel import adxl345, mpu6050
 
 #: Files ``device.toml`` may name relative to its own folder: ``(table, key)``.
@@ -59,7 +60,7 @@ DATA_SOURCES = ("simulate-printer", "simulate-welder", "simulate-printer-raw", "
 
 
 #: What ``[sensors]`` may name; see :class:`SensorsConfig`.
-SENSOR_KINDS = ("printer", "welder")
+SENSOR_KINDS = MACHINE_KINDS
 ACCEL_KINDS = ("adxl345", "mpu6050", "klipper")
 CONTEXT_KINDS = ("moonraker",)
 WELD_TARGETS = ("tool_m", "tool_s", "surface")
@@ -235,7 +236,13 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DeviceConfig:
-    """``edge-trainer`` settings (TOML; CLI flags override)."""
+    """``edge-trainer`` settings (TOML; CLI flags override).
+
+    ``kind`` (``"printer"`` or ``"welder"``) and ``tags`` say what machine this is; the
+    device carries them in its retained status, and a task whose ``devices`` selection
+    does not match them is refused at once.  ``kind`` defaults to ``[sensors] kind``,
+    else to the simulated machine of ``[data] source`` (:attr:`machine_kind`).
+    """
 
     device: str
     fleet: str = "default"
@@ -252,10 +259,29 @@ class DeviceConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     sensors: SensorsConfig | None = None  # [sensors]: read by edge-recorder only
+    kind: str | None = None
+    tags: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-
         check_id("device", self.device)
+        if self.kind is not None and self.kind not in MACHINE_KINDS:
+            raise ValueError(f"kind must be one of {list(MACHINE_KINDS)}, got {self.kind!r}")
+        if self.kind is not None and self.sensors is not None and self.sensors.kind != self.kind:
+            raise ValueError(
+                f"kind = {self.kind!r} but [sensors] kind = {self.sensors.kind!r}; make them agree"
+            )
+        for tag in self.tags:
+            check_id("tag", tag)
         check_id("fleet", self.fleet)
         if self.keepalive < 2:
             raise ValueError(f"keepalive must be >= 2 s, got {self.keepalive}")
+
+    @property
+    def machine_kind(self) -> str | None:
+        """``kind``, else ``[sensors] kind``, else the simulated machine (``None``: undeclared)."""
+        if self.kind is not None:
+            return self.kind
+        if self.sensors is not None:
+            return self.sensors.kind
+        simulated = self.data.source.removeprefix("simulate-").split("-")[0]
+        return simulated if simulated in MACHINE_KINDS else None

@@ -148,6 +148,8 @@ class EdgeTrainer:
             "device": self.device,
             "state": state,
             "time": time.time(),
+            "kind": self.config.machine_kind,
+            "tags": list(self.config.tags),
             "tasks": {
                 name: {"round": ts.answered[0] if ts.answered else None, "metrics": ts.metrics}
                 for name, ts in self.tasks.items()
@@ -319,18 +321,50 @@ class EdgeTrainer:
                 f"({self.data_meta.get('source', '?')}) has {have}"
             )
 
+    def _refuse(self, task: str, reason: str) -> None:
+        """Report (retained status, once per reason) that this device will not run ``task``."""
+        if self.refused.get(task) != reason:  # once per task and spec, not every round
+            self.refused[task] = reason
+            log.warning("%s: refusing task %s: %s; sending nothing for it", self.device, task, reason)
+            self._publish_status()
+
+    def _check_selected(self, ann: round_messages.Announcement) -> None:
+        """Raise :class:`TaskRefused` if the task's ``devices`` selection leaves this device out."""
+        if ann.devices is None:
+            return
+        why = ann.devices.refusal(self.device, self.config.machine_kind, self.config.tags)
+        if why is not None:
+            raise TaskRefused(why)
+
+    def _check_width(self, algo: ClientAlgorithm, spec_json: str) -> None:
+        """Raise :class:`TaskRefused` if the task's model takes another number of input features
+        than the rows it would train on here (a printer task on a welder's 624 features)."""
+        width = input_width(algo.model)
+        if width is None or len(self.train) == 0:
+            return  # a model with no input layer, or no rows to judge yet
+        data = self.task_data(spec_json)
+        if data is None:
+            return  # waits for its encoder
+        have = data[0].x.shape[1] if data[0].x.ndim == 2 else None
+        if have != width:
+            raise TaskRefused(
+                f"the task's model takes {width} input features per row, but the local data "
+                f"({self.data_meta.get('source', '?')}) has {have if have is not None else 'no 2-D rows'}"
+            )
+
     def on_announcement(self, ann: round_messages.Announcement) -> None:
         if self.config.tasks and ann.task not in self.config.tasks:
             return
         try:
+            self._check_selected(ann)
             algo = self._client(ann.spec)
+            self.refresh_dataset()
+            self._check_width(algo, ann.spec)  # on a "done" one too: the refusal stays reported
         except TaskRefused as exc:
-            if self.refused.get(ann.task) != str(exc):  # once per task and spec, not every round
-                self.refused[ann.task] = str(exc)
-                log.warning("%s: refusing task %s: %s; sending nothing for it", self.device, ann.task, exc)
-                self._publish_status()
+            self._refuse(ann.task, str(exc))
             return
-        self.refused.pop(ann.task, None)
+        if self.refused.pop(ann.task, None) is not None:
+            self._publish_status()  # the aggregator may wait for this device again
         state = self._task_state(ann.task, ann.spec, algo)
         if ann.state == "done" or not ann.takes_part(self.device):
             return
@@ -343,7 +377,6 @@ class EdgeTrainer:
             return  # a stale announcement
         if param_hash(ann.params) != ann.params_hash:
             raise codec.WireError("downlink parameters do not match their announced hash")
-        self.refresh_dataset()
         if len(self.train) == 0:
             log.warning(
                 "%s: task %s round %d: no local training rows yet; skipping the round",
@@ -458,6 +491,27 @@ class EdgeTrainer:
                 raise ValueError(f"task {task} needs encoder {source}, which is not active on this device")
             x = embed_rows(model, x)
         return algo.predict(shared, state.local, x)
+
+
+def input_width(layer: object) -> int | None:
+    """The number of input features ``layer`` (a model) takes; ``None`` when it does not say.
+
+    Follows the first child of a ``Sequential`` and a wrapped ``linear`` down to a layer
+    that declares its width (``Linear.d_in``, ``Affine.dim``).
+    """
+    for _ in range(8):
+        for name in ("d_in", "dim"):
+            value = getattr(layer, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        children = getattr(layer, "layers", None)
+        if children:
+            layer = children[0][1]
+        elif hasattr(layer, "linear"):
+            layer = layer.linear
+        else:
+            return None
+    return None
 
 
 def save_task_state(path: Path, state: TaskState) -> None:

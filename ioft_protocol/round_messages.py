@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,6 +10,76 @@ import numpy as np
 
 from ioft_protocol.codec import MAX_PAYLOAD_BYTES, WireError, check_id, decode, encode
 from ioft_protocol.codec import require_field as _field
+
+#: What a device may declare as its ``kind`` (``device.toml``) and a task may select.
+MACHINE_KINDS = ("printer", "welder")
+
+
+@dataclass(frozen=True)
+class DeviceSelection:
+    """Which devices a task runs on: ``[[task]] devices = { kind, tags, ids }``.
+
+    Every given criterion must hold: ``kind`` equal to the device's declared kind,
+    every one of ``tags`` among the device's tags, and, when ``ids`` is not empty, the
+    device among them.  The aggregator waits only for devices it selects (judged from
+    their retained status), and the announcement carries the selection so that a
+    device outside it refuses the task at once (:meth:`refusal`, one rule both sides run).
+
+    Parameters
+    ----------
+    kind
+        One of :data:`MACHINE_KINDS`, or ``None`` for any kind.
+    tags
+        Tags a device must all carry (``tags = [...]`` in its ``device.toml``).
+    ids
+        Device ids the task is limited to (empty: no limit).
+    """
+
+    kind: str | None = None
+    tags: tuple[str, ...] = ()
+    ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind is not None and self.kind not in MACHINE_KINDS:
+            raise ValueError(f"devices.kind must be one of {list(MACHINE_KINDS)}, got {self.kind!r}")
+        for what, values in (("tags", self.tags), ("ids", self.ids)):
+            for v in values:
+                check_id(f"devices.{what} entry", v)  # a WireError is a ValueError
+        object.__setattr__(self, "tags", tuple(self.tags))
+        object.__setattr__(self, "ids", tuple(self.ids))
+
+    def refusal(self, device: str, kind: str | None, tags: Sequence[str]) -> str | None:
+        """Why ``device`` (of ``kind``, carrying ``tags``) is not selected; ``None`` if it is."""
+        if self.ids and device not in self.ids:
+            return f"task runs on devices {sorted(self.ids)} only"
+        if self.kind is not None and kind != self.kind:
+            declared = f"kind {kind!r}" if kind else "no kind"
+            return f"task runs on kind {self.kind!r}; this device declares {declared}"
+        missing = sorted(set(self.tags) - set(tags))
+        if missing:
+            return f"task runs on devices tagged {sorted(self.tags)}; this device lacks {missing}"
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """The selection as a JSON object (announcement field ``devices``)."""
+        return {"kind": self.kind, "tags": sorted(self.tags), "ids": sorted(self.ids)}
+
+    @classmethod
+    def from_json(cls, value: Any) -> DeviceSelection:
+        """Parse :meth:`to_json`'s output; ``WireError`` when it is not one."""
+        if not isinstance(value, dict):
+            raise WireError(f"field 'devices' must be an object, got {type(value).__name__}")
+        kind, tags, ids = value.get("kind"), value.get("tags", []), value.get("ids", [])
+        if (
+            not (kind is None or isinstance(kind, str))
+            or not isinstance(tags, list)
+            or not isinstance(ids, list)
+        ):
+            raise WireError("field 'devices' must hold kind (string or null), tags and ids (lists)")
+        try:
+            return cls(kind, tuple(tags), tuple(ids))
+        except ValueError as exc:
+            raise WireError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -24,6 +95,8 @@ class Announcement:
     ``for_device`` names it, ``params`` are its own and ``params_hash`` is their hash.  The broadcast
     lists those devices in ``personalized`` so they wait for their own copy, and the
     server's selection in ``participants`` (``None``: every device that is online).
+    ``devices`` is the task's :class:`DeviceSelection` (``None``: every device; the
+    field is then left out of the message).
     """
 
     fleet: str
@@ -39,6 +112,7 @@ class Announcement:
     for_device: str | None = None
     personalized: tuple[str, ...] = ()
     participants: tuple[str, ...] | None = None
+    devices: DeviceSelection | None = None
 
     def __post_init__(self) -> None:
         if not self.params_hash:
@@ -53,6 +127,8 @@ class Announcement:
         fields["for_device"] = self.for_device
         fields["personalized"] = sorted(self.personalized)
         fields["participants"] = None if self.participants is None else sorted(self.participants)
+        if self.devices is not None:
+            fields["devices"] = self.devices.to_json()
         return encode("round", fields, self.params)
 
     def takes_part(self, device: str) -> bool:
@@ -88,6 +164,7 @@ class Announcement:
             else check_id("device", _field(meta, "for_device", str)),
             personalized=_device_list(meta, "personalized"),
             participants=None if meta.get("participants") is None else _device_list(meta, "participants"),
+            devices=None if meta.get("devices") is None else DeviceSelection.from_json(meta["devices"]),
         )
 
 

@@ -28,6 +28,7 @@ def test_a_good_status_reads_as_before():
     assert row == {
         "device": "printer1",
         "state": "online",
+        "kind": "-",
         "models": "enc v3 (fetching v4: 2/9) [refused v2: bad signature]",
         "tasks": "speed: round 4 test_loss=0.2500",
         "data": "-",
