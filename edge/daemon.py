@@ -300,7 +300,7 @@ class EdgeTrainer:
         if algo is None:
             spec = TaskSpec.from_json(spec_json)
             if self.config.algorithms and spec.algorithm not in self.config.algorithms:
-                raise ValueError(
+                raise TaskRefused(
                     f"algorithm {spec.algorithm!r} not allowed on this device ({self.config.algorithms})"
                 )
             self._check_schema(spec)
