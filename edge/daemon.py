@@ -339,7 +339,7 @@ class EdgeTrainer:
     def _check_width(self, algo: ClientAlgorithm, spec_json: str) -> None:
         """Raise :class:`TaskRefused` if the task's model takes another number of input features
         than the rows it would train on here (a printer task on a welder's 624 features)."""
-        width = input_width(algo.model)
+        width = algo.input_width()
         if width is None or len(self.train) == 0:
             return  # a model with no input layer, or no rows to judge yet
         data = self.task_data(spec_json)
@@ -491,27 +491,6 @@ class EdgeTrainer:
                 raise ValueError(f"task {task} needs encoder {source}, which is not active on this device")
             x = embed_rows(model, x)
         return algo.predict(shared, state.local, x)
-
-
-def input_width(layer: object) -> int | None:
-    """The number of input features ``layer`` (a model) takes; ``None`` when it does not say.
-
-    Follows the first child of a ``Sequential`` and a wrapped ``linear`` down to a layer
-    that declares its width (``Linear.d_in``, ``Affine.dim``).
-    """
-    for _ in range(8):
-        for name in ("d_in", "dim"):
-            value = getattr(layer, name, None)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-        children = getattr(layer, "layers", None)
-        if children:
-            layer = children[0][1]
-        elif hasattr(layer, "linear"):
-            layer = layer.linear
-        else:
-            return None
-    return None
 
 
 def save_task_state(path: Path, state: TaskState) -> None:

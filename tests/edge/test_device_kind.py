@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from edge.config import DataConfig, DeviceConfig
-from edge.daemon import input_width
 from ioft_protocol.config import ConfigError, build
 from trainer_lite.models import build_model
 
@@ -35,4 +34,4 @@ def test_a_bad_kind_or_tag_is_listed():
     ],
 )
 def test_input_width(model, args, width):
-    assert input_width(build_model(model, **args)) == width
+    assert build_model(model, **args).input_width() == width

@@ -194,9 +194,19 @@ class ClientAlgorithm(ABC):
         self.model: Sequential = build_model(spec.model, **spec.model_args)
         self.config = build_config(self.config_cls, algorithm_hparams(spec.hparams))
         self.loss: LossFn = get_loss(self.config.loss)
-        self.scaling: str = spec.hparams.get("scaling", "none")
-        if self.scaling not in SCALINGS:
-            raise ValueError(f"hyperparameter scaling={self.scaling!r}: choose one of {list(SCALINGS)}")
+        self.scaling  # noqa: B018 -- checked with the other hyperparameters, at construction
+
+    @property
+    def scaling(self) -> str:
+        """The task's ``scaling`` device hyperparameter (:data:`DEVICE_HPARAMS`): ``"none"`` or ``"local"``."""
+        value = self.spec.hparams.get("scaling", "none")
+        if value not in SCALINGS:
+            raise ValueError(f"hyperparameter scaling={value!r}: choose one of {list(SCALINGS)}")
+        return value
+
+    def input_width(self) -> int | None:
+        """Input features per row the task's model takes (``None``: it does not say)."""
+        return self.model.input_width()
 
     # -- what is shared ---------------------------------------------------
     @abstractmethod

@@ -172,6 +172,9 @@ class PerPCAClient(ClientAlgorithm):
         self.spec = spec
         self.config: PerPCAConfig = build_config(PerPCAConfig, algorithm_hparams(spec.hparams))
 
+    def input_width(self) -> int | None:
+        return None  # no model: the subspaces take their width from the first round's rows
+
     def shared_names(self) -> list[str]:
         return ["U"]
 

@@ -31,6 +31,10 @@ class Layer(ABC):
     def backward(self, p: Params, cache: Cache, dy: np.ndarray) -> tuple[Params, np.ndarray]:
         """Parameter gradients and input gradient for upstream gradient ``dy``."""
 
+    def input_width(self) -> int | None:
+        """Input features per row this layer takes; ``None`` when any width will do."""
+        return None
+
     def param_grads(self, p: Params, cache: Cache, dy: np.ndarray) -> Params:
         """Parameter gradients only.
 

@@ -77,6 +77,9 @@ class Linear(Layer):
     def backward(self, p: Params, cache: Cache, dy: np.ndarray) -> tuple[Params, np.ndarray]:
         return self.param_grads(p, cache, dy), dy @ p["weight"].T
 
+    def input_width(self) -> int | None:
+        return self.d_in
+
 
 class Affine(Layer):
     """PFL-DA's linear encoder ``Φ(x) = φ1 ⊙ x + φ2``, elementwise per feature.
@@ -110,6 +113,9 @@ class Affine(Layer):
     def backward(self, p: Params, cache: Cache, dy: np.ndarray) -> tuple[Params, np.ndarray]:
         return self.param_grads(p, cache, dy), dy * p["scale"]
 
+    def input_width(self) -> int | None:
+        return self.dim
+
 
 class SigmoidGLM(Layer):
     """Sigmoid decoder of PFL-DA Table 4: ``y = sigmoid(h) @ weight + bias``.
@@ -142,6 +148,9 @@ class SigmoidGLM(Layer):
         ds *= s
         ds *= 1.0 - s
         return grads, ds
+
+    def input_width(self) -> int | None:
+        return self.linear.input_width()
 
 
 class ReLU(Layer):

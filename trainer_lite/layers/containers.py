@@ -108,6 +108,9 @@ class Sequential(Layer):
                 return [full for _, full in keys]
         raise KeyError(f"no layer {layer!r}; layers are {[n for n, _ in self.layers]}")
 
+    def input_width(self) -> int | None:
+        return self.layers[0][1].input_width() if self.layers else None
+
 
 class Residual(Layer):
     """``y = body(x) + shortcut(x)``, with the identity when ``shortcut`` is ``None``.

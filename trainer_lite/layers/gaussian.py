@@ -107,6 +107,9 @@ class GaussianBasis(Layer):
         # dφ/dx = −dφ/dμ.
         return grads, -gda.sum(axis=2)
 
+    def input_width(self) -> int | None:
+        return self.d_in
+
 
 class GaussianGLM(Sequential):
     """Gaussian-basis decoder: a :class:`GaussianBasis` named ``rbf`` followed by linear maps.
