@@ -239,9 +239,10 @@ def client_toml(layout: FleetLayout, name: str) -> str:
     if device:
         lines.append(f"state_dir = {_toml_str(f'/var/lib/ioft/{name}')}")
     if name == AGGREGATOR:
-        lines.append(
-            f"client_id = {_toml_str(AGGREGATOR)}  # the broker uses the username as client id anyway"
-        )
+        lines += [
+            f"client_id = {_toml_str(AGGREGATOR)}  # the broker uses the username as client id anyway",
+            f"state_dir = {_toml_str('/var/lib/ioft-aggregator')}  # the store; top-level keys go above [tls]",
+        ]
     if layout.auth == "passwords":
         lines += [f"username = {_toml_str(name)}", f"password = {_toml_str(layout.passwords[name])}"]
     ca, cert, key = layout.ca_cert, layout.cert(name), layout.key(name)

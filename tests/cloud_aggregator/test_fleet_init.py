@@ -327,3 +327,21 @@ def test_the_operator_toml_names_the_key_push_checks_with(tmp_path):
     assert build(
         AggregatorConfig, {k: v for k, v in load_toml(layout.toml(OPERATOR)).items() if k != "model"}
     )
+
+
+def test_the_aggregator_toml_takes_the_readmes_tables_appended_at_its_end(tmp_path):
+    """The README says: add [collect], [admission] and [[task]] at the end of the generated file.
+    Its store folder is already a top-level key (a `state_dir` pasted at the end would land in the
+    last table and be refused), so appending tables is all an operator does."""
+    layout = init_fleet(tmp_path / "f", "plant", DEVICES)
+    path = layout.toml(AGGREGATOR)
+    lines = path.read_text().splitlines()
+    assert lines.index(
+        'state_dir = "/var/lib/ioft-aggregator"  # the store; top-level keys go above [tls]'
+    ) < (lines.index("[tls]"))  # written where an operator edits it, not appended after [tls]
+    path.write_text(
+        path.read_text()
+        + '\n[collect]\ndeadline_s = 60\n[[task]]\nname = "speed"\nalgorithm = "pflda"\nmodel = "sigmoid_glm"\n'
+    )
+    cfg = build(AggregatorConfig, load_toml(path), str(path))
+    assert cfg.state_dir == "/var/lib/ioft-aggregator" and [t.name for t in cfg.task] == ["speed"]
