@@ -14,7 +14,7 @@ import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cloud_aggregator.fleet_ca import FleetCA, cert_serial, revoked_serials
@@ -151,14 +151,13 @@ def revoke_devices(root: str | Path, devices: Sequence[str], *, crl_days: int = 
     return FleetLayout(layout.root, layout.fleet, layout.auth, layout.broker_url, layout.port, remaining)
 
 
-def _run(args: argparse.Namespace, action: str) -> tuple[FleetLayout, list[str]] | None:
+def _run(
+    args: argparse.Namespace, change: Callable[[list[str]], FleetLayout]
+) -> tuple[FleetLayout, list[str]] | None:
+    """``change`` applied to ``--devices``; a failure is one line on stderr and ``None``."""
     devices = split_ids(args.devices)
     try:
-        if action == "add":
-            return add_devices(args.dir, devices, days=args.days), devices
-        if action == "renew":
-            return renew_devices(args.dir, devices, days=args.days), devices
-        return revoke_devices(args.dir, devices), devices
+        return change(devices), devices
     except (FleetInitError, OSError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return None
@@ -166,7 +165,7 @@ def _run(args: argparse.Namespace, action: str) -> tuple[FleetLayout, list[str]]
 
 def main_add(args: argparse.Namespace) -> int:
     """``fleet add-device``."""
-    done = _run(args, "add")
+    done = _run(args, lambda devices: add_devices(args.dir, devices, days=args.days))
     if done is None:
         return 2
     layout, devices = done
@@ -177,7 +176,7 @@ def main_add(args: argparse.Namespace) -> int:
 
 def main_renew(args: argparse.Namespace) -> int:
     """``fleet renew-device``."""
-    done = _run(args, "renew")
+    done = _run(args, lambda devices: renew_devices(args.dir, devices, days=args.days))
     if done is None:
         return 2
     layout, devices = done
@@ -189,7 +188,7 @@ def main_renew(args: argparse.Namespace) -> int:
 
 def main_revoke(args: argparse.Namespace) -> int:
     """``fleet revoke-device``."""
-    done = _run(args, "revoke")
+    done = _run(args, lambda devices: revoke_devices(args.dir, devices))
     if done is None:
         return 2
     layout, devices = done

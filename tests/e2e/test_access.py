@@ -22,13 +22,13 @@ from pathlib import Path
 import paho.mqtt.client as paho
 import pytest
 
-from cloud_aggregator.broker import BrokerProcess, free_port, start_mosquitto
+from cloud_aggregator.broker import BrokerProcess
 from cloud_aggregator.fleet_init import AGGREGATOR, OPERATOR, FleetLayout, init_fleet
 from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
 from edge.config import DeviceConfig
 from ioft_protocol import topics
 from ioft_protocol.mqtt import BrokerAddress, MqttError, MqttSession, SessionOptions, TlsConfig
-from tests.conftest import _require_mosquitto
+from tests.conftest import tls_fleet_broker
 
 pytestmark = pytest.mark.broker
 DEVICES = ("printer1", "printer2")
@@ -38,16 +38,7 @@ SETTLE_S = 1.0
 
 
 def _fleet_broker(root: Path, auth: str) -> Iterator[tuple[FleetLayout, BrokerProcess]]:
-    _require_mosquitto()
-    port = free_port()
-    layout = init_fleet(root / "fleet", FLEET, DEVICES, auth=auth, hosts=HOSTS, port=port, bind="127.0.0.1")
-    broker = start_mosquitto(
-        port, config=layout.mosquitto_conf, log_file=root / "mosquitto.log", tls=True, as_invoker=True
-    )
-    try:
-        yield layout, broker
-    finally:
-        broker.stop()
+    return tls_fleet_broker(root, DEVICES, auth=auth, hosts=HOSTS, bind="127.0.0.1")
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +26,6 @@ import pytest
 from cloud_aggregator.broker import find_mosquitto, free_port
 from cloud_aggregator.fleet_layout import open_fleet
 from ioft_protocol.config import load_toml
-from tests.conftest import _require_mosquitto
 from tests.e2e.test_access import Client
 
 pytestmark = pytest.mark.broker
@@ -74,15 +71,8 @@ class Broker:
 
 
 @pytest.fixture
-def fleet_dir() -> Iterator[Path]:
-    """A folder the ``mosquitto`` user can enter (pytest's temp folders are 0700)."""
-    _require_mosquitto()
-    root = Path(tempfile.mkdtemp(prefix="ioft-fleet-"))
-    os.chmod(root, 0o755)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+def fleet_dir(enterable_dir: Path) -> Path:
+    return enterable_dir
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -22,9 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +30,6 @@ import pytest
 from cloud_aggregator.broker import free_port
 from cloud_aggregator.store import SqliteStore
 from ioft_protocol.config import load_toml
-from tests.conftest import _require_mosquitto
 from tests.e2e.test_fleet_init_broker import Broker, assert_clean_start, cli, init
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -65,15 +62,8 @@ def console_script(name: str, module: str) -> list[str]:
 
 
 @pytest.fixture
-def work() -> Iterator[Path]:
-    """A temp folder the ``mosquitto`` user can enter (pytest's are 0700; the README: ``chmod o+x``)."""
-    _require_mosquitto()
-    root = Path(tempfile.mkdtemp(prefix="ioft-operator-"))
-    os.chmod(root, 0o755)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+def work(enterable_dir: Path) -> Path:
+    return enterable_dir
 
 
 def spawn(cmd: list[str], log: Path, cwd: Path) -> subprocess.Popen:

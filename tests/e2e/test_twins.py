@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.broker import BrokerProcess, free_port, start_mosquitto
-from cloud_aggregator.fleet_init import AGGREGATOR, FleetLayout, init_fleet
+from cloud_aggregator.broker import BrokerProcess
+from cloud_aggregator.fleet_init import AGGREGATOR, FleetLayout
 from cloud_aggregator.local_fleet import FLEET, aggregator_toml, pflda_task
-from tests.conftest import _require_mosquitto
+from tests.conftest import tls_fleet_broker
 from tests.e2e.watched import Watched
 
 pytestmark = pytest.mark.broker
@@ -25,17 +25,7 @@ TWIN = "another client is connected with our identity"
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory) -> Iterator[tuple[FleetLayout, BrokerProcess]]:
-    _require_mosquitto()
-    root = tmp_path_factory.mktemp("twins")
-    port = free_port()
-    layout = init_fleet(root / "fleet", FLEET, ("printer1", "printer2"), hosts=("127.0.0.1",), port=port)
-    broker = start_mosquitto(
-        port, config=layout.mosquitto_conf, log_file=root / "mosquitto.log", tls=True, as_invoker=True
-    )
-    try:
-        yield layout, broker
-    finally:
-        broker.stop()
+    yield from tls_fleet_broker(tmp_path_factory.mktemp("twins"), ("printer1", "printer2"))
 
 
 def _trainer_args(
