@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from ioft_protocol.config import ConfigError
 from ioft_protocol.manifest import ManifestError
-from ioft_protocol.mqtt import BrokerLogin, MqttError, MqttSession, SessionOptions
+from ioft_protocol.mqtt import BrokerLogin, MqttError, SessionOptions, check_options
 from ioft_protocol.state import StateError
 
 USAGE = 2
@@ -127,8 +127,8 @@ def check_broker_login(login: BrokerLogin, client_id: str, source: str) -> None:
     """Refuse, as a config error, a broker login no session could use -- before anything connects.
 
     The session's own checks run (URL form, plaintext without ``allow_plaintext``, a TLS
-    URL without a CA, TLS files with a plaintext URL, TLS files that do not load); building
-    a session does not connect, and this one is dropped.
+    URL without a CA, TLS files with a plaintext URL, TLS files that do not load), without
+    building a client.
 
     Parameters
     ----------
@@ -145,6 +145,6 @@ def check_broker_login(login: BrokerLogin, client_id: str, source: str) -> None:
         One problem, naming the ``broker`` setting and what to do.
     """
     try:
-        MqttSession(SessionOptions.for_login(login, client_id))
+        check_options(SessionOptions.for_login(login, client_id))
     except (ValueError, MqttError) as exc:
         raise ConfigError(source, [f"broker: {exc}"]) from None

@@ -155,23 +155,48 @@ class BrokerLogin(Protocol):
     def allow_plaintext(self) -> bool: ...
 
 
+def check_options(options: SessionOptions) -> ssl.SSLContext | None:
+    """What a session refuses before it connects, checked without a client; the TLS context, if any.
+
+    Raises
+    ------
+    MqttError
+        A plaintext URL without ``allow_plaintext``, a TLS URL without a CA, TLS files with a
+        plaintext URL, or TLS files that do not load.
+    """
+    if options.tls is None and not options.broker.tls and not options.allow_plaintext:
+        raise MqttError(
+            f"refusing plaintext broker {options.broker.url()}: use mqtts:// with a CA, "
+            "or set allow_plaintext (tests and loopback demos only)"
+        )
+    if options.broker.tls and options.tls is None:
+        raise MqttError(f"{options.broker.url()} needs TLS options (at least the fleet CA file)")
+    if options.tls is not None and not options.broker.tls:
+        # paho would quietly speak TLS to an mqtt:// URL; say what is meant instead.
+        raise MqttError(
+            f"TLS is configured but the broker URL {options.broker.url()} is plaintext: "
+            f"use mqtts://{options.broker.host}:<tls port>"
+        )
+    if options.tls is None:
+        return None
+    tls = options.tls
+    # Verify the broker against the fleet CA and its host name; present our certificate.
+    try:
+        ctx = ssl.create_default_context(cafile=tls.ca_file)
+        if tls.cert_file:
+            ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise MqttError(
+            f"cannot load TLS files (ca_file={tls.ca_file}, cert_file={tls.cert_file}, "
+            f"key_file={tls.key_file}): {exc}"
+        ) from exc
+    return ctx
+
+
 class MqttSession:
     """One connection to the broker, kept alive across broker restarts."""
 
     def __init__(self, options: SessionOptions) -> None:
-        if options.tls is None and not options.broker.tls and not options.allow_plaintext:
-            raise MqttError(
-                f"refusing plaintext broker {options.broker.url()}: use mqtts:// with a CA, "
-                "or set allow_plaintext (tests and loopback demos only)"
-            )
-        if options.broker.tls and options.tls is None:
-            raise MqttError(f"{options.broker.url()} needs TLS options (at least the fleet CA file)")
-        if options.tls is not None and not options.broker.tls:
-            # paho would quietly speak TLS to an mqtt:// URL; say what is meant instead.
-            raise MqttError(
-                f"TLS is configured but the broker URL {options.broker.url()} is plaintext: "
-                f"use mqtts://{options.broker.host}:<tls port>"
-            )
         self.options = options
         self.inbound: queue.Queue[Message] = queue.Queue(maxsize=options.inbound_limit)
         self.dropped_inbound = 0
@@ -190,22 +215,8 @@ class MqttSession:
         self.drops = 0
         self._taps: dict[str, Callable[[Message], None]] = {}
         self.on_connect_hooks: list[Callable[[], None]] = []
-        self._ssl: ssl.SSLContext | None = self._ssl_context() if options.tls is not None else None
+        self._ssl = check_options(options)
         self._client = self._make_client()
-
-    def _ssl_context(self) -> ssl.SSLContext:
-        """Verify the broker against the fleet CA and its host name; present our certificate."""
-        tls = self.options.tls
-        try:
-            ctx = ssl.create_default_context(cafile=tls.ca_file)
-            if tls.cert_file:
-                ctx.load_cert_chain(tls.cert_file, tls.key_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise MqttError(
-                f"cannot load TLS files (ca_file={tls.ca_file}, cert_file={tls.cert_file}, "
-                f"key_file={tls.key_file}): {exc}"
-            ) from exc
-        return ctx
 
     def _make_client(self) -> paho.Client:
         o = self.options
