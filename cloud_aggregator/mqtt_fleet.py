@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from cloud_aggregator import faults
 from cloud_aggregator.admission import Admission, AdmissionPolicy, Inbox, Reason, Refusal
-from cloud_aggregator.rounds import CollectRequest, Rejection, RoundStore
+from cloud_aggregator.rounds import CollectRequest, Rejection, RoundStore, SatOut
 from cloud_aggregator.stragglers import LateUpdate
 from cloud_aggregator.strategies import Update
 from ioft_protocol import codec, round_messages, topics
@@ -118,8 +118,6 @@ class MqttFleet:
         self._held: list[Message] = []  # uplinks that arrived before the first round opened
         #: task -> which devices run it (``[[task]] devices``); absent: every device.
         self.selections: dict[str, DeviceSelection | None] = {}
-        #: task -> how its last round closed: ``{"closed": "answered" | "deadline", "refused": {...}}``.
-        self.notes: dict[str, dict] = {}
         session.subscribe(topics.topic_status_all(self.fleet))
         session.subscribe(topics.topic_up_all(self.fleet))
         # After a broker restart the retained announcement may be gone: publish it again.
@@ -196,7 +194,7 @@ class MqttFleet:
         except codec.WireError:
             return False
 
-    def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate]:
+    def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate | SatOut]:
         # Keyed by device; a straggler's late upload by ("late", device) beside its fresh one.
         received: Inbox = {}
         if self.store is not None:  # updates that arrived before a restart: no device needs to resend
@@ -285,10 +283,11 @@ class MqttFleet:
                 expected = awaited(expected)
         online = set(self.view.online_devices())
         awaited(online)  # note every online device that sat this round out, and why
-        self.notes[task] = {"closed": closed, "refused": dict(sorted(refused.items()))}
+        out: list[Update | Rejection | LateUpdate | SatOut] = list(received.values())
         if refused:
             log.info("round %d/%s: not run by %s", request.round, request.phase, refused)
-        return list(received.values())
+            out.append(SatOut(closed, dict(sorted(refused.items()))))
+        return out
 
     def _handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
         try:

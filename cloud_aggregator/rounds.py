@@ -81,13 +81,23 @@ class RoundRecord:
         return sum(values) / len(values) if values else None
 
 
+@dataclass(frozen=True)
+class SatOut:
+    """Online devices that sat a round out (outside the task's selection, or refusing it), with
+    their reasons, and how the round closed (``"answered"`` or ``"deadline"``); a fleet that
+    knows returns one among its replies."""
+
+    closed: str
+    refused: dict[str, str]
+
+
 class Fleet(Protocol):
     """Delivers a round to devices and returns what admission made of their uploads.
 
     At most one ``Update`` per device: each passed ``cloud_aggregator.admission.Admission``.
     """
 
-    def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate]: ...
+    def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate | SatOut]: ...
 
 
 class RoundStore(Protocol):
@@ -287,8 +297,13 @@ class RoundEngine:
             expected_by_device=by_device,
             late=late,
         )
+        collected = self.fleet.collect(request)
+        sat_out = [r for r in collected if isinstance(r, SatOut)]
         replies, late_devices, superseded = absorb_late(
-            self.fleet.collect(request), late, self.global_params, self.staleness_weight
+            [r for r in collected if not isinstance(r, SatOut)],
+            late,
+            self.global_params,
+            self.staleness_weight,
         )
         valid, rejected = self.split(replies)
         status = "completed" if len(valid) >= self.min_participants else "abandoned"
@@ -327,11 +342,8 @@ class RoundEngine:
                 "late": sorted(counted & set(late_devices)),
                 "superseded": sorted(superseded),
             }
-        # A fleet that knows which devices sat the round out (MqttFleet.notes: a device outside
-        # the task's selection, or one that refused it) says so, with how the round closed.
-        notes = getattr(self.fleet, "notes", {}).get(self.spec.name)
-        if notes and notes.get("refused"):
-            record.extra = {**record.extra, **notes}
+        for note in sat_out:  # devices that sat the round out, and how it closed
+            record.extra = {**record.extra, "closed": note.closed, "refused": dict(note.refused)}
         if self.straggler == "next_round":
             self._late = LateWindow(round_, phase, gh, before, frozenset(counted))
         self._pending = record
