@@ -19,7 +19,7 @@ from typing import Any
 from cloud_aggregator.push import add_session_args, operator_session
 from ioft_protocol import codec, topics
 from ioft_protocol.config import ConfigError
-from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt import Message, MqttSession
 
 log = logging.getLogger(__name__)
 #: Preferred metric to show per task, best first.
@@ -36,18 +36,27 @@ def collect_status(
     last = time.monotonic()
     while time.monotonic() < deadline and time.monotonic() - last < quiet_s:
         msg = session.get(0.05)
-        if msg is None:
-            continue
-        try:
-            parsed = topics.parse_topic(msg.topic)
-            body = decode_status(msg.payload)
-        except (codec.WireError, ValueError) as exc:
-            log.warning("ignoring status on %s: %s", msg.topic, exc)
-            continue
-        if parsed.kind == "status" and body is not None:
-            statuses[parsed.device] = body
+        if msg is not None and take_status(statuses, msg):
             last = time.monotonic()
     return statuses
+
+
+def take_status(statuses: dict[str, dict], msg: Message) -> bool:
+    """Put ``msg``'s status into ``statuses`` (by device); ``True`` if it was a status body.
+
+    A cleared (empty) status is no body; a malformed one is logged and left out.  The
+    console keeps a live view with this, ``fleet status`` a one-shot one.
+    """
+    try:
+        parsed = topics.parse_topic(msg.topic)
+        body = decode_status(msg.payload)
+    except (codec.WireError, ValueError) as exc:
+        log.warning("ignoring status on %s: %s", msg.topic, exc)
+        return False
+    if parsed.kind != "status" or body is None:
+        return False
+    statuses[parsed.device] = body
+    return True
 
 
 def decode_status(payload: bytes) -> dict | None:
