@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import threading
 import time
 from dataclasses import dataclass, field
@@ -119,6 +120,7 @@ class EdgeTrainer:
                 unsubscribe=lambda topic: self.session.unsubscribe(topic),
             )
         self.rounds_done = 0
+        self.round_cpu_s: float | None = None  # CPU seconds of the last round trained here
 
     # -- local dataset ---------------------------------------------------------------
     def refresh_dataset(self) -> bool:
@@ -160,6 +162,11 @@ class EdgeTrainer:
         if self.refused:
             body["refused"] = dict(self.refused)
         body["data"] = self._data_status()
+        body["process"] = {  # for the console and its metrics: what a round costs this device
+            "cpu_s_round": self.round_cpu_s,
+            "cpu_s_total": time.process_time(),
+            "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+        }
         return topics.topic_status(self.config.fleet, self.device), json.dumps(body, sort_keys=True).encode()
 
     def _data_status(self) -> dict:
@@ -396,7 +403,7 @@ class EdgeTrainer:
             )
             return
         train, test, encoder_version = data
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         result, new_local = participate(
             algo,
             self.device,
@@ -408,6 +415,7 @@ class EdgeTrainer:
             phase=ann.phase,
         )
         metrics = dict(result.metrics) | {"train_seconds": time.perf_counter() - started}
+        self.round_cpu_s = time.process_time() - cpu_started
         if encoder_version is not None:
             metrics["encoder_version"] = float(encoder_version)
         new_state = TaskState(
