@@ -127,6 +127,8 @@ class ModelManager:
                     "active": rec["version"] if rec else None,
                     "previous": prev["version"] if prev else None,
                     "metric": rec.get("metric") if rec else None,
+                    # The previous version's holdout score: a staged rollout compares the two.
+                    "previous_metric": prev.get("metric") if prev else None,
                     "metric_name": rec.get("metric_name") if rec else None,
                     "activated_at": rec.get("activated_at") if rec else None,
                 }
@@ -167,16 +169,18 @@ class ModelManager:
                     raise RefusedError(f"offer for model {offer.name!r} on the topic of {name!r}")
             except (codec.WireError, RefusedError) as exc:
                 return self._refuse(name, None, f"malformed offer: {exc}", digest)
+            withdrew = bool(offer.withdrawn) and self._withdraw(name, offer)
+            rec = self.records.get(name)  # a withdrawal may have rolled it back
             if offer.devices and self.device not in offer.devices:
                 log.info("model %s is pushed to %s, not to this device", name, list(offer.devices))
-                return False
+                return withdrew
             try:
                 manifest = verify_manifest(offer.manifest, offer.signature, self.public_key)
             except ManifestError as exc:
                 return self._refuse(name, _claimed_version(offer.manifest), str(exc), digest)
             if rec is not None and manifest.version <= rec["version"]:
                 log.info("ignoring %s v%d: v%d is active", name, manifest.version, rec["version"])
-                return False
+                return withdrew
             try:
                 self._check(name, manifest, offer)
             except RefusedError as exc:
@@ -185,6 +189,40 @@ class ModelManager:
                 self._close_transfer(name, delete=False)
             self._start(name, offer, manifest, digest)
             return True
+
+    def _withdraw(self, name: str, offer: model_push.ModelOffer) -> bool:
+        """Leave a version the fleet withdrew (a stopped rollout) for the previous one; whether it did.
+
+        Only to the version this device ran before, and only when the offer's signed
+        manifest names that very file: a withdrawal never installs anything new.
+        """
+        t = self.transfers.get(name)
+        changed = False
+        if t is not None and t.manifest.version in offer.withdrawn:
+            self._close_transfer(name, delete=True)
+            reason = "withdrawn by the fleet (staged rollout stopped) before it was installed"
+            changed = self._refuse(name, t.manifest.version, reason, t.digest)
+        rec = self.records.get(name)
+        if rec is None or rec["version"] not in offer.withdrawn:
+            return changed
+        prev = rec.get("previous")
+        try:
+            m = verify_manifest(offer.manifest, offer.signature, self.public_key)
+            if prev is None or (m.version, m.sha256) != (prev["version"], prev["sha256"]):
+                raise ModelLoadError(f"the offer names v{m.version}, not this device's previous version")
+            model = self._open(prev)
+        except (ManifestError, ModelLoadError, KeyError, OSError) as exc:
+            log.error(
+                "%s v%d is withdrawn but cannot roll back (%s); it keeps serving", name, rec["version"], exc
+            )
+            return changed
+        restored = dict(prev, previous=None)
+        atomic_write_json(self.root / name / ACTIVE, restored, keep_previous=True)
+        self.records[name], self.loaded[name] = restored, model
+        (self.root / name / rec["file"]).unlink(missing_ok=True)
+        # Refused under its offer's digest: that offer is never fetched again.
+        reason = f"withdrawn by the fleet (staged rollout stopped); rolled back to v{prev['version']}"
+        return self._refuse(name, rec["version"], reason, rec.get("offer_digest", ""))
 
     def _check(self, name: str, m: ModelManifest, offer: model_push.ModelOffer) -> None:
         if m.name != name:

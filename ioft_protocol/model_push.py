@@ -37,6 +37,12 @@ class ModelOffer:
     chunk of this push carries :attr:`transfer` (a digest of the table), so a device
     can tell a stale retained chunk left by an earlier push of the same version from
     the one this push is about to publish.
+
+    ``withdrawn`` (unsigned, like ``devices``) lists versions of this model the fleet
+    took back (a stopped staged rollout, ``cloud_aggregator.rollout``): a device running
+    one of them goes back to its previous version when that is the version this
+    offer's signed manifest names, and refuses the withdrawn one from then on.  It
+    can only return a device to a version it verified and ran before.
     """
 
     name: str
@@ -46,6 +52,7 @@ class ModelOffer:
     chunks: tuple[str, ...]
     devices: tuple[str, ...] = ()
     pushed_at: float = 0.0
+    withdrawn: tuple[int, ...] = ()
 
     @property
     def transfer(self) -> str:
@@ -61,6 +68,8 @@ class ModelOffer:
             "devices": list(self.devices),
             "pushed_at": self.pushed_at,
         }
+        if self.withdrawn:  # absent otherwise: offers stay byte-identical to earlier ones
+            fields["withdrawn"] = list(self.withdrawn)
         return encode("model_offer", fields)
 
     @classmethod
@@ -78,6 +87,11 @@ class ModelOffer:
         if not chunks or not all(isinstance(c, str) and _SHA256.match(c) for c in chunks):
             raise WireError("chunks must be a non-empty list of sha256 hex digests")
         devices = _field(meta, "devices", list)
+        withdrawn = meta.get("withdrawn", [])
+        if not isinstance(withdrawn, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in withdrawn
+        ):
+            raise WireError("withdrawn must be a list of model versions (ints >= 1)")
         return cls(
             name=check_id("model", _field(meta, "name", str)),
             manifest=_field(meta, "manifest", str),
@@ -86,6 +100,7 @@ class ModelOffer:
             chunks=tuple(chunks),
             devices=tuple(check_id("device", d) for d in devices),
             pushed_at=float(_field(meta, "pushed_at", (int, float))),
+            withdrawn=tuple(withdrawn),
         )
 
 
