@@ -1,0 +1,142 @@
+"""The device's side of SecAgg+: a state machine that answers the server's four requests.
+
+What keeps a live device private against a server that lies about who dropped: the
+device answers one unmask request per round, refuses one that names a device both
+survived and dropped (or names itself dropped), and gives each neighbour's self-mask
+share or its mask-key share, never both.  With a threshold above half the share holders,
+no split of stories across devices collects both seeds of one device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ioft_protocol.secagg import crypto, quantize, shamir
+from ioft_protocol.secagg.config import RoundParams
+from ioft_protocol.secagg.messages import (
+    AdvertiseKeys,
+    Inbox,
+    MaskedInput,
+    NeighbourKeys,
+    Setup,
+    ShareKeys,
+    UnmaskAnswer,
+    UnmaskRequest,
+)
+
+_SHARE_INFO = b"ioft-secagg share key"
+_MASK_INFO = b"ioft-secagg pairwise mask"
+
+
+class SecAggRefusedError(ValueError):
+    """The device will not go on with this round; the message says why (sent as its status)."""
+
+
+def pair_sign(me: str, other: str) -> int:
+    """+1 if ``me`` adds the pairwise mask with ``other``, -1 if it subtracts it."""
+    return 1 if me < other else -1
+
+
+def _aad(session: str, sender: str, recipient: str) -> bytes:
+    return f"{session}\x00{sender}\x00{recipient}".encode()
+
+
+def pairwise_mask(
+    keys: crypto.KeyPair, peer_s_pk: bytes, session: str, length: int, dtype: np.dtype
+) -> np.ndarray:
+    seed = keys.agree(peer_s_pk, salt=session.encode(), info=_MASK_INFO)
+    return crypto.mask(seed, length, dtype)
+
+
+class ClientSecAgg:
+    """One device in one SecAgg round.  Call the stage methods in order; each returns the answer."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.stage = "new"
+
+    def _enter(self, expected: str, nxt: str) -> None:
+        if self.stage != expected:
+            raise SecAggRefusedError(f"{self.device}: got a {nxt!r} request while at stage {self.stage!r}")
+        self.stage = nxt
+
+    def setup(self, msg: Setup) -> AdvertiseKeys:
+        self._enter("new", "keys")
+        self.session = msg.session
+        self.params: RoundParams = msg.round_params
+        self.neighbours = frozenset(msg.neighbours) - {self.device}
+        if len(self.neighbours) + 1 < self.params.threshold:
+            raise SecAggRefusedError(
+                f"{self.device}: {len(self.neighbours)} neighbours cannot hold {self.params.threshold} shares"
+            )
+        self._c = crypto.KeyPair()
+        self._s = crypto.KeyPair()
+        return AdvertiseKeys(c_pk=self._c.public, s_pk=self._s.public)
+
+    def share_keys(self, msg: NeighbourKeys) -> ShareKeys:
+        self._enter("keys", "shares")
+        extra = set(msg.keys) - self.neighbours
+        if extra:
+            raise SecAggRefusedError(
+                f"{self.device}: keys for devices that are not neighbours: {sorted(extra)}"
+            )
+        self._peer_keys = {v: (bytes(k[0]), bytes(k[1])) for v, k in msg.keys.items()}
+        holders = sorted([*self._peer_keys, self.device])
+        t = self.params.threshold
+        if len(holders) < t:
+            raise SecAggRefusedError(f"{self.device}: {len(holders)} share holders left, threshold is {t}")
+        points = {h: i + 1 for i, h in enumerate(holders)}
+        self._b = crypto.random_seed()
+        s_sh = shamir.split(self._s.secret, list(points.values()), t)
+        b_sh = shamir.split(self._b, list(points.values()), t)
+        # what I hold of each owner's seeds (mine now, the others' from the inbox)
+        self._held = {self.device: (b_sh[points[self.device]], s_sh[points[self.device]])}
+        sealed = {}
+        for v in self._peer_keys:
+            key = self._c.agree(self._peer_keys[v][0], salt=self.session.encode(), info=_SHARE_INFO)
+            plain = b_sh[points[v]] + s_sh[points[v]]
+            sealed[v] = crypto.seal(key, plain, _aad(self.session, self.device, v))
+        return ShareKeys(sealed=sealed)
+
+    def masked_input(self, msg: Inbox, update: np.ndarray, weight: float) -> MaskedInput:
+        self._enter("shares", "masked")
+        p = self.params
+        for v, ct in msg.sealed.items():
+            if v not in self._peer_keys:
+                raise SecAggRefusedError(f"{self.device}: a share from {v!r}, which sent no keys")
+            key = self._c.agree(self._peer_keys[v][0], salt=self.session.encode(), info=_SHARE_INFO)
+            plain = crypto.open_sealed(key, bytes(ct), _aad(self.session, v, self.device))
+            if plain is None or len(plain) != 2 * shamir.SHARE_BYTES:
+                raise SecAggRefusedError(f"{self.device}: the share from {v!r} does not open")
+            self._held[v] = (plain[: shamir.SHARE_BYTES], plain[shamir.SHARE_BYTES :])
+        dtype = quantize.ring_dtype(p)
+        n = p.length + 1
+        y = quantize.encode(p, update, weight) + crypto.mask(self._b, n, dtype)
+        for v in self._held:
+            if v == self.device:
+                continue
+            m = pairwise_mask(self._s, self._peer_keys[v][1], self.session, n, dtype)
+            y = y + m if pair_sign(self.device, v) > 0 else y - m  # wraps mod 2^r
+        return MaskedInput(ring_bits=p.ring_bits, y=y.astype(dtype.newbyteorder("<")).tobytes())
+
+    def unmask(self, msg: UnmaskRequest) -> UnmaskAnswer:
+        self._enter("masked", "done")
+        alive, gone = set(msg.survivors), set(msg.dropped)
+        if alive & gone:
+            raise SecAggRefusedError(f"{self.device}: told {sorted(alive & gone)} both survived and dropped")
+        if self.device in gone or self.device not in alive:
+            raise SecAggRefusedError(f"{self.device}: told it dropped, but it is here")
+        unknown = (alive | gone) - set(self._held)
+        if unknown:
+            raise SecAggRefusedError(
+                f"{self.device}: asked about {sorted(unknown)}, which shared no keys with it"
+            )
+        if len(alive) < self.params.threshold:
+            raise SecAggRefusedError(
+                f"{self.device}: {len(alive)} survivors in its neighbourhood, "
+                f"fewer than the threshold {self.params.threshold}"
+            )
+        return UnmaskAnswer(
+            b_shares={v: self._held[v][0] for v in sorted(alive)},
+            s_shares={v: self._held[v][1] for v in sorted(gone)},
+        )

@@ -1,0 +1,107 @@
+"""SecAgg settings (``[task.secagg]`` in the aggregator TOML) and what one round derives from them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ioft_protocol.secagg.graph import default_degree
+
+
+@dataclass(frozen=True)
+class SecAggConfig:
+    """How a task's uploads are masked.
+
+    Parameters
+    ----------
+    threshold
+        Shares needed to rebuild a device's seeds: a fraction of its share holders (its
+        neighbours and itself) in (0.5, 1], or a count (>= 2).  Above one half, a server
+        that tells different devices different stories about who dropped still cannot
+        collect both seeds of one device.
+    degree
+        Neighbours per device on the random Harary graph; 0 picks ~2·log2(n).
+    clip
+        Each coordinate of the update (the change to the global parameters) is clipped to
+        [-clip, clip] before fixed-point encoding.
+    bits
+        Fixed-point bits of one clipped coordinate (sign included); the step is
+        clip / (2^(bits-1) - 1).
+    max_weight
+        Device weights are capped here and divided by it, so each lies in [0, 1].
+    """
+
+    threshold: float = 0.67
+    degree: int = 0
+    clip: float = 1.0
+    bits: int = 16
+    max_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        errors = []
+        t = self.threshold
+        if not (0.5 < t <= 1 or (float(t).is_integer() and t >= 2)):
+            errors.append(f"threshold {t} must be a fraction in (0.5, 1] or a share count >= 2")
+        if self.degree < 0:
+            errors.append(f"degree {self.degree} must be >= 0 (0 picks about 2·log2(devices))")
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            errors.append(f"clip {self.clip} must be a positive number")
+        if not 2 <= self.bits <= 31:
+            errors.append(f"bits {self.bits} must be in 2..31")
+        if not (math.isfinite(self.max_weight) and self.max_weight > 0):
+            errors.append(f"max_weight {self.max_weight} must be a positive number")
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "threshold": self.threshold,
+            "degree": self.degree,
+            "clip": self.clip,
+            "bits": self.bits,
+            "max_weight": self.max_weight,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any) -> SecAggConfig:
+        if not isinstance(value, dict) or set(value) - set(cls().to_json()):
+            raise ValueError(f"secagg settings must be a table with keys {sorted(cls().to_json())}")
+        return cls(**value)
+
+    def round_params(self, n: int, length: int) -> RoundParams:
+        """The parameters of a round with ``n`` devices and ``length`` coordinates."""
+        degree = min(n - 1, self.degree) if self.degree else default_degree(n)
+        degree += degree % 2 if degree < n - 1 else 0  # the Harary graph is built for even k
+        holders = degree + 1
+        t = math.ceil(self.threshold * holders) if self.threshold <= 1 else int(self.threshold)
+        t = max(t, holders // 2 + 1)
+        if t > holders:
+            raise ValueError(
+                f"threshold {self.threshold} needs {t} share holders but each device has {holders}; "
+                "raise degree or lower threshold"
+            )
+        levels = (1 << (self.bits - 1)) - 1
+        ring_bits = 32 if n * levels < 1 << 31 else 64
+        return RoundParams(n, degree, t, ring_bits, self.clip, self.bits, self.max_weight, length)
+
+
+@dataclass(frozen=True)
+class RoundParams:
+    """One round's numbers, sent to every device in the setup message."""
+
+    n: int
+    degree: int
+    threshold: int
+    ring_bits: int
+    clip: float
+    bits: int
+    max_weight: float
+    length: int  # coordinates of the update, the weight coordinate not counted
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> RoundParams:
+        return cls(**value)
