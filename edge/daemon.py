@@ -83,6 +83,7 @@ class EdgeTrainer:
         self.tasks: dict[str, TaskState] = {}
         self.clients: dict[str, ClientAlgorithm] = {}
         self.refused: dict[str, str] = {}  # task -> why this device does not take part
+        self.round_cpu_s: float | None = None  # CPU seconds of the last round (status reads it)
         # With [data] source = "state" the dataset may not exist yet: edge-recorder appends
         # segments while this process runs; refresh_dataset() reads the new ones.
         self._data = DatasetReader(self.state_dir)
@@ -120,7 +121,6 @@ class EdgeTrainer:
                 unsubscribe=lambda topic: self.session.unsubscribe(topic),
             )
         self.rounds_done = 0
-        self.round_cpu_s: float | None = None  # CPU seconds of the last round trained here
 
     # -- local dataset ---------------------------------------------------------------
     def refresh_dataset(self) -> bool:
