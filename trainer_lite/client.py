@@ -9,6 +9,7 @@ import numpy as np
 from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params
+from trainer_lite.privacy import DPConfig, privatize_upload
 
 
 def derive_rng(seed: int, *labels: object) -> np.random.Generator:
@@ -45,11 +46,15 @@ def participate(
     *,
     round_: int,
     phase: str,
+    noise_rng: np.random.Generator | None = None,
 ) -> tuple[ClientResult, Params]:
     """Run the client update, then score the personalized model on the local test split.
 
     Metrics carry ``train_loss`` from the algorithm and ``test_loss`` (personal model,
-    local test split) when a test split exists; only scalars leave the device.
+    local test split) when a test split exists; only scalars leave the device.  Under
+    ``spec.dp`` the shared upload is clipped (and noised, in distributed mode) here, after
+    the personal model has been scored: ``trainer_lite.privacy``.  ``noise_rng`` draws that
+    noise; ``None`` (a device): fresh OS entropy, so nobody can regenerate it from the seed.
     """
     algo.check_shared(shared, phase)
     dtype = algo.spec.dtype
@@ -62,4 +67,7 @@ def participate(
             {f"test_{k}": v for k, v in algo.evaluate(shared, new_local, cast_dataset(test, dtype)).items()}
         )
     shared_out = cast_params(result.shared, dtype)
+    dp = DPConfig.from_spec(algo.spec.dp)
+    if dp is not None:
+        shared_out = privatize_upload(shared, shared_out, dp, noise_rng or np.random.default_rng())
     return ClientResult(shared_out, result.n_samples, metrics), cast_params(new_local, dtype)

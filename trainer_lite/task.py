@@ -7,6 +7,8 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from trainer_lite.privacy import DPConfig
+
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -40,6 +42,10 @@ class TaskSpec:
         for raw windows).  A device whose local data carries another hash, or none,
         refuses the task (``edge.daemon``).  ``None``: no check -- and the field is left
         out of :meth:`to_json`, so specs without it serialize as before.
+    dp
+        Differential privacy (``trainer_lite.privacy.DPConfig.to_spec()``): devices clip
+        their shared change and, in distributed mode, add their noise share.  ``None``: off,
+        and left out of :meth:`to_json` like ``feature_schema``.
     """
 
     name: str
@@ -52,6 +58,7 @@ class TaskSpec:
     rounds: int = 10
     seed: int = 0
     feature_schema: str | None = None
+    dp: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -68,11 +75,14 @@ class TaskSpec:
             isinstance(self.feature_schema, str) and re.fullmatch(r"[0-9a-f]{64}", self.feature_schema)
         ):
             raise ValueError(f"feature_schema must be a sha256 hex digest, got {self.feature_schema!r}")
+        DPConfig.from_spec(self.dp)  # refuses a bad dp table by field
 
     def to_json(self) -> str:
         body = asdict(self)
         if self.feature_schema is None:
             del body["feature_schema"]  # specs without one keep their old form (and stored state)
+        if self.dp is None:
+            del body["dp"]
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
     @classmethod

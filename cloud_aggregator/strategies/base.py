@@ -14,11 +14,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from cloud_aggregator.reducers import ReducerChoice
+from cloud_aggregator.strategies.privacy import PrivateMean, dp_refusal
 from ioft_protocol.codec import TensorSpec
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.algorithms.base import build_config, client_class
 from trainer_lite.client import cast_params
 from trainer_lite.params import Params
+from trainer_lite.privacy import DPConfig
 from trainer_lite.task import TaskSpec
 
 
@@ -40,11 +43,21 @@ class Strategy(ABC):
     #: Whether an upload for the previous round can be mixed into this one (``straggler = "next_round"``,
     #: ``cloud_aggregator.stragglers``): true where the global is a weighted mean of uploads.
     accepts_late_updates: ClassVar[bool] = False
+    #: The DP modes its means support (``strategies.privacy``); empty: a task with ``dp`` is refused.
+    dp_modes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, spec: TaskSpec, client: ClientAlgorithm | None = None) -> None:
         self.spec = spec
         self.client = client or make_client(spec)
         self.config = build_config(self.config_cls, spec.server)
+        self.dp = DPConfig.from_spec(spec.dp)
+        #: Set by a strategy in ``dp_modes`` when its task uses DP; its means go through it.
+        self.privacy: PrivateMean | None = None
+        if self.dp is not None:
+            reducer = self.config.reducer if isinstance(self.config, ReducerChoice) else "mean"
+            why = dp_refusal(self.name, self.dp_modes, self.dp, reducer)
+            if why:
+                raise ValueError(why)
 
     def init_global(self) -> Params:
         """The first global (shared) parameters, from the task seed."""
@@ -87,14 +100,35 @@ class Strategy(ABC):
     ) -> Params:
         """New global parameters from validated updates (at least one). Never mutates inputs."""
 
+    def stop_reason(self) -> str | None:
+        """Why the task must stop before its next round (a spent ε budget); ``None``: go on."""
+        return None if self.privacy is None else self.privacy.stop_reason()
+
+    def record_extra(self) -> dict[str, Any]:
+        """What the last round's record keeps beyond the engine's fields (``{"dp": ε, δ, ...}``)."""
+        return {} if self.privacy is None else {"dp": self.privacy.summary()}
+
     def state(self) -> dict[str, Any]:
         """Strategy state to persist between rounds beyond the global parameters (JSON-able)."""
-        return {}
+        return self.with_dp_state({})
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore what ``state`` returned."""
+        state = self.load_dp_state(state)
         if state:
             raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)}")
+
+    def with_dp_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` plus the DP ledger's under ``"dp"`` (for ``state`` overrides)."""
+        return state if self.privacy is None else {**state, "dp": self.privacy.state()}
+
+    def load_dp_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Restore the DP ledger from ``state["dp"]``; returns the rest (for ``load_state`` overrides)."""
+        rest = dict(state)
+        dp = rest.pop("dp", None)
+        if dp is not None and self.privacy is not None:
+            self.privacy.load_state(dp)
+        return rest
 
 
 _STRATEGIES: dict[str, type[Strategy]] = {}

@@ -30,6 +30,7 @@ from typing import Any
 
 from cloud_aggregator.reducers import ReducerChoice
 from cloud_aggregator.strategies.base import Strategy, Update, register_strategy
+from cloud_aggregator.strategies.privacy import PrivateMean
 from cloud_aggregator.weighting import get_weighting
 from trainer_lite.params import Params
 
@@ -51,22 +52,35 @@ class FedAvg(Strategy):
     name = "fedavg"
     config_cls = FedAvgConfig
     accepts_late_updates = True
+    dp_modes = ("central", "distributed")
 
     def __init__(self, spec, client=None) -> None:
         super().__init__(spec, client)
         self.weigh = get_weighting(self.config.weighting, self.config.weighting_args)
         self.reduce = self.config.make_reducer()
+        if self.dp is not None:
+            if self.dp.devices_per_round is None:
+                raise ValueError(
+                    "dp with the fedavg server needs devices_per_round: the fixed denominator of the "
+                    "mean (how many devices a round expects)"
+                )
+            self.privacy = PrivateMean(self.dp, self.dp.sampling_rate())
 
     def aggregate(
         self, global_params: Params, updates: Sequence[Update], *, round_: int, phase: str
     ) -> Params:
         if not global_params:
             return {}
+        if self.privacy is not None:  # DP-FedAvg: every device counts once, fixed denominator
+            n = self.privacy.cfg.devices_per_round
+            out = self.privacy.mean(global_params, [u.params for u in updates], n)
+            self.privacy.release(self.spec.name, round_, len(updates), n)
+            return out
         weights = self.weigh(updates, round_)
         return self.reduce(global_params, [(u.params, w) for u, w in zip(updates, weights, strict=True)])
 
     def state(self) -> dict[str, Any]:
-        return self.weigh.state()
+        return self.with_dp_state(self.weigh.state())
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.weigh.load_state(state)
+        self.weigh.load_state(self.load_dp_state(state))

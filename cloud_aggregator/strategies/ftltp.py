@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from cloud_aggregator.reducers import Reducer, ReducerChoice, get_reducer
 from cloud_aggregator.strategies.base import Strategy, TensorSpec, Update, register_strategy
+from cloud_aggregator.strategies.privacy import PrivateMean
 from trainer_lite.algorithms import ClientAlgorithm
 from trainer_lite.algorithms.ftltp import FTLTPClient
 from trainer_lite.client import derive_rng
@@ -95,6 +96,9 @@ def group_means(
 class FTLTP(Strategy):
     name = "ftltp"
     config_cls = FTLTPServerConfig
+    #: Distributed noise would need each device to add a share per mean it joins (base and its
+    #: group's blocks, each over its own count); only central noise is offered.
+    dp_modes = ("central",)
 
     def __init__(self, spec: TaskSpec, client: ClientAlgorithm | None = None) -> None:
         super().__init__(spec, client)
@@ -115,6 +119,21 @@ class FTLTP(Strategy):
                 f"client_fraction has no entry for groups {missing}; give one per group or a number"
             )
         self.fraction = {g: float(fr[g]) if isinstance(fr, dict) else float(fr) for g in self.client.groups}
+        self.picks = {g: self._picks(g) for g in self.client.groups}
+        if self.dp is not None:
+            if self.dp.devices_per_round is not None or self.dp.fleet_size is not None:
+                raise ValueError(
+                    "dp with the ftltp server: leave devices_per_round and fleet_size out; it counts each "
+                    "group's devices per round from device_groups and client_fraction"
+                )
+            # A device's chance to be drawn: the largest of its group's C_g (conservative).
+            rate = max(k / len(self.members[g]) for g, k in self.picks.items() if k)
+            self.privacy = PrivateMean(self.dp, rate)
+
+    def _picks(self, group: str) -> int:
+        """How many of ``group``'s devices a round draws: ``max(1, round(C_g·M_g))``, at most M_g."""
+        devices = self.members[group]
+        return min(len(devices), max(1, round(self.fraction[group] * len(devices)))) if devices else 0
 
     def downlink(self, global_params: Params, device: str) -> Params | None:
         """The base plus the device's group's blocks; ``None`` for a device in no group."""
@@ -141,7 +160,7 @@ class FTLTP(Strategy):
         chosen: list[str] = []
         for g in self.client.groups:
             devices = self.members[g]
-            k = max(1, round(self.fraction[g] * len(devices))) if devices else 0
+            k = self.picks[g]
             if k >= len(devices):
                 chosen.extend(devices)
             elif k:
@@ -156,6 +175,8 @@ class FTLTP(Strategy):
         strangers = sorted(u.device for u in updates if u.device not in groups)
         if strangers:
             raise ValueError(f"updates from devices in no task group: {strangers}; add them to device_groups")
+        if self.privacy is not None:
+            return self._private_means(global_params, updates, round_)
         base, uppers = group_means(
             updates, groups, self.client.base_names, self.config.make_reducer(), global_params
         )
@@ -163,4 +184,28 @@ class FTLTP(Strategy):
         out.update(base)
         for block in uppers.values():
             out.update(block)
+        return out
+
+    def _private_means(self, global_params: Params, updates: Sequence[Update], round_: int) -> Params:
+        """DP-FedAvg's noisy means: each upload clipped over base and blocks jointly (sensitivity C),
+        noise σ = z·C on the base sum and on each group's sum, fixed denominators (the picks)."""
+        assert self.privacy is not None
+        uploads = self.privacy.clip_jointly(global_params, [u.params for u in updates])
+        base = self.client.base_names
+        expected = sum(self.picks.values())
+        out = dict(global_params)  # groups nobody uploaded for keep their blocks
+        out.update(
+            self.privacy.mean(
+                global_params, [{n: p[n] for n in base} for p in uploads], expected, clipped=True
+            )
+        )
+        blocks: dict[str, list[Params]] = {}
+        base_set = set(base)
+        for u, p in zip(updates, uploads, strict=True):
+            blocks.setdefault(self.config.device_groups[u.device], []).append(
+                {n: v for n, v in p.items() if n not in base_set}
+            )
+        for group, ps in sorted(blocks.items()):
+            out.update(self.privacy.mean(global_params, ps, self.picks[group], clipped=True))
+        self.privacy.release(self.spec.name, round_, len(updates), expected)
         return out
