@@ -11,6 +11,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from edge import optout
 from edge.config import DeviceConfig, resolve_relative_files
 from edge.daemon import EdgeTrainer
 from ioft_protocol.cli import check_broker_login, entry_point
@@ -21,6 +22,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="edge-trainer",
         description="ioft device daemon: trains this machine's personalized model with its fleet over MQTT.",
+        epilog="The device's owner opts out and back in, the daemon running: "
+        "edge-trainer pause|resume --config FILE [--note TEXT].",
     )
     p.add_argument("--device", required=True, help="this device's id, e.g. printer3")
     p.add_argument("--config", type=Path, help="TOML config file (CLI flags override it)")
@@ -119,9 +122,25 @@ def check_identity(config: DeviceConfig) -> None:
         )
 
 
+def pause_or_resume(argv: list[str]) -> int:
+    """``edge-trainer pause|resume --config FILE``: the owner's opt-out (:mod:`edge.optout`)."""
+    p = argparse.ArgumentParser(
+        prog="edge-trainer",
+        description="pause: the running daemon stops taking part (and says so in its status); resume: it "
+        "takes part again. The daemon keeps running either way.",
+    )
+    optout.add_arguments(p)
+    args = p.parse_args(argv)
+    raw = load_toml(args.config) if args.config else {}
+    return optout.run(args, raw)
+
+
 @entry_point("edge-trainer")
 def main(argv: list[str] | None = None) -> int:
     """Run the device daemon until SIGTERM/SIGINT; a user mistake is one line and exit 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in optout.COMMANDS:
+        return pause_or_resume(argv)
     args = parse_args(argv)
     setup_logging(args.log_level, args.device)
     config = config_from_args(args)

@@ -36,11 +36,14 @@ from edge.config import DeviceConfig
 from edge.dataset import DIR as DATASET_DIR
 from edge.dataset import prepare_dataset
 from edge.models import ModelManager, embed_rows
+from edge.optout import REASON as PAUSED
+from edge.optout import PauseWatch
 from edge.recording.base import STATUS_FILE as RECORDER_STATUS
 from edge.segments import DatasetReader
 from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.manifest import load_public_key
 from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
+from ioft_protocol.service import Notifier
 from ioft_protocol.state import StateError, load_verified, save_arrays
 from sensors.features.scaling import standardize_locally
 from trainer_lite.algorithms import ClientAlgorithm, make_client
@@ -74,11 +77,15 @@ class TaskRefused(ValueError):  # noqa: N818 -- a reported refusal, not a progra
 class EdgeTrainer:
     """The device daemon; ``run()`` blocks until ``stop()`` (or SIGTERM/SIGINT via the CLI)."""
 
-    def __init__(self, config: DeviceConfig) -> None:
+    def __init__(self, config: DeviceConfig, notifier: Notifier | None = None) -> None:
         self.config = config
         self.device = config.device
         self.state_dir = Path(config.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        #: systemd's READY / WATCHDOG / STOPPING (a no-op outside a Type=notify unit)
+        self.notifier = notifier or Notifier.from_env()
+        self.pause = PauseWatch(self.state_dir)  # the owner's opt-out (edge-trainer pause|resume)
+        self._last_ann: dict[str, round_messages.Announcement] = {}  # per task: answered again on resume
         self._stop = threading.Event()
         self.tasks: dict[str, TaskState] = {}
         self.clients: dict[str, ClientAlgorithm] = {}
@@ -161,6 +168,8 @@ class EdgeTrainer:
             body["models"] = self.models.status()
         if self.refused:
             body["refused"] = dict(self.refused)
+        if self.pause.reason is not None:
+            body["paused"] = self.pause.reason
         body["data"] = self._data_status()
         body["process"] = {  # for the console and its metrics: what a round costs this device
             "cpu_s_round": self.round_cpu_s,
@@ -212,18 +221,44 @@ class EdgeTrainer:
             while not self._stop.is_set():
                 if self.session.fatal:
                     raise MqttError(self.session.fatal)
+                self.notifier.alive()  # from this loop, so systemd's watchdog restarts a hung one
+                if not self.notifier.ready_sent and self.session.connected.is_set():
+                    self.notifier.ready(f"connected to {self.config.broker}")
                 msg = self.session.get(0.2)
                 if msg is not None:
                     self.handle(msg.topic, msg.payload)
-                if self.models is not None and time.monotonic() >= next_tick:
+                if time.monotonic() >= next_tick:
                     next_tick = time.monotonic() + 1.0
-                    if self.models.tick():
+                    if self.pause.changed():
+                        self._pause_changed()
+                    if self.models is not None and self.models.tick():
                         self._publish_status()
         finally:
+            self.notifier.stopping(f"stopping after {self.rounds_done} rounds")
             if self.models is not None:
                 self.models.close()
             self.session.stop(final=self._status("offline"))
             log.info("%s stopped after %d rounds", self.device, self.rounds_done)
+
+    def _pause_changed(self) -> None:
+        """The owner paused (every task known here is refused, so no round waits for this device)
+        or resumed (the refusals go, and the tasks' current rounds are answered)."""
+        reason = self.pause.reason
+        if reason is not None:
+            log.warning("%s: %s; taking part in no task until `edge-trainer resume`", self.device, reason)
+            self.refused.update(dict.fromkeys({*self.tasks, *self.refused, *self._last_ann}, reason))
+            self._publish_status()
+            self.notifier.status(reason)
+            return
+        log.info("%s: resumed by its owner; taking part again", self.device)
+        self.refused = {t: why for t, why in self.refused.items() if not why.startswith(PAUSED)}
+        self._publish_status()
+        self.notifier.status("resumed by its owner")
+        for task, ann in list(self._last_ann.items()):
+            try:
+                self.on_announcement(ann)
+            except (codec.WireError, ValueError, KeyError) as exc:
+                log.warning("%s: task %s: %s", self.device, task, exc)
 
     # -- rounds ------------------------------------------------------------------------
     def handle(self, topic: str, payload: bytes) -> None:
@@ -362,7 +397,10 @@ class EdgeTrainer:
     def on_announcement(self, ann: round_messages.Announcement) -> None:
         if self.config.tasks and ann.task not in self.config.tasks:
             return
+        self._last_ann[ann.task] = ann
         try:
+            if self.pause.reason is not None:
+                raise TaskRefused(self.pause.reason)
             self._check_selected(ann)
             algo = self._client(ann.spec)
             self.refresh_dataset()
@@ -441,6 +479,7 @@ class EdgeTrainer:
             metrics["train_seconds"],
         )
         self._publish_status()
+        self.notifier.status(f"task {ann.task}: answered round {ann.round} {ann.phase}")
 
     def _publish_upload(self, task: str, state: TaskState) -> None:
         assert state.answered is not None

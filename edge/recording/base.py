@@ -19,6 +19,7 @@ from edge.config import SensorsConfig
 from edge.dataset import DIR as DATASET_DIR
 from edge.segment_writer import SegmentWriter
 from edge.segments import DatasetReader
+from ioft_protocol.service import Notifier
 from ioft_protocol.state import StateError, atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,7 @@ class RecorderLoop:
         self.last_row_at: str | None = None
         self._next_status = -math.inf
         self._stop = threading.Event()
+        self.notifier = Notifier()  # systemd's READY / WATCHDOG / STOPPING; run() takes the real one
 
     # subclasses
     def start(self) -> None: ...
@@ -209,14 +211,28 @@ class RecorderLoop:
         else:
             self._stop.wait(dt)
 
-    def run(self, stop: threading.Event | None = None, *, until: Callable[[], bool] | None = None) -> None:
-        """Record until ``stop`` is set (or ``until()`` is true); then finish cleanly."""
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        *,
+        until: Callable[[], bool] | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
+        """Record until ``stop`` is set (or ``until()`` is true); then finish cleanly.
+
+        ``notifier``: READY once the sensors are set up, a watchdog ping from every turn of
+        the loop (a hung sensor read stops them, and systemd restarts the recorder), STOPPING.
+        """
         if stop is not None:
             self._stop = stop
+        if notifier is not None:
+            self.notifier = notifier
         self.start()
+        self.notifier.ready(f"{self.kind} recorder started")
         failures = 0
         try:
             while not self._stop.is_set() and not (until is not None and until()):
+                self.notifier.alive()
                 began = self.clock()
                 try:
                     self.step()
@@ -230,6 +246,7 @@ class RecorderLoop:
                 self._maybe_status()
                 self._pause(self.interval_s - (self.clock() - began))
         finally:
+            self.notifier.stopping(f"{self.appended} rows appended this run")
             try:
                 self.finish()
             finally:
@@ -241,6 +258,7 @@ class RecorderLoop:
         if now >= self._next_status:
             self._next_status = now + self.cfg.status_every_s
             self.write_status()
+            self.notifier.status(f"{self.appended} rows appended, {self.loop_errors} loop errors")
 
     def write_status(self, *, final: bool = False) -> None:
         body = {

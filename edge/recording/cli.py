@@ -20,6 +20,7 @@ from edge.recording.simulate import SIMULATED_KINDS, SimulatedPrinter
 from edge.recording.welder import WelderRecorder
 from ioft_protocol.cli import entry_point
 from ioft_protocol.config import build
+from ioft_protocol.service import Notifier
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ def run_until_signalled(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    recorder.run(stop, until=until)
+    recorder.run(stop, until=until, notifier=Notifier.from_env())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"""A stand-in for systemd's end of ``$NOTIFY_SOCKET``: a unix datagram socket a test binds and reads."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+
+
+class NotifyListener:
+    """Binds ``@ioft-test-<random>`` (Linux's abstract namespace: no path length limit, nothing to
+    clean up) and keeps every datagram, in order, as a list of ``KEY=value`` lines."""
+
+    def __init__(self) -> None:
+        self.address = f"@ioft-test-{secrets.token_hex(6)}"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind("\0" + self.address[1:])
+        self.messages: list[list[str]] = []
+
+    def env(self, watchdog_s: float) -> dict[str, str]:
+        """What systemd puts in a ``Type=notify`` service's environment with ``WatchdogSec=``."""
+        return {**os.environ, "NOTIFY_SOCKET": self.address, "WATCHDOG_USEC": str(int(watchdog_s * 1e6))}
+
+    def drain(self, timeout: float) -> None:
+        """Read what arrives within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(left)
+            try:
+                self.messages.append(self.sock.recv(4096).decode().split("\n"))
+            except TimeoutError:
+                return
+
+    def wait_for(self, line: str, timeout: float, *, after: int = 0) -> int:
+        """Index of the first message from ``after`` on holding ``line`` (waiting up to ``timeout`` s)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i in range(after, len(self.messages)):
+                if line in self.messages[i]:
+                    return i
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"no {line!r} within {timeout} s; got {self.messages[after:]}")
+            self.drain(min(0.2, deadline - time.monotonic()))
+
+    def count(self, line: str, start: int = 0, stop: int | None = None) -> int:
+        return sum(line in m for m in self.messages[start:stop])
+
+    def close(self) -> None:
+        self.sock.close()

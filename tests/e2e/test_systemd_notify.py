@@ -1,0 +1,117 @@
+"""The daemons speak systemd's notify protocol (``Type=notify``, ``WatchdogSec=``) for real.
+
+A real ``edge-trainer`` process, started with ``$NOTIFY_SOCKET`` naming a datagram socket
+the test binds (systemd's end) and ``$WATCHDOG_USEC``, against a real mosquitto: while
+there is no broker its loop only extends the start timeout; ``READY=1`` comes once it is
+connected; ``WATCHDOG=1`` pings keep coming from the main loop; ``SIGTERM`` gives
+``STOPPING=1`` and exit 0.  The same for ``edge-recorder --simulate printer`` and
+``cloud-aggregator serve --service``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import paho.mqtt.client as paho
+import pytest
+
+from cloud_aggregator.broker import free_port, start_mosquitto
+from cloud_aggregator.local_fleet import FLEET
+from ioft_protocol import topics
+from tests.conftest import _require_mosquitto
+from tests.e2e.notify import NotifyListener
+
+WATCHDOG_S = 0.6  # pings every 0.2 s
+
+
+def retained_status(url: str, device: str, timeout: float = 10.0) -> dict:
+    """The device's retained status, read by a fresh subscriber."""
+    host, port = url.removeprefix("mqtt://").split(":")
+    got: list[bytes] = []
+    client = paho.Client(callback_api_version=paho.CallbackAPIVersion.VERSION2)
+    client.on_connect = lambda c, *a: c.subscribe(topics.topic_status(FLEET, device), qos=1)
+    client.on_message = lambda c, u, m: got.append(m.payload)
+    client.connect(host, int(port))
+    client.loop_start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    assert got, f"no retained status of {device}"
+    return json.loads(got[-1])
+
+
+@pytest.mark.broker
+def test_edge_trainer_is_ready_once_connected_pings_from_its_loop_and_says_stopping(tmp_path):
+    # Prepare: systemd's socket, and a port where no broker listens yet
+    _require_mosquitto()
+    listener = NotifyListener()
+    port = free_port()
+    log = (tmp_path / "printer1.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edge.cli", "--device", "printer1", "--fleet", FLEET, "--broker",
+         f"mqtt://127.0.0.1:{port}", "--allow-plaintext", "--simulate", "printer",
+         "--state-dir", str(tmp_path / "printer1")],
+        stdout=log, stderr=subprocess.STDOUT, env=listener.env(WATCHDOG_S),
+    )  # fmt: skip
+    broker = None
+    try:
+        # Execute / Assert: no broker: the loop turns (start timeout extended), no READY
+        first = listener.wait_for(f"EXTEND_TIMEOUT_USEC={int(2 * WATCHDOG_S * 1e6)}", 30)
+        listener.wait_for("EXTEND_TIMEOUT_USEC=1200000", 5, after=first + 1)
+        assert listener.count("READY=1") == 0
+
+        broker = start_mosquitto(port, log_file=tmp_path / "mosquitto.log")
+        ready = listener.wait_for("READY=1", 30)
+        assert any(
+            line.startswith("STATUS=connected to mqtt://127.0.0.1") for line in listener.messages[ready]
+        )
+        assert retained_status(broker.url, "printer1")["state"] == "online"
+
+        # The watchdog: pings keep coming from the main loop (every third of WATCHDOG_USEC)
+        listener.drain(1.5)
+        assert listener.count("WATCHDOG=1", ready) >= 3
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        listener.wait_for("STOPPING=1", 5, after=ready)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+        listener.close()
+        if broker is not None:
+            broker.stop()
+    assert "Traceback" not in (tmp_path / "printer1.log").read_text()
+
+
+def test_edge_recorder_is_ready_once_recording_pings_from_its_loop_and_says_stopping(tmp_path):
+    # Prepare: a simulated print long enough to outlive the test
+    listener = NotifyListener()
+    log = (tmp_path / "recorder.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edge.recording.cli", "--simulate", "printer", "--layers", "400",
+         "--layer-s", "0.25", "--state-dir", str(tmp_path / "sim")],
+        stdout=log, stderr=subprocess.STDOUT, env=listener.env(WATCHDOG_S),
+    )  # fmt: skip
+    try:
+        # Execute / Assert
+        ready = listener.wait_for("READY=1", 30)
+        listener.drain(1.5)
+        assert listener.count("WATCHDOG=1", ready) >= 3
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        listener.wait_for("STOPPING=1", 5, after=ready)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+        listener.close()
+    assert "Traceback" not in (tmp_path / "recorder.log").read_text()
