@@ -1,0 +1,160 @@
+// The fleet console: renders each view the server sends on /events. No third-party code;
+// every device-written string goes in as text (textContent), never as markup.
+"use strict";
+
+const COLORS = ["#0969da", "#bf3989", "#1a7f37", "#bc4c00", "#8250df", "#0a7480", "#cf222e", "#6e7781"];
+const SVG = "http://www.w3.org/2000/svg";
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(c ?? ""));
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  return node;
+}
+
+function age(t, now) {
+  if (t == null) return "?";
+  const s = Math.max(0, now - t);
+  return s < 90 ? `${s.toFixed(0)} s ago` : s < 5400 ? `${(s / 60).toFixed(0)} min ago` : `${(s / 3600).toFixed(1)} h ago`;
+}
+
+function fmt(v, digits = 4) { return v == null ? "-" : Number(v).toPrecision(digits); }
+function bytes(n) { return n == null ? "-" : n >= 1 << 20 ? `${(n / (1 << 20)).toFixed(1)} MiB` : `${(n / 1024).toFixed(0)} KiB`; }
+function pairs(obj) { return Object.entries(obj || {}).map(([k, v]) => `${k}: ${v}`).join("; ") || "-"; }
+
+function renderDevices(devices, now) {
+  const body = document.querySelector("#devices tbody");
+  const rows = devices.map((d) => {
+    const tr = el("tr", { "data-device": d.device, "data-online": String(!!d.online) });
+    const state = el("td", {}, el("span", { class: `dot ${d.online ? "online" : "offline"}` }), d.online ? "online" : "offline");
+    const rows = d.rows ? `${d.rows.train ?? "?"}/${d.rows.test ?? "?"}` : "-";
+    const sensor = el("td", { class: d.sensor === "fault" ? "bad" : "" }, d.sensor ?? "-");
+    const refusedTasks = el("td", { class: Object.keys(d.refused_tasks || {}).length ? "bad" : "" }, pairs(d.refused_tasks));
+    const uploads = el("td", { class: Object.keys(d.uploads_refused || {}).length ? "bad" : "" }, pairs(d.uploads_refused));
+    tr.append(
+      el("td", {}, d.device), state, el("td", {}, age(d.last_seen, now)), el("td", {}, d.kind ?? "-"),
+      el("td", { class: "num" }, rows), sensor, el("td", {}, d.models ?? "-"), el("td", {}, d.tasks ?? "-"),
+      refusedTasks, uploads,
+      el("td", { class: "num" }, d.cpu_s_round == null ? "-" : `${(1000 * d.cpu_s_round).toFixed(0)} ms`),
+      el("td", { class: "num" }, bytes(d.max_rss_bytes)),
+    );
+    return tr;
+  });
+  body.replaceChildren(...rows);
+}
+
+// A learning curve: one thin line per device, the fleet mean thick and dark.
+function plot(task, colorOf) {
+  const W = 560, H = 230, L = 52, R = 12, T = 10, B = 28;
+  const series = Object.entries(task.curves).map(([d, pts]) => ({ name: d, pts, color: colorOf(d), width: 1.3 }));
+  series.push({ name: "fleet mean", pts: task.mean, color: "#1d2329", width: 2.6 });
+  const all = series.flatMap((s) => s.pts);
+  const box = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, "data-task": task.name,
+    "data-mean-points": String(task.mean.length), "data-last-round": String(all.length ? Math.max(...all.map((p) => p[0])) : 0) });
+  if (!all.length) {
+    const t = svg("text", { x: L, y: H / 2 }); t.textContent = "no rounds yet"; box.append(t);
+    return box;
+  }
+  const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
+  let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+  if (x1 === x0) x1 = x0 + 1;
+  if (y1 === y0) { y0 -= 0.5; y1 += 0.5; }
+  // Losses fall by orders of magnitude: a log axis when every value is positive and they span > 20x.
+  const log = y0 > 0 && y1 / y0 > 20;
+  const f = log ? Math.log10 : (v) => v, inv = log ? (v) => 10 ** v : (v) => v;
+  let [f0, f1] = [f(y0), f(y1)];
+  const pad = (f1 - f0) * 0.05; f0 -= pad; f1 += pad;
+  box.setAttribute("data-scale", log ? "log" : "linear");
+  const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
+  const Y = (y) => T + (1 - (f(y) - f0) / (f1 - f0)) * (H - T - B);
+  box.append(svg("rect", { x: L, y: T, width: W - L - R, height: H - T - B, fill: "#fff", stroke: "#d0d7de" }));
+  for (let i = 0; i <= 4; i++) {  // y grid and labels
+    const v = inv(f0 + ((f1 - f0) * i) / 4);
+    box.append(svg("line", { x1: L, x2: W - R, y1: Y(v), y2: Y(v), stroke: "#eaeef2" }));
+    const t = svg("text", { x: L - 4, y: Y(v) + 4, "text-anchor": "end" }); t.textContent = fmt(v, 3); box.append(t);
+  }
+  if (log) { const t = svg("text", { x: W - R - 4, y: T + 12, "text-anchor": "end" }); t.textContent = "log scale"; box.append(t); }
+  for (const x of [x0, Math.round((x0 + x1) / 2), x1]) {
+    const t = svg("text", { x: X(x), y: H - 10, "text-anchor": "middle" }); t.textContent = `${x}`; box.append(t);
+  }
+  for (const s of series) {
+    if (!s.pts.length) continue;
+    const d = s.pts.map((p, i) => `${i ? "L" : "M"}${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join("");
+    const path = svg("path", { d, fill: "none", stroke: s.color, "stroke-width": s.width, "data-series": s.name,
+      "data-points": String(s.pts.length) });
+    box.append(path);
+    if (s.pts.length === 1) box.append(svg("circle", { cx: X(s.pts[0][0]), cy: Y(s.pts[0][1]), r: 3, fill: s.color }));
+  }
+  return box;
+}
+
+function roundsTable(task) {
+  const head = el("tr", {}, ...["round", "phase", "status", "participants", "duration", "closed by", "sat out",
+    "refused", `mean ${task.metric ?? ""}`].map((h) => el("th", {}, h)));
+  const rows = task.rounds.slice().reverse().map((r) => el("tr", { "data-round": String(r.round) },
+    el("td", { class: "num" }, String(r.round)), el("td", {}, r.phase),
+    el("td", { class: r.status === "completed" ? "" : "bad" }, r.status),
+    el("td", {}, `${r.participants.length}: ${r.participants.join(", ")}`),
+    el("td", { class: "num" }, `${r.duration_s.toFixed(2)} s`),
+    el("td", { class: r.closed === "deadline" ? "bad" : "" }, r.closed === "deadline" ? "deadline (waited)" : r.closed ?? "-"),
+    el("td", {}, pairs(r.sat_out)), el("td", { class: Object.keys(r.rejected).length ? "bad" : "" }, pairs(r.rejected)),
+    el("td", { class: "num" }, fmt(r.mean))));
+  return el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows));
+}
+
+function renderTasks(tasks, colorOf) {
+  const cards = tasks.map((t) => {
+    const legend = el("div", { class: "legend" },
+      ...Object.keys(t.curves).map((d) => { const s = el("span", {}, d); s.style.setProperty("--c", colorOf(d)); return s; }),
+      (() => { const s = el("span", {}, "fleet mean"); s.style.setProperty("--c", "#1d2329"); return s; })());
+    const title = `${t.name} — ${t.algorithm ?? "?"} on ${t.model ?? "?"}: ${t.completed}/${t.planned ?? "?"} rounds`
+      + (t.abandoned ? `, ${t.abandoned} abandoned` : "");
+    return el("div", { class: "task", "data-task": t.name },
+      el("h3", {}, title), el("div", { class: "muted" }, t.metric ? `${t.metric} per device, by round` : "no metric reported yet"),
+      legend, plot(t, colorOf),
+      el("details", { open: "" }, el("summary", {}, `last ${t.rounds.length} rounds`), roundsTable(t)));
+  });
+  document.getElementById("tasks").replaceChildren(...(cards.length ? cards : [el("p", { class: "muted" }, "no task in the store yet")]));
+}
+
+function renderModels(view) {
+  const versions = Object.entries(view.versions);
+  const vbox = versions.length
+    ? el("table", { id: "model-versions" }, el("tr", {}, el("th", {}, "model"), el("th", {}, "active version: devices")),
+      ...versions.map(([m, per]) => el("tr", {}, el("td", {}, m), el("td", {}, pairs(per)))))
+    : el("p", { class: "muted" }, "no device reports a pushed model");
+  document.getElementById("versions").replaceChildren(vbox);
+  const tables = Object.entries(view.rollouts).map(([name, t]) => el("div", {}, el("h3", {}, name),
+    el("table", { "data-rollouts": name }, el("tr", {}, ...t.columns.map((c) => el("th", {}, c))),
+      ...t.rows.map((r) => el("tr", {}, ...r.map((v) => el("td", {}, v == null ? "" : String(v))))))));
+  document.getElementById("rollouts").replaceChildren(...(tables.length ? tables : [el("p", { class: "muted" }, "no staged rollouts recorded")]));
+}
+
+function render(view) {
+  const names = [...new Set([...view.devices.map((d) => d.device), ...view.tasks.flatMap((t) => Object.keys(t.curves))])].sort();
+  const colorOf = (d) => COLORS[Math.max(0, names.indexOf(d)) % COLORS.length];
+  document.getElementById("fleet").textContent = view.fleet;
+  document.getElementById("updated").textContent = `updated ${new Date(view.taken * 1000).toLocaleTimeString()}`;
+  const b = view.broker;
+  document.getElementById("broker").textContent = b.bytes_received == null ? ""
+    : `broker: ${bytes(b.bytes_received)} in, ${bytes(b.bytes_sent)} out`;
+  renderDevices(view.devices, view.taken);
+  renderTasks(view.tasks, colorOf);
+  renderModels(view);
+}
+
+function connect() {
+  const conn = document.getElementById("conn");
+  const source = new EventSource("events");
+  source.addEventListener("view", (e) => { render(JSON.parse(e.data)); });
+  source.onopen = () => { conn.textContent = "live"; conn.className = "live"; };
+  source.onerror = () => { conn.textContent = "reconnecting…"; conn.className = "down"; };  // EventSource retries
+}
+
+connect();
