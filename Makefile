@@ -7,8 +7,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Debian packages the tests run for real: the MQTT broker and the ALSA capture tool.
-TEST_DEBS := mosquitto mosquitto-clients alsa-utils
+# Debian packages the tests run for real: the MQTT broker, the ALSA capture tool, and the
+# browser the console's test drives (Playwright on Debian's chromium; never `playwright install`).
+TEST_DEBS := mosquitto mosquitto-clients alsa-utils chromium
 
 .PHONY: demo test test-deps lint explore bench clean
 
@@ -20,14 +21,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
+# `make demo CONSOLE=1` leaves the live fleet console up (its URL is printed) until Ctrl-C.
 demo: $(STAMP)
-	$(BIN)/cloud-aggregator demo
+	$(BIN)/cloud-aggregator demo $(if $(CONSOLE),--console)
 
-# mosquitto and arecord from Debian when missing (as root; otherwise one line saying what to install).
+# mosquitto, arecord and chromium from Debian when missing (as root; otherwise one line saying what to install).
 test-deps:
 	@missing=""; \
 	{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } || missing="$$missing mosquitto mosquitto-clients"; \
 	command -v arecord >/dev/null || missing="$$missing alsa-utils"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "make test needs:$$missing -- run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
 	  echo "installing from Debian:$$missing"; \
