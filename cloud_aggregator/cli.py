@@ -1,0 +1,152 @@
+"""``cloud-aggregator``: the cloud side's command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from cloud_aggregator import console, fleet_init, fleet_status, push
+from cloud_aggregator.backbones import cli as backbones_cli
+from cloud_aggregator.config import AggregatorConfig
+from cloud_aggregator.demo import run_demo
+from cloud_aggregator.fleet_init import FleetInitError
+from cloud_aggregator.server import Control, ServeRefusedError, Terminated, serve
+from export import cli as export_cli
+from export.package import ExportError
+from ioft_protocol.cli import check_broker_login, entry_point
+from ioft_protocol.config import ConfigError, build, load_toml
+
+
+def _serve_config(args: argparse.Namespace) -> AggregatorConfig:
+    """The config file with the command line's overrides, validated (``ConfigError`` if not)."""
+    raw = load_toml(args.config) if args.config else {}
+    if args.broker:
+        raw["broker"] = args.broker
+    if args.state_dir:
+        raw["state_dir"] = args.state_dir
+    if args.allow_plaintext:
+        raw["allow_plaintext"] = True
+    if args.restart:
+        raw["restart"] = list(args.restart)
+    return build(AggregatorConfig, raw, str(args.config or "command line"))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        cfg = _serve_config(args)
+        check_broker_login(cfg, cfg.client_id, str(args.config or "command line"))
+    except ConfigError as exc:  # one line: every failing field, what to fix
+        print(
+            f"invalid configuration in {args.config or 'command line'}: {'; '.join(exc.errors)}",
+            file=sys.stderr,
+        )
+        return 2
+    if not cfg.task and not args.service:
+        print("no [[task]] configured; nothing to do (add one, or run with --service)", file=sys.stderr)
+        return 2
+    control = Control()
+    if args.service and args.config:
+
+        def _reload() -> AggregatorConfig:
+            raw_args = argparse.Namespace(**{**vars(args), "restart": None})  # a restart is for start-up only
+            return _serve_config(raw_args)
+
+        control.reload = _reload
+        signal.signal(signal.SIGHUP, lambda *_: control.reload_requested.set())
+
+    def _term(*_: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: let the first unwind
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, _term)
+    log = logging.getLogger(__name__)
+    try:
+        serve(cfg, control, service=args.service)
+    except ServeRefusedError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except Terminated:
+        log.info("stopped by SIGTERM; every finished round is saved, `serve` again resumes")
+        return 0
+    except KeyboardInterrupt:
+        log.info("interrupted; every finished round is saved, `serve` again resumes")
+        return 130
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    try:
+        return run_demo(
+            devices=args.devices,
+            rounds=args.rounds,
+            broker=args.broker,
+            workdir=args.workdir,
+            prefer=args.prefer_broker,
+        )
+    except KeyboardInterrupt:
+        print("\ndemo stopped; the broker and the fleet's processes are stopped too", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cloud-aggregator", description="ioft cloud side: rounds, aggregation, models."
+    )
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="orchestrate the configured tasks' rounds over MQTT")
+    s.add_argument("--config", type=Path, help="TOML config with [[task]] tables")
+    s.add_argument("--broker", help="mqtt://host:port or mqtts://host:port")
+    s.add_argument("--state-dir", help="folder for aggregator.sqlite and artifacts")
+    s.add_argument("--allow-plaintext", action="store_true")
+    s.add_argument(
+        "--restart",
+        action="append",
+        metavar="TASK",
+        help="delete TASK's stored rounds (saying what) and start it afresh; repeatable",
+    )
+    s.add_argument(
+        "--service",
+        action="store_true",
+        help="keep running when the tasks are done; SIGHUP re-reads --config for new or extended tasks",
+    )
+    s.set_defaults(func=_serve)
+
+    d = sub.add_parser("demo", help="a whole fleet on this machine: broker, aggregator, simulated printers")
+    d.add_argument("--devices", type=int, default=4, help="number of simulated printers (>= 2)")
+    d.add_argument("--rounds", type=int, default=200)
+    d.add_argument("--broker", help="use this broker instead of starting one (mqtt://host:port)")
+    d.add_argument("--workdir", type=Path, help="where state goes (default: a fresh temp folder)")
+    d.add_argument("--prefer-broker", default="mosquitto", choices=["mosquitto", "amqtt"])
+    d.set_defaults(func=_demo)
+
+    # Models (issue 6): each subcommand lives in its own module; only the wiring is here.
+    export_cli.add_parsers(sub)
+    backbones_cli.add_parsers(sub)
+    push.add_parser(sub)
+    console.add_parser(sub)
+    fleet = sub.add_parser("fleet", help="fleet-wide views and set-up")
+    fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
+    fleet_status.add_parser(fleet_sub)
+    fleet_init.add_parser(fleet_sub)
+    return p
+
+
+@entry_point("cloud-aggregator", mistakes=(FleetInitError,), failures=(ExportError,))
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; a user mistake is one line and exit 2, a runtime failure one line and 1."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s aggregator %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
