@@ -85,6 +85,7 @@ def _demo(args: argparse.Namespace) -> int:
             broker=args.broker,
             workdir=args.workdir,
             prefer=args.prefer_broker,
+            console=args.console,
         )
     except KeyboardInterrupt:
         print("\ndemo stopped; the broker and the fleet's processes are stopped too", file=sys.stderr)
@@ -122,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--broker", help="use this broker instead of starting one (mqtt://host:port)")
     d.add_argument("--workdir", type=Path, help="where state goes (default: a fresh temp folder)")
     d.add_argument("--prefer-broker", default="mosquitto", choices=["mosquitto", "amqtt"])
+    d.add_argument(
+        "--console", action="store_true", help="serve the live fleet console too, and leave it up afterwards"
+    )
     d.set_defaults(func=_demo)
 
     # Models (issue 6): each subcommand lives in its own module; only the wiring is here.
