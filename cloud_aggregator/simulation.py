@@ -83,6 +83,17 @@ class SimulatedFleet:
         self.admission = Admission(fleet, admission)
         self.uplinks = uplinks
 
+    def add_device(self, device: str, data: ClientData) -> None:
+        """A device that joins the fleet: sampled from the next round on, with a new local state.
+
+        Its personal state is new, so at its first round the algorithm's cold start fits it
+        from the downlink and ``data`` (``trainer_lite.client.participate``).
+        """
+        if device in self.clients:
+            raise ValueError(f"device {device!r} is in the fleet already; pick another id")
+        self.clients[device] = _scaled(data, self.algo.scaling)
+        self.local[device] = initial_local(self.algo, device)
+
     def sample(self, round_: int) -> list[str]:
         devices = sorted(self.clients)
         k = max(1, round(self.participation * len(devices)))
@@ -140,6 +151,75 @@ class SimulatedFleet:
         return out
 
 
+class Simulation:
+    """A running in-process simulation: run some rounds, add devices, run more.
+
+    ::
+
+        sim = Simulation(spec, clients)
+        sim.run()                                   # spec.rounds rounds
+        sim.add_device("printer5", ClientData(train, test))
+        sim.run_more(20)                            # rounds spec.rounds + 1 ... spec.rounds + 20
+
+    The rounds run on one ``RoundEngine`` and its store, so continuing is the engine
+    resuming from its last completed round (the strategy's state included).
+
+    Parameters
+    ----------
+    spec, clients, participation
+        As :class:`SimulatedFleet`.
+    on_record
+        Called with each round's record, the fleet and the global after it.
+    """
+
+    def __init__(
+        self,
+        spec: TaskSpec,
+        clients: Mapping[str, ClientData],
+        *,
+        participation: float = 1.0,
+        on_record: Callable[[RoundRecord, SimulatedFleet, Params], None] | None = None,
+    ) -> None:
+        self.fleet = SimulatedFleet(spec, clients, participation=participation)
+        self.records: list[RoundRecord] = []
+        self.on_record = on_record
+        self.engine = RoundEngine(spec, self.fleet, on_record=self._record)
+
+    def _record(self, rec: RoundRecord) -> None:
+        self.records.append(rec)
+        if self.on_record is not None:
+            self.on_record(rec, self.fleet, self.engine.global_params)
+
+    @property
+    def global_params(self) -> Params:
+        """The global after the last completed round (empty before any round ran)."""
+        return self.engine.global_params
+
+    @property
+    def rounds_done(self) -> int:
+        """Rounds completed (or abandoned) so far."""
+        point = self.engine.store.resume_point(self.engine.spec.name)
+        return 0 if point is None else point[0] - 1
+
+    def run(self, until: int | None = None) -> Params:
+        """Run rounds up to round ``until`` (``None``: ``spec.rounds``); returns the global."""
+        total = self.engine.spec.rounds if until is None else until
+        if total < self.rounds_done:
+            raise ValueError(f"round {total} is behind the {self.rounds_done} rounds done already")
+        self.engine.spec = replace(self.engine.spec, rounds=total)
+        return self.engine.run()
+
+    def run_more(self, rounds: int) -> Params:
+        """Continue for ``rounds`` more rounds; returns the global."""
+        if rounds < 0:
+            raise ValueError(f"rounds must be >= 0, got {rounds}")
+        return self.run(self.rounds_done + rounds)
+
+    def add_device(self, device: str, data: ClientData) -> None:
+        """:meth:`SimulatedFleet.add_device`: it takes part from the next round run."""
+        self.fleet.add_device(device, data)
+
+
 def simulate(
     spec: TaskSpec,
     clients: Mapping[str, ClientData],
@@ -148,18 +228,9 @@ def simulate(
     on_record: Callable[[RoundRecord, SimulatedFleet, Params], None] | None = None,
 ) -> tuple[Params, SimulatedFleet, list[RoundRecord]]:
     """Run ``spec`` over in-process clients; returns the final global, the fleet and the records."""
-    fleet = SimulatedFleet(spec, clients, participation=participation)
-    records: list[RoundRecord] = []
-    engine: RoundEngine
-
-    def record(rec: RoundRecord) -> None:
-        records.append(rec)
-        if on_record is not None:
-            on_record(rec, fleet, engine.global_params)
-
-    engine = RoundEngine(spec, fleet, on_record=record)
-    final = engine.run()
-    return final, fleet, records
+    sim = Simulation(spec, clients, participation=participation, on_record=on_record)
+    final = sim.run()
+    return final, sim.fleet, sim.records
 
 
 def mean_test_loss(fleet: SimulatedFleet, global_params: Params, metric: str = "loss") -> float:

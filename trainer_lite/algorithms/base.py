@@ -65,7 +65,10 @@ class TrainConfig:
     """Local optimisation settings shared by most algorithms.
 
     The learning rate of round ``r`` (1-based) is ``lr * lr_decay ** (r // lr_decay_every)``
-    (the PFL-DA authors' schedule: × 0.99 every 5 rounds).
+    (the PFL-DA authors' schedule: × 0.99 every 5 rounds).  ``r`` is the *device's own*
+    round, the rounds it has taken part in (:func:`trainer_lite.client.participate`), so a
+    device that joins a trained fleet starts at ``lr`` as a fresh fleet does; for a
+    device that took part in every round it equals the fleet's round.
     """
 
     optimizer: str = "adam"
@@ -101,6 +104,14 @@ class TrainConfig:
 #: rows' per-feature mean and deviation (weld DWT features span ten decades).
 DEVICE_HPARAMS = ("features", "scaling")
 SCALINGS = ("none", "local")
+#: Local-state names under this prefix are the device's bookkeeping, not the algorithm's:
+#: ``trainer_lite.client`` keeps them and algorithms never see them.
+PROGRESS_PREFIX = "progress."
+
+
+def algorithm_state(local: Mapping[str, np.ndarray]) -> Params:
+    """``local`` without the device's bookkeeping (:data:`PROGRESS_PREFIX`): what an algorithm sees."""
+    return {k: v for k, v in local.items() if not k.startswith(PROGRESS_PREFIX)}
 
 
 def algorithm_hparams(hparams: Mapping[str, Any]) -> dict[str, Any]:
@@ -255,7 +266,29 @@ class ClientAlgorithm(ABC):
         round_: int,
         phase: str,
     ) -> tuple[ClientResult, Params]:
-        """One round on one device: ``(what to upload, new local state)``. Never mutates inputs."""
+        """One round on one device: ``(what to upload, new local state)``. Never mutates inputs.
+
+        ``round_`` is the device's own round (1-based: the rounds it has taken part in,
+        this one included), which keys the learning-rate schedule; through
+        :func:`trainer_lite.client.participate` it equals the fleet's round for a device
+        that took part in every round.  The fleet's round keys what must agree across
+        devices instead (the minibatch streams, the server's phases and selection).
+        """
+
+    def cold_start(
+        self, shared: Params, local: Params, data: Dataset, *, rng: np.random.Generator, phase: str
+    ) -> Params:
+        """The local state of a device whose personal state is new, joining a trained fleet.
+
+        :func:`trainer_lite.client.participate` calls it once, before the device's first
+        round, when that round is not the fleet's first (at round 1 the downlink is the
+        server's random start, and every device keeps its seeded :meth:`init_local`).
+        ``shared`` is the round's downlink and ``data`` the device's first training rows.
+        Each algorithm documents its rule in its module; this default keeps ``local``
+        (algorithms with nothing personal, or whose personal model restarts from the
+        downlink every round).
+        """
+        return local
 
     @abstractmethod
     def personal_params(self, shared: Params, local: Params) -> Params:
@@ -263,7 +296,7 @@ class ClientAlgorithm(ABC):
 
     # -- inference and scoring --------------------------------------------
     def predict(self, shared: Params, local: Params, x: np.ndarray) -> np.ndarray:
-        return self.model(self.personal_params(shared, local), x)
+        return self.model(self.personal_params(shared, algorithm_state(local)), x)
 
     def evaluate(self, shared: Params, local: Params, data: Dataset) -> dict[str, float]:
         """Loss of the personalized model on ``data``, and accuracy for class targets."""
@@ -307,7 +340,7 @@ class ClientAlgorithm(ABC):
         rng
             The round's generator (draws the minibatches).
         round_
-            The round, for the learning-rate schedule.
+            The device's own round, for the learning-rate schedule (see :meth:`update`).
         trainable
             Names of ``params`` to step; ``None``: all of them.
         steps

@@ -20,6 +20,9 @@ Two ways to keep ``v`` near ``w`` (``pull``):
 
 As in the authors' code, both optimizers are fresh every round, and both models
 take their inner steps interleaved on the same batches.
+
+Cold start (a device that joins a trained fleet): the personal model ``v`` starts
+as the downlinked global model ``w`` instead of a random draw.
 """
 
 from __future__ import annotations
@@ -111,6 +114,12 @@ class DittoClient(ClientAlgorithm):
 
     def init_local(self, rng: np.random.Generator) -> Params:
         return with_prefix(self.model.init(rng), PERSONAL)
+
+    def cold_start(
+        self, shared: Params, local: Params, data: Dataset, *, rng: np.random.Generator, phase: str
+    ) -> Params:
+        """``v`` starts as the downlinked global model (module docstring)."""
+        return with_prefix(copy_params({n: np.asarray(shared[n]) for n in self.shared_names()}), PERSONAL)
 
     def personal_params(self, shared: Params, local: Params) -> Params:
         return strip_prefix(local, PERSONAL)

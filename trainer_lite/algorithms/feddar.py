@@ -25,6 +25,10 @@ Nothing else leaves the device: the counts are what weighted averaging of the
 heads needs anyway, and a head's Hessian is the ``(P, P)`` second moment of the
 encoder's features on that domain (for a linear head), never a sample.
 
+Cold start: nothing to do.  A device keeps no state between rounds (the heads are
+global), so one that joins a trained fleet predicts with, and trains from, the
+global encoder and heads of its first downlink.
+
 Closed-form Hessians (eq. 8 needs them) exist for a single linear head under
 MSE (``2/(n·o) · Z̃ᵀZ̃ ⊗ I_o``) and binary cross-entropy on logits
 (``1/(n·o) · Σ_j z̃_j z̃_jᵀ ⊗ diag(σ(1 − σ))``), with ``Z̃ = [Z, 1]`` when the head

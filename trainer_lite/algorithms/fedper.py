@@ -5,6 +5,13 @@ the head.  Which blocks are personal is ``personal_blocks`` (block names of the
 model, e.g. ``["decoder"]``); by default the model's last block with parameters.
 The same machinery with the partition flipped is LG-FedAvg
 (:mod:`trainer_lite.algorithms.lgfedavg`).
+
+Cold start (a device that joins a trained fleet): the personal blocks are fitted to
+the device's first rows with the downlinked shared blocks frozen
+(:func:`~trainer_lite.algorithms.cold_start.fit_personal`; the grid search of
+:func:`~trainer_lite.algorithms.cold_start.fit_affine_encoder` first when the
+personal part is a one-feature affine encoder).  No personal block ever leaves a
+device, so there is no global copy of it to start from.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, TrainConfig, register_client
+from trainer_lite.algorithms.cold_start import affine_block, fit_affine_encoder, fit_personal
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, copy_params
 
@@ -58,6 +66,19 @@ class PartialSharingClient(ClientAlgorithm):
     def init_local(self, rng: np.random.Generator) -> Params:
         full = self.model.init(rng)
         return {n: full[n] for n in self.personal_names()}
+
+    def cold_start(
+        self, shared: Params, local: Params, data: Dataset, *, rng: np.random.Generator, phase: str
+    ) -> Params:
+        """The personal blocks fitted through the frozen shared ones (module docstring)."""
+        params = self.personal_params(shared, local)
+        names = self.personal_names()
+        blocks = sorted({n.split(".")[0] for n in names})
+        if len(blocks) == 1 and affine_block(self, blocks[0]):
+            params = fit_affine_encoder(self, params, blocks[0], data, rng)
+        else:
+            params = fit_personal(self, params, names, data, rng)
+        return {n: params[n] for n in names}
 
     def personal_params(self, shared: Params, local: Params) -> Params:
         return {**{n: shared[n] for n in self.shared_names()}, **{n: local[n] for n in self.personal_names()}}

@@ -49,6 +49,13 @@ metrics ``lam`` and ``val_gap``.
 The first downlink (the broadcast θ⁰, the same for every device) also
 initialises θ_k: averaging MLPs only makes sense from a common initialisation,
 as the authors' code does (every client starts from ``net_glob``).
+
+Cold start (a device that joins a trained fleet): the server has no basis for it,
+so its first downlink is the broadcast θ⁰ and its first round trains from there as
+at round 1.  Its local state carries ``fedpp.joined`` until the first downlink of its
+own arrives (the θ̂_k the server propagated from its nearest neighbours once its
+first upload and basis arrived); θ_k then restarts from that θ̂_k instead of going
+on from the few steps it took from θ⁰.
 """
 
 from __future__ import annotations
@@ -65,6 +72,8 @@ from trainer_lite.params import Params, copy_params, strip_prefix, with_prefix
 
 BASIS = "fedpp.basis"
 SEND_BASIS = "fedpp.send_basis"
+#: Local-state flag of a device that joined a trained fleet and has not yet had its own θ̂_k.
+JOINED = "fedpp.joined"
 LAM_RULES = ("exp", "max")
 
 
@@ -201,6 +210,12 @@ class FedPPClient(ClientAlgorithm):
     def init_local(self, rng: np.random.Generator) -> Params:
         return {}  # θ_k starts from the first downlink (module docstring)
 
+    def cold_start(
+        self, shared: Params, local: Params, data: Dataset, *, rng: np.random.Generator, phase: str
+    ) -> Params:
+        """Mark the device as joined: θ_k restarts from its first own θ̂_k (module docstring)."""
+        return {**local, JOINED: np.ones(1)}
+
     def personal_params(self, shared: Params, local: Params) -> Params:
         personal = strip_prefix(local, PERSONAL)
         if personal:
@@ -224,6 +239,10 @@ class FedPPClient(ClientAlgorithm):
         cfg: FedPPConfig = self.config
         names = self.model_names()
         aux = {n: np.asarray(shared[n]) for n in names}  # θ̂_k, fixed during the round
+        broadcast = float(np.asarray(shared[SEND_BASIS]).reshape(-1)[0]) > 0.5
+        joined = JOINED in local
+        if joined and not broadcast:  # a newcomer's first own θ̂_k: start from its neighbours
+            local, joined = {}, False
         theta = copy_params(self.personal_params(shared, local))
         train, val = validation_split(data, cfg.val_fraction, self.spec.seed)
         loss_theta, loss_aux = self.val_loss(theta, val), self.val_loss(aux, val)
@@ -248,8 +267,9 @@ class FedPPClient(ClientAlgorithm):
             grad_hook=pull if lam > 0 else None,
         )
         upload: Params = {n: theta[n] for n in names}
-        if float(np.asarray(shared[SEND_BASIS]).reshape(-1)[0]) > 0.5:
+        if broadcast:
             y = data.y if cfg.subspace_labels else None
             upload[BASIS] = subspace_basis(data.x, cfg.subspace_dim, y, self._widths()[1])
         metrics = {"train_loss": train_loss, "lam": lam, "val_gap": loss_theta - loss_aux}
-        return ClientResult(upload, len(data), metrics), with_prefix(theta, PERSONAL)
+        kept = with_prefix(theta, PERSONAL) | ({JOINED: np.ones(1)} if joined else {})
+        return ClientResult(upload, len(data), metrics), kept

@@ -6,6 +6,9 @@ with the new head frozen; it uploads the body and keeps the head.  Which blocks
 form the head is ``personal_blocks`` (by default the model's last block with
 parameters), as in FedPer (:mod:`trainer_lite.algorithms.fedper`), whose split
 this reuses; the server is FedAvg over the body.
+
+Cold start: FedPer's (:mod:`trainer_lite.algorithms.fedper`): the personal blocks are
+fitted to the first rows through the frozen downlinked shared blocks.
 """
 
 from __future__ import annotations

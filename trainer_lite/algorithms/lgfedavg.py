@@ -5,6 +5,9 @@ global head together, uploads the head and keeps the body.  ``personal_blocks``
 names the blocks kept on the device; by default every block with parameters
 except the last.  On PFL-DA's encoder/decoder models this is Simple-DA's
 partition (personal encoder, shared decoder), as the PFL-DA paper remarks.
+
+Cold start: FedPer's (:mod:`trainer_lite.algorithms.fedper`): the personal blocks are
+fitted to the first rows through the frozen downlinked shared blocks.
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ and the projection follows the talk's eq. (6).
 No model from :mod:`trainer_lite.models` is involved: the parameters are the
 two orthonormal blocks, named ``"U"`` (shared) and ``"V"`` (local).  Data are
 :class:`~trainer_lite.data.Dataset` rows ``x``; ``y`` is ignored.
+
+Cold start (a device that joins a trained fleet): ``V_i`` starts as the ``r2`` leading
+eigenvectors of the device's first rows' covariance deflated by the downlinked ``U``,
+``(I − UUᵀ) S_i (I − UUᵀ)``: the maximiser of ``f_i`` for that ``U``, in closed form.
 """
 
 from __future__ import annotations
@@ -186,6 +190,19 @@ class PerPCAClient(ClientAlgorithm):
         cfg = self.config
         # Orthogonality to U is restored by the correction at the start of every round.
         return {"V": random_stiefel(rng, cfg.dim, cfg.r_local)}
+
+    def cold_start(
+        self, shared: Params, local: Params, data: Dataset, *, rng: np.random.Generator, phase: str
+    ) -> Params:
+        """``V`` from the deflated covariance of the first rows (module docstring)."""
+        cfg = self.config
+        if data.x.ndim != 2 or data.x.shape[1] != cfg.dim or len(data) == 0:
+            return local  # update() reports the mismatch
+        u = np.asarray(shared["U"], dtype=np.float64)
+        proj = np.eye(cfg.dim) - u @ u.T
+        s = proj @ covariance(np.asarray(data.x, dtype=np.float64), cfg.center) @ proj
+        _, vecs = np.linalg.eigh(s)
+        return {"V": vecs[:, ::-1][:, : cfg.r_local]}
 
     def personal_params(self, shared: Params, local: Params) -> Params:
         u = np.asarray(shared["U"], dtype=np.float64)

@@ -11,6 +11,9 @@ keeps ``θ`` (``personal.*``) to predict with; the server mixes with β
 As in the reference code, θ starts each round from the global model and the
 inner solver's state lasts for the round; ``optimizer="sgd"`` (the default)
 gives the paper's plain gradient steps.
+
+Cold start: nothing to do.  θ starts every round from the downlinked global model,
+so a device that joins a trained fleet personalizes the fleet's model from its first round.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ So the personal model is always "the latest global the device was sent,
 fine-tuned on its own data" — the eval-time fine-tune of the TP baseline, kept on
 the device so it can predict between rounds.  Before ``finetune_from`` the device
 predicts with the global model itself.
+
+Cold start: nothing to do: the personal model is re-derived from the downlinked global
+every round.  ``finetune_from`` counts the fleet's rounds (the global must have trained
+first), and a device that joins a trained fleet fine-tunes from its first round.
 """
 
 from __future__ import annotations
