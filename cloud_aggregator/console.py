@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import secrets
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from ioft_protocol.config import ConfigError, build, load_toml
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8765
+CONSOLE_CMD = (sys.executable, "-m", "cloud_aggregator.cli", "console")
 
 
 def is_loopback(host: str) -> bool:
@@ -138,3 +141,32 @@ def main(args: argparse.Namespace) -> int:
         feed.stop()
         sock.close()
     return 0
+
+
+def launch(
+    config: Path, log: Path, *, port: int = DEFAULT_PORT, refresh: float = 1.0
+) -> tuple[subprocess.Popen, str]:
+    """``cloud-aggregator console --config config`` as a child process (the demo's, a benchmark's).
+
+    Returns the process and its URL; ``ConsoleStartError`` (with the log's tail) when it exits
+    before printing one (a port in use, a config it refuses).
+    """
+    with log.open("ab") as err:
+        proc = subprocess.Popen(
+            [*CONSOLE_CMD, "--config", str(config), "--port", str(port), "--refresh", str(refresh)],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    first = proc.stdout.readline() if proc.stdout is not None else ""
+    if not first.startswith("console: "):
+        proc.wait(10)
+        raise ConsoleStartError(
+            f"the console did not start: {log.read_text(errors='replace')[-500:].strip()}"
+        )
+    return proc, first.split()[-1]
+
+
+class ConsoleStartError(RuntimeError):
+    """``cloud-aggregator console`` exited before serving."""

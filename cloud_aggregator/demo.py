@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from cloud_aggregator import console as fleet_console
 from cloud_aggregator.broker import interrupt_on_sigterm
 from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
 from cloud_aggregator.rounds import RoundRecord
@@ -101,7 +102,10 @@ def run_demo(
     broker: str | None = None,
     workdir: Path | None = None,
     prefer: str = "mosquitto",
+    console: bool = False,
 ) -> int:
+    """Run the demo; with ``console`` the live fleet console is up from the start and stays up
+    after the final table (with the devices and the broker) until Ctrl-C."""
     if devices < 2:
         print("the demo needs at least 2 devices", file=sys.stderr)
         return 2
@@ -112,6 +116,7 @@ def run_demo(
     work.mkdir(parents=True, exist_ok=True)
     names = [f"printer{i}" for i in range(1, devices + 1)]
     fleet: LocalFleet | None = None
+    view: subprocess.Popen | None = None
     try:
         fleet = LocalFleet.start(work, broker=broker, prefer=prefer, fleet="demo")
         if fleet.broker is not None:
@@ -123,6 +128,8 @@ def run_demo(
             demo_config(fleet.fleet, fleet.broker_url, work / "aggregator", names, rounds)
         )
         print(f"{devices} edge-trainer processes and the aggregator started; state and logs in {work}")
+        if console:
+            view = _start_console(work)
         print("test loss = 50·MSE(speed/50) on each printer's unseen speeds (PFL-DA Table 5 units)\n")
         rc = _follow(agg, fleet.db, names, rounds, timeout=600)
         if rc != 0:
@@ -146,12 +153,33 @@ def run_demo(
         mp, mi, mf = (sum(t.values()) / max(1, len(t)) for t in (pflda, indiv, fedavg))
         print(f"{'fleet mean':>10} {mp:>8.4f} {mi:>8.4f} {mf:>8.4f} {100 * (mp - mi) / mi:>+15.1f}%")
         print(f"\ndemo finished in {time.monotonic() - started:.1f} s")
+        if view is not None and view.poll() is None:
+            print(
+                "the fleet console stays up (with the devices and the broker); Ctrl-C stops them", flush=True
+            )
+            view.wait()
         return 0
     finally:
+        if view is not None and view.poll() is None:
+            view.terminate()
+            view.wait(10)
         if fleet is not None:
             fleet.stop()  # the aggregator first, then the devices it talks to, then the broker
         if own_dir and os.environ.get("IOFT_KEEP_DEMO") != "1":
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _start_console(work: Path) -> subprocess.Popen | None:
+    """``cloud-aggregator console`` on the demo's aggregator (its usual port, else any free one)."""
+    for port in (fleet_console.DEFAULT_PORT, 0):
+        try:
+            proc, url = fleet_console.launch(work / "aggregator.toml", work / "console.log", port=port)
+        except fleet_console.ConsoleStartError as exc:
+            print(f"{exc}", file=sys.stderr)
+            continue
+        print(f"fleet console: {url}", flush=True)
+        return proc
+    return None
 
 
 def _follow(agg: subprocess.Popen, db: Path, devices: list[str], rounds: int, timeout: float) -> int:
