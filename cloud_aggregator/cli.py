@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from cloud_aggregator import console, fleet_init, fleet_status, push
+from cloud_aggregator import console, fleet_init, fleet_status, push, rollout_cli
 from cloud_aggregator.backbones import cli as backbones_cli
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.demo import run_demo
@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Models (issue 6): each subcommand lives in its own module; only the wiring is here.
     export_cli.add_parsers(sub)
     backbones_cli.add_parsers(sub)
-    push.add_parser(sub)
+    rollout_cli.add_canary_args(push.add_parser(sub))  # push --canary: a staged rollout
+    rollout_cli.add_parser(sub)
     console.add_parser(sub)
     fleet = sub.add_parser("fleet", help="fleet-wide views and set-up")
     fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)

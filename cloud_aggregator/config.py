@@ -14,6 +14,7 @@ from ioft_protocol.config import ConfigError, build
 from ioft_protocol.mqtt import TlsConfig
 from ioft_protocol.round_messages import DeviceSelection
 from trainer_lite.algorithms.base import algorithm_hparams
+from trainer_lite.privacy import DPConfig
 from trainer_lite.task import TaskSpec
 
 
@@ -96,6 +97,9 @@ class TaskConfig:
     #: Which devices run the task (``devices = { kind = "welder", tags = [...], ids = [...] }``;
     #: ``None``: every device).  Not part of the spec: narrowing it keeps the task's history.
     devices: DeviceSelection | None = None
+    #: Differential privacy (``[task.dp]``: mode, clip, noise_multiplier, delta, epsilon_budget,
+    #: devices_per_round, fleet_size; ``trainer_lite.privacy.DPConfig``), for mean-family servers.
+    dp: DPConfig | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -136,6 +140,7 @@ class TaskConfig:
             rounds=self.rounds,
             seed=self.seed,
             feature_schema=self._schema_hash(),
+            dp=None if self.dp is None else self.dp.to_spec(),
         )
 
     def _schema_hash(self) -> str | None:
@@ -175,6 +180,8 @@ class AggregatorConfig:
         if self.collect.straggler == "next_round":  # refused at start-up, not when the task's turn comes
             for t in self.task:
                 check_next_round(make_strategy(t.spec()))
+                if t.dp is not None:  # a late upload would count in a round it was not clipped for
+                    raise ValueError(f"task {t.name!r}: dp needs [collect] straggler = 'drop'")
         if isinstance(self.restart, list):
             unknown = sorted(set(self.restart) - set(names))
             if unknown:

@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +62,7 @@ class PushReport:
     chunk_size: int
     seconds: float
     cleared_version: int | None
+    offer: bytes = b""  # the retained offer as published (a staged rollout re-addresses it)
 
 
 def chunk_table(data: bytes, chunk_size: int) -> list[str]:
@@ -160,7 +161,7 @@ def push_model(
     previous = _replaced_offer(session, offer_topic, offer_payload) if clear_previous else None
     n_chunks, size = len(messages) - 1, manifest.size
     cleared = None
-    old = _version_of(previous) if previous is not None else None
+    old = offer_version(previous) if previous is not None else None
     if previous is not None and old is not None:
         # Another version's chunks, or this version's beyond the new count (a re-push with other chunks).
         stale = range(len(previous.chunks)) if old != version else range(n_chunks, len(previous.chunks))
@@ -182,7 +183,7 @@ def push_model(
         f" (devices {list(devices)})" if devices else "",
         seconds,
     )
-    return PushReport(name, version, size, n_chunks, chunk_size, seconds, cleared)
+    return PushReport(name, version, size, n_chunks, chunk_size, seconds, cleared, offer_payload)
 
 
 class PushCheckError(ValueError):
@@ -223,7 +224,7 @@ def verify_package(package: Package, public_key: Ed25519PublicKey) -> ModelManif
     return manifest
 
 
-def _version_of(offer: model_push.ModelOffer) -> int | None:
+def offer_version(offer: model_push.ModelOffer) -> int | None:
     try:
         version = json.loads(offer.manifest).get("version")
     except (ValueError, AttributeError):
@@ -235,6 +236,14 @@ def _version_of(offer: model_push.ModelOffer) -> int | None:
 def operator_session(args: argparse.Namespace, role: str) -> tuple[MqttSession, str]:
     """A session for an operator command: broker, fleet and TLS from ``--config`` (the aggregator's
     TOML) with ``--broker``/``--fleet``/``--allow-plaintext`` overriding; its own client id."""
+    cfg = operator_config(args)
+    session = MqttSession(SessionOptions.for_login(cfg, f"ioft-{role}-{os.getpid()}"))
+    session.start(timeout=8.0)  # a one-shot: fail in one line, naming the last attempt's reason
+    return session, cfg.fleet
+
+
+def operator_config(args: argparse.Namespace) -> AggregatorConfig:
+    """The aggregator's config as an operator command sees it (``ConfigError`` if invalid)."""
     raw = load_toml(args.config) if args.config else {}
     raw.pop("task", None)
     raw.pop("model", None)  # the operator's [model] public_key: read by fleet_public_key
@@ -244,10 +253,9 @@ def operator_session(args: argparse.Namespace, role: str) -> tuple[MqttSession, 
         raw["fleet"] = args.fleet
     if args.allow_plaintext:
         raw["allow_plaintext"] = True
-    cfg = build(AggregatorConfig, raw, str(args.config or "command line"))
-    session = MqttSession(SessionOptions.for_login(cfg, f"ioft-{role}-{os.getpid()}"))
-    session.start(timeout=8.0)  # a one-shot: fail in one line, naming the last attempt's reason
-    return session, cfg.fleet
+    if getattr(args, "state_dir", None):
+        raw["state_dir"] = str(args.state_dir)
+    return build(AggregatorConfig, raw, str(args.config or "command line"))
 
 
 def add_session_args(p: argparse.ArgumentParser) -> None:
@@ -257,7 +265,7 @@ def add_session_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-plaintext", action="store_true", help="accept an unencrypted broker (loopback)")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "push",
         help="publish a signed model package to the fleet over MQTT",
@@ -291,6 +299,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds --wait waits before calling a device pending",
     )
     p.set_defaults(func=main)
+    return p
 
 
 def fleet_public_key(args: argparse.Namespace) -> Ed25519PublicKey:
@@ -344,8 +353,14 @@ def parse_devices(values: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(ids)
 
 
-def main(args: argparse.Namespace) -> int:
+#: A staged push (``rollout_cli.canary_push``): given the checked package and the open session.
+CanaryPush = Callable[[argparse.Namespace, MqttSession, str, Package, tuple[str, ...]], int]
+
+
+def main(args: argparse.Namespace, *, canary: CanaryPush | None = None) -> int:
     """Check the package, push it, and with ``--wait`` report each device's answer.
+
+    With ``canary``, the checked package goes to it instead (a staged rollout).
 
     Returns
     -------
@@ -364,6 +379,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"cannot push: {exc}", file=sys.stderr)
         return 2
     try:
+        if canary is not None:
+            return canary(args, session, fleet, package, devices)
         report = push_model(session, fleet, package, chunk_size=args.chunk_size, devices=devices)
         print(
             f"pushed {report.name} v{report.version} to fleet {fleet}: {report.size} bytes in "

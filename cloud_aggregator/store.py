@@ -52,6 +52,10 @@ CREATE TABLE IF NOT EXISTS rejections (
     task TEXT NOT NULL, round INTEGER, device TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL,
     code TEXT NOT NULL DEFAULT 'other'
 );
+CREATE TABLE IF NOT EXISTS rollouts (
+    model TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL, record TEXT NOT NULL,
+    updated REAL NOT NULL, PRIMARY KEY (model, version)
+);
 """
 
 #: Codes of stores written before ``admission.Reason``: a duplicate upload is a replay now.
@@ -391,3 +395,26 @@ class SqliteStore:
     def tasks(self) -> dict[str, str]:
         with self._lock:
             return dict(self._db.execute("SELECT name, spec FROM tasks").fetchall())
+
+    # -- staged model rollouts (cloud_aggregator.rollout owns the record's JSON) --------
+    def put_rollout(self, model: str, version: int, state: str, record_json: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?, ?, ?)",
+                (model, version, state, record_json, time.time()),
+            )
+
+    def rollouts(self, model: str | None = None) -> list[str]:
+        """Stored rollout records (JSON), oldest first; of ``model`` only when given."""
+        if self.readonly and not self._has_table("rollouts"):
+            return []
+        query, args = "SELECT record FROM rollouts", ()
+        if model is not None:
+            query, args = query + " WHERE model=?", (model,)
+        with self._lock:
+            return [r[0] for r in self._db.execute(query + " ORDER BY updated, model, version", args)]
+
+    def _has_table(self, name: str) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,))
+            return row.fetchone() is not None

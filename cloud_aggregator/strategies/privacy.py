@@ -122,7 +122,12 @@ class PrivateMean:
         return self.ledger.stop_reason(self.cfg.noise_multiplier)
 
     def summary(self) -> dict[str, Any]:
-        return {"mode": self.cfg.mode, **self.ledger.summary()}
+        """ε so far and the settings it holds for; ``stop`` says why no further round may run."""
+        out = {"mode": self.cfg.mode, **self.ledger.summary()}
+        why = self.stop_reason()
+        if why is not None:
+            out["stop"] = why
+        return out
 
     def state(self) -> dict[str, Any]:
         return {"multipliers": self.ledger.state()}
