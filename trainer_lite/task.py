@@ -46,6 +46,10 @@ class TaskSpec:
         Differential privacy (``trainer_lite.privacy.DPConfig.to_spec()``): devices clip
         their shared change and, in distributed mode, add their noise share.  ``None``: off,
         and left out of :meth:`to_json` like ``feature_schema``.
+    secagg
+        Secure aggregation (``ioft_protocol.secagg.SecAggConfig.to_json()``: threshold, degree,
+        clip, bits, max_weight): devices upload their masked change and the aggregator learns
+        only the survivors' sum.  ``None``: off, and left out of :meth:`to_json`.
     """
 
     name: str
@@ -59,6 +63,7 @@ class TaskSpec:
     seed: int = 0
     feature_schema: str | None = None
     dp: dict[str, Any] | None = None
+    secagg: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -76,6 +81,8 @@ class TaskSpec:
         ):
             raise ValueError(f"feature_schema must be a sha256 hex digest, got {self.feature_schema!r}")
         DPConfig.from_spec(self.dp)  # refuses a bad dp table by field
+        if self.secagg is not None and not isinstance(self.secagg, dict):
+            raise ValueError(f"secagg must be a table of settings, got {self.secagg!r}")
 
     def to_json(self) -> str:
         body = asdict(self)
@@ -83,6 +90,8 @@ class TaskSpec:
             del body["feature_schema"]  # specs without one keep their old form (and stored state)
         if self.dp is None:
             del body["dp"]
+        if self.secagg is None:
+            del body["secagg"]
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
     @classmethod

@@ -63,7 +63,10 @@ class ClientSecAgg:
     def setup(self, msg: Setup) -> AdvertiseKeys:
         self._enter("new", "keys")
         self.session = msg.session
-        self.params: RoundParams = msg.round_params
+        try:
+            self.params: RoundParams = msg.round_params
+        except (TypeError, ValueError) as exc:
+            raise SecAggRefusedError(f"{self.device}: bad round parameters: {exc}") from None
         self.neighbours = frozenset(msg.neighbours) - {self.device}
         if len(self.neighbours) + 1 < self.params.threshold:
             raise SecAggRefusedError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import typing
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -89,10 +90,30 @@ class Message:
         kind, payload = unpack(data)
         if kind != cls.kind:
             raise SecAggWireError(f"expected a {cls.kind!r} message, got {kind!r}")
-        try:
-            return cls(**payload)
-        except TypeError as exc:
-            raise SecAggWireError(f"{cls.kind} message has the wrong fields: {exc}") from None
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        if set(payload) != names:
+            raise SecAggWireError(
+                f"{cls.kind} message has fields {sorted(payload)}, expected {sorted(names)}"
+            )
+        hints = typing.get_type_hints(cls)
+        for name, value in payload.items():
+            if not _conforms(value, hints[name]):
+                raise SecAggWireError(f"{cls.kind} message: field {name!r} is not {hints[name]}")
+        return cls(**payload)
+
+
+def _conforms(value: Any, tp: Any) -> bool:
+    """Whether a decoded JSON value matches a field's annotation (the few shapes used here)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return True
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_conforms(v, args[1]) for v in value.values())
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,8 @@ class ServerSecAgg:
         self.u1: dict[str, AdvertiseKeys] = {}
         self._shares: dict[str, ShareKeys] = {}
         self.u2: set[str] = set()
-        self._masked: dict[str, np.ndarray] = {}
+        self._masked: dict[str, bool] = {}  # who uploaded; the inputs are summed as they come
+        self._masked_sum = np.zeros(self.params.length + 1, dtype=quantize.ring_dtype(self.params))
         self._answers: dict[str, UnmaskAnswer] = {}
         self.ledger = {"selected": len(self.devices), **{s: 0 for s in STAGES}}
 
@@ -153,7 +154,8 @@ class ServerSecAgg:
             raise StageError(
                 f"{device}: ring of {msg.ring_bits} bits, the round uses {self.params.ring_bits}"
             )
-        self._masked[device] = msg.vector(self.params.length + 1)
+        self._masked_sum += msg.vector(self.params.length + 1)  # streaming: memory O(length)
+        self._masked[device] = True
 
     def close_masked(self) -> dict[str, UnmaskRequest]:
         self._expect("masked", "unmask")
@@ -195,14 +197,13 @@ class ServerSecAgg:
         p = self.params
         dtype = quantize.ring_dtype(p)
         n = p.length + 1
-        total = np.zeros(n, dtype=dtype)
+        total = self._masked_sum.copy()
         try:
             b_seeds = {d: self._rebuild(d, "b") for d in sorted(u3)}
             s_keys = {d: self._rebuild(d, "s") for d in sorted(self.u2 - u3)}
         except ValueError as exc:
             return self._abandon(AbandonReason.BAD_SHARES, str(exc))
         for d in sorted(u3):
-            total += self._masked[d]
             total -= crypto.mask(b_seeds[d], n, dtype)
         for d, s_sk in s_keys.items():
             keys = crypto.KeyPair(s_sk)

@@ -1,0 +1,200 @@
+"""A SecAgg round over MQTT: the aggregator learns the survivors' mean update and nothing else.
+
+:class:`SecAggFleet` wraps the MQTT fleet.  A task without ``secagg`` is collected as
+always.  For one with it:
+
+1. the round is announced and collected as always, except that uploads carry no
+   parameters (a device's answer says it trained, with its sample count and metrics);
+2. the devices that answered run the four SecAgg stages (``ioft_protocol.secagg``) on
+   their per-device topics, each stage closing when every device still in it answered or
+   its deadline (``stage_deadline_s``) passed; a device whose status goes offline is not
+   waited for;
+3. the unmasked weighted mean of the survivors' clipped changes is added to the global,
+   and each survivor is handed to the strategy as an ``Update`` carrying that new global
+   (the weighted mean of identical parameters is those parameters), so the round engine
+   and the mean-family strategies run unchanged and the record lists the survivors.
+
+A device that trained but did not survive the SecAgg stages is a ``Rejection`` with
+reason ``secagg_dropped``; an abandoned SecAgg round rejects every device with
+``secagg_abandoned: <reason>`` and the round engine abandons the round (too few valid
+uploads), leaving the global as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from cloud_aggregator.rounds import CollectRequest, Rejection
+from cloud_aggregator.strategies import Update, make_strategy
+from ioft_protocol.mqtt import Message
+from ioft_protocol.secagg import Abandoned, SecAggConfig, SecAggResult, ServerSecAgg
+from ioft_protocol.secagg.messages import SecAggWireError
+from ioft_protocol.secagg.server import StageError
+from ioft_protocol.secagg.transport import (
+    ANSWERS,
+    Envelope,
+    flatten,
+    parse_topic,
+    topic_down,
+    topic_up_all,
+    unflatten,
+)
+from trainer_lite.params import Params
+from trainer_lite.task import TaskSpec
+
+log = logging.getLogger(__name__)
+DROPPED = "secagg_dropped"
+ABANDONED = "secagg_abandoned"
+
+
+def secagg_config(spec: TaskSpec) -> SecAggConfig | None:
+    """The task's SecAgg settings, or ``None`` when it has none."""
+    raw = getattr(spec, "secagg", None)
+    return None if raw is None else SecAggConfig.from_json(raw)
+
+
+def check_secagg_task(spec: TaskSpec) -> None:
+    """Refuse, naming what to change, a SecAgg task whose server is not a plain weighted mean."""
+    if secagg_config(spec) is None:
+        return
+    strategy = make_strategy(spec)
+    server = dict(spec.server)
+    if strategy.name != "fedavg":
+        raise ValueError(
+            f"task {spec.name!r}: secagg needs a mean-family algorithm (server 'fedavg'); "
+            f"{spec.algorithm!r} aggregates with {strategy.name!r}"
+        )
+    if server.get("reducer", "mean") != "mean":
+        raise ValueError(
+            f"task {spec.name!r}: secagg sums updates, so server.reducer must be 'mean' (or unset)"
+        )
+    if server.get("weighting", "samples") not in ("samples", "uniform"):
+        raise ValueError(f"task {spec.name!r}: secagg supports server.weighting 'samples' or 'uniform'")
+
+
+class SecAggFleet:
+    """The MQTT fleet, with SecAgg rounds for the tasks that ask for them (see the module docstring)."""
+
+    def __init__(self, inner: Any, *, stage_deadline_s: float = 15.0) -> None:
+        self.inner = inner
+        self.stage_deadline_s = stage_deadline_s
+        self.outcomes: list[tuple[str, int, SecAggResult | Abandoned]] = []  # (task, round, outcome)
+        inner.session.subscribe(topic_up_all(inner.fleet))
+
+    def __getattr__(self, name: str) -> Any:  # announce, finish, view, selections ... of the MQTT fleet
+        return getattr(self.inner, name)
+
+    def collect(self, request: CollectRequest) -> Sequence[Any]:
+        cfg = secagg_config(request.spec)
+        if cfg is None:
+            return self.inner.collect(request)
+        # the uploads carry no parameters: admission checks everything else as usual
+        replies = self.inner.collect(replace(request, expected={}, expected_by_device={}))
+        ready = {r.device: r for r in replies if isinstance(r, Update)}
+        others = [r for r in replies if not isinstance(r, Update)]
+        if not ready:
+            return others
+        outcome = self.run_secagg(request, cfg, sorted(ready))
+        self.outcomes.append((request.spec.name, request.round, outcome))
+        if isinstance(outcome, Abandoned):
+            log.warning(
+                "task %s round %d: SecAgg abandoned (%s): %s",
+                request.spec.name,
+                request.round,
+                outcome.reason,
+                outcome.detail,
+            )
+            return others + [Rejection(d, f"{ABANDONED}: {outcome.reason}") for d in sorted(ready)]
+        new = apply_mean(request.global_params, outcome)
+        log.info(
+            "task %s round %d: SecAgg sum of %d devices; ledger %s",
+            request.spec.name,
+            request.round,
+            len(outcome.survivors),
+            outcome.ledger,
+        )
+        kept = [replace(ready[d], params=new) for d in outcome.survivors]
+        lost = [Rejection(d, DROPPED) for d in sorted(set(ready) - set(outcome.survivors))]
+        return others + kept + lost
+
+    # -- the four stages over MQTT ----------------------------------------------------------------
+    def run_secagg(
+        self, request: CollectRequest, cfg: SecAggConfig, devices: list[str]
+    ) -> SecAggResult | Abandoned:
+        task = request.spec.name
+        length = sum(int(v.size) for v in request.global_params.values())
+        session = f"{task}-{request.round}-{request.phase}-{secrets.token_hex(4)}"
+        server = ServerSecAgg(cfg, devices, session=session, length=length)
+        receive = {
+            "setup": server.receive_keys,
+            "neighbour_keys": server.receive_shares,
+            "inbox": server.receive_masked,
+            "unmask": server.receive_unmask,
+        }
+        requests: dict[str, Any] = server.setup()
+        for stage, close in (
+            ("setup", server.close_keys),
+            ("neighbour_keys", server.close_shares),
+            ("inbox", server.close_masked),
+            ("unmask", None),
+        ):
+            for device, msg in requests.items():
+                env = Envelope(session, request.round, request.phase, stage, msg.encode())
+                self.inner.session.publish(
+                    topic_down(self.inner.fleet, task, device), env.encode(), timeout=None
+                )
+            self._gather(task, session, stage, set(requests), receive[stage])
+            if close is None:
+                break
+            requests = close()
+            if server.outcome is not None:
+                return server.outcome
+        return server.close_unmask()
+
+    def _gather(self, task: str, session: str, stage: str, waiting: set[str], receive: Any) -> None:
+        """Feed the stage's answers to the server until everyone answered, went offline, or the deadline."""
+        deadline = time.monotonic() + self.stage_deadline_s
+        while waiting and time.monotonic() < deadline:
+            msg = self.inner._next(task, min(0.2, max(0.0, deadline - time.monotonic())))
+            if msg is not None:
+                self._take(msg, task, session, stage, waiting, receive)
+            online = self.inner.view.online
+            gone = {d for d in waiting if online.get(d) is False}
+            if gone:
+                log.info("task %s SecAgg %s: %s went offline", task, stage, sorted(gone))
+                waiting -= gone
+
+    def _take(
+        self, msg: Message, task: str, session: str, stage: str, waiting: set[str], receive: Any
+    ) -> None:
+        where = parse_topic(msg.topic)
+        if where is None:
+            self.inner._handle(msg, None)  # a status (keeps the fleet view) or a stray uplink
+            return
+        if where.direction != "up" or where.task != task or where.fleet != self.inner.fleet:
+            return
+        try:
+            env = Envelope.decode(msg.payload)
+            if env.session != session or env.stage != stage:
+                log.info(
+                    "task %s: SecAgg %s from %s for another session or stage; dropped",
+                    task,
+                    env.stage,
+                    where.device,
+                )
+                return
+            receive(where.device, env.open(ANSWERS))
+        except (SecAggWireError, StageError) as exc:
+            log.warning("task %s: SecAgg %s from %s dropped: %s", task, stage, where.device, exc)
+            return
+        waiting.discard(where.device)
+
+
+def apply_mean(global_params: Params, outcome: SecAggResult) -> Params:
+    """The new global: the old one plus the survivors' weighted mean change."""
+    return unflatten(flatten(global_params) + outcome.mean(), global_params)

@@ -1,0 +1,106 @@
+"""The device's SecAgg sessions over MQTT: masks its update instead of uploading it in the clear.
+
+When a task's spec has ``secagg``, the daemon uploads its round answer without parameters
+(sample count and metrics only: the aggregator learns who is ready) and :meth:`arm`\\ s this
+object with the update vector.  The aggregator then drives the four SecAgg stages on
+``.../secagg/down/<device>``; each request is answered on ``.../secagg/up/<device>`` by the
+round's :class:`~ioft_protocol.secagg.ClientSecAgg`.
+
+``IOFT_SECAGG_FAULT=<stage>`` (``setup``, ``neighbour_keys``, ``inbox`` or ``unmask``) makes
+the process kill itself (SIGKILL) when that stage's request arrives: a device lost mid-round,
+for the end-to-end tests.  Unset, it costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ioft_protocol.secagg import ClientSecAgg, SecAggRefusedError
+from ioft_protocol.secagg.messages import SecAggWireError
+from ioft_protocol.secagg.transport import ANSWERS, REQUESTS, Envelope, SecAggTopic, topic_up
+
+log = logging.getLogger(__name__)
+FAULT_ENV = "IOFT_SECAGG_FAULT"
+
+
+@dataclass
+class _Pending:
+    round: int
+    phase: str
+    update: np.ndarray
+    weight: float
+    client: ClientSecAgg | None = None
+    session: str | None = None
+
+
+class SecAggDevice:
+    """This device's SecAgg state, per task: at most one armed round each."""
+
+    def __init__(self, fleet: str, device: str, publish: Callable[[str, bytes], None]) -> None:
+        self.fleet = fleet
+        self.device = device
+        self._publish = publish
+        self._pending: dict[str, _Pending] = {}
+
+    def arm(self, task: str, round_: int, phase: str, update: np.ndarray, weight: float) -> None:
+        """Hold ``update`` (the change from the global) for ``task``'s round until the server asks."""
+        self._pending[task] = _Pending(round_, phase, np.asarray(update, dtype=np.float64), weight)
+
+    def handle(self, topic: SecAggTopic, payload: bytes) -> None:
+        """Answer one request of the server; a bad or unexpected one is logged and dropped."""
+        try:
+            env = Envelope.decode(payload)
+            request = env.open(REQUESTS)
+        except SecAggWireError as exc:
+            log.warning("%s: dropped a SecAgg message on task %s: %s", self.device, topic.task, exc)
+            return
+        if os.environ.get(FAULT_ENV) == env.stage:
+            log.warning("%s: %s=%s: dying at this stage", self.device, FAULT_ENV, env.stage)
+            os.kill(os.getpid(), signal.SIGKILL)
+        pending = self._pending.get(topic.task)
+        if pending is None or (pending.round, pending.phase) != (env.round, env.phase):
+            log.info(
+                "%s: SecAgg %s for task %s round %d, which it holds no update for",
+                self.device,
+                env.stage,
+                topic.task,
+                env.round,
+            )
+            return
+        if env.stage == "setup":  # a new session (the aggregator may restart one): a fresh client
+            pending.client, pending.session = ClientSecAgg(self.device), env.session
+        if pending.client is None or env.session != pending.session:
+            log.info("%s: SecAgg %s of an unknown session %s", self.device, env.stage, env.session)
+            return
+        c = pending.client
+        try:
+            if env.stage == "setup":
+                answer = c.setup(request)
+            elif env.stage == "neighbour_keys":
+                answer = c.share_keys(request)
+            elif env.stage == "inbox":
+                answer = c.masked_input(request, pending.update, pending.weight)
+            else:
+                answer = c.unmask(request)
+        except (SecAggRefusedError, ValueError) as exc:  # ValueError: an update of the wrong length
+            log.warning(
+                "%s: task %s round %d: refused SecAgg %s: %s",
+                self.device,
+                topic.task,
+                env.round,
+                env.stage,
+                exc,
+            )
+            return
+        if not isinstance(answer, ANSWERS[env.stage]):
+            raise TypeError(f"stage {env.stage} answered with {type(answer).__name__}")
+        reply = Envelope(env.session, env.round, env.phase, env.stage, answer.encode())
+        self._publish(topic_up(self.fleet, topic.task, self.device), reply.encode())
+        if env.stage == "unmask":
+            del self._pending[topic.task]  # answered once; the update is forgotten

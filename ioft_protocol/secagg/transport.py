@@ -1,0 +1,141 @@
+"""SecAgg over MQTT: its topics, the envelope each stage message travels in, and the update vector.
+
+Topics, under ``ioft/v1/<fleet>/task/<task>/secagg/``::
+
+    down/<device>   server -> one device (setup, neighbour keys, its inbox of sealed shares,
+                    unmask request); the broker ACL lets only that device read it
+    up/<device>     device -> server (keys, shares, masked input, unmask answer); only
+                    that device may write it
+
+Both sides agree on the vector: the change of the shared parameters from the announced
+global, flattened in sorted-name order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ioft_protocol.codec import WireError, check_id
+from ioft_protocol.secagg.messages import (
+    AdvertiseKeys,
+    Inbox,
+    MaskedInput,
+    Message,
+    NeighbourKeys,
+    SecAggWireError,
+    Setup,
+    ShareKeys,
+    UnmaskAnswer,
+    UnmaskRequest,
+)
+from ioft_protocol.topics import PROTOCOL
+
+#: server -> device message classes by stage, and the device's answer to each
+REQUESTS: dict[str, type[Message]] = {
+    "setup": Setup,
+    "neighbour_keys": NeighbourKeys,
+    "inbox": Inbox,
+    "unmask": UnmaskRequest,
+}
+ANSWERS: dict[str, type[Message]] = {
+    "setup": AdvertiseKeys,
+    "neighbour_keys": ShareKeys,
+    "inbox": MaskedInput,
+    "unmask": UnmaskAnswer,
+}
+
+
+def topic_down(fleet: str, task: str, device: str) -> str:
+    return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/{check_id('task', task)}/secagg/down/{check_id('device', device)}"
+
+
+def topic_up(fleet: str, task: str, device: str) -> str:
+    return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/{check_id('task', task)}/secagg/up/{check_id('device', device)}"
+
+
+def topic_up_all(fleet: str) -> str:
+    return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/+/secagg/up/+"
+
+
+def topic_down_mine(fleet: str, device: str) -> str:
+    return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/+/secagg/down/{check_id('device', device)}"
+
+
+@dataclass(frozen=True)
+class SecAggTopic:
+    direction: str  # "up" or "down"
+    fleet: str
+    task: str
+    device: str
+
+
+def parse_topic(topic: str) -> SecAggTopic | None:
+    """The parts of a SecAgg topic; ``None`` for any other topic."""
+    parts = topic.split("/")
+    if len(parts) != 8 or "/".join(parts[:2]) != PROTOCOL or parts[3] != "task" or parts[5] != "secagg":
+        return None
+    if parts[6] not in ("up", "down"):
+        return None
+    try:
+        return SecAggTopic(
+            parts[6], check_id("fleet", parts[2]), check_id("task", parts[4]), check_id("device", parts[7])
+        )
+    except WireError:
+        return None
+
+
+@dataclass(frozen=True)
+class Envelope(Message):
+    """One stage message of one SecAgg session (a task's round and phase)."""
+
+    kind: ClassVar[str] = "secagg"
+    session: str
+    round: int
+    phase: str
+    stage: str
+    body: bytes
+
+    def open(self, table: Mapping[str, type[Message]]) -> Message:
+        if not isinstance(self.body, bytes) or self.stage not in table:
+            raise SecAggWireError(f"unknown SecAgg stage {self.stage!r}; valid: {sorted(table)}")
+        return table[self.stage].decode(self.body)
+
+
+def flatten(delta: Mapping[str, np.ndarray]) -> np.ndarray:
+    """One float64 vector of the named arrays, in sorted-name order."""
+    if not delta:
+        return np.zeros(0)
+    return np.concatenate([np.asarray(delta[n], dtype=np.float64).ravel() for n in sorted(delta)])
+
+
+def unflatten(vector: np.ndarray, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inverse of :func:`flatten`, shaped and typed like ``like``."""
+    out, at = {}, 0
+    for n in sorted(like):
+        ref = np.asarray(like[n])
+        out[n] = np.asarray(vector[at : at + ref.size]).reshape(ref.shape).astype(ref.dtype)
+        at += ref.size
+    if at != vector.size:
+        raise ValueError(f"vector has {vector.size} coordinates, the parameters {at}")
+    return out
+
+
+def change(shared: Mapping[str, np.ndarray], global_params: Mapping[str, np.ndarray]) -> np.ndarray:
+    """A device's update vector: its shared parameters less the announced global."""
+    if sorted(shared) != sorted(global_params):
+        raise ValueError(f"shared names {sorted(shared)} differ from the global's {sorted(global_params)}")
+    return flatten(shared) - flatten(global_params)
+
+
+def device_weight(server: Mapping[str, object], n_samples: int) -> float:
+    """What a device weighs under the task's weighting (``samples`` or ``uniform``), before the cap."""
+    weighting = server.get("weighting", "samples")
+    if weighting == "uniform":
+        return 1.0
+    if weighting == "samples":
+        return float(n_samples)
+    raise ValueError(f"secagg supports weighting 'samples' or 'uniform', not {weighting!r}")
