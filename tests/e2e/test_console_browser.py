@@ -98,14 +98,17 @@ def test_console_shows_devices_and_a_new_point_arrives_live(fleet_procs, browser
         page.wait_for_selector(f'{mean}[data-points="3"]', timeout=20_000)
         # The same task extended to 5 rounds: the open page gets the new points over SSE, no reload.
         fleet_procs.start_aggregator(
-            aggregator_toml(fleet_procs.broker_url, work / "aggregator", [pflda_task(rounds=5)], expected=DEVICES)
+            aggregator_toml(
+                fleet_procs.broker_url, work / "aggregator", [pflda_task(rounds=5)], expected=DEVICES
+            )
         )
         page.wait_for_selector(f'{mean}[data-points="5"]', timeout=30_000)
         assert fleet_procs.wait_aggregator(60) == 0, fleet_procs.log("aggregator")
         for d in DEVICES:
-            assert page.locator(f'svg[data-task="speed"] path[data-series="{d}"]').get_attribute(
-                "data-points"
-            ) == "5"
+            assert (
+                page.locator(f'svg[data-task="speed"] path[data-series="{d}"]').get_attribute("data-points")
+                == "5"
+            )
         assert page.locator("#conn").inner_text() == "live"
         page.screenshot(path=str(artifacts() / "console.png"), full_page=True)
     finally:
