@@ -7,12 +7,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from cloud_aggregator.admission import AdmissionPolicy
+from cloud_aggregator.secagg_round import check_secagg_task
 from cloud_aggregator.stragglers import check_next_round
 from cloud_aggregator.strategies import make_strategy
 from ioft_protocol.codec import MAX_PAYLOAD_BYTES, check_id
 from ioft_protocol.config import ConfigError, build
 from ioft_protocol.mqtt import TlsConfig
 from ioft_protocol.round_messages import DeviceSelection
+from ioft_protocol.secagg import SecAggConfig
 from trainer_lite.algorithms.base import algorithm_hparams
 from trainer_lite.privacy import DPConfig
 from trainer_lite.task import TaskSpec
@@ -100,6 +102,9 @@ class TaskConfig:
     #: Differential privacy (``[task.dp]``: mode, clip, noise_multiplier, delta, epsilon_budget,
     #: devices_per_round, fleet_size; ``trainer_lite.privacy.DPConfig``), for mean-family servers.
     dp: DPConfig | None = None
+    #: Secure aggregation (``[task.secagg]``: threshold, degree, clip, bits, max_weight;
+    #: ``ioft_protocol.secagg.SecAggConfig``), for mean-family tasks: the aggregator learns only sums.
+    secagg: SecAggConfig | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -127,6 +132,7 @@ class TaskConfig:
                 build(cls, dict(values), f"task {self.name!r} {what}")
             except ConfigError as exc:
                 raise ValueError(f"task {self.name!r} {what}: {'; '.join(exc.errors)}") from None
+        check_secagg_task(spec)
 
     def spec(self) -> TaskSpec:
         return TaskSpec(
@@ -141,6 +147,7 @@ class TaskConfig:
             seed=self.seed,
             feature_schema=self._schema_hash(),
             dp=None if self.dp is None else self.dp.to_spec(),
+            secagg=None if self.secagg is None else self.secagg.to_json(),
         )
 
     def _schema_hash(self) -> str | None:
@@ -182,6 +189,8 @@ class AggregatorConfig:
                 check_next_round(make_strategy(t.spec()))
                 if t.dp is not None:  # a late upload would count in a round it was not clipped for
                     raise ValueError(f"task {t.name!r}: dp needs [collect] straggler = 'drop'")
+                if t.secagg is not None:  # a late upload carries no parameters, only a sum counts
+                    raise ValueError(f"task {t.name!r}: secagg needs [collect] straggler = 'drop'")
         if isinstance(self.restart, list):
             unknown = sorted(set(self.restart) - set(names))
             if unknown:

@@ -75,6 +75,12 @@ def check_secagg_task(spec: TaskSpec) -> None:
         )
     if server.get("weighting", "samples") not in ("samples", "uniform"):
         raise ValueError(f"task {spec.name!r}: secagg supports server.weighting 'samples' or 'uniform'")
+    dp = spec.dp or {}
+    if dp and (dp.get("mode") != "distributed" or server.get("weighting", "samples") != "uniform"):
+        # the aggregator sees no single change to clip or weigh: only devices can add the noise
+        raise ValueError(
+            f"task {spec.name!r}: secagg with dp needs dp mode 'distributed' and server.weighting 'uniform'"
+        )
 
 
 class SecAggFleet:
