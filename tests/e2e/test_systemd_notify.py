@@ -10,42 +10,19 @@ connected; ``WATCHDOG=1`` pings keep coming from the main loop; ``SIGTERM`` give
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
-import time
 
-import paho.mqtt.client as paho
 import pytest
 
 from cloud_aggregator.broker import free_port, start_mosquitto
 from cloud_aggregator.local_fleet import FLEET
-from ioft_protocol import topics
 from tests.conftest import _require_mosquitto
 from tests.e2e.notify import NotifyListener
+from tests.e2e.retained import retained_status
 
 WATCHDOG_S = 0.6  # pings every 0.2 s
-
-
-def retained_status(url: str, device: str, timeout: float = 10.0) -> dict:
-    """The device's retained status, read by a fresh subscriber."""
-    host, port = url.removeprefix("mqtt://").split(":")
-    got: list[bytes] = []
-    client = paho.Client(callback_api_version=paho.CallbackAPIVersion.VERSION2)
-    client.on_connect = lambda c, *a: c.subscribe(topics.topic_status(FLEET, device), qos=1)
-    client.on_message = lambda c, u, m: got.append(m.payload)
-    client.connect(host, int(port))
-    client.loop_start()
-    try:
-        deadline = time.monotonic() + timeout
-        while not got and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        client.disconnect()
-        client.loop_stop()
-    assert got, f"no retained status of {device}"
-    return json.loads(got[-1])
 
 
 @pytest.mark.broker
