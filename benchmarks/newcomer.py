@@ -1,0 +1,372 @@
+"""A machine joins a trained fleet: how good is its personal model after 1, 5, 20 rounds?
+
+``python -m benchmarks.newcomer [--quick] [--seeds 0 1 2 3 4] [--data ../shared/data/printers]``
+
+Protocol (issue 16).  An established fleet trains the sigmoid GLM of PFL-DA Table 4 for
+``rounds_before`` rounds with the demo's settings (Adam lr 0.1, no weight decay, 30
+full-batch local steps, lr × 0.95 every 5 of the device's own rounds, uniform server
+mean); then a newcomer joins (``Simulation.add_device``) with a few layers at a few speeds,
+and the fleet runs ``rounds_after`` more rounds with it.  The newcomer's loss is its own
+reported ``test_loss`` (its personal model on the speeds it has not printed) in PFL-DA
+Table 5 units, 50·MSE(s/50), at each round since it joined.
+
+* ``simulated``: printers 1-4 of a simulated fleet (``sensors.sim.printer``, fleet seed =
+  the run's seed) with one speed setting from each of three bands of the range, all 15
+  layers; the newcomer ``printer5`` has ``NEW_LAYERS`` layers at one setting from each of
+  the three bands; its test set is every layer of the nine other settings.
+* ``real``: the six Ender printers of the PFL-DA data set, read in place.  Seed ``k``
+  makes printer ``k mod 6 + 1`` the newcomer; the other five train on Table 5's split
+  (every speed but 30).  The newcomer has the first ``NEW_LAYERS`` rows of one speed from
+  each of three bands of the eleven training speeds (drawn by seed); its test set is
+  every row of the speeds it did not train on (Speed30 included).
+
+``indiv`` is the newcomer alone (the same model, local steps and schedule, starting
+from its seeded random model); ``PFL-DA (no cold start)`` is PFL-DA's newcomer as it was
+before issue 16 (random personal encoder and decoder, lr at the fleet's round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cloud_aggregator.simulation import ClientData, Simulation
+from trainer_lite.algorithms.base import algorithm_state
+from trainer_lite.client import initial_local
+from trainer_lite.data import Dataset
+from trainer_lite.task import TaskSpec
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "printers"
+RESULTS = Path(__file__).resolve().parent / "results"
+LOSS_SCALE = 50.0
+NEW_LAYERS = 4
+NEWCOMER = "newcomer"
+HPARAMS: dict[str, Any] = {
+    "lr": 0.1,
+    "weight_decay": 0.0,
+    "local_steps": 30,
+    "lr_decay": 0.95,
+    "lr_decay_every": 5,
+}
+#: (label, algorithm, extra hyperparameters); "pflda-before" is PFL-DA without the cold start.
+METHODS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("PFL-DA", "pflda", {"lam": 0.9}),
+    ("PFL-DA (no cold start)", "pflda", {"lam": 0.9}),
+    ("Simple-DA", "simple_da", {}),
+    (
+        "Ditto",
+        "ditto",
+        {"lam": 0.9, "pull": "convex", "personal_pull": ["decoder"], "global_pull": ["encoder"]},
+    ),
+    ("FedPer", "fedper", {}),
+    ("FedRep", "fedrep", {}),
+    ("LG-FedAvg", "lgfedavg", {}),
+    ("pFedMe", "pfedme", {"optimizer": "adam", "personal_lr": 0.1}),
+    ("TP", "tp", {}),
+    ("FedAvg", "fedavg", {}),
+)
+BEFORE = "PFL-DA (no cold start)"
+INDIV = "indiv"
+#: Not in the study: FedPP needs Linear first and last layers (the GLM has an affine encoder and a
+#: sigmoid decoder); FedDAR needs a domain label per row; PerPCA is not a regression model.
+SKIPPED = {
+    "FedPP": "needs a model whose first and last layers are Linear (the printer GLM is affine → sigmoid)",
+    "FedDAR": "needs a domain label on every row; printer rows have none (one domain: no personal part)",
+    "PerPCA": "a subspace model, not a speed regressor",
+}
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """One seed's fleet: the established devices and the newcomer's data."""
+
+    established: dict[str, ClientData]
+    newcomer: ClientData
+
+
+def _xy(tables: Sequence[np.ndarray]) -> Dataset:
+    from sensors.layers import to_xy
+
+    return Dataset(*to_xy(np.concatenate(tables)))
+
+
+def _bands(speeds: Sequence[int], rng: np.random.Generator) -> list[int]:
+    """One speed from each of three equal bands of ``speeds`` (slow, middle, fast)."""
+    return sorted(int(rng.choice(band)) for band in np.array_split(np.array(sorted(speeds)), 3))
+
+
+def simulated_fleet(seed: int) -> Fleet:
+    """Printers 1-4 of simulated fleet ``seed`` and a newcomer printer5 (module docstring)."""
+    from sensors.sim.printer import SPEED_SETTINGS, simulate_layers
+
+    def device(name: str, layers: int | None) -> ClientData:
+        runs = simulate_layers(name, seed=seed)
+        speeds = _bands(SPEED_SETTINGS, np.random.default_rng([seed, int(name[-1])]))
+        train = _xy([runs[s][:layers] for s in speeds])
+        return ClientData(train, _xy([runs[s] for s in SPEED_SETTINGS if s not in speeds]))
+
+    return Fleet(
+        {f"printer{i}": device(f"printer{i}", None) for i in range(1, 5)}, device("printer5", NEW_LAYERS)
+    )
+
+
+def real_fleet(runs: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]], seed: int) -> Fleet:
+    """The six printers: printer ``seed mod 6 + 1`` joins, the other five are established."""
+    printers = sorted(runs)
+    new = printers[seed % len(printers)]
+    speeds = sorted(next(iter(runs.values())))
+    train_speeds = [s for s in speeds if s != 30]
+
+    def data(by: dict[int, tuple[np.ndarray, np.ndarray]], use: Sequence[int], rows: int | None) -> Dataset:
+        return Dataset(
+            np.concatenate([by[s][0][:rows] for s in use]), np.concatenate([by[s][1][:rows] for s in use])
+        )
+
+    established = {
+        f"printer{p}": ClientData(data(runs[p], train_speeds, None), data(runs[p], [30], None))
+        for p in printers
+        if p != new
+    }
+    mine = _bands(train_speeds, np.random.default_rng([seed, 16]))
+    newcomer = ClientData(
+        data(runs[new], mine, NEW_LAYERS), data(runs[new], [s for s in speeds if s not in mine], None)
+    )
+    return Fleet(established, newcomer)
+
+
+def _spec(algorithm: str, extra: dict[str, Any], seed: int, rounds: int) -> TaskSpec:
+    return TaskSpec(
+        name="newcomer",
+        algorithm=algorithm,
+        model="sigmoid_glm",
+        hparams={**HPARAMS, **extra},
+        server={"weighting": "uniform"},
+        dtype="float64",
+        rounds=rounds,
+        seed=seed,
+    )
+
+
+def newcomer_curve(sim: Simulation, rounds_after: int) -> np.ndarray:
+    """Add the newcomer's rounds; its reported test loss at each round since it joined."""
+    start = len(sim.records)
+    sim.run_more(rounds_after)
+    return np.array([LOSS_SCALE * r.metrics[NEWCOMER]["test_loss"] for r in sim.records[start:]])
+
+
+def run_fleet(
+    fleet: Fleet,
+    seed: int,
+    rounds_before: int,
+    rounds_after: int,
+    methods: Sequence[tuple[str, str, dict[str, Any]]] = METHODS,
+) -> dict[str, np.ndarray]:
+    """``{label: newcomer loss per round since joining}`` for every method and indiv."""
+    out: dict[str, np.ndarray] = {}
+    trained: dict[str, Simulation] = {}  # PFL-DA's established fleet, reused for the no-cold-start run
+    for label, algorithm, extra in methods:
+        key = f"{algorithm}{sorted(extra.items())}"
+        if key in trained:
+            sim = copy.deepcopy(trained[key])
+        else:
+            sim = Simulation(_spec(algorithm, extra, seed, rounds_before), fleet.established)
+            sim.run()
+            trained[key] = copy.deepcopy(sim)
+        sim.add_device(NEWCOMER, fleet.newcomer)
+        if label == BEFORE:
+            # The state a newcomer had before issue 16: no progress kept, so no cold start
+            # and the lr schedule at the fleet's round.
+            sim.fleet.local[NEWCOMER] = algorithm_state(initial_local(sim.fleet.algo, NEWCOMER))
+        out[label] = newcomer_curve(sim, rounds_after)
+    alone = Simulation(_spec("indiv", {}, seed, rounds_after), {NEWCOMER: fleet.newcomer})
+    alone.run()
+    out[INDIV] = np.array([LOSS_SCALE * r.metrics[NEWCOMER]["test_loss"] for r in alone.records])
+    return out
+
+
+def _job(args: tuple) -> tuple[str, dict[str, np.ndarray]]:
+    kind, fleet, seed, rounds_before, rounds_after, methods = args
+    return kind, run_fleet(fleet, seed, rounds_before, rounds_after, methods)
+
+
+def run_study(
+    kinds: Sequence[str],
+    seeds: Sequence[int],
+    rounds_before: int,
+    rounds_after: int,
+    data: Path,
+    methods: Sequence[tuple[str, str, dict[str, Any]]] = METHODS,
+    workers: int = 1,
+) -> dict[str, dict[str, np.ndarray]]:
+    """``{fleet kind: {label: loss[seed, round since joining]}}`` (seeds in the order given)."""
+    from benchmarks.common import progress
+
+    jobs = []
+    for kind in kinds:
+        if kind == "real":
+            from benchmarks.pflda_printers import load_runs
+
+            runs = load_runs(data)
+        for seed in seeds:
+            fleet = real_fleet(runs, seed) if kind == "real" else simulated_fleet(seed)
+            jobs.append((kind, fleet, seed, rounds_before, rounds_after, tuple(methods)))
+    if workers <= 1:
+        done = [_job(j) for j in progress(jobs, "newcomer runs")]
+    else:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(workers) as pool:
+            done = list(progress(pool.imap(_job, jobs), "newcomer runs", total=len(jobs)))
+    out: dict[str, dict[str, list[np.ndarray]]] = {}
+    for kind, curves in done:
+        for label, curve in curves.items():
+            out.setdefault(kind, {}).setdefault(label, []).append(curve)
+    return {k: {m: np.stack(c) for m, c in by.items()} for k, by in out.items()}
+
+
+# ---------------------------------------------------------------------------
+# Tables, targets, plot.
+# ---------------------------------------------------------------------------
+
+SHOWN_ROUNDS = (1, 2, 5, 10, 20)
+
+
+def table(losses: dict[str, np.ndarray], rounds: Sequence[int]) -> list[str]:
+    """Markdown rows: median (mean) newcomer loss at each shown round, and its ratio to indiv's median."""
+    shown = [r for r in rounds if r <= next(iter(losses.values())).shape[1]]
+    head = (
+        "| method | "
+        + " | ".join(f"round {r}: median (mean)" for r in shown)
+        + " | × indiv at last round (median) |"
+    )
+    lines = [head, "|" + "---|" * (len(shown) + 2)]
+    indiv = np.median(losses[INDIV], axis=0)
+    for label, loss in losses.items():
+        med, mean = np.median(loss, axis=0), loss.mean(axis=0)
+        cells = [f"{med[r - 1]:.3f} ({mean[r - 1]:.3f})" for r in shown]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {med[-1] / indiv[-1]:.2f} |")
+    return lines
+
+
+def targets(losses: dict[str, np.ndarray]) -> list[str]:
+    """The two targets of issue 16, each met or not, on medians and on means."""
+    rounds = next(iter(losses.values())).shape[1]
+    lines = []
+    fed = {m: v for m, v in losses.items() if m not in (INDIV, BEFORE)}
+    for stat, f in (("median", np.median), ("mean", np.mean)):
+        indiv = f(losses[INDIV], axis=0)
+        if rounds >= 5:
+            ratio = {m: f(v, axis=0)[4:] / indiv[4:] for m, v in fed.items()}
+            best = min(ratio, key=lambda m: float(ratio[m].max()))
+            worst = float(ratio[best].max())
+            verdict = "met" if worst <= 0.8 else "NOT met"
+            lines.append(
+                f"- ({stat}s) from round 5 after joining, the best federated method ({best}) ≤ 0.8× indiv: "
+                f"**{verdict}** (its largest ratio over rounds 5-{rounds}: {worst:.2f})"
+            )
+        p = f(losses["PFL-DA"], axis=0) / indiv
+        verdict = "met" if float(p.max()) <= 1.0 else "NOT met"
+        lines.append(
+            f"- ({stat}s) PFL-DA's newcomer no worse than indiv from round 1: **{verdict}** "
+            f"(ratio at round 1: {p[0]:.2f}; largest over rounds 1-{rounds}: {p.max():.2f})"
+        )
+    per_seed = losses["PFL-DA"][:, 0] <= losses[INDIV][:, 0]
+    lines.append(f"- PFL-DA ≤ indiv at round 1 in {int(per_seed.sum())} of {len(per_seed)} seeds")
+    return lines
+
+
+def plot(results: dict[str, dict[str, np.ndarray]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.5), squeeze=False)
+    for ax, (kind, losses) in zip(axes[0], results.items(), strict=True):
+        for label, loss in losses.items():
+            x = np.arange(1, loss.shape[1] + 1)
+            style = {"lw": 2.5, "color": "k"} if label in (INDIV, "PFL-DA") else {"lw": 1.2}
+            ls = "--" if label in (INDIV, BEFORE) else "-"
+            ax.plot(x, np.median(loss, axis=0), ls, label=label, **style)
+        ax.set_yscale("log")
+        ax.set_xlabel("rounds since the newcomer joined")
+        ax.set_ylabel("newcomer test loss, 50·MSE(s/50) (median over seeds)")
+        ax.set_title(f"{kind} fleet")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(results: dict[str, dict[str, np.ndarray]], args: argparse.Namespace, seconds: float) -> str:
+    seeds = " ".join(str(s) for s in args.seeds)
+    lines = [
+        "# A newcomer joins a trained printer fleet (issue 16)",
+        "",
+        f"`python -m benchmarks.newcomer{' --quick' if args.quick else ''} --seeds {seeds}` "
+        f"({seconds:.0f} s on this machine).  Protocol: the module docstring of `benchmarks/newcomer.py`: "
+        f"{args.rounds_before} fleet rounds before the newcomer joins, {args.rounds_after} after; "
+        f"the newcomer has {NEW_LAYERS} layers at each of 3 speeds; sigmoid GLM, Adam lr 0.1, "
+        "30 local steps, lr × 0.95 every 5 of the device's own rounds; seeds "
+        f"{seeds}.  Loss: the newcomer's personal model on the speeds it never printed, 50·MSE(s/50), "
+        "median over seeds (mean in brackets).",
+        "",
+        "Not in the study: " + "; ".join(f"{m} ({why})" for m, why in SKIPPED.items()) + ".",
+    ]
+    for kind, losses in results.items():
+        lines += [
+            "",
+            f"## {kind} fleet",
+            "",
+            *table(losses, SHOWN_ROUNDS),
+            "",
+            "Targets:",
+            "",
+            *targets(losses),
+        ]
+    lines += ["", "![newcomer loss against rounds since joining](newcomer.png)", ""]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.newcomer", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 seeds, 30 + 5 rounds: a smoke run")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None)
+    ap.add_argument("--rounds-before", type=int, default=None)
+    ap.add_argument("--rounds-after", type=int, default=None)
+    ap.add_argument("--fleets", nargs="+", choices=("simulated", "real"), default=["simulated", "real"])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--workers", type=int, default=2, help="processes (one fleet and seed each)")
+    args = ap.parse_args(argv)
+    args.seeds = args.seeds or ([0, 1] if args.quick else [0, 1, 2, 3, 4, 5])
+    args.rounds_before = args.rounds_before or (30 if args.quick else 100)
+    args.rounds_after = args.rounds_after or (5 if args.quick else 20)
+    if "real" in args.fleets and not args.data.is_dir():
+        print(f"no printer data at {args.data}; pass --data or --fleets simulated", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    results = run_study(
+        args.fleets, args.seeds, args.rounds_before, args.rounds_after, args.data, workers=args.workers
+    )
+    seconds = time.perf_counter() - started
+    text = report(results, args, seconds)
+    print(text)
+    if not args.quick:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "newcomer.md").write_text(text)
+        plot(results, args.out / "newcomer.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

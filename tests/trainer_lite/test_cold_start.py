@@ -1,0 +1,102 @@
+"""Cold start (issue 16): a device whose personal state is new starts from what the fleet knows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cloud_aggregator.simulation import ClientData, Simulation
+from trainer_lite.algorithms import make_client
+from trainer_lite.algorithms.base import algorithm_state
+from trainer_lite.client import LAST_ROUND, ROUNDS_TAKEN, initial_local, own_round, participate
+from trainer_lite.data import Dataset
+from trainer_lite.params import strip_prefix
+from trainer_lite.task import TaskSpec
+
+
+def _spec(algorithm: str, **hparams: object) -> TaskSpec:
+    return TaskSpec(
+        name="t",
+        algorithm=algorithm,
+        model="sigmoid_glm",
+        hparams={"lr": 0.1, "local_steps": 5, **hparams},
+        dtype="float64",
+        rounds=3,
+        seed=1,
+    )
+
+
+def _curve(seed: int, n: int = 12, scale: float = 1.0, shift: float = 0.0) -> Dataset:
+    """Rows of ``y = 2·σ(scale·x + shift) − 0.5``: a decoder ``g = (2, −0.5)`` with a device's own encoder."""
+    x = np.random.default_rng(seed).uniform(0.2, 1.8, (n, 1))
+    return Dataset(x, 2.0 / (1.0 + np.exp(-(scale * x + shift))) - 0.5)
+
+
+#: The shared decoder of a trained fleet: g1·σ(h) + g2 with (g1, g2) = (2, −0.5).
+DECODER = {"decoder.weight": np.array([[2.0]]), "decoder.bias": np.array([-0.5])}
+
+
+def test_pflda_cold_start_fits_the_encoder_through_the_frozen_decoder_and_gamma_starts_at_w() -> None:
+    algo = make_client(_spec("pflda"))
+    data = _curve(0, scale=-3.0, shift=2.5)  # an encoder far from the random start's
+    local = algorithm_state(initial_local(algo, "new"))
+    fitted = algo.cold_start(DECODER, local, data, rng=np.random.default_rng(0), phase="train")
+    assert sorted(fitted) == sorted(local)
+    for n, v in DECODER.items():
+        np.testing.assert_array_equal(strip_prefix(fitted, "personal")[n], v)
+    before = algo.evaluate(DECODER, local, data)["loss"]
+    after = algo.evaluate(DECODER, fitted, data)["loss"]
+    assert after < 1e-3 < before
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    ["pflda", "simple_da", "ditto", "fedper", "fedrep", "lgfedavg", "pfedme", "tp", "fedavg", "indiv"],
+)
+def test_cold_start_keeps_the_local_state_layout_and_never_scores_worse_than_the_random_start(
+    algorithm: str,
+) -> None:
+    algo = make_client(_spec(algorithm))
+    shared = {**{"encoder.scale": np.array([1.0]), "encoder.shift": np.array([0.0])}, **DECODER}
+    shared = {n: shared[n] for n in algo.shared_names()}
+    data = _curve(1, scale=1.5, shift=-1.0)
+    local = algorithm_state(initial_local(algo, "new"))
+    fitted = algo.cold_start(shared, local, data, rng=np.random.default_rng(0), phase="train")
+    assert {n: np.shape(v) for n, v in fitted.items()} == {n: np.shape(v) for n, v in local.items()}
+    assert algo.evaluate(shared, fitted, data)["loss"] <= algo.evaluate(shared, local, data)["loss"] + 1e-12
+
+
+def test_participate_counts_the_devices_own_rounds_and_cold_starts_only_a_late_newcomer() -> None:
+    algo = make_client(_spec("pflda", lr_decay=0.5, lr_decay_every=1))
+    data = _curve(2)
+    local = initial_local(algo, "d")
+    assert own_round(local, 40) == (1, True)
+    # At the fleet's round 1 the downlink is the server's random start: no cold start.
+    _, first = participate(algo, "d", DECODER, local, data, None, round_=1, phase="train")
+    assert float(first[ROUNDS_TAKEN][0]) == 1.0 and float(first[LAST_ROUND][0]) == 1.0
+    assert own_round(first, 7) == (2, False)
+    # A newcomer at round 40 is cold-started and trains at its own round 1 (lr undecayed).
+    _, late = participate(algo, "n", DECODER, local, data, None, round_=40, phase="train")
+    assert own_round(late, 41) == (2, False)
+    cold = algo.cold_start(DECODER, algorithm_state(local), data, rng=np.random.default_rng(0), phase="train")
+    assert algo.evaluate(DECODER, late, data)["loss"] < algo.evaluate(DECODER, local, data)["loss"]
+    assert algo.evaluate(DECODER, cold, data)["loss"] < algo.evaluate(DECODER, local, data)["loss"]
+    # A state saved before progress was kept: the fleet's round, never a cold start.
+    assert own_round(algorithm_state(local), 40) == (40, False)
+
+
+def test_a_device_added_to_a_running_simulation_joins_from_the_next_round() -> None:
+    clients = {f"p{i}": ClientData(_curve(i, n=10, scale=1.0 + 0.2 * i), _curve(10 + i)) for i in range(3)}
+    sim = Simulation(_spec("pflda"), clients)
+    sim.run()
+    assert sim.rounds_done == 3
+    with pytest.raises(ValueError, match="in the fleet already"):
+        sim.add_device("p0", clients["p0"])
+    sim.add_device("new", ClientData(_curve(7, n=6, scale=2.0), _curve(8)))
+    sim.run_more(2)
+    assert sim.rounds_done == 5
+    assert [r.round for r in sim.records] == [1, 2, 3, 4, 5]
+    assert all("new" in r.participants for r in sim.records[3:])
+    assert float(sim.fleet.local["new"][ROUNDS_TAKEN][0]) == 2.0
+    with pytest.raises(ValueError, match="behind"):
+        sim.run(until=4)
