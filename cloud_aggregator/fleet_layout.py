@@ -147,6 +147,9 @@ topic read {p}/model/+/+/chunk/+
 pattern write {p}/task/+/up/%u
 pattern write {p}/status/%u
 pattern read {p}/task/+/down/%u
+# Secure aggregation: each device writes its own SecAgg answers and reads only what is addressed to it.
+pattern write {p}/task/+/secagg/up/%u
+pattern read {p}/task/+/secagg/down/%u
 
 # Each device: the task broadcasts and the model pushes.
 {device_reads}
@@ -157,6 +160,8 @@ topic read {p}/task/+/up/+
 topic read {p}/status/+
 topic readwrite {p}/task/+/down
 topic readwrite {p}/task/+/down/+
+topic read {p}/task/+/secagg/up/+
+topic write {p}/task/+/secagg/down/+
 # Its lock: one aggregator per fleet (cloud_aggregator.singleton).
 topic readwrite {p}/aggregator
 

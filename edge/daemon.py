@@ -39,10 +39,12 @@ from edge.models import ModelManager, embed_rows
 from edge.optout import REASON as PAUSED
 from edge.optout import PauseWatch
 from edge.recording.base import STATUS_FILE as RECORDER_STATUS
+from edge.secagg_client import SecAggDevice
 from edge.segments import DatasetReader
 from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.manifest import load_public_key
 from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
+from ioft_protocol.secagg import transport as secagg_wire
 from ioft_protocol.service import Notifier
 from ioft_protocol.state import StateError, load_verified, save_arrays
 from sensors.features.scaling import standardize_locally
@@ -115,6 +117,10 @@ class EdgeTrainer:
         # spec -> (rows it was fitted on, the same rows scaled) for tasks with scaling = "local"
         self._scaled: dict[str, tuple[Dataset, Dataset, Dataset, Dataset]] = {}
         self.session = MqttSession(self._session_options())
+        # tasks with secagg: the update leaves masked, through the SecAgg stages (edge/secagg_client.py)
+        self.secagg = SecAggDevice(
+            config.fleet, self.device, lambda t, p: self.session.publish(t, p, timeout=None)
+        )
         if config.model.public_key:
             self.models = ModelManager(
                 self.state_dir / "models",
@@ -206,6 +212,7 @@ class EdgeTrainer:
         fleet = self.config.fleet
         self.session.subscribe(f"{topics.PROTOCOL}/{fleet}/task/+/down")
         self.session.subscribe(f"{topics.PROTOCOL}/{fleet}/task/+/down/{self.device}")
+        self.session.subscribe(secagg_wire.topic_down_mine(fleet, self.device))
         if self.models is not None:
             self.session.subscribe(topics.topic_model_offer_all(fleet))
         self.session.start(timeout=None)  # paho keeps retrying until the broker is there
@@ -263,6 +270,11 @@ class EdgeTrainer:
     # -- rounds ------------------------------------------------------------------------
     def handle(self, topic: str, payload: bytes) -> None:
         """Act on one downlink message; malformed input is logged and dropped."""
+        where = secagg_wire.parse_topic(topic)
+        if where is not None:
+            if (where.fleet, where.direction, where.device) == (self.config.fleet, "down", self.device):
+                self.secagg.handle(where, payload)
+            return
         try:
             parsed = topics.parse_topic(topic)
             if parsed.fleet != self.config.fleet:
@@ -464,6 +476,11 @@ class EdgeTrainer:
             upload_meta={"n_samples": result.n_samples, "global_hash": ann.global_hash},
             metrics=metrics,
         )
+        if algo.spec.secagg is not None:  # the change leaves masked, the upload carries none
+            weight = secagg_wire.device_weight(algo.spec.server, result.n_samples)
+            self.secagg.arm(
+                ann.task, ann.round, ann.phase, secagg_wire.change(result.shared, ann.params), weight
+            )
         self._save(ann.task, new_state)  # durable before it is announced to anyone
         self.tasks[ann.task] = new_state
         self._publish_upload(ann.task, new_state)
@@ -493,7 +510,7 @@ class EdgeTrainer:
             n_samples=int(state.upload_meta["n_samples"]),
             global_hash=state.upload_meta["global_hash"],
             metrics=state.metrics,
-            params=state.upload,
+            params={} if json.loads(state.spec_json).get("secagg") else state.upload,
         )
         self.session.publish(
             topics.topic_up(self.config.fleet, task, self.device), msg.encode(), timeout=None

@@ -55,8 +55,8 @@ def topic_model_chunk(fleet: str, name: str, version: int, index: int) -> str:
 
 @dataclass(frozen=True)
 class Topic:
-    """A parsed topic: ``kind`` is ``down``, ``down_device``, ``up``, ``status``, ``model_offer``
-    or ``model_chunk`` (then ``model``, ``version`` and ``index`` say which)."""
+    """A parsed topic: ``kind`` is ``down``, ``down_device``, ``up``, ``secagg_up``, ``secagg_down``,
+    ``status``, ``model_offer`` or ``model_chunk`` (then ``model``, ``version`` and ``index`` say which)."""
 
     kind: str
     fleet: str
@@ -89,6 +89,9 @@ def parse_topic(topic: str) -> Topic:
             return Topic("down_device", fleet, task, check_id("device", rest[3]))
         if rest[2] == "up" and len(rest) == 4:
             return Topic("up", fleet, task, check_id("device", rest[3]))
+        if rest[2] == "secagg" and len(rest) == 5 and rest[3] in ("up", "down"):
+            # secure aggregation (ioft_protocol.secagg.transport): one device's stage messages
+            return Topic(f"secagg_{rest[3]}", fleet, task, check_id("device", rest[4]))
     if rest[0] == "model" and len(rest) == 3 and rest[2] == "manifest":
         return Topic("model_offer", fleet, model=check_id("model", rest[1]))
     if rest[0] == "model" and len(rest) == 5 and rest[3] == "chunk":

@@ -19,6 +19,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ioft_protocol import topics
 from ioft_protocol.codec import WireError, check_id
 from ioft_protocol.secagg.messages import (
     AdvertiseKeys,
@@ -75,17 +76,13 @@ class SecAggTopic:
 
 def parse_topic(topic: str) -> SecAggTopic | None:
     """The parts of a SecAgg topic; ``None`` for any other topic."""
-    parts = topic.split("/")
-    if len(parts) != 8 or "/".join(parts[:2]) != PROTOCOL or parts[3] != "task" or parts[5] != "secagg":
-        return None
-    if parts[6] not in ("up", "down"):
-        return None
     try:
-        return SecAggTopic(
-            parts[6], check_id("fleet", parts[2]), check_id("task", parts[4]), check_id("device", parts[7])
-        )
+        t = topics.parse_topic(topic)
     except WireError:
         return None
+    if t.kind not in ("secagg_up", "secagg_down") or t.task is None or t.device is None:
+        return None
+    return SecAggTopic(t.kind.removeprefix("secagg_"), t.fleet, t.task, t.device)
 
 
 @dataclass(frozen=True)

@@ -129,8 +129,10 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
     assert [r for r in patterns if r.startswith(("pattern write", "pattern readwrite"))] == [
         "pattern write ioft/v1/plant/task/+/up/%u",
         "pattern write ioft/v1/plant/status/%u",
+        "pattern write ioft/v1/plant/task/+/secagg/up/%u",
     ]
     assert "pattern read ioft/v1/plant/task/+/down/%u" in patterns
+    assert "pattern read ioft/v1/plant/task/+/secagg/down/%u" in patterns  # SecAgg shares: its own only
 
     def block(user: str) -> list[str]:
         start = rules.index(f"user {user}") + 1
