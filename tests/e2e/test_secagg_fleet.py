@@ -1,0 +1,131 @@
+"""Secure aggregation over a real mosquitto with `cloud-aggregator serve` and `edge-trainer` processes.
+
+One device dies (SIGKILL, ``IOFT_SECAGG_FAULT``) after the key exchange: the round still
+completes, with exactly the mean of the survivors' clipped, fixed-point changes; nothing on
+the wire carries a device's parameters in the clear.  And the broker ACL that ``fleet init``
+writes keeps each device's SecAgg messages to that device.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from cloud_aggregator.fleet_init import AGGREGATOR
+from cloud_aggregator.local_fleet import FLEET, Sniffer, aggregator_toml, pflda_task
+from cloud_aggregator.secagg_round import DROPPED
+from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.strategies import make_strategy
+from edge.daemon import load_task_state
+from edge.secagg_client import FAULT_ENV
+from ioft_protocol import codec
+from ioft_protocol.secagg import SecAggConfig, quantize
+from ioft_protocol.secagg.messages import MaskedInput
+from ioft_protocol.secagg.transport import Envelope, change, flatten, topic_down, topic_up, unflatten
+from tests.e2e.test_access import SETTLE_S, _connected, _fleet_broker, _wait_for
+from trainer_lite.task import TaskSpec
+
+pytestmark = pytest.mark.broker
+DEVICES = ["printer1", "printer2", "printer3", "printer4"]
+SECAGG = {"threshold": 0.6, "clip": 4.0, "bits": 20}
+
+
+def _expected_global(spec: TaskSpec, work, survivors: list[str]) -> dict[str, np.ndarray]:
+    """What the aggregator must reach: the initial global plus the survivors' quantized mean change."""
+    g = make_strategy(spec).init_global()
+    cfg = SecAggConfig(**SECAGG)
+    p = cfg.round_params(len(DEVICES), int(flatten(g).size))
+    total = np.zeros(p.length + 1, dtype=quantize.ring_dtype(p))
+    for d in survivors:
+        state = load_task_state(work / d / "tasks" / spec.name / "local.safetensors")
+        total += quantize.encode(p, change(state.upload, g), 1.0)  # uniform weighting
+    values, weight = quantize.decode_sum(p, total)
+    return unflatten(flatten(g) + values / weight, g)
+
+
+def test_a_round_completes_with_the_exact_survivor_sum_when_a_device_drops_after_key_exchange(
+    fleet_procs, monkeypatch
+):
+    task = {**pflda_task(rounds=1), "secagg": SECAGG}
+    sniffer = Sniffer(fleet_procs.broker_url)
+    try:
+        fleet_procs.start_devices(DEVICES[:-1])
+        monkeypatch.setenv(FAULT_ENV, "neighbour_keys")  # printer4 advertises keys, then dies
+        fleet_procs.start_device(DEVICES[-1])
+        monkeypatch.delenv(FAULT_ENV)
+        fleet_procs.start_aggregator(
+            aggregator_toml(
+                fleet_procs.broker_url,
+                fleet_procs.work / "aggregator",
+                [task],
+                expected=DEVICES,
+                min_participants=3,
+            )
+        )
+        assert fleet_procs.wait_aggregator(90) == 0, fleet_procs.log("aggregator")
+    finally:
+        sniffer.stop()
+    assert fleet_procs.devices["printer4"].wait(10) == -9  # SIGKILL: it really died mid-round
+    store = SqliteStore(fleet_procs.db, readonly=True)
+    try:
+        (record,) = store.rounds("speed")
+        new_global = store.get_params(record.global_hash)
+    finally:
+        store.close()
+    survivors = DEVICES[:-1]
+    assert record.status == "completed" and sorted(record.participants) == survivors
+    assert record.rejected == {"printer4": DROPPED}
+    spec = TaskSpec(**{k: v for k, v in task.items()})
+    expected = _expected_global(spec, fleet_procs.work, survivors)
+    assert sorted(new_global) == sorted(expected)
+    for name in expected:  # the exact survivor sum: same integers, same arithmetic, same bits
+        np.testing.assert_array_equal(new_global[name], expected[name])
+    # Nothing in the clear: uploads carry no tensors, masked inputs match no device's encoding.
+    g = make_strategy(spec).init_global()
+    p = SecAggConfig(**SECAGG).round_params(len(DEVICES), int(flatten(g).size))
+    for topic, payload in sniffer.messages:
+        if "/up/" in topic and "/secagg/" not in topic:
+            assert codec.decode(payload)[1] == {}, topic
+    masked = {}
+    for topic, payload in sniffer.messages:
+        if "/secagg/up/" in topic:
+            env = Envelope.decode(payload)
+            if env.stage == "inbox":
+                masked[topic.rsplit("/", 1)[1]] = MaskedInput.decode(env.body).vector(p.length + 1)
+    assert sorted(masked) == survivors
+    for d in survivors:
+        state = load_task_state(fleet_procs.work / d / "tasks" / "speed" / "local.safetensors")
+        assert not np.any(masked[d] == quantize.encode(p, change(state.upload, g), 1.0)), d
+
+
+@pytest.fixture(scope="module")
+def cert_fleet(tmp_path_factory):
+    yield from _fleet_broker(tmp_path_factory.mktemp("secagg-acl"), "certs")
+
+
+def test_the_acl_lets_a_device_read_only_the_secagg_messages_addressed_to_it(cert_fleet):
+    layout, _ = cert_fleet
+    agg = _connected(layout, AGGREGATOR)
+    p1 = _connected(layout, "printer1")
+    spy = _connected(layout, "printer2")
+    try:
+        # mosquitto grants every 3.1.1 SUBSCRIBE and applies the read ACL at delivery: non-delivery proves it
+        for f in (f"ioft/v1/{FLEET}/task/+/secagg/down/+", f"ioft/v1/{FLEET}/task/+/secagg/up/+", "#"):
+            spy.subscribe(f)
+        p1.subscribe(topic_down(FLEET, "speed", "printer1"))
+        agg.subscribe(f"ioft/v1/{FLEET}/task/+/secagg/up/+")
+        agg.publish(topic_down(FLEET, "speed", "printer1"), b"printer1's shares")
+        p1.publish(topic_up(FLEET, "speed", "printer1"), b"printer1's masked input")
+        spy.publish(topic_up(FLEET, "speed", "printer1"), b"forged as printer1")  # refused: not its topic
+        _wait_for(p1, topic_down(FLEET, "speed", "printer1"), b"printer1's shares")
+        _wait_for(agg, topic_up(FLEET, "speed", "printer1"), b"printer1's masked input")
+        spy.publish(topic_up(FLEET, "speed", "printer2"), b"printer2's own")  # its own: allowed
+        _wait_for(agg, topic_up(FLEET, "speed", "printer2"), b"printer2's own")
+        time.sleep(SETTLE_S)
+        assert not [m for m in spy.messages if "/secagg/" in m[0]], spy.messages
+        assert not agg.got(topic_up(FLEET, "speed", "printer1"), b"forged as printer1")
+    finally:
+        for c in (agg, p1, spy):
+            c.close()
