@@ -6,6 +6,13 @@ started and stopped by :class:`cloud_aggregator.local_fleet.LocalFleet`.
 The fleet trains PFL-DA with the sigmoid GLM of PFL-DA Table 4 on simulated
 printers (each has run only a few speed settings; the test split is the speeds it
 never ran), then the same devices train alone ("indiv"), and the demo prints both.
+
+Then a new printer joins the trained fleet: its ``edge-trainer`` starts, and the
+aggregator is restarted with PFL-DA's ``rounds`` raised by ``newcomer_rounds`` (the
+store resumes the task where it stopped) and an indiv task for the newcomer alone.
+The newcomer's personal model is cold-started on the device from the fleet's shared
+decoder at its first round (``trainer_lite.client.participate``); the closing table
+gives its loss 1, 5 and ``newcomer_rounds`` rounds after joining, beside indiv's.
 """
 
 from __future__ import annotations
@@ -67,6 +74,87 @@ def demo_config(fleet: str, broker: str, state_dir: Path, devices: list[str], ro
     )
 
 
+#: Rounds the fleet runs after the new printer joins, and those its closing table shows.
+NEWCOMER_ROUNDS = 20
+NEWCOMER_SHOWN = (1, 5, 20)
+
+
+def newcomer_config(
+    fleet: str, broker: str, state_dir: Path, devices: list[str], newcomer: str, rounds: int, more: int
+) -> str:
+    """PFL-DA continued for ``more`` rounds with every printer, then ``newcomer`` alone (indiv)."""
+    tasks: list[dict[str, object]] = [
+        {
+            "name": "speed-pflda",
+            "algorithm": "pflda",
+            "model": "sigmoid_glm",
+            "rounds": rounds + more,
+            "seed": 0,
+            "hparams": HPARAMS | dict(TASKS[0][2]),
+            "server": {"weighting": "uniform"},
+        },
+        {
+            "name": "speed-newcomer-indiv",
+            "algorithm": "indiv",
+            "model": "sigmoid_glm",
+            "rounds": more,
+            "seed": 0,
+            "hparams": HPARAMS,
+            "server": {"weighting": "uniform"},
+            "devices": {"ids": [newcomer]},
+        },
+    ]
+    everyone = [*devices, newcomer]
+    return aggregator_toml(
+        broker,
+        state_dir,
+        tasks,
+        fleet=fleet,
+        deadline_s=20,
+        min_participants=1,
+        expected=everyone,
+        max_extensions=2,
+        startup_wait_s=60,
+    )
+
+
+def _newcomer_losses(store: SqliteStore, task: str, device: str, after: int) -> dict[int, float]:
+    """``{rounds since joining: device's test loss}`` of ``task``'s rounds after round ``after``."""
+    return {
+        rec.round - after: LOSS_SCALE * rec.metrics[device]["test_loss"]
+        for rec in store.rounds(task)
+        if rec.round > after and "test_loss" in rec.metrics.get(device, {})
+    }
+
+
+def run_newcomer(fleet: LocalFleet, devices: list[str], rounds: int, more: int) -> int:
+    """A new printer joins after round ``rounds``; print its loss beside indiv's. Returns an exit code."""
+    newcomer = f"printer{len(devices) + 1}"
+    print(f"\n{newcomer} joins the trained fleet; PFL-DA goes on for {more} rounds with it:")
+    fleet.start_device(newcomer, simulate="printer")
+    toml = newcomer_config(
+        fleet.fleet, fleet.broker_url, fleet.work / "aggregator", devices, newcomer, rounds, more
+    )
+    agg = fleet.start_aggregator(toml, name="aggregator-newcomer")
+    rc = _follow(agg, fleet.db, [*devices, newcomer], rounds + more, timeout=600, after=rounds)
+    if rc != 0:
+        log = fleet.log("aggregator-newcomer")[-3000:]
+        print(f"\naggregator exited with {rc}; its log:\n{log}", file=sys.stderr)
+        return 1
+    store = SqliteStore(fleet.db)
+    pflda = _newcomer_losses(store, "speed-pflda", newcomer, rounds)
+    indiv = _newcomer_losses(store, "speed-newcomer-indiv", newcomer, 0)
+    store.close()
+    print(
+        f"\n{newcomer}'s test loss after joining (PFL-DA: cold-started from the fleet's decoder; indiv: alone):"
+    )
+    print(f"{'rounds since joining':>21} {'PFL-DA':>8} {'indiv':>8} {'PFL-DA vs indiv':>16}")
+    for r in (k for k in NEWCOMER_SHOWN if k <= more):
+        p, i = pflda.get(r, float("nan")), indiv.get(r, float("nan"))
+        print(f"{r:>21} {p:>8.4f} {i:>8.4f} {100 * (p - i) / i:>+15.1f}%")
+    return 0
+
+
 def _table(records: list[RoundRecord], devices: list[str]) -> list[str]:
     head = f"{'round':>5} {'took part':>9} " + " ".join(f"{d:>9}" for d in devices) + f" {'fleet mean':>10}"
     lines = [head, "-" * len(head)]
@@ -103,6 +191,7 @@ def run_demo(
     workdir: Path | None = None,
     prefer: str = "mosquitto",
     console: bool = False,
+    newcomer_rounds: int = NEWCOMER_ROUNDS,
 ) -> int:
     """Run the demo; with ``console`` the live fleet console is up from the start and stays up
     after the final table (with the devices and the broker) until Ctrl-C."""
@@ -152,6 +241,8 @@ def run_demo(
             print(f"{d:>10} {p:>8.4f} {i:>8.4f} {f:>8.4f} {100 * (p - i) / i:>+15.1f}%")
         mp, mi, mf = (sum(t.values()) / max(1, len(t)) for t in (pflda, indiv, fedavg))
         print(f"{'fleet mean':>10} {mp:>8.4f} {mi:>8.4f} {mf:>8.4f} {100 * (mp - mi) / mi:>+15.1f}%")
+        if newcomer_rounds > 0 and run_newcomer(fleet, names, rounds, newcomer_rounds) != 0:
+            return 1
         print(f"\ndemo finished in {time.monotonic() - started:.1f} s")
         if view is not None and view.poll() is None:
             print(
@@ -182,10 +273,13 @@ def _start_console(work: Path) -> subprocess.Popen | None:
     return None
 
 
-def _follow(agg: subprocess.Popen, db: Path, devices: list[str], rounds: int, timeout: float) -> int:
-    """Print each PFL-DA round as the aggregator records it; return the aggregator's exit code."""
+def _follow(
+    agg: subprocess.Popen, db: Path, devices: list[str], rounds: int, timeout: float, after: int = 0
+) -> int:
+    """Print each PFL-DA round after round ``after`` as the aggregator records it; return the
+    aggregator's exit code."""
     deadline = time.monotonic() + timeout
-    shown = 0
+    shown = after
     printed_head = False
     while True:
         done = agg.poll() is not None
