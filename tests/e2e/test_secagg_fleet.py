@@ -8,13 +8,16 @@ writes keeps each device's SecAgg messages to that device.
 
 from __future__ import annotations
 
+import re
 import time
+import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cloud_aggregator.fleet_init import AGGREGATOR
-from cloud_aggregator.local_fleet import FLEET, Sniffer, aggregator_toml, pflda_task
+from cloud_aggregator.local_fleet import FLEET, Sniffer, aggregator_toml
 from cloud_aggregator.secagg_round import DROPPED
 from cloud_aggregator.store import SqliteStore
 from cloud_aggregator.strategies import make_strategy
@@ -29,7 +32,17 @@ from trainer_lite.task import TaskSpec
 
 pytestmark = pytest.mark.broker
 DEVICES = ["printer1", "printer2", "printer3", "printer4"]
-SECAGG = {"threshold": 0.6, "clip": 4.0, "bits": 20}
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_secagg_task() -> dict:
+    blocks = dict(re.findall(r"```[a-z]*\n# README example: (\S+)\n(.*?)```", README.read_text(), re.S))
+    (task,) = tomllib.loads(blocks["secagg-task.toml"])["task"]
+    return task
+
+
+TASK = {**readme_secagg_task(), "rounds": 1}
+SECAGG = TASK["secagg"]
 
 
 def _expected_global(spec: TaskSpec, work, survivors: list[str]) -> dict[str, np.ndarray]:
@@ -48,7 +61,7 @@ def _expected_global(spec: TaskSpec, work, survivors: list[str]) -> dict[str, np
 def test_a_round_completes_with_the_exact_survivor_sum_when_a_device_drops_after_key_exchange(
     fleet_procs, monkeypatch
 ):
-    task = {**pflda_task(rounds=1), "secagg": SECAGG}
+    task = TASK
     sniffer = Sniffer(fleet_procs.broker_url)
     try:
         fleet_procs.start_devices(DEVICES[:-1])
