@@ -31,6 +31,7 @@ from cloud_aggregator.fleet_layout import (
     split_ids,
     write_identity,
 )
+from cloud_aggregator.fleet_units import venv_of, write_device_units
 
 RELOAD_HINT = "reload the broker: systemctl reload mosquitto (or kill -HUP <mosquitto's pid>)"
 
@@ -50,6 +51,7 @@ def _stage_device(layout: FleetLayout, ca: FleetCA | None, name: str, *, days: i
     try:
         os.chmod(tmp, 0o755)
         write_identity(ca, layout, name, days=days, folder=tmp)
+        write_device_units(tmp, layout.fleet, name, venv_of(layout))
         fsync_tree(tmp)
         if final.exists():
             old = final.with_name(f".{name}.old-{secrets.token_hex(4)}")

@@ -16,6 +16,8 @@ What it writes (``DIR``)::
                                   its own folder, so the folder works wherever it is copied)
     model/fleet.key, fleet.pub    the fleet's Ed25519 model-signing key (``export --key``); keep
                                   fleet.key with the operator, off the broker and the devices
+    systemd/                      serve's unit and mosquitto's drop-in; each device folder holds its
+                                  own units and install.sh (:mod:`cloud_aggregator.fleet_units`)
 
 The broker's secrets (``server.key``, ``passwd``) and its ``data/`` folder belong to
 the user mosquitto runs as (``mosquitto``: started as root, the way Debian's service
@@ -76,6 +78,13 @@ from cloud_aggregator.fleet_layout import (
     write_file,
     write_identity,
 )
+from cloud_aggregator.fleet_units import (
+    AGGREGATOR_USER,
+    DEFAULT_VENV,
+    give_to_aggregator,
+    write_device_units,
+    write_fleet_units,
+)
 from export.keys import generate_keypair
 from ioft_protocol import codec
 
@@ -120,13 +129,15 @@ def init_fleet(
     force: bool = False,
     days: int = 825,
     ca_days: int = 3650,
+    venv: Path = DEFAULT_VENV,
 ) -> FleetLayout:
     """Generate a fleet's CA, certificates or passwords, mosquitto config, ACL and client TOMLs in ``out``.
 
     ``hosts`` are the names and addresses devices use to reach the broker (the server
     certificate's SANs; the first one goes into the client configs).  ``bind`` limits
-    the listener to one address (all interfaces by default).  Raises ``FleetInitError``
-    if ``out`` exists and is not empty, unless ``force``.
+    the listener to one address (all interfaces by default).  The systemd units run ioft's
+    commands from ``venv``.  Raises ``FleetInitError`` if ``out`` exists and is not empty,
+    unless ``force``.
     """
     devices = _check_names(fleet, devices, auth)
     hosts = [h for h in hosts if h]
@@ -162,7 +173,11 @@ def init_fleet(
             write_file(staged.passwd, lines, private=True)
         for name in identities:
             write_identity(ca if auth == "certs" else None, layout, name, days=days, staged=staged)
+        for name in devices:
+            write_device_units(staged.identity_dir(name), fleet, name, venv)
+        write_fleet_units(layout, tmp, venv)
         give_to_broker(staged)
+        give_to_aggregator(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp made it 0700; the keys inside are 0600 themselves
         fsync_tree(tmp)
         old = None
@@ -203,6 +218,12 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bind", help="listen only on this address (none: all interfaces)")
     p.add_argument("--days", type=int, default=825, help="validity of broker and client certificates")
     p.add_argument("--force", action="store_true", help="replace an existing fleet folder")
+    p.add_argument(
+        "--venv",
+        type=Path,
+        default=DEFAULT_VENV,
+        help="the Python environment the systemd units run ioft from",
+    )
     p.set_defaults(func=main)
     for command, what, func in (
         (
@@ -240,6 +261,20 @@ def _broker_lines(layout: FleetLayout) -> None:
         )
 
 
+def print_unit_lines(layout: FleetLayout) -> None:
+    units = layout.root / "systemd"
+    print(
+        f"  services:   cp -r {units}/* /etc/systemd/system/ (serve as user {AGGREGATOR_USER}, "
+        "mosquitto on this conf); each device folder has its units and install.sh"
+    )
+    agg = layout.root / AGGREGATOR
+    if agg.stat().st_gid == 0 or agg.stat().st_mode & 0o070 == 0:
+        print(
+            f"  {AGGREGATOR_USER} must read {agg}: as root, useradd --system --user-group {AGGREGATOR_USER}; "
+            f"chgrp -R {AGGREGATOR_USER} {agg}; chmod -R g+rX {agg}"
+        )
+
+
 def main(args: argparse.Namespace) -> int:
     """``fleet init``: write the fleet folder and print what to do with each part."""
     try:
@@ -253,6 +288,7 @@ def main(args: argparse.Namespace) -> int:
             bind=args.bind,
             force=args.force,
             days=args.days,
+            venv=args.venv,
         )
     except FleetInitError as exc:
         print(exc, file=sys.stderr)
@@ -263,6 +299,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"  aggregator: cloud-aggregator serve --config {layout.toml(AGGREGATOR)}  (add [[task]] tables)")
     print(f"  operator:   {layout.toml(OPERATOR)}  (push, fleet status --config)")
     print_device_lines(layout, layout.devices)
+    print_unit_lines(layout)
     print(f"  keep {layout.root / 'ca' / 'ca.key'} offline: it signs new devices")
     print(f"  models: export --key {layout.signing_key}; devices trust {layout.model_public_key}")
     return 0

@@ -131,7 +131,7 @@ def test_the_generated_broker_starts_and_a_copied_device_folder_runs(fleet_dir, 
         pi = tmp_path / "pi" / "etc-ioft"  # the folder as copied onto the device
         shutil.copytree(root / "devices" / "printer1", pi)
         assert sorted(p.name for p in pi.iterdir()) == [
-            "ca.crt", "device.toml", "fleet.pub", "printer1.crt", "printer1.key"
+            "ca.crt", "device.toml", "fleet.pub", "install.sh", "printer1.crt", "printer1.key", "systemd"
         ]  # fmt: skip
         assert load_toml(pi / "device.toml")["state_dir"] == "/var/lib/ioft/printer1"
         with (tmp_path / "printer1.log").open("wb") as log:
