@@ -8,10 +8,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Debian packages the tests run for real: the MQTT broker, the ALSA capture tool, and the
-# browser the console's test drives (Playwright on Debian's chromium; never `playwright install`).
-TEST_DEBS := mosquitto mosquitto-clients alsa-utils chromium
+# browser the console's test drives (Playwright on Debian's chromium; never `playwright install`),
+# and systemd-analyze, which verifies the units `fleet init` writes (the systemd package, ~15 MB).
+TEST_DEBS := mosquitto mosquitto-clients alsa-utils chromium systemd
 
 .PHONY: demo test test-deps lint explore bench clean
+.PHONY: pi-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +33,7 @@ test-deps:
 	{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } || missing="$$missing mosquitto mosquitto-clients"; \
 	command -v arecord >/dev/null || missing="$$missing alsa-utils"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "make test needs:$$missing -- run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
 	  echo "installing from Debian:$$missing"; \
@@ -52,6 +55,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+
+# The device side on Debian bookworm arm64 (Raspberry Pi OS's base) under qemu-user-static, as root;
+# not part of `make test`.  Builds /var/tmp/ioft-pi-root once; writes benchmarks/results/pi_check.md.
+# PI_CHECK_ARGS="--skip-tests" for a quicker pass (the tests take most of the time under qemu).
+pi-check: $(STAMP)
+	$(BIN)/python -m benchmarks.pi_check $(PI_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

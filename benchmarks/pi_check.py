@@ -1,0 +1,298 @@
+"""``make pi-check``: the device side on Raspberry Pi OS's base, Debian bookworm arm64, under qemu.
+
+As root on an x86_64 Debian host: build (or reuse) the arm64 root (:mod:`benchmarks.pi_root`),
+build the project's wheel on the host from the committed tree (``git archive HEAD``), install
+its device extra in a fresh venv in the root with ``pip --only-binary=:all:`` (aarch64 wheels
+from PyPI; no compiler, no torch), then inside the root: time the device modules' imports, run
+``edge-recorder --simulate printer``, run ``edge-trainer --simulate printer`` for a few rounds
+against a fleet on the host (:mod:`benchmarks.pi_fleet`), and run the device-side tests.
+Every figure has the host's (x86_64, the project's venv) beside it, measured in the same run.
+
+    sudo .venv/bin/python -m benchmarks.pi_check [--root /var/tmp/ioft-pi-root] [--rounds 10]
+
+Writes ``benchmarks/results/pi_check.md``.  A failing step is one line and exit 1; not root,
+exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import pi_report
+from benchmarks.pi_fleet import FleetRun, run_fleet
+from benchmarks.pi_measure import IMPORT_PROBE, Usage, Watched, host_env
+from benchmarks.pi_root import (
+    ROOT_ENV,
+    VENV,
+    PiCheckError,
+    configure_root,
+    du_bytes,
+    ensure_binfmt,
+    ensure_host_tools,
+    ensure_root,
+    in_root,
+    mounted,
+    run_logged,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+#: The device-side tests: the packages a Pi runs (less the gold tests against torch, marked
+#: ``torch``).  Some import cloud_aggregator's pure-NumPy parts (strategies, simulation) or
+#: export.synthetic (builds test ONNX files with ``onnx``, installed in the root for the tests only).
+DEVICE_TESTS = ("tests/ioft_protocol", "tests/edge", "tests/sensors", "tests/trainer_lite")
+TEST_TOOLS = ("pytest", "pytest-timeout", "hypothesis", "onnx")  # at the host venv's versions
+#: Loaded with ``-p`` before the suite's conftest: the CI profile (derandomized) without
+#: hypothesis' 200 ms deadline and too-slow check, which measure qemu, not the code.
+EMULATED_PROFILE = """from hypothesis import HealthCheck, settings
+settings.register_profile("emulated", derandomize=True, database=None, print_blob=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+"""
+
+
+@dataclass
+class Install:
+    seconds: float
+    venv_bytes: int
+    freeze: list[str]
+    test_tools: list[str]
+
+
+@dataclass
+class TestRun:
+    counts: dict[str, int]
+    failed: list[str]
+    seconds: float
+    summary: str
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="pi-check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", type=Path, default=Path("/var/tmp/ioft-pi-root"), help="the arm64 root (reused)")
+    p.add_argument("--work", type=Path, default=Path("/var/tmp/ioft-pi-work"), help="wheel, fleet, logs")
+    p.add_argument("--rounds", type=int, default=10, help="fleet rounds for edge-trainer")
+    p.add_argument("--layers", type=int, default=10, help="layers edge-recorder --simulate records")
+    p.add_argument("--tests-timeout", type=float, default=5400, help="seconds for the device-side tests")
+    p.add_argument("--skip-tests", action="store_true", help="skip the device-side tests (quicker)")
+    p.add_argument("--render-from", type=Path, help="only render the report from a run's figures.pickle")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "pi_check.md")
+    return p.parse_args(argv)
+
+
+def step(name: str) -> None:
+    print(f"pi-check: {time.strftime('%H:%M:%S')} {name}", file=sys.stderr, flush=True)
+
+
+def build_wheel(work: Path, log: Path) -> tuple[Path, Path, str]:
+    """The wheel of ``git archive HEAD`` (never the tree's uncommitted edits); the source, wheel, commit."""
+    src, dist = work / "src", work / "dist"
+    for d in (src, dist):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    commit = run_logged(
+        "git rev-parse", ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], log
+    ).strip()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "HEAD"], capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise PiCheckError(f"git archive HEAD: {archive.stderr.decode(errors='replace').strip()[-200:]}")
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+    run_logged(
+        "build the wheel (host)",
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            str(src),
+            "-w",
+            str(dist),
+        ],
+        log,
+    )
+    wheels = sorted(dist.glob("ioft-*.whl"))
+    if len(wheels) != 1:
+        raise PiCheckError(f"build the wheel: expected one ioft wheel in {dist}, found {len(wheels)}")
+    return src, wheels[0], commit
+
+
+def install_device(root: Path, wheel: Path, log: Path) -> Install:
+    """A fresh venv in the root with the wheel's device extra, aarch64 wheels only; then the test tools."""
+    venv = root / VENV.lstrip("/")
+    shutil.rmtree(venv, ignore_errors=True)
+    dist = root / "opt" / "ioft-dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    dist.mkdir(parents=True)
+    shutil.copy2(wheel, dist / wheel.name)
+    pip = [f"{VENV}/bin/python", "-m", "pip"]
+    started = time.monotonic()
+    run_logged("python3 -m venv (root)", in_root(root, ["python3", "-m", "venv", VENV]), log, env=ROOT_ENV)
+    run_logged(
+        "pip install the device extra (root, aarch64 wheels only)",
+        in_root(root, [*pip, "install", "-q", "--only-binary=:all:", f"/opt/ioft-dist/{wheel.name}[device]"]),
+        log, env=ROOT_ENV, timeout=3600,
+    )  # fmt: skip
+    seconds = time.monotonic() - started
+    freeze = run_logged("pip freeze (root)", in_root(root, [*pip, "freeze", "--all"]), log, env=ROOT_ENV)
+    if re.search(r"^torch\b", freeze, re.MULTILINE | re.IGNORECASE):
+        raise PiCheckError(
+            "pip install the device extra: torch got installed; the device extra must not pull it"
+        )
+    size = du_bytes(venv)
+    pins = [f"{t}=={importlib.metadata.version(t)}" for t in TEST_TOOLS]
+    run_logged(
+        "pip install the test tools (root)",
+        in_root(root, [*pip, "install", "-q", "--only-binary=:all:", *pins]),
+        log, env=ROOT_ENV, timeout=3600,
+    )  # fmt: skip
+    return Install(seconds, size, freeze.splitlines(), pins)
+
+
+def import_times(argv: list[str], env: dict[str, str], log: Path, repeats: int = 3) -> dict[str, float]:
+    """Median over ``repeats`` fresh interpreters (after one that writes the bytecode caches)."""
+    runs = []
+    for _ in range(repeats + 1):
+        runs.append(json.loads(run_logged("import times", [*argv, "-c", IMPORT_PROBE], log, env=env)))
+    if any(r["torch_imported"] for r in runs):
+        raise PiCheckError("import times: the device modules imported torch")
+    return {k: sorted(r[k] for r in runs[1:])[repeats // 2] for k in runs[0] if k != "torch_imported"}
+
+
+def run_recorder(argv: list[str], env: dict[str, str], log: Path, state: Path) -> tuple[Usage, dict]:
+    """``edge-recorder --simulate printer`` to the end of its print; its usage and status file."""
+    rec = Watched(argv, log, env)
+    usage = rec.wait(1800)
+    if usage is None:
+        rec.stop()
+        raise PiCheckError(f"edge-recorder --simulate printer: still running after 1800 s (log: {log})")
+    if usage.returncode != 0:
+        raise PiCheckError(f"edge-recorder --simulate printer: exit {usage.returncode} (log: {log})")
+    status = state / "recorder-status.json"
+    return usage, json.loads(status.read_text()) if status.exists() else {}
+
+
+def run_tests(root: Path, src: Path, timeout: float, log: Path) -> TestRun:
+    """The device-side tests inside the root, against the installed wheel (not a source tree)."""
+    where = root / "opt" / "ioft-tests"
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    shutil.copytree(src / "tests", where / "tests")
+    shutil.copy2(src / "pyproject.toml", where / "pyproject.toml")  # pytest's markers and timeout
+    (where / "pi_check_profile.py").write_text(EMULATED_PROFILE)
+    env = {**ROOT_ENV, "CI": "1", "HYPOTHESIS_PROFILE": "emulated", "PYTHONPATH": "/opt/ioft-tests"}
+    cmd = ["sh", "-c", f"cd /opt/ioft-tests && exec {VENV}/bin/python -m pytest -q -p pi_check_profile "
+           f"-p no:cacheprovider -m 'not torch' -rfE --junitxml=/opt/ioft-tests/junit.xml {' '.join(DEVICE_TESTS)}"]  # fmt: skip
+    out_log = log.with_name("pi-tests.log")
+    out_log.unlink(missing_ok=True)
+    tests = Watched(in_root(root, cmd), out_log, env)
+    # Out of time: SIGINT, so pytest stops where it is and still prints its summary.
+    usage = tests.wait(timeout) or tests.stop(grace_s=60, sig=signal.SIGINT)
+    text = out_log.read_text(errors="replace")
+    summary = next((ln.strip("= ") for ln in reversed(text.splitlines()) if " in " in ln and "=" in ln), "")
+    counts = {
+        k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed)", summary)
+    }
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.MULTILINE)
+    if "KeyboardInterrupt" in text:
+        summary += f" (stopped at the {timeout:.0f} s limit: the rest did not run)"
+    elif not summary:
+        summary = f"no summary: pytest ended with exit {usage.returncode} after {usage.wall_s:.0f} s"
+    return TestRun(counts, failed, usage.wall_s, summary)
+
+
+def run_check(args: argparse.Namespace) -> Path:
+    work, root = args.work, args.root
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "pi-check.log"
+    log.write_text(f"pi-check {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}\n")
+    step(f"host tools and binfmt (log: {log})")
+    ensure_host_tools(log)
+    binfmt = ensure_binfmt(log)
+    step(f"the arm64 root in {root} (first build: ~10 min under qemu)")
+    root_state = ensure_root(root, log)
+    with mounted(root, log):
+        step("the root's packages (python3, python3-venv, mosquitto), CAs")
+        configure_root(root, log)
+        arch = run_logged("uname -m (root)", in_root(root, ["uname", "-m"]), log, env=ROOT_ENV).strip()
+        if arch != "aarch64":
+            raise PiCheckError(f"the root runs as {arch}, not aarch64: is qemu-aarch64 registered?")
+        pyver = run_logged("python3 -V (root)", in_root(root, ["python3", "-V"]), log, env=ROOT_ENV).strip()
+        step("the wheel (host, from git HEAD)")
+        src, wheel, commit = build_wheel(work, log)
+        step("pip install the device extra in the root (aarch64 wheels only)")
+        install = install_device(root, wheel, log)
+        step("import times (root, then host)")
+        imports = {
+            "arm64": import_times(in_root(root, [f"{VENV}/bin/python"]), ROOT_ENV, log),
+            "host": import_times([sys.executable], host_env(), log),
+        }
+        step(f"edge-recorder --simulate printer, {args.layers} layers (root, then host)")
+        rec_args = ["--simulate", "printer", "--layers", str(args.layers), "--layer-s", "0.5"]
+        shutil.rmtree(root / "var" / "lib" / "ioft-pi-rec", ignore_errors=True)
+        shutil.rmtree(work / "host-rec", ignore_errors=True)
+        recorder = {
+            "arm64": run_recorder(
+                in_root(root, [f"{VENV}/bin/edge-recorder", *rec_args, "--state-dir", "/var/lib/ioft-pi-rec"]),
+                {**ROOT_ENV, "PYTHONUNBUFFERED": "1"}, work / "recorder-arm64.log", root / "var/lib/ioft-pi-rec",
+            ),
+            "host": run_recorder(
+                [str(Path(sys.executable).with_name("edge-recorder")), *rec_args, "--state-dir", str(work / "host-rec")],
+                host_env(), work / "recorder-host.log", work / "host-rec",
+            ),
+        }  # fmt: skip
+        step(
+            f"fleet: mosquitto + serve on the host, edge-trainer in the root and on the host, {args.rounds} rounds"
+        )
+        fleet: FleetRun = run_fleet(root, work, args.rounds, log)
+        tests = None
+        if not args.skip_tests:
+            step(f"device-side tests in the root (slow under qemu; limit {args.tests_timeout:.0f} s)")
+            tests = run_tests(root, src, args.tests_timeout, log)
+    figures = dict(
+        commit=commit, binfmt=binfmt, root_state=root_state, python=pyver, install=install,
+        imports=imports, recorder=recorder, fleet=fleet, tests=tests, layers=args.layers,
+        test_cmd=f"pytest -m 'not torch' {' '.join(DEVICE_TESTS)}",
+    )  # fmt: skip
+    # Kept, so a report can be rendered again (--render-from) without another hour under qemu.
+    (work / "figures.pickle").write_bytes(pickle.dumps(figures))
+    step(f"writing {args.out}")
+    args.out.write_text(pi_report.render(**figures))
+    return args.out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.render_from is not None:  # our own file, written by an earlier run
+        args.out.write_text(pi_report.render(**pickle.loads(args.render_from.read_bytes())))
+        return 0
+    if os.geteuid() != 0:
+        print("pi-check: needs root (debootstrap, chroot, mount): run it as root, e.g. sudo make pi-check",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        out = run_check(args)
+    except PiCheckError as exc:
+        print(f"pi-check: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("pi-check: interrupted", file=sys.stderr)
+        return 130
+    print(f"pi-check: wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
