@@ -1,0 +1,75 @@
+"""The Pi check's own plumbing, on the host (the check itself needs root, qemu and an hour):
+its refusal without root, the per-round CPU arithmetic, a watched process's wait4 figures,
+and the report over made-up figures."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from benchmarks import pi_check, pi_report
+from benchmarks.pi_fleet import MARK, FleetRun, figures
+from benchmarks.pi_measure import Mark, Usage, Watched, host_env
+
+
+def test_without_root_it_says_so_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(pi_check.os, "geteuid", lambda: 1000)
+    assert pi_check.main(["--skip-tests"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "root" in err
+
+
+class FakeDevice:
+    """What :func:`figures` reads of a :class:`Watched` device."""
+
+    def __init__(self, marks: list[Mark]) -> None:
+        self.marks, self.started, self.argv, self.log = marks, 100.0, ["edge-trainer"], Path("x.log")
+
+
+def line(rnd: int, phase: str, secs: float) -> str:
+    return f"2026-11-25 13:48:10,684 pi1 INFO edge.daemon: pi1: task speed round {rnd} {phase}: test_loss 1.0 ({secs:.2f} s)"
+
+
+def test_cpu_per_round_is_the_difference_between_the_ends_of_successive_rounds():
+    marks = [
+        Mark("2026-11-25 pi1 INFO edge.daemon: pi1 running (state /x, 40 train / 10 test rows)", 112.0, 5.0),
+        Mark(line(1, "train", 0.25), 120.0, 6.0),
+        Mark(line(2, "train", 0.5), 121.0, 6.5),
+        Mark(line(2, "finetune", 0.25), 121.5, 7.0),  # a second phase of round 2
+        Mark(line(3, "train", 0.5), 122.0, 7.25),
+    ]
+    assert all(MARK.search(m.line) for m in marks)
+    fig = figures(FakeDevice(marks), Usage(0, 8.0, 90.0, 30.0))
+    assert fig.cpu_per_round_s == [1.0, 1.0, 0.25]
+    assert fig.train_s == [0.25, 0.75, 0.5]
+    assert (fig.start_cpu_s, fig.start_wall_s) == (5.0, 12.0)
+    assert fig.steady_cpu_s == 0.625  # rounds 2..R
+
+
+def test_a_watched_process_reports_its_marks_and_wait4_usage(tmp_path):
+    code = "import sys; sys.stdout.write('a: task t round 1 train: (0.01 s)\\nother\\n')"
+    proc = Watched([sys.executable, "-c", code], tmp_path / "out.log", host_env(), MARK)
+    usage = proc.wait(60)
+    assert usage is not None and usage.returncode == 0
+    assert usage.cpu_s > 0 and usage.peak_rss_mib > 1
+    assert [m.line for m in proc.marks] == ["a: task t round 1 train: (0.01 s)"]
+    assert "other" in proc.tail()
+
+
+def test_the_report_lists_every_installed_package():
+    usage = Usage(0, 1.0, 50.0, 2.0)
+    fig = figures(
+        FakeDevice([Mark("x running (state /s", 101.0, 0.5), Mark(line(1, "train", 0.1), 102, 0.75)]), usage
+    )
+    freeze = ["numpy==2.4.6", "ioft @ file:///opt/ioft-dist/ioft-0.1.0-py3-none-any.whl", "paho-mqtt==2.2.0"]
+    text = pi_report.render(
+        commit="abc1234", binfmt="/usr/libexec/qemu-binfmt/aarch64-binfmt-P (flags PF)", root_state="reused",
+        python="Python 3.11.2", install=pi_check.Install(100.0, 180 * 2**20, freeze, ["pytest==9.2.0"]),
+        imports={k: {"numpy": 0.2, "total": 0.9} for k in ("arm64", "host")},
+        recorder={k: (usage, {"appended": 10, "rows": {"train": 7, "test": 3}}) for k in ("arm64", "host")},
+        fleet=FleetRun(1, 1, [["host1", "pi1"]], [0.2], fig, fig),
+        tests=pi_check.TestRun({"passed": 3}, [], 60.0, "3 passed in 60.00s"), layers=10, test_cmd="pytest",
+    )  # fmt: skip
+    for name in ("numpy", "ioft", "paho-mqtt"):
+        assert re.search(rf"^\| {re.escape(name)} +\|", text, re.MULTILINE), name
