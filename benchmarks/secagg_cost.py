@@ -74,6 +74,7 @@ def case(n: int, p: int, drop_frac: float, seed: int, *, complete: bool = False)
         "dropped": len(gone),
         "degree": run.server.params.degree,
         "threshold": run.server.params.threshold,
+        "ring_bits": run.server.params.ring_bits,
         "plain_up": plain_up,
         "sa_up": sa_up,
         "sa_down": sa_down,
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{r['p']:,}",
                 r["n"],
                 r["graph"],
-                f"{r['degree']}/{r['threshold']}",
+                f"{r['degree']}/{r['threshold']}/{r['ring_bits']}",
                 r["dropped"],
                 f"{r['plain_up'] / 1e3:.1f} KB",
                 f"{r['sa_up'] / 1e3:.1f} KB",
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
             "P",
             "N",
             "graph",
-            "degree/threshold",
+            "degree/threshold/ring bits",
             "dropped",
             "plain up",
             "SecAgg up",
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows,
     )
     body = (
-        "P coordinates per update (150,000 ≈ the README's weld MLP), bits = 16, clip = 0.5, ring Z/2^32, "
+        "P coordinates per update (150,000 ≈ the README's weld MLP), bits = 16, clip = 0.5, ring Z/2^r with r = 16 + ceil(log2 N) bits packed per coordinate, "
         f"{args.drop:.0%} of devices drop after sharing keys (their mask keys are rebuilt).\n\n{table}\n\n"
         "`up ×`: a surviving device's SecAgg bytes sent over today's float32 upload; `up+down ×` adds what it "
         "receives for SecAgg (keys, shares, unmask request) over the same float32 upload (the round "

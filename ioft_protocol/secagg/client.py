@@ -42,10 +42,11 @@ def _aad(session: str, sender: str, recipient: str) -> bytes:
 
 
 def pairwise_mask(
-    keys: crypto.KeyPair, peer_s_pk: bytes, session: str, length: int, dtype: np.dtype
+    keys: crypto.KeyPair, peer_s_pk: bytes, session: str, p: RoundParams, length: int
 ) -> np.ndarray:
+    """The mask two devices agree on (X25519 + HKDF, salted with the session), as a ring vector."""
     seed = keys.agree(peer_s_pk, salt=session.encode(), info=_MASK_INFO)
-    return crypto.mask(seed, length, dtype)
+    return quantize.prg(p, seed, length)
 
 
 class ClientSecAgg:
@@ -112,15 +113,14 @@ class ClientSecAgg:
             if plain is None or len(plain) != 2 * shamir.SHARE_BYTES:
                 raise SecAggRefusedError(f"{self.device}: the share from {v!r} does not open")
             self._held[v] = (plain[: shamir.SHARE_BYTES], plain[shamir.SHARE_BYTES :])
-        dtype = quantize.ring_dtype(p)
         n = p.length + 1
-        y = quantize.encode(p, update, weight) + crypto.mask(self._b, n, dtype)
+        y = quantize.encode(p, update, weight) + quantize.prg(p, self._b, n)
         for v in self._held:
             if v == self.device:
                 continue
-            m = pairwise_mask(self._s, self._peer_keys[v][1], self.session, n, dtype)
-            y = y + m if pair_sign(self.device, v) > 0 else y - m  # wraps mod 2^r
-        return MaskedInput(ring_bits=p.ring_bits, y=y.astype(dtype.newbyteorder("<")).tobytes())
+            m = pairwise_mask(self._s, self._peer_keys[v][1], self.session, p, n)
+            y = y + m if pair_sign(self.device, v) > 0 else y - m  # uint64 wraps mod 2^64, a multiple of 2^r
+        return MaskedInput(ring_bits=p.ring_bits, y=quantize.pack(p, y))
 
     def unmask(self, msg: UnmaskRequest) -> UnmaskAnswer:
         self._enter("masked", "done")

@@ -81,8 +81,7 @@ class SecAggConfig:
                 f"threshold {self.threshold} needs {t} share holders but each device has {holders}; "
                 "raise degree or lower threshold"
             )
-        levels = (1 << (self.bits - 1)) - 1
-        ring_bits = 32 if n * levels < 1 << 31 else 64
+        ring_bits = self.bits + math.ceil(math.log2(max(n, 1)))  # n inputs sum without wrapping
         return RoundParams(n, degree, t, ring_bits, self.clip, self.bits, self.max_weight, length)
 
 

@@ -13,8 +13,6 @@ import typing
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-import numpy as np
-
 from ioft_protocol.secagg.config import RoundParams
 
 _MAGIC = b"SA1"
@@ -165,17 +163,11 @@ class Inbox(Message):
 
 @dataclass(frozen=True)
 class MaskedInput(Message):
-    """Device → server: its masked ring vector (little-endian uint32 or uint64)."""
+    """Device → server: its masked ring vector, ``ring_bits`` bits per coordinate (``quantize.pack``)."""
 
     kind: ClassVar[str] = "masked"
     ring_bits: int
     y: bytes
-
-    def vector(self, length: int) -> np.ndarray:
-        dtype = np.dtype("<u4" if self.ring_bits == 32 else "<u8")
-        if self.ring_bits not in (32, 64) or len(self.y) != length * dtype.itemsize:
-            raise SecAggWireError(f"masked input must be {length} × {dtype.itemsize} bytes")
-        return np.frombuffer(self.y, dtype=dtype)
 
 
 @dataclass(frozen=True)

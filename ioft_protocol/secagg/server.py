@@ -88,7 +88,7 @@ class ServerSecAgg:
         self._shares: dict[str, ShareKeys] = {}
         self.u2: set[str] = set()
         self._masked: dict[str, bool] = {}  # who uploaded; the inputs are summed as they come
-        self._masked_sum = np.zeros(self.params.length + 1, dtype=quantize.ring_dtype(self.params))
+        self._masked_sum = np.zeros(self.params.length + 1, dtype=quantize.RING_DTYPE)
         self._answers: dict[str, UnmaskAnswer] = {}
         self.ledger = {"selected": len(self.devices), **{s: 0 for s in STAGES}}
 
@@ -154,7 +154,11 @@ class ServerSecAgg:
             raise StageError(
                 f"{device}: ring of {msg.ring_bits} bits, the round uses {self.params.ring_bits}"
             )
-        self._masked_sum += msg.vector(self.params.length + 1)  # streaming: memory O(length)
+        try:
+            y = quantize.unpack(self.params, msg.y, self.params.length + 1)
+        except ValueError as exc:
+            raise StageError(f"{device}: {exc}") from None
+        self._masked_sum += y  # streaming: memory O(length); reduced mod 2^r at the end
         self._masked[device] = True
 
     def close_masked(self) -> dict[str, UnmaskRequest]:
@@ -195,7 +199,6 @@ class ServerSecAgg:
         if short:
             return self._abandon(AbandonReason.TOO_FEW_UNMASK, short)
         p = self.params
-        dtype = quantize.ring_dtype(p)
         n = p.length + 1
         total = self._masked_sum.copy()
         try:
@@ -204,7 +207,7 @@ class ServerSecAgg:
         except ValueError as exc:
             return self._abandon(AbandonReason.BAD_SHARES, str(exc))
         for d in sorted(u3):
-            total -= crypto.mask(b_seeds[d], n, dtype)
+            total -= quantize.prg(p, b_seeds[d], n)
         for d, s_sk in s_keys.items():
             keys = crypto.KeyPair(s_sk)
             if keys.public != self.u1[d].s_pk:
@@ -212,7 +215,7 @@ class ServerSecAgg:
                     AbandonReason.BAD_SHARES, f"{d}'s rebuilt mask key is not the one it advertised"
                 )
             for u in sorted(self.neighbours[d] & u3):
-                m = pairwise_mask(keys, self.u1[u].s_pk, self.session, n, dtype)
+                m = pairwise_mask(keys, self.u1[u].s_pk, self.session, p, n)
                 # u added sign(u, d)·m; take it back out
                 total = total - m if pair_sign(u, d) > 0 else total + m
         values, weight = quantize.decode_sum(p, total)

@@ -50,7 +50,7 @@ def _expected_global(spec: TaskSpec, work, survivors: list[str]) -> dict[str, np
     g = make_strategy(spec).init_global()
     cfg = SecAggConfig(**SECAGG)
     p = cfg.round_params(len(DEVICES), int(flatten(g).size))
-    total = np.zeros(p.length + 1, dtype=quantize.ring_dtype(p))
+    total = np.zeros(p.length + 1, dtype=quantize.RING_DTYPE)
     for d in survivors:
         state = load_task_state(work / d / "tasks" / spec.name / "local.safetensors")
         total += quantize.encode(p, change(state.upload, g), 1.0)  # uniform weighting
@@ -106,7 +106,9 @@ def test_a_round_completes_with_the_exact_survivor_sum_when_a_device_drops_after
         if "/secagg/up/" in topic:
             env = Envelope.decode(payload)
             if env.stage == "inbox":
-                masked[topic.rsplit("/", 1)[1]] = MaskedInput.decode(env.body).vector(p.length + 1)
+                masked[topic.rsplit("/", 1)[1]] = quantize.unpack(
+                    p, MaskedInput.decode(env.body).y, p.length + 1
+                )
     assert sorted(masked) == survivors
     for d in survivors:
         state = load_task_state(fleet_procs.work / d / "tasks" / "speed" / "local.safetensors")

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ioft_protocol.secagg import SecAggConfig, graph, quantize, shamir
-from ioft_protocol.secagg.messages import MaskedInput, SecAggWireError, ShareKeys, UnmaskAnswer, unpack
+from ioft_protocol.secagg.messages import MaskedInput, SecAggWireError, ShareKeys, UnmaskAnswer, pack, unpack
 from tests.budget import examples
 from tests.ioft_protocol.secagg_fixtures import rebuilds
 
@@ -65,8 +65,7 @@ def test_fixed_point_sum_is_within_half_a_step_per_device(clip, bits, n, seed):
     rng = np.random.default_rng(seed)
     xs = rng.uniform(-2 * clip, 2 * clip, (n, 7))
     ws = rng.uniform(0, 5, n)
-    dtype = quantize.ring_dtype(p)
-    total = np.zeros(8, dtype=dtype)
+    total = np.zeros(8, dtype=quantize.RING_DTYPE)
     for x, w in zip(xs, ws, strict=True):
         total += quantize.encode(p, x, w)
     values, weight = quantize.decode_sum(p, total)
@@ -78,9 +77,20 @@ def test_fixed_point_sum_is_within_half_a_step_per_device(clip, bits, n, seed):
     assert weight == pytest.approx(qw.sum(), abs=1e-9 * n)
 
 
-def test_ring_widens_when_n_devices_could_overflow_32_bits():
-    assert SecAggConfig(bits=16).round_params(1000, 3).ring_bits == 32
-    assert SecAggConfig(bits=24).round_params(1000, 3).ring_bits == 64
+def test_the_ring_is_as_narrow_as_n_inputs_allow_and_packs_to_its_width():
+    assert SecAggConfig(bits=16).round_params(1000, 3).ring_bits == 26  # 16 + ceil(log2 1000)
+    assert SecAggConfig(bits=16).round_params(1024, 3).ring_bits == 26
+    assert SecAggConfig(bits=31).round_params(2**33, 3).ring_bits == 64
+    for r_bits, n in ((16, 1000), (31, 2**33), (8, 3)):
+        p = SecAggConfig(bits=r_bits).round_params(n, 37)
+        v = quantize.reduce(
+            p, np.random.default_rng(n).integers(0, 2**63, 38, dtype=np.uint64) * np.uint64(3)
+        )
+        packed = quantize.pack(p, v)
+        assert len(packed) == (38 * p.ring_bits + 7) // 8
+        np.testing.assert_array_equal(quantize.unpack(p, packed, 38), v)
+    with pytest.raises(ValueError, match="bytes"):
+        quantize.unpack(p, packed[:-1], 38)
 
 
 def test_settings_are_checked_with_every_error_named():
@@ -95,8 +105,8 @@ def test_settings_are_checked_with_every_error_named():
 
 
 def test_wire_round_trip_carries_bytes_raw_and_refuses_garbage():
-    y = np.arange(5, dtype="<u4").tobytes()
-    msg = MaskedInput(ring_bits=32, y=y)
+    y = bytes(range(200))
+    msg = MaskedInput(ring_bits=26, y=y)
     wire = msg.encode()
     assert MaskedInput.decode(wire) == msg
     assert len(wire) < len(y) + 64  # no base64
@@ -106,5 +116,5 @@ def test_wire_round_trip_carries_bytes_raw_and_refuses_garbage():
             unpack(bad)
     with pytest.raises(SecAggWireError, match="expected"):
         ShareKeys.decode(wire)
-    with pytest.raises(SecAggWireError, match="bytes"):
-        MaskedInput.decode(wire).vector(6)
+    with pytest.raises(SecAggWireError, match="field 'ring_bits'"):
+        MaskedInput.decode(pack("masked", {"ring_bits": "26", "y": y}))

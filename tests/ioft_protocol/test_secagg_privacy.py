@@ -13,7 +13,7 @@ import pytest
 
 from ioft_protocol.secagg import SecAggConfig, SecAggRefusedError, quantize, shamir
 from ioft_protocol.secagg.client import pair_sign, pairwise_mask
-from ioft_protocol.secagg.crypto import KeyPair, mask, open_sealed
+from ioft_protocol.secagg.crypto import KeyPair, open_sealed
 from ioft_protocol.secagg.messages import AdvertiseKeys, MaskedInput, ShareKeys, UnmaskRequest
 from ioft_protocol.secagg.simulate import run_round
 from tests.ioft_protocol.secagg_fixtures import fleet, rebuilds
@@ -26,14 +26,15 @@ def _reveals(guess: np.ndarray, run, device: str, updates, weights) -> bool:
     """Does ``guess`` (a ring vector) give away ``device``'s encoded update?"""
     p = run.server.params
     truth = quantize.encode(p, updates[device], weights[device])
-    values, _ = quantize.decode_sum(p, guess.astype(truth.dtype))
-    same = np.mean(guess.astype(truth.dtype) == truth)
+    guess = quantize.reduce(p, guess)
+    values, _ = quantize.decode_sum(p, guess)
+    same = np.mean(guess == truth)
     corr = abs(np.corrcoef(values, np.clip(updates[device], -1, 1))[0, 1])
     return same > 0.01 or corr > 0.1
 
 
 def _masked(run, device) -> np.ndarray:
-    return MaskedInput.decode(run.view["masked"][device]).vector(LENGTH + 1)
+    return quantize.unpack(run.server.params, MaskedInput.decode(run.view["masked"][device]).y, LENGTH + 1)
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +64,7 @@ def test_no_masked_input_alone_or_in_differences_reveals_an_update(honest):
 def test_the_unmasked_sum_minus_the_other_masked_inputs_leaves_each_hidden(honest):
     run, updates, weights = honest
     p, devices = run.server.params, sorted(run.view["masked"])
-    dtype = quantize.ring_dtype(p)
-    sum_ring = np.zeros(LENGTH + 1, dtype=dtype)  # the survivors' sum, which the server learns
+    sum_ring = np.zeros(LENGTH + 1, dtype=quantize.RING_DTYPE)  # the survivors' sum, which the server learns
     for d in devices:
         sum_ring += quantize.encode(p, updates[d], weights[d])
     for d in devices:
@@ -84,7 +84,7 @@ def test_the_unmasked_sum_is_all_the_view_gives(honest):
         [a.b_shares[d] for a in srv._answers.values() if d in a.b_shares][: srv.params.threshold]
     )
     p = srv.params
-    guess = _masked(run, d) - mask(b, LENGTH + 1, quantize.ring_dtype(p))
+    guess = _masked(run, d) - quantize.prg(p, b, LENGTH + 1)
     assert not _reveals(guess, run, d, updates, weights)
 
 
@@ -114,7 +114,7 @@ def test_a_server_that_says_a_live_device_dropped_still_cannot_unmask_it():
     assert keys.public == AdvertiseKeys.decode(run.view["keys"][victim]).s_pk  # the lie got the mask key
     guess = _masked(run, victim).copy()
     for u in srv.neighbours[victim]:
-        m = pairwise_mask(keys, AdvertiseKeys.decode(run.view["keys"][u]).s_pk, "r1", LENGTH + 1, guess.dtype)
+        m = pairwise_mask(keys, AdvertiseKeys.decode(run.view["keys"][u]).s_pk, "r1", p, LENGTH + 1)
         guess = guess - m if pair_sign(victim, u) > 0 else guess + m
     assert not _reveals(guess, run, victim, updates, weights)  # the self mask still hides it
     # and no device gives the victim's self-mask share any more: each answers once
