@@ -22,7 +22,7 @@ from cloud_aggregator.rounds import RoundRecord
 from cloud_aggregator.store import SqliteStore
 
 #: Round rows per task sent to the page (the curves hold every round).
-RECENT_ROUNDS = 30
+RECENT_ROUNDS = 12
 #: Rows per rollout table sent to the page.
 RECENT_ROLLOUTS = 50
 
@@ -247,6 +247,7 @@ class FleetView:
             "metric": metric,
             "completed": sum(r.status == "completed" for r in records),
             "abandoned": sum(r.status == "abandoned" for r in records),
+            "last_finished": max((r.finished for r in records), default=None),
             "curves": {d: sorted(c.items()) for d, c in sorted(curves.items())},
             "mean": sorted(mean.items()),
             "rounds": [_round_json(r, metric) for r in records[-RECENT_ROUNDS:]],

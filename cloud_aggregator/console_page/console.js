@@ -32,7 +32,7 @@ function renderDevices(devices, now) {
   const body = document.querySelector("#devices tbody");
   const rows = devices.map((d) => {
     const tr = el("tr", { "data-device": d.device, "data-online": String(!!d.online) });
-    const state = el("td", {}, el("span", { class: `dot ${d.online ? "online" : "offline"}` }), d.online ? "online" : "offline");
+    const state = el("td", { class: "nowrap" }, el("span", { class: `dot ${d.online ? "online" : "offline"}` }), d.online ? "online" : "offline");
     const rows = d.rows ? `${d.rows.train ?? "?"}/${d.rows.test ?? "?"}` : "-";
     const sensor = el("td", { class: d.sensor === "fault" ? "bad" : "" }, d.sensor ?? "-");
     const refusedTasks = el("td", { class: Object.keys(d.refused_tasks || {}).length ? "bad" : "" }, pairs(d.refused_tasks));
@@ -100,7 +100,7 @@ function roundsTable(task) {
   const rows = task.rounds.slice().reverse().map((r) => el("tr", { "data-round": String(r.round) },
     el("td", { class: "num" }, String(r.round)), el("td", {}, r.phase),
     el("td", { class: r.status === "completed" ? "" : "bad" }, r.status),
-    el("td", {}, `${r.participants.length}: ${r.participants.join(", ")}`),
+    el("td", { class: "num", title: r.participants.join(", ") }, String(r.participants.length)),
     el("td", { class: "num" }, `${r.duration_s.toFixed(2)} s`),
     el("td", { class: r.closed === "deadline" ? "bad" : "" }, r.closed === "deadline" ? "deadline (waited)" : r.closed ?? "-"),
     el("td", {}, pairs(r.sat_out)), el("td", { class: Object.keys(r.rejected).length ? "bad" : "" }, pairs(r.rejected)),
@@ -109,17 +109,25 @@ function roundsTable(task) {
 }
 
 function renderTasks(tasks, colorOf) {
-  const cards = tasks.map((t) => {
+  // The task trained most recently first; tasks with no round yet as one line each, last.
+  const active = tasks.filter((t) => t.last_finished != null).sort((a, b) => b.last_finished - a.last_finished);
+  const waiting = tasks.filter((t) => t.last_finished == null);
+  const cards = active.map((t) => {
     const legend = el("div", { class: "legend" },
       ...Object.keys(t.curves).map((d) => { const s = el("span", {}, d); s.style.setProperty("--c", colorOf(d)); return s; }),
       (() => { const s = el("span", {}, "fleet mean"); s.style.setProperty("--c", "#1d2329"); return s; })());
     const title = `${t.name} — ${t.algorithm ?? "?"} on ${t.model ?? "?"}: ${t.completed}/${t.planned ?? "?"} rounds`
       + (t.abandoned ? `, ${t.abandoned} abandoned` : "");
     return el("div", { class: "task", "data-task": t.name },
-      el("h3", {}, title), el("div", { class: "muted" }, t.metric ? `${t.metric} per device, by round` : "no metric reported yet"),
-      legend, plot(t, colorOf),
-      el("details", { open: "" }, el("summary", {}, `last ${t.rounds.length} rounds`), roundsTable(t)));
+      el("div", {}, el("h3", {}, title),
+        el("div", { class: "muted" }, t.metric ? `${t.metric} per device, by round` : "no metric reported yet"),
+        legend, plot(t, colorOf)),
+      el("div", {}, el("h3", {}, `last ${t.rounds.length} rounds`), roundsTable(t)));
   });
+  for (const t of waiting) {
+    cards.push(el("div", { class: "task waiting", "data-task": t.name },
+      el("h3", {}, `${t.name} — ${t.algorithm ?? "?"} on ${t.model ?? "?"}: no round yet (0/${t.planned ?? "?"})`)));
+  }
   document.getElementById("tasks").replaceChildren(...(cards.length ? cards : [el("p", { class: "muted" }, "no task in the store yet")]));
 }
 
