@@ -280,9 +280,34 @@ def _round_json(rec: RoundRecord, metric: str | None) -> dict[str, Any]:
 
 
 def _cell(value: Any) -> Any:
-    """A rollout table cell as JSON: text cut short, blobs by size."""
+    """A rollout table cell as JSON: a JSON record summarised, text cut short, blobs by size."""
     if isinstance(value, bytes):
         return f"<{len(value)} bytes>"
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, str):
-        return value[:200]
+        try:
+            record = json.loads(value) if value.startswith("{") else None
+        except (ValueError, RecursionError):
+            record = None
+        return _summary(record)[:400] if isinstance(record, dict) else value[:200]
     return value
+
+
+def _summary(record: dict[str, Any]) -> str:
+    """``key=value; ...`` of a record's short fields (long ones, such as a signed offer, left out)."""
+    parts = []
+    for key, value in record.items():
+        if isinstance(value, dict):
+            inner = ", ".join(
+                f"{k} {' '.join(str(x) for x in v.values() if x not in (None, '')) if isinstance(v, dict) else v}"
+                for k, v in value.items()
+            )
+            text = f"{key}: {inner}" if inner else ""
+        elif isinstance(value, list):
+            text = f"{key}=" + ",".join(str(v) for v in value)
+        else:
+            text = "" if value in (None, "") else f"{key}={value}"
+        if text and len(text) <= 120:
+            parts.append(text)
+    return "; ".join(parts)
