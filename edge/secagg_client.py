@@ -6,9 +6,9 @@ object with the update vector.  The aggregator then drives the four SecAgg stage
 ``.../secagg/down/<device>``; each request is answered on ``.../secagg/up/<device>`` by the
 round's :class:`~ioft_protocol.secagg.ClientSecAgg`.
 
-``IOFT_SECAGG_FAULT=<stage>`` (``setup``, ``neighbour_keys``, ``inbox`` or ``unmask``) makes
-the process kill itself (SIGKILL) when that stage's request arrives: a device lost mid-round,
-for the end-to-end tests.  Unset, it costs one dictionary lookup.
+``IOFT_SECAGG_FAULT=<stage>[@<task>]`` (``setup``, ``neighbour_keys``, ``inbox`` or
+``unmask``) makes the process kill itself (SIGKILL) when that stage's request (of that task)
+arrives: a device lost mid-round, for the end-to-end tests.  Unset, it costs one lookup.
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ class SecAggDevice:
         except SecAggWireError as exc:
             log.warning("%s: dropped a SecAgg message on task %s: %s", self.device, topic.task, exc)
             return
-        if os.environ.get(FAULT_ENV) == env.stage:
-            log.warning("%s: %s=%s: dying at this stage", self.device, FAULT_ENV, env.stage)
+        fault = os.environ.get(FAULT_ENV)
+        if fault is not None and fault in (env.stage, f"{env.stage}@{topic.task}"):
+            log.warning("%s: %s=%s: dying at this stage", self.device, FAULT_ENV, fault)
             os.kill(os.getpid(), signal.SIGKILL)
         pending = self._pending.get(topic.task)
         if pending is None or (pending.round, pending.phase) != (env.round, env.phase):

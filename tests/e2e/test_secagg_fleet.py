@@ -18,7 +18,7 @@ import pytest
 
 from cloud_aggregator.fleet_init import AGGREGATOR
 from cloud_aggregator.local_fleet import FLEET, Sniffer, aggregator_toml
-from cloud_aggregator.secagg_round import DROPPED
+from cloud_aggregator.secagg_round import ABANDONED, DROPPED
 from cloud_aggregator.store import SqliteStore
 from cloud_aggregator.strategies import make_strategy
 from edge.daemon import load_task_state
@@ -113,6 +113,34 @@ def test_a_round_completes_with_the_exact_survivor_sum_when_a_device_drops_after
     for d in survivors:
         state = load_task_state(fleet_procs.work / d / "tasks" / "speed" / "local.safetensors")
         assert not np.any(masked[d] == quantize.encode(p, change(state.upload, g), 1.0)), d
+
+
+def test_a_round_with_dropouts_beyond_the_threshold_is_abandoned_and_counted(fleet_procs, monkeypatch):
+    devices = DEVICES[:3]
+    fleet_procs.start_device(devices[0])
+    monkeypatch.setenv(FAULT_ENV, "setup@speed")  # two of three die before advertising keys
+    fleet_procs.start_devices(devices[1:])
+    monkeypatch.delenv(FAULT_ENV)
+    fleet_procs.start_aggregator(
+        aggregator_toml(
+            fleet_procs.broker_url,
+            fleet_procs.work / "aggregator",
+            [TASK],
+            expected=devices,
+            min_participants=3,
+        )
+    )
+    assert fleet_procs.wait_aggregator(90) == 0, fleet_procs.log("aggregator")
+    store = SqliteStore(fleet_procs.db, readonly=True)
+    try:
+        (record,) = store.rounds("speed")
+        kept = store.get_params(record.global_hash)
+    finally:
+        store.close()
+    assert record.status == "abandoned" and record.participants == []
+    assert record.rejected == dict.fromkeys(devices, f"{ABANDONED}: too_few_keys")
+    initial = make_strategy(TaskSpec(**TASK)).init_global()
+    assert all(np.array_equal(kept[n], initial[n]) for n in initial)  # the global stays
 
 
 @pytest.fixture(scope="module")
