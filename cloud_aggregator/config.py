@@ -120,6 +120,11 @@ class TaskConfig:
             start-up, before anything connects or writes, never mid-run.
         """
         spec = self.spec()
+        if self.dp is not None and self.dp.fleet_size not in (None, self.dp.devices_per_round):
+            raise ValueError(  # amplification by sampling needs a secret random draw, which serve never makes
+                f"task {self.name!r}: dp fleet_size: serve does not draw devices at random (every selected "
+                "online device takes part in every round), so the sampling rate is 1; leave fleet_size out"
+            )
         try:
             strategy = make_strategy(spec)  # the client algorithm, its model and both configs
         except (ValueError, TypeError, KeyError, IndexError) as exc:

@@ -53,8 +53,10 @@ class DPConfig:
         The fixed denominator of the mean, and the ``n`` a device divides the variance by in
         distributed mode.  Strategies that count their own (FTL-TP) leave it unset.
     fleet_size
-        How many devices each round's are drawn from; ``devices_per_round / fleet_size``
-        is the accountant's sampling rate.  ``None``: every device every round (rate 1).
+        How many devices each round's are drawn from at random; ``devices_per_round /
+        fleet_size`` is the accountant's sampling rate.  ``None``: every device every round
+        (rate 1).  Only where a secret random draw really happens (the simulator's
+        ``participation``): ``serve`` takes every selected device and refuses it.
     """
 
     mode: str = "central"
