@@ -29,8 +29,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from cloud_aggregator.mqtt_fleet import MqttFleet
 from cloud_aggregator.rounds import CollectRequest, Rejection
 from cloud_aggregator.strategies import Update, make_strategy
+from ioft_protocol import codec, topics
 from ioft_protocol.mqtt import Message
 from ioft_protocol.secagg import Abandoned, SecAggConfig, SecAggResult, ServerSecAgg
 from ioft_protocol.secagg.messages import SecAggWireError
@@ -54,8 +56,7 @@ ABANDONED = "secagg_abandoned"
 
 def secagg_config(spec: TaskSpec) -> SecAggConfig | None:
     """The task's SecAgg settings, or ``None`` when it has none."""
-    raw = getattr(spec, "secagg", None)
-    return None if raw is None else SecAggConfig.from_json(raw)
+    return None if spec.secagg is None else SecAggConfig.from_json(spec.secagg)
 
 
 def check_secagg_task(spec: TaskSpec) -> None:
@@ -86,7 +87,7 @@ def check_secagg_task(spec: TaskSpec) -> None:
 class SecAggFleet:
     """The MQTT fleet, with SecAgg rounds for the tasks that ask for them (see the module docstring)."""
 
-    def __init__(self, inner: Any, *, stage_deadline_s: float = 15.0) -> None:
+    def __init__(self, inner: MqttFleet, *, stage_deadline_s: float = 15.0) -> None:
         self.inner = inner
         self.stage_deadline_s = stage_deadline_s
         self.outcomes: list[tuple[str, int, SecAggResult | Abandoned]] = []  # (task, round, outcome)
@@ -180,7 +181,11 @@ class SecAggFleet:
     ) -> None:
         where = parse_topic(msg.topic)
         if where is None:
-            self.inner._handle(msg, None)  # a status (keeps the fleet view) or a stray uplink
+            try:
+                if topics.parse_topic(msg.topic).kind == "status":
+                    self.inner._handle(msg, None)  # keeps the fleet view (who went offline)
+            except codec.WireError:
+                pass
             return
         if where.direction != "up" or where.task != task or where.fleet != self.inner.fleet:
             return

@@ -82,6 +82,8 @@ class SecAggConfig:
                 "raise degree or lower threshold"
             )
         ring_bits = self.bits + math.ceil(math.log2(max(n, 1)))  # n inputs sum without wrapping
+        if ring_bits > 64:
+            raise ValueError(f"{n} devices with bits = {self.bits} need a {ring_bits}-bit ring; lower bits")
         return RoundParams(n, degree, t, ring_bits, self.clip, self.bits, self.max_weight, length)
 
 

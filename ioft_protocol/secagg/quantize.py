@@ -75,11 +75,26 @@ def decode_sum(p: RoundParams, total: np.ndarray) -> tuple[np.ndarray, float]:
     return values, float(signed[-1]) / levels(p)
 
 
+def _layout(r: int) -> tuple[int, int]:
+    """Values per block and 64-bit words per block: r-bit fields tile 64-bit words every 64/gcd values."""
+    g = math.gcd(r, 64)
+    return 64 // g, r // g
+
+
 def pack(p: RoundParams, v: np.ndarray) -> bytes:
-    """``ceil(len·r/8)`` bytes: each coordinate's r low bits, little-endian bit order."""
-    words = np.ascontiguousarray(reduce(p, v), dtype="<u8")
-    bits = np.unpackbits(words.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")[:, : p.ring_bits]
-    return np.packbits(bits.ravel(), bitorder="little").tobytes()
+    """``ceil(len·r/8)`` bytes: each coordinate's r low bits, one after another (little-endian)."""
+    r, v = p.ring_bits, reduce(p, v)
+    per, words = _layout(r)
+    n = v.size
+    cols = np.zeros((-(-n // per), per), dtype=RING_DTYPE)
+    cols.ravel()[:n] = v
+    out = np.zeros((cols.shape[0], words + 1), dtype=RING_DTYPE)
+    for j in range(per):  # field j of every block at once: its word and shift are the same
+        w, shift = divmod(j * r, 64)
+        out[:, w] |= cols[:, j] << np.uint64(shift)
+        if shift + r > 64:
+            out[:, w + 1] |= cols[:, j] >> np.uint64(64 - shift)
+    return out[:, :words].astype("<u8").tobytes()[: (n * r + 7) // 8]
 
 
 def unpack(p: RoundParams, data: bytes, length: int) -> np.ndarray:
@@ -89,7 +104,17 @@ def unpack(p: RoundParams, data: bytes, length: int) -> np.ndarray:
         raise ValueError(
             f"a packed vector of {length} × {r} bits is {(length * r + 7) // 8} bytes, got {len(data)}"
         )
-    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")[: length * r]
-    full = np.zeros((length, 64), dtype=np.uint8)
-    full[:, :r] = bits.reshape(length, r)
-    return np.packbits(full, axis=1, bitorder="little").view("<u8").ravel().astype(RING_DTYPE)
+    per, words = _layout(r)
+    blocks = -(-length // per)
+    buf = np.zeros(blocks * words * 8, dtype=np.uint8)
+    buf[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    packed = np.zeros((blocks, words + 1), dtype=RING_DTYPE)
+    packed[:, :words] = buf.view("<u8").reshape(blocks, words)
+    cols = np.empty((blocks, per), dtype=RING_DTYPE)
+    for j in range(per):
+        w, shift = divmod(j * r, 64)
+        col = packed[:, w] >> np.uint64(shift)
+        if shift + r > 64:
+            col |= packed[:, w + 1] << np.uint64(64 - shift)
+        cols[:, j] = col
+    return reduce(p, cols.ravel()[:length])
