@@ -1,8 +1,12 @@
 """One model file being assembled from pushed chunks: a sparse temp file in bounded memory.
 
-Chunks are written at their offsets as they come (one at a time in memory); a
-restarted device re-hashes the chunks already in the file and keeps those that
-match, so it fetches only what it lacks.  ``edge.models`` decides what to fetch and
+Chunks are written at their offsets as they come (one at a time in memory, straight
+from the received payload: ``ModelChunk.decode(verify=False)`` is a view of it).  Each
+byte is hashed once, into the whole file's running sha256 as the prefix grows, and
+that signed hash decides; a chunk is matched to the offer's table by the hash it
+claims, and only when the file's hash is wrong are the chunks on disk hashed one by
+one to name the one altered in transit.  A restarted device re-hashes the chunks
+already in the file and keeps those that match, so it fetches only what it lacks.  ``edge.models`` decides what to fetch and
 what to do with the finished file; this module only assembles and checks bytes.
 """
 
@@ -45,7 +49,7 @@ class Transfer:
     reported: int = 0
     # The file's sha256 is computed as the chunks from the first on are in (each chunk's bytes
     # once, in file order), saving a re-read of the whole file at the end.
-    running: Any = field(default_factory=hashlib.sha256)
+    running: Any = field(default_factory=lambda: hashlib.sha256())
     next_in_order: int = 0
 
     @classmethod
@@ -104,7 +108,7 @@ class Transfer:
             raise RefusedError(f"chunk says it is {chunk.name} v{chunk.version} #{index}")
         if len(chunk.data) != self.chunk_len(index):
             raise RefusedError(f"chunk {index} has {len(chunk.data)} bytes, expected {self.chunk_len(index)}")
-        if chunk.sha256 != self.offer.chunks[index]:  # decode hashed the bytes already
+        if chunk.sha256 != self.offer.chunks[index]:  # the hash it claims (its bytes: the file's hash)
             raise RefusedError(f"chunk {index}'s sha256 differs from the offer's table (altered in transit)")
         self.fh.seek(index * self.offer.chunk_size)
         self.fh.write(chunk.data)
@@ -123,6 +127,16 @@ class Transfer:
             self.fh.seek(self.next_in_order * self.offer.chunk_size)
             self.running.update(self.fh.read(self.chunk_len(self.next_in_order)))
             self.next_in_order += 1
+
+    def altered(self) -> list[int]:
+        """Chunks whose bytes in the file differ from the offer's table (after a wrong file hash)."""
+        bad = []
+        with self.part.open("rb") as fh:
+            for i in range(self.n_chunks):
+                fh.seek(i * self.offer.chunk_size)
+                if hashlib.sha256(fh.read(self.chunk_len(i))).hexdigest() != self.offer.chunks[i]:
+                    bad.append(i)
+        return bad
 
     def finish(self) -> tuple[int, str]:
         """Flush, fsync and close the file; its size and sha256."""

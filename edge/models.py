@@ -295,7 +295,8 @@ class ModelManager:
             if not payload:
                 return False
             try:
-                chunk = model_push.ModelChunk.decode(payload, max_bytes=t.offer.chunk_size)
+                # A view of the payload, hashed once into the file's sha256 (model_transfer).
+                chunk = model_push.ModelChunk.decode(payload, max_bytes=t.offer.chunk_size, verify=False)
                 if chunk.index != index:
                     raise RefusedError(f"chunk on the topic of #{index} says it is #{chunk.index}")
                 if not t.accept(chunk, self._clock()):
@@ -361,11 +362,14 @@ class ModelManager:
         self._close_transfer(name, delete=False)
         seconds = self._clock() - t.started
         if size != m.size or digest != m.sha256:
+            bad = t.altered() if size == m.size else []
             t.part.unlink(missing_ok=True)
             self._refuse(
                 name,
                 m.version,
-                f"assembled file ({size} bytes, sha256 {digest[:12]}) does not match the signed manifest "
+                f"chunk {bad[0]}'s bytes differ from the offer's table (altered in transit)"
+                if bad
+                else f"assembled file ({size} bytes, sha256 {digest[:12]}) does not match the signed manifest "
                 f"({m.size} bytes, sha256 {m.sha256[:12]}): truncated or tampered",
                 t.digest,
             )

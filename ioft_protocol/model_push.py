@@ -9,8 +9,6 @@ import struct
 from dataclasses import dataclass, field
 
 import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from ioft_protocol.codec import MAX_PAYLOAD_BYTES, VERSION, WireError, check_id, decode, encode
@@ -120,7 +118,7 @@ class ModelChunk:
     name: str
     version: int
     index: int
-    data: bytes
+    data: bytes | memoryview
     transfer: str = ""
     sha256: str = field(default="", compare=False)
 
@@ -141,28 +139,46 @@ class ModelChunk:
         )
 
     @classmethod
-    def decode(cls, payload: bytes, *, max_bytes: int) -> ModelChunk:
-        """Parse a chunk; its own sha256 must match its bytes (the manifest's table is checked later)."""
+    def decode(cls, payload: bytes, *, max_bytes: int, verify: bool = True) -> ModelChunk:
+        """Parse a chunk (the safetensors layout :meth:`encode` writes, read in place).
+
+        With ``verify`` its own sha256 must match its bytes, and ``data`` is a copy.
+        Without, ``sha256`` is the one the chunk claims and ``data`` a zero-copy view of
+        ``payload``: the device's path, where the bytes go once through the whole file's
+        running sha256 and that signed hash decides (``edge.model_transfer``).
+        """
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise WireError(f"payload must be bytes, got {type(payload).__name__}")
         if len(payload) > max_bytes + CHUNK_OVERHEAD_BYTES:
             raise WireError(f"chunk payload of {len(payload)} bytes exceeds the limit of {max_bytes}")
-        payload = bytes(payload)
+        view = memoryview(payload).cast("B")
         try:
-            tensors = st_load(payload)
-            (header_len,) = struct.unpack("<Q", payload[:8])
-            meta = json.loads(json.loads(payload[8 : 8 + header_len])["__metadata__"]["ioft"])
-        except (SafetensorError, ValueError, KeyError, TypeError, struct.error) as exc:
+            (header_len,) = struct.unpack_from("<Q", view)
+            if not 0 < header_len <= min(len(view) - 8, CHUNK_OVERHEAD_BYTES):
+                raise ValueError(f"header length {header_len} does not fit the payload")
+            header = json.loads(bytes(view[8 : 8 + header_len]))
+            meta = json.loads(header.pop("__metadata__")["ioft"])
+            (tensor,) = header.values() if set(header) == {"data"} else (None,)
+            if (
+                not isinstance(tensor, dict)
+                or tensor.get("dtype") != "U8"
+                or len(tensor.get("shape", ())) != 1
+            ):
+                raise ValueError("a model chunk carries exactly one 1-D uint8 tensor named 'data'")
+            begin, end = tensor["data_offsets"]
+            base = 8 + header_len
+            if not (begin == 0 and end == tensor["shape"][0] and base + end == len(view)):
+                raise ValueError(f"tensor offsets {tensor['data_offsets']} do not match the payload's size")
+        except (ValueError, KeyError, TypeError, AttributeError, struct.error) as exc:
             raise WireError(f"malformed model chunk: {exc}") from None
         if not isinstance(meta, dict) or meta.get("v") != VERSION or meta.get("kind") != "model_chunk":
             raise WireError(f"not a model chunk: {str(meta)[:200]!r}")
-        arr = tensors.get("data")
-        if set(tensors) != {"data"} or arr is None or arr.dtype != np.uint8 or arr.ndim != 1:
-            raise WireError("a model chunk carries exactly one 1-D uint8 tensor named 'data'")
-        data = arr.tobytes()
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != meta.get("sha256"):
-            raise WireError("model chunk bytes do not match their own sha256 (corrupted or truncated)")
+        data = view[base:]
+        digest = _field(meta, "sha256", str)
+        if verify:
+            data = bytes(data)
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise WireError("model chunk bytes do not match their own sha256 (corrupted or truncated)")
         return cls(
             name=check_id("model", _field(meta, "name", str)),
             version=_field(meta, "version", int),
