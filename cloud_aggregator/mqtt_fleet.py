@@ -1,6 +1,11 @@
 """The fleet over MQTT: announce a round (retained), collect uploads until every
 expected device answered or the deadline passed.
 
+Tasks may collect side by side, each on its own thread, over the one session: whichever
+collecting thread holds the pump reads the session, keeps the statuses and hands each
+uplink to its task's queue (:meth:`MqttFleet._next`), so no thread is added and one task
+alone reads the session as it always did.
+
 Every uplink goes through the admission pipeline (``cloud_aggregator.admission``), the
 same one the in-process simulator runs: decoded only after its size is checked, its
 topic's device must be the device named inside, it must be for this fleet, task, round,
@@ -12,6 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -69,10 +76,11 @@ class FleetView:
     @property
     def rejected(self) -> dict[str, int]:
         """Refusals per device, all reasons together."""
-        return {d: sum(per.values()) for d, per in self.rejected_by_reason.items()}
+        return {d: sum(per.values()) for d, per in list(self.rejected_by_reason.items())}
 
     def online_devices(self) -> list[str]:
-        return sorted(d for d, up in self.online.items() if up)
+        # list() copies in one step: another task's thread may add a device meanwhile.
+        return sorted(d for d, up in list(self.online.items()) if up)
 
     def outside(self, device: str, selection: DeviceSelection | None) -> str | None:
         """Why ``selection`` leaves ``device`` out, judged from the kind and tags in its status."""
@@ -114,8 +122,11 @@ class MqttFleet:
         self.store = store
         self.admission = Admission(self.fleet, admission, max_payload_bytes=policy.max_payload_bytes)
         self.view = FleetView(rejected_by_reason=self.admission.refused)
-        self._announced: list[tuple[str, bytes]] = []
-        self._held: list[Message] = []  # uplinks that arrived before the first round opened
+        self._announced: dict[str, list[tuple[str, bytes]]] = {}  # task -> its retained messages
+        #: task -> uplinks waiting for that task's collecting thread (or its first round)
+        self._queues: dict[str, queue.Queue[Message]] = {}
+        self._pump = threading.Lock()  # held by the thread reading the session
+        self._admit = threading.Lock()  # admission and its counts are shared by every task
         #: task -> which devices run it (``[[task]] devices``); absent: every device.
         self.selections: dict[str, DeviceSelection | None] = {}
         session.subscribe(topics.topic_status_all(self.fleet))
@@ -124,8 +135,9 @@ class MqttFleet:
         session.on_connect_hooks.append(self._republish)
 
     def _republish(self) -> None:
-        for topic, payload in list(self._announced):
-            self.session.publish(topic, payload, retain=True, timeout=None)
+        for published in list(self._announced.values()):
+            for topic, payload in published:
+                self.session.publish(topic, payload, retain=True, timeout=None)
 
     # -- announcing ---------------------------------------------------------------
     def announce(self, request: CollectRequest, deadline: float, state: str = "running") -> None:
@@ -150,7 +162,7 @@ class MqttFleet:
         for device, params in request.downlinks.items():
             personal = replace(ann, params=params, params_hash=param_hash(params), for_device=device)
             published.append((topics.topic_down_device(self.fleet, spec.name, device), personal.encode()))
-        self._announced = published
+        self._announced[spec.name] = published
         for t, p in published:
             self.session.publish(t, p, retain=True)
 
@@ -180,8 +192,8 @@ class MqttFleet:
                 continue
             if self._is_uplink(msg.topic):
                 # Uplinks the broker queued for our persistent session while we were down: the
-                # first round collected is the one they answer, so they wait for it (not rejected).
-                self._held.append(msg)
+                # task's first round collected is the one they answer, so they wait for it.
+                self._route(msg)
             else:
                 self._handle(msg, None)
                 quiet_since = None  # a status came: wait for the burst to end
@@ -193,6 +205,56 @@ class MqttFleet:
             return topics.parse_topic(topic).kind == "up"
         except codec.WireError:
             return False
+
+    def _queue(self, task: str) -> queue.Queue[Message]:
+        q = self._queues.get(task)
+        if q is None:
+            limit = getattr(getattr(self.session, "inbound", None), "maxsize", 0) or 10_000
+            q = self._queues.setdefault(task, queue.Queue(limit))  # bounded like the session's
+        return q
+
+    def _route(self, msg: Message) -> None:
+        """Queue an uplink for its task's thread; one for a task this aggregator does not run is dropped."""
+        try:
+            topic = topics.parse_topic(msg.topic)
+        except codec.WireError:
+            return
+        if self.selections and topic.task not in self.selections:
+            return  # another aggregator's task, or none: not ours to judge (as before tasks ran side by side)
+        try:
+            self._queue(topic.task).put_nowait(msg)
+        except queue.Full:
+            log.error("task %s: uplink queue full; dropped an upload from %s", topic.task, topic.device)
+
+    def _next(self, task: str, timeout: float) -> Message | None:
+        """The next message for ``task``'s round: an uplink of the task, or a status (already kept).
+
+        The thread that gets the pump reads the session for every task; the others wait on their queue.
+        """
+        mine = self._queue(task)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return mine.get_nowait()
+            except queue.Empty:
+                pass
+            left = deadline - time.monotonic()
+            if not self._pump.acquire(blocking=False):
+                try:
+                    return mine.get(timeout=max(0.0, min(left, 0.05)))
+                except queue.Empty:
+                    if left <= 0:
+                        return None
+                    continue
+            try:
+                msg = self.session.get(max(0.0, left))
+            finally:
+                self._pump.release()
+            if msg is None:
+                return None
+            if not self._is_uplink(msg.topic):
+                return msg  # a status (or stray topic): the caller's _handle keeps it
+            self._route(msg)
 
     def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate | SatOut]:
         # Keyed by device; a straggler's late upload by ("late", device) beside its fresh one.
@@ -212,9 +274,6 @@ class MqttFleet:
                     request.phase,
                     len(stored),
                 )
-        held, self._held = self._held, []
-        for msg in held:
-            self._handle(msg, request, received)
         fixed = bool(self.policy.expected) or request.participants is not None
         expected = set(self.policy.expected) or set(self.view.online_devices())
         if request.participants is not None:  # the server chose: wait for those only
@@ -234,6 +293,7 @@ class MqttFleet:
             return out
 
         expected = awaited(expected)
+        last_online = set(self.view.online_devices())
         closed = "deadline"
         deadline = time.time() + self.policy.deadline_s
         self.announce(request, deadline)
@@ -251,7 +311,9 @@ class MqttFleet:
                     break
                 extensions += 1
                 deadline = time.time() + self.policy.deadline_s
-                if self.admission.forget_stale(request, valid):
+                with self._admit:
+                    stale = self.admission.forget_stale(request, valid)
+                if stale:
                     log.warning(
                         "round %d: the norm reference refused most uploads; it is stale, dropping it "
                         "so the resent uploads are judged afresh",
@@ -266,21 +328,22 @@ class MqttFleet:
                     self.policy.max_extensions,
                 )
                 self.announce(request, deadline)
-            msg = self.session.get(min(0.2, max(0.0, deadline - time.time())))
+            msg = self._next(task, min(0.2, max(0.0, deadline - time.time())))
             if msg is not None:
-                was_online = set(self.view.online_devices())
                 self._handle(msg, request, received)
-                # Without a fixed list, a device that comes online mid-round is awaited (it gets the
-                # retained announcement), one that goes offline is not; whoever answered counts.
-                if not fixed:
-                    online = set(self.view.online_devices())
-                    expected = (
-                        (expected & online)
-                        | (online - was_online)
-                        | {d for d in received if isinstance(received[d], Update)}
-                    )
-                # A device that refuses the task (its status says so, at once) is not waited for.
-                expected = awaited(expected)
+            # Statuses may have come through another task's thread: look at the view every time.
+            # Without a fixed list, a device that comes online mid-round is awaited (it gets the
+            # retained announcement), one that goes offline is not; whoever answered counts.
+            online = set(self.view.online_devices())
+            if not fixed:
+                expected = (
+                    (expected & online)
+                    | (online - last_online)
+                    | {d for d in received if isinstance(received[d], Update)}
+                )
+            last_online = online
+            # A device that refuses the task (its status says so, at once) is not waited for.
+            expected = awaited(expected)
         online = set(self.view.online_devices())
         awaited(online)  # note every online device that sat this round out, and why
         out: list[Update | Rejection | LateUpdate | SatOut] = list(received.values())
@@ -326,8 +389,9 @@ class MqttFleet:
     ) -> None:
         """Log and store a refused upload; count it unless admission already did (``counted``)."""
         if not counted:
-            per = self.admission.refused.setdefault(device, {})
-            per[verdict.reason] = per.get(verdict.reason, 0) + 1
+            with self._admit:
+                per = self.admission.refused.setdefault(device, {})
+                per[verdict.reason] = per.get(verdict.reason, 0) + 1
         level = logging.INFO if verdict.reason in ROUTINE_REFUSALS else logging.WARNING
         log.log(level, "dropped update from %s: %s", device, verdict)
         if self.store is not None:
@@ -341,7 +405,8 @@ class MqttFleet:
 
         ``persist`` keeps an admitted upload in the store (``False``: it was read back from it).
         """
-        verdict = self.admission.receive(device, payload, request, received, restored=not persist)
+        with self._admit:
+            verdict = self.admission.receive(device, payload, request, received, restored=not persist)
         if isinstance(verdict, Refusal):
             self._record_refusal(device, request, verdict, counted=True)
             return

@@ -6,7 +6,9 @@ its history; any other change of its spec is refused in one line that names the 
 fields (:class:`ServeRefusedError`), and ``restart`` (``serve --restart TASK``) deletes that
 one task's history, saying what it deletes, and starts it afresh.
 
-Run once, ``serve`` returns when its tasks are done.  As a service (``serve --service``)
+Tasks whose devices cannot overlap (``devices = { kind = ... }`` or disjoint ``ids``) run
+side by side, each on its own thread (:mod:`cloud_aggregator.task_lanes`); the others take
+turns in config order.  Run once, ``serve`` returns when its tasks are done.  As a service (``serve --service``)
 it stays up after that and takes new or extended tasks from its config on ``SIGHUP``
 (:class:`Control`): the re-read config is validated as at start-up, and a bad edit is
 refused in one line while the running tasks go on.
@@ -27,6 +29,7 @@ from cloud_aggregator.rounds import CollectRequest, RoundEngine, RoundRecord
 from cloud_aggregator.singleton import claim_fleet, lock_will
 from cloud_aggregator.store import SqliteStore, TaskChangedError
 from cloud_aggregator.strategies import make_strategy
+from cloud_aggregator.task_lanes import run_side_by_side
 from ioft_protocol.config import ConfigError
 from ioft_protocol.mqtt import MqttSession, SessionOptions
 from trainer_lite.params import param_hash
@@ -190,13 +193,12 @@ def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: boo
             max_payload_bytes=cfg.max_payload_bytes,
         )
         fleet = MqttFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy())
-        online = fleet.wait_for_devices()
         fleet.selections.update({t.name: t.devices for t in cfg.task})  # which devices run each task
+        online = fleet.wait_for_devices()
         log.info("fleet %s: %d online at start: %s", cfg.fleet, len(online), online)
         tasks = list(cfg.task)
         while True:
-            for task in tasks:
-                _run_task(task, fleet, store, cfg)
+            run_side_by_side(tasks, lambda task: _run_task(task, fleet, store, cfg))
             if not service:
                 return
             log.info("all tasks done; waiting for new or extended tasks (SIGHUP re-reads the config)")

@@ -60,6 +60,19 @@ class DeviceSelection:
             return f"task runs on devices tagged {sorted(self.tags)}; this device lacks {missing}"
         return None
 
+    def disjoint(self, other: DeviceSelection | None) -> bool:
+        """Whether no device can be selected by both (``None``: every device).
+
+        Judged from the selections alone (devices come and go): two different kinds, or two
+        id lists with no id in common.  Tags never make two selections disjoint, since a
+        device may carry any tags.
+        """
+        if other is None:
+            return False
+        if self.kind is not None and other.kind is not None and self.kind != other.kind:
+            return True
+        return bool(self.ids) and bool(other.ids) and not set(self.ids) & set(other.ids)
+
     def to_json(self) -> dict[str, Any]:
         """The selection as a JSON object (announcement field ``devices``)."""
         return {"kind": self.kind, "tags": sorted(self.tags), "ids": sorted(self.ids)}
