@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -37,9 +37,12 @@ from ioft_protocol.mqtt import Message
 from ioft_protocol.secagg import Abandoned, SecAggConfig, SecAggResult, ServerSecAgg
 from ioft_protocol.secagg.messages import SecAggWireError
 from ioft_protocol.secagg.server import StageError
+from ioft_protocol.secagg.simulate import run_round
 from ioft_protocol.secagg.transport import (
     ANSWERS,
     Envelope,
+    change,
+    device_weight,
     flatten,
     parse_topic,
     topic_down,
@@ -108,26 +111,7 @@ class SecAggFleet:
             return others
         outcome = self.run_secagg(request, cfg, sorted(ready))
         self.outcomes.append((request.spec.name, request.round, outcome))
-        if isinstance(outcome, Abandoned):
-            log.warning(
-                "task %s round %d: SecAgg abandoned (%s): %s",
-                request.spec.name,
-                request.round,
-                outcome.reason,
-                outcome.detail,
-            )
-            return others + [Rejection(d, f"{ABANDONED}: {outcome.reason}") for d in sorted(ready)]
-        new = apply_mean(request.global_params, outcome)
-        log.info(
-            "task %s round %d: SecAgg sum of %d devices; ledger %s",
-            request.spec.name,
-            request.round,
-            len(outcome.survivors),
-            outcome.ledger,
-        )
-        kept = [replace(ready[d], params=new) for d in outcome.survivors]
-        lost = [Rejection(d, DROPPED) for d in sorted(set(ready) - set(outcome.survivors))]
-        return others + kept + lost
+        return others + replies_from(request, ready, outcome)
 
     # -- the four stages over MQTT ----------------------------------------------------------------
     def run_secagg(
@@ -204,6 +188,45 @@ class SecAggFleet:
             log.warning("task %s: SecAgg %s from %s dropped: %s", task, stage, where.device, exc)
             return
         waiting.discard(where.device)
+
+
+def replies_from(
+    request: CollectRequest, ready: Mapping[str, Update], outcome: SecAggResult | Abandoned
+) -> list[Update | Rejection]:
+    """What the round engine gets: each survivor carrying the new global, a rejection for the others."""
+    task, round_ = request.spec.name, request.round
+    if isinstance(outcome, Abandoned):
+        log.warning(
+            "task %s round %d: SecAgg abandoned (%s): %s", task, round_, outcome.reason, outcome.detail
+        )
+        return [Rejection(d, f"{ABANDONED}: {outcome.reason}") for d in sorted(ready)]
+    log.info(
+        "task %s round %d: SecAgg sum of %d; ledger %s", task, round_, len(outcome.survivors), outcome.ledger
+    )
+    new = apply_mean(request.global_params, outcome)
+    kept: list[Update | Rejection] = [replace(ready[d], params=new) for d in outcome.survivors]
+    return kept + [Rejection(d, DROPPED) for d in sorted(set(ready) - set(outcome.survivors))]
+
+
+def collect_in_process(request: CollectRequest, replies: Sequence[Any]) -> list[Any]:
+    """The in-process simulator's SecAgg round: the same state machines and wire form, no broker.
+
+    ``replies`` are admitted uploads with parameters (a simulated device has them at hand); each
+    becomes its change from the global, masked and summed exactly as over MQTT.
+    """
+    cfg = secagg_config(request.spec)
+    ready = {r.device: r for r in replies if isinstance(r, Update)}
+    others = [r for r in replies if not isinstance(r, Update)]
+    if cfg is None or not ready:
+        return list(replies)
+    run = run_round(
+        cfg,
+        {d: change(u.params, request.global_params) for d, u in ready.items()},
+        {d: device_weight(request.spec.server, u.n_samples) for d, u in ready.items()},
+        session=f"{request.spec.name}-{request.round}-{request.phase}",
+        keep_view=False,
+    )
+    return others + replies_from(request, ready, run.outcome)
 
 
 def apply_mean(global_params: Params, outcome: SecAggResult) -> Params:

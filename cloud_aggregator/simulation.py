@@ -16,6 +16,7 @@ import numpy as np
 
 from cloud_aggregator.admission import Admission, AdmissionPolicy, Inbox, Refusal
 from cloud_aggregator.rounds import CollectRequest, Rejection, RoundEngine, RoundRecord
+from cloud_aggregator.secagg_round import collect_in_process
 from cloud_aggregator.stragglers import LateUpdate
 from cloud_aggregator.strategies import Update
 from ioft_protocol.round_messages import UpdateMessage
@@ -139,6 +140,8 @@ class SimulatedFleet:
             verdict = self.admission.receive(device, upload, request, inbox)
             if isinstance(verdict, Refusal):
                 log.warning("dropped update from %s: %s", device, verdict)
+        if request.spec.secagg is not None:  # masked and summed as over MQTT, in this process
+            return collect_in_process(request, list(inbox.values()))
         return list(inbox.values())
 
     def evaluate(self, global_params: Params, split: str = "test") -> dict[str, dict[str, float]]:
