@@ -40,8 +40,11 @@ def reduce(p: RoundParams, v: np.ndarray) -> np.ndarray:
 
 
 def prg(p: RoundParams, seed: bytes, length: int) -> np.ndarray:
-    """A uniform ring vector from ``seed`` (AES-256-CTR)."""
-    return reduce(p, crypto.mask(seed, length, RING_DTYPE))
+    """A uniform ring vector from ``seed`` (AES-256-CTR; 4 bytes of keystream per coordinate
+    when r <= 32, the common case, else 8)."""
+    words = crypto.mask(seed, length, np.uint32 if p.ring_bits <= 32 else RING_DTYPE)
+    out = words.astype(RING_DTYPE)
+    return np.bitwise_and(out, _modulus_mask(p), out=out)
 
 
 def quantized_weight(p: RoundParams, weight: float) -> float:
