@@ -262,6 +262,9 @@ class EdgeTrainer:
         self._publish_status()
         self.notifier.status("resumed by its owner")
         for task, ann in list(self._last_ann.items()):
+            state = self.tasks.get(task)
+            if state is not None and state.answered == (ann.round, ann.phase):
+                continue  # answered before the pause: resending it now would only be refused as a replay
             try:
                 self.on_announcement(ann)
             except (codec.WireError, ValueError, KeyError) as exc:
