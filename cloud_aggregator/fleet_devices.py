@@ -33,6 +33,8 @@ from cloud_aggregator.fleet_layout import (
 )
 from cloud_aggregator.fleet_units import venv_of, write_device_units
 
+#: How long a CRL the fleet writes stays valid (mosquitto refuses every client once it expires).
+CRL_DAYS = 3650
 RELOAD_HINT = "reload the broker: systemctl reload mosquitto (or kill -HUP <mosquitto's pid>)"
 
 
@@ -101,11 +103,14 @@ def add_devices(root: str | Path, devices: Sequence[str], *, days: int = 825) ->
     return new
 
 
-def renew_devices(root: str | Path, devices: Sequence[str], *, days: int = 825) -> FleetLayout:
+def renew_devices(
+    root: str | Path, devices: Sequence[str], *, days: int = 825, revoke_old: bool = False
+) -> FleetLayout:
     """A new certificate and key (or password) for each of ``devices``, in its folder.
 
-    The old certificate stays valid until it expires (``revoke_devices`` ends every
-    certificate of a device); a renewed password replaces the old one at the broker's reload.
+    The old certificate stays valid until it expires, so a device keeps connecting until
+    its new files are copied to it; ``revoke_old`` puts every earlier certificate of the
+    device in the CRL at once instead (a key that may have leaked).  A renewed password replaces the old one at the broker's reload.
     """
     layout = open_fleet(root)
     errors = [f"{d} is not enrolled (enrolled: {', '.join(layout.devices)})" for d in devices
@@ -116,15 +121,27 @@ def renew_devices(root: str | Path, devices: Sequence[str], *, days: int = 825) 
     new = FleetLayout(layout.root, layout.fleet, layout.auth, layout.broker_url, layout.port,
                       layout.devices, passwords)  # fmt: skip
     ca = _load_ca(new) if new.auth == "certs" else None
+    old = _issued_serials(new, devices) if ca is not None else set()
     for d in devices:
         _stage_device(new, ca, d, days=days)
+    if revoke_old and ca is not None and old:
+        before = revoked_serials(new.crl.read_bytes()) if new.crl.exists() else set()
+        replace_file(new.crl, ca.crl(before | old, days=CRL_DAYS))
     if passwords:
         lines = _passwd_lines(new) | {d: f"{d}:{mosquitto_password_hash(p)}" for d, p in passwords.items()}
         replace_file(new.passwd, "".join(f"{line}\n" for line in lines.values()), private=True)
     return new
 
 
-def revoke_devices(root: str | Path, devices: Sequence[str], *, crl_days: int = 3650) -> FleetLayout:
+def _issued_serials(layout: FleetLayout, devices: Sequence[str]) -> set[int]:
+    """The serial of every certificate the fleet's CA issued to ``devices`` so far."""
+    text = layout.issued.read_text() if layout.issued.exists() else ""  # older fleets have no record
+    issued = [line.split("\t") for line in text.splitlines() if line.count("\t") == 2]
+    serials = {int(serial, 16) for serial, name, _ in issued if name in devices}
+    return serials | {cert_serial(layout.cert(d).read_bytes()) for d in devices if layout.cert(d).exists()}
+
+
+def revoke_devices(root: str | Path, devices: Sequence[str], *, crl_days: int = CRL_DAYS) -> FleetLayout:
     """Revoke ``devices``: every certificate the CA issued them goes into the CRL (or their
     password line goes), they leave the ACL, and their folder is deleted.  Reload the
     broker afterwards (SIGHUP or restart); a connected device is refused from its next
@@ -137,10 +154,7 @@ def revoke_devices(root: str | Path, devices: Sequence[str], *, crl_days: int = 
         raise FleetInitError("cannot revoke:\n  - " + "\n  - ".join(errors or device_errors(devices)))
     if layout.auth == "certs":
         ca = _load_ca(layout)
-        text = layout.issued.read_text() if layout.issued.exists() else ""  # older fleets have no record
-        issued = [line.split("\t") for line in text.splitlines() if line.count("\t") == 2]
-        serials = {int(serial, 16) for serial, name, _ in issued if name in devices}
-        serials |= {cert_serial(layout.cert(d).read_bytes()) for d in devices if layout.cert(d).exists()}
+        serials = _issued_serials(layout, devices)
         before = revoked_serials(layout.crl.read_bytes()) if layout.crl.exists() else set()
         replace_file(layout.crl, ca.crl(before | serials, days=crl_days))
     else:
@@ -178,11 +192,17 @@ def main_add(args: argparse.Namespace) -> int:
 
 def main_renew(args: argparse.Namespace) -> int:
     """``fleet renew-device``."""
-    done = _run(args, lambda devices: renew_devices(args.dir, devices, days=args.days))
+    revoke_old = getattr(args, "revoke_old", False)
+    done = _run(args, lambda devices: renew_devices(args.dir, devices, days=args.days, revoke_old=revoke_old))
     if done is None:
         return 2
     layout, devices = done
-    kept = "the old certificate stays valid until it expires" if layout.auth == "certs" else RELOAD_HINT
+    if layout.auth != "certs":
+        kept = RELOAD_HINT
+    elif revoke_old:
+        kept = f"the old certificate is revoked; {RELOAD_HINT}"
+    else:
+        kept = "the old certificate stays valid until it expires; --revoke-old ends it now"
     print(f"fleet {layout.fleet}: renewed {', '.join(devices)} ({kept})")
     print_device_lines(layout, devices)
     return 0

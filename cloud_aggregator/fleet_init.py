@@ -243,6 +243,13 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
         q.add_argument("--devices", required=True, action="append", help="device ids, comma-separated")
         if command != "revoke-device":
             q.add_argument("--days", type=int, default=825, help="validity of the new certificates")
+        if command == "renew-device":
+            q.add_argument(
+                "--revoke-old",
+                action="store_true",
+                help="revoke every earlier certificate of the devices now (a leaked key); by default the "
+                "last one stays valid until it expires, so a device connects until its new files reach it",
+            )
         q.set_defaults(func=func)
 
 

@@ -183,6 +183,15 @@ def test_add_renew_and_revoke_devices_on_a_running_broker(fleet_dir, tmp_path):
         out = cli("fleet", "renew-device", "--dir", str(root), "--devices", "printer1", "--days", "30")
         assert out.returncode == 0, out.stderr
         assert (root / "devices" / "printer1" / "printer1.crt").read_bytes() != old_cert
+        broker.reload()
+        assert connects(root / "devices" / "printer1", "printer1", port)
+        assert connects(on_pi["printer1"], "printer1", port)  # the old one until its files are replaced
+
+        # A leaked key: --revoke-old ends the certificate the Pi still holds, the new one connects.
+        out = cli("fleet", "renew-device", "--dir", str(root), "--devices", "printer1", "--revoke-old")
+        assert out.returncode == 0 and "old certificate is revoked" in out.stdout, out.stderr
+        broker.reload()
+        assert not connects(on_pi["printer1"], "printer1", port)
         assert connects(root / "devices" / "printer1", "printer1", port)
 
         out = cli("fleet", "revoke-device", "--dir", str(root), "--devices", "printer9")
