@@ -162,15 +162,24 @@ def newcomer_curve(sim: Simulation, rounds_after: int) -> np.ndarray:
     return np.array([LOSS_SCALE * r.metrics[NEWCOMER]["test_loss"] for r in sim.records[start:]])
 
 
+def _train_loss(sim: Simulation) -> float:
+    """The newcomer's personal model (with the latest global) on its own training rows."""
+    fleet = sim.fleet
+    data = fleet.clients[NEWCOMER].train
+    return LOSS_SCALE * fleet.algo.evaluate(sim.global_params, fleet.local[NEWCOMER], data)["loss"]
+
+
 def run_fleet(
     fleet: Fleet,
     seed: int,
     rounds_before: int,
     rounds_after: int,
     methods: Sequence[tuple[str, str, dict[str, Any]]] = METHODS,
-) -> dict[str, np.ndarray]:
-    """``{label: newcomer loss per round since joining}`` for every method and indiv."""
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """``({label: newcomer test loss per round since joining}, {label: its training loss at the end})``
+    for every method and indiv."""
     out: dict[str, np.ndarray] = {}
+    train: dict[str, float] = {}
     trained: dict[str, Simulation] = {}  # PFL-DA's established fleet, reused for the no-cold-start run
     for label, algorithm, extra in methods:
         key = f"{algorithm}{sorted(extra.items())}"
@@ -186,15 +195,25 @@ def run_fleet(
             # and the lr schedule at the fleet's round.
             sim.fleet.local[NEWCOMER] = algorithm_state(initial_local(sim.fleet.algo, NEWCOMER))
         out[label] = newcomer_curve(sim, rounds_after)
+        train[label] = _train_loss(sim)
     alone = Simulation(_spec("indiv", {}, seed, rounds_after), {NEWCOMER: fleet.newcomer})
     alone.run()
     out[INDIV] = np.array([LOSS_SCALE * r.metrics[NEWCOMER]["test_loss"] for r in alone.records])
-    return out
+    train[INDIV] = _train_loss(alone)
+    return out, train
 
 
-def _job(args: tuple) -> tuple[str, dict[str, np.ndarray]]:
+def _job(args: tuple) -> tuple[str, tuple[dict[str, np.ndarray], dict[str, float]]]:
     kind, fleet, seed, rounds_before, rounds_after, methods = args
     return kind, run_fleet(fleet, seed, rounds_before, rounds_after, methods)
+
+
+@dataclass
+class Results:
+    """Per fleet kind: ``test[label]`` is loss[seed, round since joining], ``train[label]`` loss[seed] at the end."""
+
+    test: dict[str, dict[str, np.ndarray]]
+    train: dict[str, dict[str, np.ndarray]]
 
 
 def run_study(
@@ -205,8 +224,8 @@ def run_study(
     data: Path,
     methods: Sequence[tuple[str, str, dict[str, Any]]] = METHODS,
     workers: int = 1,
-) -> dict[str, dict[str, np.ndarray]]:
-    """``{fleet kind: {label: loss[seed, round since joining]}}`` (seeds in the order given)."""
+) -> Results:
+    """Every fleet kind and seed (seeds in the order given)."""
     from benchmarks.common import progress
 
     jobs = []
@@ -225,11 +244,16 @@ def run_study(
 
         with mp.get_context("fork").Pool(workers) as pool:
             done = list(progress(pool.imap(_job, jobs), "newcomer runs", total=len(jobs)))
-    out: dict[str, dict[str, list[np.ndarray]]] = {}
-    for kind, curves in done:
+    test: dict[str, dict[str, list[np.ndarray]]] = {}
+    train: dict[str, dict[str, list[float]]] = {}
+    for kind, (curves, last) in done:
         for label, curve in curves.items():
-            out.setdefault(kind, {}).setdefault(label, []).append(curve)
-    return {k: {m: np.stack(c) for m, c in by.items()} for k, by in out.items()}
+            test.setdefault(kind, {}).setdefault(label, []).append(curve)
+            train.setdefault(kind, {}).setdefault(label, []).append(last[label])
+    return Results(
+        {k: {m: np.stack(c) for m, c in by.items()} for k, by in test.items()},
+        {k: {m: np.array(c) for m, c in by.items()} for k, by in train.items()},
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -284,6 +308,7 @@ def targets(losses: dict[str, np.ndarray]) -> list[str]:
 
 
 def plot(results: dict[str, dict[str, np.ndarray]], path: Path) -> None:
+    """Median newcomer loss against rounds since joining, one panel per fleet kind."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -307,7 +332,27 @@ def plot(results: dict[str, dict[str, np.ndarray]], path: Path) -> None:
     plt.close(fig)
 
 
-def report(results: dict[str, dict[str, np.ndarray]], args: argparse.Namespace, seconds: float) -> str:
+def fit_table(test: dict[str, np.ndarray], train: dict[str, np.ndarray]) -> list[str]:
+    """Training against test loss of the newcomer's final personal model: underfitting or overfitting."""
+    lines = [
+        "The newcomer's final personal model on its own training rows and on its unseen speeds "
+        "(medians over seeds; a training loss as high as the test loss is underfitting):",
+        "",
+        "| method | train loss | test loss |",
+        "|---|---|---|",
+    ]
+    for label in test:
+        lines.append(f"| {label} | {np.median(train[label]):.3f} | {np.median(test[label][:, -1]):.3f} |")
+    return lines
+
+
+ANALYSIS = """## Where methods still lose, and why
+
+(To be filled.)
+"""
+
+
+def report(results: Results, args: argparse.Namespace, seconds: float) -> str:
     seeds = " ".join(str(s) for s in args.seeds)
     lines = [
         "# A newcomer joins a trained printer fleet (issue 16)",
@@ -322,18 +367,10 @@ def report(results: dict[str, dict[str, np.ndarray]], args: argparse.Namespace, 
         "",
         "Not in the study: " + "; ".join(f"{m} ({why})" for m, why in SKIPPED.items()) + ".",
     ]
-    for kind, losses in results.items():
-        lines += [
-            "",
-            f"## {kind} fleet",
-            "",
-            *table(losses, SHOWN_ROUNDS),
-            "",
-            "Targets:",
-            "",
-            *targets(losses),
-        ]
-    lines += ["", "![newcomer loss against rounds since joining](newcomer.png)", ""]
+    for kind, losses in results.test.items():
+        lines += ["", f"## {kind} fleet", "", *table(losses, SHOWN_ROUNDS), "", "Targets:", ""]
+        lines += [*targets(losses), "", *fit_table(losses, results.train[kind])]
+    lines += ["", "![newcomer loss against rounds since joining](newcomer.png)", "", ANALYSIS]
     return "\n".join(lines)
 
 
@@ -364,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.quick:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "newcomer.md").write_text(text)
-        plot(results, args.out / "newcomer.png")
+        plot(results.test, args.out / "newcomer.png")
     return 0
 
 

@@ -11,7 +11,7 @@ def test_pflda_newcomer_is_not_worse_than_indiv_from_its_first_round() -> None:
     pflda = [m for m in METHODS if m[0] in ("PFL-DA", "PFL-DA (no cold start)")]
     losses: dict[str, list[np.ndarray]] = {}
     for seed in (0, 1):
-        curves = run_fleet(simulated_fleet(seed), seed, rounds_before=20, rounds_after=2, methods=pflda)
+        curves, _ = run_fleet(simulated_fleet(seed), seed, rounds_before=20, rounds_after=2, methods=pflda)
         for label, curve in curves.items():
             losses.setdefault(label, []).append(curve)
         # The cold-start ordering, per seed: the fitted encoder makes round 1 already good.

@@ -100,3 +100,44 @@ def test_a_device_added_to_a_running_simulation_joins_from_the_next_round() -> N
     assert float(sim.fleet.local["new"][ROUNDS_TAKEN][0]) == 2.0
     with pytest.raises(ValueError, match="behind"):
         sim.run(until=4)
+
+
+def test_a_fedpp_newcomer_restarts_from_its_first_own_theta_hat() -> None:
+    from trainer_lite.algorithms.fedpp import JOINED, SEND_BASIS
+
+    spec = TaskSpec(
+        name="pp",
+        algorithm="fedpp",
+        model="mlp",
+        model_args={"sizes": [4, 3, 2]},
+        hparams={"subspace_dim": 2, "local_steps": 3, "lr": 0.01},
+        dtype="float64",
+        rounds=3,
+        seed=5,
+    )
+    algo = make_client(spec)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(10, 4))
+    data = Dataset(x, (x[:, 0] > 0).astype(np.int64))
+    theta0 = algo.model.init(np.random.default_rng(1))
+    joined = algo.cold_start({}, {}, data, rng=rng, phase="train")
+    # First round: the broadcast θ⁰ (the server has no basis yet); the mark stays.
+    _, after_broadcast = algo.update(
+        {**theta0, SEND_BASIS: np.ones(1)},
+        joined,
+        data,
+        rng=np.random.default_rng(2),
+        round_=1,
+        phase="train",
+    )
+    assert JOINED in after_broadcast
+    # Its first own θ̂: θ restarts there, exactly as a device with no θ of its own would.
+    theta_hat = {n: v + 0.5 for n, v in theta0.items()}
+    own = {**theta_hat, SEND_BASIS: np.zeros(1)}
+    _, restarted = algo.update(
+        own, after_broadcast, data, rng=np.random.default_rng(3), round_=2, phase="train"
+    )
+    _, fresh = algo.update(own, {}, data, rng=np.random.default_rng(3), round_=2, phase="train")
+    assert JOINED not in restarted and sorted(restarted) == sorted(fresh)
+    for n in fresh:
+        np.testing.assert_array_equal(restarted[n], fresh[n])
