@@ -10,9 +10,17 @@ Side by side, on loopback with the same 20 receiving processes' worth of fan-out
 * **raw**: the same bytes published once as a plain QoS 1 message to 20 subscriber
   processes, and as the same 128 KiB chunks with no protocol around them.
 
-Target: push within 2x of the raw single-message time.  Then the device daemons'
-peak RSS (``VmHWM``) with the 10 MB model loaded, after a FedRep round on its
+Target: push within 2x of the raw single-message time.  Then the CPU a device spends
+per MB fetched (its own ``process_time`` from the offer to the verified file, which it
+reports as ``last_transfer.cpu_s``; and, from ``/proc``, everything until the model is
+active) beside the CPU a raw subscriber process spends receiving the same bytes (its
+own ``process_time`` per round) in the same run: target <= 2x.  Then the device
+daemons' peak RSS (``VmHWM``) with the 10 MB model loaded, after a FedRep round on its
 embeddings (target < 150 MB).
+
+``--quick`` (4 devices, one push per size, no FedRep round) returns its figures for the
+suite, which checks orderings only (a device's fetch costs at least a raw receive of
+the same bytes; more bytes cost more), never times.
 
     python -m benchmarks.model_push [--devices 20] [--sizes 1 10] [--repeats 5]
 """
@@ -20,6 +28,7 @@ embeddings (target < 150 MB).
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -38,7 +47,8 @@ FLEET = "bench"
 
 # -- a raw receiver process ---------------------------------------------------------------------
 def receiver(url: str, topic: str, counts: list[int]) -> None:
-    """Subscribe, print ``ready``, then for each round print the time its ``counts[i]``-th message landed."""
+    """Subscribe, print ``ready <cpu>``, then for each round print the time its ``counts[i]``-th message
+    landed and this process's CPU time then (``process_time``: all its threads, paho's included)."""
     import paho.mqtt.client as paho
 
     host, port = url.removeprefix("mqtt://").split(":")
@@ -48,7 +58,7 @@ def receiver(url: str, topic: str, counts: list[int]) -> None:
     def on_message(client, userdata, msg) -> None:
         state["got"] += 1
         if state["got"] == counts[state["round"]]:
-            print(f"{time.time():.6f}", flush=True)
+            print(f"{time.time():.6f} {time.process_time():.6f}", flush=True)
             state["round"] += 1
             state["got"] = 0
             if state["round"] == len(counts):
@@ -56,7 +66,7 @@ def receiver(url: str, topic: str, counts: list[int]) -> None:
 
     client = paho.Client(callback_api_version=paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
     client.on_message = on_message
-    client.on_subscribe = lambda *a: print("ready", flush=True)
+    client.on_subscribe = lambda *a: print(f"ready {time.process_time():.6f}", flush=True)
     client.on_connect = lambda c, *a: c.subscribe(topic, qos=1)
     client.connect(host, int(port))
     client.loop_start()
@@ -96,24 +106,32 @@ class RawFanout:
             )
             for _ in range(n)
         ]
+        self.cpu = []
         for p in self.procs:
-            if p.stdout.readline().strip() != "ready":
+            word, _, cpu = p.stdout.readline().strip().partition(" ")
+            if word != "ready":
                 raise RuntimeError("a raw receiver did not subscribe")
+            self.cpu.append(float(cpu))
         self.session = MqttSession(SessionOptions(BrokerAddress.parse(url), client_id="bench-raw"))
         self.session.start()
         self.round()  # warm-up, not timed
 
-    def round(self) -> tuple[float, float]:
-        """Seconds until every receiver got the payload as one message, then as the same chunks."""
-        out = []
+    def round(self) -> tuple[float, float, float, float]:
+        """Seconds until every receiver got the payload as one message, then as the same chunks;
+        and the median receiver's CPU seconds for each."""
+        out, cpu = [], []
         for pieces in ([self.payload], self.pieces):
             t0 = time.time()
             for piece in pieces[:-1]:
                 self.session.publish("bench/raw", piece, timeout=None)
             self.session.publish("bench/raw", pieces[-1], timeout=60)
-            out.append(max(float(p.stdout.readline()) for p in self.procs) - t0)
+            lines = [p.stdout.readline().split() for p in self.procs]
+            out.append(max(float(t) for t, _ in lines) - t0)
+            now = [float(c) for _, c in lines]
+            cpu.append(statistics.median(b - a for a, b in zip(self.cpu, now, strict=True)))
+            self.cpu = now
             time.sleep(0.3)
-        return out[0], out[1]
+        return out[0], out[1], cpu[0], cpu[1]
 
     def stop(self) -> None:
         self.session.stop()
@@ -172,7 +190,23 @@ def vm_kib(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
-def main(argv: list[str] | None = None) -> int:
+def per(seconds: list[float], size: int) -> float:
+    """Median milliseconds per MB of ``size`` bytes."""
+    return 1000 * statistics.median(seconds) / (size / MB)
+
+
+def quick_figures(cpu_rows: list[tuple]) -> dict:
+    """Per size: median device fetch CPU and raw receive CPU (seconds), for the suite's checks."""
+    return {
+        "sizes": [
+            {"bytes": size, "fetch_cpu": statistics.median(fetch), "raw_chunks_cpu": statistics.median(raw_c),
+             "raw_whole_cpu": statistics.median(raw_w), "until_active_cpu": statistics.median(dev)}
+            for size, fetch, dev, raw_w, raw_c in cpu_rows
+        ]
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int | dict:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--receiver":
         receiver(sys.argv[2], sys.argv[3], [int(c) for c in sys.argv[4:]])
         return 0
@@ -209,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     board = StatusBoard(url)
     operator = MqttSession(SessionOptions(BrokerAddress.parse(url), client_id="bench-push"))
     operator.start()
-    push_rows, raw_rows = [], []
+    push_rows, raw_rows, cpu_rows = [], [], []
     version = 0
     try:
         fleet.start_devices(names, "--model-key", str(pub), "--log-level", "WARNING", simulate="printer-raw")
@@ -220,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         for size_mb in args.sizes:
             size = int(size_mb * MB)
             transfer, activate, publish, cpu_dev, cpu_broker, whole, chunked = [], [], [], [], [], [], []
+            cpu_fetch, cpu_raw_whole, cpu_raw_chunked = [], [], []
             raw = None
             for _ in range(args.repeats):
                 version += 1
@@ -241,14 +276,19 @@ def main(argv: list[str] | None = None) -> int:
                 transfer.append(max(board.model(d)["last_transfer"]["completed_at"] for d in names) - t0)
                 activate.append(max(board.model(d)["activated_at"] for d in names) - t0)
                 publish.append(report.seconds)
+                reported = [board.model(d)["last_transfer"].get("cpu_s") for d in names]
+                # (None: device code from before last_transfer.cpu_s, as in a baseline run of an older tree)
+                cpu_fetch.append(statistics.median(reported) if None not in reported else math.nan)
                 time.sleep(0.3)
                 if raw is None:
                     raw = RawFanout(
                         url, len(names), pkg.onnx_path.read_bytes(), args.chunk_size, args.repeats
                     )
-                w, c = raw.round()  # the same bytes, raw, right after the push
+                w, c, cpu_w, cpu_c = raw.round()  # the same bytes, raw, right after the push
                 whole.append(w)
                 chunked.append(c)
+                cpu_raw_whole.append(cpu_w)
+                cpu_raw_chunked.append(cpu_c)
                 print(
                     f"v{version} {pkg.manifest.size} B: transfer {transfer[-1]:.3f} s, raw {w:.3f} s",
                     file=sys.stderr,
@@ -256,7 +296,18 @@ def main(argv: list[str] | None = None) -> int:
             raw.stop()
             push_rows.append((pkg.manifest.size, transfer, activate, publish, cpu_dev, cpu_broker))
             raw_rows.append((whole, chunked))
+            cpu_rows.append(
+                (
+                    pkg.manifest.size,
+                    cpu_fetch,
+                    [c / len(names) for c in cpu_dev],
+                    cpu_raw_whole,
+                    cpu_raw_chunked,
+                )
+            )
         rss_loaded = {d: vm_kib(p.pid, "VmHWM") for d, p in devices.items()}
+        if args.quick:  # the suite's run: pushes only
+            return quick_figures(cpu_rows)
         # A FedRep round on the embeddings of the 10 MB encoder, then peak RSS again.
         agg_dir = work / "aggregator"
         task = {"name": "speed-raw", "algorithm": "fedrep", "model": "mlp", "rounds": 2, "seed": 0,
@@ -311,6 +362,17 @@ def main(argv: list[str] | None = None) -> int:
              f"{mib(med(rss_round.values())):.1f}", "met" if mib(max(rss_round.values())) < 150 else "NOT met"],
         ],
     )  # fmt: skip
+    per_mb = markdown_table(
+        ["model (MB)", "device: fetch + verify (ms/MB)", "device: until active (ms/MB)",
+         "raw receive, same chunks (ms/MB)", "raw receive, one message (ms/MB)", "fetch / raw (chunks)",
+         "fetch / raw (one message)", "target <= 2x"],
+        [
+            [f"{size / MB:.2f}", f"{per(fetch, size):.2f}", f"{per(dev, size):.2f}", f"{per(raw_c, size):.2f}",
+             f"{per(raw_w, size):.2f}", f"{med(fetch) / med(raw_c):.2f}x", f"{med(fetch) / med(raw_w):.2f}x",
+             "met" if med(fetch) <= 2 * max(med(raw_c), med(raw_w)) else "NOT met"]
+            for size, fetch, dev, raw_w, raw_c in cpu_rows
+        ],
+    )  # fmt: skip
     load = os.getloadavg()
     cores = os.cpu_count()
     body = (
@@ -323,7 +385,15 @@ def main(argv: list[str] | None = None) -> int:
         f"\n\n{table}\n\nCPU time the device daemons and the broker spent per push, from the push until "
         f"the model was active on every device (fetch, verify, onnxruntime load, holdout score, activation), "
         f"median over the pushes (/proc times: {1000 // os.sysconf('SC_CLK_TCK')} ms resolution per process); "
-        f"the machine has {cores} cores:\n\n{cpu}\n\nDevice daemon peak RSS (VmHWM) "
+        f"the machine has {cores} cores:\n\n{cpu}\n\n"
+        f"CPU per MB fetched, per device (medians over the devices, then over the pushes). "
+        f"*fetch + verify*: the device's own process CPU time (`time.process_time`, all its threads: MQTT "
+        f"receive, chunk parsing, the file's sha256, writes, fsync) from the offer to the verified file, "
+        f"reported in its status as `last_transfer.cpu_s`; *until active*: /proc CPU per device from the push "
+        f"until the model was active (adds the onnxruntime load and the holdout score, a cost per model, "
+        f"not per MB). *raw receive*: a paho subscriber process's own CPU time receiving the same bytes (as "
+        f"the same {args.chunk_size // 1024} KiB chunks, and as one message) in the same run, right after "
+        f"each push:\n\n{per_mb}\n\nDevice daemon peak RSS (VmHWM) "
         f"with the model loaded "
         f"(rounds completed: {sorted(set(rounds.values()))}):\n\n{rss}\n"
     )
@@ -338,4 +408,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    result = main()
+    if isinstance(result, dict):  # --quick
+        print(json.dumps(result, indent=2))
+    sys.exit(0 if isinstance(result, dict) else result)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,8 @@ class Transfer:
     #: The push's ``model_push.transfer_id``, computed once (chunks are checked against it).
     transfer_id: str = ""
     started: float = 0.0
+    #: The process's CPU time at the start (``last_transfer.cpu_s``: what fetching cost this device).
+    started_cpu: float = field(default_factory=time.process_time)
     last_progress: float = 0.0
     resumed: int = 0
     reported: int = 0

@@ -384,6 +384,8 @@ class ModelManager:
             "chunks": t.n_chunks,
             "resumed_chunks": t.resumed,
             "seconds": round(seconds, 4),
+            # The whole process's CPU (MQTT receive included) from the offer to the verified file.
+            "cpu_s": round(time.process_time() - t.started_cpu, 4),
             "completed_at": time.time(),
         }
         log.info("%s v%d received (%d bytes, %.3f s); verifying", name, m.version, m.size, seconds)
