@@ -1,6 +1,6 @@
 """What DP-FedAvg costs in accuracy (issue 17, item 4): ε ∈ {8, 4, 1} at δ = 1e-5 against no DP.
 
-``python -m benchmarks.dp_accuracy [--quick] [--seeds 0 1 2]``
+``python -m benchmarks.dp_accuracy [--quick] [--seeds 0 1 2] [--larger-fleet 40]``
 
 Two studies, each on the in-process simulator (the devices' and the aggregator's code):
 
@@ -20,8 +20,8 @@ exactly the row's ε.  ``C`` is the median norm of the uploads' changes in the s
 run without DP (printed), the usual choice (McMahan et al. 2018 clip near the median).
 Noise is central and seeded per seed (reproducible); distributed noise gives the sum the
 same distribution when every expected device comes.  ε does not depend on the data, so a
-larger fleet spends the same ε for less noise per device: the ``fleet`` column says how
-many devices share each mean.
+larger fleet spends the same ε for less noise on the mean: ``--larger-fleet N`` (default
+40, first seed only) runs the printer task on N simulated printers too.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from trainer_lite.task import TaskSpec
 
 EPSILONS = (8.0, 4.0, 1.0)
 DELTA = 1e-5
-PRINTERS = tuple(f"printer{i}" for i in range(1, 5))
+DEMO_PRINTERS = 4  # `cloud-aggregator demo`'s default fleet
 
 
 def run(spec: TaskSpec, clients: dict[str, ClientData], noise_seed: int) -> tuple[RoundEngine, list[float]]:
@@ -96,7 +96,8 @@ def dp_rows(
         n_devices = len(clients)
         for k, v in score(engine).items():
             scores.setdefault(k, []).append(v)
-    rows.append([label, "none", "-", "-", n_devices, "-", *_cells(scores)])
+    shared = sum(v.size for v in make_strategy(setup(seeds[0])[0]).init_global().values())
+    rows.append([label, "none", "-", "-", n_devices, shared, "-", *_cells(scores)])
     rounds = setup(seeds[0])[0].rounds
     for eps in EPSILONS:
         z = calibrate(eps, rounds, 1.0, DELTA)
@@ -110,7 +111,8 @@ def dp_rows(
             for k, v in score(engine).items():
                 scores.setdefault(k, []).append(v)
         clip = fmt_mean_std(list(clips.values()), 4)
-        rows.append([label, f"{eps:g}", f"{z:.3f}", clip, n_devices, f"{z / n_devices:.2f}", *_cells(scores)])
+        noise = f"{z / n_devices:.2f}"
+        rows.append([label, f"{eps:g}", f"{z:.3f}", clip, n_devices, shared, noise, *_cells(scores)])
     return rows
 
 
@@ -121,10 +123,10 @@ def _cells(per_metric: dict[str, list[float]]) -> list[str]:
 # -- printers -----------------------------------------------------------------------------
 
 
-def printer_clients() -> dict[str, ClientData]:
+def printer_clients(n: int = DEMO_PRINTERS) -> dict[str, ClientData]:
     return {
         d: ClientData(*simulated_printer_dataset(d, DataConfig(source="simulate-printer"))[:2])
-        for d in PRINTERS
+        for d in (f"printer{i}" for i in range(1, n + 1))
     }
 
 
@@ -144,24 +146,28 @@ def fleet_test_loss(engine: RoundEngine) -> dict[str, float]:
     return {"test loss": LOSS_SCALE * float(last.mean_metric("test_loss"))}
 
 
-def printer_study(rounds: int, seeds: list[int]) -> list[list[object]]:
-    clients = printer_clients()
+def printer_study(rounds: int, seeds: list[int], n: int = DEMO_PRINTERS) -> list[list[object]]:
+    """The demo's task on ``n`` simulated printers (the demo's 4, or a larger fleet)."""
+    clients = printer_clients(n)
     (_, algorithm, extra), *_ = TASKS  # the demo's PFL-DA task
 
     def setup(seed: int) -> Setup:
         return replace(printer_spec(algorithm, extra, rounds), seed=seed), clients, fleet_test_loss
 
-    rows = dp_rows("printers (PFL-DA)", setup, seeds, {"devices_per_round": len(clients)})
+    label = "printers (PFL-DA)" if n == DEMO_PRINTERS else f"{n} printers (PFL-DA)"
+    rows = dp_rows(label, setup, seeds, {"devices_per_round": len(clients)})
     indiv = [
         fleet_test_loss(run(replace(printer_spec("indiv", {}, rounds), seed=s), clients, s)[0]) for s in seeds
     ]
     rows.append(
         [
-            "printers (indiv: nothing shared)",
+            label.replace("PFL-DA", "indiv: nothing shared"),
             "-",
             "-",
             "-",
             1,
+            0,
+            "-",
             *_cells({"test loss": [r["test loss"] for r in indiv]}),
         ]
     )
@@ -212,13 +218,22 @@ def weld_study(cfg: weld.Config, seeds: list[int]) -> list[list[object]]:
     return dp_rows("welds (FTL-TP, M+S)", setup, seeds, {})
 
 
-HEADERS = ["task", "ε", "z", "clip C", "devices per mean", "noise sd on the mean / C", "metric 1", "metric 2"]
+HEADERS = [
+    *("task", "ε", "z", "clip C", "devices per mean", "shared params P", "noise sd on the mean / C"),
+    *("metric 1", "metric 2"),
+]
 
 
-def study(seeds: list[int], printer_rounds: int, wcfg: weld.Config) -> tuple[list[list[object]], str]:
-    """Both studies: the table's rows and the results file's body."""
+def study(
+    seeds: list[int], printer_rounds: int, wcfg: weld.Config, larger_fleet: int = 0
+) -> tuple[list[list[object]], str]:
+    """Both studies (and the printer task on ``larger_fleet`` printers, first seed only, when
+    set): the table's rows and the results file's body."""
     started = time.perf_counter()
-    rows = printer_study(printer_rounds, seeds) + weld_study(wcfg, seeds)
+    rows = printer_study(printer_rounds, seeds)
+    if larger_fleet:
+        rows += printer_study(printer_rounds, seeds[:1], larger_fleet)
+    rows += weld_study(wcfg, seeds)
     rows = [r + [""] * (len(HEADERS) - len(r)) for r in rows]
     check = epsilon([calibrate(8.0, printer_rounds, 1.0, DELTA)] * printer_rounds, 1.0, DELTA)
     body = "\n".join(
@@ -227,7 +242,9 @@ def study(seeds: list[int], printer_rounds: int, wcfg: weld.Config) -> tuple[lis
             f"welds {wcfg.rounds} rounds (n_M = {wcfg.n_m}, n_S = {wcfg.n_s}); seeds {seeds}; "
             "scores: mean ± sd over seeds (printer loss: lower is better; weld accuracy: higher, "
             "chance 0.25 in M, 0.33 in S).  `noise sd on the mean / C` is z/n: the noise each "
-            "coordinate of the averaged change gets, against the bound C on one device's whole change.",
+            "coordinate of the averaged change gets, against the bound C on one device's whole change "
+            "(spread over P parameters, about C/√P per coordinate): with few devices and many "
+            "parameters the noise swamps the signal.",
             "",
             markdown_table(HEADERS, rows),
             "",
@@ -241,13 +258,17 @@ def study(seeds: list[int], printer_rounds: int, wcfg: weld.Config) -> tuple[lis
 def main(argv: list[str] | None = None) -> int:
     parser = study_parser(__doc__.splitlines()[0], default_seeds=(0, 1, 2))
     parser.add_argument("--rounds", type=int, help="printer rounds (default 200, the demo's; --quick 10)")
+    parser.add_argument(
+        "--larger-fleet", type=int, default=40, help="also the printer task on this many printers (0: off)"
+    )
     args = parser.parse_args(argv)
     if args.quick:  # the test suite's run: the tables fill, the orderings hold, in seconds
         wcfg = replace(weld.quick_config(), rounds=4, workers=1)
     else:
         wcfg = replace(weld.Config(), workers=2)
     seeds = [args.seeds[0]] if args.quick else list(args.seeds)
-    _, body = study(seeds, args.rounds or (10 if args.quick else 200), wcfg)
+    larger = 0 if args.quick else args.larger_fleet
+    _, body = study(seeds, args.rounds or (10 if args.quick else 200), wcfg, larger)
     print(body)
     if not args.no_write:
         name = "dp_accuracy_quick" if args.quick else "dp_accuracy"

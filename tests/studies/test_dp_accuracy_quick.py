@@ -18,7 +18,7 @@ def test_quick_study_fills_the_table_and_privacy_has_a_price():
     labels = [(r[0], r[1]) for r in rows]
     for task in ("printers (PFL-DA)", "welds (FTL-TP, M+S)"):
         assert [e for t, e in labels if t == task] == ["none", "8", "4", "1"]
-    printers = {r[1]: _score(r[6]) for r in rows if r[0] == "printers (PFL-DA)"}
+    printers = {r[1]: _score(r[7]) for r in rows if r[0] == "printers (PFL-DA)"}
     assert printers["1"] > printers["none"]
-    assert all(0.0 <= _score(c) <= 1.0 for r in rows if r[0].startswith("welds") for c in r[6:8])
+    assert all(0.0 <= _score(c) <= 1.0 for r in rows if r[0].startswith("welds") for c in r[7:9])
     assert "| printers (indiv: nothing shared)" in body
