@@ -18,17 +18,11 @@ import time
 import pytest
 
 from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
+from edge import optout
 from tests.e2e.retained import retained_status
 
 DEVICES = ["printer1", "printer2", "printer3"]
-OWNER = (sys.executable, "-m", "edge.cli")
 SERVE = (sys.executable, "-m", "cloud_aggregator.cli", "serve", "--service")
-
-
-def owner(command: str, state_dir: str, *extra: str) -> str:
-    out = subprocess.run([*OWNER, command, "--state-dir", state_dir, *extra], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
 
 
 def wait_status(url: str, device: str, cond, what: str, timeout: float = 20.0) -> dict:
@@ -49,7 +43,7 @@ def test_a_paused_device_is_not_waited_for_and_resume_brings_it_back(fleet_procs
     fleet_procs.start_devices(DEVICES, "--log-level", "WARNING")
     for d in DEVICES:
         wait_status(url, d, lambda s: s.get("state") == "online", "came online", timeout=60)
-    assert "paused" in owner("pause", str(work / "printer3"), "--note", "printer rebuild")
+    optout.pause(work / "printer3", "printer rebuild")  # `edge-trainer pause` (tests/edge/test_optout.py)
     wait_status(url, "printer3", lambda s: "paused" in s, "said it is paused")
 
     def toml(rounds: int) -> str:
@@ -76,7 +70,7 @@ def test_a_paused_device_is_not_waited_for_and_resume_brings_it_back(fleet_procs
     }
 
     # Resumed: the refusal goes, and the extended task's rounds wait for printer3 again
-    assert "resumed" in owner("resume", str(work / "printer3"))
+    assert optout.resume(work / "printer3")
     wait_status(url, "printer3", lambda s: "paused" not in s and not s.get("refused"), "resumed")
     config.write_text(toml(rounds=4))
     agg.send_signal(signal.SIGHUP)  # serve --service takes the extended task

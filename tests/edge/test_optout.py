@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from edge import optout
 from edge.cli import main
-
-TRAINER = (sys.executable, "-m", "edge.cli")
 
 
 def test_pause_and_resume_by_the_device_toml(tmp_path, capsys):
@@ -30,13 +25,13 @@ def test_pause_and_resume_by_the_device_toml(tmp_path, capsys):
     assert "not paused" in capsys.readouterr().out
 
 
-def test_a_state_folder_that_is_not_there_is_one_line_and_exit_2(tmp_path):
-    out = subprocess.run(
-        [*TRAINER, "pause", "--state-dir", str(tmp_path / "nope")], capture_output=True, text=True
-    )
-    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    out = subprocess.run([*TRAINER, "pause"], capture_output=True, text=True)
-    assert out.returncode == 2 and out.stderr.startswith("edge-trainer: ") and "--config" in out.stderr
+def test_a_state_folder_that_is_not_there_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["pause", "--state-dir", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "does not exist" in err, err
+    assert main(["pause"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("edge-trainer: ") and "--config" in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_paused_daemon_restarted_is_still_paused(tmp_path):
