@@ -69,9 +69,11 @@ class ClientSecAgg:
         except (TypeError, ValueError) as exc:
             raise SecAggRefusedError(f"{self.device}: bad round parameters: {exc}") from None
         self.neighbours = frozenset(msg.neighbours) - {self.device}
-        if len(self.neighbours) + 1 < self.params.threshold:
+        holders, t = len(self.neighbours) + 1, self.params.threshold
+        if not holders / 2 < t <= holders:
+            # at or below half, a server telling two stories about one device could collect both its seeds
             raise SecAggRefusedError(
-                f"{self.device}: {len(self.neighbours)} neighbours cannot hold {self.params.threshold} shares"
+                f"{self.device}: threshold {t} must be above half of its {holders} share holders, at most all"
             )
         self._c = crypto.KeyPair()
         self._s = crypto.KeyPair()
@@ -113,6 +115,11 @@ class ClientSecAgg:
             if plain is None or len(plain) != 2 * shamir.SHARE_BYTES:
                 raise SecAggRefusedError(f"{self.device}: the share from {v!r} does not open")
             self._held[v] = (plain[: shamir.SHARE_BYTES], plain[shamir.SHARE_BYTES :])
+        if len(self._held) < p.threshold:
+            # with fewer pairwise masks, a server that withheld shares could unmask this device
+            raise SecAggRefusedError(
+                f"{self.device}: shares from {len(self._held) - 1} neighbours, threshold is {p.threshold}"
+            )
         n = p.length + 1
         y = quantize.encode(p, update, weight) + quantize.prg(p, self._b, n)
         for v in self._held:

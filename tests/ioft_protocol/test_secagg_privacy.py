@@ -11,10 +11,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ioft_protocol.secagg import SecAggConfig, SecAggRefusedError, quantize, shamir
+from ioft_protocol.secagg import (
+    ClientSecAgg,
+    SecAggConfig,
+    SecAggRefusedError,
+    ServerSecAgg,
+    quantize,
+    shamir,
+)
 from ioft_protocol.secagg.client import pair_sign, pairwise_mask
 from ioft_protocol.secagg.crypto import KeyPair, open_sealed
-from ioft_protocol.secagg.messages import AdvertiseKeys, MaskedInput, ShareKeys, UnmaskRequest
+from ioft_protocol.secagg.messages import AdvertiseKeys, Inbox, MaskedInput, Setup, ShareKeys, UnmaskRequest
 from ioft_protocol.secagg.simulate import run_round
 from tests.ioft_protocol.secagg_fixtures import fleet, rebuilds
 
@@ -162,3 +169,26 @@ def test_devices_refuse_contradictory_or_impossible_unmask_requests():
         with pytest.raises(SecAggRefusedError, match=why):
             c.unmask(req)
         c.stage = "masked"  # test only: rewind so the next bad request reaches the same checks
+
+
+def test_a_device_refuses_to_upload_when_the_server_withholds_its_neighbours_shares():
+    # Withheld shares mean few pairwise masks: the self mask alone, rebuilt from honest
+    # neighbours' shares, would then reveal the device.  It uploads nothing instead.
+    updates, _ = fleet(6, 10, seed=15)
+    srv = ServerSecAgg(CFG, sorted(updates), session="r1", length=10)
+    clients = {d: ClientSecAgg(d) for d in updates}
+    for d, m in srv.setup().items():
+        srv.receive_keys(d, clients[d].setup(m))
+    for d, m in srv.close_keys().items():
+        srv.receive_shares(d, clients[d].share_keys(m))
+    inbox = srv.close_shares()["dev-000"]
+    few = Inbox(dict(list(inbox.sealed.items())[: srv.params.threshold - 2]))
+    with pytest.raises(SecAggRefusedError, match="threshold"):
+        clients["dev-000"].masked_input(few, updates["dev-000"], 1.0)
+
+
+def test_a_device_refuses_a_threshold_at_or_below_half_its_share_holders():
+    p = CFG.round_params(6, 10)
+    low = Setup("r1", {**p.to_json(), "threshold": 3}, [f"dev-00{i}" for i in range(1, 6)])  # 3 of 6
+    with pytest.raises(SecAggRefusedError, match="above half"):
+        ClientSecAgg("dev-000").setup(low)
