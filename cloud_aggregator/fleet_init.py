@@ -272,7 +272,8 @@ def print_unit_lines(layout: FleetLayout) -> None:
     units = layout.root / "systemd"
     print(
         f"  services:   cp -r {units}/* /etc/systemd/system/ (serve as user {AGGREGATOR_USER}, "
-        "mosquitto on this conf); each device folder has its units and install.sh"
+        "mosquitto on this conf); as a service on a device: sudo sh <copied folder>/install.sh "
+        "(README: Installing a Pi)"
     )
     agg = layout.root / AGGREGATOR
     if agg.stat().st_gid == 0 or agg.stat().st_mode & 0o070 == 0:
