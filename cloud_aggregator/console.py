@@ -23,7 +23,7 @@ from pathlib import Path
 import uvicorn
 
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.console_app import build_app
+from cloud_aggregator.console_app import LOOPBACK_HOSTS, build_app
 from cloud_aggregator.console_feed import StatusFeed, ViewSource
 from cloud_aggregator.fleet_layout import DefaultsHelpFormatter
 from cloud_aggregator.push import add_session_args
@@ -83,9 +83,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bracketed(host: str) -> str:
+    """``host`` as a URL or Host header writes it (an IPv6 address in brackets)."""
+    return f"[{host.strip('[]')}]" if ":" in host else host
+
+
 def url(host: str, port: int, token: str | None) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+    return f"http://{bracketed(host)}:{port}/" + (f"?token={token}" if token else "")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -120,7 +124,8 @@ def main(args: argparse.Namespace) -> int:
     feed = StatusFeed(cfg, cfg.fleet)
     feed.start()
     source = ViewSource(Path(cfg.state_dir) / "aggregator.sqlite", feed, cfg.fleet)
-    app = build_app(source, token=token, loopback=is_loopback(args.host), refresh_s=args.refresh)
+    hosts = (*LOOPBACK_HOSTS, bracketed(args.host)) if is_loopback(args.host) else None
+    app = build_app(source, token=token, hosts=hosts, refresh_s=args.refresh)
     port = sock.getsockname()[1]
     print(f"console: {url(args.host, port, token)}", flush=True)
     print(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hmac
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from importlib import resources
 from typing import Any
 
@@ -33,6 +33,8 @@ from cloud_aggregator.console_feed import ViewSource
 from cloud_aggregator.metrics import FleetCollector
 
 COOKIE = "ioft_console"
+#: Host headers a console on loopback answers (its own bind address is added).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 #: Seconds between keep-alive comments on a quiet event stream (proxies drop silent ones).
 KEEPALIVE_S = 15.0
 
@@ -89,7 +91,7 @@ def build_app(
     source: ViewSource,
     *,
     token: str | None = None,
-    loopback: bool = True,
+    hosts: Sequence[str] | None = LOOPBACK_HOSTS,
     refresh_s: float = 1.0,
 ) -> Starlette:
     """The console app over ``source``.
@@ -100,9 +102,9 @@ def build_app(
         Where the fleet's view comes from (store and statuses).
     token
         Required on every request when given.
-    loopback
-        Bound to loopback: only ``localhost``/``127.0.0.1`` Host headers are served (a page on
-        another site cannot reach the console by DNS rebinding).
+    hosts
+        The Host headers served (on loopback: a page of another site cannot reach the console
+        by DNS rebinding); ``None``: any (off loopback, where the token guards it).
     refresh_s
         How often ``/events`` checks for a change.
     """
@@ -144,8 +146,8 @@ def build_app(
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
     middleware = []
-    if loopback:
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=["127.0.0.1", "localhost"]))
+    if hosts is not None:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts)))
     if token is not None:
         middleware.append(Middleware(TokenGate, token=token))
     routes = [
