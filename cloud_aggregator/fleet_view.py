@@ -129,6 +129,8 @@ class DeviceFigures:
     refused_tasks: dict[str, str]
     cpu_s_round: float | None
     max_rss_bytes: float | None
+    #: The owner's note when they paused the device (``edge-trainer pause``); ``None``: taking part.
+    paused: str | None = None
 
     @classmethod
     def of(cls, device: str, body: Any) -> DeviceFigures:
@@ -154,6 +156,7 @@ class DeviceFigures:
             refused_tasks=_texts(body.get("refused")),
             cpu_s_round=number(process.get("cpu_s_round")),
             max_rss_bytes=number(process.get("max_rss_bytes")),
+            paused=str(body["paused"])[:120] if isinstance(body.get("paused"), str) else None,
         )
 
 
@@ -198,6 +201,7 @@ class FleetView:
                 {
                     "device": f.device,
                     "online": f.online,
+                    "paused": f.paused,
                     "last_seen": f.last_seen,
                     "kind": row.get("kind", "-"),
                     "rows": f.rows,

@@ -110,6 +110,9 @@ def _device_metrics(v: FleetView) -> Iterator[Metric]:
     model = GaugeMetricFamily(
         "ioft_device_model_version", "Active version of each pushed model", labels=["device", "model"]
     )
+    paused = GaugeMetricFamily(
+        "ioft_device_paused", "1 while the device's owner has paused its taking part", labels=["device"]
+    )
     refused = GaugeMetricFamily(
         "ioft_device_tasks_refused", "Tasks the device refuses to run (see its status)", labels=["device"]
     )
@@ -128,7 +131,8 @@ def _device_metrics(v: FleetView) -> Iterator[Metric]:
         for name, version in f.models.items():
             model.add_metric([f.device, name], version)
         refused.add_metric([f.device], len(f.refused_tasks))
-    yield from (online, up, seen, rows, fault, cpu, rss, model, refused)
+        paused.add_metric([f.device], float(f.paused is not None))
+    yield from (online, up, seen, rows, fault, cpu, rss, model, paused, refused)
 
 
 def _broker_metrics(v: FleetView) -> Iterator[Metric]:

@@ -31,8 +31,9 @@ function pairs(obj) { return Object.entries(obj || {}).map(([k, v]) => `${k}: ${
 function renderDevices(devices, now) {
   const body = document.querySelector("#devices tbody");
   const rows = devices.map((d) => {
-    const tr = el("tr", { "data-device": d.device, "data-online": String(!!d.online) });
-    const state = el("td", { class: "nowrap" }, el("span", { class: `dot ${d.online ? "online" : "offline"}` }), d.online ? "online" : "offline");
+    const tr = el("tr", { "data-device": d.device, "data-online": String(!!d.online), "data-paused": String(d.paused != null) });
+    const state = el("td", { class: "nowrap", title: d.paused ?? "" }, el("span", { class: `dot ${d.online ? "online" : "offline"}` }),
+      (d.online ? "online" : "offline") + (d.paused != null ? ", paused" : ""));
     const rows = d.rows ? `${d.rows.train ?? "?"}/${d.rows.test ?? "?"}` : "-";
     const sensor = el("td", { class: d.sensor === "fault" ? "bad" : "" }, d.sensor ?? "-");
     const refusedTasks = el("td", { class: Object.keys(d.refused_tasks || {}).length ? "bad" : "" }, pairs(d.refused_tasks));

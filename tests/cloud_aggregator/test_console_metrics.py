@@ -36,6 +36,7 @@ STATUS = {
     "refused": {"weld": "the task's model takes 624 input features per row"},
     "data": {"train": 45, "test": 135, "sensor": {"state": "fault", "running": True}},
     "process": {"cpu_s_round": 0.012, "cpu_s_total": 3.0, "max_rss_bytes": 60_000_000},
+    "paused": "maintenance until Friday",
 }
 
 
@@ -123,6 +124,8 @@ def test_metrics_endpoint_exports_what_the_dashboard_plots(tmp_path):
     assert value[("ioft_device_max_rss_bytes", (("device", "printer1"),))] == 60_000_000
     assert value[("ioft_device_model_version", (("device", "printer1"), ("model", "encoder")))] == 3
     assert value[("ioft_device_tasks_refused", (("device", "printer1"),))] == 1
+    assert value[("ioft_device_paused", (("device", "printer1"),))] == 1
+    assert value[("ioft_device_paused", (("device", "printer2"),))] == 0
     assert value[("ioft_rollouts", (("state", "canary"),))] == 1
     assert ("ioft_device_rows", (("device", "printer2"), ("split", "train"))) not in value  # "garbage" data
 
