@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
 from tests.e2e.watched import Watched
 
 DEVICES = ["printer1", "printer2"]
@@ -66,7 +66,7 @@ def browser_page() -> Iterator[object]:
             browser.close()
 
 
-def _console(fleet: LocalFleet, config: Path) -> tuple[Watched, str]:
+def _console(config: Path) -> tuple[Watched, str]:
     console = Watched(
         "cloud_aggregator.cli",
         ["console", "--config", str(config), "--port", "0", "--refresh", "0.2"],
@@ -86,7 +86,7 @@ def test_console_shows_devices_and_a_new_point_arrives_live(fleet_procs, browser
         fleet_procs.broker_url, work / "aggregator", [pflda_task(rounds=3)], expected=DEVICES
     )
     config.write_text(short)
-    console, url = _console(fleet_procs, config)
+    console, url = _console(config)
     try:
         page.goto(url)
         # Execute + assert: the devices appear from their retained statuses, online.
