@@ -475,6 +475,12 @@ class MqttSession:
                     f"the broker's certificate is not trusted ({exc.verify_message}); check tls.ca_file "
                     f"({tls.ca_file}) and that {b.host!r} is among the certificate's names"
                 ), True
+            except (ssl.SSLEOFError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError) as exc:
+                # A plaintext MQTT listener reads our ClientHello as a bad packet and drops us.
+                return (
+                    f"TLS handshake failed: the broker closed the connection ({exc.strerror or exc}); "
+                    f"is port {b.port} the broker's TLS listener, not a plaintext one?"
+                ), False
             except ssl.SSLError as exc:
                 if exc.reason in _CERT_REFUSED:
                     return (

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cloud_aggregator.broker import free_port, start_mosquitto
+from cloud_aggregator.fleet_init import init_fleet
 from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
 from tests.conftest import _require_mosquitto
 from tests.e2e.watched import Watched
@@ -89,3 +90,23 @@ def test_fleet_status_fails_in_one_line_when_the_broker_is_not_there(broker, rea
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert reason in lines[0] and url in lines[0], lines[0]
+
+
+def test_a_device_says_its_tls_handshake_failed_against_a_plaintext_port(tmp_path, enterable_dir):
+    """The device folder as ``fleet init`` writes it, its broker URL pointed at a plaintext listener."""
+    layout = init_fleet(enterable_dir / "fleet", "test", ("printer1",), port=free_port())
+    plain = start_mosquitto(free_port())
+    config = layout.root / "devices" / "printer1" / "device.toml"
+    args = ["--device", "printer1", "--config", str(config), "--simulate", "printer"]
+    trainer = Watched(
+        "edge.cli",
+        [*args, "--broker", f"mqtts://127.0.0.1:{plain.port}", "--state-dir", str(tmp_path / "p1")],
+    )
+    try:
+        why = "TLS handshake failed"
+        hint = f"is port {plain.port} the broker's TLS listener, not a plaintext one?"
+        trainer.wait_until(lambda: len(trainer.matching("INFO", why, hint)) >= 2, PATIENCE_S, "two TLS lines")
+        assert trainer.proc.poll() is None and "Traceback" not in trainer.text, trainer.text
+    finally:
+        trainer.stop()
+        plain.stop()
