@@ -86,6 +86,8 @@ class ClientSecAgg:
             raise SecAggRefusedError(
                 f"{self.device}: keys for devices that are not neighbours: {sorted(extra)}"
             )
+        if any(len(k) != 2 or {len(k[0]), len(k[1])} != {crypto.KEY_BYTES} for k in msg.keys.values()):
+            raise SecAggRefusedError(f"{self.device}: each neighbour needs two {crypto.KEY_BYTES}-byte keys")
         self._peer_keys = {v: (bytes(k[0]), bytes(k[1])) for v, k in msg.keys.items()}
         holders = sorted([*self._peer_keys, self.device])
         t = self.params.threshold

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ioft_protocol.secagg.graph import default_degree
@@ -105,4 +105,18 @@ class RoundParams:
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> RoundParams:
+        """Parameters from a setup message; ``ValueError`` naming the first bad field."""
+        names = [f.name for f in fields(cls)]
+        if not isinstance(value, dict) or sorted(value) != sorted(names):
+            raise ValueError(f"round parameters must have exactly {names}")
+        for name in ("n", "degree", "threshold", "ring_bits", "bits", "length"):
+            v = value[name]
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"round parameter {name} must be an integer >= 0, got {v!r}")
+        for name in ("clip", "max_weight"):
+            v = value[name]
+            if not isinstance(v, int | float) or isinstance(v, bool) or not (math.isfinite(v) and v > 0):
+                raise ValueError(f"round parameter {name} must be a positive number, got {v!r}")
+        if not (1 <= value["ring_bits"] <= 64 and 2 <= value["bits"] <= value["ring_bits"]):
+            raise ValueError(f"round parameters need 2 <= bits <= ring_bits <= 64, got {value}")
         return cls(**value)

@@ -39,7 +39,10 @@ def _flatten(value: Any, blobs: list[bytes], offset: list[int]) -> Any:
 def _restore(value: Any, body: bytes) -> Any:
     if isinstance(value, dict):
         if set(value) == {"$b"}:
-            start, length = value["$b"]
+            ref = value["$b"]
+            if not (isinstance(ref, list) and len(ref) == 2):
+                raise SecAggWireError("a bytes field must be [offset, length]")
+            start, length = ref
             if not (
                 isinstance(start, int)
                 and isinstance(length, int)
