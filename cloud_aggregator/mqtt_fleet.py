@@ -349,7 +349,7 @@ class MqttFleet:
         out: list[Update | Rejection | LateUpdate | SatOut] = list(received.values())
         if refused:
             log.info("round %d/%s: not run by %s", request.round, request.phase, refused)
-            out.append(SatOut(closed, dict(sorted(refused.items()))))
+        out.append(SatOut(closed, dict(sorted(refused.items()))))  # how it closed, in every record
         return out
 
     def _handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:

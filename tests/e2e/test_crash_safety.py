@@ -113,14 +113,17 @@ def test_straggler_is_dropped_or_counted_in_the_next_round(fleet_procs, mode):
     assert [r.status for r in records] == ["completed"] * 3
     assert sorted(records[0].participants) == list(DEVICES), "precondition: all answered round 1"
     assert sorted(records[1].participants) == [P1, P2]
+    # Every record says how its round closed, also where no device sat it out.
+    assert [r.extra["closed"] for r in records[:2]] == ["answered", "deadline"]
+    assert records[1].extra["refused"] == {}
     assert run.on_wire == 8 and run.lost == 0  # round 1 x3, rounds 2-3 x2, printer3's late round 2
     if mode == "drop":
         assert sorted(records[2].participants) == [P1, P2]
-        assert records[2].extra == {}
+        assert "late" not in records[2].extra
         assert run.refused_late == 1  # dropped as configured, and counted as a refusal
         return
     assert sorted(records[2].participants) == list(DEVICES)
-    assert records[2].extra == {"late": [P3], "superseded": []}
+    assert (records[2].extra["late"], records[2].extra["superseded"]) == ([P3], [])
     assert (run.late_counted, run.refused_late) == (1, 0)
     # Round 3's global, recomputed from what was on the wire: printer3's round-2 change, halved
     # and applied to round 3's starting global, averaged with the two fresh uploads.
