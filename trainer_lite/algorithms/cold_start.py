@@ -68,7 +68,7 @@ def fit_affine_encoder(
 ) -> Params:
     """``params`` with the one-feature affine ``encoder_block`` fitted to ``data`` (module docstring).
 
-    The current encoder is a candidate too, so the fit never scores worse than the start.
+    The current encoder is a candidate too, so the refinement starts from no worse than it.
     """
     x = np.asarray(data.x, dtype=np.float64)[:, 0]
     scale_name, shift_name = f"{encoder_block}.scale", f"{encoder_block}.shift"
