@@ -99,6 +99,9 @@ class TaskConfig:
     #: Which devices run the task (``devices = { kind = "welder", tags = [...], ids = [...] }``;
     #: ``None``: every device).  Not part of the spec: narrowing it keeps the task's history.
     devices: DeviceSelection | None = None
+    #: Held-out devices (``holdout = ["printer5"]``): each round they score the global model on
+    #: their rows and report it, and never train or upload.  Not part of the spec either.
+    holdout: tuple[str, ...] = ()
     #: Differential privacy (``[task.dp]``: mode, clip, noise_multiplier, delta, epsilon_budget,
     #: devices_per_round, fleet_size; ``trainer_lite.privacy.DPConfig``), for mean-family servers.
     dp: DPConfig | None = None
@@ -120,6 +123,8 @@ class TaskConfig:
             start-up, before anything connects or writes, never mid-run.
         """
         spec = self.spec()
+        for device in self.holdout:
+            check_id(f"task {self.name!r} holdout entry", device)  # a WireError is a ValueError
         if self.dp is not None and self.dp.fleet_size not in (None, self.dp.devices_per_round):
             raise ValueError(  # amplification by sampling needs a secret random draw, which serve never makes
                 f"task {self.name!r}: dp fleet_size: serve does not draw devices at random (every selected "

@@ -30,7 +30,7 @@ from cloud_aggregator.stragglers import LateUpdate
 from cloud_aggregator.strategies import Update
 from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.mqtt import Message, MqttSession
-from ioft_protocol.round_messages import DeviceSelection
+from ioft_protocol.round_messages import DeviceSelection, HoldoutScore
 from trainer_lite.params import param_hash
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,10 @@ class CollectPolicy:
     expected: tuple[str, ...] = ()
     startup_wait_s: float = 60.0
     max_payload_bytes: int = codec.MAX_PAYLOAD_BYTES
+    #: A streaming round (``cloud_aggregator.streaming``) checkpoints its partial sum after this
+    #: many admitted uploads and drops their stored payloads: a restart resumes from the
+    #: checkpoint plus at most this many stored uploads.
+    checkpoint_every: int = 256
 
 
 @dataclass
@@ -104,6 +108,18 @@ class FleetView:
         why = refused.get(task) if isinstance(refused, dict) else None
         return why if isinstance(why, str) else None
 
+    def holdout_score(self, device: str, task: str, request: CollectRequest) -> dict[str, float] | None:
+        """``device``'s score of ``request``'s global, from its status; ``None`` until it reports one."""
+        scores = self.status.get(device, {}).get("holdout")
+        score = HoldoutScore.from_json(scores.get(task)) if isinstance(scores, dict) else None
+        if score is None or (score.round, score.phase, score.global_hash) != (
+            request.round,
+            request.phase,
+            request.global_hash,
+        ):
+            return None
+        return score.metrics
+
 
 class MqttFleet:
     """A ``Fleet`` whose devices are ``edge-trainer`` processes reached through a broker."""
@@ -129,6 +145,8 @@ class MqttFleet:
         self._admit = threading.Lock()  # admission and its counts are shared by every task
         #: task -> which devices run it (``[[task]] devices``); absent: every device.
         self.selections: dict[str, DeviceSelection | None] = {}
+        #: task -> its held-out devices (``[[task]] holdout``): they score the global, never train.
+        self.holdouts: dict[str, tuple[str, ...]] = {}
         session.subscribe(topics.topic_status_all(self.fleet))
         session.subscribe(topics.topic_up_all(self.fleet))
         # After a broker restart the retained announcement may be gone: publish it again.
@@ -155,6 +173,7 @@ class MqttFleet:
             personalized=tuple(request.downlinks),
             participants=request.participants,
             devices=self.selections.get(spec.name),
+            holdout=self.holdouts.get(spec.name, ()),
         )
         topic = topics.topic_down(self.fleet, spec.name)
         payload = ann.encode()
@@ -259,6 +278,8 @@ class MqttFleet:
     def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate | SatOut]:
         # Keyed by device; a straggler's late upload by ("late", device) beside its fresh one.
         received: Inbox = {}
+        if self.store is not None and request.fold is not None:
+            self._restore_fold(request, received)
         if self.store is not None:  # updates that arrived before a restart: no device needs to resend
             name = request.spec.name
             stored = self.store.stored_updates(name, request.round, request.phase, request.global_hash)
@@ -279,7 +300,20 @@ class MqttFleet:
         if request.participants is not None:  # the server chose: wait for those only
             expected = set(request.participants)
         task, selection = request.spec.name, self.selections.get(request.spec.name)
+        held_out = set(self.holdouts.get(task, ()))
         refused: dict[str, str] = {}
+        scores: dict[str, dict[str, float]] = {}
+
+        def scoring() -> set[str]:
+            """Held-out devices online that have not yet scored this round's global (noted when they have)."""
+            waiting = set()
+            for d in held_out & set(self.view.online_devices()):
+                score = self.view.holdout_score(d, task, request)
+                if score is not None:
+                    scores[d] = score
+                elif self.view.refusal(d, task, selection) is None:
+                    waiting.add(d)
+            return waiting
 
         def awaited(devices: set[str]) -> set[str]:
             """``devices`` less those outside the selection or that refused the task (noted)."""
@@ -292,7 +326,7 @@ class MqttFleet:
                     refused[d] = why
             return out
 
-        expected = awaited(expected)
+        expected = awaited(expected) - held_out
         last_online = set(self.view.online_devices())
         closed = "deadline"
         deadline = time.time() + self.policy.deadline_s
@@ -302,8 +336,9 @@ class MqttFleet:
         while True:
             answered = {d for d, r in received.items() if isinstance(r, Update)}
             valid = len(answered)
-            # All awaited devices answered; too few of them for min_participants waits for more.
-            if expected and expected <= answered and valid >= self.policy.min_participants:
+            # All awaited devices answered (and held-out ones scored); too few of them for
+            # min_participants waits for more.
+            if expected and expected <= answered and valid >= self.policy.min_participants and not scoring():
                 closed = "answered"
                 break
             if time.time() >= deadline:
@@ -343,13 +378,15 @@ class MqttFleet:
                 )
             last_online = online
             # A device that refuses the task (its status says so, at once) is not waited for.
-            expected = awaited(expected)
+            expected = awaited(expected) - held_out
         online = set(self.view.online_devices())
         awaited(online)  # note every online device that sat this round out, and why
         out: list[Update | Rejection | LateUpdate | SatOut] = list(received.values())
         if refused:
             log.info("round %d/%s: not run by %s", request.round, request.phase, refused)
-        out.append(SatOut(closed, dict(sorted(refused.items()))))  # how it closed, in every record
+        scoring()  # the scores that came with the last messages
+        # How it closed, in every record; who sat it out and what held-out devices scored.
+        out.append(SatOut(closed, dict(sorted(refused.items())), dict(sorted(scores.items()))))
         return out
 
     def _handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
@@ -366,6 +403,8 @@ class MqttFleet:
             if topic.task != request.spec.name:
                 return
             why = self.view.outside(topic.device, self.selections.get(topic.task))
+            if topic.device in self.holdouts.get(topic.task, ()):
+                why = "held out: it scores the global model and uploads no update"
             if why is not None:  # counted and stored like any refusal
                 self._record_refusal(topic.device, request, Refusal(Reason.NOT_SELECTED, why))
                 return
@@ -422,3 +461,33 @@ class MqttFleet:
                 else (request.round, request.phase, request.global_hash)
             )
             self.store.put_update(request.spec.name, r, phase, device, gh, payload)
+        fold = request.fold if request is not None else None
+        if fold is not None and self.store is not None and len(fold.pending) >= self.policy.checkpoint_every:
+            self._checkpoint(request)
+
+    def _checkpoint(self, request: CollectRequest) -> None:
+        """Store the round's partial sum; the uploads it covers leave the store."""
+        fold = request.fold
+        folded = dict(fold.pending)
+        self.store.put_partial(
+            request.spec.name, request.round, request.phase, request.global_hash, fold.checkpoint(), folded
+        )
+
+    def _restore_fold(self, request: CollectRequest, received: Inbox) -> None:
+        """Continue a streaming round from its last checkpoint (a restart): the devices folded in
+        it count with their stored sample counts and metrics, and their re-sends are replays."""
+        kept = self.store.partial(request.spec.name, request.round, request.phase, request.global_hash)
+        if kept is None:
+            return
+        state, folded = kept
+        request.fold.restore(state, folded)
+        with self._admit:
+            self.admission.restore_folded(request, sorted(folded))
+        for device, (n_samples, metrics) in folded.items():
+            received[device] = Update(device, {}, n_samples, metrics)
+        log.info(
+            "round %d/%s: partial sum of %d uploads restored from the store",
+            request.round,
+            request.phase,
+            len(folded),
+        )

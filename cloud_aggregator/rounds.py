@@ -25,6 +25,7 @@ from cloud_aggregator.stragglers import (
     restore_late_window,
 )
 from cloud_aggregator.strategies import Strategy, Update, make_strategy
+from cloud_aggregator.streaming import RoundFold
 from ioft_protocol.codec import TensorSpec
 from trainer_lite.params import Params, param_hash
 from trainer_lite.task import TaskSpec
@@ -49,6 +50,9 @@ class CollectRequest:
     participants: tuple[str, ...] | None = None  # the server's selection; None: the fleet samples
     expected_by_device: dict[str, dict[str, TensorSpec]] = field(default_factory=dict)
     late: LateWindow | None = None  # set only when stragglers count in the next round
+    #: Set where the strategy streams (``cloud_aggregator.streaming``): admission folds each
+    #: admitted upload into it and files the ``Update`` without its params.
+    fold: RoundFold | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,8 @@ class SatOut:
 
     closed: str
     refused: dict[str, str]
+    #: held-out device -> its score of the round's global (``[[task]] holdout``)
+    holdout: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 class Fleet(Protocol):
@@ -125,6 +131,22 @@ class RoundStore(Protocol):
     def stored_updates(self, task: str, round_: int, phase: str, global_hash: str) -> list[tuple[str, bytes]]:
         """``(device, payload)`` of the uploads kept for a round that has not been saved."""
 
+    def put_partial(
+        self,
+        task: str,
+        round_: int,
+        phase: str,
+        global_hash: str,
+        state: bytes,
+        folded: dict[str, tuple[int, dict[str, float]]],
+    ) -> None:
+        """Checkpoint a streaming round's partial sum; drop the stored uploads of ``folded`` devices."""
+
+    def partial(
+        self, task: str, round_: int, phase: str, global_hash: str
+    ) -> tuple[bytes, dict[str, tuple[int, dict[str, float]]]] | None:
+        """The round's last checkpoint and ``{device: (n_samples, metrics)}`` folded in it, or ``None``."""
+
     def put_rejection(self, task: str, round_: int | None, device: str, reason: Reason, detail: str) -> None:
         """Record a refused upload with its reason code."""
 
@@ -146,6 +168,7 @@ class MemoryStore:
         self._point: dict[str, tuple[int, int, Params, dict[str, Any]]] = {}
         self._params: dict[str, dict[str, Params]] = {}
         self._updates: dict[tuple[str, int, str, str], tuple[str, bytes]] = {}
+        self._partials: dict[tuple[str, int, str], tuple[str, bytes, dict]] = {}
         self._rejections: list[tuple[str, str, str]] = []  # (task, device, reason code)
 
     def resume_point(self, task: str) -> tuple[int, int, Params, dict[str, Any]] | None:
@@ -163,6 +186,11 @@ class MemoryStore:
         self._updates = {
             k: v
             for k, v in self._updates.items()
+            if k[0] != record.task or k[1] > record.round or (k[1] == record.round and k[2] != record.phase)
+        }
+        self._partials = {
+            k: v
+            for k, v in self._partials.items()
             if k[0] != record.task or k[1] > record.round or (k[1] == record.round and k[2] != record.phase)
         }
 
@@ -190,6 +218,27 @@ class MemoryStore:
             for k, (gh, payload) in self._updates.items()
             if k[:3] == (task, round_, phase) and gh == global_hash
         ]
+
+    def put_partial(
+        self,
+        task: str,
+        round_: int,
+        phase: str,
+        global_hash: str,
+        state: bytes,
+        folded: dict[str, tuple[int, dict[str, float]]],
+    ) -> None:
+        key = (task, round_, phase)
+        before = self._partials.get(key, ("", b"", {}))[2]
+        self._partials[key] = (global_hash, state, {**before, **folded})
+        for device in folded:
+            self._updates.pop((*key, device), None)
+
+    def partial(
+        self, task: str, round_: int, phase: str, global_hash: str
+    ) -> tuple[bytes, dict[str, tuple[int, dict[str, float]]]] | None:
+        kept = self._partials.get((task, round_, phase))
+        return None if kept is None or kept[0] != global_hash else (kept[1], dict(kept[2]))
 
     def put_rejection(self, task: str, round_: int | None, device: str, reason: Reason, detail: str) -> None:
         self._rejections.append((task, device, str(reason)))
@@ -285,6 +334,9 @@ class RoundEngine:
         by_device = self.strategy.expected_by_device(self.global_params, phase)
         chosen = self.strategy.participants(round_)
         late = self._late if self._late is not None and self._late.round == round_ - 1 else None
+        # Stragglers and SecAgg rounds combine whole uploads: those rounds keep them (no fold).
+        streams = self.straggler == "drop" and self.spec.secagg is None
+        fold = self.strategy.fold(phase) if streams else None
         request = CollectRequest(
             self.spec,
             round_,
@@ -296,6 +348,7 @@ class RoundEngine:
             participants=None if chosen is None else tuple(chosen),
             expected_by_device=by_device,
             late=late,
+            fold=fold,
         )
         collected = self.fleet.collect(request)
         sat_out = [r for r in collected if isinstance(r, SatOut)]
@@ -310,9 +363,14 @@ class RoundEngine:
         before = self.global_params
         if status == "completed":
             faults.point("before_aggregate")
-            self.global_params = self.strategy.aggregate(
-                self.global_params, valid, round_=round_, phase=phase
-            )
+            if fold is not None:
+                self.global_params = self.strategy.aggregate_folded(
+                    self.global_params, self._folded(fold, valid), valid, round_=round_, phase=phase
+                )
+            else:
+                self.global_params = self.strategy.aggregate(
+                    self.global_params, valid, round_=round_, phase=phase
+                )
             faults.point("after_aggregate")
         else:
             log.warning(
@@ -344,10 +402,26 @@ class RoundEngine:
             }
         for note in sat_out:  # devices that sat the round out, and how it closed
             record.extra = {**record.extra, "closed": note.closed, "refused": dict(note.refused)}
+            if note.holdout:
+                record.extra["holdout"] = dict(note.holdout)
         if self.straggler == "next_round":
             self._late = LateWindow(round_, phase, gh, before, frozenset(counted))
         self._pending = record
         return record
+
+    @staticmethod
+    def _folded(fold: RoundFold, valid: Sequence[Update]) -> RoundFold:
+        """``fold`` once it holds exactly ``valid``: a fleet that admits nothing through
+        ``cloud_aggregator.admission`` (a test's stand-in) returns whole uploads, folded here."""
+        for u in valid:
+            if u.device not in fold.devices:
+                fold.add(u)
+        if len(fold.devices) != len(valid):
+            raise ValueError(
+                f"the fold holds {len(fold.devices)} uploads but the round admitted {len(valid)}: "
+                "a Fleet must fold exactly the uploads it returns"
+            )
+        return fold
 
     def _save(self, round_: int, phase_idx: int) -> None:
         record = self._pending

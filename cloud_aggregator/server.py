@@ -75,6 +75,8 @@ def format_record(rec: RoundRecord, metric: str = "test_loss") -> str:
     accuracy = rec.mean_metric("test_accuracy")  # classification tasks
     extra = "" if accuracy is None else f" test_accuracy mean={accuracy:.4f}"
     extra += f" rejected={sorted(rec.rejected)}" if rec.rejected else ""
+    for device, score in sorted(rec.extra.get("holdout", {}).items()):
+        extra += f" holdout {device}: " + " ".join(f"{k}={v:.4f}" for k, v in sorted(score.items()))
     if rec.extra.get("late"):
         extra += f" late={rec.extra['late']}"
     return (
@@ -194,6 +196,7 @@ def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: boo
         )
         fleet = MqttFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy())
         fleet.selections.update({t.name: t.devices for t in cfg.task})  # which devices run each task
+        fleet.holdouts.update({t.name: t.holdout for t in cfg.task})
         online = fleet.wait_for_devices()
         log.info("fleet %s: %d online at start: %s", cfg.fleet, len(online), online)
         tasks = list(cfg.task)
@@ -205,6 +208,7 @@ def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: boo
             new = accepted.get()
             tasks = [t for t in new.task if store.next_round(t.name) <= t.rounds]
             fleet.selections.update({t.name: t.devices for t in tasks})
+            fleet.holdouts.update({t.name: t.holdout for t in tasks})
             try:
                 register_tasks(store, tasks, lambda _: False)
             except TaskChangedError as exc:  # the store moved on since the watcher checked

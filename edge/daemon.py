@@ -51,6 +51,7 @@ from sensors.features.scaling import standardize_locally
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import initial_local, participate
 from trainer_lite.data import Dataset
+from trainer_lite.holdout import holdout_score
 from trainer_lite.params import Params, param_hash, strip_prefix, with_prefix
 from trainer_lite.task import TaskSpec, training_changes
 
@@ -92,6 +93,8 @@ class EdgeTrainer:
         self.tasks: dict[str, TaskState] = {}
         self.clients: dict[str, ClientAlgorithm] = {}
         self.refused: dict[str, str] = {}  # task -> why this device does not take part
+        #: task -> this device's score of the task's latest global, where the task holds it out
+        self.holdout: dict[str, round_messages.HoldoutScore] = {}
         self.round_cpu_s: float | None = None  # CPU seconds of the last round (status reads it)
         # With [data] source = "state" the dataset may not exist yet: edge-recorder appends
         # segments while this process runs; refresh_dataset() reads the new ones.
@@ -174,6 +177,8 @@ class EdgeTrainer:
             body["models"] = self.models.status()
         if self.refused:
             body["refused"] = dict(self.refused)
+        if self.holdout:
+            body["holdout"] = {task: score.to_json() for task, score in self.holdout.items()}
         if self.pause.reason is not None:
             body["paused"] = self.pause.reason
         body["data"] = self._data_status()
@@ -426,6 +431,9 @@ class EdgeTrainer:
         if self.refused.pop(ann.task, None) is not None:
             self._publish_status()  # the aggregator may wait for this device again
         state = self._task_state(ann.task, ann.spec, algo)
+        if self.device in ann.holdout and ann.state == "running":
+            self._score_holdout(ann, algo)
+            return
         if ann.state == "done" or not ann.takes_part(self.device):
             return
         key = (ann.round, ann.phase)
@@ -500,6 +508,37 @@ class EdgeTrainer:
         )
         self._publish_status()
         self.notifier.status(f"task {ann.task}: answered round {ann.round} {ann.phase}")
+
+    def _score_holdout(self, ann: round_messages.Announcement, algo: ClientAlgorithm) -> None:
+        """Held out of the task: score the round's global on this device's rows and report it in
+        the status (``trainer_lite.holdout``); never train, never upload."""
+        done = self.holdout.get(ann.task)
+        if done is not None and (done.round, done.phase, done.global_hash) == (
+            ann.round,
+            ann.phase,
+            ann.global_hash,
+        ):
+            return
+        if param_hash(ann.params) != ann.params_hash:
+            raise codec.WireError("downlink parameters do not match their announced hash")
+        data = self.task_data(ann.spec)
+        if data is None or len(data[0]) + len(data[1]) == 0:
+            log.warning(
+                "%s: task %s round %d: nothing to score the global on yet", self.device, ann.task, ann.round
+            )
+            return
+        train, test, _ = data
+        metrics = holdout_score(algo, self.device, ann.params, train, test, phase=ann.phase)
+        self.holdout[ann.task] = round_messages.HoldoutScore(ann.round, ann.phase, ann.global_hash, metrics)
+        log.info(
+            "%s: task %s round %d %s: held out, the global scores %s",
+            self.device,
+            ann.task,
+            ann.round,
+            ann.phase,
+            " ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())),
+        )
+        self._publish_status()
 
     def _publish_upload(self, task: str, state: TaskState) -> None:
         assert state.answered is not None

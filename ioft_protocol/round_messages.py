@@ -109,7 +109,9 @@ class Announcement:
     lists those devices in ``personalized`` so they wait for their own copy, and the
     server's selection in ``participants`` (``None``: every device that is online).
     ``devices`` is the task's :class:`DeviceSelection` (``None``: every device; the
-    field is then left out of the message).
+    field is then left out of the message).  ``holdout`` lists held-out devices: they
+    never train or upload, only score the global model and report it in their status
+    (:class:`HoldoutScore`); the field is left out when empty.
     """
 
     fleet: str
@@ -126,6 +128,7 @@ class Announcement:
     personalized: tuple[str, ...] = ()
     participants: tuple[str, ...] | None = None
     devices: DeviceSelection | None = None
+    holdout: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.params_hash:
@@ -142,10 +145,14 @@ class Announcement:
         fields["participants"] = None if self.participants is None else sorted(self.participants)
         if self.devices is not None:
             fields["devices"] = self.devices.to_json()
+        if self.holdout:
+            fields["holdout"] = sorted(self.holdout)
         return encode("round", fields, self.params)
 
     def takes_part(self, device: str) -> bool:
         """Whether ``device`` is asked to train on this announcement's parameters."""
+        if device in self.holdout:
+            return False
         if self.participants is not None and device not in self.participants:
             return False
         if self.for_device is not None:
@@ -178,7 +185,41 @@ class Announcement:
             personalized=_device_list(meta, "personalized"),
             participants=None if meta.get("participants") is None else _device_list(meta, "participants"),
             devices=None if meta.get("devices") is None else DeviceSelection.from_json(meta["devices"]),
+            holdout=_device_list(meta, "holdout") if "holdout" in meta else (),
         )
+
+
+@dataclass(frozen=True)
+class HoldoutScore:
+    """A held-out device's score of a round's global model, kept in its retained status
+    (``holdout: {task: score}``): it trained on nothing, so the score tests the fleet's model
+    on a machine it has never seen (the IoFT talk's held-out-device testing)."""
+
+    round: int
+    phase: str
+    global_hash: str
+    metrics: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "phase": self.phase,
+            "global_hash": self.global_hash,
+            "metrics": self.metrics,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any) -> HoldoutScore | None:
+        """The score in a status, or ``None`` when it is not one (a status is never trusted)."""
+        if not isinstance(value, dict):
+            return None
+        round_, phase, gh, metrics = (value.get(k) for k in ("round", "phase", "global_hash", "metrics"))
+        if not (isinstance(round_, int) and isinstance(phase, str) and isinstance(gh, str)):
+            return None
+        if not isinstance(metrics, dict):
+            return None
+        kept = {k: float(v) for k, v in metrics.items() if isinstance(k, str) and isinstance(v, int | float)}
+        return cls(round_, phase, gh, kept)
 
 
 def _device_list(meta: dict[str, Any], key: str) -> tuple[str, ...]:

@@ -64,3 +64,46 @@ def test_the_fleet_view_judges_from_the_status():
     assert view.refusal("p1", "tool", sel).startswith("task runs on kind")
     assert view.refusal("w1", "tool", sel) is None and view.refusal("w2", "tool", sel) is None
     assert view.refusal("w1", "speed", None) == "624 features"
+
+
+# -- held-out devices ([[task]] holdout) -----------------------------------------------------------
+def test_a_bad_holdout_id_is_refused_at_config_time():
+    with pytest.raises(ValueError, match="holdout"):
+        TaskConfig(**TASK, holdout=("welder 1",))
+
+
+def test_held_out_devices_travel_in_the_announcement_and_never_take_part():
+    ann = Announcement("f", "tool", 3, "train", "{}", 0.0, "h" * 64, holdout=("w2",))
+    back = Announcement.decode(ann.encode())
+    assert back.holdout == ("w2",)
+    assert not back.takes_part("w2") and back.takes_part("w1")
+    assert (
+        Announcement.decode(Announcement("f", "tool", 3, "train", "{}", 0.0, "h" * 64).encode()).holdout == ()
+    )
+
+
+@pytest.mark.parametrize(
+    "junk", [None, [], "x", {"round": "3"}, {"round": 3, "phase": "train", "global_hash": "h", "metrics": 1}]
+)
+def test_a_malformed_holdout_score_in_a_status_is_no_score(junk):
+    from cloud_aggregator.rounds import CollectRequest
+    from trainer_lite.task import TaskSpec
+
+    view = FleetView(status={"w2": {"state": "online", "holdout": {"tool": junk}}})
+    req = CollectRequest(TaskSpec("tool", "fedavg", "mlp"), 3, "train", {}, "h", {}, {})
+    assert view.holdout_score("w2", "tool", req) is None
+
+
+def test_only_a_score_of_the_rounds_own_global_counts():
+    from cloud_aggregator.rounds import CollectRequest
+    from ioft_protocol.round_messages import HoldoutScore
+    from trainer_lite.task import TaskSpec
+
+    score = HoldoutScore(3, "train", "h", {"loss": 0.5, "note": "x"}).to_json()  # type: ignore[dict-item]
+    view = FleetView(status={"w2": {"state": "online", "holdout": {"tool": score}}})
+    spec = TaskSpec("tool", "fedavg", "mlp")
+    assert view.holdout_score("w2", "tool", CollectRequest(spec, 3, "train", {}, "h", {}, {})) == {
+        "loss": 0.5
+    }
+    assert view.holdout_score("w2", "tool", CollectRequest(spec, 4, "train", {}, "h", {}, {})) is None
+    assert view.holdout_score("w2", "tool", CollectRequest(spec, 3, "train", {}, "other", {}, {})) is None
