@@ -18,12 +18,18 @@ N = 1,000 with SecAgg+'s sparse graph (Bell et al., CCS 2020).
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
 from benchmarks.common import markdown_table, progress, study_parser, write_result
+from benchmarks.round_overhead import proc_io
 from cloud_aggregator.aggregate import WeightedMean
+from cloud_aggregator.broker import start_mosquitto
+from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
+from cloud_aggregator.store import SqliteStore
 from ioft_protocol.round_messages import UpdateMessage
 from ioft_protocol.secagg import SecAggConfig, SecAggResult
 from ioft_protocol.secagg.simulate import run_round
@@ -90,6 +96,47 @@ def case(n: int, p: int, drop_frac: float, seed: int, *, complete: bool = False)
     }
 
 
+def mqtt_rounds(n: int, p: int, rounds: int, secagg: dict | None) -> dict:
+    """Real processes: mosquitto, ``cloud-aggregator serve`` and ``n`` ``edge-trainer`` devices on the
+    zero-compute ``echo`` task (as ``benchmarks.round_overhead``); round wall time from the records
+    (after one warm-up round) and the broker's socket bytes per round."""
+    work = Path(tempfile.mkdtemp(prefix=f"ioft-secagg-{n}-"))
+    fleet = LocalFleet.start(work, broker=start_mosquitto())
+    try:
+        names = [f"dev{i}" for i in range(n)]
+        fleet.start_devices(names, "--log-level", "WARNING", simulate="printer")
+        task = {"name": "bench", "algorithm": "echo", "model": "vector", "rounds": rounds + 1}
+        task |= {"model_args": {"size": p}, "server": {"weighting": "uniform"}}
+        if secagg is not None:
+            task["secagg"] = secagg
+        toml = aggregator_toml(fleet.broker_url, work / "aggregator", [task], expected=names, deadline_s=60)
+        agg = fleet.start_aggregator(toml, log_level="WARNING")
+        db, marks = work / "aggregator" / "aggregator.sqlite", {}
+        monitor: SqliteStore | None = None
+        while agg.poll() is None:  # broker bytes between the end of round 1 and the end of the last
+            if monitor is None and db.exists():
+                monitor = SqliteStore(db, readonly=True)
+            done = monitor.round_count("bench") if monitor is not None else 0
+            if done in (1, rounds + 1) and done not in marks:
+                marks[done] = proc_io(fleet.broker.proc.pid)
+            time.sleep(0.005)
+        if monitor is not None:
+            monitor.close()
+        if agg.returncode != 0:
+            raise RuntimeError(f"aggregator failed: {fleet.log('aggregator')[-2000:]}")
+        store = SqliteStore(db, readonly=True)
+        recs = [r for r in store.rounds("bench") if r.round > 1]
+        store.close()
+        if any(r.status != "completed" or len(r.participants) != n for r in recs):
+            raise RuntimeError(f"N={n}: a round lost devices: {[(r.round, r.status) for r in recs]}")
+        return {
+            "round_s": statistics.median(r.finished - r.started for r in recs),
+            "broker_bytes": (marks[rounds + 1] - marks[1]) / rounds if len(marks) == 2 else float("nan"),
+        }
+    finally:
+        fleet.stop()
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = study_parser(__doc__.split("\n")[0], default_seeds=(0,))
     parser.add_argument("--devices", type=int, nargs="+", default=[20, 100, 1000])
@@ -98,9 +145,11 @@ def main(argv: list[str] | None = None) -> dict:
         "--complete-up-to", type=int, default=100, help="also run the complete graph up to this N"
     )
     parser.add_argument("--drop", type=float, default=0.05, help="fraction dropping after sharing keys")
+    parser.add_argument("--mqtt-devices", type=int, nargs="*", default=[20], help="real fleets to time")
+    parser.add_argument("--mqtt-rounds", type=int, default=5)
     args = parser.parse_args(argv)
     if args.quick:
-        args.devices, args.params, args.complete_up_to = [20, 100], [10_000], 20
+        args.devices, args.params, args.complete_up_to, args.mqtt_devices = [20, 100], [10_000], 20, []
     cases = [(n, p, False) for p in args.params for n in args.devices]
     cases += [(n, p, True) for p in args.params for n in args.devices if n <= args.complete_up_to]
     rows, results = [], []
@@ -165,6 +214,33 @@ def main(argv: list[str] | None = None) -> dict:
         "mostly unpacking each masked input and regenerating each survivor's self mask (a few ms per "
         "device at P = 150,000).\n"
     )
+    mqtt_rows = []
+    for n in args.mqtt_devices:
+        p = args.params[0]
+        plain = mqtt_rounds(n, p, args.mqtt_rounds, None)
+        masked = mqtt_rounds(n, p, args.mqtt_rounds, {"threshold": 0.6, "clip": 0.5, "bits": 16})
+        mqtt_rows.append(
+            [
+                n,
+                f"{p:,}",
+                f"{plain['round_s'] * 1e3:.0f} ms",
+                f"{masked['round_s'] * 1e3:.0f} ms",
+                f"{plain['broker_bytes'] / 1e6:.2f} MB",
+                f"{masked['broker_bytes'] / 1e6:.2f} MB",
+                f"{masked['broker_bytes'] / plain['broker_bytes']:.3f}×",
+            ]
+        )
+    if mqtt_rows:
+        body += (
+            f"\nOver MQTT, real processes (mosquitto, `cloud-aggregator serve`, N `edge-trainer` devices, the "
+            f"zero-compute echo task; median of {args.mqtt_rounds} rounds after one warm-up; broker bytes are its "
+            "socket reads + writes per round, announcements included):\n\n"
+            + markdown_table(
+                ["N", "P", "round plain", "round SecAgg", "broker plain", "broker SecAgg", "bytes ×"],
+                mqtt_rows,
+            )
+            + "\n"
+        )
     print(body)
     if not args.no_write and not args.quick:
         write_result("secagg_cost", body)
