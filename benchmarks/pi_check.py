@@ -23,7 +23,6 @@ import os
 import pickle
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -46,19 +45,10 @@ from benchmarks.pi_root import (
     mounted,
     run_logged,
 )
+from benchmarks.pi_tests import DEVICE_TESTS, run_tests
 
 REPO = Path(__file__).resolve().parent.parent
-#: The device-side tests: the packages a Pi runs (less the gold tests against torch, marked
-#: ``torch``).  Some import cloud_aggregator's pure-NumPy parts (strategies, simulation) or
-#: export.synthetic (builds test ONNX files with ``onnx``, installed in the root for the tests only).
-DEVICE_TESTS = ("tests/ioft_protocol", "tests/edge", "tests/sensors", "tests/trainer_lite")
 TEST_TOOLS = ("pytest", "pytest-timeout", "hypothesis", "onnx")  # at the host venv's versions
-#: Loaded with ``-p`` before the suite's conftest: the CI profile (derandomized) without
-#: hypothesis' 200 ms deadline and too-slow check, which measure qemu, not the code.
-EMULATED_PROFILE = """from hypothesis import HealthCheck, settings
-settings.register_profile("emulated", derandomize=True, database=None, print_blob=True, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-"""
 
 
 @dataclass
@@ -67,14 +57,6 @@ class Install:
     venv_bytes: int
     freeze: list[str]
     test_tools: list[str]
-
-
-@dataclass
-class TestRun:
-    counts: dict[str, int]
-    failed: list[str]
-    seconds: float
-    summary: str
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -182,35 +164,6 @@ def run_recorder(argv: list[str], env: dict[str, str], log: Path, state: Path) -
         raise PiCheckError(f"edge-recorder --simulate printer: exit {usage.returncode} (log: {log})")
     status = state / "recorder-status.json"
     return usage, json.loads(status.read_text()) if status.exists() else {}
-
-
-def run_tests(root: Path, src: Path, timeout: float, log: Path) -> TestRun:
-    """The device-side tests inside the root, against the installed wheel (not a source tree)."""
-    where = root / "opt" / "ioft-tests"
-    shutil.rmtree(where, ignore_errors=True)
-    where.mkdir(parents=True)
-    shutil.copytree(src / "tests", where / "tests")
-    shutil.copy2(src / "pyproject.toml", where / "pyproject.toml")  # pytest's markers and timeout
-    (where / "pi_check_profile.py").write_text(EMULATED_PROFILE)
-    env = {**ROOT_ENV, "CI": "1", "HYPOTHESIS_PROFILE": "emulated", "PYTHONPATH": "/opt/ioft-tests"}
-    cmd = ["sh", "-c", f"cd /opt/ioft-tests && exec {VENV}/bin/python -m pytest -q -p pi_check_profile "
-           f"-p no:cacheprovider -m 'not torch' -rfE --junitxml=/opt/ioft-tests/junit.xml {' '.join(DEVICE_TESTS)}"]  # fmt: skip
-    out_log = log.with_name("pi-tests.log")
-    out_log.unlink(missing_ok=True)
-    tests = Watched(in_root(root, cmd), out_log, env)
-    # Out of time: SIGINT, so pytest stops where it is and still prints its summary.
-    usage = tests.wait(timeout) or tests.stop(grace_s=60, sig=signal.SIGINT)
-    text = out_log.read_text(errors="replace")
-    summary = next((ln.strip("= ") for ln in reversed(text.splitlines()) if " in " in ln and "=" in ln), "")
-    counts = {
-        k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed)", summary)
-    }
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.MULTILINE)
-    if "KeyboardInterrupt" in text:
-        summary += f" (stopped at the {timeout:.0f} s limit: the rest did not run)"
-    elif not summary:
-        summary = f"no summary: pytest ended with exit {usage.returncode} after {usage.wall_s:.0f} s"
-    return TestRun(counts, failed, usage.wall_s, summary)
 
 
 def run_check(args: argparse.Namespace) -> Path:

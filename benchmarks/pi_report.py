@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 from benchmarks.common import markdown_table
 
 if TYPE_CHECKING:
-    from benchmarks.pi_check import Install, TestRun
+    from benchmarks.pi_check import Install
     from benchmarks.pi_fleet import DeviceFigures, FleetRun
     from benchmarks.pi_measure import Usage
+    from benchmarks.pi_tests import TestRun
 
 MIB = 1024 * 1024
 
@@ -171,7 +172,11 @@ def render(
             "",
         ]
         if tests.failed:
-            parts += ["Failed or errored:", "", *(f"- `{t}`" for t in tests.failed), ""]
+            parts += ["Failed or errored (with the first error line of each):", ""]
+            parts += [f"- `{t}`: {why}" for t, why in tests.failed] + [""]
+        if tests.skipped:
+            parts += ["Skipped (reason: tests):", ""]
+            parts += [f"- {why}: {n}" for why, n in tests.skipped.items()] + [""]
     parts += [
         "## Exact versions installed in the arm64 root (`pip freeze --all`)",
         "",

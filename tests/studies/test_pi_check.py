@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from benchmarks import pi_check, pi_report
+from benchmarks import pi_check, pi_report, pi_tests
 from benchmarks.pi_fleet import MARK, FleetRun, figures
 from benchmarks.pi_measure import Mark, Usage, Watched, host_env
 
@@ -69,7 +69,31 @@ def test_the_report_lists_every_installed_package():
         imports={k: {"numpy": 0.2, "total": 0.9} for k in ("arm64", "host")},
         recorder={k: (usage, {"appended": 10, "rows": {"train": 7, "test": 3}}) for k in ("arm64", "host")},
         fleet=FleetRun(1, 1, [["host1", "pi1"]], [0.2], fig, fig),
-        tests=pi_check.TestRun({"passed": 3}, [], 60.0, "3 passed in 60.00s"), layers=10, test_cmd="pytest",
+        tests=pi_tests.TestRun({"passed": 3}, [], 60.0, "3 passed in 60.00s"), layers=10, test_cmd="pytest",
     )  # fmt: skip
     for name in ("numpy", "ioft", "paho-mqtt"):
         assert re.search(rf"^\| {re.escape(name)} +\|", text, re.MULTILINE), name
+
+
+PYTEST_OUTPUT = """\
+..F.s                                                                    [100%]
+=================================== FAILURES ===================================
+_ test_over_mqtt_matches _
+E       AssertionError: Traceback (most recent call last):
+E         ModuleNotFoundError: No module named 'uvicorn'
+=========================== short test summary info ============================
+SKIPPED [2] tests/sensors/test_printer_sim.py:40: real printer data not at /x
+FAILED tests/t/test_a.py::test_over_mqtt_matches - AssertionError: Traceback (most recent call last):
+1 failed, 3 passed, 2 skipped, 7 deselected in 794.14s (0:13:14)
+"""
+
+
+def test_the_pytest_summary_failures_with_their_cause_and_skips_by_reason():
+    run = pi_tests.parse_test_log(PYTEST_OUTPUT, 800.0)
+    assert run.counts == {"failed": 1, "passed": 3, "skipped": 2, "deselected": 7}
+    assert run.failed == [
+        ("tests/t/test_a.py::test_over_mqtt_matches", "ModuleNotFoundError: No module named 'uvicorn'")
+    ]
+    assert run.skipped == {"real printer data not at /x": 2}
+    stopped = pi_tests.parse_test_log(PYTEST_OUTPUT, 800.0, stopped_at=600)
+    assert stopped.summary.startswith(run.summary) and stopped.summary != run.summary
