@@ -280,7 +280,16 @@ def _round_json(rec: RoundRecord, metric: str | None) -> dict[str, Any]:
         "rejected": rec.rejected,
         "late": rec.extra.get("late") or [],
         "mean": number(rec.mean_metric(metric)) if metric else None,
+        "holdout": _holdout(rec.extra.get("holdout"), metric),
     }
+
+
+def _holdout(scores: Any, metric: str | None) -> dict[str, Any]:
+    """Held-out devices' scores of the round's global, by the metric the task's curve plots."""
+    if not isinstance(scores, dict) or not metric:
+        return {}
+    key = metric.removeprefix("test_")
+    return {d: number(s.get(key)) for d, s in scores.items() if isinstance(s, dict) and key in s}
 
 
 def _cell(value: Any) -> Any:

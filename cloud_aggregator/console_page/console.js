@@ -97,7 +97,7 @@ function plot(task, colorOf) {
 
 function roundsTable(task) {
   const head = el("tr", {}, ...["round", "phase", "status", "participants", "duration", "closed by", "sat out",
-    "refused", `mean ${task.metric ?? ""}`].map((h) => el("th", {}, h)));
+    "refused", `mean ${task.metric ?? ""}`, "held out"].map((h) => el("th", {}, h)));
   const rows = task.rounds.slice().reverse().map((r) => el("tr", { "data-round": String(r.round) },
     el("td", { class: "num" }, String(r.round)), el("td", {}, r.phase),
     el("td", { class: r.status === "completed" ? "" : "bad" }, r.status),
@@ -105,7 +105,8 @@ function roundsTable(task) {
     el("td", { class: "num" }, `${r.duration_s.toFixed(2)} s`),
     el("td", { class: r.closed === "deadline" ? "bad" : "" }, r.closed === "deadline" ? "deadline (waited)" : r.closed ?? "-"),
     el("td", {}, pairs(r.sat_out)), el("td", { class: Object.keys(r.rejected).length ? "bad" : "" }, pairs(r.rejected)),
-    el("td", { class: "num" }, fmt(r.mean))));
+    el("td", { class: "num" }, fmt(r.mean)),
+    el("td", { class: "holdout" }, Object.entries(r.holdout || {}).map(([d, v]) => `${d}: ${fmt(v)}`).join("; ") || "-")));
   return el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows));
 }
 

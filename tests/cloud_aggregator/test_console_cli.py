@@ -30,3 +30,13 @@ def test_a_token_is_made_off_loopback_and_kept_when_given():
 def test_url_names_the_token_and_brackets_ipv6():
     assert url("0.0.0.0", 8765, "t") == "http://0.0.0.0:8765/?token=t"
     assert url("::1", 80, None) == "http://[::1]:80/"
+
+
+def test_a_rounds_held_out_scores_reach_the_page_by_the_curves_metric():
+    from cloud_aggregator.fleet_view import _round_json
+    from cloud_aggregator.rounds import RoundRecord
+
+    rec = RoundRecord("speed", 2, "train", "completed", ["p1"], {"p1": 9}, {"p1": {"test_loss": 0.2}}, {},
+                      "h", 0.0, 1.0, {"holdout": {"p3": {"loss": 0.25, "accuracy": 1.0}, "p4": "junk"}})  # fmt: skip
+    assert _round_json(rec, "test_loss")["holdout"] == {"p3": 0.25}
+    assert _round_json(rec, None)["holdout"] == {}
