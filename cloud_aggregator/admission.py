@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -237,9 +237,20 @@ class Admission:
                 inbox[device] = Rejection(device, str(verdict))
         elif isinstance(verdict, LateUpdate):
             inbox[("late", device)] = verdict
+        elif request is not None and request.fold is not None:
+            # Streaming: the sum takes the params now; the inbox keeps the count and metrics.
+            request.fold.add(verdict)
+            verdict = replace(verdict, params={})
+            inbox[device] = verdict
         else:
             inbox[device] = verdict
         return verdict
+
+    def restore_folded(self, request: CollectRequest, devices: list[str]) -> None:
+        """Mark ``devices`` as having answered ``request``'s round: a checkpointed fold holds
+        their uploads, so a re-send after a restart is a replay."""
+        for device in devices:
+            self._answer((request.spec.name, request.round, request.phase), device)
 
     def judge(
         self,

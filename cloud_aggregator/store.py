@@ -7,8 +7,10 @@ a round's record and its resume point commit in one transaction.  Received
 updates are stored as they arrive (idempotently, keyed by task, round, phase and
 device), so a restarted aggregator loses none and counts none twice: it reads
 them back for the round it resumes, and a device's re-send of a stored one is a
-duplicate.  Refused uploads are kept with their reason code (``admission.Reason``) in a
-column of its own.  ``cloud_aggregator.faults`` points mark each step for kill tests.
+duplicate.  A streaming round (``cloud_aggregator.streaming``) checkpoints its partial sum
+every so many uploads and drops the payloads it covers, so the disk holds O(P) plus the
+uploads since the last checkpoint, not O(N × P).  Refused uploads are kept with their
+reason code (``admission.Reason``) in a column of its own.  ``cloud_aggregator.faults`` points mark each step for kill tests.
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ CREATE TABLE IF NOT EXISTS updates (
     task TEXT NOT NULL, round INTEGER NOT NULL, phase TEXT NOT NULL, device TEXT NOT NULL,
     global_hash TEXT NOT NULL, payload BLOB NOT NULL, received REAL NOT NULL,
     PRIMARY KEY (task, round, phase, device)
+);
+CREATE TABLE IF NOT EXISTS partials (
+    task TEXT NOT NULL, round INTEGER NOT NULL, phase TEXT NOT NULL, global_hash TEXT NOT NULL,
+    state BLOB NOT NULL, updated REAL NOT NULL, PRIMARY KEY (task, round, phase)
+);
+CREATE TABLE IF NOT EXISTS folded (
+    task TEXT NOT NULL, round INTEGER NOT NULL, phase TEXT NOT NULL, device TEXT NOT NULL,
+    n_samples INTEGER NOT NULL, metrics TEXT NOT NULL, PRIMARY KEY (task, round, phase, device)
 );
 CREATE TABLE IF NOT EXISTS rejections (
     task TEXT NOT NULL, round INTEGER, device TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL,
@@ -235,7 +245,7 @@ class SqliteStore:
                 return True
             self._db.execute("BEGIN IMMEDIATE")
             if restart:
-                for table in ("rounds", "resume", "updates", "rejections"):
+                for table in ("rounds", "resume", "updates", "rejections", "partials", "folded"):
                     self._db.execute(f"DELETE FROM {table} WHERE task=?", (name,))
             self._db.execute(
                 "INSERT OR REPLACE INTO tasks (name, spec, created) VALUES (?, ?, ?)",
@@ -289,10 +299,11 @@ class SqliteStore:
                 (record.task, next_point[0], next_point[1], digest, json.dumps(state, sort_keys=True)),
             )
             # Earlier rounds' leftovers go too: stragglers stored for a round already closed.
-            self._db.execute(
-                "DELETE FROM updates WHERE task=? AND (round<? OR (round=? AND phase=?))",
-                (record.task, record.round, record.round, record.phase),
-            )
+            for table in ("updates", "partials", "folded"):
+                self._db.execute(
+                    f"DELETE FROM {table} WHERE task=? AND (round<? OR (round=? AND phase=?))",
+                    (record.task, record.round, record.round, record.phase),
+                )
             faults.point("before_commit")
             self._db.execute("COMMIT")
 
@@ -312,10 +323,56 @@ class SqliteStore:
     def stored_updates(self, task: str, round_: int, phase: str, global_hash: str) -> list[tuple[str, bytes]]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT device, payload FROM updates WHERE task=? AND round=? AND phase=? AND global_hash=?",
+                "SELECT device, payload FROM updates WHERE task=? AND round=? AND phase=? AND global_hash=? "
+                "ORDER BY rowid",  # arrival order: a fold restored from them sums in the same order
                 (task, round_, phase, global_hash),
             ).fetchall()
         return [(d, bytes(p)) for d, p in rows]
+
+    # -- checkpoints of a streaming round's partial sum (cloud_aggregator.streaming) ----------
+    def put_partial(
+        self,
+        task: str,
+        round_: int,
+        phase: str,
+        global_hash: str,
+        state: bytes,
+        folded: dict[str, tuple[int, dict[str, float]]],
+    ) -> None:
+        """In one transaction: the round's partial sum replaces the last one, the devices folded
+        since then are noted with their sample counts and metrics, and their stored payloads go."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT OR REPLACE INTO partials VALUES (?,?,?,?,?,?)",
+                (task, round_, phase, global_hash, state, time.time()),
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO folded VALUES (?,?,?,?,?,?)",
+                [(task, round_, phase, d, n, json.dumps(m, sort_keys=True)) for d, (n, m) in folded.items()],
+            )
+            self._db.executemany(
+                "DELETE FROM updates WHERE task=? AND round=? AND phase=? AND device=?",
+                [(task, round_, phase, d) for d in folded],
+            )
+            self._db.execute("COMMIT")
+
+    def partial(
+        self, task: str, round_: int, phase: str, global_hash: str
+    ) -> tuple[bytes, dict[str, tuple[int, dict[str, float]]]] | None:
+        """The last checkpointed partial sum of a round and who is folded in it, or ``None``."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT state FROM partials WHERE task=? AND round=? AND phase=? AND global_hash=?",
+                (task, round_, phase, global_hash),
+            ).fetchone()
+            if row is None:
+                return None
+            rows = self._db.execute(
+                "SELECT device, n_samples, metrics FROM folded WHERE task=? AND round=? AND phase=?",
+                (task, round_, phase),
+            ).fetchall()
+        return bytes(row[0]), {d: (int(n), json.loads(m)) for d, n, m in rows}
 
     def put_rejection(self, task: str, round_: int | None, device: str, reason: Reason, detail: str) -> None:
         """Record a refused upload: its code in ``code``, what was wrong in ``reason``."""

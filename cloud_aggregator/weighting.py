@@ -30,9 +30,17 @@ class Weighting(Protocol):
 class StatelessWeighting:
     """A weighting that is a function of the round's uploads alone: nothing to save."""
 
-    def __init__(self, name: str, weigh: Callable[[Sequence[Update], int], list[float]]) -> None:
+    def __init__(
+        self,
+        name: str,
+        weigh: Callable[[Sequence[Update], int], list[float]],
+        per_update: Callable[[Update], float] | None = None,
+    ) -> None:
         self.name = name
         self._weigh = weigh
+        #: Each upload's weight from that upload alone, where the scheme has one: a round can
+        #: then fold uploads as they arrive (``cloud_aggregator.streaming``).
+        self.per_update = per_update
 
     def __call__(self, updates: Sequence[Update], round_: int) -> list[float]:
         return self._weigh(updates, round_)
@@ -70,13 +78,15 @@ def get_weighting(name: str, args: dict[str, Any] | None = None) -> Weighting:
 @register_weighting("samples")
 def samples() -> Weighting:
     """Weight by local sample count (McMahan et al. 2017)."""
-    return StatelessWeighting("samples", lambda updates, round_: [float(u.n_samples) for u in updates])
+    return StatelessWeighting(
+        "samples", lambda updates, round_: [float(u.n_samples) for u in updates], lambda u: float(u.n_samples)
+    )
 
 
 @register_weighting("uniform")
 def uniform() -> Weighting:
     """Every participant counts the same (PFL-DA's p_i = 1/N)."""
-    return StatelessWeighting("uniform", lambda updates, round_: [1.0] * len(updates))
+    return StatelessWeighting("uniform", lambda updates, round_: [1.0] * len(updates), lambda u: 1.0)
 
 
 # F_i(w) by default: the downlinked model's loss on the device's training rows, as

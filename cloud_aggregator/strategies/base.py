@@ -16,6 +16,7 @@ import numpy as np
 
 from cloud_aggregator.reducers import ReducerChoice
 from cloud_aggregator.strategies.privacy import PrivateMean, dp_refusal
+from cloud_aggregator.streaming import RoundFold
 from ioft_protocol.codec import TensorSpec
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.algorithms.base import build_config, client_class
@@ -99,6 +100,17 @@ class Strategy(ABC):
         self, global_params: Params, updates: Sequence[Update], *, round_: int, phase: str
     ) -> Params:
         """New global parameters from validated updates (at least one). Never mutates inputs."""
+
+    def fold(self, phase: str) -> RoundFold | None:
+        """A fold that takes each admitted upload as it arrives (memory O(P), flat in N), or
+        ``None``: this strategy needs all of a round's uploads at once (``cloud_aggregator.streaming``)."""
+        return None
+
+    def aggregate_folded(
+        self, global_params: Params, fold: RoundFold, updates: Sequence[Update], *, round_: int, phase: str
+    ) -> Params:
+        """New global parameters from a round's :meth:`fold`; ``updates`` carry no params (folded)."""
+        raise NotImplementedError(f"{type(self).__name__} folds no uploads")
 
     def stop_reason(self) -> str | None:
         """Why the task must stop before its next round (a spent ε budget); ``None``: go on."""

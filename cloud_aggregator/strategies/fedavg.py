@@ -31,6 +31,7 @@ from typing import Any
 from cloud_aggregator.reducers import ReducerChoice
 from cloud_aggregator.strategies.base import Strategy, Update, register_strategy
 from cloud_aggregator.strategies.privacy import PrivateMean
+from cloud_aggregator.streaming import RoundFold
 from cloud_aggregator.weighting import get_weighting
 from trainer_lite.params import Params
 
@@ -78,6 +79,20 @@ class FedAvg(Strategy):
             return out
         weights = self.weigh(updates, round_)
         return self.reduce(global_params, [(u.params, w) for u, w in zip(updates, weights, strict=True)])
+
+    def fold(self, phase: str) -> RoundFold | None:
+        """Folds uploads as they arrive where the mean is plain: the ``mean`` reducer, a weighting
+        with a per-upload weight (``samples``, ``uniform``), and no DP (its mean clips and noises
+        the round as a whole)."""
+        per_update = getattr(self.weigh, "per_update", None)
+        if self.privacy is not None or self.config.reducer != "mean" or per_update is None:
+            return None
+        return RoundFold(per_update)
+
+    def aggregate_folded(
+        self, global_params: Params, fold: RoundFold, updates: Sequence[Update], *, round_: int, phase: str
+    ) -> Params:
+        return fold.mean.result() if global_params else {}
 
     def state(self) -> dict[str, Any]:
         return self.with_dp_state(self.weigh.state())
