@@ -181,8 +181,8 @@ def pick_canaries(spec: str, devices: list[str]) -> tuple[str, ...]:
     n = count if count is not None else math.ceil(len(ordered) * float(pct or 0) / 100)
     if n >= len(ordered):
         raise RolloutError(
-            f"--canary {spec} takes {n} of the {len(ordered)} devices online ({', '.join(ordered) or 'none'}): "
-            "nothing left to stage; use a smaller canary or push without --canary"
+            f"--canary {spec} takes {n} of the {len(ordered)} online devices running the current version "
+            f"({', '.join(ordered) or 'none'}): nothing left to stage; use a smaller canary or push without --canary"
         )
     return tuple(ordered[:n])
 

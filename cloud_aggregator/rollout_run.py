@@ -124,8 +124,12 @@ def start(
     base = offer_version(model_push.ModelOffer.decode(previous_offer))
     if base is None or base >= m.version:
         raise RolloutError(f"the fleet is offered {m.name} v{base}; a staged rollout needs a newer version")
-    online = [d for d, s in statuses(session, fleet, m.name).items() if s.get("state") == "online"]
-    pool = [d for d in online if not targets or d in targets]
+    # Canaries: online devices running the replaced version (they have it to go back to).
+    pool = [
+        d
+        for d, s in statuses(session, fleet, m.name).items()
+        if s.get("state") == "online" and _active(s, m.name) == base and (not targets or d in targets)
+    ]
     canaries = pick_canaries(canary, pool)
     report = push_model(
         session, fleet, package, chunk_size=chunk_size, devices=canaries, clear_previous=False
@@ -135,6 +139,21 @@ def start(
     )
     save(store, r)
     return r, report
+
+
+def _active(status: dict, name: str) -> object:
+    models = status.get("models")
+    entry = models.get(name) if isinstance(models, dict) else None
+    return entry.get("active") if isinstance(entry, dict) else None
+
+
+def _decided_elsewhere(store: SqliteStore, r: Rollout) -> Rollout | None:
+    """The stored record, when another command (``rollout abort``) decided this rollout meanwhile."""
+    for text in store.rollouts(r.model):
+        stored = Rollout.from_json(text)
+        if stored.version == r.version and stored.state != State.CANARY:
+            return stored
+    return None
 
 
 def follow(session: MqttSession, store: SqliteStore, fleet: str, r: Rollout, *, timeout: float) -> Rollout:
@@ -152,6 +171,8 @@ def follow(session: MqttSession, store: SqliteStore, fleet: str, r: Rollout, *, 
             if msg is not None:
                 _note_status(seen, msg.topic, msg.payload)
                 continue
+            if (other := _decided_elsewhere(store, r)) is not None:
+                return other  # before saving ours over it
             results = [canary_result(d, seen[d], r) for d in r.canaries]
             _record(store, r, results)
             final = time.monotonic() >= deadline
@@ -230,6 +251,9 @@ def stop(
     """
     if r.state != State.CANARY:
         raise RolloutError(f"the rollout of {r.model} v{r.version} is {r.state}, not in its canary phase")
+    # Who runs the new version now (the record may be older than the canaries' last answers).
+    now = statuses(session, fleet, r.model)
+    _record(store, r, [canary_result(d, now.get(d), r) for d in r.canaries])
     restore = replace(model_push.ModelOffer.decode(r.previous_offer), withdrawn=(r.version,))
     session.publish(
         topics.topic_model_offer(fleet, r.model), restore.encode(), retain=True, timeout=ACK_TIMEOUT
@@ -255,14 +279,17 @@ def _await_rollback(session: MqttSession, store: SqliteStore, fleet: str, r: Rol
                 continue
             waiting = False
             for d in r.canaries:
+                if seen[d] is None:
+                    continue  # no status yet
                 now = canary_result(d, seen[d], r)
-                before = r.results.setdefault(d, {"state": now.state, "detail": now.detail})
-                if before.get("rolled_back") or now.state == INSTALLED:
-                    waiting |= now.state == INSTALLED
-                    continue
-                if before["state"] == INSTALLED and seen[d] is not None:
-                    before["rolled_back"] = True  # it ran the new version, and runs it no longer
-                    before["detail"] = now.detail
+                before = r.results.get(d, {})
+                if now.state == INSTALLED:
+                    waiting = True
+                elif before.get("state") == INSTALLED and not before.get("rolled_back"):
+                    before.update(rolled_back=True, detail=now.detail)  # ran it, runs it no longer
+                    save(store, r)
+                elif before.get("state") != INSTALLED and before.get("detail") != now.detail:
+                    r.results[d] = {"state": now.state, "detail": now.detail}
                     save(store, r)
             if not waiting and all(seen[d] is not None for d in r.canaries):
                 return

@@ -133,6 +133,16 @@ def test_a_canary_that_scores_the_new_model_worse_stops_the_rollout(fleet_procs,
         watcher.wait(lambda: all(watcher.model(d).get("active") == 3 for d in DEVICES), 30, "v3 everywhere")
         assert all(watcher.model(d)["previous"] == 1 for d in DEVICES)
         assert rollout(fleet_procs, state_dir, "abort", "enc").returncode == 2  # promoted: nothing to abort
+
+        # The operator aborts an undecided rollout: its canary goes back to v3, the rest never see v4.
+        v4 = signed(window_encoder(tmp_path / "v4.onnx", pad_bytes=16), tmp_path / "p4", key, version=4)
+        out = canary_push(fleet_procs, v4, pub, state_dir, "--canary", "1", "--wait-timeout", "0")
+        assert out.returncode == 1, out.stdout + out.stderr
+        watcher.wait(lambda: watcher.model("printer1").get("active") == 4, 20, "v4 on the canary")
+        out = rollout(fleet_procs, state_dir, "abort", "enc", "--wait-timeout", "20")
+        assert out.returncode == 0 and ": aborted" in out.stdout and "rolled back" in out.stdout, out.stdout
+        watcher.wait(lambda: watcher.model("printer1").get("active") == 3, 20, "canary back on v3")
+        assert 4 not in watcher.seen["printer2"] | watcher.seen["printer3"]
     finally:
         session.stop()
         watcher.stop()
