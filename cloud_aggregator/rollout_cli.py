@@ -144,7 +144,9 @@ def status_main(args: argparse.Namespace) -> int:
     try:
         store = open_store(args)
     except ConfigError as exc:
-        print(f"cannot read rollouts: {'; '.join(exc.errors)}", file=sys.stderr)
+        print(
+            f"cannot read rollouts: {args.config or 'command line'}: {'; '.join(exc.errors)}", file=sys.stderr
+        )
         return 2
     if args.all:
         found = [Rollout.from_json(t) for t in store.rollouts(args.model)]
@@ -189,7 +191,10 @@ def _act(args: argparse.Namespace, *, abort: bool) -> int:
         store, r = _current(args)
         session, fleet = push.operator_session(args, "rollout")
     except ConfigError as exc:
-        print(f"cannot {'abort' if abort else 'resume'}: {'; '.join(exc.errors)}", file=sys.stderr)
+        print(
+            f"cannot {'abort' if abort else 'resume'}: {args.config or 'command line'}: {'; '.join(exc.errors)}",
+            file=sys.stderr,
+        )
         return 2
     except (RolloutError, ValueError) as exc:
         print(f"cannot {'abort' if abort else 'resume'}: {exc}", file=sys.stderr)
