@@ -23,6 +23,8 @@ import time
 from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
+#: Longest a READY, STATUS or STOPPING waits on a full notify socket (systemd busy) before it is dropped.
+SEND_TIMEOUT_S = 1.0
 
 
 class Notifier:
@@ -41,9 +43,13 @@ class Notifier:
         self.watchdog_s = watchdog_s
         self.ready_sent = False
         self._sock: socket.socket | None = None
+        self._ping_sock: socket.socket | None = None  # non-blocking: a ping never waits
         self._next_ping = -1.0
         if address:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            self._sock.settimeout(SEND_TIMEOUT_S)
+            self._ping_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            self._ping_sock.setblocking(False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Notifier:
@@ -59,13 +65,18 @@ class Notifier:
     def enabled(self) -> bool:
         return self._sock is not None
 
-    def notify(self, *fields: str) -> bool:
-        """Send ``fields`` (``KEY=value`` each) in one datagram; ``False`` if nobody listens."""
-        if self._sock is None or self.address is None:
+    def notify(self, *fields: str, wait: bool = True) -> bool:
+        """Send ``fields`` (``KEY=value`` each) in one datagram; ``False`` if it was not sent.
+
+        A full socket (systemd busy) makes the send wait up to ``SEND_TIMEOUT_S``, or, without
+        ``wait`` (the pings), not at all: the loop's next ping goes instead.
+        """
+        sock = self._sock if wait else self._ping_sock
+        if sock is None or self.address is None:
             return False
         target = "\0" + self.address[1:] if self.address.startswith("@") else self.address
         try:
-            self._sock.sendto("\n".join(fields).encode(), target)
+            sock.sendto("\n".join(fields).encode(), target)
         except OSError as exc:  # systemd gone or the socket full: never a reason to stop working
             log.debug("sd_notify %s: %s", fields, exc)
             return False
@@ -95,18 +106,24 @@ class Notifier:
             return
         self._next_ping = now + self._interval()
         if self.ready_sent:
-            self.notify("WATCHDOG=1")
+            self.notify("WATCHDOG=1", wait=False)
         else:
-            self.notify(f"EXTEND_TIMEOUT_USEC={int(2 * self.watchdog_s * 1e6)}")
+            self.notify(f"EXTEND_TIMEOUT_USEC={int(2 * self.watchdog_s * 1e6)}", wait=False)
 
     def stopping(self, status: str | None = None) -> None:
         """``STOPPING=1``: shutting down on purpose (systemd then waits, and does not count a hang)."""
         self.notify("STOPPING=1", *([f"STATUS={status}"] if status else []))
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        for sock in (self._sock, self._ping_sock):
+            if sock is not None:
+                sock.close()
+        self._sock = self._ping_sock = None
+
+    @property
+    def ping_every_s(self) -> float | None:
+        """How often :meth:`alive` sends (a third of the watchdog); ``None`` without a watchdog."""
+        return None if self.watchdog_s is None or self._sock is None else self._interval()
 
     def _interval(self) -> float:
         return (self.watchdog_s or 0.0) / 3

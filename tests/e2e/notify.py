@@ -5,32 +5,41 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import threading
 import time
 
 
 class NotifyListener:
     """Binds ``@ioft-test-<random>`` (Linux's abstract namespace: no path length limit, nothing to
-    clean up) and keeps every datagram, in order, as a list of ``KEY=value`` lines."""
+    clean up) and, like systemd, reads it at once (a thread), keeping every datagram in order as
+    a list of ``KEY=value`` lines."""
 
     def __init__(self) -> None:
         self.address = f"@ioft-test-{secrets.token_hex(6)}"
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind("\0" + self.address[1:])
+        self.sock.settimeout(0.1)
         self.messages: list[list[str]] = []
+        self._closed = threading.Event()
+        self._reader = threading.Thread(target=self._read, name="notify-listener", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while not self._closed.is_set():
+            try:
+                self.messages.append(self.sock.recv(4096).decode().split("\n"))
+            except TimeoutError:
+                continue
+            except OSError:
+                return
 
     def env(self, watchdog_s: float) -> dict[str, str]:
         """What systemd puts in a ``Type=notify`` service's environment with ``WatchdogSec=``."""
         return {**os.environ, "NOTIFY_SOCKET": self.address, "WATCHDOG_USEC": str(int(watchdog_s * 1e6))}
 
     def drain(self, timeout: float) -> None:
-        """Read what arrives within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            self.sock.settimeout(left)
-            try:
-                self.messages.append(self.sock.recv(4096).decode().split("\n"))
-            except TimeoutError:
-                return
+        """Let ``timeout`` seconds of messages arrive."""
+        time.sleep(timeout)
 
     def wait_for(self, line: str, timeout: float, *, after: int = 0) -> int:
         """Index of the first message from ``after`` on holding ``line`` (waiting up to ``timeout`` s)."""
@@ -41,10 +50,12 @@ class NotifyListener:
                     return i
             if time.monotonic() >= deadline:
                 raise AssertionError(f"no {line!r} within {timeout} s; got {self.messages[after:]}")
-            self.drain(min(0.2, deadline - time.monotonic()))
+            time.sleep(0.05)
 
     def count(self, line: str, start: int = 0, stop: int | None = None) -> int:
         return sum(line in m for m in self.messages[start:stop])
 
     def close(self) -> None:
+        self._closed.set()
+        self._reader.join()
         self.sock.close()

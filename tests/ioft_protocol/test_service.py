@@ -80,3 +80,19 @@ def test_nobody_listening_is_not_an_error(tmp_path):
     n.ready()
     assert n.notify("STATUS=x") is False
     n.close()
+
+
+def test_a_full_socket_never_blocks_the_loop(tmp_path):
+    # Prepare: systemd's end bound but never read (its queue fills after a few datagrams)
+    path = tmp_path / "notify"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    n = Notifier(str(path), watchdog_s=1.0)
+    try:
+        # Execute: far more pings than the queue holds
+        sent = [n.notify("WATCHDOG=1", wait=False) for _ in range(1000)]
+    finally:
+        n.close()
+        sock.close()
+    # Assert: the first went, the rest were dropped (not waited for)
+    assert sent[0] and not sent[-1]
