@@ -137,9 +137,10 @@ class CrashTrial:
 class CrashBench:
     """A broker and the devices, kept across trials (each trial uses fresh task names)."""
 
-    def __init__(self, work: Path, *, deadline_s: float = 120.0) -> None:
+    def __init__(self, work: Path, *, deadline_s: float = 120.0, checkpoint_every: int | None = None) -> None:
         self.work = work
         self.deadline_s = deadline_s
+        self.checkpoint_every = checkpoint_every  # [collect] checkpoint_every (None: the default)
         work.mkdir(parents=True, exist_ok=True)
         self.fleet = LocalFleet.start(work, broker=start_mosquitto(log_file=work / "mosquitto.log"))
         self.fleet.start_devices(DEVICES, "--log-level", "WARNING")
@@ -160,6 +161,8 @@ class CrashBench:
             min_participants=len(DEVICES),
             startup_wait_s=120,
         )
+        if self.checkpoint_every is not None:
+            toml = toml.replace("[collect]\n", f"[collect]\ncheckpoint_every = {self.checkpoint_every}\n", 1)
         return toml, folder / "aggregator.log", folder / "state" / "aggregator.sqlite"
 
     def run_clean(self, task: dict, timeout: float = 300) -> tuple[list, str | None, float]:

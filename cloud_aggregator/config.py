@@ -32,10 +32,14 @@ class CollectConfig:
     #: Uploads past the deadline: "drop", or "next_round" (see ``cloud_aggregator.rounds``).
     straggler: str = "drop"
     staleness_weight: float = 0.5
+    #: A streaming round's partial sum is checkpointed every this many uploads (``mqtt_fleet``).
+    checkpoint_every: int = 256
 
     def __post_init__(self) -> None:
         if self.deadline_s <= 0 or self.min_participants < 1 or self.max_extensions < 0:
             raise ValueError("need deadline_s > 0, min_participants >= 1, max_extensions >= 0")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.straggler not in ("drop", "next_round"):
             raise ValueError(f"straggler must be 'drop' or 'next_round', got {self.straggler!r}")
         if not 0.0 < self.staleness_weight <= 1.0:

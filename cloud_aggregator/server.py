@@ -193,6 +193,7 @@ def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: boo
             expected=tuple(c.expected),
             startup_wait_s=c.startup_wait_s,
             max_payload_bytes=cfg.max_payload_bytes,
+            checkpoint_every=c.checkpoint_every,
         )
         fleet = MqttFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy())
         fleet.selections.update({t.name: t.devices for t in cfg.task})  # which devices run each task

@@ -14,6 +14,7 @@ from cryptography.x509.oid import NameOID
 from edge import optout
 from edge.config import DeviceConfig, resolve_relative_files
 from edge.daemon import EdgeTrainer
+from edge.swarm import Swarm
 from ioft_protocol.cli import check_broker_login, entry_point
 from ioft_protocol.config import ConfigError, build, load_toml
 
@@ -42,6 +43,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--allow-plaintext", action="store_true", help="accept an unencrypted broker (loopback/tests)"
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--swarm",
+        type=int,
+        metavar="N",
+        help="run N virtual devices in this process (ids <device>00000...; state in <state-dir>/<id>; edge.swarm)",
+    )
+    p.add_argument(
+        "--swarm-first", type=int, default=0, metavar="K", help="number of the swarm's first device"
+    )
     return p.parse_args(argv)
 
 
@@ -135,6 +145,18 @@ def pause_or_resume(argv: list[str]) -> int:
     return optout.run(args, raw)
 
 
+def run_swarm(config: DeviceConfig, count: int, first: int) -> int:
+    """``--swarm N``: N virtual devices in this process until SIGTERM/SIGINT (``edge.swarm``)."""
+    try:
+        swarm = Swarm(config, count, first)
+    except ValueError as exc:
+        raise ConfigError("--swarm", [str(exc)]) from None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: swarm.stop())
+    swarm.run()
+    return 0
+
+
 @entry_point("edge-trainer")
 def main(argv: list[str] | None = None) -> int:
     """Run the device daemon until SIGTERM/SIGINT; a user mistake is one line and exit 2."""
@@ -151,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     check_broker_login(config, config.device, source)
     check_identity(config)  # a twin of another device: refused before it connects
+    if args.swarm is not None:
+        return run_swarm(config, args.swarm, args.swarm_first)
     trainer = EdgeTrainer(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: trainer.stop())

@@ -27,6 +27,7 @@ import logging
 import resource
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,7 +81,14 @@ class TaskRefused(ValueError):  # noqa: N818 -- a reported refusal, not a progra
 class EdgeTrainer:
     """The device daemon; ``run()`` blocks until ``stop()`` (or SIGTERM/SIGINT via the CLI)."""
 
-    def __init__(self, config: DeviceConfig, notifier: Notifier | None = None) -> None:
+    def __init__(
+        self,
+        config: DeviceConfig,
+        notifier: Notifier | None = None,
+        *,
+        session_factory: Callable[[SessionOptions], MqttSession] = MqttSession,
+    ) -> None:
+        """``session_factory`` makes the MQTT session (``edge.swarm`` passes one driven by its shared loop)."""
         self.config = config
         self.device = config.device
         self.state_dir = Path(config.state_dir)
@@ -119,7 +127,7 @@ class EdgeTrainer:
         self._embedded: dict[str, tuple[int, Dataset, Dataset]] = {}
         # spec -> (rows it was fitted on, the same rows scaled) for tasks with scaling = "local"
         self._scaled: dict[str, tuple[Dataset, Dataset, Dataset, Dataset]] = {}
-        self.session = MqttSession(self._session_options())
+        self.session = session_factory(self._session_options())
         # tasks with secagg: the update leaves masked, through the SecAgg stages (edge/secagg_client.py)
         self.secagg = SecAggDevice(
             config.fleet, self.device, lambda t, p: self.session.publish(t, p, timeout=None)
@@ -214,6 +222,28 @@ class EdgeTrainer:
         self._stop.set()
 
     def run(self) -> None:
+        self.start()
+        next_tick = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                if self.session.fatal:
+                    raise MqttError(self.session.fatal)
+                self.notifier.alive()  # from this loop, so systemd's watchdog restarts a hung one
+                if not self.notifier.ready_sent and self.session.connected.is_set():
+                    self.notifier.ready(f"connected to {self.config.broker}")
+                msg = self.session.get(0.2)
+                if msg is not None:
+                    self.handle(msg.topic, msg.payload)
+                if time.monotonic() >= next_tick:
+                    next_tick = time.monotonic() + 1.0
+                    self.tick()
+        finally:
+            self.shutdown()
+
+    # The daemon's life in three calls, which ``run`` and ``edge.swarm`` (thousands of virtual
+    # devices in one process, one network loop) share: start, then handle() and tick(), shutdown.
+    def start(self) -> None:
+        """Subscribe to the fleet's downlinks and connect (in the background, retrying forever)."""
         fleet = self.config.fleet
         self.session.subscribe(f"{topics.PROTOCOL}/{fleet}/task/+/down")
         self.session.subscribe(f"{topics.PROTOCOL}/{fleet}/task/+/down/{self.device}")
@@ -228,29 +258,21 @@ class EdgeTrainer:
             len(self.train),
             len(self.test),
         )
-        next_tick = time.monotonic()
-        try:
-            while not self._stop.is_set():
-                if self.session.fatal:
-                    raise MqttError(self.session.fatal)
-                self.notifier.alive()  # from this loop, so systemd's watchdog restarts a hung one
-                if not self.notifier.ready_sent and self.session.connected.is_set():
-                    self.notifier.ready(f"connected to {self.config.broker}")
-                msg = self.session.get(0.2)
-                if msg is not None:
-                    self.handle(msg.topic, msg.payload)
-                if time.monotonic() >= next_tick:
-                    next_tick = time.monotonic() + 1.0
-                    if self.pause.changed():
-                        self._pause_changed()
-                    if self.models is not None and self.models.tick():
-                        self._publish_status()
-        finally:
-            self.notifier.stopping(f"stopping after {self.rounds_done} rounds")
-            if self.models is not None:
-                self.models.close()
-            self.session.stop(final=self._status("offline"))
-            log.info("%s stopped after %d rounds", self.device, self.rounds_done)
+
+    def tick(self) -> None:
+        """Once a second: the owner's pause file, and model pushes waiting for a retry."""
+        if self.pause.changed():
+            self._pause_changed()
+        if self.models is not None and self.models.tick():
+            self._publish_status()
+
+    def shutdown(self) -> None:
+        """Publish the retained offline status and disconnect cleanly."""
+        self.notifier.stopping(f"stopping after {self.rounds_done} rounds")
+        if self.models is not None:
+            self.models.close()
+        self.session.stop(final=self._status("offline"))
+        log.info("%s stopped after %d rounds", self.device, self.rounds_done)
 
     def _pause_changed(self) -> None:
         """The owner paused (every task known here is refused, so no round waits for this device)

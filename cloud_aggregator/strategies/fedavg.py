@@ -85,6 +85,11 @@ class FedAvg(Strategy):
         with a per-upload weight (``samples``, ``uniform``), and no DP (its mean clips and noises
         the round as a whole)."""
         per_update = getattr(self.weigh, "per_update", None)
+        if (
+            type(self).aggregate is not FedAvg.aggregate
+            and type(self).aggregate_folded is FedAvg.aggregate_folded
+        ):
+            return None  # a subclass with its own server step and no folded form of it
         if self.privacy is not None or self.config.reducer != "mean" or per_update is None:
             return None
         return RoundFold(per_update)

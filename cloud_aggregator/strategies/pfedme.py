@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from cloud_aggregator.strategies.base import Update, register_strategy
 from cloud_aggregator.strategies.fedavg import FedAvg, FedAvgConfig
+from cloud_aggregator.streaming import RoundFold
 from trainer_lite.params import Params
 
 
@@ -34,7 +35,15 @@ class PFedMe(FedAvg):
     def aggregate(
         self, global_params: Params, updates: Sequence[Update], *, round_: int, phase: str
     ) -> Params:
-        mean = super().aggregate(global_params, updates, round_=round_, phase=phase)
+        return self._mix(global_params, super().aggregate(global_params, updates, round_=round_, phase=phase))
+
+    def aggregate_folded(
+        self, global_params: Params, fold: RoundFold, updates: Sequence[Update], *, round_: int, phase: str
+    ) -> Params:
+        mean = super().aggregate_folded(global_params, fold, updates, round_=round_, phase=phase)
+        return self._mix(global_params, mean)
+
+    def _mix(self, global_params: Params, mean: Params) -> Params:
         beta = self.config.beta
         if beta == 1.0:
             return mean

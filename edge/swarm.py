@@ -1,0 +1,226 @@
+"""A swarm: thousands of virtual devices in one process, each a real MQTT client.
+
+``edge-trainer --swarm N --device PREFIX`` runs devices ``PREFIX00000`` … in this process.
+Each is a whole :class:`edge.daemon.EdgeTrainer` (the daemon's own round logic, state file,
+retained status and Last Will, client id ``ioft-<fleet>-<device>``), with its own paho client;
+only the network loop is shared.  One paho thread per client would be 10,000 threads, so
+one :mod:`selectors` loop (epoll on Linux) drives every client through paho's external-loop
+API (``loop_read`` / ``loop_write`` / ``loop_misc``), and hands each inbound message to its
+device's ``handle`` on the same thread.
+
+Each device needs a file descriptor (its socket): 10,000 devices in 4 processes need
+``ulimit -n`` above 2,500 per process and a broker that accepts 10,000 connections (README,
+"A swarm of virtual devices").  Devices whose state folder has no dataset get a copy of one
+simulated machine's (simulating each machine's sensors takes seconds per device).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import selectors
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import paho.mqtt.client as paho
+
+from edge.config import DeviceConfig
+from edge.daemon import EdgeTrainer
+from edge.dataset import load_dataset, prepare_dataset, save_dataset
+from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
+
+log = logging.getLogger(__name__)
+
+#: Seconds between keepalive checks (``loop_misc``) and the daemons' ``tick``.
+MISC_S = 1.0
+
+
+class SwarmLoop:
+    """One selector driving many paho clients (paho's external-loop callbacks keep it current)."""
+
+    def __init__(self) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.sessions: list[SwarmSession] = []
+        self._reconnect: dict[SwarmSession, float] = {}  # session -> when to try again
+
+    def add(self, session: SwarmSession) -> None:
+        self.sessions.append(session)
+        self._reconnect[session] = 0.0
+
+    def _register(self, session: SwarmSession, sock: socket.socket, write: bool) -> None:
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
+        try:
+            self.selector.modify(sock, events, session)
+        except KeyError:
+            self.selector.register(sock, events, session)
+
+    def _unregister(self, sock: socket.socket) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(sock)
+
+    def closed(self, session: SwarmSession) -> None:
+        """A connection ended: try again after the session's backoff (unless it gave up or stops)."""
+        if session.fatal is None and not session.stopping:
+            self._reconnect[session] = time.monotonic() + session.backoff()
+
+    def poll(self, timeout: float) -> list[SwarmSession]:
+        """Connect due sessions, serve ready sockets for up to ``timeout`` s; the sessions read from."""
+        now = time.monotonic()
+        for session in [s for s, at in self._reconnect.items() if at <= now]:
+            del self._reconnect[session]
+            session.connect()
+        read = []
+        for key, mask in self.selector.select(timeout):
+            session: SwarmSession = key.data
+            client = session.client
+            if mask & selectors.EVENT_READ:
+                client.loop_read()
+                read.append(session)
+            if mask & selectors.EVENT_WRITE:
+                client.loop_write()
+        return read
+
+    def misc(self) -> None:
+        """Keepalive pings and timeouts of every connected client."""
+        for session in self.sessions:
+            if session.client.socket() is not None:
+                session.client.loop_misc()
+
+
+class SwarmSession(MqttSession):
+    """An :class:`~ioft_protocol.mqtt.MqttSession` with no network thread: a :class:`SwarmLoop` drives it.
+
+    Everything else (will, birth, re-subscribe on connect, taps, the inbound queue) is the
+    session's own; connecting retries with backoff from the loop instead of paho's thread.
+    """
+
+    def __init__(self, options: SessionOptions, loop: SwarmLoop) -> None:
+        super().__init__(options)
+        self.loop = loop
+        self.stopping = False
+        self._failures = 0
+        c = self.client
+        c.on_socket_open = lambda client, userdata, sock: loop._register(self, sock, False)
+        c.on_socket_close = lambda client, userdata, sock: (loop._unregister(sock), loop.closed(self))
+        c.on_socket_register_write = lambda client, userdata, sock: loop._register(self, sock, True)
+        c.on_socket_unregister_write = lambda client, userdata, sock: loop._register(self, sock, False)
+
+    @property
+    def client(self) -> paho.Client:
+        return self._client
+
+    def start(self, timeout: float | None = None) -> None:
+        """Join the loop; it connects on its next poll and whenever the connection ends."""
+        self.loop.add(self)
+
+    def connect(self) -> None:
+        b = self.options.broker
+        try:
+            self.client.connect(b.host, b.port, keepalive=self.options.keepalive)
+            self._failures = 0
+        except OSError as exc:
+            self.last_error = str(exc)
+            self._failures += 1
+            self.loop.closed(self)
+
+    def backoff(self) -> float:
+        o = self.options
+        return min(o.reconnect_max_s, o.reconnect_min_s * 2 ** min(self._failures, 10))
+
+    def stop(self, final: tuple[str, bytes] | None = None) -> None:
+        """Publish ``final`` (queued; the loop sends it) and disconnect once it is out."""
+        self.stopping = True
+        if final is not None and self.connected.is_set():
+            self.client.publish(final[0], final[1], qos=1, retain=True)
+        self.client.disconnect()
+        self.connected.clear()
+
+
+def seed_dataset(state_dir: Path, template: Path, config: DeviceConfig) -> None:
+    """Give ``state_dir`` a copy of the template machine's simulated dataset unless it has one."""
+    if load_dataset(state_dir) is not None:
+        return
+    if load_dataset(template) is None:
+        prepare_dataset(template, template.name, config.data)
+    train, test, meta = load_dataset(template)
+    save_dataset(state_dir, train, test, meta)
+
+
+class Swarm:
+    """``count`` virtual devices from ``base``'s config, ids ``<base.device><first+i:05d>``.
+
+    Parameters
+    ----------
+    base
+        A device config; each device gets its id and ``<base.state_dir>/<id>`` as state folder.
+    count, first
+        How many devices, and the number of the first (several processes split a swarm).
+    """
+
+    def __init__(self, base: DeviceConfig, count: int, first: int = 0) -> None:
+        if count < 1 or first < 0:
+            raise ValueError(f"a swarm needs count >= 1 and first >= 0, got {count}, {first}")
+        self.loop = SwarmLoop()
+        root = Path(base.state_dir)
+        template = root / f"{base.device}-template"
+        self.devices: list[EdgeTrainer] = []
+        for i in range(first, first + count):
+            name = f"{base.device}{i:05d}"
+            config = replace(base, device=name, state_dir=str(root / name))
+            if config.data.source.startswith("simulate-"):
+                seed_dataset(root / name, template, config)
+            trainer = EdgeTrainer(config, session_factory=self._session)
+            self.devices.append(trainer)
+        self._stop = False
+
+    def _session(self, options: SessionOptions) -> SwarmSession:
+        return SwarmSession(options, self.loop)
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def connected(self) -> int:
+        return sum(t.session.connected.is_set() for t in self.devices)
+
+    def run(self, until: Callable[[], bool] | None = None) -> None:
+        """Serve every device until :meth:`stop` (or ``until()`` is true); then each says offline."""
+        by_session = {id(t.session): t for t in self.devices}
+        for t in self.devices:
+            t.start()
+        next_misc = time.monotonic() + MISC_S
+        try:
+            while not self._stop and not (until is not None and until()):
+                for session in self.loop.poll(0.05):
+                    self._deliver(by_session[id(session)])
+                if time.monotonic() >= next_misc:
+                    next_misc = time.monotonic() + MISC_S
+                    self.loop.misc()
+                    for t in self.devices:
+                        t.tick()
+                fatal = next((t.session.fatal for t in self.devices if t.session.fatal), None)
+                if fatal:
+                    raise MqttError(fatal)
+        finally:
+            self.shutdown()
+
+    @staticmethod
+    def _deliver(trainer: EdgeTrainer) -> None:
+        """What ``loop_read`` just queued for ``trainer``, handled on this thread."""
+        while True:
+            try:
+                msg = trainer.session.inbound.get_nowait()
+            except queue.Empty:
+                return
+            trainer.handle(msg.topic, msg.payload)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Every device publishes its offline status and disconnects; waits up to ``timeout`` s."""
+        for t in self.devices:
+            t.shutdown()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(s.client.socket() is not None for s in self.loop.sessions):
+            self.loop.poll(0.05)
