@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 #: to the round it sees re-announced, which may close on the stored copy before the re-send
 #: lands), or answering a round already closed.
 ROUTINE_REFUSALS = frozenset({Reason.REPLAY, Reason.STALE_ROUND})
+#: Queued messages handled at most between two looks at who is still awaited.
+BATCH = 2000
 
 
 @dataclass
@@ -364,8 +366,16 @@ class MqttFleet:
                 )
                 self.announce(request, deadline)
             msg = self._next(task, min(0.2, max(0.0, deadline - time.time())))
-            if msg is not None:
+            # Whatever else is queued is handled before the O(N) checks below (thousands of
+            # devices answer in a burst: once per message they would cost O(N²) per round).
+            for _ in range(BATCH):
+                if msg is None:
+                    break
                 self._handle(msg, request, received)
+                msg = self._next(task, 0.0)
+            else:
+                if msg is not None:
+                    self._handle(msg, request, received)
             # Statuses may have come through another task's thread: look at the view every time.
             # Without a fixed list, a device that comes online mid-round is awaited (it gets the
             # retained announcement), one that goes offline is not; whoever answered counts.

@@ -1,0 +1,366 @@
+"""Fleet scale: N virtual devices (``edge-trainer --swarm``, ≤ 4 processes) against one mosquitto
+and ``cloud-aggregator serve``, running the zero-compute ``echo`` algorithm with P float32 shared
+parameters, and the broker's raw floor in the same run.
+
+Per N: median round time (the aggregator's record: announce → every upload admitted and folded →
+new global), aggregator peak RSS and CPU per upload, broker peak RSS and CPU per round, the swarm's
+CPU per round, broker bytes per round against the payload ``(3N + 1)·4P``, and the raw floor:
+the same processes' worth of plain paho clients (one selector loop per process, as in the swarm)
+answering an announcement-sized message with an upload-sized one, no decoding, state or learning.
+
+The swarm's state folders live on tmpfs (``/dev/shm``) where there is one: 10,000 virtual devices
+on one disk would measure 10,000 fsyncs per round of that disk, which real devices (one SD card
+each) do in parallel.  ``--strategy median`` runs the same with the coordinate-wise median (a
+strategy that holds every upload) for the memory comparison.
+
+``--quick`` (the test suite): the mean at N ∈ {4, 40} and the median at N = 40, P = 50k, one
+swarm process, no raw floor; it returns the figures so a test can check the memory property
+(never times).
+
+Issue 14's targets on this 2-core machine: 10,000 devices × 1k parameters: a round ≤ 2 s;
+aggregator peak RSS at N = 10,000 ≤ 1.2× its N = 100 figure for the mean family.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as paho
+
+from benchmarks.common import markdown_table, progress, study_parser, write_result
+from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
+from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
+from cloud_aggregator.store import SqliteStore
+from edge.swarm import SwarmLoop, SwarmSession
+from ioft_protocol.mqtt import BrokerAddress, SessionOptions
+
+#: Devices per swarm process at most, and processes at most (the issue's "at most 4").
+PER_PROCESS, MAX_PROCESSES = 2500, 4
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def hwm_mb(pid: int) -> float:
+    """Peak RSS (VmHWM) of a process in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def proc_io(pid: int) -> int:
+    fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return int(fields["rchar"]) + int(fields["wchar"])
+
+
+def split(n: int, processes: int | None) -> list[tuple[int, int]]:
+    """``(first, count)`` per swarm process: ≤ PER_PROCESS each, ≤ MAX_PROCESSES."""
+    k = processes or min(MAX_PROCESSES, max(1, -(-n // PER_PROCESS)))
+    base, extra = divmod(n, k)
+    out, first = [], 0
+    for i in range(k):
+        count = base + (i < extra)
+        out.append((first, count))
+        first += count
+    return out
+
+
+def swarm_root() -> Path:
+    shm = Path("/dev/shm")
+    return Path(tempfile.mkdtemp(prefix="ioft-swarm-", dir=shm if shm.is_dir() else None))
+
+
+def start_swarms(broker: str, root: Path, parts: list[tuple[int, int]], log: Path) -> list[subprocess.Popen]:
+    procs = []
+    with log.open("ab") as out:
+        for first, count in parts:
+            cmd = [sys.executable, "-m", "edge.cli", "--device", "dev", "--fleet", "test", "--broker", broker]
+            cmd += ["--state-dir", str(root), "--simulate", "printer", "--allow-plaintext"]
+            cmd += ["--log-level", "WARNING", "--swarm", str(count), "--swarm-first", str(first)]
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
+    return procs
+
+
+def stop(procs: list[subprocess.Popen], timeout: float = 60.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run_case(
+    n: int, p: int, rounds: int, warmup: int, strategy: str, processes: int | None, raw: bool
+) -> dict:
+    work = Path(tempfile.mkdtemp(prefix=f"ioft-scale-{n}-"))
+    root = swarm_root()
+    fleet = LocalFleet.start(work, broker=start_mosquitto())
+    swarms: list[subprocess.Popen] = []
+    try:
+        parts = split(n, processes)
+        names = [f"dev{i:05d}" for i in range(n)]
+        swarms = start_swarms(fleet.broker_url, root, parts, work / "swarm.log")
+        task = {
+            "name": "bench",
+            "algorithm": "echo",
+            "model": "vector",
+            "rounds": warmup + rounds + 1,  # one more: the aggregator still runs at the last snapshot
+            "model_args": {"size": p},
+        }
+        if strategy != "mean":
+            task["server"] = {"reducer": strategy}
+        toml = aggregator_toml(
+            fleet.broker_url,
+            work / "aggregator",
+            [task],
+            expected=names,
+            deadline_s=600,
+            startup_wait_s=1800,
+            settings={"max_payload_bytes": 16777216},
+        )
+        agg = fleet.start_aggregator(toml, log_level="WARNING")
+        broker_pid, db = fleet.broker.proc.pid, work / "aggregator" / "aggregator.sqlite"
+        start = end = None
+        monitor: SqliteStore | None = None
+        while agg.poll() is None:
+            if monitor is None and db.exists():
+                monitor = SqliteStore(db, readonly=True)
+            done = monitor.round_count("bench") if monitor is not None else 0
+            if start is None and done >= warmup:
+                start = snapshot(agg.pid, broker_pid, swarms, done)
+            if end is None and done >= warmup + rounds:
+                end = snapshot(agg.pid, broker_pid, swarms, done)
+            time.sleep(0.005)
+        if monitor is not None:
+            monitor.close()
+        if agg.returncode != 0 or start is None or end is None:
+            raise RuntimeError(f"aggregator failed ({agg.returncode}): {fleet.log('aggregator')[-2000:]}")
+        store = SqliteStore(db, readonly=True)
+        recs = [r for r in store.rounds("bench") if warmup < r.round <= warmup + rounds]
+        store.close()
+        thin = [r.round for r in recs if len(r.participants) != n]
+        if thin:
+            raise RuntimeError(f"rounds {thin} lacked uploads: the figures would measure a deadline")
+        k = end["done"] - start["done"]
+        out = {
+            "n": n,
+            "p": p,
+            "strategy": strategy,
+            "processes": len(parts),
+            "round_s": statistics.median(r.finished - r.started for r in recs),
+            "agg_rss": end["agg_rss"],
+            "agg_cpu_upload_ms": (end["agg_cpu"] - start["agg_cpu"]) / (k * n) * 1e3,
+            "broker_rss": end["broker_rss"],
+            "broker_cpu_round": (end["broker_cpu"] - start["broker_cpu"]) / k,
+            "swarm_cpu_round": (end["swarm_cpu"] - start["swarm_cpu"]) / k,
+            "swarm_rss": end["swarm_rss"],
+            "broker_bytes": (end["broker_io"] - start["broker_io"]) / k,
+            "raw_payload": (3 * n + 1) * 4 * p,
+        }
+        stop(swarms)
+        if raw:
+            out |= raw_floor(fleet.broker_url, broker_pid, n, p, parts, rounds)
+        return out
+    finally:
+        stop(swarms)
+        fleet.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def snapshot(agg: int, broker: int, swarms: list[subprocess.Popen], done: int) -> dict:
+    return {
+        "done": done,
+        "agg_cpu": cpu_s(agg),
+        "agg_rss": hwm_mb(agg),
+        "broker_cpu": cpu_s(broker),
+        "broker_rss": hwm_mb(broker),
+        "broker_io": proc_io(broker),
+        "swarm_cpu": sum(cpu_s(s.pid) for s in swarms),
+        "swarm_rss": sum(hwm_mb(s.pid) for s in swarms),
+    }
+
+
+# -- the raw floor: the same messages, no learning -----------------------------------------------
+UP_OVERHEAD, DOWN_OVERHEAD = 300, 1200  # bytes around the tensor in an echo upload / announcement
+
+
+def raw_floor(
+    broker: str, broker_pid: int, n: int, p: int, parts: list[tuple[int, int]], rounds: int
+) -> dict:
+    """Median round time of plain clients: one announcement out to N, N uploads of the same size in."""
+    b = BrokerAddress.parse(broker)
+    got = 0
+    cond = threading.Condition()
+
+    def on_message(client, userdata, msg):
+        nonlocal got
+        with cond:
+            got += 1
+            cond.notify()
+
+    hub = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="raw-hub")
+    hub.on_message = on_message
+    hub.connect(b.host, b.port)
+    hub.subscribe("raw/up/+", qos=1)
+    hub.loop_start()
+    procs = []
+    for first, count in parts:
+        cmd = [sys.executable, "-m", "benchmarks.fleet_scale", "--raw-devices", str(count), "--raw-first"]
+        cmd += [str(first), "--raw-broker", broker, "--raw-size", str(4 * p + UP_OVERHEAD)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+    try:
+        for proc in procs:  # each says "ready" once all its clients are subscribed
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("a raw device process failed to start")
+        down = bytes(4 * p + DOWN_OVERHEAD)
+        times = []
+        cpu0, cpu_b0 = sum(cpu_s(x.pid) for x in procs), cpu_s(broker_pid)
+        for _ in range(rounds + 1):
+            with cond:
+                got = 0
+            t0 = time.perf_counter()
+            hub.publish("raw/down", down, qos=1)
+            with cond:
+                if not cond.wait_for(lambda: got >= n, timeout=600):  # noqa: B023 (read under cond)
+                    raise RuntimeError(f"raw floor: {got}/{n} uploads arrived")
+            times.append(time.perf_counter() - t0)
+        return {
+            "raw_round_s": statistics.median(times[1:]),
+            "raw_swarm_cpu_round": (sum(cpu_s(x.pid) for x in procs) - cpu0) / (rounds + 1),
+            "raw_broker_cpu_round": (cpu_s(broker_pid) - cpu_b0) / (rounds + 1),
+        }
+    finally:
+        stop(procs)
+        hub.loop_stop()
+        hub.disconnect()
+
+
+def raw_devices(count: int, first: int, broker: str, size: int) -> None:
+    """A raw device process: ``count`` clients that answer each ``raw/down`` with ``size`` bytes."""
+    loop = SwarmLoop()
+    b = BrokerAddress.parse(broker)
+    sessions = []
+    for i in range(first, first + count):
+        s = SwarmSession(SessionOptions(b, f"raw-{i}", keepalive=60), loop)
+        s.subscribe("raw/down")
+        s.start()
+        sessions.append((s, f"raw/up/{i}"))
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    payload = bytes(size)
+    by_id = {id(s): topic for s, topic in sessions}
+    ready = False
+    while not stopping.is_set():
+        for s in loop.poll(0.05):
+            while not s.inbound.empty():
+                s.inbound.get_nowait()
+                s.client.publish(by_id[id(s)], payload, qos=1)
+        if not ready and all(s.connected.is_set() for s, _ in sessions):
+            ready = True
+            time.sleep(0.5)  # SUBACKs
+            for s in loop.poll(0.0):
+                s.inbound.queue.clear()
+            print("ready", flush=True)
+
+
+# -- the table -----------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> dict:
+    parser = study_parser(__doc__.split("\n")[0])
+    parser.add_argument("--devices", type=int, nargs="+", default=[100, 1_000, 10_000])
+    parser.add_argument("--params", type=int, default=1_000)
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--strategy", nargs="+", default=["mean"], help="reducers: mean (streams), median")
+    parser.add_argument("--processes", type=int, help="swarm processes (default: ≤ 2,500 devices each)")
+    parser.add_argument("--raw-devices", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--raw-first", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--raw-broker", help=argparse.SUPPRESS)
+    parser.add_argument("--raw-size", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.raw_devices:
+        raw_devices(args.raw_devices, args.raw_first, args.raw_broker, args.raw_size)
+        return {}
+    interrupt_on_sigterm()
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # children (mosquitto, swarms) inherit it
+    raw = not args.quick
+    if args.quick:
+        args.devices, args.params, args.rounds, args.warmup = [4, 40], 50_000, 2, 1
+        args.strategy, args.processes = ["mean", "median"], 1
+    cases = [(s, n) for s in args.strategy for n in args.devices]
+    if args.quick:  # the median at the larger N only: the memory a strategy holding every upload adds
+        cases = [("mean", 4), ("mean", 40), ("median", 40)]
+    results = [
+        run_case(n, args.params, args.rounds, args.warmup, s, args.processes, raw)
+        for s, n in progress(cases, "cases")
+    ]
+    rows = [
+        [
+            r["strategy"],
+            f"{r['n']:,}",
+            f"{r['p']:,}",
+            r["processes"],
+            f"{r['round_s']:.3f} s",
+            f"{r['raw_round_s']:.3f} s" if "raw_round_s" in r else "-",
+            f"{r['agg_rss']:.0f} MB",
+            f"{r['agg_cpu_upload_ms']:.3f} ms",
+            f"{r['broker_rss']:.0f} MB",
+            f"{r['broker_cpu_round']:.2f} s",
+            f"{r['raw_broker_cpu_round']:.2f} s" if "raw_broker_cpu_round" in r else "-",
+            f"{r['swarm_cpu_round']:.2f} s",
+            f"{r['raw_swarm_cpu_round']:.2f} s" if "raw_swarm_cpu_round" in r else "-",
+            f"{r['swarm_rss']:.0f} MB",
+            f"{r['broker_bytes'] / r['raw_payload']:.3f}×",
+        ]
+        for r in results
+    ]
+    table = markdown_table(
+        [
+            "strategy",
+            "N",
+            "P",
+            "swarm procs",
+            "median round",
+            "raw floor round",
+            "aggregator peak RSS",
+            "aggregator CPU/upload",
+            "broker peak RSS",
+            "broker CPU/round",
+            "raw broker CPU/round",
+            "swarm CPU/round",
+            "raw swarm CPU/round",
+            "swarm peak RSS (sum)",
+            "broker bytes vs payload",
+        ],
+        rows,
+    )
+    print(table)
+    if not args.no_write and not args.quick:
+        write_result("fleet_scale", table)
+    return {"results": results, "table": table}
+
+
+if __name__ == "__main__":
+    main()
