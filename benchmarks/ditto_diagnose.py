@@ -1,6 +1,6 @@
 """Why Ditto's Table 5 sigmoid-GLM figure depends on the seed (issue 16, item 6).
 
-``python -m benchmarks.ditto_diagnose [--seeds 0 1 2 3 4] [--variant authors] [--show 1 10 50 200] [--summary]``
+``python -m benchmarks.ditto_diagnose [--seeds 0 1 2 3 4] [--variant authors] [--show 1 10 50 200] [--summary] [--trace]``
 
 Runs the study's Ditto (:func:`benchmarks.pflda_printers.method_spec`, the PFL-DA
 authors' baseline) on the sigmoid GLM and prints, per seed, what decides its
@@ -19,7 +19,8 @@ final test loss:
 
 ``--variant`` runs a what-if: ``free-global`` leaves the global encoder free
 (no ``global_pull``), ``paper`` is Ditto as its paper states it (``λ/2·‖v − w‖²``
-on every parameter, the global trained by plain FedAvg; λ = 0.9).
+on every parameter, the global trained by plain FedAvg; λ = 0.9), ``cold-start`` starts
+every personal model as a copy of the initial global (the authors' Ditto otherwise).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "authors": {},
     "free-global": {"global_pull": []},
     "paper": {"pull": "gradient", "lam": 0.9, "personal_pull": None, "global_pull": []},
+    "cold-start": {},  # the authors' Ditto, each personal model starting as a copy of the global
 }
 #: A seed whose final test loss exceeds this is "far off" (the good seeds end near 0.06-0.42).
 FAR_OFF = 0.5
@@ -109,6 +111,12 @@ def diagnose(runs: dict, seeds: Sequence[int], variant: str = "authors") -> list
     blocks = replica_blocks(runs, [test_split(runs)], len(seeds), spec.dtype)
     fleet = StackedFleet(spec, blocks, replicas=list(seeds))
     start = fleet.initial_global(make_strategy(spec))
+    if variant == "cold-start":
+        for b, local in fleet.local.items():
+            fleet.local[b] = {
+                n: start[n.removeprefix("personal.")].reshape(v.shape).astype(v.dtype)
+                for n, v in local.items()
+            }
     curve: list[np.ndarray] = []
     ws: list[np.ndarray] = []
     slopes: list[np.ndarray] = []
@@ -194,6 +202,20 @@ def report_table(reports: Sequence[SeedReport], show_rounds: Sequence[int]) -> s
     return markdown_table(headers, rows)
 
 
+def trace_table(reports: Sequence[SeedReport], show_rounds: Sequence[int]) -> str:
+    """Per seed: the global decoder's ``w1``, the personal encoder slopes' range and the test loss by round."""
+    rows = []
+    for s in reports:
+        at = [min(t, len(s.test_curve)) - 1 for t in show_rounds]
+        rows.append([f"seed {s.seed}: w1"] + [f"{s.w_curve[i, 0]:+.2f}" for i in at])
+        rows.append(
+            [f"seed {s.seed}: slopes a_i"]
+            + [f"{s.slopes[i].min():+.2f}…{s.slopes[i].max():+.2f}" for i in at]
+        )
+        rows.append([f"seed {s.seed}: test loss"] + [f"{s.test_curve[i]:.3g}" for i in at])
+    return markdown_table(["round", *map(str, show_rounds)], rows)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -209,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="rounds whose test loss to show",
     )
     parser.add_argument("--summary", action="store_true", help="print only the spread over seeds")
+    parser.add_argument("--trace", action="store_true", help="also print w1, slopes and test loss by round")
     args = parser.parse_args(argv)
     try:
         runs = load_runs(args.data)
@@ -218,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     final = np.array([s.test_curve[-1] for s in reports])
     if not args.summary:
         print(report_table(reports, args.show))
+    if args.trace:
+        print("\n" + trace_table(reports, args.show))
     far = [s.seed for s in reports if s.far_off]
     sd = final.std(ddof=1) if len(final) > 1 else 0.0
     print(
