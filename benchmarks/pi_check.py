@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import pi_report
@@ -35,6 +34,7 @@ from benchmarks.pi_measure import IMPORT_PROBE, Usage, Watched, host_env
 from benchmarks.pi_root import (
     ROOT_ENV,
     VENV,
+    Install,
     PiCheckError,
     configure_root,
     du_bytes,
@@ -45,18 +45,10 @@ from benchmarks.pi_root import (
     mounted,
     run_logged,
 )
-from benchmarks.pi_tests import DEVICE_TESTS, run_tests
+from benchmarks.pi_tests import DEVICE_TESTS, rerun_on_host, run_tests
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_TOOLS = ("pytest", "pytest-timeout", "hypothesis", "onnx")  # at the host venv's versions
-
-
-@dataclass
-class Install:
-    seconds: float
-    venv_bytes: int
-    freeze: list[str]
-    test_tools: list[str]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -214,6 +206,8 @@ def run_check(args: argparse.Namespace) -> Path:
         if not args.skip_tests:
             step(f"device-side tests in the root (slow under qemu; limit {args.tests_timeout:.0f} s)")
             tests = run_tests(root, src, args.tests_timeout, log)
+            step("the tests that failed in the root, again on the host (same source)")
+            tests = rerun_on_host(src, tests, log)
     figures = dict(
         commit=commit, binfmt=binfmt, root_state=root_state, python=pyver, install=install,
         imports=imports, recorder=recorder, fleet=fleet, tests=tests, layers=args.layers,

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from benchmarks.common import markdown_table
 
 if TYPE_CHECKING:
-    from benchmarks.pi_check import Install
     from benchmarks.pi_fleet import DeviceFigures, FleetRun
     from benchmarks.pi_measure import Usage
+    from benchmarks.pi_root import Install
     from benchmarks.pi_tests import TestRun
 
 MIB = 1024 * 1024
@@ -70,6 +70,12 @@ def _recorder_rows(recorder: dict[str, tuple[Usage, dict[str, Any]]]) -> list[li
         ["accelerometer: achieved Hz of 200", *(f"{accel(st).get('achieved_hz', 0):.1f}" for _, st in (arm, host))],
         ["accelerometer: samples dropped", *(str(accel(st).get("dropped", "?")) for _, st in (arm, host))],
     ]  # fmt: skip
+
+
+def _on_host(tests: TestRun, test_id: str) -> str:
+    if tests.failed_on_host is None:
+        return "not rerun on the host"
+    return "**fails on the host too**" if test_id in tests.failed_on_host else "passes on the host"
 
 
 def _versions(freeze: list[str]) -> list[list[str]]:
@@ -175,8 +181,12 @@ def render(
             "",
         ]
         if tests.failed:
-            parts += ["Failed or errored (with the first error line of each):", ""]
-            parts += [f"- `{t}`: {why}" for t, why in tests.failed] + [""]
+            parts += [
+                "Failed or errored (the first error line of each; then the same test on the x86_64 host,",
+                "from the same source, in the project's venv):",
+                "",
+            ]
+            parts += [f"- `{t}`: {why} — {_on_host(tests, t)}" for t, why in tests.failed] + [""]
         if tests.skipped:
             parts += ["Skipped (reason: tests):", ""]
             parts += [f"- {why}: {n}" for why, n in tests.skipped.items()] + [""]

@@ -11,6 +11,7 @@ import contextlib
 import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 MIRROR = "http://deb.debian.org/debian"
@@ -40,6 +41,16 @@ ROOT_ENV = {
     "PIP_NO_INPUT": "1",
     "PIP_CERT": "/etc/ssl/certs/ca-certificates.crt",  # the venv's pip bundles certifi: use the root's CAs
 }
+
+
+@dataclass
+class Install:
+    """The device extra's venv in the root: pip's time, its size, pip freeze, the test tools added."""
+
+    seconds: float
+    venv_bytes: int
+    freeze: list[str]
+    test_tools: list[str]
 
 
 class PiCheckError(Exception):

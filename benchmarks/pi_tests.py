@@ -6,11 +6,13 @@ from __future__ import annotations
 import re
 import shutil
 import signal
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.pi_measure import Watched
+from benchmarks.pi_measure import Watched, host_env
 from benchmarks.pi_root import ROOT_ENV, VENV, in_root
 
 #: The device-side tests: the packages a Pi runs (less the gold tests against torch, marked
@@ -37,6 +39,7 @@ class TestRun:
     seconds: float
     summary: str
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> tests
+    failed_on_host: set[str] | None = None  # of ``failed``, those that fail on the x86_64 host too
 
 
 def parse_test_log(text: str, seconds: float, stopped_at: float | None = None) -> TestRun:
@@ -102,3 +105,20 @@ def run_tests(root: Path, src: Path, timeout: float, log: Path) -> TestRun:
     if usage is None:  # SIGINT: pytest stops where it is and still prints its summary
         usage = tests.stop(grace_s=60, sig=signal.SIGINT)
     return parse_test_log(out_log.read_text(errors="replace"), usage.wall_s, timeout if stopped else None)
+
+
+def rerun_on_host(src: Path, run: TestRun, log: Path) -> TestRun:
+    """The failed tests again on the host, from the same source and with the project's venv, so a
+    failure reads as arm64's (or the device extra's) or the commit's own."""
+    ids = [tid for tid, _ in run.failed]
+    if not ids:
+        return run
+    env = {**host_env(), "CI": "1", "HYPOTHESIS_PROFILE": "ci", "PYTHONPATH": str(src)}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not torch", "-rfE", *ids],
+        cwd=src, env=env, capture_output=True, text=True, timeout=1800, check=False,
+    )  # fmt: skip
+    with log.open("a") as f:
+        f.write(f"\n$ pytest (host) {' '.join(ids)}\n{out.stdout}{out.stderr}")
+    run.failed_on_host = set(re.findall(r"^(?:FAILED|ERROR) (\S+)", out.stdout, re.M)) & set(ids)
+    return run

@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from benchmarks import pi_check, pi_report, pi_tests
+from benchmarks import pi_check, pi_report, pi_root, pi_tests
 from benchmarks.pi_fleet import MARK, FleetRun, figures
 from benchmarks.pi_measure import Mark, Usage, Watched, host_env
 
@@ -65,7 +65,7 @@ def test_the_report_lists_every_installed_package():
     freeze = ["numpy==2.4.6", "ioft @ file:///opt/ioft-dist/ioft-0.1.0-py3-none-any.whl", "paho-mqtt==2.2.0"]
     text = pi_report.render(
         commit="abc1234", binfmt="/usr/libexec/qemu-binfmt/aarch64-binfmt-P (flags PF)", root_state="reused",
-        python="Python 3.11.2", install=pi_check.Install(100.0, 180 * 2**20, freeze, ["pytest==9.2.0"]),
+        python="Python 3.11.2", install=pi_root.Install(100.0, 180 * 2**20, freeze, ["pytest==9.2.0"]),
         imports={k: {"numpy": 0.2, "total": 0.9} for k in ("arm64", "host")},
         recorder={k: (usage, {"appended": 10, "rows": {"train": 7, "test": 3}}) for k in ("arm64", "host")},
         fleet=FleetRun(1, 1, [["host1", "pi1"]], [0.2], fig, fig),
