@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from cloud_aggregator.fleet_ca import FleetCA, cert_serial, revoked_serials
@@ -27,10 +28,12 @@ from cloud_aggregator.fleet_layout import (
     mosquitto_password_hash,
     open_fleet,
     print_device_lines,
+    read_plants,
     replace_file,
     split_ids,
     write_identity,
 )
+from cloud_aggregator.fleet_plant_files import refresh_plant
 from cloud_aggregator.fleet_units import venv_of, write_device_units
 
 #: How long a CRL the fleet writes stays valid (mosquitto refuses every client once it expires).
@@ -38,7 +41,7 @@ CRL_DAYS = 3650
 RELOAD_HINT = "reload the broker: systemctl reload mosquitto (or kill -HUP <mosquitto's pid>)"
 
 
-def _load_ca(layout: FleetLayout) -> FleetCA:
+def load_ca(layout: FleetLayout) -> FleetCA:
     key = layout.root / "ca" / "ca.key"
     if not key.exists():
         raise FleetInitError(f"{key} is missing: run this where the fleet's CA key is kept")
@@ -67,8 +70,15 @@ def _stage_device(layout: FleetLayout, ca: FleetCA | None, name: str, *, days: i
         raise
 
 
-def _rewrite_acl(layout: FleetLayout, devices: Sequence[str]) -> None:
-    replace_file(layout.acl, acl_text(layout.fleet, devices))
+def rewrite_acl(layout: FleetLayout, devices: Sequence[str]) -> None:
+    """The cloud ACL (with each plant's bridge grants) and every plant's ACL and CRL copy."""
+    plants = [
+        replace(p, devices=tuple(d for d in p.devices if d in devices)) for p in read_plants(layout.root)
+    ]
+    bridges = {p.bridge: p.devices for p in plants}
+    replace_file(layout.acl, acl_text(layout.fleet, devices, bridges))
+    for plant in plants:
+        refresh_plant(layout, plant)
 
 
 def _passwd_lines(layout: FleetLayout) -> dict[str, str]:
@@ -91,15 +101,14 @@ def add_devices(root: str | Path, devices: Sequence[str], *, days: int = 825) ->
     if errors:
         raise FleetInitError("cannot add devices:\n  - " + "\n  - ".join(errors))
     passwords = {d: secrets.token_urlsafe(24) for d in devices} if layout.auth == "passwords" else {}
-    new = FleetLayout(layout.root, layout.fleet, layout.auth, layout.broker_url, layout.port,
-                      (*layout.devices, *devices), passwords)  # fmt: skip
-    ca = _load_ca(new) if new.auth == "certs" else None
+    new = replace(layout, devices=(*layout.devices, *devices), passwords=passwords)
+    ca = load_ca(new) if new.auth == "certs" else None
     for d in devices:
         _stage_device(new, ca, d, days=days)
     if passwords:
         lines = _passwd_lines(new) | {d: f"{d}:{mosquitto_password_hash(p)}" for d, p in passwords.items()}
         replace_file(new.passwd, "".join(f"{line}\n" for line in lines.values()), private=True)
-    _rewrite_acl(new, new.devices)
+    rewrite_acl(new, new.devices)
     return new
 
 
@@ -118,9 +127,8 @@ def renew_devices(
     if not devices or errors:
         raise FleetInitError("cannot renew:\n  - " + "\n  - ".join(errors or device_errors(devices)))
     passwords = {d: secrets.token_urlsafe(24) for d in devices} if layout.auth == "passwords" else {}
-    new = FleetLayout(layout.root, layout.fleet, layout.auth, layout.broker_url, layout.port,
-                      layout.devices, passwords)  # fmt: skip
-    ca = _load_ca(new) if new.auth == "certs" else None
+    new = replace(layout, passwords=passwords)  # a plant's device keeps its plant's broker
+    ca = load_ca(new) if new.auth == "certs" else None
     old = _issued_serials(new, devices) if ca is not None else set()
     for d in devices:
         _stage_device(new, ca, d, days=days)
@@ -153,7 +161,7 @@ def revoke_devices(root: str | Path, devices: Sequence[str], *, crl_days: int = 
     if not devices or errors:
         raise FleetInitError("cannot revoke:\n  - " + "\n  - ".join(errors or device_errors(devices)))
     if layout.auth == "certs":
-        ca = _load_ca(layout)
+        ca = load_ca(layout)
         serials = _issued_serials(layout, devices)
         before = revoked_serials(layout.crl.read_bytes()) if layout.crl.exists() else set()
         replace_file(layout.crl, ca.crl(before | serials, days=crl_days))
@@ -161,7 +169,7 @@ def revoke_devices(root: str | Path, devices: Sequence[str], *, crl_days: int = 
         lines = {u: line for u, line in _passwd_lines(layout).items() if u not in devices}
         replace_file(layout.passwd, "".join(f"{line}\n" for line in lines.values()), private=True)
     remaining = tuple(d for d in layout.devices if d not in devices)
-    _rewrite_acl(layout, remaining)
+    rewrite_acl(layout, remaining)
     for d in devices:
         shutil.rmtree(layout.identity_dir(d))
     return FleetLayout(layout.root, layout.fleet, layout.auth, layout.broker_url, layout.port, remaining)

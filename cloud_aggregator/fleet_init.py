@@ -52,7 +52,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from cloud_aggregator import fleet_devices
+from cloud_aggregator import fleet_devices, fleet_plants
 from cloud_aggregator.fleet_ca import FleetCA, pem_cert, pem_key
 from cloud_aggregator.fleet_layout import (
     AGGREGATOR,
@@ -251,6 +251,7 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
                 "last one stays valid until it expires, so a device connects until its new files reach it",
             )
         q.set_defaults(func=func)
+    fleet_plants.add_parser(fleet_sub)
 
 
 def _broker_lines(layout: FleetLayout) -> None:

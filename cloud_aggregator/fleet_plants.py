@@ -1,0 +1,240 @@
+"""``cloud-aggregator fleet add-plant``: a plant's own broker, bridged to the fleet's (cloud) broker.
+
+What it writes (``FLEET/plants/<plant>/``, copied to the plant's gateway)::
+
+    mosquitto.conf              the plant listener (TLS, fleet CA, CRL) and the bridge to the cloud
+    acl                         the plant's devices' own topics
+    server.crt, server.key      the plant broker's certificate: SANs for every --host
+    bridge.<plant>.crt, .key    the bridge's client certificate (CN bridge.<plant>)
+    ca.crt, crl.pem             copies of the fleet CA and CRL (revoke-device refreshes the CRL)
+    plant.toml                  the plant's record: its bridge identity, broker URL and devices
+    data/                       the plant broker's persistence (queued uplinks survive its restart)
+
+It also points each listed device's ``devices/<id>/device.toml`` at the plant broker, and
+grants the bridge identity its devices' topics in the cloud ACL (reload the cloud broker).
+Topics do not change: a device sees on the plant broker what it would see on the cloud.
+Certificate auth only: the bridge logs in with a certificate the fleet CA issues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from cloud_aggregator.fleet_devices import RELOAD_HINT, load_ca, rewrite_acl
+from cloud_aggregator.fleet_layout import (
+    DEFAULT_HOSTS,
+    DefaultsHelpFormatter,
+    FleetInitError,
+    FleetLayout,
+    PlantRecord,
+    broker_owner,
+    client_toml,
+    fsync_tree,
+    issue,
+    open_fleet,
+    read_plants,
+    replace_file,
+    split_ids,
+    write_file,
+)
+from cloud_aggregator.fleet_plant_files import (
+    BRIDGE_PROTOCOLS,
+    bridge_identity,
+    plant_acl_text,
+    plant_conf_text,
+    plant_dir,
+    plant_toml_text,
+)
+from ioft_protocol import codec
+from ioft_protocol.mqtt import BrokerAddress
+
+
+def _errors(layout: FleetLayout, plant: str, devices: Sequence[str], force: bool) -> list[str]:
+    errors: list[str] = []
+    try:
+        codec.check_id("plant", plant)
+    except codec.WireError as exc:
+        errors.append(str(exc))
+    if layout.auth != "certs":
+        errors.append(
+            "plants need a certificate fleet (fleet init --auth certs): the bridge logs in with one"
+        )
+    if not devices:
+        errors.append("name the plant's devices (--devices printer1,printer2)")
+    errors += [f"{d} is not enrolled (fleet add-device first)" for d in devices if d not in layout.devices]
+    for other in read_plants(layout.root):
+        if other.plant == plant:
+            if not force:
+                errors.append(f"plant {plant} exists ({plant_dir(layout, plant)}); --force rewrites it")
+            continue
+        errors += [f"{d} already belongs to plant {other.plant}" for d in devices if d in other.devices]
+    return errors
+
+
+def _cloud_address(layout: FleetLayout, cloud: str | None) -> str:
+    """``host:port`` of the cloud broker for the bridge's ``address`` line."""
+    if cloud:
+        host, sep, port = cloud.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise FleetInitError(f"--cloud must be HOST:PORT, got {cloud!r}")
+        return cloud
+    b = BrokerAddress.parse(layout.broker_url)
+    return f"{b.host}:{b.port}"
+
+
+def add_plant(
+    root: str | Path,
+    plant: str,
+    devices: Sequence[str],
+    *,
+    hosts: Sequence[str] = DEFAULT_HOSTS,
+    port: int = 8883,
+    bind: str | None = None,
+    cloud: str | None = None,
+    protocol: str = "mqttv311",
+    restart_timeout: tuple[int, int] = (2, 30),
+    days: int = 825,
+    force: bool = False,
+) -> tuple[FleetLayout, PlantRecord]:
+    """Write ``plants/<plant>/`` for ``devices`` (enrolled already), point their TOMLs at it and
+    grant its bridge their topics in the cloud ACL.
+
+    Raises
+    ------
+    FleetInitError
+        On a bad plant id, a password fleet, devices not enrolled or in another plant, an existing
+        plant without ``force``, or bad host, port, cloud address or protocol.
+    """
+    layout = open_fleet(root)
+    devices = tuple(devices)
+    errors = _errors(layout, plant, devices, force)
+    hosts = [h for h in hosts if h]
+    if not hosts:
+        errors.append("name at least one plant broker host (--host plant-a.example.com)")
+    if not 0 < port < 65536:
+        errors.append(f"port must be in 1..65535, got {port}")
+    if protocol not in BRIDGE_PROTOCOLS:
+        errors.append(f"bridge protocol must be one of {', '.join(BRIDGE_PROTOCOLS)}, got {protocol!r}")
+    if not 0 < restart_timeout[0] <= restart_timeout[1]:
+        errors.append(f"bridge retry must be BASE,CAP seconds with 0 < BASE <= CAP, got {restart_timeout}")
+    if errors:
+        raise FleetInitError(f"cannot add plant {plant}:\n  - " + "\n  - ".join(errors))
+    address = _cloud_address(layout, cloud)
+    url_host = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
+    record = PlantRecord(plant, bridge_identity(plant), f"mqtts://{url_host}:{port}", devices)
+    before = next((p for p in read_plants(layout.root) if p.plant == plant), None)
+    ca = load_ca(layout)
+
+    final = plant_dir(layout, plant)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{plant}.tmp-", dir=final.parent))
+    try:
+        os.chmod(tmp, 0o755)
+        issue(ca, layout, hosts[0], tmp, server_hosts=hosts, days=days)  # recorded in ca/issued.tsv
+        issue(ca, layout, record.bridge, tmp, days=days)
+        shutil.copyfile(layout.ca_cert, tmp / "ca.crt")
+        if layout.crl.exists():
+            shutil.copyfile(layout.crl, tmp / "crl.pem")
+        else:  # an older fleet without a CRL: the plant starts with an empty one
+            write_file(tmp / "crl.pem", ca.crl((), days=3650))
+        write_file(tmp / "acl", plant_acl_text(layout.fleet, record))
+        write_file(tmp / "plant.toml", plant_toml_text(record))
+        conf = plant_conf_text(layout, record, port=port, bind=bind, cloud=address, protocol=protocol,
+                               restart_timeout=restart_timeout)  # fmt: skip
+        write_file(tmp / "mosquitto.conf", conf)
+        (tmp / "data").mkdir()
+        owner = broker_owner()
+        if owner is not None:  # mosquitto drops root before reading keys and writing data/
+            for path in (tmp / "server.key", tmp / f"{record.bridge}.key", tmp / "data"):
+                os.chown(path, *owner)
+        fsync_tree(tmp)
+        if final.exists():
+            old = final.with_name(f".{plant}.old-{secrets.token_hex(4)}")
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+    new = open_fleet(layout.root)  # now with the plant's devices on its broker
+    moved = set(devices) | set(before.devices if before else ())
+    for d in sorted(moved & set(new.devices)):
+        replace_file(new.toml(d), client_toml(new, d))
+    rewrite_acl(new, new.devices)
+    return new, record
+
+
+def _retry(text: str) -> tuple[int, int]:
+    try:
+        parts = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected BASE,CAP seconds (e.g. 2,30), got {text!r}") from None
+    if len(parts) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"expected BASE,CAP seconds (e.g. 2,30), got {text!r}")
+    return parts[0], parts[-1]
+
+
+def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
+    """``fleet add-plant``."""
+    p = fleet_sub.add_parser(
+        "add-plant",
+        help="a plant's own mosquitto (config, ACL, certificates) bridged to the fleet's broker",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    p.add_argument("--dir", required=True, type=Path, help="the fleet folder (`fleet init --out`)")
+    p.add_argument("--plant", required=True, help="plant id (its folder: plants/<plant>/)")
+    p.add_argument("--devices", required=True, action="append", help="enrolled device ids, comma-separated")
+    p.add_argument(
+        "--host",
+        action="append",
+        default=None,
+        help="plant broker host names/IPs its devices connect to, comma-separated or repeated "
+        f"(none given: {','.join(DEFAULT_HOSTS)}); the first goes into the devices' TOMLs",
+    )
+    p.add_argument("--port", type=int, default=8883, help="the plant listener's port")
+    p.add_argument("--bind", help="listen only on this address (none: all interfaces)")
+    p.add_argument("--cloud", help="HOST:PORT the bridge dials (none: the fleet's broker URL)")
+    p.add_argument("--bridge-protocol", choices=BRIDGE_PROTOCOLS, default="mqttv311",
+                   help="MQTT version of the bridge link (mqttv311 works with any cloud broker)")  # fmt: skip
+    p.add_argument("--bridge-retry", type=_retry, default=(2, 30), metavar="BASE,CAP",
+                   help="seconds between the bridge's reconnect attempts (jittered from BASE up to CAP)")  # fmt: skip
+    p.add_argument("--days", type=int, default=825, help="validity of the plant's certificates")
+    p.add_argument("--force", action="store_true", help="rewrite an existing plant (new certificates)")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    """``fleet add-plant``: write the plant folder and say what to run where."""
+    try:
+        layout, plant = add_plant(
+            args.dir,
+            args.plant,
+            split_ids(args.devices),
+            hosts=split_ids(args.host) or DEFAULT_HOSTS,
+            port=args.port,
+            bind=args.bind,
+            cloud=args.cloud,
+            protocol=args.bridge_protocol,
+            restart_timeout=args.bridge_retry,
+            days=args.days,
+            force=args.force,
+        )
+    except (FleetInitError, OSError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    d = plant_dir(layout, plant.plant)
+    print(f"fleet {layout.fleet}: plant {plant.plant} ({', '.join(plant.devices)}) on {plant.broker}")
+    print(f"  plant gateway: copy {d}/ there, then mosquitto -c {d / 'mosquitto.conf'}")
+    print(f"  cloud broker: its ACL now grants {plant.bridge} the plant's topics; {RELOAD_HINT}")
+    print(f"  devices: copy devices/<id>/ again (device.toml now names {plant.broker})")
+    return 0
