@@ -81,22 +81,8 @@ def build_wheel(work: Path, log: Path) -> tuple[Path, Path, str]:
     if archive.returncode != 0:
         raise PiCheckError(f"git archive HEAD: {archive.stderr.decode(errors='replace').strip()[-200:]}")
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
-    run_logged(
-        "build the wheel (host)",
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            str(src),
-            "-w",
-            str(dist),
-        ],
-        log,
-    )
+    wheel_cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+    run_logged("build the wheel (host)", [*wheel_cmd, str(src), "-w", str(dist)], log)
     wheels = sorted(dist.glob("ioft-*.whl"))
     if len(wheels) != 1:
         raise PiCheckError(f"build the wheel: expected one ioft wheel in {dist}, found {len(wheels)}")

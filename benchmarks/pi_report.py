@@ -129,7 +129,10 @@ def render(
         markdown_table(
             ["", "arm64 (emulated)"],
             [
-                ["pip install time, wheels from PyPI", f"{install.seconds:.0f} s"],
+                [
+                    f"venv + pip install time (root's pip cache {'cold' if root_state == 'built' else 'warm'})",
+                    f"{install.seconds:.0f} s",
+                ],
                 ["installed size of the venv (`du -sb`)", f"{install.venv_bytes / MIB:.1f} MiB"],
                 ["torch installed", "no"],
             ],
