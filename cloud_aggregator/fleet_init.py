@@ -18,6 +18,8 @@ What it writes (``DIR``)::
                                   fleet.key with the operator, off the broker and the devices
     systemd/                      serve's unit and mosquitto's drop-in; each device folder holds its
                                   own units and install.sh (:mod:`cloud_aggregator.fleet_units`)
+    plants/<plant>/               (later, ``fleet add-plant``) a plant's own broker, bridged to this
+                                  one (:mod:`cloud_aggregator.fleet_plants`)
 
 The broker's secrets (``server.key``, ``passwd``) and its ``data/`` folder belong to
 the user mosquitto runs as (``mosquitto``: started as root, the way Debian's service
