@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.fedbuff_vs_sync import QUICK, Conditions, FleetClock, Method, run_seed
+from benchmarks.fedbuff_sim import Conditions, FleetClock
+from benchmarks.fedbuff_vs_sync import QUICK, Method, run_seed
 
 
 def test_fedbuff_reaches_syncs_loss_sooner_in_simulated_time() -> None:
