@@ -141,6 +141,18 @@ bridge_insecure false
 """
 
 
+def plant_dropin(layout: FleetLayout, plant: str, mosquitto: str = "/usr/sbin/mosquitto") -> str:
+    """A drop-in for Debian's ``mosquitto.service`` on the plant's gateway: the plant's config."""
+    return f"""\
+# ioft fleet {layout.fleet}, plant {plant}: Debian's mosquitto.service runs the plant broker's config.
+# Install as /etc/systemd/system/mosquitto.service.d/ioft.conf, then systemctl daemon-reload;
+# systemctl restart mosquitto.  (Started as root, mosquitto drops to its own user.)
+[Service]
+ExecStart=
+ExecStart={mosquitto} -c {plant_dir(layout, plant) / "mosquitto.conf"}
+"""
+
+
 def refresh_plant(layout: FleetLayout, plant: PlantRecord) -> None:
     """Rewrite a plant's ACL, record and CRL copy from the fleet's (after add- or revoke-device)."""
     d = plant_dir(layout, plant.plant)

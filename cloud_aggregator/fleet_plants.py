@@ -9,6 +9,7 @@ What it writes (``FLEET/plants/<plant>/``, copied to the plant's gateway)::
     ca.crt, crl.pem             copies of the fleet CA and CRL (revoke-device refreshes the CRL)
     plant.toml                  the plant's record: its bridge identity, broker URL and devices
     data/                       the plant broker's persistence (queued uplinks survive its restart)
+    systemd/mosquitto.service.d/ioft.conf   Debian's mosquitto.service, on the plant's conf
 
 It also points each listed device's ``devices/<id>/device.toml`` at the plant broker, and
 grants the bridge identity its devices' topics in the cloud ACL (reload the cloud broker).
@@ -50,6 +51,7 @@ from cloud_aggregator.fleet_plant_files import (
     plant_acl_text,
     plant_conf_text,
     plant_dir,
+    plant_dropin,
     plant_toml_text,
 )
 from ioft_protocol import codec
@@ -149,6 +151,7 @@ def add_plant(
         conf = plant_conf_text(layout, record, port=port, bind=bind, cloud=address, protocol=protocol,
                                restart_timeout=restart_timeout)  # fmt: skip
         write_file(tmp / "mosquitto.conf", conf)
+        write_file(tmp / "systemd" / "mosquitto.service.d" / "ioft.conf", plant_dropin(layout, plant))
         (tmp / "data").mkdir()
         owner = broker_owner()
         if owner is not None:  # mosquitto drops root before reading keys and writing data/
@@ -234,7 +237,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     d = plant_dir(layout, plant.plant)
     print(f"fleet {layout.fleet}: plant {plant.plant} ({', '.join(plant.devices)}) on {plant.broker}")
-    print(f"  plant gateway: copy {d}/ there, then mosquitto -c {d / 'mosquitto.conf'}")
+    print(f"  plant gateway: copy {d}/ there, then mosquitto -c {d / 'mosquitto.conf'} (or as a service: "
+          f"cp -r {d / 'systemd'}/* /etc/systemd/system/)")  # fmt: skip
     print(f"  cloud broker: its ACL now grants {plant.bridge} the plant's topics; {RELOAD_HINT}")
     print(f"  devices: copy devices/<id>/ again (device.toml now names {plant.broker})")
     return 0

@@ -44,6 +44,8 @@ def test_a_plant_folder_has_its_listener_its_bridge_and_its_devices_point_at_it(
                  f"topic {P}/task/+/secagg/down/+ in 1", f"topic {P}/model/+/+/chunk/+ in 1"):  # fmt: skip
         assert line in conf.splitlines(), line
     assert " both " not in conf and "/aggregator" not in conf  # nothing loops, the lock stays in the cloud
+    dropin = (d / "systemd" / "mosquitto.service.d" / "ioft.conf").read_text()
+    assert f"ExecStart=/usr/sbin/mosquitto -c {d / 'mosquitto.conf'}" in dropin.splitlines()
 
     ca = _cert(layout.ca_cert)
     bridge = _cert(d / "bridge.plant-a.crt")
