@@ -39,7 +39,13 @@ from pathlib import Path
 import paho.mqtt.client as paho
 
 from benchmarks.common import markdown_table, progress, study_parser, write_result
-from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
+from cloud_aggregator.broker import (
+    LOOPBACK_CONF,
+    BrokerProcess,
+    free_port,
+    interrupt_on_sigterm,
+    start_mosquitto,
+)
 from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
 from cloud_aggregator.store import SqliteStore
 from edge.swarm import SwarmLoop, SwarmSession
@@ -81,6 +87,18 @@ def split(n: int, processes: int | None) -> list[tuple[int, int]]:
     return out
 
 
+def broker_for(work: Path, n: int) -> BrokerProcess:
+    """mosquitto on loopback with room for a round's burst in the aggregator's queue.
+
+    mosquitto keeps at most ``max_queued_messages`` (default 1,000) QoS 1 messages per client
+    beyond the 20 in flight and drops the rest: N uploads and N statuses arrive in one burst.
+    """
+    port = free_port()
+    conf = work / "mosquitto.conf"
+    conf.write_text(LOOPBACK_CONF.format(port=port) + f"max_queued_messages {max(1000, 4 * n)}\n")
+    return start_mosquitto(port, config=conf)
+
+
 def swarm_root() -> Path:
     shm = Path("/dev/shm")
     return Path(tempfile.mkdtemp(prefix="ioft-swarm-", dir=shm if shm.is_dir() else None))
@@ -115,7 +133,7 @@ def run_case(
 ) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"ioft-scale-{n}-"))
     root = swarm_root()
-    fleet = LocalFleet.start(work, broker=start_mosquitto())
+    fleet = LocalFleet.start(work, broker=broker_for(work, n))
     swarms: list[subprocess.Popen] = []
     try:
         parts = split(n, processes)

@@ -227,6 +227,9 @@ persistence_location {b / "data"}/
 set_tcp_nodelay true
 # Bounded: a device cannot make the broker buffer a 256 MB packet.
 max_packet_size {MAX_PACKET_BYTES}
+# A round's burst queues for the aggregator's client (N uploads and N statuses at once):
+# past max_queued_messages (default 1,000) mosquitto drops QoS 1 messages silently.
+max_queued_messages 100000
 
 {listener}
 protocol mqtt
