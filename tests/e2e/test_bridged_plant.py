@@ -16,7 +16,8 @@ round completes with both printers.
 The aggregator's session is a clean one, so an uplink the bridge delivers before the aggregator
 has subscribed again is gone; the republished announcement makes each device re-send its answer
 (``edge.daemon``), which covers that.  That the plant really queues uplinks across a cloud
-restart is checked apart, with a persistent subscriber (the second test).
+restart is checked apart, with a persistent subscriber (the second test); the third runs the
+bridge over MQTT 5 (``--bridge-protocol mqttv50``).
 """
 
 from __future__ import annotations
@@ -242,6 +243,44 @@ def test_uplinks_published_while_the_cloud_is_down_wait_at_the_plant_and_cross_w
         uploads = [m for m in got if "/up/" in m[0]]
         # In order, once each; neither the impersonation (plant ACL) nor the outsider (cloud ACL) crossed.
         assert uploads == want, got
+    finally:
+        cloud.stop()
+        plant.stop()
+
+
+def test_an_mqtt5_bridge_carries_statuses_out_and_announcements_in(work):
+    cloud_port, plant_port = free_port(), free_port()
+    fleet = init(work, cloud_port)
+    out = cli("fleet", "add-plant", "--dir", str(fleet), "--plant", "plant-a", "--devices", "printer1",
+              "--host", "127.0.0.1", "--port", str(plant_port), "--bind", "127.0.0.1", "--bridge-retry", "1,2",
+              "--bridge-protocol", "mqttv50")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    layout = open_fleet(fleet)
+    p = "ioft/v1/plant"
+    cloud = Broker(fleet / "broker" / "mosquitto.conf", cloud_port, work / "cloud.log")
+    plant = Broker(fleet / "plants" / "plant-a" / "mosquitto.conf", plant_port, work / "plant.log")
+    got: list[tuple[str, bytes]] = []
+    try:
+        assert_clean_start(plant)
+        wait_for("no MQTT 5 bridge", lambda: "as bridge.plant-a (p5," in cloud.log(), work / "cloud.log")
+        aggregator = persistent_client(cloud_port, layout.ca_cert, layout.cert("aggregator"),
+                                       layout.key("aggregator"), got, (f"{p}/status/+",))  # fmt: skip
+        printer1 = Client(
+            plant_port, ca=layout.ca_cert, cert=(layout.cert("printer1"), layout.key("printer1"))
+        )
+        try:
+            aggregator.publish(f"{p}/task/speed/down", b"announcement", qos=1, retain=True).wait_for_publish(
+                10
+            )
+            assert printer1.connect()
+            assert printer1.subscribe(f"{p}/task/+/down") == [1]
+            printer1.publish(f"{p}/status/printer1", b"online")
+            wait_for("nothing crossed", lambda: printer1.got(f"{p}/task/speed/down", b"announcement")
+                     and (f"{p}/status/printer1", b"online") in got, work / "plant.log", work / "cloud.log")  # fmt: skip
+        finally:
+            printer1.close()
+            aggregator.disconnect()
+            aggregator.loop_stop()
     finally:
         cloud.stop()
         plant.stop()
