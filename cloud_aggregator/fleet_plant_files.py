@@ -32,9 +32,10 @@ from ioft_protocol import topics
 
 #: The bridge protocols mosquitto 2 speaks; the wire is MQTT 3.1.1, so mqttv311 is the default.
 BRIDGE_PROTOCOLS = ("mqttv311", "mqttv50")
-#: Messages the plant broker queues per client while its link is down (the bridge's queue is the
-#: one that matters: every uplink of the plant waits in it while the WAN is down).
-PLANT_QUEUE = 10_000
+#: Messages the plant broker queues per client (the bridge's queue is the one that matters: a round's
+#: burst of the plant's uploads and statuses, and every uplink while the WAN is down, waits in it; past
+#: it mosquitto drops QoS 1 messages silently).  As the cloud broker's (``mosquitto_conf_text``).
+PLANT_QUEUE = 100_000
 
 #: Topic patterns under ``ioft/v1/<fleet>/`` by direction, as bridge ``topic`` lines take them.
 OUT_TOPICS = ("task/+/up/+", "status/+", "task/+/secagg/up/+")
@@ -105,7 +106,7 @@ persistence true
 persistence_location {d / "data"}/
 set_tcp_nodelay true
 max_packet_size {MAX_PACKET_BYTES}
-# While the cloud is unreachable the bridge queues every uplink of the plant.
+# A round's burst, and every uplink of the plant while the cloud is unreachable, queue for the bridge.
 max_queued_messages {PLANT_QUEUE}
 
 {listener}
