@@ -130,11 +130,17 @@ class Curve:
 
     times: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
-    updates: int = 0  # client updates computed (work done, kept or not)
+    #: Client updates started by each point (work done, kept or lost).
+    work: list[int] = field(default_factory=list)
+    updates: int = 0  # client updates started in all
 
     def time_to(self, target: float) -> float:
         """First simulated time the fleet loss is at or below ``target`` (``inf``: never)."""
         return next((t for t, v in zip(self.times, self.losses, strict=True) if v <= target), math.inf)
+
+    def work_to(self, target: float) -> int | None:
+        """Client updates started by the first point at or below ``target`` (``None``: never)."""
+        return next((w for w, v in zip(self.work, self.losses, strict=True) if v <= target), None)
 
 
 class ClockedFleet(SimulatedFleet):
@@ -188,6 +194,7 @@ def run_sync(spec: TaskSpec, clients: dict[str, ClientData], clock: FleetClock) 
     def on_record(rec: RoundRecord) -> None:
         curve.times.append(fleet.now)
         curve.losses.append(fleet_loss(fleet, engine.global_params))
+        curve.work.append(fleet.computed)
 
     engine = RoundEngine(spec, fleet, on_record=on_record)
     engine.run()
@@ -262,6 +269,7 @@ def run_fedbuff(
             loss = fleet_loss(fleet, server.global_params)
             curve.times.append(t)
             curve.losses.append(loss)
+            curve.work.append(curve.updates)
             if until(t, loss):
                 break
         start(d, t)

@@ -11,9 +11,9 @@ values the demo's sensor path recovers) at one speed from each of three bands, c
 
 Both runs drive the real code: the clients' ``trainer_lite.client.participate``, every
 upload through ``cloud_aggregator.admission``; the synchronous run is the ``RoundEngine``
-with the ``fedavg`` strategy (its clock advanced by :class:`ClockedFleet`), the buffered run
-is ``cloud_aggregator.buffered.BufferedServer`` (FedBuff: apply every K admitted arrivals,
-``s(τ) = 1/√(1+τ)``, η_g).  Only the clock is simulated.
+with the ``fedavg`` strategy (its clock advanced by ``benchmarks.fedbuff_sim.ClockedFleet``), the
+buffered run is ``cloud_aggregator.buffered.BufferedServer`` (FedBuff: apply every K admitted
+arrivals, ``s(τ) = 1/√(1+τ)``, η_g).  Only the clock is simulated (``benchmarks.fedbuff_sim``).
 
 Time is **simulated**: a device's update takes ``T0 × speed × jitter`` where ``T0`` is the
 median time of one ``participate()`` call (30 local steps) measured on this machine at the
@@ -85,24 +85,38 @@ class SeedResult:
 
 
 def run_seed(
-    seed: int, methods: Sequence[Method], *, devices: int, rounds: int, algorithm: str, cap: float
+    seed: int,
+    methods: Sequence[Method],
+    *,
+    devices: int,
+    rounds: int,
+    algorithm: str,
+    cap: float,
+    full: bool = False,
 ) -> SeedResult:
     """Sync for ``rounds`` rounds, then each FedBuff setting until it reaches sync's final loss
-    (or runs ``cap`` times sync's time to it); all times in units of T0."""
+    (or runs ``cap`` times sync's time to it); with ``full``, on at least to sync's last round
+    (curves for the plot).  All times in units of T0."""
     clients = printer_clients(devices, seed)
     cond = Conditions(devices=devices)
     spec = task_spec(algorithm, rounds, seed)
     sync = run_sync(spec, clients, FleetClock(sorted(clients), cond, seed))
     target = sync.losses[-1]
-    limit = cap * sync.time_to(target)
+    limit, horizon = cap * sync.time_to(target), sync.times[-1] if full else 0.0
     curves, ledgers = {"sync": sync}, {}
     for m in methods:
+        reached = [False]
+
+        def until(t: float, loss: float, reached: list[bool] = reached) -> bool:
+            reached[0] = reached[0] or loss <= target
+            return (reached[0] and t >= horizon) or t > limit
+
         curve, ledger = run_fedbuff(
             spec,
             clients,
             FleetClock(sorted(clients), cond, seed),
             BufferConfig(k=m.k, server_lr=m.server_lr),
-            until=lambda t, loss: loss <= target or t > limit,
+            until=until,
         )
         curves[m.label], ledgers[m.label] = curve, ledger
     return SeedResult(target, curves, ledgers)
@@ -112,10 +126,8 @@ def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
-def _work_to(curve: Curve, target: float) -> str:
-    """Server steps (rounds or buffer applications) to the target."""
-    steps = next((i for i, v in enumerate(curve.losses, 1) if v <= target), None)
-    return "-" if steps is None else str(steps)
+def _median_work(values: Sequence[int | None]) -> str:
+    return "-" if any(v is None for v in values) else f"{_median(values):.0f}"
 
 
 def report(results: dict[int, SeedResult], labels: Sequence[str], t0: float, cap: float) -> str:
@@ -135,7 +147,7 @@ def report(results: dict[int, SeedResult], labels: Sequence[str], t0: float, cap
                 else f"> {cap:g}× sync ({reached}/{len(times)} seeds)",
                 f"{_median(speedups):.2f}×" if label != "sync" else "1.00×",
                 f"{PAPER_SPEEDUP}×" if label != "sync" else "-",
-                f"{_median([r.curves[label].updates for r in results.values()]):.0f}",
+                _median_work([r.curves[label].work_to(r.target) for r in results.values()]),
             ]
         )
         for seed, r in results.items():
@@ -147,8 +159,8 @@ def report(results: dict[int, SeedResult], labels: Sequence[str], t0: float, cap
                     label,
                     f"{r.target:.4f}",
                     f"{c.time_to(r.target) * t0:.3f}",
-                    _work_to(c, r.target),
-                    c.updates,
+                    next((i for i, v in enumerate(c.losses, 1) if v <= r.target), "-"),
+                    c.work_to(r.target) or "-",
                     led.get("refused", "-"),
                     led.get("abandoned", "-"),
                 ]
@@ -158,7 +170,7 @@ def report(results: dict[int, SeedResult], labels: Sequence[str], t0: float, cap
         "simulated s to target (median)",
         "speed-up vs sync (median)",
         "paper",
-        "client updates run",
+        "client updates to target (median)",
     ]
     seed_head = [
         "seed",
@@ -166,7 +178,7 @@ def report(results: dict[int, SeedResult], labels: Sequence[str], t0: float, cap
         "target",
         "simulated s",
         "server steps",
-        "client updates",
+        "client updates to target",
         "refused",
         "abandoned",
     ]
@@ -220,6 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="η_g for each K (default: 0.5 for K < 10, else 1)",
     )
     parser.add_argument("--cap", type=float, default=2.0, help="stop FedBuff at this many times sync's time")
+    parser.add_argument(
+        "--full", action="store_true", help="run FedBuff on to sync's last round (plot curves)"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.devices, args.rounds = QUICK["devices"], QUICK["rounds"]
@@ -236,7 +251,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     results = {
         seed: run_seed(
-            seed, methods, devices=args.devices, rounds=args.rounds, algorithm=args.algorithm, cap=args.cap
+            seed,
+            methods,
+            devices=args.devices,
+            rounds=args.rounds,
+            algorithm=args.algorithm,
+            cap=args.cap,
+            full=args.full,
         )
         for seed in progress(args.seeds, "seeds")
     }
