@@ -223,7 +223,7 @@ class MqttFleet:
     @staticmethod
     def _is_uplink(topic: str) -> bool:
         try:
-            return topics.parse_topic(topic).kind == "up"
+            return topics.parse_topic(topic).kind in ("up", "secagg_up")  # routed to the task's queue
         except codec.WireError:
             return False
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from cloud_aggregator.config import AggregatorConfig, TaskConfig
 from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.rounds import CollectRequest, RoundEngine, RoundRecord
+from cloud_aggregator.secagg_round import SecAggFleet
 from cloud_aggregator.singleton import claim_fleet, lock_will
 from cloud_aggregator.store import SqliteStore, TaskChangedError
 from cloud_aggregator.strategies import make_strategy
@@ -229,7 +230,7 @@ def _run_task(task: TaskConfig, fleet: MqttFleet, store: SqliteStore, cfg: Aggre
     c = cfg.collect
     engine = RoundEngine(
         spec,
-        fleet,
+        fleet if spec.secagg is None else SecAggFleet(fleet),  # SecAgg: cloud_aggregator/secagg_round.py
         strategy=make_strategy(spec),
         store=store,
         min_participants=c.min_participants,
