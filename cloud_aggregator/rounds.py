@@ -320,6 +320,9 @@ class RoundEngine:
                     self.store, self.spec.name, round_, self.strategy.init_global
                 )
         while round_ <= self.spec.rounds:
+            if phase_idx == 0 and (why := self.strategy.stop_reason()) is not None:  # a spent ε budget
+                log.warning("task %s stops before round %d: %s", self.spec.name, round_, why)
+                break
             self.run_phase(round_, phases[phase_idx])
             phase_idx += 1
             if phase_idx == len(phases):
@@ -404,6 +407,7 @@ class RoundEngine:
             record.extra = {**record.extra, "closed": note.closed, "refused": dict(note.refused)}
             if note.holdout:
                 record.extra["holdout"] = dict(note.holdout)
+        record.extra = {**record.extra, **self.strategy.record_extra()}  # e.g. the DP ledger's ε
         if self.straggler == "next_round":
             self._late = LateWindow(round_, phase, gh, before, frozenset(counted))
         self._pending = record
