@@ -31,8 +31,10 @@ from cloud_aggregator.singleton import claim_fleet, lock_will
 from cloud_aggregator.store import SqliteStore, TaskChangedError
 from cloud_aggregator.strategies import make_strategy
 from cloud_aggregator.task_lanes import run_side_by_side
+from cloud_aggregator.watchdog import WatchedSession, wait_pinging
 from ioft_protocol.config import ConfigError
 from ioft_protocol.mqtt import MqttSession, SessionOptions
+from ioft_protocol.service import Notifier
 from trainer_lite.params import param_hash
 
 log = logging.getLogger(__name__)
@@ -62,11 +64,10 @@ class Control:
     reload_requested: threading.Event = field(default_factory=threading.Event)
 
 
-def open_session(cfg: AggregatorConfig) -> MqttSession:
+def open_session(cfg: AggregatorConfig, notifier: Notifier | None = None) -> MqttSession:
     # A persistent session: uplinks sent while we reconnect are queued by the broker.
-    return MqttSession(
-        SessionOptions.for_login(cfg, cfg.client_id, clean_session=False, will=lock_will(cfg.fleet))
-    )
+    options = SessionOptions.for_login(cfg, cfg.client_id, clean_session=False, will=lock_will(cfg.fleet))
+    return WatchedSession(options, notifier or Notifier())  # its reads ping systemd's watchdog
 
 
 def format_record(rec: RoundRecord, metric: str = "test_loss") -> str:
@@ -155,7 +156,13 @@ def _watch_reloads(
         accepted.put(new)
 
 
-def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: bool = False) -> None:
+def serve(
+    cfg: AggregatorConfig,
+    control: Control | None = None,
+    *,
+    service: bool = False,
+    notifier: Notifier | None = None,
+) -> None:
     """Run every configured task to completion (resuming where a previous run stopped).
 
     Parameters
@@ -167,6 +174,10 @@ def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: boo
     service
         Keep running when the tasks are done and take new or extended tasks from each
         reload, until ``SIGTERM`` (:class:`Terminated`).
+    notifier
+        systemd's notify socket (default: from the environment; a no-op outside a unit):
+        READY once the fleet is claimed, watchdog pings from the loops that read the broker
+        (:mod:`cloud_aggregator.watchdog`), STOPPING.
 
     Raises
     ------
@@ -174,6 +185,7 @@ def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: boo
         A task's spec changed in a way that voids its stored history (nothing was written).
     """
     control = control or Control()
+    notifier = notifier or Notifier.from_env()
     store = SqliteStore(Path(cfg.state_dir) / "aggregator.sqlite")
     session: MqttSession | None = None
     try:
@@ -184,8 +196,9 @@ def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: boo
             threading.Thread(
                 target=_watch_reloads, args=(control, store, cfg, accepted), name="reload", daemon=True
             ).start()
-        session = open_session(cfg)
+        session = open_session(cfg, notifier)
         claim_fleet(session, cfg.fleet)  # retries until the broker is there; refuses a second aggregator
+        notifier.ready(f"fleet {cfg.fleet}: connected to {cfg.broker}")
         c = cfg.collect
         policy = CollectPolicy(
             deadline_s=c.deadline_s,
@@ -207,7 +220,8 @@ def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: boo
             if not service:
                 return
             log.info("all tasks done; waiting for new or extended tasks (SIGHUP re-reads the config)")
-            new = accepted.get()
+            notifier.status("all tasks done; waiting for new or extended tasks (systemctl reload)")
+            new = wait_pinging(accepted, notifier)
             tasks = [t for t in new.task if store.next_round(t.name) <= t.rounds]
             fleet.selections.update({t.name: t.devices for t in tasks})
             fleet.holdouts.update({t.name: t.holdout for t in tasks})
@@ -217,6 +231,7 @@ def serve(cfg: AggregatorConfig, control: Control | None = None, *, service: boo
                 log.error("SIGHUP: config refused, the running tasks go on: %s", exc)
                 tasks = []
     finally:
+        notifier.stopping()
         if session is not None:
             session.stop(final=lock_will(cfg.fleet))  # clear our lock
         store.close()

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from cloud_aggregator.broker import free_port, start_mosquitto
-from cloud_aggregator.local_fleet import FLEET
+from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
 from tests.conftest import _require_mosquitto
 from tests.e2e.notify import NotifyListener
 from tests.e2e.retained import retained_status
@@ -92,3 +92,49 @@ def test_edge_recorder_is_ready_once_recording_pings_from_its_loop_and_says_stop
         log.close()
         listener.close()
     assert "Traceback" not in (tmp_path / "recorder.log").read_text()
+
+
+@pytest.mark.broker
+def test_serve_is_ready_once_connected_pings_through_rounds_and_idle_and_says_stopping(tmp_path):
+    # Prepare: serve --service started before its broker, one printer, a 3-round task
+    _require_mosquitto()
+    listener = NotifyListener()
+    port = free_port()
+    url = f"mqtt://127.0.0.1:{port}"
+    config = tmp_path / "aggregator.toml"
+    config.write_text(
+        aggregator_toml(url, tmp_path / "aggregator", [pflda_task(rounds=3)], expected=["printer1"])
+    )
+    log = (tmp_path / "aggregator.log").open("wb")
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "cloud_aggregator.cli", "serve", "--service", "--config", str(config)],
+        stdout=log, stderr=subprocess.STDOUT, env=listener.env(WATCHDOG_S),
+    )  # fmt: skip
+    broker = fleet = None
+    try:
+        # Execute / Assert: nothing before the broker is there; READY once connected
+        listener.drain(1.0)
+        assert listener.count("READY=1") == 0 and serve.poll() is None
+        broker = start_mosquitto(port, log_file=tmp_path / "mosquitto.log")
+        ready = listener.wait_for("READY=1", 30)
+        fleet = LocalFleet(tmp_path, url)
+        fleet.start_device("printer1", "--log-level", "WARNING")
+        fleet.wait_for(lambda: len(fleet.rounds()) == 3, 60, "3 rounds")
+        during = listener.count("WATCHDOG=1", ready)
+        assert during >= 1  # from the loops that read the session (start-up wait, rounds), not a timer
+
+        listener.drain(1.5)  # the tasks are done: serve --service waits for a reload, pinging
+        assert listener.count("WATCHDOG=1", ready) >= during + 3
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(30) == 0
+        listener.wait_for("STOPPING=1", 5, after=ready)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        if fleet is not None:
+            fleet.stop_all()
+        log.close()
+        listener.close()
+        if broker is not None:
+            broker.stop()
+    assert "Traceback" not in (tmp_path / "aggregator.log").read_text()

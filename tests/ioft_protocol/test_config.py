@@ -136,7 +136,7 @@ def test_serve_hands_the_admission_policy_to_the_fleet(tmp_path, monkeypatch):
         def stop(self, final=None):
             pass
 
-    monkeypatch.setattr(server, "open_session", lambda cfg: FakeSession())
+    monkeypatch.setattr(server, "open_session", lambda cfg, notifier=None: FakeSession())
     monkeypatch.setattr(server, "claim_fleet", lambda session, fleet: None)
     monkeypatch.setattr(server, "MqttFleet", FakeFleet)
     cfg = build(
