@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from cloud_aggregator import console, fleet_init, fleet_status, push, rollout_cli
+from cloud_aggregator import console, fleet_init, fleet_privacy, fleet_status, push, rollout_cli
 from cloud_aggregator.backbones import cli as backbones_cli
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.demo import run_demo
@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     fleet = sub.add_parser("fleet", help="fleet-wide views and set-up")
     fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
     fleet_status.add_parser(fleet_sub)
+    fleet_privacy.add_parser(fleet_sub)
     fleet_init.add_parser(fleet_sub)
     return p
 
