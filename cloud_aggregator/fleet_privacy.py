@@ -46,7 +46,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
             f"{r.get('epsilon', 0.0):.3f}",
             f"{r['delta']:g}" if "delta" in r else "-",
             f"{r['budget']:g}" if "budget" in r else "none",
-            "stopped: budget reached" if r.get("stop") else "running",
+            "stopped: budget reached" if r.get("stop") else "within budget",
         ]
         for r in rows
     ]
