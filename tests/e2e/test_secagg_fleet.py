@@ -1,8 +1,10 @@
 """Secure aggregation over a real mosquitto with `cloud-aggregator serve` and `edge-trainer` processes.
 
-One device dies (SIGKILL, ``IOFT_SECAGG_FAULT``) after the key exchange: the round still
-completes, with exactly the mean of the survivors' clipped, fixed-point changes; nothing on
-the wire carries a device's parameters in the clear.  And the broker ACL that ``fleet init``
+Two SecAgg tasks run side by side on one aggregator, each on its own devices.  In one, a
+device dies (SIGKILL, ``IOFT_SECAGG_FAULT``) after the key exchange: the round still completes,
+with exactly the mean of the survivors' clipped, fixed-point changes, and nothing on the wire
+carries a device's parameters in the clear.  In the other, one of two dies before it: the
+round is abandoned and counted, the global unchanged.  And the broker ACL that ``fleet init``
 writes keeps each device's SecAgg messages to that device.
 """
 
@@ -11,13 +13,15 @@ from __future__ import annotations
 import re
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from cloud_aggregator.broker import start_mosquitto
 from cloud_aggregator.fleet_init import AGGREGATOR
-from cloud_aggregator.local_fleet import FLEET, Sniffer, aggregator_toml
+from cloud_aggregator.local_fleet import FLEET, LocalFleet, Sniffer, aggregator_toml
 from cloud_aggregator.secagg_round import ABANDONED, DROPPED
 from cloud_aggregator.store import SqliteStore
 from cloud_aggregator.strategies import make_strategy
@@ -45,11 +49,58 @@ TASK = {**readme_secagg_task(), "rounds": 1}
 SECAGG = TASK["secagg"]
 
 
+#: Two SecAgg tasks side by side on one aggregator, each on its own devices: in "speed" one of
+#: four devices dies after the key exchange; in "lost" one of two dies before it (two holders,
+#: threshold two: one device's seeds cannot be rebuilt).
+LOST = {**TASK, "name": "lost", "devices": {"ids": ["welder1", "welder2"]}}
+SPEED = {**TASK, "devices": {"ids": DEVICES}}
+FAULTS = {"printer4": "neighbour_keys@speed", "welder2": "setup@lost"}
+
+
+@pytest.fixture(scope="module")
+def secagg_fleet(tmp_path_factory) -> Iterator[tuple[LocalFleet, list[tuple[str, bytes]]]]:
+    """One run of both tasks; yields the fleet (its logs, store and device folders) and every
+    message the broker carried."""
+    work = tmp_path_factory.mktemp("secagg-fleet")
+    broker = start_mosquitto(log_file=work / "mosquitto.log")
+    procs = LocalFleet(work, broker.url)
+    sniffer = Sniffer(broker.url)
+    try:
+        for device in [*DEVICES, *LOST["devices"]["ids"]]:
+            fault = FAULTS.get(device)
+            with pytest.MonkeyPatch.context() as mp:
+                if fault:
+                    mp.setenv(FAULT_ENV, fault)
+                procs.start_device(device)
+        names = [*DEVICES, *LOST["devices"]["ids"]]
+        procs.start_aggregator(
+            aggregator_toml(
+                broker.url, work / "aggregator", [SPEED, LOST], expected=names, min_participants=1
+            )
+        )
+        assert procs.wait_aggregator(90) == 0, procs.log("aggregator")
+        for device in FAULTS:  # SIGKILL: each really died mid-round
+            assert procs.devices[device].wait(10) == -9, procs.log(device)
+        yield procs, list(sniffer.messages)
+    finally:
+        sniffer.stop()
+        procs.stop_all()
+        broker.stop()
+
+
+def _record_and_global(procs: LocalFleet, task: str):
+    store = SqliteStore(procs.db, readonly=True)
+    try:
+        (record,) = store.rounds(task)
+        return record, store.get_params(record.global_hash)
+    finally:
+        store.close()
+
+
 def _expected_global(spec: TaskSpec, work, survivors: list[str]) -> dict[str, np.ndarray]:
     """What the aggregator must reach: the initial global plus the survivors' quantized mean change."""
     g = make_strategy(spec).init_global()
-    cfg = SecAggConfig(**SECAGG)
-    p = cfg.round_params(len(DEVICES), int(flatten(g).size))
+    p = SecAggConfig(**SECAGG).round_params(len(DEVICES), int(flatten(g).size))
     total = np.zeros(p.length + 1, dtype=quantize.RING_DTYPE)
     for d in survivors:
         state = load_task_state(work / d / "tasks" / spec.name / "local.safetensors")
@@ -58,52 +109,26 @@ def _expected_global(spec: TaskSpec, work, survivors: list[str]) -> dict[str, np
     return unflatten(flatten(g) + values / weight, g)
 
 
-def test_a_round_completes_with_the_exact_survivor_sum_when_a_device_drops_after_key_exchange(
-    fleet_procs, monkeypatch
-):
-    task = TASK
-    sniffer = Sniffer(fleet_procs.broker_url)
-    try:
-        fleet_procs.start_devices(DEVICES[:-1])
-        monkeypatch.setenv(FAULT_ENV, "neighbour_keys")  # printer4 advertises keys, then dies
-        fleet_procs.start_device(DEVICES[-1])
-        monkeypatch.delenv(FAULT_ENV)
-        fleet_procs.start_aggregator(
-            aggregator_toml(
-                fleet_procs.broker_url,
-                fleet_procs.work / "aggregator",
-                [task],
-                expected=DEVICES,
-                min_participants=3,
-            )
-        )
-        assert fleet_procs.wait_aggregator(90) == 0, fleet_procs.log("aggregator")
-    finally:
-        sniffer.stop()
-    assert fleet_procs.devices["printer4"].wait(10) == -9  # SIGKILL: it really died mid-round
-    store = SqliteStore(fleet_procs.db, readonly=True)
-    try:
-        (record,) = store.rounds("speed")
-        new_global = store.get_params(record.global_hash)
-    finally:
-        store.close()
+def test_a_round_completes_with_the_exact_survivor_sum_when_a_device_drops_after_key_exchange(secagg_fleet):
+    procs, messages = secagg_fleet
+    record, new_global = _record_and_global(procs, "speed")
     survivors = DEVICES[:-1]
     assert record.status == "completed" and sorted(record.participants) == survivors
     assert record.rejected == {"printer4": DROPPED}
-    spec = TaskSpec(**{k: v for k, v in task.items()})
-    expected = _expected_global(spec, fleet_procs.work, survivors)
+    spec = TaskSpec(**TASK)
+    expected = _expected_global(spec, procs.work, survivors)
     assert sorted(new_global) == sorted(expected)
     for name in expected:  # the exact survivor sum: same integers, same arithmetic, same bits
         np.testing.assert_array_equal(new_global[name], expected[name])
     # Nothing in the clear: uploads carry no tensors, masked inputs match no device's encoding.
     g = make_strategy(spec).init_global()
     p = SecAggConfig(**SECAGG).round_params(len(DEVICES), int(flatten(g).size))
-    for topic, payload in sniffer.messages:
+    for topic, payload in messages:
         if "/up/" in topic and "/secagg/" not in topic:
             assert codec.decode(payload)[1] == {}, topic
     masked = {}
-    for topic, payload in sniffer.messages:
-        if "/secagg/up/" in topic:
+    for topic, payload in messages:
+        if "/task/speed/secagg/up/" in topic:
             env = Envelope.decode(payload)
             if env.stage == "inbox":
                 masked[topic.rsplit("/", 1)[1]] = quantize.unpack(
@@ -111,32 +136,14 @@ def test_a_round_completes_with_the_exact_survivor_sum_when_a_device_drops_after
                 )
     assert sorted(masked) == survivors
     for d in survivors:
-        state = load_task_state(fleet_procs.work / d / "tasks" / "speed" / "local.safetensors")
+        state = load_task_state(procs.work / d / "tasks" / "speed" / "local.safetensors")
         assert not np.any(masked[d] == quantize.encode(p, change(state.upload, g), 1.0)), d
 
 
-def test_a_round_with_dropouts_beyond_the_threshold_is_abandoned_and_counted(fleet_procs, monkeypatch):
-    devices = DEVICES[:3]
-    fleet_procs.start_device(devices[0])
-    monkeypatch.setenv(FAULT_ENV, "setup@speed")  # two of three die before advertising keys
-    fleet_procs.start_devices(devices[1:])
-    monkeypatch.delenv(FAULT_ENV)
-    fleet_procs.start_aggregator(
-        aggregator_toml(
-            fleet_procs.broker_url,
-            fleet_procs.work / "aggregator",
-            [TASK],
-            expected=devices,
-            min_participants=3,
-        )
-    )
-    assert fleet_procs.wait_aggregator(90) == 0, fleet_procs.log("aggregator")
-    store = SqliteStore(fleet_procs.db, readonly=True)
-    try:
-        (record,) = store.rounds("speed")
-        kept = store.get_params(record.global_hash)
-    finally:
-        store.close()
+def test_a_round_with_dropouts_beyond_the_threshold_is_abandoned_and_counted(secagg_fleet):
+    procs, _ = secagg_fleet
+    record, kept = _record_and_global(procs, "lost")
+    devices = LOST["devices"]["ids"]
     assert record.status == "abandoned" and record.participants == []
     assert record.rejected == dict.fromkeys(devices, f"{ABANDONED}: too_few_keys")
     initial = make_strategy(TaskSpec(**TASK)).init_global()
