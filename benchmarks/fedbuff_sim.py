@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -277,7 +276,9 @@ def run_fedbuff(
 
 
 def calibrate_t0(clients: dict[str, ClientData], algorithm: str, repeats: int = 30) -> float:
-    """Median wall time (s) of one ``participate()`` call (the task's local steps) on this machine."""
+    """Wall time (s) of one ``participate()`` call (the task's local steps) on this machine: the
+    fastest of ``repeats``, the machine's own compute time without the other processes that share
+    its cores (their load inflates the median several-fold on a busy two-core host)."""
     spec = task_spec(algorithm, 1, 0)
     fleet = SimulatedFleet(spec, clients)
     server = BufferedServer(spec)
@@ -296,4 +297,4 @@ def calibrate_t0(clients: dict[str, ClientData], algorithm: str, repeats: int = 
             phase=server.phase,
         )
         took.append(time.perf_counter() - began)
-    return statistics.median(took)
+    return min(took)
