@@ -66,7 +66,11 @@ class Control:
 
 def open_session(cfg: AggregatorConfig, notifier: Notifier | None = None) -> MqttSession:
     # A persistent session: uplinks sent while we reconnect are queued by the broker.
-    options = SessionOptions.for_login(cfg, cfg.client_id, clean_session=False, will=lock_will(cfg.fleet))
+    # A round's burst (an upload and a status per device) must fit the inbound queue.
+    inbound = max(10_000, 4 * len(cfg.collect.expected))
+    options = SessionOptions.for_login(
+        cfg, cfg.client_id, clean_session=False, will=lock_will(cfg.fleet), inbound_limit=inbound
+    )
     return WatchedSession(options, notifier or Notifier())  # its reads ping systemd's watchdog
 
 

@@ -201,9 +201,9 @@ class Swarm:
                     self.loop.misc()
                     for t in self.devices:
                         t.tick()
-                fatal = next((t.session.fatal for t in self.devices if t.session.fatal), None)
-                if fatal:
-                    raise MqttError(fatal)
+                # One device refused for good (its log line says why) stops alone; all of them: the process.
+                if all(t.session.fatal for t in self.devices):
+                    raise MqttError(self.devices[0].session.fatal)
         finally:
             self.shutdown()
 
