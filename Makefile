@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 TEST_DEBS := mosquitto mosquitto-clients alsa-utils chromium systemd
 
 .PHONY: demo test test-deps lint explore bench clean
-.PHONY: pi-check
+.PHONY: pi-check services-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ lint: $(STAMP)
 # PI_CHECK_ARGS="--skip-tests" for a quicker pass (the tests take most of the time under qemu).
 pi-check: $(STAMP)
 	$(BIN)/python -m benchmarks.pi_check $(PI_CHECK_ARGS)
+
+# The systemd units and the README's install steps under a real systemd (a Debian bookworm root
+# booted by systemd-nspawn, as root; needs debootstrap and systemd-container); not part of `make test`.
+services-check: $(STAMP)
+	$(BIN)/python -m benchmarks.services_check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
