@@ -40,8 +40,10 @@ log = logging.getLogger(__name__)
 #: to the round it sees re-announced, which may close on the stored copy before the re-send
 #: lands), or answering a round already closed.
 ROUTINE_REFUSALS = frozenset({Reason.REPLAY, Reason.STALE_ROUND})
-#: Queued messages handled at most between two looks at who is still awaited.
+#: Queued messages handled at most between two looks at who is still awaited (wait_for_devices).
 BATCH = 2000
+#: Seconds of messages a round handles between two looks at who is still awaited.
+RECHECK_S = 0.05
 
 
 @dataclass
@@ -367,16 +369,15 @@ class MqttFleet:
                 )
                 self.announce(request, deadline)
             msg = self._next(task, min(0.2, max(0.0, deadline - time.time())))
-            # Whatever else is queued is handled before the O(N) checks below (thousands of
-            # devices answer in a burst: once per message they would cost O(N²) per round).
-            for _ in range(BATCH):
-                if msg is None:
-                    break
+            # Messages are handled for up to RECHECK_S before the O(N) looks below (once per message
+            # they cost O(N²) per round at thousands of devices), or until the last awaited may be in.
+            until = time.monotonic() + RECHECK_S
+            while msg is not None:
                 self._handle(msg, request, received)
-                msg = self._next(task, 0.0)
-            else:
-                if msg is not None:
-                    self._handle(msg, request, received)
+                left = min(until - time.monotonic(), deadline - time.time())
+                if len(received) >= len(expected) or left <= 0:
+                    break
+                msg = self._next(task, left)
             # Statuses may have come through another task's thread: look at the view every time.
             # Without a fixed list, a device that comes online mid-round is awaited (it gets the
             # retained announcement), one that goes offline is not; whoever answered counts.
@@ -387,6 +388,11 @@ class MqttFleet:
                     | (online - last_online)
                     | {d for d in received if isinstance(received[d], Update)}
                 )
+            # A device that refused and takes the task again (its owner resumed it) is awaited again.
+            back = {d for d in refused if d in online and self.view.refusal(d, task, selection) is None}
+            for d in back:
+                del refused[d]
+            expected |= back - held_out
             last_online = online
             # A device that refuses the task (its status says so, at once) is not waited for.
             expected = awaited(expected) - held_out
