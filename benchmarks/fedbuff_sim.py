@@ -55,6 +55,7 @@ class FleetClock:
         n_slow = round(cond.slow_fraction * len(names))
         slow = set(rng.choice(len(names), size=n_slow, replace=False).tolist())
         self.speed = {d: cond.slow_factor if i in slow else 1.0 for i, d in enumerate(names)}
+        self.slow = {d for d, v in self.speed.items() if v > 1.0}
         self._work = {d: np.random.default_rng([seed, 14, i, 1]) for i, d in enumerate(names)}
         self._jobs = {d: 0 for d in names}
         self._session = {d: np.random.default_rng([seed, 14, i, 2]) for i, d in enumerate(names)}
@@ -118,9 +119,13 @@ def task_spec(algorithm: str, rounds: int, seed: int) -> TaskSpec:
     )
 
 
-def fleet_loss(fleet: SimulatedFleet, global_params: Params) -> float:
-    """Mean over every device of its model's test loss, PFL-DA Table 5 units."""
-    return LOSS_SCALE * float(np.mean([m["loss"] for m in fleet.evaluate(global_params).values()]))
+def fleet_loss(
+    fleet: SimulatedFleet, global_params: Params, slow: set[str] = frozenset()
+) -> tuple[float, float]:
+    """Mean over every device of its model's test loss, PFL-DA Table 5 units; and over the ``slow`` ones."""
+    per = {d: LOSS_SCALE * m["loss"] for d, m in fleet.evaluate(global_params).items()}
+    slow_mean = float(np.mean([per[d] for d in slow])) if slow else math.nan
+    return float(np.mean(list(per.values()))), slow_mean
 
 
 @dataclass
@@ -131,6 +136,8 @@ class Curve:
     losses: list[float] = field(default_factory=list)
     #: Client updates started by each point (work done, kept or lost).
     work: list[int] = field(default_factory=list)
+    #: The slow devices' mean loss at each point.
+    slow: list[float] = field(default_factory=list)
     updates: int = 0  # client updates started in all
 
     def time_to(self, target: float) -> float:
@@ -191,8 +198,10 @@ def run_sync(spec: TaskSpec, clients: dict[str, ClientData], clock: FleetClock) 
     engine: RoundEngine | None = None
 
     def on_record(rec: RoundRecord) -> None:
+        loss, slow = fleet_loss(fleet, engine.global_params, clock.slow)
         curve.times.append(fleet.now)
-        curve.losses.append(fleet_loss(fleet, engine.global_params))
+        curve.losses.append(loss)
+        curve.slow.append(slow)
         curve.work.append(fleet.computed)
 
     engine = RoundEngine(spec, fleet, on_record=on_record)
@@ -265,9 +274,10 @@ def run_fedbuff(
         )
         verdict = server.receive(d, msg)
         if isinstance(verdict, Arrival) and verdict.applied:
-            loss = fleet_loss(fleet, server.global_params)
+            loss, slow = fleet_loss(fleet, server.global_params, clock.slow)
             curve.times.append(t)
             curve.losses.append(loss)
+            curve.slow.append(slow)
             curve.work.append(curve.updates)
             if until(t, loss):
                 break
