@@ -315,6 +315,23 @@ def raw_devices(count: int, first: int, broker: str, size: int) -> None:
             print("ready", flush=True)
 
 
+def targets(results: list[dict]) -> str:
+    """The issue's targets, each met or not, from this run's figures."""
+    ok = {(r["strategy"], r["n"]): r for r in results if "failed" not in r}
+    lines = []
+    big, small = ok.get(("mean", 10_000)), ok.get(("mean", 100))
+    if big is not None:
+        met = "met" if big["round_s"] <= 2.0 else "not met"
+        lines.append(
+            f"- 10,000 devices × {big['p']:,} parameters, a round ≤ 2 s: {big['round_s']:.2f} s, {met}."
+        )
+    if big is not None and small is not None:
+        ratio = big["agg_rss"] / small["agg_rss"]
+        met = "met" if ratio <= 1.2 else "not met"
+        lines.append(f"- Aggregator peak RSS at N = 10,000 ≤ 1.2× N = 100 (mean): {ratio:.2f}×, {met}.")
+    return "\n".join(lines)
+
+
 # -- the table -----------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> dict:
     parser = study_parser(__doc__.split("\n")[0])
@@ -392,9 +409,10 @@ def main(argv: list[str] | None = None) -> dict:
         ],
         rows,
     )
-    print(table)
+    body = table + "\n\n" + targets(results)
+    print(body)
     if not args.no_write and not args.quick:
-        write_result("fleet_scale", table)
+        write_result("fleet_scale", body)
     return {"results": results, "table": table}
 
 
