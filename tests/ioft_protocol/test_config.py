@@ -125,6 +125,8 @@ def test_serve_hands_the_admission_policy_to_the_fleet(tmp_path, monkeypatch):
     class FakeFleet:
         def __init__(self, session, fleet, policy, store=None, admission=None):
             seen["admission"] = admission
+            self.selections: dict = {}
+            self.holdouts: dict = {}
 
         def wait_for_devices(self):
             raise StopError
