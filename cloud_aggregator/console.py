@@ -20,11 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import uvicorn
-
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.console_app import LOOPBACK_HOSTS, build_app
-from cloud_aggregator.console_feed import StatusFeed, ViewSource
 from cloud_aggregator.fleet_layout import DefaultsHelpFormatter
 from cloud_aggregator.push import add_session_args
 from ioft_protocol.cli import check_broker_login
@@ -121,6 +117,13 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"cannot serve on {args.host} port {args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    # The web stack is the cloud extra's: imported here, so that every other `cloud-aggregator`
+    # command (fleet init, push, status...) runs where only the device extra is installed.
+    import uvicorn
+
+    from cloud_aggregator.console_app import LOOPBACK_HOSTS, build_app
+    from cloud_aggregator.console_feed import StatusFeed, ViewSource
+
     feed = StatusFeed(cfg, cfg.fleet)
     feed.start()
     source = ViewSource(Path(cfg.state_dir) / "aggregator.sqlite", feed, cfg.fleet)
