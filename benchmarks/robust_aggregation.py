@@ -25,7 +25,7 @@ import pickle
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -125,9 +125,11 @@ class AttackedFleet(SimulatedFleet):
         self.rng = derive_rng(seed, "attack-noise")
 
     def collect(self, request: CollectRequest):
-        replies = super().collect(request)
         if self.attack == "none":
-            return replies
+            return super().collect(request)
+        # Whole uploads back (no streaming fold in admission), so the attack replaces what the
+        # strategy combines; the round engine folds what is returned (RoundEngine._folded).
+        replies = super().collect(replace(request, fold=None))
         out = []
         for r in replies:
             if isinstance(r, Update) and r.device in self.attackers:
