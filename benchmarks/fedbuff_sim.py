@@ -144,6 +144,14 @@ class Curve:
         """First simulated time the fleet loss is at or below ``target`` (``inf``: never)."""
         return next((t for t, v in zip(self.times, self.losses, strict=True) if v <= target), math.inf)
 
+    def held_from(self, target: float) -> float:
+        """The time from which the fleet loss stays at or below ``target`` to the run's end (``inf``: it ends above)."""
+        if not self.losses or self.losses[-1] > target:
+            return math.inf
+        above = [t for t, v in zip(self.times, self.losses, strict=True) if v > target]
+        later = [t for t in self.times if not above or t > above[-1]]
+        return later[0]
+
     def work_to(self, target: float) -> int | None:
         """Client updates started by the first point at or below ``target`` (``None``: never)."""
         return next((w for w, v in zip(self.work, self.losses, strict=True) if v <= target), None)

@@ -162,6 +162,7 @@ def report(results: dict[int, SeedResult], labels: Sequence[str], t0: float, cap
                     label,
                     f"{r.target:.4f}",
                     f"{c.time_to(r.target) * t0:.3f}",
+                    f"{c.held_from(r.target) * t0:.3f}",
                     next((i for i, v in enumerate(c.losses, 1) if v <= r.target), "-"),
                     c.work_to(r.target) or "-",
                     f"{c.slow[-1]:.3f}",
@@ -181,6 +182,7 @@ def report(results: dict[int, SeedResult], labels: Sequence[str], t0: float, cap
         "method",
         "target",
         "simulated s",
+        "stays below from (s)",
         "server steps",
         "client updates to target",
         "slow printers' loss at stop",
@@ -266,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table)
     if not args.no_write:
         name = "fedbuff" + ("" if args.algorithm == "pflda" else f"_{args.algorithm}")
-        name += "_quick" if args.quick else ""
+        name += "_quick" if args.quick else "_full" if args.full else ""
         body = SUMMARY.format(
             algorithm=args.algorithm,
             devices=args.devices,
