@@ -95,7 +95,7 @@ def summarize(statuses: dict[str, Any]) -> list[dict[str, Any]]:
                 "models": _models_cell(body.get("models")),
                 "tasks": _tasks_cell(body.get("tasks"), body.get("refused")),
                 "data": _data_cell(body.get("data")),
-                "since": _finite(body.get("time")),
+                "since": number(body.get("time")),
             }
         )
     return rows
@@ -106,7 +106,8 @@ def _text(value: Any, limit: int = 60) -> str:
     return "".join(c if c.isprintable() else "?" for c in str(value)[:limit])
 
 
-def _finite(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """``value`` if it is a finite int or float (not a bool), else ``None`` (a status is never trusted)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:

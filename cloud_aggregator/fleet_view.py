@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloud_aggregator.fleet_status import METRICS, summarize
+from cloud_aggregator.fleet_status import METRICS, number, summarize
 from cloud_aggregator.rounds import RoundRecord
 from cloud_aggregator.store import SqliteStore
 
@@ -90,17 +90,6 @@ def _rollout_tables(path: Path) -> dict[str, tuple[list[str], list[tuple]]]:
     finally:
         db.close()
     return out
-
-
-def number(value: Any) -> float | None:
-    """``value`` if it is a finite int or float (not a bool), else ``None``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) else None
 
 
 def _texts(value: Any, limit: int = 120) -> dict[str, str]:
