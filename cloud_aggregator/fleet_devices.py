@@ -31,6 +31,7 @@ from cloud_aggregator.fleet_layout import (
     read_plants,
     replace_file,
     split_ids,
+    swap_folder,
     write_identity,
 )
 from cloud_aggregator.fleet_plant_files import refresh_plant
@@ -58,13 +59,7 @@ def _stage_device(layout: FleetLayout, ca: FleetCA | None, name: str, *, days: i
         write_identity(ca, layout, name, days=days, folder=tmp)
         write_device_units(tmp, layout.fleet, name, venv_of(layout))
         fsync_tree(tmp)
-        if final.exists():
-            old = final.with_name(f".{name}.old-{secrets.token_hex(4)}")
-            final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(final)
+        swap_folder(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

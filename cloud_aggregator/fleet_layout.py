@@ -339,6 +339,18 @@ def fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
+def swap_folder(tmp: Path, final: Path) -> None:
+    """Put the written (and fsynced) folder ``tmp`` in place of ``final``: an old ``final`` is
+    renamed aside first, so a crash leaves a whole folder under one of the names, never half of one."""
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{secrets.token_hex(4)}")
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(final)
+
+
 def broker_owner(user: str = BROKER_USER) -> tuple[int, int] | None:
     """``(uid, gid)`` of the user mosquitto drops to, when we are root and it exists (else ``None``)."""
     if os.geteuid() != 0:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import shutil
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from cloud_aggregator.fleet_layout import (
     read_plants,
     replace_file,
     split_ids,
+    swap_folder,
     write_file,
 )
 from cloud_aggregator.fleet_plant_files import (
@@ -158,13 +158,7 @@ def add_plant(
             for path in (tmp / "server.key", tmp / f"{record.bridge}.key", tmp / "data"):
                 os.chown(path, *owner)
         fsync_tree(tmp)
-        if final.exists():
-            old = final.with_name(f".{plant}.old-{secrets.token_hex(4)}")
-            final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(final)
+        swap_folder(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
