@@ -24,6 +24,8 @@ from cloud_aggregator import console
 from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
 from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml, pflda_task
 
+#: Chromium without a sandbox (root in a container), a GPU, or any traffic of its own
+#: (the browser test launches it the same way).
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",

@@ -13,21 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.console_overhead import CHROMIUM_ARGS
 from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
 from tests.e2e.watched import Watched
 
 DEVICES = ["printer1", "printer2"]
 CHROMIUM = "/usr/bin/chromium"
-#: Chromium without a sandbox (root in a container), a GPU, or any traffic of its own.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 ROOT = Path(__file__).resolve().parents[2]
 
 
