@@ -3,7 +3,7 @@ expected device answered or the deadline passed.
 
 Tasks may collect side by side, each on its own thread, over the one session: whichever
 collecting thread holds the pump reads the session, keeps the statuses and hands each
-uplink to its task's queue (:meth:`MqttFleet._next`), so no thread is added and one task
+uplink to its task's queue (:meth:`MqttFleet.next_message`), so no thread is added and one task
 alone reads the session as it always did.
 
 Every uplink goes through the admission pipeline (``cloud_aggregator.admission``), the
@@ -217,7 +217,7 @@ class MqttFleet:
                     # task's first round collected is the one they answer, so they wait for it.
                     self._route(msg)
                 else:
-                    self._handle(msg, None)
+                    self.handle(msg, None)
                     quiet_since = None  # a status came: wait for the burst to end
                 handled += 1
                 msg = self.session.get(0) if handled < BATCH else None
@@ -250,7 +250,7 @@ class MqttFleet:
         except queue.Full:
             log.error("task %s: uplink queue full; dropped an upload from %s", topic.task, topic.device)
 
-    def _next(self, task: str, timeout: float) -> Message | None:
+    def next_message(self, task: str, timeout: float) -> Message | None:
         """The next message for ``task``'s round: an uplink of the task, or a status (already kept).
 
         The thread that gets the pump reads the session for every task; the others wait on their queue.
@@ -277,7 +277,7 @@ class MqttFleet:
             if msg is None:
                 return None
             if not self._is_uplink(msg.topic):
-                return msg  # a status (or stray topic): the caller's _handle keeps it
+                return msg  # a status (or stray topic): the caller's handle() keeps it
             self._route(msg)
 
     def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate | SatOut]:
@@ -368,16 +368,16 @@ class MqttFleet:
                     self.policy.max_extensions,
                 )
                 self.announce(request, deadline)
-            msg = self._next(task, min(0.2, max(0.0, deadline - time.time())))
+            msg = self.next_message(task, min(0.2, max(0.0, deadline - time.time())))
             # Messages are handled for up to RECHECK_S before the O(N) looks below (once per message
             # they cost O(N²) per round at thousands of devices), or until the last awaited may be in.
             until = time.monotonic() + RECHECK_S
             while msg is not None:
-                self._handle(msg, request, received)
+                self.handle(msg, request, received)
                 left = min(until - time.monotonic(), deadline - time.time())
                 if len(received) >= len(expected) or left <= 0:
                     break
-                msg = self._next(task, left)
+                msg = self.next_message(task, left)
             # Statuses may have come through another task's thread: look at the view every time.
             # Without a fixed list, a device that comes online mid-round is awaited (it gets the
             # retained announcement), one that goes offline is not; whoever answered counts.
@@ -406,7 +406,7 @@ class MqttFleet:
         out.append(SatOut(closed, dict(sorted(refused.items())), dict(sorted(scores.items()))))
         return out
 
-    def _handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
+    def handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
         try:
             topic = topics.parse_topic(msg.topic)
         except codec.WireError as exc:

@@ -151,7 +151,7 @@ class SecAggFleet:
         """Feed the stage's answers to the server until everyone answered, went offline, or the deadline."""
         deadline = time.monotonic() + self.stage_deadline_s
         while waiting and time.monotonic() < deadline:
-            msg = self.inner._next(task, min(0.2, max(0.0, deadline - time.monotonic())))
+            msg = self.inner.next_message(task, min(0.2, max(0.0, deadline - time.monotonic())))
             if msg is not None:
                 self._take(msg, task, session, stage, waiting, receive)
             online = self.inner.view.online
@@ -167,7 +167,7 @@ class SecAggFleet:
         if where is None:
             try:
                 if topics.parse_topic(msg.topic).kind == "status":
-                    self.inner._handle(msg, None)  # keeps the fleet view (who went offline)
+                    self.inner.handle(msg, None)  # keeps the fleet view (who went offline)
             except codec.WireError:
                 pass
             return
