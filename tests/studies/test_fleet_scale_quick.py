@@ -17,4 +17,7 @@ def test_streaming_aggregator_memory_is_flat_in_n():
     assert rss["mean", 40] <= 1.2 * rss["mean", 4], rss
     # ... which the same run shows it can fail: the median keeps every upload (and float64 deltas).
     assert rss["median", 40] >= 1.3 * rss["mean", 4], rss
-    assert all(r["broker_bytes"] >= r["raw_payload"] for r in out["results"])  # every upload crossed
+    # Every measured round had all N uploads: run_case raises otherwise.  (The broker's byte
+    # count is read between polled snapshots, so per round it may fall a little short of the
+    # payload: not asserted.)
+    assert all("failed" not in r for r in out["results"]), out["results"]
