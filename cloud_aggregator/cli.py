@@ -48,6 +48,9 @@ def _serve(args: argparse.Namespace) -> int:
         print("no [[task]] configured; nothing to do (add one, or run with --service)", file=sys.stderr)
         return 2
     control = Control()
+    # Restored on return: a caller in the same process (a test) keeps its own handlers, and a
+    # process it forks later (a study's worker pool) does not inherit ours.
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     if args.service and args.config:
 
         def _reload() -> AggregatorConfig:
@@ -74,6 +77,9 @@ def _serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log.info("interrupted; every finished round is saved, `serve` again resumes")
         return 130
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
     return 0
 
 

@@ -3,6 +3,8 @@ and that `serve` refuses a bad or changed config in one line, exit 2, before con
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from cloud_aggregator import cli
@@ -64,7 +66,11 @@ def test_serve_refuses_a_changed_task_in_one_line_and_the_store_is_untouched(tmp
     store.close()
     cfg = tmp_path / "aggregator.toml"
     cfg.write_text(aggregator_toml(NO_BROKER, tmp_path / "state", [pflda_task() | {"model": "linear"}]))
+    term = signal.getsignal(signal.SIGTERM)
     assert cli.main(["serve", "--config", str(cfg)]) == 2
+    # serve's SIGTERM handler is its own: a study's forked workers would inherit it, ignore the
+    # pool's SIGTERM and hang the suite (seen in CI).
+    assert signal.getsignal(signal.SIGTERM) is term
     err = capsys.readouterr().err.strip()
     assert "model changed" in err and "serve --restart speed" in err and "\n" not in err, err
     store = SqliteStore(tmp_path / "state" / "aggregator.sqlite", readonly=True)
