@@ -312,7 +312,9 @@ class MqttFleet:
         def scoring() -> set[str]:
             """Held-out devices online that have not yet scored this round's global (noted when they have)."""
             waiting = set()
-            for d in held_out & set(self.view.online_devices()):
+            for d in held_out:  # a few devices: never a scan of the whole (possibly 10k) fleet
+                if not self.view.online.get(d):
+                    continue
                 score = self.view.holdout_score(d, task, request)
                 if score is not None:
                     scores[d] = score
