@@ -12,14 +12,17 @@ import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import onnx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from export.keys import sign, signing_key_id
 from ioft_protocol.manifest import ModelManifest, TensorSpec, file_sha256, verify_manifest
 from ioft_protocol.state import atomic_write_json
 from sensors.features.schema import SCHEMA_HASH_KEY
+
+if TYPE_CHECKING:  # onnx is loaded where a file is read: `push` and every CLI start go without it
+    import onnx
 
 #: Parity bound of an export: max |onnxruntime − torch| ≤ this × max(1, max |torch output|).
 PARITY_TOLERANCE = 1e-5
@@ -34,6 +37,8 @@ def _spec(value_info: onnx.ValueInfoProto) -> TensorSpec:
     shape = tuple(
         None if d.HasField("dim_param") or not d.HasField("dim_value") else int(d.dim_value) for d in dims
     )
+    import onnx
+
     elem = value_info.type.tensor_type.elem_type
     dtype = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}.get(elem)
     if dtype is None:
@@ -88,6 +93,8 @@ def package_model(
     feature-schema hash from its ``metadata_props``, so the manifest cannot claim
     what the file does not say.
     """
+    import onnx
+
     onnx_path = Path(onnx_path)
     model = onnx.load(str(onnx_path))
     meta = {p.key: p.value for p in model.metadata_props}
