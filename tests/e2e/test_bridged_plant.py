@@ -34,10 +34,9 @@ import pytest
 
 from cloud_aggregator.broker import free_port
 from cloud_aggregator.fleet_layout import open_fleet
-from cloud_aggregator.store import SqliteStore
 from tests.e2e.test_access import Client
 from tests.e2e.test_fleet_init_broker import Broker, assert_clean_start, cli, init
-from tests.e2e.test_operator_path import console_script, spawn, stop, tail
+from tests.e2e.test_operator_path import console_script, served_rounds, spawn, stop, tail
 
 pytestmark = pytest.mark.broker
 DEVICES = ("printer1", "printer2")
@@ -135,21 +134,7 @@ def test_devices_on_a_bridged_plant_complete_rounds_across_a_cloud_broker_restar
         assert "as printer2 " in plant_broker.log()
 
         cloud = Broker(fleet / "broker" / "mosquitto.conf", cloud_port, work / "cloud-restarted.log")
-        try:
-            rc = aggregator.wait(WAIT_S)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"serve still running:\n{tail(work / 'aggregator.log')}\n{tail(work / 'plant.log')}")
-        assert rc == 0, tail(work / "aggregator.log")
-
-        store = SqliteStore(work / "aggregator" / "aggregator.sqlite", readonly=True)
-        try:
-            records = store.rounds("speed")
-            store_refusals = store.rejection_counts_by_reason("speed")
-        finally:
-            store.close()
-        assert [r.round for r in records] == list(range(1, ROUNDS + 1)), tail(work / "aggregator.log")
-        for r in records:
-            assert r.status == "completed" and sorted(r.participants) == list(DEVICES), r
+        store_refusals = served_rounds(aggregator, work, "speed", ROUNDS, DEVICES, work / "plant.log")
         # Round 1 waited for printer2: its upload queued at the plant reached the cloud once the bridge
         # was back, and so did the copy it re-sent on the republished announcement (whichever came
         # while the aggregator was subscribed); a second copy is only refused as a repeat.

@@ -87,6 +87,29 @@ def tail(path: Path) -> str:
     return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
 
+def served_rounds(
+    aggregator: subprocess.Popen, work: Path, task: str, rounds: int, devices: tuple[str, ...], *logs: Path
+) -> dict[str, dict[str, int]]:
+    """Wait for ``serve`` to exit 0, check that it closed rounds 1..``rounds`` of ``task`` with every
+    device in each, and return the store's refusal counts by device and reason."""
+    logs = (work / "aggregator.log", *logs)
+    try:
+        rc = aggregator.wait(WAIT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail("serve still running:\n" + "\n".join(tail(log) for log in logs))
+    assert rc == 0, tail(work / "aggregator.log")
+    store = SqliteStore(work / "aggregator" / "aggregator.sqlite", readonly=True)
+    try:
+        records = store.rounds(task)
+        refusals = store.rejection_counts_by_reason(task)
+    finally:
+        store.close()
+    assert [r.round for r in records] == list(range(1, rounds + 1)), tail(work / "aggregator.log")
+    for r in records:
+        assert r.status == "completed" and sorted(r.participants) == sorted(devices), r
+    return refusals
+
+
 def test_the_readme_operator_path_from_fleet_init_to_a_completed_round_over_tls(work):
     port = free_port()
     fleet = init(work, port)  # fleet init --devices printer1,printer2 --host 127.0.0.1 --port PORT
@@ -121,20 +144,7 @@ def test_the_readme_operator_path_from_fleet_init_to_a_completed_round_over_tls(
             cwd=work,
         )  # fmt: skip
         procs.insert(0, aggregator)
-        try:
-            rc = aggregator.wait(WAIT_S)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"serve still running:\n{tail(work / 'aggregator.log')}")
-        assert rc == 0, tail(work / "aggregator.log")
-
-        store = SqliteStore(work / "aggregator" / "aggregator.sqlite", readonly=True)
-        try:
-            records = store.rounds("speed")
-        finally:
-            store.close()
-        assert [r.round for r in records] == list(range(1, ROUNDS + 1)), tail(work / "aggregator.log")
-        for r in records:
-            assert r.status == "completed" and sorted(r.participants) == list(DEVICES), r
+        served_rounds(aggregator, work, "speed", ROUNDS, DEVICES)
         for d in DEVICES:
             log = tail(work / f"{d}.log")
             assert procs[1 + DEVICES.index(d)].poll() is None, log
