@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -54,6 +56,15 @@ class NotifyListener:
 
     def count(self, line: str, start: int = 0, stop: int | None = None) -> int:
         return sum(line in m for m in self.messages[start:stop])
+
+    def pings_then_stops(self, proc: subprocess.Popen, ready: int, pinged_before: int = 0) -> None:
+        """Over 1.5 s the service (WATCHDOG_USEC 1 s or less) pings at least 3 more times since its
+        READY message; on SIGTERM it exits 0 and says STOPPING."""
+        self.drain(1.5)
+        assert self.count("WATCHDOG=1", ready) >= pinged_before + 3
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        self.wait_for("STOPPING=1", 5, after=ready)
 
     def close(self) -> None:
         self._closed.set()

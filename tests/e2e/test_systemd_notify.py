@@ -10,7 +10,6 @@ connected; ``WATCHDOG=1`` pings keep coming from the main loop; ``SIGTERM`` give
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 
@@ -53,12 +52,7 @@ def test_edge_trainer_is_ready_once_connected_pings_from_its_loop_and_says_stopp
         assert retained_status(broker.url, "printer1")["state"] == "online"
 
         # The watchdog: pings keep coming from the main loop (every third of WATCHDOG_USEC)
-        listener.drain(1.5)
-        assert listener.count("WATCHDOG=1", ready) >= 3
-
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        listener.wait_for("STOPPING=1", 5, after=ready)
+        listener.pings_then_stops(proc, ready)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -81,11 +75,7 @@ def test_edge_recorder_is_ready_once_recording_pings_from_its_loop_and_says_stop
     try:
         # Execute / Assert
         ready = listener.wait_for("READY=1", 30)
-        listener.drain(1.5)
-        assert listener.count("WATCHDOG=1", ready) >= 3
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        listener.wait_for("STOPPING=1", 5, after=ready)
+        listener.pings_then_stops(proc, ready)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -123,11 +113,7 @@ def test_serve_is_ready_once_connected_pings_through_rounds_and_idle_and_says_st
         during = listener.count("WATCHDOG=1", ready)
         assert during >= 1  # from the loops that read the session (start-up wait, rounds), not a timer
 
-        listener.drain(1.5)  # the tasks are done: serve --service waits for a reload, pinging
-        assert listener.count("WATCHDOG=1", ready) >= during + 3
-        serve.send_signal(signal.SIGTERM)
-        assert serve.wait(30) == 0
-        listener.wait_for("STOPPING=1", 5, after=ready)
+        listener.pings_then_stops(serve, ready, during)  # tasks done: serve --service waits, pinging
     finally:
         if serve.poll() is None:
             serve.kill()
