@@ -67,6 +67,7 @@ from cloud_aggregator.fleet_layout import (
     FleetInitError,
     FleetLayout,
     acl_text,
+    add_listener_args,
     broker_owner,
     device_errors,
     fsync_tree,
@@ -209,15 +210,7 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", required=True, action="append", help="device ids, comma-separated")
     p.add_argument("--out", required=True, type=Path, help="folder to create (must not exist or be empty)")
     p.add_argument("--auth", choices=AUTH_MODES, default="certs", help="client certificates or passwords")
-    p.add_argument(
-        "--host",
-        action="append",
-        default=None,
-        help="broker host names/IPs devices connect to, comma-separated or repeated "
-        f"(none given: {','.join(DEFAULT_HOSTS)}); the first goes into the client configs",
-    )
-    p.add_argument("--port", type=int, default=8883, help="the TLS listener's port")
-    p.add_argument("--bind", help="listen only on this address (none: all interfaces)")
+    add_listener_args(p, "the broker's", "the client configs")
     p.add_argument("--days", type=int, default=825, help="validity of broker and client certificates")
     p.add_argument("--force", action="store_true", help="replace an existing fleet folder")
     p.add_argument(

@@ -38,6 +38,19 @@ PBKDF2_ITERATIONS = 101
 MAX_PACKET_BYTES = codec.MAX_PAYLOAD_BYTES + 64 * 1024
 
 
+def add_listener_args(p: argparse.ArgumentParser, whose: str, first_goes_into: str) -> None:
+    """``--host``, ``--port`` and ``--bind`` of a TLS listener (the fleet's broker or a plant's)."""
+    p.add_argument(
+        "--host",
+        action="append",
+        default=None,
+        help=f"{whose} host names/IPs devices connect to, comma-separated or repeated "
+        f"(none given: {','.join(DEFAULT_HOSTS)}); the first goes into {first_goes_into}",
+    )
+    p.add_argument("--port", type=int, default=8883, help=f"{whose} TLS listener's port")
+    p.add_argument("--bind", help="listen only on this address (none: all interfaces)")
+
+
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` with each option's default, except where there is none (``None``, off, empty)."""
 

@@ -34,6 +34,7 @@ from cloud_aggregator.fleet_layout import (
     FleetInitError,
     FleetLayout,
     PlantRecord,
+    add_listener_args,
     broker_owner,
     client_toml,
     fsync_tree,
@@ -191,15 +192,7 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", required=True, type=Path, help="the fleet folder (`fleet init --out`)")
     p.add_argument("--plant", required=True, help="plant id (its folder: plants/<plant>/)")
     p.add_argument("--devices", required=True, action="append", help="enrolled device ids, comma-separated")
-    p.add_argument(
-        "--host",
-        action="append",
-        default=None,
-        help="plant broker host names/IPs its devices connect to, comma-separated or repeated "
-        f"(none given: {','.join(DEFAULT_HOSTS)}); the first goes into the devices' TOMLs",
-    )
-    p.add_argument("--port", type=int, default=8883, help="the plant listener's port")
-    p.add_argument("--bind", help="listen only on this address (none: all interfaces)")
+    add_listener_args(p, "the plant broker's", "the devices' TOMLs")
     p.add_argument("--cloud", help="HOST:PORT the bridge dials (none: the fleet's broker URL)")
     p.add_argument("--bridge-protocol", choices=BRIDGE_PROTOCOLS, default="mqttv311",
                    help="MQTT version of the bridge link (mqttv311 works with any cloud broker)")  # fmt: skip
