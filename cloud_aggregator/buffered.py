@@ -13,6 +13,12 @@ Round numbers: a job's round is the pulled version + 1, bumped past the device's
 starts from a trained global is cold-started, as in a synchronous fleet, and its own round
 counter and minibatch stream advance with every job).
 
+Over MQTT (:mod:`cloud_aggregator.buffered_mqtt`) nobody hands out jobs: a device pulls the
+retained global itself and its upload says which one (its ``global_hash``) and under which
+round number.  :meth:`BufferedServer.take` recovers the job from that -- the version must be
+one of the last ``keep_recent`` globals, the round at least the version + 1 and past the
+device's previous job -- and then admits it exactly as :meth:`BufferedServer.receive` does.
+
 The ledger adds up: ``arrived == buffered + too_stale + refused`` and, as a refused upload
 leaves its job outstanding (the device may resend), ``dispatched == buffered + too_stale +
 abandoned + outstanding`` (:meth:`BufferedServer.ledger`).
@@ -23,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cloud_aggregator.admission import Admission, AdmissionPolicy, Inbox, Refusal
+from cloud_aggregator.admission import Admission, AdmissionPolicy, Inbox, Reason, Refusal
 from cloud_aggregator.fedbuff import Arrival, BufferConfig, UpdateBuffer
 from cloud_aggregator.rounds import CollectRequest
 from cloud_aggregator.strategies import Strategy, Update, make_strategy
@@ -70,7 +76,10 @@ class BufferedServer:
     fleet
         The fleet id uploads must name.
     admission
-        Bounds of the admission pipeline's norm check.
+        Bounds of the admission pipeline's norm check, or the pipeline itself (a fleet's).
+    keep_recent
+        Globals of the last this many versions are kept for :meth:`take` (devices that pull
+        the global themselves); 0: only those an outstanding job started from.
     """
 
     def __init__(
@@ -79,7 +88,8 @@ class BufferedServer:
         config: BufferConfig | None = None,
         *,
         fleet: str = "sim",
-        admission: AdmissionPolicy | None = None,
+        admission: AdmissionPolicy | Admission | None = None,
+        keep_recent: int = 0,
     ) -> None:
         self.spec = spec
         self.strategy = make_strategy(spec)
@@ -88,10 +98,12 @@ class BufferedServer:
             raise ValueError(why)
         self.phase = self.strategy.phases()[0]
         self.buffer = UpdateBuffer(self.strategy.init_global(), config)
-        self.admission = Admission(fleet, admission)
+        self.admission = admission if isinstance(admission, Admission) else Admission(fleet, admission)
+        self.keep_recent = keep_recent
         self.jobs: dict[str, Job] = {}
         self._last_round: dict[str, int] = {}
         self._versions: dict[int, tuple[Params, str]] = {}
+        self._by_hash: dict[str, int] = {}  # every version's hash -> the version, for take()
         self._counts = dict.fromkeys(
             ("dispatched", "arrived", "abandoned", "buffered", "too_stale", "refused"), 0
         )
@@ -104,20 +116,84 @@ class BufferedServer:
     def version(self) -> int:
         return self.buffer.version
 
-    def dispatch(self, device: str) -> Job:
-        """A new job for ``device`` from the current global; an outstanding one is abandoned."""
-        if device in self.jobs:
-            self.abandon(device)
+    def current(self) -> tuple[int, Params, str]:
+        """The current version, its global and the global's hash (what a device is sent or pulls)."""
         version = self.buffer.version
         if version not in self._versions:
-            self._versions[version] = (self.buffer.global_params, param_hash(self.buffer.global_params))
+            digest = param_hash(self.buffer.global_params)
+            self._versions[version] = (self.buffer.global_params, digest)
+            self._by_hash[digest] = version
         params, digest = self._versions[version]
-        round_ = max(version + 1, self._last_round.get(device, 0) + 1)
+        return version, params, digest
+
+    def resume(self, version: int, global_params: Params, recent: Mapping[int, Params]) -> None:
+        """Continue from a stored ``version`` (an aggregator restart); ``recent``: earlier versions'
+        globals, so uploads trained from them are still judged.  Outstanding jobs and the buffer are gone."""
+        self.buffer.restart_at(global_params, version)
+        self.jobs.clear()
+        for v, params in sorted(recent.items()):
+            if v < version:
+                digest = param_hash(params)
+                self._versions[v], self._by_hash[digest] = (params, digest), v
+        self.current()
+        self._prune()
+
+    def dispatch(self, device: str) -> Job:
+        """A new job for ``device`` from the current global; an outstanding one is abandoned."""
+        return self._job(device, max(self.version + 1, self._last_round.get(device, 0) + 1), self.version)
+
+    def _job(self, device: str, round_: int, version: int) -> Job:
+        if device in self.jobs:
+            self.abandon(device)
+        if version == self.version:
+            self.current()
+        params, digest = self._versions[version]
         self._last_round[device] = round_
         job = Job(device, round_, version, params, digest)
         self.jobs[device] = job
         self._counts["dispatched"] += 1
         return job
+
+    def take(self, device: str, upload: UpdateMessage) -> Arrival | Refusal:
+        """Admit the upload of a device that pulled a global itself (module docstring).
+
+        The job is the one ``upload`` quotes: the version whose hash it names, its round.  An
+        upload from a version more than ``max_staleness`` behind is refused (``stale_round``, and
+        counted ``too_stale``); one from a global never published or no longer kept
+        (``wrong_global``), one quoting a round before its version's (``stale_round``), and a
+        repeat of a round already taken (``replay``) are refused before admission.
+        """
+        version = self._by_hash.get(upload.global_hash)
+        job = self.jobs.get(device)
+        limit = self.buffer.config.max_staleness
+        too_stale = False
+        if version is None:
+            why = Refusal(Reason.WRONG_GLOBAL, f"global {upload.global_hash[:12]!r} was never published here")
+        elif upload.round < version + 1:
+            why = Refusal(Reason.STALE_ROUND, f"round {upload.round} quoted from version {version}")
+        elif job is not None and job.round == upload.round and job.version == version:
+            return self.receive(device, upload)  # a resend of an upload admission refused
+        elif upload.round <= self._last_round.get(device, 0):
+            why = Refusal(Reason.REPLAY, f"device already sent round {upload.round} or a later one")
+        elif limit is not None and self.version - version > limit:
+            too_stale = True
+            why = Refusal(
+                Reason.STALE_ROUND,
+                f"trained from version {version}: {self.version - version} versions old > max_staleness {limit}",
+            )
+        elif version not in self._versions:
+            why = Refusal(Reason.WRONG_GLOBAL, f"version {version} is no longer kept (keep_recent)")
+        else:
+            self._job(device, upload.round, version)
+            return self.receive(device, upload)
+        self._counts["arrived"] += 1
+        self._counts["too_stale" if too_stale else "refused"] += 1
+        if too_stale:
+            self._counts["dispatched"] += 1  # the job it did, recovered only to be dropped
+            self._last_round[device] = upload.round
+        per = self.admission.refused.setdefault(device, {})
+        per[why.reason] = per.get(why.reason, 0) + 1
+        return why
 
     def abandon(self, device: str) -> None:
         """``device`` left (or was given new work): its outstanding job will never count."""
@@ -164,6 +240,10 @@ class BufferedServer:
         return {**self._counts, "outstanding": len(self.jobs), "applied": self.buffer.version}
 
     def _prune(self) -> None:
-        """Keep only the versions an outstanding job started from (and the current one)."""
+        """Keep only the versions an outstanding job started from, the current one and the last ``keep_recent``."""
         live = {j.version for j in self.jobs.values()} | {self.buffer.version}
-        self._versions = {v: p for v, p in self._versions.items() if v in live}
+        recent = self.buffer.version - self.keep_recent
+        self._versions = {v: p for v, p in self._versions.items() if v in live or v > recent}
+        if len(self._by_hash) > 4 * (self.keep_recent + 256):  # hashes are small; keep many, not all
+            oldest = self.buffer.version - 2 * (self.keep_recent + 256)
+            self._by_hash = {h: v for h, v in self._by_hash.items() if v >= oldest}

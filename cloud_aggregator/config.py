@@ -7,13 +7,15 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from cloud_aggregator.admission import AdmissionPolicy
+from cloud_aggregator.buffered import buffered_refusal
+from cloud_aggregator.fedbuff import BufferConfig
 from cloud_aggregator.secagg_round import check_secagg_task
 from cloud_aggregator.stragglers import check_next_round
 from cloud_aggregator.strategies import make_strategy
 from ioft_protocol.codec import MAX_PAYLOAD_BYTES, check_id
 from ioft_protocol.config import ConfigError, build
 from ioft_protocol.mqtt import TlsConfig
-from ioft_protocol.round_messages import DeviceSelection
+from ioft_protocol.round_messages import ROUND_MODES, DeviceSelection
 from ioft_protocol.secagg import SecAggConfig
 from trainer_lite.algorithms.base import algorithm_hparams
 from trainer_lite.privacy import DPConfig
@@ -112,9 +114,23 @@ class TaskConfig:
     #: Secure aggregation (``[task.secagg]``: threshold, degree, clip, bits, max_weight;
     #: ``ioft_protocol.secagg.SecAggConfig``), for mean-family tasks: the aggregator learns only sums.
     secagg: SecAggConfig | None = None
+    #: ``"sync"`` (rounds) or ``"buffered"`` (FedBuff: ``cloud_aggregator.buffered_mqtt``; then
+    #: ``rounds`` counts server updates).  Not part of the spec.
+    mode: str = "sync"
+    #: ``[task.buffered]``: ``k``, ``server_lr``, ``staleness``, ``max_staleness``
+    #: (``cloud_aggregator.fedbuff.BufferConfig``; ``max_staleness`` defaults to
+    #: :data:`MAX_STALENESS` here).  Only with ``mode = "buffered"``.
+    buffered: BufferConfig | None = None
 
     def __post_init__(self) -> None:
         self.check()
+
+    def buffer_config(self) -> BufferConfig:
+        """The buffered task's settings, ``max_staleness`` defaulted (TOML has no null)."""
+        cfg = self.buffered or BufferConfig()
+        if cfg.max_staleness is None:
+            cfg = BufferConfig(cfg.k, cfg.server_lr, cfg.staleness, MAX_STALENESS)
+        return cfg
 
     def check(self) -> None:
         """Resolve the algorithm, model, hyperparameters and server options as ``serve`` will.
@@ -147,6 +163,22 @@ class TaskConfig:
             except ConfigError as exc:
                 raise ValueError(f"task {self.name!r} {what}: {'; '.join(exc.errors)}") from None
         check_secagg_task(spec)
+        self._check_mode(spec, strategy)
+
+    def _check_mode(self, spec: TaskSpec, strategy: object) -> None:
+        if self.mode not in ROUND_MODES:
+            raise ValueError(
+                f"task {self.name!r}: mode must be one of {list(ROUND_MODES)}, got {self.mode!r}"
+            )
+        if self.mode == "sync":
+            if self.buffered is not None:
+                raise ValueError(f"task {self.name!r}: [task.buffered] needs mode = 'buffered'")
+            return
+        why = buffered_refusal(spec, strategy)
+        if why is None and self.holdout:
+            why = "held-out devices score a round's global; a buffered task has none, leave holdout out"
+        if why is not None:
+            raise ValueError(f"task {self.name!r}: mode = 'buffered': {why}")
 
     def spec(self) -> TaskSpec:
         return TaskSpec(
@@ -172,6 +204,10 @@ class TaskConfig:
 
             return schema_hash()
         return self.feature_schema
+
+
+#: ``max_staleness`` of a buffered task that does not set it: the versions it keeps in memory.
+MAX_STALENESS = 20
 
 
 @dataclass(frozen=True)

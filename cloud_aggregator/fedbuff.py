@@ -111,6 +111,15 @@ class UpdateBuffer:
             n: np.zeros(np.shape(v), dtype=np.float64) for n, v in self.global_params.items()
         }
 
+    def restart_at(self, global_params: Mapping[str, np.ndarray], version: int) -> None:
+        """Continue from a stored ``version`` of the global (an aggregator restart): the buffer empty."""
+        if version < 0:
+            raise ValueError(f"version must be >= 0, got {version}")
+        self.global_params = copy_params(global_params)
+        self.version = version
+        self.count = 0
+        self._sum = {n: np.zeros(np.shape(v), dtype=np.float64) for n, v in self.global_params.items()}
+
     def add(
         self, params: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray], base_version: int
     ) -> Arrival:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from cloud_aggregator.buffered_mqtt import BufferedTask
 from cloud_aggregator.config import AggregatorConfig, TaskConfig
 from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.rounds import CollectRequest, RoundEngine, RoundRecord
@@ -245,6 +246,24 @@ def _run_task(task: TaskConfig, fleet: MqttFleet, store: SqliteStore, cfg: Aggre
     spec = task.spec()
     if store.next_round(spec.name) > spec.rounds:
         log.info("task %s: all %d rounds are done", spec.name, spec.rounds)
+        return
+    if task.mode == "buffered":  # FedBuff: cloud_aggregator/buffered_mqtt.py
+        runner = BufferedTask(
+            spec,
+            task.buffer_config(),
+            fleet,
+            store,
+            admission=cfg.admission.policy(),
+            on_record=lambda rec: log.info("%s", format_record(rec)),
+        )
+        final = runner.run()
+        fleet.finish(CollectRequest(spec, spec.rounds, "done", final, param_hash(final), {}, {}))
+        log.info(
+            "task %s done: %d buffer applications, final global %s",
+            spec.name,
+            spec.rounds,
+            param_hash(final)[:12],
+        )
         return
     c = cfg.collect
     engine = RoundEngine(

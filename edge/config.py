@@ -235,6 +235,33 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class SimulateConfig:
+    """``[simulate]``: a simulated machine's pace, for benchmarks and tests (``edge.buffered``).
+
+    Each answer (a synchronous round's or a buffered job's) leaves ``update_s`` × a
+    log-normal factor of σ ``jitter`` seconds after the announcement it trains from came;
+    the device leaves the fleet (retained status offline, answering nothing, the job in
+    progress lost) at ``leave_per_s`` per second and comes back after an exponential time
+    of mean ``away_s``.  Draws are seeded by ``seed`` and the device id.  All 0 (the
+    default, and on a real machine): answers leave at once and the device never leaves.
+    """
+
+    update_s: float = 0.0
+    jitter: float = 0.0
+    leave_per_s: float = 0.0
+    away_s: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("update_s", "jitter", "leave_per_s", "away_s"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 3600.0:
+                raise ValueError(f"simulate.{name} must be in [0, 3600], got {value}")
+        if self.leave_per_s > 0 and self.away_s <= 0:
+            raise ValueError("simulate.away_s must be > 0 when simulate.leave_per_s is")
+
+
+@dataclass(frozen=True)
 class DeviceConfig:
     """``edge-trainer`` settings (TOML; CLI flags override).
 
@@ -261,6 +288,7 @@ class DeviceConfig:
     sensors: SensorsConfig | None = None  # [sensors]: read by edge-recorder only
     kind: str | None = None
     tags: list[str] = field(default_factory=list)
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)  # [simulate]: benchmarks only
 
     def __post_init__(self) -> None:
         check_id("device", self.device)

@@ -196,6 +196,9 @@ class Swarm:
             while not self._stop and not (until is not None and until()):
                 for session in self.loop.poll(0.05):
                     self._deliver(by_session[id(session)])
+                now = time.monotonic()  # buffered jobs and simulated paces (edge.buffered) that are due
+                for t in [t for t in self.devices if t.pacer.next_at <= now]:
+                    t.pace()
                 if time.monotonic() >= next_misc:
                     next_misc = time.monotonic() + MISC_S
                     self.loop.misc()

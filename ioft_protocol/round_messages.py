@@ -11,6 +11,8 @@ import numpy as np
 from ioft_protocol.codec import MAX_PAYLOAD_BYTES, WireError, check_id, decode, encode
 from ioft_protocol.codec import require_field as _field
 
+#: How a task's rounds run: synchronous rounds, or FedBuff's buffered asynchronous ones.
+ROUND_MODES = ("sync", "buffered")
 #: What a device may declare as its ``kind`` (``device.toml``) and a task may select.
 MACHINE_KINDS = ("printer", "welder")
 
@@ -111,7 +113,10 @@ class Announcement:
     ``devices`` is the task's :class:`DeviceSelection` (``None``: every device; the
     field is then left out of the message).  ``holdout`` lists held-out devices: they
     never train or upload, only score the global model and report it in their status
-    (:class:`HoldoutScore`); the field is left out when empty.
+    (:class:`HoldoutScore`); the field is left out when empty.  ``mode`` is ``"sync"`` (a
+    round: answer once, by the deadline) or ``"buffered"`` (FedBuff: ``round - 1`` is the
+    global's version; a device trains from the newest one continuously, quoting a round of
+    its own at least ``round``, see ``edge.buffered``); left out when ``"sync"``.
     """
 
     fleet: str
@@ -129,8 +134,11 @@ class Announcement:
     participants: tuple[str, ...] | None = None
     devices: DeviceSelection | None = None
     holdout: tuple[str, ...] = ()
+    mode: str = "sync"
 
     def __post_init__(self) -> None:
+        if self.mode not in ROUND_MODES:
+            raise ValueError(f"round mode must be one of {list(ROUND_MODES)}, got {self.mode!r}")
         if not self.params_hash:
             object.__setattr__(self, "params_hash", self.global_hash)
 
@@ -147,6 +155,8 @@ class Announcement:
             fields["devices"] = self.devices.to_json()
         if self.holdout:
             fields["holdout"] = sorted(self.holdout)
+        if self.mode != "sync":
+            fields["mode"] = self.mode
         return encode("round", fields, self.params)
 
     def takes_part(self, device: str) -> bool:
@@ -168,6 +178,9 @@ class Announcement:
         state = _field(meta, "state", str)
         if state not in ("running", "done"):
             raise WireError(f"round state must be 'running' or 'done', got {state!r}")
+        mode = _field(meta, "mode", str) if "mode" in meta else "sync"
+        if mode not in ROUND_MODES:
+            raise WireError(f"round mode must be one of {list(ROUND_MODES)}, got {mode!r}")
         return cls(
             fleet=check_id("fleet", _field(meta, "fleet", str)),
             task=check_id("task", _field(meta, "task", str)),
@@ -186,6 +199,7 @@ class Announcement:
             participants=None if meta.get("participants") is None else _device_list(meta, "participants"),
             devices=None if meta.get("devices") is None else DeviceSelection.from_json(meta["devices"]),
             holdout=_device_list(meta, "holdout") if "holdout" in meta else (),
+            mode=mode,
         )
 
 
