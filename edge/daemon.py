@@ -144,6 +144,7 @@ class EdgeTrainer:
                 holdout=(self.train, self.test),
                 subscribe=lambda topic: self.session.subscribe(topic),
                 unsubscribe=lambda topic: self.session.unsubscribe(topic),
+                tap=lambda topic, callback: self.session.tap(topic, callback),
             )
         self.rounds_done = 0
         # buffered (FedBuff) tasks and a simulated pace: which announcement to answer, and when

@@ -44,6 +44,9 @@ class Transfer:
     todo: deque[int] = field(default_factory=deque)
     #: The push's ``model_push.transfer_id``, computed once (chunks are checked against it).
     transfer_id: str = ""
+    #: The version's chunk-topic filter while the chunks stream in on one subscription to it
+    #: (``edge.models``); empty once the fetch asks for the missing chunks one window at a time.
+    stream: str = ""
     started: float = 0.0
     #: The process's CPU time at the start (``last_transfer.cpu_s``: what fetching cost this device).
     started_cpu: float = field(default_factory=time.process_time)

@@ -6,11 +6,21 @@ table of chunk hashes) plus retained chunks.  The manager:
 1. verifies the offer's Ed25519 signature with the fleet key, then checks the
    manifest against this device (feature-schema hash of its data, row size,
    opset and IR version its onnxruntime runs, size limit) before fetching anything;
-2. fetches only the chunks it lacks, a bounded window at a time (it subscribes to
-   each missing chunk's retained topic and drops the subscription once the chunk is
-   on disk), checking each chunk against the table and writing it at its offset in
-   a sparse temp file — a restarted device re-hashes what it already has and
-   resumes; memory stays at ``window_bytes`` whatever the model size;
+2. fetches only the chunks it lacks, checking each against the table and writing it
+   at its offset in a sparse temp file — a restarted device re-hashes what it
+   already has and resumes.  Where the session can hand a topic filter's messages
+   over on its network thread (``tap``), a fresh fetch takes the chunks as they
+   stream in on one subscription to the version's chunk topics (``.../chunk/+``),
+   each written as it is read, so the device holds one chunk at a time and the
+   network thread reads the next only once it is on disk; the last chunk goes to the
+   daemon's thread, which finishes the file.  When that stream goes quiet with
+   chunks missing (a broker that sends no retained messages to wildcard
+   subscriptions, as RabbitMQ; one that dropped some over its queue limit, as
+   mosquitto past ``max_queued_messages``; a device that came late), and for a
+   resumed fetch or a session without taps, it asks for the missing chunks a bounded
+   window at a time (it subscribes to each one's retained topic and drops the
+   subscription once the chunk is on disk); memory stays within ``window_bytes``
+   whatever the model size;
 3. checks the whole file's sha256 and size against the signed manifest, loads it in
    onnxruntime, checks its declared inputs/outputs and schema metadata, and scores
    it on the device's own holdout;
@@ -53,6 +63,9 @@ ACTIVE = "active.json"
 REJECTIONS = "rejections.json"
 #: Refusals kept per model (on disk and in the status).
 KEEP_REJECTIONS = 20
+#: A streamed fetch with chunks missing and none received for this long asks for the rest one
+#: window at a time (checked by ``tick``, once a second).
+STREAM_QUIET_S = 1.0
 STATUS_REJECTIONS = 5
 
 
@@ -75,7 +88,12 @@ class ModelManager:
     holdout
         ``(train, test)`` splits of the local dataset, for the smoke test and score.
     subscribe, unsubscribe
-        Follow / drop a chunk topic (the daemon's MQTT session).
+        Follow / drop a chunk topic or topic filter (the daemon's MQTT session).
+    tap
+        ``tap(topic_filter, callback)`` (``MqttSession.tap``): messages matching the filter go to
+        ``callback`` on the session's network thread, or to the daemon's queue where it returns
+        ``False``; ``callback=None`` removes it.  Without it every chunk is fetched by its own
+        subscription, a window at a time, and handled on the daemon's thread.
     """
 
     def __init__(
@@ -90,6 +108,7 @@ class ModelManager:
         holdout: tuple[Dataset, Dataset] | None,
         subscribe: Callable[[str], None],
         unsubscribe: Callable[[str], None],
+        tap: Callable[[str, Callable[[Any], bool] | None], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.root = Path(root)
@@ -98,7 +117,7 @@ class ModelManager:
         self.public_key = public_key
         self.data_schema_hash = data_schema_hash
         self.holdout = holdout
-        self._subscribe, self._unsubscribe = subscribe, unsubscribe
+        self._subscribe, self._unsubscribe, self._tap = subscribe, unsubscribe, tap
         self._clock = clock
         self._lock = threading.RLock()
         self.records: dict[str, dict[str, Any]] = {}
@@ -279,12 +298,66 @@ class ModelManager:
         )
         if t.complete:
             self._complete(name)
-        else:
-            self._fill_window(name, t)
+            return
+        if self._tap is not None:
+            # This version's chunks are handled as the network thread reads them (take_chunk).
+            self._tap(self._chunk_filter(name, m.version), self._take)
+            if not t.resumed:  # a fresh fetch: every chunk, as the push streams them
+                t.stream = self._chunk_filter(name, m.version)
+                self._subscribe(t.stream)
+                return
+        self._fill_window(name, t)
+
+    def _chunk_filter(self, name: str, version: int) -> str:
+        """The topic filter of every chunk of ``name`` v``version``."""
+        return topics.topic_model_chunk(self.fleet, name, version, 0).rpartition("/")[0] + "/+"
 
     def _fill_window(self, name: str, t: Transfer) -> None:
+        if t.stream:
+            return  # the stream subscription brings them
         for i in t.to_request(max(1, self.cfg.window_bytes // t.offer.chunk_size)):
             self._subscribe(topics.topic_model_chunk(self.fleet, name, t.manifest.version, i))
+
+    def _take(self, msg: Any) -> bool:
+        """The session's tap on a version's chunk topics (network thread): see :meth:`take_chunk`."""
+        try:
+            parsed = topics.parse_topic(msg.topic)
+        except codec.WireError:
+            return False  # the daemon's thread logs and drops it
+        if parsed.kind != "model_chunk" or parsed.model is None or parsed.fleet != self.fleet:
+            return False
+        return self.take_chunk(parsed.model, int(parsed.version), int(parsed.index), msg.payload)
+
+    def take_chunk(self, name: str, version: int, index: int, payload: bytes) -> bool:
+        """Write one chunk on the session's network thread, straight from its payload.
+
+        Returns ``False`` for what the daemon's thread must do instead (it then gets the
+        message and calls :meth:`handle_chunk`): the transfer's last chunk (finishing the
+        file: fsync, hash check, onnxruntime load, holdout score, activation) and a chunk
+        that is refused (the refusal is reported with the status).  ``True`` otherwise,
+        including for the chunks :meth:`handle_chunk` would ignore.
+        """
+        with self._lock:
+            t = self.transfers.get(name)
+            if t is None or t.manifest.version != version or index in t.have or index >= t.n_chunks:
+                return True
+            if not payload:
+                return True
+            if len(t.have) + 1 >= t.n_chunks:
+                return False
+            requested = index in t.inflight  # by its own subscription (not the stream's)
+            try:
+                chunk = model_push.ModelChunk.decode(payload, max_bytes=t.offer.chunk_size, verify=False)
+                if chunk.index != index:
+                    return False
+                if not t.accept(chunk, self._clock()):
+                    return True  # a stale copy from an earlier push: ignored (this push's copy follows)
+            except (codec.WireError, RefusedError):
+                return False  # handle_chunk refuses it (nothing was written)
+            if requested:
+                self._unsubscribe(topics.topic_model_chunk(self.fleet, name, version, index))
+            self._fill_window(name, t)
+            return True
 
     def handle_chunk(self, name: str, version: int, index: int, payload: bytes) -> bool:
         """Act on one chunk; returns whether the status changed."""
@@ -294,6 +367,7 @@ class ModelManager:
                 return False
             if not payload:
                 return False
+            requested = index in t.inflight  # by its own subscription (not the stream's)
             try:
                 # A view of the payload, hashed once into the file's sha256 (model_transfer).
                 chunk = model_push.ModelChunk.decode(payload, max_bytes=t.offer.chunk_size, verify=False)
@@ -309,7 +383,8 @@ class ModelManager:
             except (codec.WireError, RefusedError) as exc:
                 self._close_transfer(name, delete=True)
                 return self._refuse(name, version, f"bad chunk: {exc}", t.digest)
-            self._unsubscribe(topics.topic_model_chunk(self.fleet, name, version, index))
+            if requested:
+                self._unsubscribe(topics.topic_model_chunk(self.fleet, name, version, index))
             if t.complete:
                 self._complete(name)
                 return True
@@ -328,6 +403,18 @@ class ModelManager:
             for name, t in list(self.transfers.items()):
                 if len(t.have) != t.reported:
                     t.reported, changed = len(t.have), True
+                if t.stream and now - t.last_progress >= STREAM_QUIET_S:
+                    # The stream went quiet with chunks missing: ask for them from their retained topics.
+                    log.info(
+                        "%s v%d: %d of %d chunks streamed in; fetching the rest a window at a time",
+                        name,
+                        t.manifest.version,
+                        len(t.have),
+                        t.n_chunks,
+                    )
+                    self._unsubscribe(t.stream)
+                    t.stream = ""
+                    self._fill_window(name, t)
                 if now - t.last_progress > self.cfg.transfer_timeout_s:
                     self._close_transfer(name, delete=False)  # kept: a re-push resumes from it
                     changed |= self._refuse(
@@ -345,6 +432,10 @@ class ModelManager:
             return
         for i in t.inflight:
             self._unsubscribe(topics.topic_model_chunk(self.fleet, name, t.manifest.version, i))
+        if t.stream:
+            self._unsubscribe(t.stream)
+        if self._tap is not None:
+            self._tap(self._chunk_filter(name, t.manifest.version), None)
         t.close()
         if delete:
             t.part.unlink(missing_ok=True)

@@ -213,7 +213,8 @@ class MqttSession:
         self.last_error: str | None = None
         #: Connections the broker closed after accepting them (a takeover, a broker restart, ...).
         self.drops = 0
-        self._taps: dict[str, Callable[[Message], None]] = {}
+        self._taps: dict[str, Callable[[Message], bool | None]] = {}
+        self._filter_taps: dict[str, Callable[[Message], bool | None]] = {}
         self.on_connect_hooks: list[Callable[[], None]] = []
         self._ssl = check_options(options)
         self._client = self._make_client()
@@ -275,14 +276,20 @@ class MqttSession:
                 return True
         return False
 
-    def tap(self, topic: str, callback: Callable[[Message], None] | None) -> None:
-        """Hand messages on exactly ``topic`` to ``callback`` (on the network thread: no blocking)
-        instead of the inbound queue; ``None`` removes the tap.  Subscribe separately."""
+    def tap(self, topic: str, callback: Callable[[Message], bool | None] | None) -> None:
+        """Hand messages on ``topic`` to ``callback`` (on the network thread: no blocking) instead of
+        the inbound queue; ``None`` removes the tap.  Subscribe separately.
+
+        ``topic`` may be a filter with ``+`` and ``#`` (a topic's exact tap wins).  A callback that
+        returns ``False`` passes the message on to the inbound queue after all.  The network thread
+        reads the next message only once the callback returns, so what it holds stays one message.
+        """
         with self._lock:
+            taps = self._filter_taps if "+" in topic or "#" in topic else self._taps
             if callback is None:
-                self._taps.pop(topic, None)
+                taps.pop(topic, None)
             else:
-                self._taps[topic] = callback
+                taps[topic] = callback
 
     def wait_connected(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -497,11 +504,23 @@ class MqttSession:
     def _on_message(self, client, userdata, msg) -> None:
         with self._lock:
             tap = self._taps.get(msg.topic)
-        if tap is not None:
-            tap(Message(msg.topic, bytes(msg.payload), bool(msg.retain)))
+            if tap is None and self._filter_taps:
+                tap = next((cb for f, cb in self._filter_taps.items() if topic_matches(f, msg.topic)), None)
+        if tap is not None and tap(Message(msg.topic, bytes(msg.payload), bool(msg.retain))) is not False:
             return
         try:
             self.inbound.put_nowait(Message(msg.topic, bytes(msg.payload), bool(msg.retain)))
         except queue.Full:
             self.dropped_inbound += 1
             log.error("inbound queue full (%d); dropped a message on %s", self.inbound.maxsize, msg.topic)
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """Whether ``topic`` matches the subscription filter ``topic_filter`` (``+``: one level, ``#``: the rest)."""
+    want, have = topic_filter.split("/"), topic.split("/")
+    for i, level in enumerate(want):
+        if level == "#":
+            return True
+        if i >= len(have) or (level != "+" and level != have[i]):
+            return False
+    return len(want) == len(have)
