@@ -2,6 +2,9 @@
 
 ``python -m benchmarks.fedbuff_vs_sync [--quick] [--seeds 0 1 2] [--devices 40] [--rounds 40] [--jobs 3]``
 
+``--mqtt`` runs the same comparison over a real mosquitto with real device processes and wall
+time instead (``benchmarks.fedbuff_mqtt``; ``--t0`` sets the simulated seconds per update).
+
 The task is the demo's (``cloud_aggregator.demo``): PFL-DA with the sigmoid GLM of PFL-DA
 Table 4 on simulated printers, Adam lr 0.1, 30 full-batch local steps, uniform server
 mean (``--algorithm fedavg`` runs the demo's FedAvg reference instead).  Each printer's
@@ -45,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import fedbuff_mqtt
 from benchmarks.common import RESULTS, markdown_table, progress, study_parser, write_result
 from benchmarks.fedbuff_sim import (
     EXTRA,
@@ -237,7 +241,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--full", action="store_true", help="run FedBuff on to sync's last round (plot curves)"
     )
+    parser.add_argument(
+        "--mqtt", action="store_true", help="over real MQTT, wall time (benchmarks.fedbuff_mqtt)"
+    )
+    parser.add_argument("--t0", type=float, default=0.2, help="--mqtt: simulated seconds per update")
     args = parser.parse_args(argv)
+    if args.mqtt:
+        if (
+            len(args.server_lr or args.k) != len(args.k)
+            or args.devices < 10
+            or args.rounds < 1
+            or args.t0 <= 0
+        ):
+            print(
+                "need one --server-lr per --k, --devices >= 10, --rounds >= 1 and --t0 > 0", file=sys.stderr
+            )
+            return 2
+        return fedbuff_mqtt.main(args, args.server_lr or [DEFAULT_LR(k) for k in args.k])
     if args.quick:
         args.devices, args.rounds = QUICK["devices"], QUICK["rounds"]
     lrs = args.server_lr or [DEFAULT_LR(k) for k in args.k]
