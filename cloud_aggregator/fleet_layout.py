@@ -146,6 +146,7 @@ user {codec.check_id("device", d)}
 topic read {p}/task/+/down
 topic read {p}/model/+/manifest
 topic read {p}/model/+/+/chunk/+
+topic read {p}/rollcall
 """
         for d in sorted(devices)
     )
@@ -156,7 +157,7 @@ pattern read {p}/task/+/down/%u
 pattern write {p}/task/+/secagg/up/%u
 pattern read {p}/task/+/secagg/down/%u
 
-# Each device: the task broadcasts and the model pushes.
+# Each device: the task broadcasts, the model pushes and the aggregator's roll call.
 {device_reads}"""
 
 
@@ -164,7 +165,7 @@ def bridge_acl_text(fleet: str, bridge: str, devices: Sequence[str]) -> str:
     """What a plant's bridge may carry on the cloud broker: its devices' uplinks out, their downlinks in."""
     p = f"{topics.PROTOCOL}/{codec.check_id('fleet', fleet)}"
     lines = [f"user {bridge}", f"topic read {p}/task/+/down", f"topic read {p}/model/+/manifest",
-             f"topic read {p}/model/+/+/chunk/+"]  # fmt: skip
+             f"topic read {p}/model/+/+/chunk/+", f"topic read {p}/rollcall"]  # fmt: skip
     for d in sorted(devices):
         codec.check_id("device", d)
         lines += [
@@ -208,6 +209,8 @@ topic read {p}/task/+/secagg/up/+
 topic write {p}/task/+/secagg/down/+
 # Its lock: one aggregator per fleet (cloud_aggregator.singleton).
 topic readwrite {p}/aggregator
+# Its roll call: every device re-publishes its status (ioft_protocol.restate).
+topic write {p}/rollcall
 
 # Operator commands (`push`, `fleet status`): model pushes and reading the fleet's status.
 user {OPERATOR}

@@ -39,7 +39,9 @@ PLANT_QUEUE = 100_000
 
 #: Topic patterns under ``ioft/v1/<fleet>/`` by direction, as bridge ``topic`` lines take them.
 OUT_TOPICS = ("task/+/up/+", "status/+", "task/+/secagg/up/+")
-IN_TOPICS = ("task/+/down", "task/+/down/+", "task/+/secagg/down/+", "model/+/manifest", "model/+/+/chunk/+")
+IN_TOPICS = (
+    "task/+/down", "task/+/down/+", "task/+/secagg/down/+", "model/+/manifest", "model/+/+/chunk/+", "rollcall",
+)  # fmt: skip
 
 
 def plant_dir(layout: FleetLayout, plant: str) -> Path:

@@ -28,7 +28,7 @@ from cloud_aggregator.admission import Admission, AdmissionPolicy, Inbox, Reason
 from cloud_aggregator.rounds import CollectRequest, Rejection, RoundStore, SatOut
 from cloud_aggregator.stragglers import LateUpdate
 from cloud_aggregator.strategies import Update
-from ioft_protocol import codec, round_messages, topics
+from ioft_protocol import codec, restate, round_messages, topics
 from ioft_protocol.mqtt import Message, MqttSession
 from ioft_protocol.round_messages import DeviceSelection, HoldoutScore
 from trainer_lite.params import param_hash
@@ -155,18 +155,35 @@ class MqttFleet:
         session.subscribe(topics.topic_up_all(self.fleet))
         # After a broker restart the retained announcement may be gone: publish it again.
         session.on_connect_hooks.append(self._republish)
+        # Retained statuses may not reach us (ioft_protocol.restate): ask every device for its own.
+        self._links: dict[str, tuple | None] = {}  # device -> the connection its last status came from
+        session.on_connect_hooks.append(self._roll_call)
+        if session.connected.is_set():
+            self._roll_call()
 
     def _republish(self) -> None:
         for published in list(self._announced.values()):
             for topic, payload in published:
                 self.session.publish(topic, payload, retain=True, timeout=None)
 
+    def _roll_call(self) -> None:
+        self.session.publish(topics.topic_roll_call(self.fleet), b"", timeout=None)
+
+    def _restate(self, device: str, status: dict) -> None:
+        """A device online on a connection not seen before gets each task's current announcement
+        on its own downlink: the retained one may not reach it (``ioft_protocol.restate``)."""
+        link = restate.connection(status)
+        known = self._links.get(device)
+        self._links[device] = link
+        if link is None or link == known:
+            return
+        for task, published in list(self._announced.items()):
+            sent = restate.restatement(self.fleet, task, device, published)
+            if sent is not None:
+                self.session.publish(*sent, timeout=None)
+
     # -- announcing ---------------------------------------------------------------
-    def announce(
-        self, request: CollectRequest, deadline: float, state: str = "running", mode: str = "sync"
-    ) -> None:
-        """Publish (retained) ``request``'s announcement; ``mode = "buffered"``: a FedBuff version
-        (``cloud_aggregator.buffered_mqtt``), not a round to answer once."""
+    def announce(self, request: CollectRequest, deadline: float, state: str = "running") -> None:
         spec = request.spec
         ann = round_messages.Announcement(
             fleet=self.fleet,
@@ -182,7 +199,6 @@ class MqttFleet:
             participants=request.participants,
             devices=self.selections.get(spec.name),
             holdout=self.holdouts.get(spec.name, ()),
-            mode=mode,
         )
         topic = topics.topic_down(self.fleet, spec.name)
         payload = ann.encode()
@@ -444,6 +460,7 @@ class MqttFleet:
         except ValueError as exc:
             log.warning("bad status from %s: %s", device, exc)
             return
+        self._restate(device, status)
         self.view.status[device] = status
         self.view.online[device] = status.get("state") == "online"
 

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.buffered import Pacer
 from edge.config import DeviceConfig
 from edge.dataset import DIR as DATASET_DIR
 from edge.dataset import prepare_dataset
@@ -43,7 +42,7 @@ from edge.optout import PauseWatch
 from edge.recording.base import STATUS_FILE as RECORDER_STATUS
 from edge.secagg_client import SecAggDevice
 from edge.segments import DatasetReader
-from ioft_protocol import codec, round_messages, topics
+from ioft_protocol import codec, restate, round_messages, topics
 from ioft_protocol.manifest import load_public_key
 from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
 from ioft_protocol.secagg import transport as secagg_wire
@@ -92,6 +91,9 @@ class EdgeTrainer:
         """``session_factory`` makes the MQTT session (``edge.swarm`` passes one driven by its shared loop)."""
         self.config = config
         self.device = config.device
+        #: announcements handled on this connection, and when it began (``ioft_protocol.restate``)
+        self.delivered = restate.Delivered()
+        self.connected_at: float | None = None
         self.state_dir = Path(config.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         #: systemd's READY / WATCHDOG / STOPPING (a no-op outside a Type=notify unit)
@@ -144,13 +146,8 @@ class EdgeTrainer:
                 holdout=(self.train, self.test),
                 subscribe=lambda topic: self.session.subscribe(topic),
                 unsubscribe=lambda topic: self.session.unsubscribe(topic),
-                tap=lambda topic, callback: self.session.tap(topic, callback),
             )
         self.rounds_done = 0
-        # buffered (FedBuff) tasks and a simulated pace: which announcement to answer, and when
-        self.pacer = Pacer(
-            self.device, config.simulate, self._run_paced, self._answered_round, self._presence
-        )
 
     # -- local dataset ---------------------------------------------------------------
     def refresh_dataset(self) -> bool:
@@ -182,6 +179,7 @@ class EdgeTrainer:
             "time": time.time(),
             "kind": self.config.machine_kind,
             "tags": list(self.config.tags),
+            restate.CONNECTED_AT: self.connected_at,
             "tasks": {
                 name: {"round": ts.answered[0] if ts.answered else None, "metrics": ts.metrics}
                 for name, ts in self.tasks.items()
@@ -221,8 +219,14 @@ class EdgeTrainer:
             f"ioft-{c.fleet}-{c.device}",
             keepalive=c.keepalive,
             will=self._status("offline"),
-            birth=lambda: [self._status("online")],
+            birth=self._birth,
         )
+
+    def _birth(self) -> list[tuple[str, bytes]]:
+        """The status published on every (re)connect, from a new connection (``ioft_protocol.restate``)."""
+        self.connected_at = time.time()
+        self.delivered.connected()
+        return [self._status("online")]
 
     def stop(self) -> None:
         self._stop.set()
@@ -237,10 +241,9 @@ class EdgeTrainer:
                 self.notifier.alive()  # from this loop, so systemd's watchdog restarts a hung one
                 if not self.notifier.ready_sent and self.session.connected.is_set():
                     self.notifier.ready(f"connected to {self.config.broker}")
-                msg = self.session.get(min(0.2, max(0.0, self.pacer.next_at - time.monotonic())))
+                msg = self.session.get(0.2)
                 if msg is not None:
                     self.handle(msg.topic, msg.payload)
-                self.pace()
                 if time.monotonic() >= next_tick:
                     next_tick = time.monotonic() + 1.0
                     self.tick()
@@ -255,6 +258,7 @@ class EdgeTrainer:
         self.session.subscribe(f"{topics.PROTOCOL}/{fleet}/task/+/down")
         self.session.subscribe(f"{topics.PROTOCOL}/{fleet}/task/+/down/{self.device}")
         self.session.subscribe(secagg_wire.topic_down_mine(fleet, self.device))
+        self.session.subscribe(topics.topic_roll_call(fleet))
         if self.models is not None:
             self.session.subscribe(topics.topic_model_offer_all(fleet))
         self.session.start(timeout=None)  # paho keeps retrying until the broker is there
@@ -316,11 +320,16 @@ class EdgeTrainer:
             parsed = topics.parse_topic(topic)
             if parsed.fleet != self.config.fleet:
                 return
+            if parsed.kind == "roll_call":  # the aggregator (re)connected: say where this device stands
+                self._publish_status()
+                return
             if parsed.kind in ("model_offer", "model_chunk"):
                 self._handle_model(parsed, payload)
                 return
             if parsed.kind not in ("down", "down_device"):
                 return
+            if self.delivered.duplicate(parsed.kind, payload):
+                return  # a restated copy of an announcement this connection already brought
             ann = round_messages.Announcement.decode(payload, max_bytes=self.config.max_payload_bytes)
             if ann.task != parsed.task or ann.fleet != parsed.fleet:
                 raise codec.WireError(f"announcement for {ann.fleet}/{ann.task} on topic {topic}")
@@ -463,8 +472,6 @@ class EdgeTrainer:
         if self.device in ann.holdout and ann.state == "running":
             self._score_holdout(ann, algo)
             return
-        if self.pacer.hold(ann):  # a buffered task, or a simulated pace: answered by pace()
-            return
         if ann.state == "done" or not ann.takes_part(self.device):
             return
         key = (ann.round, ann.phase)
@@ -539,27 +546,6 @@ class EdgeTrainer:
         )
         self._publish_status()
         self.notifier.status(f"task {ann.task}: answered round {ann.round} {ann.phase}")
-
-    def pace(self) -> None:
-        """Send what :class:`edge.buffered.Pacer` has due (buffered jobs, paced answers); cheap when nothing is."""
-        if self.pacer.next_at <= time.monotonic():
-            self.pacer.step()
-
-    def _run_paced(self, ann: round_messages.Announcement) -> None:
-        try:
-            self.on_announcement(ann)
-        except (codec.WireError, ValueError, KeyError) as exc:
-            log.warning("%s: task %s: %s", self.device, ann.task, exc)
-
-    def _answered_round(self, task: str) -> int | None:
-        state = self.tasks.get(task)
-        return None if state is None or state.answered is None else state.answered[0]
-
-    def _presence(self, online: bool) -> None:
-        """A simulated departure or return (``[simulate]``): the retained status says so."""
-        topic, status = self._status("online" if online else "offline")
-        self.session.publish(topic, status, retain=True, timeout=None)
-        log.info("%s: %s (simulated churn)", self.device, "back online" if online else "left the fleet")
 
     def _score_holdout(self, ann: round_messages.Announcement, algo: ClientAlgorithm) -> None:
         """Held out of the task: score the round's global on this device's rows and report it in

@@ -2,7 +2,8 @@
 
 Modules: ``codec`` (payload encoding and tensor checks), ``topics`` (topic names), ``rounds``
 (round announcements and updates), ``model_push`` (model offers and chunks), ``mqtt`` (the
-MQTT session and its TLS settings), ``state`` (atomic file I/O), ``config`` (TOML to
+MQTT session and its TLS settings), ``restate`` (how retained state also travels live, for
+brokers that keep it per node), ``state`` (atomic file I/O), ``config`` (TOML to
 dataclass), ``manifest`` (the signed model manifest).  It imports no other project package
 but the leaf ``trainer_lite.params``.
 
@@ -21,6 +22,7 @@ Topics, all under ``ioft/v1/<fleet>/``::
     task/<task>/down/<device>   retained  per-device downlink (algorithms that personalize it)
     task/<task>/up/<device>               a device's update for a round and phase
     status/<device>             retained  device status (JSON); the Last Will says offline
+    rollcall                              the aggregator asks every device to re-publish its status
     model/<name>/manifest       retained  a signed model manifest and its transfer table
     model/<name>/<version>/chunk/<i>  retained  one chunk of that model's ONNX file
 

@@ -37,6 +37,11 @@ def topic_status_all(fleet: str) -> str:
     return f"{PROTOCOL}/{check_id('fleet', fleet)}/status/+"
 
 
+def topic_roll_call(fleet: str) -> str:
+    """The aggregator asks every device to publish its status again (``ioft_protocol.restate``)."""
+    return f"{PROTOCOL}/{check_id('fleet', fleet)}/rollcall"
+
+
 def topic_model_offer(fleet: str, name: str) -> str:
     return f"{PROTOCOL}/{check_id('fleet', fleet)}/model/{check_id('model', name)}/manifest"
 
@@ -56,7 +61,7 @@ def topic_model_chunk(fleet: str, name: str, version: int, index: int) -> str:
 @dataclass(frozen=True)
 class Topic:
     """A parsed topic: ``kind`` is ``down``, ``down_device``, ``up``, ``secagg_up``, ``secagg_down``,
-    ``status``, ``model_offer`` or ``model_chunk`` (then ``model``, ``version`` and ``index`` say which)."""
+    ``status``, ``roll_call``, ``model_offer`` or ``model_chunk`` (then ``model``, ``version`` and ``index`` say which)."""
 
     kind: str
     fleet: str
@@ -79,6 +84,8 @@ def parse_topic(topic: str) -> Topic:
     if len(parts) < 4 or "/".join(parts[:2]) != PROTOCOL:
         raise WireError(f"not an {PROTOCOL} topic: {topic!r}")
     fleet, rest = check_id("fleet", parts[2]), parts[3:]
+    if rest == ["rollcall"]:
+        return Topic("roll_call", fleet)
     if rest[0] == "status" and len(rest) == 2:
         return Topic("status", fleet, device=check_id("device", rest[1]))
     if rest[0] == "task" and len(rest) >= 3:

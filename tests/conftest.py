@@ -1,4 +1,8 @@
-"""Shared fixtures: a real mosquitto on a free loopback port, and temp state folders."""
+"""Shared fixtures: a real mosquitto on a free loopback port, a real RabbitMQ node (MQTT plugin)
+shared by the session, and temp state folders.
+
+``broker`` is mosquitto for every test; a test marked ``any_broker`` (it exercises only the wire
+protocol, nothing mosquitto-specific) runs twice, on mosquitto and on RabbitMQ."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import pytest
 from cloud_aggregator.broker import BrokerProcess, find_mosquitto, free_port, start_mosquitto
 from cloud_aggregator.fleet_init import FleetLayout, init_fleet
 from cloud_aggregator.local_fleet import FLEET, LocalFleet
+from cloud_aggregator.rabbitmq import RabbitNode, find_rabbitmq, start_cluster
 from tests import budget  # noqa: F401  (loads the hypothesis profile before any test module)
 
 
@@ -22,6 +27,55 @@ def _require_mosquitto() -> None:
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
+
+
+def _require_rabbitmq() -> None:
+    if find_rabbitmq() is None:
+        msg = "rabbitmq-server is not installed (apt-get install rabbitmq-server); make test installs it"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "any_broker: wire-protocol test that runs on mosquitto and on RabbitMQ (fixture broker)"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "broker" in metafunc.fixturenames and metafunc.definition.get_closest_marker("any_broker"):
+        metafunc.parametrize("broker", ["mosquitto", "rabbitmq"], indirect=True)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_node(tmp_path_factory) -> Iterator[RabbitNode]:
+    """One RabbitMQ node (MQTT plugin, anonymous, loopback) for the whole session (~10 s to start)."""
+    _require_rabbitmq()
+    cluster = start_cluster(tmp_path_factory.mktemp("rabbitmq"))
+    try:
+        yield cluster.nodes[0]
+    finally:
+        cluster.stop()
+
+
+#: Deletes every queue: the persistent MQTT sessions (the aggregator's) a test leaves on the shared node.
+_DELETE_QUEUES = '[rabbit_amqqueue:delete(Q, false, false, <<"tests">>) || Q <- rabbit_amqqueue:list()], ok.'
+
+
+@pytest.fixture
+def broker(request) -> Iterator[BrokerProcess | RabbitNode]:
+    """The test's broker (``.url``): a fresh mosquitto, or, for ``any_broker`` tests' second run,
+    the session's RabbitMQ node, left without queues (persistent sessions) afterwards."""
+    if getattr(request, "param", "mosquitto") == "mosquitto":
+        yield request.getfixturevalue("mosquitto")
+        return
+    node = request.getfixturevalue("rabbitmq_node")
+    try:
+        yield node
+    finally:
+        node.ctl("close_all_connections", "test over")
+        node.ctl("eval", _DELETE_QUEUES)
 
 
 @pytest.fixture
@@ -36,9 +90,9 @@ def mosquitto(tmp_path) -> Iterator[BrokerProcess]:
 
 
 @pytest.fixture
-def fleet_procs(tmp_path, mosquitto) -> Iterator[LocalFleet]:
-    """A :class:`LocalFleet` on the test's mosquitto: spawns aggregator and device processes, stopped afterwards."""
-    procs = LocalFleet(tmp_path, mosquitto.url)
+def fleet_procs(tmp_path, broker) -> Iterator[LocalFleet]:
+    """A :class:`LocalFleet` on the test's broker: spawns aggregator and device processes, stopped afterwards."""
+    procs = LocalFleet(tmp_path, broker.url)
     try:
         yield procs
     finally:

@@ -22,6 +22,7 @@ WIRE_FIELDS = {
 
 
 @pytest.mark.broker
+@pytest.mark.any_broker
 def test_fleet_trains_over_mqtt_and_leaks_nothing_personal(fleet_procs):
     task = pflda_task()
     sniffer = Sniffer(fleet_procs.broker_url)

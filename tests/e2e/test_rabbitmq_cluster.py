@@ -1,0 +1,127 @@
+"""A fleet on a two-node RabbitMQ cluster on loopback (issue 14, item 4): the devices on node A,
+``cloud-aggregator serve`` on node B.
+
+RabbitMQ 3.10 keeps a retained message on the node it was published through and hands it only to
+subscriptions on exactly its topic, so the aggregator (``status/+``) never receives the devices'
+retained statuses, and a device (``task/+/down``) that connects after a round was announced never
+receives the announcement.  The rounds complete through ``ioft_protocol.restate``: the roll call
+(the aggregator, started after the devices, asks them for their statuses) and the re-announcement
+to a new connection (the late device gets the round on its own downlink).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import paho.mqtt.client as paho
+import pytest
+
+from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.rabbitmq import RabbitCluster, start_cluster
+from ioft_protocol import topics
+from tests.conftest import _require_rabbitmq
+
+EARLY = ["printer1", "printer2"]
+LATE = "printer3"
+ROUNDS = 3
+
+
+class Watch:
+    """A plain subscriber on one node, keeping every message it is sent live (topic, payload)."""
+
+    def __init__(self, url: str, *filters: str) -> None:
+        host, port = url.removeprefix("mqtt://").split(":")
+        self.messages: list[tuple[str, bytes]] = []
+        self._lock = threading.Lock()
+        self.client = paho.Client(
+            callback_api_version=paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311
+        )
+        self.client.on_message = self._on_message
+        self.client.connect(host, int(port))
+        self.client.loop_start()
+        for f in filters:
+            self.client.subscribe(f, qos=1)
+
+    def _on_message(self, client: paho.Client, userdata: object, msg: paho.MQTTMessage) -> None:
+        with self._lock:
+            self.messages.append((msg.topic, bytes(msg.payload)))
+
+    def statuses(self, device: str) -> list[dict]:
+        with self._lock:
+            got = [p for t, p in self.messages if t == topics.topic_status(FLEET, device)]
+        return [json.loads(p) for p in got if p]
+
+    def seen(self, topic: str) -> bool:
+        with self._lock:
+            return any(t == topic for t, _ in self.messages)
+
+    def stop(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str, fleet: LocalFleet) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not within {timeout:g} s; aggregator log: {fleet.log('aggregator')[-2000:]}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[RabbitCluster]:
+    _require_rabbitmq()
+    with start_cluster(tmp_path_factory.mktemp("cluster"), 2) as c:
+        yield c
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_rounds_complete_with_devices_on_one_node_and_the_aggregator_on_the_other(cluster, tmp_path):
+    node_a, node_b = cluster.nodes
+    fleet = LocalFleet(tmp_path, node_a.url)  # the devices' broker
+    status_all = topics.topic_status_all(FLEET)
+    on_a = Watch(node_a.url, status_all, topics.topic_down(FLEET, "speed"))
+    on_b = Watch(node_b.url, status_all)
+    try:
+        # The devices are up, their retained statuses kept on node A, before the aggregator starts.
+        fleet.start_devices(EARLY)
+        wait_until(lambda: all(on_a.statuses(d) for d in EARLY), 60, "early devices online", fleet)
+        fleet.start_aggregator(
+            aggregator_toml(
+                node_b.url,
+                fleet.work / "aggregator",
+                [pflda_task(rounds=ROUNDS)],
+                expected=[*EARLY, LATE],  # every round waits for all three...
+                startup_wait_s=3.0,  # ...but the first is announced before the late one is up
+                deadline_s=30.0,
+            )
+        )
+        # The late device connects after round 1 was announced (retained on node B only).
+        wait_until(lambda: on_a.seen(topics.topic_down(FLEET, "speed")), 60, "round 1 announced", fleet)
+        fleet.start_device(LATE)
+        assert fleet.wait_aggregator(120) == 0, fleet.log("aggregator")[-3000:]
+        records = fleet.rounds()
+        # A device that dies is seen offline on the other node: its Last Will, published by node A.
+        fleet.devices["printer1"].send_signal(signal.SIGKILL)
+        wait_until(
+            lambda: any(s.get("state") == "offline" for s in on_b.statuses("printer1")),
+            30,
+            "printer1's Last Will on node B",
+            fleet,
+        )
+    finally:
+        fleet.stop_all()
+        on_a.stop()
+        on_b.stop()
+    assert [r.status for r in records] == ["completed"] * ROUNDS
+    for r in records:
+        # Every round waited for, and got, all three: none closed on its deadline.
+        assert sorted(r.participants) == [*EARLY, LATE], (r.round, r.participants)
+        assert r.extra.get("closed") == "answered", (r.round, r.extra)
+    log = fleet.log("aggregator")
+    assert "2 online at start" in log, log[-2000:]  # the roll call: it learnt of the early two at once
