@@ -48,9 +48,12 @@ from ioft_protocol.manifest import (
 from ioft_protocol.mqtt import MqttSession, SessionOptions
 
 log = logging.getLogger(__name__)
-#: Default chunk: well under common broker limits (mosquitto's default max is 256 MB, many
-#: managed brokers cap messages at 128-256 KB), and small enough that a Pi's window stays small.
-DEFAULT_CHUNK_BYTES = 128 * 1024
+#: Default chunk: 512 KiB, far under the brokers' default limits (mosquitto 2.0: none below
+#: MQTT's 256 MB; RabbitMQ 3.10: max_message_size 128 MiB, 4.x: 16 MiB) and half a device's
+#: default window (``model.window_bytes``, 1 MiB; a larger chunk is refused).  A device's
+#: CPU per MB fetched has a cost per chunk (benchmarks/results/model_push.md).  Managed brokers
+#: that cap a message at 128-256 KB (AWS IoT Core, Azure IoT Hub) need ``--chunk-size 65536``.
+DEFAULT_CHUNK_BYTES = 512 * 1024
 
 
 @dataclass(frozen=True)
