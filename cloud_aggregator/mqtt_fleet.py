@@ -183,7 +183,11 @@ class MqttFleet:
                 self.session.publish(*sent, timeout=None)
 
     # -- announcing ---------------------------------------------------------------
-    def announce(self, request: CollectRequest, deadline: float, state: str = "running") -> None:
+    def announce(
+        self, request: CollectRequest, deadline: float, state: str = "running", mode: str = "sync"
+    ) -> None:
+        """Publish (retained) ``request``'s announcement; ``mode = "buffered"``: a FedBuff version
+        (``cloud_aggregator.buffered_mqtt``), not a round to answer once."""
         spec = request.spec
         ann = round_messages.Announcement(
             fleet=self.fleet,
@@ -199,6 +203,7 @@ class MqttFleet:
             participants=request.participants,
             devices=self.selections.get(spec.name),
             holdout=self.holdouts.get(spec.name, ()),
+            mode=mode,
         )
         topic = topics.topic_down(self.fleet, spec.name)
         payload = ann.encode()

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.buffered import Pacer
 from edge.config import DeviceConfig
 from edge.dataset import DIR as DATASET_DIR
 from edge.dataset import prepare_dataset
@@ -146,8 +147,13 @@ class EdgeTrainer:
                 holdout=(self.train, self.test),
                 subscribe=lambda topic: self.session.subscribe(topic),
                 unsubscribe=lambda topic: self.session.unsubscribe(topic),
+                tap=lambda topic, callback: self.session.tap(topic, callback),
             )
         self.rounds_done = 0
+        # buffered (FedBuff) tasks and a simulated pace: which announcement to answer, and when
+        self.pacer = Pacer(
+            self.device, config.simulate, self._run_paced, self._answered_round, self._presence
+        )
 
     # -- local dataset ---------------------------------------------------------------
     def refresh_dataset(self) -> bool:
@@ -241,9 +247,10 @@ class EdgeTrainer:
                 self.notifier.alive()  # from this loop, so systemd's watchdog restarts a hung one
                 if not self.notifier.ready_sent and self.session.connected.is_set():
                     self.notifier.ready(f"connected to {self.config.broker}")
-                msg = self.session.get(0.2)
+                msg = self.session.get(min(0.2, max(0.0, self.pacer.next_at - time.monotonic())))
                 if msg is not None:
                     self.handle(msg.topic, msg.payload)
+                self.pace()
                 if time.monotonic() >= next_tick:
                     next_tick = time.monotonic() + 1.0
                     self.tick()
@@ -472,6 +479,8 @@ class EdgeTrainer:
         if self.device in ann.holdout and ann.state == "running":
             self._score_holdout(ann, algo)
             return
+        if self.pacer.hold(ann):  # a buffered task, or a simulated pace: answered by pace()
+            return
         if ann.state == "done" or not ann.takes_part(self.device):
             return
         key = (ann.round, ann.phase)
@@ -546,6 +555,27 @@ class EdgeTrainer:
         )
         self._publish_status()
         self.notifier.status(f"task {ann.task}: answered round {ann.round} {ann.phase}")
+
+    def pace(self) -> None:
+        """Send what :class:`edge.buffered.Pacer` has due (buffered jobs, paced answers); cheap when nothing is."""
+        if self.pacer.next_at <= time.monotonic():
+            self.pacer.step()
+
+    def _run_paced(self, ann: round_messages.Announcement) -> None:
+        try:
+            self.on_announcement(ann)
+        except (codec.WireError, ValueError, KeyError) as exc:
+            log.warning("%s: task %s: %s", self.device, ann.task, exc)
+
+    def _answered_round(self, task: str) -> int | None:
+        state = self.tasks.get(task)
+        return None if state is None or state.answered is None else state.answered[0]
+
+    def _presence(self, online: bool) -> None:
+        """A simulated departure or return (``[simulate]``): the retained status says so."""
+        topic, status = self._status("online" if online else "offline")
+        self.session.publish(topic, status, retain=True, timeout=None)
+        log.info("%s: %s (simulated churn)", self.device, "back online" if online else "left the fleet")
 
     def _score_holdout(self, ann: round_messages.Announcement, algo: ClientAlgorithm) -> None:
         """Held out of the task: score the round's global on this device's rows and report it in
