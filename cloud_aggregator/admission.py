@@ -252,6 +252,12 @@ class Admission:
         for device in devices:
             self._answer((request.spec.name, request.round, request.phase), device)
 
+    def forget_answers(self, task: str, round_: int, phase: str) -> None:
+        """Forget who answered a round here: an aggregator worker (``cloud_aggregator.workers``)
+        whose coordinator re-announced the round judges re-sends afresh; the coordinator,
+        which merges every worker's uploads, refuses the true replays."""
+        self._answered.pop((task, round_, phase), None)
+
     def judge(
         self,
         device: str,

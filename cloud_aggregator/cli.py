@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from cloud_aggregator import console, fleet_init, fleet_privacy, fleet_status, push, rollout_cli
+from cloud_aggregator import console, fleet_init, fleet_privacy, fleet_status, push, rollout_cli, workers
 from cloud_aggregator.backbones import cli as backbones_cli
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.demo import run_demo
@@ -67,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _term)
     log = logging.getLogger(__name__)
     try:
-        serve(cfg, control, service=args.service)
+        serve(cfg, control, service=args.service, worker_argv=_worker_argv(args))
     except ServeRefusedError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -81,6 +81,13 @@ def _serve(args: argparse.Namespace) -> int:
         for sig, handler in before.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _worker_argv(args: argparse.Namespace) -> list[str]:
+    """``cloud-aggregator worker``'s arguments for the workers ``serve`` starts: its own config."""
+    argv = ["--config", str(args.config)] if args.config else []
+    argv += ["--broker", args.broker] if args.broker else []
+    return argv + (["--allow-plaintext"] if args.allow_plaintext else [])
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -122,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep running when the tasks are done; SIGHUP re-reads --config for new or extended tasks",
     )
     s.set_defaults(func=_serve)
+    workers.add_parser(sub)  # [collect] workers: cloud_aggregator/workers.py
 
     d = sub.add_parser("demo", help="a whole fleet on this machine: broker, aggregator, simulated printers")
     d.add_argument("--devices", type=int, default=4, help="number of simulated printers (>= 2)")

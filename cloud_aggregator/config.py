@@ -8,6 +8,7 @@ from typing import Any
 
 from cloud_aggregator.admission import AdmissionPolicy
 from cloud_aggregator.buffered import buffered_refusal
+from cloud_aggregator.coordinator import workers_refusal
 from cloud_aggregator.fedbuff import BufferConfig
 from cloud_aggregator.secagg_round import check_secagg_task
 from cloud_aggregator.stragglers import check_next_round
@@ -36,12 +37,19 @@ class CollectConfig:
     staleness_weight: float = 0.5
     #: A streaming round's partial sum is checkpointed every this many uploads (``mqtt_fleet``).
     checkpoint_every: int = 256
+    #: Aggregator workers sharing the uplink (``cloud_aggregator.coordinator``); 1: serve alone.
+    workers: int = 1
+    #: With ``workers`` > 1: serve starts them beside itself (``false``: an operator runs
+    #: ``cloud-aggregator worker`` on other machines).
+    spawn_workers: bool = True
 
     def __post_init__(self) -> None:
         if self.deadline_s <= 0 or self.min_participants < 1 or self.max_extensions < 0:
             raise ValueError("need deadline_s > 0, min_participants >= 1, max_extensions >= 0")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.straggler not in ("drop", "next_round"):
             raise ValueError(f"straggler must be 'drop' or 'next_round', got {self.straggler!r}")
         if not 0.0 < self.staleness_weight <= 1.0:
@@ -241,6 +249,11 @@ class AggregatorConfig:
                     raise ValueError(f"task {t.name!r}: dp needs [collect] straggler = 'drop'")
                 if t.secagg is not None:  # a late upload carries no parameters, only a sum counts
                     raise ValueError(f"task {t.name!r}: secagg needs [collect] straggler = 'drop'")
+        if self.collect.workers > 1:  # workers fold partial sums: only the mean family splits
+            for t in self.task:
+                why = workers_refusal(t.spec(), self.collect.straggler, getattr(t, "mode", "sync"))
+                if why is not None:
+                    raise ValueError(f"task {t.name!r}: [collect] workers = {self.collect.workers}: {why}")
         if isinstance(self.restart, list):
             unknown = sorted(set(self.restart) - set(names))
             if unknown:

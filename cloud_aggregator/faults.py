@@ -27,6 +27,7 @@ POINTS = {
     "after_artifact": "new global's artifact file written, its transaction not begun",
     "before_commit": "round record and resume point written inside the open transaction",
     "after_save": "round committed, next round not yet announced",
+    "worker_admitted": "an aggregator worker admitted an upload, before any batch holds it",
 }
 ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 

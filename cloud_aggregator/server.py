@@ -25,6 +25,7 @@ from pathlib import Path
 
 from cloud_aggregator.buffered_mqtt import BufferedTask
 from cloud_aggregator.config import AggregatorConfig, TaskConfig
+from cloud_aggregator.coordinator import WorkerFleet
 from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.rounds import CollectRequest, RoundEngine, RoundRecord
 from cloud_aggregator.secagg_round import SecAggFleet
@@ -33,6 +34,7 @@ from cloud_aggregator.store import SqliteStore, TaskChangedError
 from cloud_aggregator.strategies import make_strategy
 from cloud_aggregator.task_lanes import run_side_by_side
 from cloud_aggregator.watchdog import WatchedSession, wait_pinging
+from cloud_aggregator.workers import LocalWorkers
 from ioft_protocol.config import ConfigError
 from ioft_protocol.mqtt import MqttSession, SessionOptions
 from ioft_protocol.service import Notifier
@@ -167,6 +169,7 @@ def serve(
     *,
     service: bool = False,
     notifier: Notifier | None = None,
+    worker_argv: list[str] | None = None,
 ) -> None:
     """Run every configured task to completion (resuming where a previous run stopped).
 
@@ -183,6 +186,9 @@ def serve(
         systemd's notify socket (default: from the environment; a no-op outside a unit):
         READY once the fleet is claimed, watchdog pings from the loops that read the broker
         (:mod:`cloud_aggregator.watchdog`), STOPPING.
+    worker_argv
+        ``cloud-aggregator worker``'s arguments (the config and overrides) for the workers
+        ``[collect] workers`` > 1 starts here.
 
     Raises
     ------
@@ -193,6 +199,7 @@ def serve(
     notifier = notifier or Notifier.from_env()
     store = SqliteStore(Path(cfg.state_dir) / "aggregator.sqlite")
     session: MqttSession | None = None
+    local: LocalWorkers | None = None
     try:
         check_tasks(store, cfg.task, cfg.restarts)  # all refusals at once, before any write
         register_tasks(store, cfg.task, cfg.restarts)
@@ -214,7 +221,14 @@ def serve(
             max_payload_bytes=cfg.max_payload_bytes,
             checkpoint_every=c.checkpoint_every,
         )
-        fleet = MqttFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy())
+        if c.workers > 1:  # K workers share the uplink; this process coordinates (README)
+            fleet = WorkerFleet(
+                session, cfg.fleet, policy, store, admission=cfg.admission.policy(), workers=c.workers
+            )
+            if c.spawn_workers:
+                local = LocalWorkers(c.workers, worker_argv or [])
+        else:
+            fleet = MqttFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy())
         fleet.selections.update({t.name: t.devices for t in cfg.task})  # which devices run each task
         fleet.holdouts.update({t.name: t.holdout for t in cfg.task})
         online = fleet.wait_for_devices()
@@ -236,6 +250,8 @@ def serve(
                 log.error("SIGHUP: config refused, the running tasks go on: %s", exc)
                 tasks = []
     finally:
+        if local is not None:
+            local.stop()
         notifier.stopping()
         if session is not None:
             session.stop(final=lock_will(cfg.fleet))  # clear our lock

@@ -87,6 +87,31 @@ class StreamingMean:
             raise ValueError("total weight is zero")
         return {n: ((s + self._err[n]) / w).astype(self._dtypes[n]) for n, s in self._sum.items()}
 
+    def merge(self, other: StreamingMean) -> None:
+        """Add another partial mean's sums in (an aggregator worker's, ``cloud_aggregator.workers``).
+
+        The sums add by TwoSum and their error terms add, so the pair keeps ~106 bits: a mean
+        merged from partials differs from one folded upload by upload only as another order of
+        additions does (see the module docstring).
+        """
+        if other.count == 0:
+            return
+        if self.count and sorted(other._sum) != sorted(self._sum):
+            raise ValueError(f"partial names {sorted(other._sum)} differ from {sorted(self._sum)}")
+        for n, s in other._sum.items():
+            if n not in self._sum:
+                self._sum[n] = np.zeros(s.shape, dtype=np.float64)
+                self._err[n] = np.zeros(s.shape, dtype=np.float64)
+                self._dtypes[n] = other._dtypes[n]
+            elif self._sum[n].shape != s.shape:
+                raise ValueError(f"{n!r} has shape {s.shape}, expected {self._sum[n].shape}")
+        for n, s in other._sum.items():
+            _two_sum(self._sum[n], s, self._err[n])
+            self._err[n] += other._err[n]
+        _two_sum(self._weight, other._weight, self._weight_err)
+        self._weight_err += other._weight_err
+        self.count += other.count
+
     # -- checkpoints ------------------------------------------------------------------
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """``(arrays, meta)`` that :meth:`from_state` restores bit for bit."""
