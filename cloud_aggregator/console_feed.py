@@ -43,6 +43,9 @@ class StatusFeed:
     def start(self) -> None:
         """Subscribe and connect in the background (retrying forever, as a daemon does)."""
         self.session.subscribe(topics.topic_status_all(self.fleet))
+        # The devices' answers bring the statuses where the broker withholds retained ones (ioft_protocol.restate).
+        roll_call = topics.topic_roll_call(self.fleet)
+        self.session.on_connect_hooks.append(lambda: self.session.publish(roll_call, b"", timeout=None))
         for topic in SYS_BYTES:
             self.session.subscribe(topic, qos=0)  # refused by a strict ACL: then no byte counts
         self.session.start(timeout=None)

@@ -216,6 +216,7 @@ topic write {p}/rollcall
 user {OPERATOR}
 topic readwrite {p}/model/#
 topic read {p}/status/+
+topic write {p}/rollcall
 {plants}"""
 
 

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from cloud_aggregator.push import add_session_args, operator_session
-from ioft_protocol import codec, topics
+from ioft_protocol import codec, restate, topics
 from ioft_protocol.config import ConfigError
 from ioft_protocol.mqtt import Message, MqttSession
 
@@ -29,8 +29,9 @@ METRICS = ("test_accuracy", "test_loss", "train_loss")
 def collect_status(
     session: MqttSession, fleet: str, *, quiet_s: float = 0.5, max_s: float = 5.0
 ) -> dict[str, dict]:
-    """Retained statuses of every device, read until ``quiet_s`` passes without a new one."""
-    session.subscribe(topics.topic_status_all(fleet))
+    """Every device's status (retained, or its answer to the roll call), read until ``quiet_s``
+    passes without a new one."""
+    restate.follow_statuses(session, fleet)
     statuses: dict[str, dict] = {}
     deadline = time.monotonic() + max_s
     last = time.monotonic()

@@ -18,7 +18,8 @@ gets the state live when it needs it -- two exchanges, both correct on any broke
 1. **Roll call.**  The aggregator publishes an empty message on ``rollcall``
    (:func:`ioft_protocol.topics.topic_roll_call`, not retained) each time it connects; every
    device answers by publishing its status again.  Where retained statuses did arrive (mosquitto)
-   the answer only repeats them.
+   the answer only repeats them.  ``fleet status`` and the console call the roll too
+   (:func:`follow_statuses`).
 2. **Re-announce to a new connection.**  A device's status carries ``connected_at``
    (:data:`CONNECTED_AT`), the time its current connection began.  When the aggregator sees a
    device online on a connection it has not seen (:func:`connection`), it sends that
@@ -36,11 +37,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ioft_protocol import topics
+from ioft_protocol.mqtt import MqttSession
 
 #: The status field (Unix time, float) saying when the device's current connection began.
 CONNECTED_AT = "connected_at"
 #: Announcements remembered per connection (a few tasks' rounds; older ones are forgotten).
 _REMEMBERED = 256
+
+
+def follow_statuses(session: MqttSession, fleet: str) -> None:
+    """Subscribe ``session`` to every device's status and call the roll: the devices' answers
+    bring the statuses live where the broker withholds the retained ones (``fleet status``, the
+    console; the aggregator calls the roll on every connect)."""
+    session.subscribe(topics.topic_status_all(fleet))
+    session.publish(topics.topic_roll_call(fleet), b"", timeout=None)
 
 
 def connection(status: Mapping[str, Any]) -> tuple[str, Any] | None:

@@ -21,6 +21,7 @@ DEVICES = ["printer1", "printer2", "printer3"]
 
 
 @pytest.mark.broker
+@pytest.mark.any_broker
 def test_round_completes_without_a_device_killed_mid_run(fleet_procs):
     run = fault_scenarios.device_killed(fleet_procs)
     records = run.records
@@ -89,6 +90,7 @@ class Attacker:
 
 
 @pytest.mark.broker
+@pytest.mark.any_broker
 def test_hostile_uplinks_are_dropped_and_training_continues(fleet_procs):
     from cloud_aggregator.store import SqliteStore
 

@@ -15,6 +15,7 @@ ROUNDS = 2
 
 
 @pytest.mark.broker
+@pytest.mark.any_broker
 def test_a_held_out_device_scores_every_global_and_never_trains(fleet_procs):
     fleet_procs.start_devices([*TRAINING, HELD_OUT], "--log-level", "INFO")
     task = {**pflda_task(rounds=ROUNDS), "algorithm": "fedavg", "holdout": [HELD_OUT]}

@@ -33,6 +33,7 @@ WELD_TASK = {
 
 
 @pytest.mark.broker
+@pytest.mark.any_broker
 def test_mixed_fleet_rounds_never_wait_for_devices_that_cannot_run_them(fleet_procs):
     # Prepare: two simulated printers, two simulated welders; a deadline no round should reach.
     fleet_procs.start_devices(PRINTERS, "--log-level", "WARNING")

@@ -36,6 +36,7 @@ def wait_status(url: str, device: str, cond, what: str, timeout: float = 20.0) -
 
 
 @pytest.mark.broker
+@pytest.mark.any_broker
 @pytest.mark.slow
 def test_a_paused_device_is_not_waited_for_and_resume_brings_it_back(fleet_procs):
     # Prepare: three printers online; printer3's owner pauses it (the daemon keeps running)

@@ -65,6 +65,7 @@ def _client_data(rng: np.random.Generator, d_in: int) -> dict[str, ClientData]:
 
 
 @pytest.mark.broker
+@pytest.mark.any_broker
 @pytest.mark.parametrize("task", [FEDDAR, PFLDA], ids=lambda t: t["name"])
 def test_over_mqtt_matches_the_in_process_simulation(fleet_procs, task):
     clients = _client_data(np.random.default_rng(0), d_in=task.get("model_args", {}).get("d_in", 1))
