@@ -12,16 +12,16 @@ nowhere: each such device is counted as a replay and the worker sends the rest a
 
 Losing a worker
     mosquitto (2.0.11 here) gives a killed member's unacknowledged uploads to no other member
-    (eclipse-mosquitto/mosquitto#2662; README, "Aggregators that scale out"), and what the
-    worker had admitted but not yet batched dies with it.  A device's retained status names
-    the last round it answered, published after its upload on the same connection, so an
-    upload whose status the coordinator has seen is already in some worker's queue.  Every
-    ``RECONCILE_S`` while such devices are not counted (and at once when a worker's Last Will
-    arrives), the coordinator asks every live worker to flush (a barrier on ``agg/ctl``); each
-    answers after everything queued before the request.  A device seen answering before the
-    barrier and still not counted after every live worker answered is lost: the coordinator
-    sends it its round's announcement on its own downlink (not retained), and the device
-    re-sends the upload it keeps (``edge.daemon``: an announcement of the round it answered).
+    (eclipse-mosquitto/mosquitto#2662, and measured: README, "Aggregators that scale out"),
+    and what the worker had admitted but not yet batched dies with it.  The worker's Last Will
+    (its clean session ends at once on a SIGKILL: the kernel closes the socket) starts a
+    barrier: every live worker is asked on ``agg/ctl`` to flush, and answers after everything
+    the broker queued for it before the request.  The devices the round still awaits after
+    every live worker answered are sent the round's announcement on their own downlink (not
+    retained); a device that answered re-sends the upload it keeps (``edge.daemon``: an
+    announcement of the round it answered), one still training answers as usual and then
+    re-sends once, which is counted as a routine replay.  Devices' retained statuses say
+    nothing in time to tell the two apart (they are throttled to one per ``round_status_s``).
 """
 
 from __future__ import annotations
@@ -45,15 +45,15 @@ from trainer_lite.task import TaskSpec
 
 log = logging.getLogger(__name__)
 
-#: Seconds between two barriers while devices that said they answered are not counted.
-RECONCILE_S = 1.0
+#: Seconds a round's loop waits for a message at most while a barrier may be due or answered.
+BARRIER_POLL_S = 0.05
 
 
 @dataclass
 class _Barrier:
     seq: int
     waiting: set[str]  # live workers that have not answered it
-    candidates: set[str]  # devices seen answering before it, not counted then
+    candidates: set[str]  # devices awaited and not counted when it began
 
 
 @dataclass
@@ -63,8 +63,7 @@ class _Open:
     request: CollectRequest
     refused: set[str] = field(default_factory=set)  # devices whose answer was refused
     barrier: _Barrier | None = None
-    next_check: float = 0.0
-    urgent: bool = False  # a worker died: reconcile at once
+    urgent: bool = False  # a worker died: find what it took with it
 
 
 class WorkerFleet(MqttFleet):
@@ -127,7 +126,7 @@ class WorkerFleet(MqttFleet):
 
     def next_message(self, task: str, timeout: float) -> Message | None:
         self._reconcile(task)
-        return super().next_message(task, min(timeout, RECONCILE_S / 4))
+        return super().next_message(task, min(timeout, BARRIER_POLL_S))
 
     def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate | SatOut]:
         if request.fold is None:
@@ -135,7 +134,7 @@ class WorkerFleet(MqttFleet):
                 f"task {request.spec.name}: workers fold uploads; this round keeps every upload "
                 "(a strategy that needs all updates, stragglers or SecAgg): set [collect] workers = 1"
             )
-        self._open[request.spec.name] = _Open(request, next_check=time.monotonic() + RECONCILE_S)
+        self._open[request.spec.name] = _Open(request)
         try:
             return super().collect(request)
         finally:
@@ -258,24 +257,25 @@ class WorkerFleet(MqttFleet):
 
     # -- losing a worker --------------------------------------------------------------------
     def _unaccounted(self, state: _Open) -> set[str]:
-        """Devices whose status says they answered the open round and that no batch counted."""
+        """Devices the open round awaits that no batch counted and whose answer was not refused."""
         request = state.request
-        task, done = request.spec.name, request.fold.devices
-        out = set()
-        for device, status in list(self.view.status.items()):
-            if device in done or device in state.refused:
-                continue
-            tasks = status.get("tasks")
-            mine = tasks.get(task) if isinstance(tasks, dict) else None
-            if isinstance(mine, dict) and mine.get("round") == request.round:
-                out.add(device)
-        return out
+        task = request.spec.name
+        if self.policy.expected or request.participants is not None:
+            awaited = set(request.participants or self.policy.expected)
+        else:
+            awaited = set(self.view.online_devices())
+        selection, held_out = self.selections.get(task), set(self.holdouts.get(task, ()))
+        return {
+            d
+            for d in awaited - request.fold.devices - state.refused - held_out
+            if self.view.refusal(d, task, selection) is None
+        }
 
     def _reconcile(self, task: str) -> None:
+        """After a worker died: a barrier, then the devices still not counted are asked to re-send."""
         state = self._open.get(task)
         if state is None:
             return
-        now = time.monotonic()
         barrier = state.barrier
         if barrier is not None:
             if barrier.waiting & self.live_workers():
@@ -285,12 +285,14 @@ class WorkerFleet(MqttFleet):
             if lost:
                 self._nudge(state.request, sorted(lost))
             return
-        if not (state.urgent or now >= state.next_check):
+        if not state.urgent:
             return
-        state.next_check, state.urgent = now + RECONCILE_S, False
-        candidates = self._unaccounted(state)
         live = self.live_workers()
-        if not candidates or not live:
+        if not live:
+            return  # nobody to flush or to take the re-sends: wait for a worker to come (back)
+        state.urgent = False
+        candidates = self._unaccounted(state)
+        if not candidates:
             return
         self._seq += 1
         self.barriers += 1
@@ -305,7 +307,7 @@ class WorkerFleet(MqttFleet):
             return
         ann = Announcement.decode(published[0][1], max_bytes=self.policy.max_payload_bytes)
         log.warning(
-            "round %d/%s: %d uploads were lost with a worker; asking %s to re-send",
+            "round %d/%s: %d awaited devices not counted after a worker was lost; asking %s to re-send",
             request.round,
             request.phase,
             len(devices),

@@ -1,0 +1,110 @@
+"""Aggregator workers against real processes: a worker SIGKILLed mid-round loses no upload.
+
+Six ``edge-trainer`` processes train PFL-DA on datasets written into their state folders; two
+``cloud-aggregator worker`` processes share the uplink and ``serve`` coordinates.  Worker w1
+SIGKILLs itself right after admitting its 5th upload (``IOFT_FAULT=worker_admitted:5``, in
+round 2), before any batch holds it: that upload, and whatever else it held or the broker had
+queued for it, is gone (mosquitto gives a killed member's messages to no other member).
+
+"Equal": the final global must be bit-identical to the in-process simulation on the same data,
+which ``test_same_code_mqtt_vs_sim`` shows a single aggregator over MQTT matches bit for bit.
+Merged partial sums change the order of additions; the compensated float64 sums make the
+float32 result independent of it except with odds ~N²·2⁻¹³⁰ per coordinate
+(``cloud_aggregator.streaming``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cloud_aggregator import faults
+from cloud_aggregator.local_fleet import aggregator_toml
+from cloud_aggregator.simulation import ClientData, simulate
+from cloud_aggregator.store import SqliteStore
+from edge.dataset import save_dataset
+from trainer_lite.data import Dataset
+from trainer_lite.params import param_hash
+from trainer_lite.task import TaskSpec
+
+DEVICES = [f"cell{i}" for i in range(6)]
+TASK = {
+    "name": "pflda",
+    "algorithm": "pflda",
+    "model": "sigmoid_glm",
+    "hparams": {"lr": 0.05, "local_steps": 5, "lam": 0.9},
+    "server": {"weighting": "uniform"},
+    "rounds": 4,
+    "seed": 3,
+}
+
+
+def client_data(rng: np.random.Generator) -> dict[str, ClientData]:
+    """Each device its own linear trend (a covariate shift per machine)."""
+    out = {}
+    for device in DEVICES:
+        slope, shift = rng.normal(1.0, 0.3), rng.normal(0.0, 0.5)
+
+        def split(n: int, slope=slope, shift=shift) -> Dataset:
+            x = rng.standard_normal((n, 1))
+            return Dataset(x, 1.0 / (1.0 + np.exp(-(slope * x + shift))), None)
+
+        out[device] = ClientData(split(30), split(10))
+    return out
+
+
+def start_worker(fleet_procs, config, name: str, fault: str | None = None) -> subprocess.Popen:
+    with (fleet_procs.work / f"worker-{name}.log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cloud_aggregator.cli", "worker", "--config", str(config), "--id", name],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**faults.child_env(fault), "PYTHONUNBUFFERED": "1"},
+        )
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_a_worker_killed_mid_round_loses_no_upload(fleet_procs):
+    clients = client_data(np.random.default_rng(0))
+    for device, data in clients.items():
+        save_dataset(fleet_procs.work / device, data.train, data.test, {"source": "test"})
+        fleet_procs.start_device(device, simulate=None)
+    toml = aggregator_toml(
+        fleet_procs.broker_url, fleet_procs.work / "aggregator", [TASK], expected=DEVICES, deadline_s=120
+    ).replace("[collect]\n", "[collect]\nworkers = 2\nspawn_workers = false\n")
+    fleet_procs.start_aggregator(toml)
+    config = fleet_procs.work / "aggregator.toml"
+    doomed = start_worker(fleet_procs, config, "w1", fault="worker_admitted:5")
+    survivor = start_worker(fleet_procs, config, "w2")
+    try:
+        assert fleet_procs.wait_aggregator(180) == 0, fleet_procs.log("aggregator")[-3000:]
+        assert doomed.wait(10) == -signal.SIGKILL, fleet_procs.log("worker-w1")[-2000:]
+    finally:
+        for w in (doomed, survivor):
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+                w.wait(10)
+
+    records = fleet_procs.rounds("pflda")
+    # No upload lost: every round has all six, and none waited for its deadline.
+    assert [(r.round, r.status, sorted(r.participants)) for r in records] == [
+        (n, "completed", DEVICES) for n in range(1, 5)
+    ]
+    assert all(r.extra.get("closed") == "answered" for r in records)
+    log = fleet_procs.log("aggregator")
+    assert "worker w1 went offline" in log
+    assert "not counted after a worker was lost; asking" in log  # w1's uploads were asked for again
+    store = SqliteStore(fleet_procs.db, readonly=True)
+    try:
+        final = store.resume_point("pflda")[2]
+    finally:
+        store.close()
+    reference, _, sim_records = simulate(TaskSpec.from_json(json.dumps(TASK)), clients)
+    assert param_hash(final) == param_hash(reference)
+    assert [r.global_hash for r in records] == [r.global_hash for r in sim_records]
