@@ -38,6 +38,7 @@ import numpy as np
 
 from benchmarks.common import markdown_table, progress, write_result
 from benchmarks.fedbuff_sim import EXTRA, Curve, printer_clients
+from cloud_aggregator.broker import interrupt_on_sigterm
 from cloud_aggregator.demo import HPARAMS, LOSS_SCALE
 from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
 from cloud_aggregator.rounds import RoundRecord
@@ -279,6 +280,7 @@ start, {load_after} at the end), so the fleet is kept small and the seeds run on
 def main(args: argparse.Namespace, lrs: list[float]) -> int:
     """``fedbuff_vs_sync --mqtt``: the runs, the table and ``benchmarks/results/fedbuff_mqtt.md``
     (``lrs``: η_g for each of ``args.k``)."""
+    interrupt_on_sigterm()  # a SIGTERM unwinds through each fleet's `with`: its processes stop too
     settings = list(zip(args.k, lrs, strict=True))
     pace = Pace(devices=args.devices, t0=args.t0)
     load_before = load_line()
