@@ -4,12 +4,16 @@
 
 from __future__ import annotations
 
+import re
+import tomllib
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from cloud_aggregator.admission import Reason, Refusal
 from cloud_aggregator.buffered import BufferedServer
-from cloud_aggregator.config import MAX_STALENESS, TaskConfig
+from cloud_aggregator.config import MAX_STALENESS, AggregatorConfig, TaskConfig
 from cloud_aggregator.fedbuff import Arrival, BufferConfig
 from ioft_protocol import codec
 from ioft_protocol.config import ConfigError, build
@@ -94,6 +98,14 @@ def test_config_mode_buffered_and_its_refusals() -> None:
     ):
         with pytest.raises(ConfigError, match=match):
             task(**fields)
+
+
+def test_the_readme_buffered_task_validates() -> None:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (body,) = re.findall(r"```toml\n# README example: buffered-task.toml\n(.*?)```", text, re.S)
+    cfg = build(AggregatorConfig, {"allow_plaintext": True, **tomllib.loads(body)}, "README buffered task")
+    (task_cfg,) = cfg.task
+    assert task_cfg.mode == "buffered" and task_cfg.buffer_config() == BufferConfig(10, 1.0, "sqrt", 20)
 
 
 def test_the_announcement_carries_the_mode_only_when_buffered() -> None:
