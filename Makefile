@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`.
 # Both create .venv on first use (Python 3.11), install the project with its extras,
 # and refresh it when pyproject.toml changes.  `make test` also installs, from Debian's
-# packages, the programs its tests run for real (mosquitto, arecord) when they are missing.
+# packages, the programs its tests run for real (mosquitto, RabbitMQ, arecord) when they are missing.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -10,7 +10,9 @@ STAMP  := $(VENV)/.installed
 # Debian packages the tests run for real: the MQTT broker, the ALSA capture tool, and the
 # browser the console's test drives (Playwright on Debian's chromium; never `playwright install`),
 # and systemd-analyze, which verifies the units `fleet init` writes (the systemd package, ~15 MB).
-TEST_DEBS := mosquitto mosquitto-clients alsa-utils chromium systemd
+# rabbitmq-server (3.10, with Erlang ~60 MB): the end-to-end suite runs on its MQTT plugin too, one
+# node and a two-node cluster (a broker cluster's semantics: retained messages per node).
+TEST_DEBS := mosquitto mosquitto-clients alsa-utils chromium systemd rabbitmq-server
 
 .PHONY: demo test test-deps lint explore bench clean
 .PHONY: pi-check services-check
@@ -27,18 +29,30 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/cloud-aggregator demo $(if $(CONSOLE),--console)
 
-# mosquitto, arecord and chromium from Debian when missing (as root; otherwise one line saying what to install).
+# mosquitto, rabbitmq-server, arecord and chromium from Debian when missing (as root; otherwise one line
+# saying what to install).  The tests start their own brokers on free loopback ports, so the install
+# starts no service: a policy-rc.d that says 101 ("not now", Debian's switch; only where none is
+# there already) keeps the packages' postinst from starting a system mosquitto or RabbitMQ node,
+# and under systemd the rabbitmq-server unit just installed is disabled (no node at the next boot).
 test-deps:
 	@missing=""; \
 	{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } || missing="$$missing mosquitto mosquitto-clients"; \
 	command -v arecord >/dev/null || missing="$$missing alsa-utils"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || missing="$$missing rabbitmq-server"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "make test needs:$$missing -- run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
 	  echo "installing from Debian:$$missing"; \
+	  guard=""; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then guard=1; printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; fi; \
 	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; rc=$$?; \
+	  if [ -n "$$guard" ]; then rm -f /usr/sbin/policy-rc.d; fi; \
+	  case "$$missing" in *rabbitmq-server*) \
+	    [ -d /run/systemd/system ] && systemctl disable --now rabbitmq-server >/dev/null 2>&1 || true;; \
+	  esac; \
+	  exit $$rc; \
 	fi
 
 # The suite, deterministic: hypothesis runs derandomized (profile "ci"); tests that need
