@@ -108,6 +108,9 @@ class AggregatorWorker:
         )
         self.max_payload_bytes = max_payload_bytes
         session.unsubscribe(topics.topic_up_all(self.fleet.fleet))
+        # Re-announcing and asking the devices for their statuses on connect are the coordinator's
+        # job: K workers doing it too would multiply a reconnect's status burst by K.
+        session.on_connect_hooks[:] = []
         session.subscribe(wire.topic_uplinks_shared(self.fleet.fleet))
         session.subscribe(wire.topic_down_all(self.fleet.fleet))
         session.subscribe(wire.topic_ctl(self.fleet.fleet))
