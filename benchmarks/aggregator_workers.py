@@ -1,0 +1,198 @@
+"""Aggregator workers: uploads admitted per second with K = 1, 2, 4 workers sharing the uplink.
+
+``cloud-aggregator serve`` with ``[collect] workers = K`` (K = 1: serve alone, as before) on the
+``echo`` task with P float32 parameters, against one mosquitto and a blaster: one MQTT client
+that keeps N devices' retained statuses online and, on each round's announcement, publishes
+their N uploads at once (pre-encoded: identical uploads, so the global never moves and the
+blaster spends no time in the round).  The aggregator is then the bottleneck: each upload is
+decoded, checked (shape, finiteness, norm) and folded, O(P) float64 passes, against the
+broker's two copies.  Uploads per second = N / the median round time from the store (announce
+→ every upload admitted and merged → new global).  CPU seconds per round of the coordinator,
+the workers, the broker and the blaster say where the cores went.
+
+``--quick`` (the test suite) never times: N = 24 devices whose uploads differ (each its own
+step, per round), P = 1,000, 3 rounds, K = 1 and K = 2; it returns both runs' final globals,
+which must be bit-identical (``cloud_aggregator.streaming``: merged partial sums change only the
+order of compensated additions).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import paho.mqtt.client as paho
+
+from benchmarks.common import markdown_table, progress, study_parser, write_result
+from benchmarks.fleet_scale import broker_for, cpu_s
+from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml
+from cloud_aggregator.store import SqliteStore
+from ioft_protocol import round_messages, topics
+from ioft_protocol.mqtt import BrokerAddress
+from trainer_lite.params import param_hash
+
+
+class Blaster:
+    """N devices' statuses and uploads from one client; ``distinct``: each upload its own step."""
+
+    def __init__(self, broker: str, n: int, distinct: bool) -> None:
+        self.names = [f"dev{i:05d}" for i in range(n)]
+        self.distinct = distinct
+        self.answered: set[tuple[int, str]] = set()
+        self._cache: tuple[str, list[tuple[str, bytes]]] | None = None
+        b = BrokerAddress.parse(broker)
+        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="blaster")
+        self.client.max_inflight_messages_set(1000)
+        self.client.max_queued_messages_set(0)
+        self.client.on_message = self._on_message
+        self.client.connect(b.host, b.port, keepalive=60)
+        self.client.subscribe(topics.topic_down(FLEET, "bench"), qos=1)
+        for name in self.names:
+            status = b'{"state": "online", "tasks": {}}'
+            self.client.publish(topics.topic_status(FLEET, name), status, qos=1, retain=True)
+        self.client.loop_start()
+
+    def _on_message(self, client, userdata, msg) -> None:
+        ann = round_messages.Announcement.decode(bytes(msg.payload), max_bytes=1 << 30)
+        if ann.state != "running" or (ann.round, ann.phase) in self.answered:
+            return
+        self.answered.add((ann.round, ann.phase))
+        for topic, payload in self._uploads(ann):
+            client.publish(topic, payload, qos=1)
+
+    def _uploads(self, ann: round_messages.Announcement) -> list[tuple[str, bytes]]:
+        if not self.distinct and self._cache is not None and self._cache[0] == ann.global_hash:
+            return self._cache[1]
+        out = []
+        for i, name in enumerate(self.names):
+            step = (
+                np.float32(1e-3 * (1 + (i * 7919 + ann.round * 104729) % 1000 / 1000)) if self.distinct else 0
+            )
+            params = {k: (v + step).astype(v.dtype) for k, v in ann.params.items()}
+            msg = round_messages.UpdateMessage(
+                FLEET, "bench", name, ann.round, ann.phase, 1, ann.global_hash, {}, params
+            )
+            out.append((topics.topic_up(FLEET, "bench", name), msg.encode()))
+        self._cache = (ann.global_hash, out)
+        return out
+
+    def stop(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+def run_case(n: int, p: int, k: int, rounds: int, warmup: int, distinct: bool) -> dict:
+    work = Path(tempfile.mkdtemp(prefix=f"ioft-workers-{k}-"))
+    fleet = LocalFleet.start(work, broker=broker_for(work, n))
+    blaster = Blaster(fleet.broker_url, n, distinct)
+    try:
+        # One more round than measured: serve still runs when the last measured one is stored.
+        task = {"name": "bench", "algorithm": "echo", "model": "vector", "rounds": warmup + rounds + 1}
+        task["model_args"] = {"size": p}
+        toml = aggregator_toml(
+            fleet.broker_url,
+            work / "aggregator",
+            [task],
+            expected=blaster.names,
+            deadline_s=600,
+            startup_wait_s=120,
+            settings={"max_payload_bytes": 64 << 20},
+        ).replace("[collect]\n", f"[collect]\nworkers = {k}\n")
+        agg = fleet.start_aggregator(toml, log_level="WARNING")
+        broker_pid = fleet.broker.proc.pid
+        snaps: list[dict[str, float]] = []
+        db, monitor = work / "aggregator" / "aggregator.sqlite", None
+        while agg.poll() is None:  # CPU counters when the warm-up and the measured rounds are stored
+            if monitor is None and db.exists():
+                monitor = SqliteStore(db, readonly=True)
+            done = monitor.round_count("bench") if monitor is not None else 0
+            if len(snaps) < 2 and done >= (warmup, warmup + rounds)[len(snaps)]:
+                snaps.append(_cpu(agg.pid, _children(agg.pid), broker_pid, blaster))
+            time.sleep(0.005)
+        if monitor is not None:
+            monitor.close()
+        if agg.returncode != 0 or len(snaps) < 2:
+            raise RuntimeError(f"serve failed ({agg.returncode}): {fleet.log('aggregator')[-2000:]}")
+        store = SqliteStore(db, readonly=True)
+        try:
+            recs = [r for r in store.rounds("bench") if r.round <= warmup + rounds]
+            final = store.get_params(recs[-1].global_hash)
+        finally:
+            store.close()
+        thin = [r.round for r in recs if len(r.participants) != n]
+        if thin:
+            raise RuntimeError(f"rounds {thin} lacked uploads: the figures would measure a deadline")
+        timed = [r.finished - r.started for r in recs if r.round > warmup]
+        return {
+            "k": k,
+            "n": n,
+            "p": p,
+            "round_s": statistics.median(timed),
+            "uploads_s": n / statistics.median(timed),
+            "final": param_hash(final),
+            **{f"cpu_{who}": (snaps[1][who] - snaps[0][who]) / rounds for who in snaps[0]},
+        }
+    finally:
+        blaster.stop()
+        fleet.stop_all()
+        fleet.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _children(pid: int) -> list[int]:
+    """The worker processes ``serve`` started (its children)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def _cpu(agg: int, workers: list[int], broker: int, blaster: Blaster) -> dict[str, float]:
+    """CPU seconds so far: serve, its workers, the broker, and this process (the blaster)."""
+    out = {"coordinator": cpu_s(agg), "broker": cpu_s(broker), "blaster": cpu_s(os.getpid())}
+    out["workers"] = sum(cpu_s(w) for w in workers if Path(f"/proc/{w}").exists())
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = study_parser(__doc__.split("\n")[0])
+    parser.add_argument("--devices", type=int, default=400)
+    parser.add_argument("--params", type=int, default=100_000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.devices, args.params, args.workers, args.rounds, args.warmup = 24, 1_000, [1, 2], 3, 0
+    results = []
+    for k in progress(args.workers, "workers"):
+        results.append(run_case(args.devices, args.params, k, args.rounds, args.warmup, distinct=args.quick))
+    if args.quick:  # correctness only: the split run's model is the single aggregator's
+        return {"results": results}
+    base = results[0]["uploads_s"]
+    rows = [
+        [
+            r["k"],
+            f"{r['n']:,}",
+            f"{r['p']:,}",
+            f"{r['round_s']:.3f} s",
+            f"{r['uploads_s']:.0f}",
+            f"{r['uploads_s'] / base:.2f}×",
+            *(f"{r['cpu_' + who]:.2f} s" for who in ("coordinator", "workers", "broker", "blaster")),
+        ]
+        for r in results
+    ]
+    headers = ["workers K", "N", "P", "median round", "uploads/s admitted", "vs K = 1"]
+    headers += ["coordinator CPU/round", "workers CPU/round", "broker CPU/round", "blaster CPU/round"]
+    table = markdown_table(headers, rows)
+    print(table)
+    if not args.no_write:
+        write_result("aggregator_workers", table)
+    return {"results": results, "table": table}
+
+
+if __name__ == "__main__":
+    main()
