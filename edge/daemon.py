@@ -79,6 +79,45 @@ class TaskRefused(ValueError):  # noqa: N818 -- a reported refusal, not a progra
     """This device will not take part in a task (reported, not a malformed message)."""
 
 
+class Announcements:
+    """Round announcements decoded once per payload: a swarm's devices share one of these.
+
+    Every device of a swarm receives the same retained announcement (the same bytes); decoding
+    it and checking its parameters' hash once per process instead of once per device is most of
+    a swarm's downlink cost.  A daemon has its own (a re-sent announcement is not decoded again).
+    The arrays of a cached announcement are read-only: devices share them, and none may change
+    what it was sent.  A hit costs one comparison of the payload with the cached bytes.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit  # topics kept (personal downlinks are one topic per device)
+        self._by_topic: dict[str, tuple[bytes, round_messages.Announcement]] = {}
+        self._hash_ok: round_messages.Announcement | None = None  # the last whose params_hash held
+
+    def decode(self, topic: str, payload: bytes, max_bytes: int) -> round_messages.Announcement:
+        """``Announcement.decode(payload)``, from the cache when ``topic`` last carried the same bytes."""
+        hit = self._by_topic.get(topic)
+        if hit is not None and len(payload) <= max_bytes and hit[0] == payload:
+            return hit[1]
+        ann = round_messages.Announcement.decode(payload, max_bytes=max_bytes)
+        for arr in ann.params.values():
+            arr.setflags(write=False)
+        self._by_topic.pop(topic, None)
+        if len(self._by_topic) >= self.limit:
+            del self._by_topic[next(iter(self._by_topic))]
+        self._by_topic[topic] = (bytes(payload), ann)
+        return ann
+
+    def params_match(self, ann: round_messages.Announcement) -> bool:
+        """Whether ``ann``'s parameters hash to its ``params_hash`` (computed once per decoded object)."""
+        if ann is self._hash_ok:
+            return True
+        if param_hash(ann.params) != ann.params_hash:
+            return False
+        self._hash_ok = ann
+        return True
+
+
 class EdgeTrainer:
     """The device daemon; ``run()`` blocks until ``stop()`` (or SIGTERM/SIGINT via the CLI)."""
 
@@ -88,9 +127,15 @@ class EdgeTrainer:
         notifier: Notifier | None = None,
         *,
         session_factory: Callable[[SessionOptions], MqttSession] = MqttSession,
+        announcements: Announcements | None = None,
     ) -> None:
-        """``session_factory`` makes the MQTT session (``edge.swarm`` passes one driven by its shared loop)."""
+        """``session_factory`` makes the MQTT session (``edge.swarm`` passes one driven by its shared
+        loop, and one :class:`Announcements` for all its devices)."""
         self.config = config
+        self.announcements = announcements or Announcements()
+        #: monotonic time of the last retained status published, and whether a newer one waits
+        self._status_at = float("-inf")
+        self._status_due = False
         self.device = config.device
         #: announcements handled on this connection, and when it began (``ioft_protocol.restate``)
         self.delivered = restate.Delivered()
@@ -283,6 +328,8 @@ class EdgeTrainer:
             self._pause_changed()
         if self.models is not None and self.models.tick():
             self._publish_status()
+        elif self._status_due and time.monotonic() - self._status_at >= self.config.round_status_s:
+            self._publish_status()  # the rounds answered since the last one
 
     def shutdown(self) -> None:
         """Publish the retained offline status and disconnect cleanly."""
@@ -337,7 +384,7 @@ class EdgeTrainer:
                 return
             if self.delivered.duplicate(parsed.kind, payload):
                 return  # a restated copy of an announcement this connection already brought
-            ann = round_messages.Announcement.decode(payload, max_bytes=self.config.max_payload_bytes)
+            ann = self.announcements.decode(topic, payload, self.config.max_payload_bytes)
             if ann.task != parsed.task or ann.fleet != parsed.fleet:
                 raise codec.WireError(f"announcement for {ann.fleet}/{ann.task} on topic {topic}")
             self.on_announcement(ann)
@@ -357,6 +404,16 @@ class EdgeTrainer:
     def _publish_status(self) -> None:
         topic, status = self._status("online")
         self.session.publish(topic, status, retain=True, timeout=None)
+        self._status_at, self._status_due = time.monotonic(), False
+
+    def _round_status(self) -> None:
+        """The status after an answered round: at once, or, within ``round_status_s`` of the last
+        one, from :meth:`tick` once that has passed (a fleet of 10,000 answering a round a second
+        would otherwise publish, and the aggregator parse, 10,000 statuses a second)."""
+        if time.monotonic() - self._status_at >= self.config.round_status_s:
+            self._publish_status()
+        else:
+            self._status_due = True
 
     def task_data(self, spec_json: str) -> tuple[Dataset, Dataset, int | None] | None:
         """The local splits a task trains on: raw rows, or a pushed encoder's embeddings of them.
@@ -482,6 +539,8 @@ class EdgeTrainer:
         if self.pacer.hold(ann):  # a buffered task, or a simulated pace: answered by pace()
             return
         if ann.state == "done" or not ann.takes_part(self.device):
+            if self._status_due and ann.state == "done":
+                self._publish_status()  # the task is over: its last round shows at once
             return
         key = (ann.round, ann.phase)
         if state.answered is not None and key == state.answered:
@@ -490,7 +549,7 @@ class EdgeTrainer:
             return
         if state.answered is not None and ann.round < state.answered[0]:
             return  # a stale announcement
-        if param_hash(ann.params) != ann.params_hash:
+        if not self.announcements.params_match(ann):
             raise codec.WireError("downlink parameters do not match their announced hash")
         if len(self.train) == 0:
             log.warning(
@@ -553,7 +612,7 @@ class EdgeTrainer:
             " ".join(f"{k} {metrics[k]:.4f}" for k in shown),
             metrics["train_seconds"],
         )
-        self._publish_status()
+        self._round_status()
         self.notifier.status(f"task {ann.task}: answered round {ann.round} {ann.phase}")
 
     def pace(self) -> None:
@@ -587,7 +646,7 @@ class EdgeTrainer:
             ann.global_hash,
         ):
             return
-        if param_hash(ann.params) != ann.params_hash:
+        if not self.announcements.params_match(ann):
             raise codec.WireError("downlink parameters do not match their announced hash")
         data = self.task_data(ann.spec)
         if data is None or len(data[0]) + len(data[1]) == 0:
@@ -620,11 +679,18 @@ class EdgeTrainer:
             n_samples=int(state.upload_meta["n_samples"]),
             global_hash=state.upload_meta["global_hash"],
             metrics=state.metrics,
-            params={} if json.loads(state.spec_json).get("secagg") else state.upload,
+            params={} if self._masked(state.spec_json) else state.upload,
         )
         self.session.publish(
             topics.topic_up(self.config.fleet, task, self.device), msg.encode(), timeout=None
         )
+
+    def _masked(self, spec_json: str) -> bool:
+        """Whether the task's update leaves through SecAgg (its upload then carries no parameters)."""
+        algo = self.clients.get(spec_json)
+        if algo is not None:
+            return bool(algo.spec.secagg)
+        return bool(json.loads(spec_json).get("secagg"))
 
     # -- state on disk --------------------------------------------------------------------
     def _path(self, task: str) -> Path:

@@ -60,6 +60,7 @@ class PauseWatch:
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
+        self._file = os.fspath(self.state_dir / PAUSE_FILE)
         self.reason = pause_reason(self.state_dir)
 
     @property
@@ -67,7 +68,13 @@ class PauseWatch:
         return self.reason is not None
 
     def changed(self) -> bool:
-        """Read the file again; ``True`` when the device was paused, resumed, or its note changed."""
+        """Read the file again; ``True`` when the device was paused, resumed, or its note changed.
+
+        Not paused and no file (nearly always): one ``stat``, no exception -- a swarm asks this of
+        each of its thousands of devices every second.
+        """
+        if self.reason is None and not os.path.exists(self._file):
+            return False
         now = pause_reason(self.state_dir)
         if now == self.reason:
             return False

@@ -29,7 +29,7 @@ from pathlib import Path
 import paho.mqtt.client as paho
 
 from edge.config import DeviceConfig
-from edge.daemon import EdgeTrainer
+from edge.daemon import Announcements, EdgeTrainer
 from edge.dataset import load_dataset, prepare_dataset, save_dataset
 from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
 
@@ -168,12 +168,13 @@ class Swarm:
         root = Path(base.state_dir)
         template = root / f"{base.device}-template"
         self.devices: list[EdgeTrainer] = []
+        announcements = Announcements()  # one decode of each announcement for all the devices
         for i in range(first, first + count):
             name = f"{base.device}{i:05d}"
             config = replace(base, device=name, state_dir=str(root / name))
             if config.data.source.startswith("simulate-"):
                 seed_dataset(root / name, template, config)
-            trainer = EdgeTrainer(config, session_factory=self._session)
+            trainer = EdgeTrainer(config, session_factory=self._session, announcements=announcements)
             self.devices.append(trainer)
         self._stop = False
 
