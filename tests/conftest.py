@@ -74,7 +74,6 @@ def broker(request) -> Iterator[BrokerProcess | RabbitNode]:
     try:
         yield node
     finally:
-        node.ctl("close_all_connections", "test over")
         node.ctl("eval", _DELETE_QUEUES)
 
 
