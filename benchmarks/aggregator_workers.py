@@ -3,9 +3,9 @@
 ``cloud-aggregator serve`` with ``[collect] workers = K`` (K = 1: serve alone, as before) on the
 ``echo`` task with P float32 parameters, against one mosquitto and a blaster: one MQTT client
 that keeps N devices' retained statuses online and, on each round's announcement, publishes
-their N uploads at once (pre-encoded: identical uploads, so the global never moves and the
-blaster spends no time in the round).  The aggregator is then the bottleneck: each upload is
-decoded, checked (shape, finiteness, norm) and folded, O(P) float64 passes, against the
+their N uploads at once (identical uploads, so the global never moves and the blaster encodes
+the next round's while the aggregator works on this one).  The aggregator is then the
+bottleneck: each upload is decoded, checked (shape, finiteness, norm) and folded, O(P) float64 passes, against the
 broker's two copies.  Uploads per second = N / the median round time from the store (announce
 → every upload admitted and merged → new global).  CPU seconds per round of the coordinator,
 the workers, the broker and the blaster say where the cores went.
@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -44,7 +46,8 @@ class Blaster:
         self.names = [f"dev{i:05d}" for i in range(n)]
         self.distinct = distinct
         self.answered: set[tuple[int, str]] = set()
-        self._cache: tuple[str, list[tuple[str, bytes]]] | None = None
+        self._cache: tuple[tuple[int, str], list[tuple[str, bytes]]] | None = None
+        self._next: threading.Thread | None = None
         b = BrokerAddress.parse(broker)
         self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="blaster")
         self.client.max_inflight_messages_set(1000)
@@ -52,6 +55,9 @@ class Blaster:
         self.client.on_message = self._on_message
         self.client.connect(b.host, b.port, keepalive=60)
         self.client.subscribe(topics.topic_down(FLEET, "bench"), qos=1)
+        self.client.subscribe(topics.topic_down(FLEET, "bench") + "/+", qos=1)  # re-send requests
+        self.sent: dict[int, float] = {}  # round -> when its uploads were all handed to paho
+        self.resent = 0
         for name in self.names:
             status = b'{"state": "online", "tasks": {}}'
             self.client.publish(topics.topic_status(FLEET, name), status, qos=1, retain=True)
@@ -59,26 +65,43 @@ class Blaster:
 
     def _on_message(self, client, userdata, msg) -> None:
         ann = round_messages.Announcement.decode(bytes(msg.payload), max_bytes=1 << 30)
+        if ann.for_device is not None:  # the coordinator asks again: re-send the kept upload, as edge.daemon
+            kept = dict(self._cache[1]) if self._cache is not None else {}
+            topic = topics.topic_up(FLEET, "bench", ann.for_device)
+            if topic in kept:
+                client.publish(topic, kept[topic], qos=1)
+                self.resent += 1
+            return
         if ann.state != "running" or (ann.round, ann.phase) in self.answered:
             return
         self.answered.add((ann.round, ann.phase))
         for topic, payload in self._uploads(ann):
             client.publish(topic, payload, qos=1)
+        self.sent[ann.round] = time.time()
 
     def _uploads(self, ann: round_messages.Announcement) -> list[tuple[str, bytes]]:
-        if not self.distinct and self._cache is not None and self._cache[0] == ann.global_hash:
-            return self._cache[1]
+        key = (ann.round, ann.global_hash)
+        if self._next is not None:
+            self._next.join()
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, self._encode(ann.round, ann.phase, ann.global_hash, ann.params))
+        out = self._cache[1]
+        if not self.distinct:  # the global will not move: encode the next round's while this one runs
+            args = (ann.round + 1, ann.phase, ann.global_hash, ann.params)
+            self._next = threading.Thread(target=self._encode_next, args=args, daemon=True)
+            self._next.start()
+        return out
+
+    def _encode_next(self, round_: int, phase: str, global_hash: str, params) -> None:
+        self._cache = ((round_, global_hash), self._encode(round_, phase, global_hash, params))
+
+    def _encode(self, round_: int, phase: str, global_hash: str, params) -> list[tuple[str, bytes]]:
         out = []
         for i, name in enumerate(self.names):
-            step = (
-                np.float32(1e-3 * (1 + (i * 7919 + ann.round * 104729) % 1000 / 1000)) if self.distinct else 0
-            )
-            params = {k: (v + step).astype(v.dtype) for k, v in ann.params.items()}
-            msg = round_messages.UpdateMessage(
-                FLEET, "bench", name, ann.round, ann.phase, 1, ann.global_hash, {}, params
-            )
+            step = np.float32(1e-3 * (1 + (i * 7919 + round_ * 104729) % 1000 / 1000)) if self.distinct else 0
+            mine = {k: (v + step).astype(v.dtype) for k, v in params.items()}
+            msg = round_messages.UpdateMessage(FLEET, "bench", name, round_, phase, 1, global_hash, {}, mine)
             out.append((topics.topic_up(FLEET, "bench", name), msg.encode()))
-        self._cache = (ann.global_hash, out)
         return out
 
     def stop(self) -> None:
@@ -86,7 +109,11 @@ class Blaster:
         self.client.disconnect()
 
 
-def run_case(n: int, p: int, k: int, rounds: int, warmup: int, distinct: bool) -> dict:
+def run_case(
+    n: int, p: int, k: int, rounds: int, warmup: int, distinct: bool, kill_round: int | None = None
+) -> dict:
+    """One serve run; with ``kill_round``, one worker is SIGKILLed 20 ms after that round's uploads
+    were published (``serve`` starts it again a second later)."""
     work = Path(tempfile.mkdtemp(prefix=f"ioft-workers-{k}-"))
     fleet = LocalFleet.start(work, broker=broker_for(work, n))
     blaster = Blaster(fleet.broker_url, n, distinct)
@@ -106,6 +133,7 @@ def run_case(n: int, p: int, k: int, rounds: int, warmup: int, distinct: bool) -
         agg = fleet.start_aggregator(toml, log_level="WARNING")
         broker_pid = fleet.broker.proc.pid
         snaps: list[dict[str, float]] = []
+        killed: float | None = None
         db, monitor = work / "aggregator" / "aggregator.sqlite", None
         while agg.poll() is None:  # CPU counters when the warm-up and the measured rounds are stored
             if monitor is None and db.exists():
@@ -113,6 +141,11 @@ def run_case(n: int, p: int, k: int, rounds: int, warmup: int, distinct: bool) -
             done = monitor.round_count("bench") if monitor is not None else 0
             if len(snaps) < 2 and done >= (warmup, warmup + rounds)[len(snaps)]:
                 snaps.append(_cpu(agg.pid, _children(agg.pid), broker_pid, blaster))
+            if kill_round is not None and killed is None and kill_round in blaster.sent:
+                time.sleep(0.02)
+                victim = _children(agg.pid)[0]
+                os.kill(victim, signal.SIGKILL)
+                killed = time.time()
             time.sleep(0.005)
         if monitor is not None:
             monitor.close()
@@ -128,6 +161,26 @@ def run_case(n: int, p: int, k: int, rounds: int, warmup: int, distinct: bool) -
         if thin:
             raise RuntimeError(f"rounds {thin} lacked uploads: the figures would measure a deadline")
         timed = [r.finished - r.started for r in recs if r.round > warmup]
+        if kill_round is not None:
+            hit = next(r for r in recs if r.round == kill_round)
+            asked = [
+                line for line in fleet.log("aggregator").splitlines() if "not counted after a worker" in line
+            ]
+            return {
+                "k": k,
+                "n": n,
+                "p": p,
+                "killed": killed is not None,
+                "lost": sum(n - len(r.participants) for r in recs),
+                "closed": hit.extra.get("closed"),
+                "recover_s": hit.finished - killed if killed is not None else float("nan"),
+                "round_s": hit.finished - hit.started,
+                "median_round_s": statistics.median(
+                    r.finished - r.started for r in recs if r.round != kill_round
+                ),
+                "asked": len(asked),
+                "resent": blaster.resent,
+            }
         return {
             "k": k,
             "n": n,
@@ -164,7 +217,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds (after the warm-up)")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--kill",
+        action="store_true",
+        help="K = 2, one worker SIGKILLed mid-round: uploads lost, time to recover",
+    )
     args = parser.parse_args(argv)
+    if args.kill:
+        r = run_case(args.devices, args.params, 2, args.rounds, args.warmup, True, kill_round=args.warmup + 1)
+        print(
+            f"N = {r['n']}, P = {r['p']:,}, K = 2, a worker SIGKILLed 20 ms after round {args.warmup + 1}'s "
+            f"uploads were published: uploads lost {r['lost']} (all rounds), round closed {r['closed']!r}, "
+            f"{r['recover_s']:.2f} s from the kill to the round's end (that round {r['round_s']:.2f} s, the others' "
+            f"median {r['median_round_s']:.2f} s); re-send requests {r['asked']}, uploads re-sent {r['resent']}"
+        )
+        return r
     if args.quick:
         args.devices, args.params, args.workers, args.rounds, args.warmup = 24, 1_000, [1, 2], 3, 0
     results = []

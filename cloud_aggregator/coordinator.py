@@ -16,9 +16,10 @@ Losing a worker
     and what the worker had admitted but not yet batched dies with it.  The worker's Last Will
     (its clean session ends at once on a SIGKILL: the kernel closes the socket) starts a
     barrier: every live worker is asked on ``agg/ctl`` to flush, and answers after everything
-    the broker queued for it before the request.  The devices the round still awaits after
-    every live worker answered are sent the round's announcement on their own downlink (not
-    retained); a device that answered re-sends the upload it keeps (``edge.daemon``: an
+    the broker queued for it before the request.  The devices the round still awaits once
+    every live worker answered and no batch came for ``SETTLE_S`` (uploads still on their way
+    to the broker reach the live workers meanwhile) are sent the round's announcement on their
+    own downlink (not retained); a device that answered re-sends the upload it keeps (``edge.daemon``: an
     announcement of the round it answered), one still training answers as usual and then
     re-sends once, which is counted as a routine replay.  Devices' retained statuses say
     nothing in time to tell the two apart (they are throttled to one per ``round_status_s``).
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds a round's loop waits for a message at most while a barrier may be due or answered.
 BARRIER_POLL_S = 0.05
+#: After a barrier: seconds with no batch merged before the devices still awaited are asked again.
+SETTLE_S = 0.25
 
 
 @dataclass
@@ -64,6 +67,8 @@ class _Open:
     refused: set[str] = field(default_factory=set)  # devices whose answer was refused
     barrier: _Barrier | None = None
     urgent: bool = False  # a worker died: find what it took with it
+    last_merge: float = 0.0  # when a batch was last merged (monotonic)
+    settling: set[str] | None = None  # a finished barrier's candidates, until batches stop coming
 
 
 class WorkerFleet(MqttFleet):
@@ -216,6 +221,7 @@ class WorkerFleet(MqttFleet):
                     fold.pending[device] = (n_samples, metrics)
                     received[device] = Update(device, {}, n_samples, metrics)
                     state.refused.discard(device)
+                state.last_merge = time.monotonic()
                 if self.store is not None and len(fold.pending) >= self.policy.checkpoint_every:
                     self._checkpoint(request)
         if batch.folded:
@@ -276,12 +282,20 @@ class WorkerFleet(MqttFleet):
         state = self._open.get(task)
         if state is None:
             return
-        barrier = state.barrier
+        barrier, now = state.barrier, time.monotonic()
         if barrier is not None:
             if barrier.waiting & self.live_workers():
                 return
-            lost = barrier.candidates - state.request.fold.devices - state.refused
-            state.barrier = None
+            state.barrier, state.settling = None, barrier.candidates
+            state.last_merge = max(state.last_merge, now)
+            return
+        if state.settling is not None:
+            # Uploads still on their way from devices to the broker reach the live workers after
+            # the barrier: wait until no batch came for SETTLE_S, or they would be asked for twice.
+            if now - state.last_merge < SETTLE_S:
+                return
+            lost = state.settling - state.request.fold.devices - state.refused
+            state.settling = None
             if lost:
                 self._nudge(state.request, sorted(lost))
             return

@@ -126,11 +126,10 @@ class AggregatorWorker:
     def run(self, stop: threading.Event) -> None:
         """Handle messages and send batches until ``stop`` is set."""
         while not stop.is_set():
-            msg, handled = self.session.get(FLUSH_S / 2), 0
-            while msg is not None:
+            msg, until = self.session.get(FLUSH_S / 2), time.monotonic() + FLUSH_S
+            while msg is not None:  # a backlog is read FLUSH_S at a time: batches leave on time
                 self.handle(msg)
-                handled += 1
-                msg = self.session.get(0) if handled < BATCH_MAX else None
+                msg = self.session.get(0) if time.monotonic() < until else None
             now = time.monotonic()
             for r in list(self.rounds.values()):
                 if r.pending and (len(r.pending) >= BATCH_MAX or now - (r.since or now) >= FLUSH_S):
