@@ -6,7 +6,8 @@ subscriptions on exactly its topic, so the aggregator (``status/+``) never recei
 retained statuses, and a device (``task/+/down``) that connects after a round was announced never
 receives the announcement.  The rounds complete through ``ioft_protocol.restate``: the roll call
 (the aggregator, started after the devices, asks them for their statuses) and the re-announcement
-to a new connection (the late device gets the round on its own downlink).
+to a new connection (the late device gets the round on its own downlink).  The same run on
+mosquitto checks that a device given the round both ways answers it once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 
 from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
 from cloud_aggregator.rabbitmq import RabbitCluster, start_cluster
+from cloud_aggregator.store import SqliteStore
 from ioft_protocol import topics
 from tests.conftest import _require_rabbitmq
 
@@ -79,21 +81,20 @@ def cluster(tmp_path_factory) -> Iterator[RabbitCluster]:
         yield c
 
 
-@pytest.mark.broker
-@pytest.mark.slow
-def test_rounds_complete_with_devices_on_one_node_and_the_aggregator_on_the_other(cluster, tmp_path):
-    node_a, node_b = cluster.nodes
-    fleet = LocalFleet(tmp_path, node_a.url)  # the devices' broker
+def late_device_run(tmp_path, devices_url: str, aggregator_url: str) -> tuple[list, LocalFleet]:
+    """The early devices up, then the aggregator, then the late device after round 1 was announced;
+    a device killed at the end must be seen offline where the aggregator is.  The rounds, and the fleet."""
+    fleet = LocalFleet(tmp_path, devices_url)
     status_all = topics.topic_status_all(FLEET)
-    on_a = Watch(node_a.url, status_all, topics.topic_down(FLEET, "speed"))
-    on_b = Watch(node_b.url, status_all)
+    on_devices = Watch(devices_url, status_all, topics.topic_down(FLEET, "speed"))
+    on_aggregator = Watch(aggregator_url, status_all)
     try:
-        # The devices are up, their retained statuses kept on node A, before the aggregator starts.
+        # The devices are up, their retained statuses kept where they connect, before the aggregator starts.
         fleet.start_devices(EARLY)
-        wait_until(lambda: all(on_a.statuses(d) for d in EARLY), 60, "early devices online", fleet)
+        wait_until(lambda: all(on_devices.statuses(d) for d in EARLY), 60, "early devices online", fleet)
         fleet.start_aggregator(
             aggregator_toml(
-                node_b.url,
+                aggregator_url,
                 fleet.work / "aggregator",
                 [pflda_task(rounds=ROUNDS)],
                 expected=[*EARLY, LATE],  # every round waits for all three...
@@ -101,27 +102,53 @@ def test_rounds_complete_with_devices_on_one_node_and_the_aggregator_on_the_othe
                 deadline_s=30.0,
             )
         )
-        # The late device connects after round 1 was announced (retained on node B only).
-        wait_until(lambda: on_a.seen(topics.topic_down(FLEET, "speed")), 60, "round 1 announced", fleet)
+        # The late device connects after round 1 was announced (retained where the aggregator is).
+        wait_until(lambda: on_devices.seen(topics.topic_down(FLEET, "speed")), 60, "round 1 announced", fleet)
         fleet.start_device(LATE)
         assert fleet.wait_aggregator(120) == 0, fleet.log("aggregator")[-3000:]
         records = fleet.rounds()
-        # A device that dies is seen offline on the other node: its Last Will, published by node A.
+        # A device that dies is seen offline where the aggregator is: its Last Will.
         fleet.devices["printer1"].send_signal(signal.SIGKILL)
         wait_until(
-            lambda: any(s.get("state") == "offline" for s in on_b.statuses("printer1")),
+            lambda: any(s.get("state") == "offline" for s in on_aggregator.statuses("printer1")),
             30,
-            "printer1's Last Will on node B",
+            "printer1's Last Will",
             fleet,
         )
     finally:
         fleet.stop_all()
-        on_a.stop()
-        on_b.stop()
+        on_devices.stop()
+        on_aggregator.stop()
+    return records, fleet
+
+
+def check_rounds(records: list, fleet: LocalFleet) -> None:
     assert [r.status for r in records] == ["completed"] * ROUNDS
     for r in records:
         # Every round waited for, and got, all three: none closed on its deadline.
         assert sorted(r.participants) == [*EARLY, LATE], (r.round, r.participants)
         assert r.extra.get("closed") == "answered", (r.round, r.extra)
     log = fleet.log("aggregator")
-    assert "2 online at start" in log, log[-2000:]  # the roll call: it learnt of the early two at once
+    assert "2 online at start" in log, log[-2000:]  # it learnt of the early two at once
+    store = SqliteStore(fleet.db, readonly=True)
+    try:
+        # The late device trained and uploaded once per round: no copy answered twice (a replay).
+        assert store.rejection_counts("speed") == {}
+    finally:
+        store.close()
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_rounds_complete_with_devices_on_one_node_and_the_aggregator_on_the_other(cluster, tmp_path):
+    node_a, node_b = cluster.nodes
+    records, fleet = late_device_run(tmp_path, node_a.url, node_b.url)
+    check_rounds(records, fleet)
+
+
+@pytest.mark.broker
+def test_on_mosquitto_a_late_device_answers_the_retained_round_once(mosquitto, tmp_path):
+    """The same run on one mosquitto: the late device gets the round retained and again from the
+    aggregator (restated to its new connection), and answers it once."""
+    records, fleet = late_device_run(tmp_path, mosquitto.url, mosquitto.url)
+    check_rounds(records, fleet)
