@@ -72,14 +72,38 @@ class CollectPolicy:
     checkpoint_every: int = 256
 
 
+#: What the aggregator reads of a device's retained status (the rest is the console's, which
+#: reads the broker itself): 10,000 whole statuses would be tens of MB of parsed JSON.
+KEPT_STATUS = ("state", "kind", "tags", "refused", "holdout")
+
+
+class _Inbox(dict):
+    """A round's inbox (``admission.Inbox``) that knows which devices have an admitted ``Update``,
+    so a round's loop asks ``answered`` in O(1) instead of scanning N entries every turn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered: set[str] = set()
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if isinstance(value, Update):
+            self.answered.add(key)
+        else:
+            self.answered.discard(key)
+
+
 @dataclass
 class FleetView:
     """What the aggregator knows of each device (from retained status messages)."""
 
     online: dict[str, bool] = field(default_factory=dict)
+    #: device -> the fields of its status the aggregator reads (:data:`KEPT_STATUS`)
     status: dict[str, dict] = field(default_factory=dict)
     #: device -> reason -> count: the fleet's ``Admission.refused``
     rejected_by_reason: dict[str, dict[Reason, int]] = field(default_factory=dict)
+    #: statuses taken in so far: a round re-reads the O(N) view only when this moved
+    changes: int = 0
 
     @property
     def rejected(self) -> dict[str, int]:
@@ -308,7 +332,7 @@ class MqttFleet:
 
     def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate | SatOut]:
         # Keyed by device; a straggler's late upload by ("late", device) beside its fresh one.
-        received: Inbox = {}
+        received = _Inbox()
         if self.store is not None and request.fold is not None:
             self._restore_fold(request, received)
         if self.store is not None:  # updates that arrived before a restart: no device needs to resend
@@ -366,8 +390,9 @@ class MqttFleet:
         self.announce(request, deadline)
         faults.point("after_announce")
         extensions = 0
+        seen = self.view.changes
         while True:
-            answered = {d for d, r in received.items() if isinstance(r, Update)}
+            answered = received.answered
             valid = len(answered)
             # All awaited devices answered (and held-out ones scored); too few of them for
             # min_participants waits for more.
@@ -406,16 +431,16 @@ class MqttFleet:
                 if len(received) >= len(expected) or left <= 0:
                     break
                 msg = self.next_message(task, left)
-            # Statuses may have come through another task's thread: look at the view every time.
+            # Statuses may have come through another task's thread: look at the view whenever one
+            # came (an O(N) look: not on turns that brought only uploads).
             # Without a fixed list, a device that comes online mid-round is awaited (it gets the
             # retained announcement), one that goes offline is not; whoever answered counts.
+            if self.view.changes == seen:
+                continue
+            seen = self.view.changes
             online = set(self.view.online_devices())
             if not fixed:
-                expected = (
-                    (expected & online)
-                    | (online - last_online)
-                    | {d for d in received if isinstance(received[d], Update)}
-                )
+                expected = (expected & online) | (online - last_online) | received.answered
             # A device that refused and takes the task again (its owner resumed it) is awaited again.
             back = {d for d in refused if d in online and self.view.refusal(d, task, selection) is None}
             for d in back:
@@ -466,8 +491,9 @@ class MqttFleet:
             log.warning("bad status from %s: %s", device, exc)
             return
         self._restate(device, status)
-        self.view.status[device] = status
+        self.view.status[device] = {k: status[k] for k in KEPT_STATUS if k in status}
         self.view.online[device] = status.get("state") == "online"
+        self.view.changes += 1
 
     def _record_refusal(
         self, device: str, request: CollectRequest | None, verdict: Refusal, *, counted: bool = False

@@ -9,7 +9,8 @@ device), so a restarted aggregator loses none and counts none twice: it reads
 them back for the round it resumes, and a device's re-send of a stored one is a
 duplicate.  A streaming round (``cloud_aggregator.streaming``) checkpoints its partial sum
 every so many uploads and drops the payloads it covers, so the disk holds O(P) plus the
-uploads since the last checkpoint, not O(N × P).  Refused uploads are kept with their
+uploads since the last checkpoint, not O(N × P).  Payloads of 64 kB and more are appended to
+plain files beside the database (``cloud_aggregator.upload_log``), their rows pointing at them.  Refused uploads are kept with their
 reason code (``admission.Reason``) in a column of its own.  ``cloud_aggregator.faults`` points mark each step for kill tests.
 """
 
@@ -26,6 +27,7 @@ from typing import Any
 from cloud_aggregator import faults
 from cloud_aggregator.admission import Reason
 from cloud_aggregator.rounds import RoundRecord
+from cloud_aggregator.upload_log import MIN_BYTES, UploadLog
 from ioft_protocol.state import atomic_write_bytes, decode_arrays, encode_arrays
 from trainer_lite.params import Params, param_hash
 from trainer_lite.task import training_changes
@@ -149,6 +151,7 @@ class SqliteStore:
         monitoring without taking any write lock, so it never slows the aggregator down."""
         self.path = Path(path)
         self.artifacts = self.path.parent / "artifacts"
+        self.uploads = UploadLog(self.path.parent / "uploads")
         self._lock = threading.Lock()
         self.readonly = readonly
         if readonly:
@@ -164,6 +167,10 @@ class SqliteStore:
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(rounds)")}
         if "extra" not in columns:  # a store written before round records had extras
             self._db.execute("ALTER TABLE rounds ADD COLUMN extra TEXT NOT NULL DEFAULT '{}'")
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(updates)")}
+        if "log_at" not in columns:  # a store written before large payloads went to the upload log
+            self._db.execute("ALTER TABLE updates ADD COLUMN log_at INTEGER")
+            self._db.execute("ALTER TABLE updates ADD COLUMN log_len INTEGER")
         if not self._has_reason_codes():
             self._migrate_reason_codes()
 
@@ -187,6 +194,7 @@ class SqliteStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            self.uploads.close()
 
     # -- artifacts ---------------------------------------------------------
     def put_params(self, params: Params) -> str:
@@ -252,6 +260,8 @@ class SqliteStore:
                 (name, spec_json, time.time()),
             )
             self._db.execute("COMMIT")
+            if restart:
+                self.uploads.drop(name)
             return row is not None and not restart
 
     def next_round(self, name: str) -> int:
@@ -306,16 +316,34 @@ class SqliteStore:
                 )
             faults.point("before_commit")
             self._db.execute("COMMIT")
+            self.uploads.drop(record.task, (record.round, record.phase))
 
     # -- updates as they arrive ----------------------------------------------------
     def put_update(
         self, task: str, round_: int, phase: str, device: str, global_hash: str, payload: bytes
     ) -> bool:
-        """Store a received update; ``False`` if one from that device is already stored."""
+        """Store a received update; ``False`` if one from that device is already stored.
+
+        A payload of ``MIN_BYTES`` or more goes to the upload log first; the row points at it.
+        """
         with self._lock:
+            at = None
+            if len(payload) >= MIN_BYTES:
+                at = self.uploads.append(task, round_, phase, payload)
             cur = self._db.execute(
-                "INSERT OR IGNORE INTO updates VALUES (?,?,?,?,?,?,?)",
-                (task, round_, phase, device, global_hash, payload, time.time()),
+                "INSERT OR IGNORE INTO updates (task, round, phase, device, global_hash, payload, received, "
+                "log_at, log_len) VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    task,
+                    round_,
+                    phase,
+                    device,
+                    global_hash,
+                    b"" if at is not None else payload,
+                    time.time(),
+                    at,
+                    None if at is None else len(payload),
+                ),
             )
         faults.point("after_store_update")
         return cur.rowcount == 1
@@ -323,11 +351,19 @@ class SqliteStore:
     def stored_updates(self, task: str, round_: int, phase: str, global_hash: str) -> list[tuple[str, bytes]]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT device, payload FROM updates WHERE task=? AND round=? AND phase=? AND global_hash=? "
+                "SELECT device, payload, log_at, log_len FROM updates "
+                "WHERE task=? AND round=? AND phase=? AND global_hash=? "
                 "ORDER BY rowid",  # arrival order: a fold restored from them sums in the same order
                 (task, round_, phase, global_hash),
             ).fetchall()
-        return [(d, bytes(p)) for d, p in rows]
+            out = []
+            for device, payload, at, length in rows:
+                if at is not None:
+                    payload = self.uploads.read(task, round_, phase, at, length)
+                    if payload is None:
+                        continue  # the device re-sends it when the round is announced again
+                out.append((device, bytes(payload)))
+        return out
 
     # -- checkpoints of a streaming round's partial sum (cloud_aggregator.streaming) ----------
     def put_partial(
@@ -356,6 +392,12 @@ class SqliteStore:
                 [(task, round_, phase, d) for d in folded],
             )
             self._db.execute("COMMIT")
+            logged = self._db.execute(
+                "SELECT COUNT(*) FROM updates WHERE task=? AND round=? AND phase=? AND log_at IS NOT NULL",
+                (task, round_, phase),
+            ).fetchone()[0]
+            if not logged:  # every logged upload of the round is in the checkpoint
+                self.uploads.empty(task, round_, phase)
 
     def partial(
         self, task: str, round_: int, phase: str, global_hash: str

@@ -42,6 +42,19 @@ def _two_sum(s: np.ndarray, x: np.ndarray, err: np.ndarray) -> None:
     s[...] = total
 
 
+def _two_sum_into(s: np.ndarray, x: np.ndarray, err: np.ndarray, total: np.ndarray, back: np.ndarray) -> None:
+    """:func:`_two_sum` with no temporary array: ``x`` (the caller's scratch), ``total`` and ``back``
+    are overwritten.  The same operations on the same floats, so the same bits."""
+    np.add(s, x, out=total)
+    np.subtract(total, s, out=back)
+    np.subtract(x, back, out=x)  # x - back
+    np.subtract(total, back, out=back)
+    np.subtract(s, back, out=back)  # s - (total - back)
+    back += x
+    err += back
+    s[...] = total
+
+
 class StreamingMean:
     """``Σ w_i θ_i / Σ w_i`` folded one upload at a time: memory O(P), not O(N × P).
 
@@ -55,6 +68,7 @@ class StreamingMean:
         self._weight = np.zeros(1)  # TwoSum pairs too: the total weight is a sum of its own
         self._weight_err = np.zeros(1)
         self.count = 0
+        self._scratch: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # 3 × P float64, reused
 
     @property
     def total_weight(self) -> float:
@@ -75,7 +89,12 @@ class StreamingMean:
             elif self._sum[n].shape != v.shape:
                 raise ValueError(f"{n!r} has shape {v.shape}, expected {self._sum[n].shape}")
         for n, v in params.items():  # all checked first: a refused upload leaves the sum as it was
-            _two_sum(self._sum[n], weight * np.asarray(v, dtype=np.float64), self._err[n])
+            scratch = self._scratch.get(n)
+            if scratch is None:
+                scratch = self._scratch[n] = tuple(np.empty_like(self._sum[n]) for _ in range(3))
+            x, total, back = scratch
+            np.multiply(v, float(weight), out=x, dtype=np.float64)  # weight × θ in float64, as before
+            _two_sum_into(self._sum[n], x, self._err[n], total, back)
         _two_sum(self._weight, np.array([float(weight)]), self._weight_err)
         self.count += 1
 

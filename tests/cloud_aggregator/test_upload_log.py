@@ -1,0 +1,50 @@
+"""Large uploads go to the upload log beside the store: read back after a restart in arrival
+order, emptied once a checkpoint folds them all, removed when the round's record commits."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cloud_aggregator.rounds import RoundRecord
+from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.upload_log import MIN_BYTES
+
+BIG, SMALL = bytes(range(256)) * (MIN_BYTES // 256 + 1), b"small upload"
+
+
+def record(round_: int) -> RoundRecord:
+    return RoundRecord("t", round_, "train", "completed", [], {}, {}, {}, "g1", 0.0, 1.0)
+
+
+def test_large_uploads_survive_a_restart_and_leave_with_their_round(tmp_path):
+    # Prepare: one large and one small upload of round 1, and a large one of round 2.
+    store = SqliteStore(tmp_path / "a.sqlite")
+    assert store.put_update("t", 1, "train", "d1", "g1", BIG)
+    assert store.put_update("t", 1, "train", "d2", "g1", SMALL)
+    assert not store.put_update("t", 1, "train", "d1", "g1", BIG[::-1])  # the first one stands
+    assert store.put_update("t", 2, "train", "d1", "g2", BIG[1:])
+    log = tmp_path / "uploads" / "t" / "1-train.log"
+    assert log.stat().st_size == 2 * len(BIG)  # the refused duplicate's bytes: written, pointed at by no row
+    store.close()  # a restart reads them back, in arrival order
+    store = SqliteStore(tmp_path / "a.sqlite")
+    assert store.stored_updates("t", 1, "train", "g1") == [("d1", BIG), ("d2", SMALL)]
+    # A checkpoint folding every logged upload of the round empties its file; the round's record removes it.
+    store.put_update("t", 1, "train", "d3", "g1", BIG)
+    store.put_partial("t", 1, "train", "g1", b"sum", {"d1": (1, {}), "d3": (1, {})})
+    assert store.stored_updates("t", 1, "train", "g1") == [("d2", SMALL)]
+    assert log.stat().st_size == 0
+    store.save(record(1), (2, 0), {"w": np.zeros(2, np.float32)}, {})
+    assert not log.exists()
+    assert store.stored_updates("t", 2, "train", "g2") == [("d1", BIG[1:])]  # the next round's stays
+    store.close()
+
+
+def test_a_lost_log_loses_only_its_uploads(tmp_path):
+    store = SqliteStore(tmp_path / "a.sqlite")
+    store.put_update("t", 1, "train", "d1", "g1", BIG)
+    store.put_update("t", 1, "train", "d2", "g1", SMALL)
+    store.close()
+    (tmp_path / "uploads" / "t" / "1-train.log").write_bytes(b"")  # truncated behind the store's back
+    store = SqliteStore(tmp_path / "a.sqlite")
+    assert store.stored_updates("t", 1, "train", "g1") == [("d2", SMALL)]  # d1 re-sends on re-announcement
+    store.close()
