@@ -226,7 +226,12 @@ def serve(
                 session, cfg.fleet, policy, store, admission=cfg.admission.policy(), workers=c.workers
             )
             if c.spawn_workers:
-                local = LocalWorkers(c.workers, worker_argv or [])
+                if not worker_argv:
+                    raise ServeRefusedError(
+                        "[collect] workers needs serve --config: the workers it starts read the same file "
+                        "(or set spawn_workers = false and run `cloud-aggregator worker --config ...`)"
+                    )
+                local = LocalWorkers(c.workers, worker_argv)
         else:
             fleet = MqttFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy())
         fleet.selections.update({t.name: t.devices for t in cfg.task})  # which devices run each task
