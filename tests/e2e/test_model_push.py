@@ -20,6 +20,7 @@ import pytest
 
 from cloud_aggregator.local_fleet import FLEET, aggregator_toml
 from cloud_aggregator.push import push_messages, push_model
+from cloud_aggregator.rabbitmq import RabbitNode
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from ioft_protocol import model_push, round_messages, topics
@@ -102,7 +103,8 @@ def start_devices(fleet_procs, pub, names) -> None:
 
 
 @pytest.mark.broker
-def test_push_heads_on_embeddings_refusals_and_rollback(fleet_procs, keys, tmp_path):
+@pytest.mark.any_broker
+def test_push_heads_on_embeddings_refusals_and_rollback(fleet_procs, broker, keys, tmp_path):
     key, pub, other, _ = keys
     watcher = Watcher(fleet_procs.broker_url)
     session = operator(fleet_procs.broker_url)
@@ -177,6 +179,8 @@ def test_push_heads_on_embeddings_refusals_and_rollback(fleet_procs, keys, tmp_p
             for d in DEVICES
         )
         assert all("refused v5" in lines[d] for d in DEVICES)
+        if isinstance(broker, RabbitNode):
+            return  # a stopped device shows only in its retained status: RabbitMQ 3.10 sends none to status/+
         fleet_procs.devices["printer3"].send_signal(signal.SIGTERM)
         fleet_procs.devices["printer3"].wait(10)
         out = subprocess.run(
