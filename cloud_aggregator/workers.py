@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 FLUSH_S = 0.02
 #: ...or once it holds this many uploads.
 BATCH_MAX = 256
+#: A plant's batch leaves this fraction of the round's time before the cloud's deadline at the latest.
+PLANT_MARGIN = 0.2
 #: Seconds a supervised local worker that died waits before ``serve`` starts it again.
 RESTART_S = 1.0
 
@@ -82,6 +84,8 @@ class _Round:
     inbox: Inbox = field(default_factory=dict)
     pending: dict[str, Update] = field(default_factory=dict)  # admitted, in no batch yet
     since: float | None = None  # when the first pending upload was admitted
+    changed: bool = False  # an upload was judged since the plant last looked (plant mode)
+    opened: float = field(default_factory=time.time)
 
     @property
     def key(self) -> tuple[int, str, str]:
@@ -99,8 +103,12 @@ class AggregatorWorker:
         worker: str,
         admission: AdmissionPolicy | None = None,
         max_payload_bytes: int = codec.MAX_PAYLOAD_BYTES,
+        *,
+        plant: bool = False,
     ) -> None:
         self.session = session
+        #: A plant's partial aggregator: one batch per round (see :meth:`_plant_due`).
+        self.plant = plant
         self.id = codec.check_id("worker", worker)
         self.outbox = _Refusals()
         self.fleet = MqttFleet(
@@ -132,9 +140,12 @@ class AggregatorWorker:
                 msg = self.session.get(0) if time.monotonic() < until else None
             now = time.monotonic()
             for r in list(self.rounds.values()):
-                if r.pending and (len(r.pending) >= BATCH_MAX or now - (r.since or now) >= FLUSH_S):
+                if self.plant:
+                    if r.pending and self._plant_due(r):
+                        self._send(r)
+                elif r.pending and (len(r.pending) >= BATCH_MAX or now - (r.since or now) >= FLUSH_S):
                     self._send(r)
-            if self.outbox.items and self.rounds:  # refusals alone, e.g. replays of a closed round
+            if self.outbox.items and self.rounds and not self.plant:  # refusals alone, e.g. replays
                 self._send(next(iter(self.rounds.values())))
 
     def handle(self, msg: Message) -> None:
@@ -162,6 +173,7 @@ class AggregatorWorker:
             return
         before = r.inbox.get(topic.device)
         self.fleet.handle(msg, r.request, r.inbox)
+        r.changed = True
         got = r.inbox.get(topic.device)
         if isinstance(got, Update) and got is not before:  # admitted just now: into the next batch
             r.pending[topic.device] = got
@@ -215,6 +227,24 @@ class AggregatorWorker:
         self.rounds[task] = _Round(request, fold, ann.deadline)
         log.info("worker %s: task %s round %d/%s open", self.id, task, ann.round, ann.phase)
 
+    def _plant_due(self, r: _Round) -> bool:
+        """A plant sends its round's one batch once every device online at its broker (that runs the
+        task and is not held out) has an upload judged, or ``PLANT_MARGIN`` of the round's time
+        before the cloud's deadline: one message per plant per round crosses the bridge."""
+        if time.time() >= r.deadline - PLANT_MARGIN * max(0.0, r.deadline - r.opened):
+            return True
+        if not r.changed:
+            return False
+        r.changed = False
+        task = r.request.spec.name
+        selection, held_out = self.fleet.selections.get(task), set(self.fleet.holdouts.get(task, ()))
+        awaited = {
+            d
+            for d in self.fleet.view.online_devices()
+            if d not in held_out and self.fleet.view.refusal(d, task, selection) is None
+        }
+        return awaited <= set(r.inbox)
+
     # -- batches ----------------------------------------------------------------------------
     def _send(self, r: _Round | None, task: str = "", flush: int | None = None) -> None:
         """Send ``r``'s pending uploads (and every refusal) as one batch; with ``flush``, even an
@@ -263,6 +293,7 @@ class AggregatorWorker:
             if r is not None and r.key == key and rest:  # counted elsewhere: fold the rest again
                 r.pending.update(rest)
                 r.since = r.since or time.monotonic()
+                r.changed = True
 
 
 # -- processes ---------------------------------------------------------------------------------
@@ -280,10 +311,14 @@ def worker_options(cfg: AggregatorConfig, worker: str) -> SessionOptions:
     )
 
 
-def run_worker(cfg: AggregatorConfig, worker: str, stop: threading.Event | None = None) -> None:
+def run_worker(
+    cfg: AggregatorConfig, worker: str, stop: threading.Event | None = None, *, plant: bool = False
+) -> None:
     stop = stop or threading.Event()
     session = MqttSession(worker_options(cfg, worker))
-    w = AggregatorWorker(session, cfg.fleet, worker, cfg.admission.policy(), cfg.max_payload_bytes)
+    w = AggregatorWorker(
+        session, cfg.fleet, worker, cfg.admission.policy(), cfg.max_payload_bytes, plant=plant
+    )
     session.start(timeout=None)
     log.info("worker %s of fleet %s: sharing the uplink (group %s)", worker, cfg.fleet, wire.GROUP)
     try:
@@ -358,6 +393,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--broker", help="mqtt://host:port or mqtts://host:port (overrides the config)")
     w.add_argument("--allow-plaintext", action="store_true")
     w.add_argument("--id", default=f"w{os.getpid()}", help="this worker's name, unique in the fleet")
+    w.add_argument(
+        "--plant",
+        action="store_true",
+        help="a plant's partial aggregator (--broker: the plant's): one batch per round crosses the bridge",
+    )
     w.set_defaults(func=_worker)
 
 
@@ -380,7 +420,7 @@ def _worker(args: argparse.Namespace) -> int:
     before = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        run_worker(cfg, args.id, stop)
+        run_worker(cfg, args.id, stop, plant=args.plant)
     except KeyboardInterrupt:
         return 130
     finally:
