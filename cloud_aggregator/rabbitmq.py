@@ -20,7 +20,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -266,16 +265,3 @@ def _log_tail(node: RabbitNode, lines: int = 5) -> str:
         except OSError:
             continue
     return " | ".join(line.strip() for line in out if line.strip()) or "(empty)"
-
-
-def wait_nodes(cluster: RabbitCluster, timeout: float = START_TIMEOUT_S) -> None:
-    """Block until every node of ``cluster`` lists all of them as running (``cluster_status``)."""
-    deadline = time.monotonic() + timeout
-    names = {n.name for n in cluster.nodes}
-    while True:
-        status = cluster.nodes[0].ctl("cluster_status", "--formatter", "json")
-        if all(name in status for name in names) and status.count("running_nodes") >= 1:
-            return
-        if time.monotonic() > deadline:
-            raise RabbitError(f"cluster {sorted(names)} not running within {timeout:g} s: {status[:200]}")
-        time.sleep(0.5)

@@ -25,6 +25,7 @@ from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml, pfl
 from cloud_aggregator.rabbitmq import RabbitCluster, start_cluster
 from cloud_aggregator.store import SqliteStore
 from ioft_protocol import topics
+from ioft_protocol.mqtt import BrokerAddress, MqttError, MqttSession, SessionOptions
 from tests.conftest import _require_rabbitmq
 
 EARLY = ["printer1", "printer2"]
@@ -152,3 +153,20 @@ def test_on_mosquitto_a_late_device_answers_the_retained_round_once(mosquitto, t
     aggregator (restated to its new connection), and answers it once."""
     records, fleet = late_device_run(tmp_path, mosquitto.url, mosquitto.url)
     check_rounds(records, fleet)
+
+
+@pytest.mark.broker
+def test_a_password_login_works_on_rabbitmq_and_a_wrong_password_is_final(rabbitmq_node):
+    """Fleets with ``auth = "password"`` log in with a username and password: RabbitMQ's users
+    take them, and a wrong password is refused with the one line that stops the retrying."""
+    rabbitmq_node.ctl("add_user", "printer9", "right-pw")
+    rabbitmq_node.ctl("set_permissions", "-p", "/", "printer9", ".*", ".*", ".*")
+    address = BrokerAddress.parse(rabbitmq_node.url)
+    good = MqttSession(
+        SessionOptions(address, "ioft-test-printer9", username="printer9", password="right-pw")
+    )
+    good.start(timeout=20)
+    good.stop()
+    bad = MqttSession(SessionOptions(address, "ioft-test-printer9", username="printer9", password="wrong"))
+    with pytest.raises(MqttError, match="not retrying"):
+        bad.start(timeout=20)
