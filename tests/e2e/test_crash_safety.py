@@ -141,8 +141,7 @@ def test_straggler_is_dropped_or_counted_in_the_next_round(fleet_procs, mode):
 
 
 # -- a device offline for several rounds ---------------------------------------------------------------
-@pytest.mark.broker
-@pytest.mark.any_broker
+@pytest.mark.broker  # mosquitto only: it checks the retained (closed) round is answered first
 def test_device_offline_for_rounds_rejoins_with_its_personal_state(fleet_procs):
     run = fault_scenarios.offline_rejoin(fleet_procs)
     records, saved = run.records, run.extras["saved"]
