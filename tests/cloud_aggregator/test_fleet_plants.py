@@ -77,6 +77,7 @@ def test_the_cloud_acl_grants_the_bridge_exactly_its_devices_topics(fleet):
         f"topic read {P}/task/+/down",
         f"topic read {P}/model/+/manifest",
         f"topic read {P}/model/+/+/chunk/+",
+        f"topic read {P}/rollcall",  # the aggregator's roll call (ioft_protocol.restate)
         f"topic write {P}/task/+/up/printer1",
         f"topic write {P}/status/printer1",
         f"topic write {P}/task/+/secagg/up/printer1",
