@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import signal
+from collections import Counter
 
 import pytest
 
@@ -89,3 +90,24 @@ def test_buffered_task_over_mqtt_with_a_slow_device_a_newcomer_and_a_restart(fle
     assert {d for r in records for d in r.participants} >= {*FAST, LATE}
     ledger = records[-1].extra["ledger"]  # since the restart: it adds up
     assert ledger["arrived"] == ledger["buffered"] + ledger["too_stale"] + ledger["refused"]
+
+
+@pytest.mark.broker
+def test_a_swarm_trains_a_buffered_task_continuously(fleet_procs):
+    # The swarm's devices run the daemon's own round code: one network loop paces them all.
+    n = 12
+    names = [f"dev{i:05d}" for i in range(n)]
+    fleet_procs.start_device(
+        "dev", "--swarm", str(n), "--config", device_toml(fleet_procs, "dev", 0.2), "--log-level", "WARNING"
+    )
+    task = {**buffered_task(15), "buffered": {"k": 4, "server_lr": 1.0, "max_staleness": 50}}
+    toml = aggregator_toml(fleet_procs.broker_url, fleet_procs.work / "aggregator", [task], expected=names)
+    fleet_procs.start_aggregator(toml, log_level="WARNING")
+    assert fleet_procs.wait_aggregator(180) == 0, fleet_procs.log("aggregator")[-3000:]
+    records = fleet_procs.rounds()
+    assert [r.round for r in records] == list(range(1, 16))
+    assert all(len(r.extra["arrivals"]) == 4 for r in records)
+    assert len({d for r in records for d in r.participants}) >= n // 2  # many devices, not one
+    # Devices kept training: 60 admitted uploads from 12 devices, most of them more than once each.
+    per_device = Counter(d for r in records for d, _, _ in r.extra["arrivals"])
+    assert sum(per_device.values()) == 60 and sum(v >= 2 for v in per_device.values()) >= n // 2
