@@ -182,8 +182,7 @@ class MqttFleet:
         # Retained statuses may not reach us (ioft_protocol.restate): ask every device for its own.
         self._links: dict[str, tuple | None] = {}  # device -> the connection its last status came from
         session.on_connect_hooks.append(self._roll_call)
-        if session.connected.is_set():
-            self._roll_call()
+        self._roll_call()  # now, if connected (serve's is); else the session sends it once it is
 
     def _republish(self) -> None:
         for published in list(self._announced.values()):
