@@ -6,7 +6,8 @@ announcement (the same message devices train on), judges every upload with the a
 own :class:`~cloud_aggregator.mqtt_fleet.MqttFleet` ``handle`` (selection, held-out devices and
 the whole admission pipeline: not a copy), and sends what it admitted to the coordinator
 (``serve``) as a :class:`~cloud_aggregator.worker_wire.Batch`: the partial weighted sum of those
-uploads and who they are, every ``FLUSH_S`` or ``BATCH_MAX`` uploads, with its refusals.  The
+uploads and who they are, whenever no upload waits behind them (under a backlog every
+``FLUSH_S`` or ``BATCH_MAX`` uploads), with its refusals.  The
 coordinator (``cloud_aggregator.coordinator``) merges batches, refuses a device counted twice,
 and closes the round; it alone writes the store.
 
@@ -46,8 +47,10 @@ from trainer_lite.task import TaskSpec
 
 log = logging.getLogger(__name__)
 
-#: A batch leaves at most this long after the first upload in it was admitted...
-FLUSH_S = 0.02
+#: A batch leaves once nothing more waits to be read, or after this long of a backlog...
+FLUSH_S = 0.25
+#: Seconds a worker waits for a message when it has none (then it looks at its batches).
+IDLE_S = 0.01
 #: ...or once it holds this many uploads.
 BATCH_MAX = 256
 #: A plant's batch leaves this fraction of the round's time before the cloud's deadline at the latest.
@@ -132,18 +135,24 @@ class AggregatorWorker:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        """Handle messages and send batches until ``stop`` is set."""
+        """Handle messages and send batches until ``stop`` is set.
+
+        A batch leaves as soon as the worker has nothing more to read (no upload waits behind it),
+        or after ``FLUSH_S`` of a backlog: under load batches grow (a batch carries 2 × P float64,
+        four times an upload's float32: one per upload would double the broker's bytes), idle
+        they leave at once.
+        """
         while not stop.is_set():
-            msg, until = self.session.get(FLUSH_S / 2), time.monotonic() + FLUSH_S
-            while msg is not None:  # a backlog is read FLUSH_S at a time: batches leave on time
+            msg, until = self.session.get(IDLE_S), time.monotonic() + FLUSH_S
+            while msg is not None:
                 self.handle(msg)
                 msg = self.session.get(0) if time.monotonic() < until else None
-            now = time.monotonic()
+            drained = self.session.inbound.empty() if hasattr(self.session, "inbound") else True
             for r in list(self.rounds.values()):
                 if self.plant:
                     if r.pending and self._plant_due(r):
                         self._send(r)
-                elif r.pending and (len(r.pending) >= BATCH_MAX or now - (r.since or now) >= FLUSH_S):
+                elif r.pending and (drained or len(r.pending) >= BATCH_MAX or time.monotonic() >= until):
                     self._send(r)
             if self.outbox.items and self.rounds and not self.plant:  # refusals alone, e.g. replays
                 self._send(next(iter(self.rounds.values())))
