@@ -181,8 +181,7 @@ class MqttFleet:
         session.on_connect_hooks.append(self._republish)
         # Retained statuses may not reach us (ioft_protocol.restate): ask every device for its own.
         self._links: dict[str, tuple | None] = {}  # device -> the connection its last status came from
-        session.on_connect_hooks.append(self._roll_call)
-        self._roll_call()  # now, if connected (serve's is); else the session sends it once it is
+        session.on_connect_hooks.append(self._roll_call)  # and wait_for_devices() calls it at start
 
     def _republish(self) -> None:
         for published in list(self._announced.values()):
@@ -249,6 +248,7 @@ class MqttFleet:
         Once enough are, statuses are still read until none arrives for ``settle_s``, so a
         device that connects a moment later is counted too (retained statuses come in a burst).
         """
+        self._roll_call()  # statuses retained where the broker keeps none for us come as answers
         want = set(self.policy.expected) or None
         need = len(want) if want else self.policy.min_participants
         deadline = time.monotonic() + self.policy.startup_wait_s
