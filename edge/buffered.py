@@ -5,7 +5,8 @@ retained announcement is the newest global, version ``round - 1``.  The device t
 newest one it has and uploads quoting its hash and a round of its own, ``max(announcement
 round, last answered round + 1)`` (the numbering of ``BufferedServer.dispatch``), then starts
 again at once from the newest it has by then -- the same global again if none came meanwhile,
-as in the simulator.  The training and the upload are the daemon's own round code: the
+as in the simulator.  A job the daemon declines (paused by its owner, the task refused, no rows
+yet) starts no next one: the next announcement (or the owner's resume) does.  The training and the upload are the daemon's own round code: the
 :class:`Pacer` hands it the announcement with the job's round (:meth:`Pacer.step`).
 
 Simulated pace (``[simulate]``, :class:`edge.config.SimulateConfig`; off on a real machine):
@@ -127,7 +128,8 @@ class Pacer:
                     self._run(ann)
                 finally:
                     self._releasing = None
-                if task in self.latest and not self.away:
+                trained = self._answered(task) != last  # not when paused, refusing, or without rows
+                if trained and task in self.latest and not self.away:
                     self._start(task)  # and at once again, from the newest global it has
             else:
                 self._releasing = ann

@@ -15,12 +15,17 @@ class Device:
         self.ran: list[tuple[str, int, str]] = []  # (task, round, global hash) trained and uploaded
         self.answered: dict[str, int] = {}
         self.presence: list[bool] = []
+        self.declining = False  # the daemon declines (paused, no rows): nothing trained or answered
+        self.declined = 0
         self.pacer = Pacer(
             "printer1", sim, self.run, self.answered.get, self.presence.append, lambda: self.now
         )
 
     def run(self, ann: Announcement) -> None:
         assert not self.pacer.hold(ann)  # the daemon's hook lets the pacer's own announcement through
+        if self.declining:
+            self.declined += 1
+            return
         self.ran.append((ann.task, ann.round, ann.global_hash))
         self.answered[ann.task] = ann.round
 
@@ -55,6 +60,18 @@ def test_a_buffered_device_trains_continuously_from_the_newest_global_with_round
     assert not dev.pacer.hold(ann(9, state="done"))  # done: the daemon sees it, the pacer stops
     dev.at(100.0)
     assert dev.ran[-1] == ("speed", 10, "g9") and dev.pacer.next_at == float("inf")
+
+
+def test_a_declined_job_starts_no_next_one_until_a_new_announcement() -> None:
+    dev = Device(SimulateConfig())  # a real machine's pace: buffered jobs back to back
+    dev.declining = True  # paused by its owner
+    dev.pacer.hold(ann(0))
+    dev.at(0.0)
+    assert dev.declined == 1 and not dev.pacer.jobs and dev.pacer.next_at == float("inf")  # no spinning
+    dev.declining = False  # resumed: the next announcement starts a job again
+    dev.pacer.hold(ann(1))
+    dev.at(0.0)
+    assert dev.ran == [("speed", 2, "g1")] and dev.pacer.jobs  # and it goes on back to back
 
 
 def test_a_synchronous_round_is_answered_once_after_the_simulated_time() -> None:
