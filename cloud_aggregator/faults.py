@@ -27,6 +27,10 @@ POINTS = {
     "after_artifact": "new global's artifact file written, its transaction not begun",
     "before_commit": "round record and resume point written inside the open transaction",
     "after_save": "round committed, next round not yet announced",
+}
+#: Where an aggregator worker (``cloud_aggregator.workers``) calls ``point``: apart, since
+#: ``serve`` alone never passes them (the reliability study draws its kills from ``POINTS``).
+WORKER_POINTS = {
     "worker_admitted": "an aggregator worker admitted an upload, before any batch holds it",
 }
 ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
@@ -47,10 +51,11 @@ def parse(text: str | None) -> dict[str, dict[int, str]] | None:
     plan: dict[str, dict[int, str]] = {}
     for item in text.split(","):
         parts = item.strip().split(":")
-        if len(parts) not in (2, 3) or parts[0] not in POINTS or not parts[1].isdigit() or int(parts[1]) < 1:
+        known = parts[0] in POINTS or parts[0] in WORKER_POINTS
+        if len(parts) not in (2, 3) or not known or not parts[1].isdigit() or int(parts[1]) < 1:
             raise ValueError(
                 f"{ENV}={text!r}: each item must be <point>:<n>[:kill|stop] with n >= 1; "
-                f"points: {sorted(POINTS)}"
+                f"points: {sorted(POINTS)}; a worker's: {sorted(WORKER_POINTS)}"
             )
         action = parts[2] if len(parts) == 3 else "kill"
         if action not in ACTIONS:
