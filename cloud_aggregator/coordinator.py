@@ -107,7 +107,9 @@ class WorkerFleet(MqttFleet):
         deadline = time.monotonic() + self.policy.startup_wait_s
         while len(self.live_workers()) < self.expected_workers and time.monotonic() < deadline:
             msg = self.session.get(0.1)
-            if msg is not None:
+            if msg is not None and self._is_uplink(msg.topic):
+                self._route(msg)  # a batch sent while we were down waits for its round, as an upload does
+            elif msg is not None:
                 self.handle(msg, None)
         log.info("workers online: %s", sorted(self.live_workers()))
         return super().wait_for_devices(settle_s)

@@ -108,3 +108,39 @@ def test_a_worker_killed_mid_round_loses_no_upload(fleet_procs):
     reference, _, sim_records = simulate(TaskSpec.from_json(json.dumps(TASK)), clients)
     assert param_hash(final) == param_hash(reference)
     assert [r.global_hash for r in records] == [r.global_hash for r in sim_records]
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_a_killed_coordinator_resumes_with_its_workers(fleet_procs):
+    # serve SIGKILLs itself right after announcing round 2 and is started again; the workers live on.
+    clients = client_data(np.random.default_rng(0))
+    for device, data in clients.items():
+        save_dataset(fleet_procs.work / device, data.train, data.test, {"source": "test"})
+        fleet_procs.start_device(device, simulate=None)
+    toml = aggregator_toml(
+        fleet_procs.broker_url, fleet_procs.work / "aggregator", [TASK], expected=DEVICES, deadline_s=120
+    ).replace("[collect]\n", "[collect]\nworkers = 2\nspawn_workers = false\n")
+    first = fleet_procs.start_aggregator(toml, fault="after_announce:2")
+    config = fleet_procs.work / "aggregator.toml"
+    workers = [start_worker(fleet_procs, config, name) for name in ("w1", "w2")]
+    try:
+        assert first.wait(120) == -signal.SIGKILL, fleet_procs.log("aggregator")[-3000:]
+        fleet_procs.start_aggregator(toml)
+        assert fleet_procs.wait_aggregator(180) == 0, fleet_procs.log("aggregator")[-3000:]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+                w.wait(10)
+    records = fleet_procs.rounds("pflda")
+    assert [(r.round, r.status, sorted(r.participants)) for r in records] == [
+        (n, "completed", DEVICES) for n in range(1, 5)
+    ]
+    store = SqliteStore(fleet_procs.db, readonly=True)
+    try:
+        final = store.resume_point("pflda")[2]
+    finally:
+        store.close()
+    reference, _, _ = simulate(TaskSpec.from_json(json.dumps(TASK)), clients)
+    assert param_hash(final) == param_hash(reference)
