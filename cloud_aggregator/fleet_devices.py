@@ -71,7 +71,8 @@ def rewrite_acl(layout: FleetLayout, devices: Sequence[str]) -> None:
         replace(p, devices=tuple(d for d in p.devices if d in devices)) for p in read_plants(layout.root)
     ]
     bridges = {p.bridge: p.devices for p in plants}
-    replace_file(layout.acl, acl_text(layout.fleet, devices, bridges))
+    workers = {p.bridge: p.worker for p in plants if p.worker}
+    replace_file(layout.acl, acl_text(layout.fleet, devices, bridges, workers))
     for plant in plants:
         refresh_plant(layout, plant)
 

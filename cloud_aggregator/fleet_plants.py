@@ -11,6 +11,17 @@ What it writes (``FLEET/plants/<plant>/``, copied to the plant's gateway)::
     data/                       the plant broker's persistence (queued uplinks survive its restart)
     systemd/mosquitto.service.d/ioft.conf   Debian's mosquitto.service, on the plant's conf
 
+and with ``--partial-aggregator`` (a plant worker, ``cloud-aggregator worker --plant``, so that one
+batch per round, not one upload per device, crosses the bridge)::
+
+    worker.<plant>.crt, .key    the worker's client certificate (CN worker.<plant>; its worker id: <plant>)
+    worker.toml                 its connection: the plant broker, TLS with that certificate
+    systemd/ioft-plant-worker.service   ``cloud-aggregator worker --plant`` as a Type=notify service
+
+The plant ACL then grants the worker its devices' uploads, statuses, announcements and ``agg/ctl``,
+and its own batches and state; the bridge carries those instead of the devices' uploads
+(``bridge_topic_lines(partial=True)``), and the cloud ACL lets the bridge write them.
+
 It also points each listed device's ``devices/<id>/device.toml`` at the plant broker, and
 grants the bridge identity its devices' topics in the cloud ACL (reload the cloud broker).
 Topics do not change: a device sees on the plant broker what it would see on the cloud.
@@ -54,7 +65,10 @@ from cloud_aggregator.fleet_plant_files import (
     plant_dir,
     plant_dropin,
     plant_toml_text,
+    worker_identity,
+    worker_toml_text,
 )
+from cloud_aggregator.fleet_units import PLANT_WORKER_UNIT, plant_worker_unit, venv_of
 from ioft_protocol import codec
 from ioft_protocol.mqtt import BrokerAddress
 
@@ -105,9 +119,11 @@ def add_plant(
     restart_timeout: tuple[int, int] = (2, 30),
     days: int = 825,
     force: bool = False,
+    partial: bool = False,
 ) -> tuple[FleetLayout, PlantRecord]:
     """Write ``plants/<plant>/`` for ``devices`` (enrolled already), point their TOMLs at it and
-    grant its bridge their topics in the cloud ACL.
+    grant its bridge their topics in the cloud ACL; with ``partial``, a plant worker's files too
+    (its id is the plant id) and the bridge carries its batches instead of the devices' uploads.
 
     Raises
     ------
@@ -131,7 +147,9 @@ def add_plant(
         raise FleetInitError(f"cannot add plant {plant}:\n  - " + "\n  - ".join(errors))
     address = _cloud_address(layout, cloud)
     url_host = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
-    record = PlantRecord(plant, bridge_identity(plant), f"mqtts://{url_host}:{port}", devices)
+    record = PlantRecord(
+        plant, bridge_identity(plant), f"mqtts://{url_host}:{port}", devices, plant if partial else ""
+    )
     before = next((p for p in read_plants(layout.root) if p.plant == plant), None)
     ca = load_ca(layout)
 
@@ -142,6 +160,15 @@ def add_plant(
         os.chmod(tmp, 0o755)
         issue(ca, layout, hosts[0], tmp, server_hosts=hosts, days=days)  # recorded in ca/issued.tsv
         issue(ca, layout, record.bridge, tmp, days=days)
+        keys = [tmp / "server.key", tmp / f"{record.bridge}.key"]
+        if partial:
+            issue(ca, layout, worker_identity(plant), tmp, days=days)
+            keys.append(tmp / f"{worker_identity(plant)}.key")
+            write_file(tmp / "worker.toml", worker_toml_text(layout, record))
+            unit = plant_worker_unit(
+                layout.fleet, plant, record.worker, final / "worker.toml", venv_of(layout)
+            )
+            write_file(tmp / "systemd" / PLANT_WORKER_UNIT, unit)
         shutil.copyfile(layout.ca_cert, tmp / "ca.crt")
         if layout.crl.exists():
             shutil.copyfile(layout.crl, tmp / "crl.pem")
@@ -156,7 +183,7 @@ def add_plant(
         (tmp / "data").mkdir()
         owner = broker_owner()
         if owner is not None:  # mosquitto drops root before reading keys and writing data/
-            for path in (tmp / "server.key", tmp / f"{record.bridge}.key", tmp / "data"):
+            for path in (*keys, tmp / "data"):
                 os.chown(path, *owner)
         fsync_tree(tmp)
         swap_folder(tmp, final)
@@ -200,6 +227,9 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
                    help="seconds between the bridge's reconnect attempts (jittered from BASE up to CAP)")  # fmt: skip
     p.add_argument("--days", type=int, default=825, help="validity of the plant's certificates")
     p.add_argument("--force", action="store_true", help="rewrite an existing plant (new certificates)")
+    p.add_argument("--partial-aggregator", action="store_true",
+                   help="a plant worker (cloud-aggregator worker --plant) folds the plant's uploads: one "
+                   "batch per round crosses the bridge, not one upload per device")  # fmt: skip
     p.set_defaults(func=main)
 
 
@@ -218,6 +248,7 @@ def main(args: argparse.Namespace) -> int:
             restart_timeout=args.bridge_retry,
             days=args.days,
             force=args.force,
+            partial=args.partial_aggregator,
         )
     except (FleetInitError, OSError, ValueError) as exc:
         print(exc, file=sys.stderr)
@@ -228,4 +259,8 @@ def main(args: argparse.Namespace) -> int:
           f"cp -r {d / 'systemd'}/* /etc/systemd/system/)")  # fmt: skip
     print(f"  cloud broker: its ACL now grants {plant.bridge} the plant's topics; {RELOAD_HINT}")
     print(f"  devices: copy devices/<id>/ again (device.toml now names {plant.broker})")
+    if plant.worker:
+        print(f"  plant worker: cloud-aggregator worker --plant --id {plant.worker} --config {d / 'worker.toml'} "
+              f"(or as a service: systemd/{PLANT_WORKER_UNIT})")  # fmt: skip
+        print(f'  serve: add plant_workers = ["{plant.worker}"] to [collect] in aggregator.toml')
     return 0

@@ -8,6 +8,8 @@ What goes where::
                                                         folder as /etc/ioft/<id>/, the units
     systemd/ioft-aggregator.service                     ``cloud-aggregator serve --service``
     systemd/mosquitto.service.d/ioft.conf               Debian's mosquitto.service, on the fleet's conf
+    plants/<plant>/systemd/ioft-plant-worker.service    a plant's partial aggregator (``fleet add-plant
+                                                        --partial-aggregator``)
 
 The device units are templates whose instance is the device id (``systemctl enable
 ioft-edge-trainer@printer1``): the copied device folder is ``/etc/ioft/<id>/`` and the
@@ -48,9 +50,11 @@ TRAINER_UNIT = "ioft-edge-trainer@.service"
 RECORDER_UNIT = "ioft-edge-recorder@.service"
 AGGREGATOR_UNIT = "ioft-aggregator.service"
 MOSQUITTO_DROPIN = Path("mosquitto.service.d") / "ioft.conf"
+#: A plant's partial aggregator (``fleet add-plant --partial-aggregator``), in ``plants/<plant>/systemd/``.
+PLANT_WORKER_UNIT = "ioft-plant-worker.service"
 #: Watchdog: longer than the longest step of a main loop (a device's training round, one
 #: aggregation), short enough that a hung loop is restarted within minutes.
-WATCHDOG_S = {"trainer": 300, "recorder": 60, "aggregator": 300}
+WATCHDOG_S = {"trainer": 300, "recorder": 60, "aggregator": 300, "plant_worker": 60}
 
 # The sandbox every unit shares (systemd.exec(5)).
 _HARDENING = """\
@@ -180,6 +184,36 @@ ReadWritePaths={state_dir}
 TimeoutStartSec=infinity
 {_restart(WATCHDOG_S["aggregator"])}
 ProtectHome={"read-only" if home else "yes"}
+PrivateTmp=yes
+PrivateDevices=yes
+{_HARDENING}
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def plant_worker_unit(fleet: str, plant: str, worker: str, toml: Path, venv: Path = DEFAULT_VENV) -> str:
+    """``ioft-plant-worker.service``: ``cloud-aggregator worker --plant`` on the plant's gateway."""
+    return f"""\
+# ioft fleet {fleet}, plant {plant}: the plant's partial aggregator, written by `cloud-aggregator fleet add-plant`.
+# Its key must be readable by {AGGREGATOR_USER} (useradd --system {AGGREGATOR_USER}; chgrp {AGGREGATOR_USER} the
+# folder and its worker.*.key, chmod 750 / 640), then systemctl enable --now {PLANT_WORKER_UNIT}
+[Unit]
+Description=ioft plant worker {worker} (fleet {fleet})
+After=network-online.target mosquitto.service
+Wants=network-online.target
+
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart={venv}/bin/cloud-aggregator worker --plant --id {worker} --config {toml}
+User={AGGREGATOR_USER}
+Group={AGGREGATOR_USER}
+# It waits for the broker as long as it takes; the watchdog counts from READY (connected).
+TimeoutStartSec=infinity
+{_restart(WATCHDOG_S["plant_worker"])}
+ProtectHome=yes
 PrivateTmp=yes
 PrivateDevices=yes
 {_HARDENING}

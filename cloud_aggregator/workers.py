@@ -43,6 +43,7 @@ from ioft_protocol import codec, topics
 from ioft_protocol.config import ConfigError, build, load_toml
 from ioft_protocol.mqtt import Message, MqttSession, SessionOptions
 from ioft_protocol.round_messages import Announcement
+from ioft_protocol.service import Notifier
 from trainer_lite.task import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -134,8 +135,9 @@ class AggregatorWorker:
         self.batches = 0
 
     # -- the loop ---------------------------------------------------------------------------
-    def run(self, stop: threading.Event) -> None:
-        """Handle messages and send batches until ``stop`` is set.
+    def run(self, stop: threading.Event, notifier: Notifier | None = None) -> None:
+        """Handle messages and send batches until ``stop`` is set; ``notifier``: systemd's READY once
+        connected and a watchdog ping from each turn (``ioft-plant-worker.service``).
 
         A batch leaves as soon as the worker has nothing more to read (no upload waits behind it),
         or after ``FLUSH_S`` of a backlog: under load batches grow (a batch carries 2 × P float64,
@@ -143,6 +145,11 @@ class AggregatorWorker:
         they leave at once.
         """
         while not stop.is_set():
+            if notifier is not None:
+                notifier.alive()
+                if not notifier.ready_sent and self.session.connected.is_set():
+                    b = self.session.options.broker
+                    notifier.ready(f"worker {self.id}: connected to {b.host}:{b.port}")
             msg, until = self.session.get(IDLE_S), time.monotonic() + FLUSH_S
             while msg is not None:
                 self.handle(msg)
@@ -324,6 +331,7 @@ def run_worker(
     cfg: AggregatorConfig, worker: str, stop: threading.Event | None = None, *, plant: bool = False
 ) -> None:
     stop = stop or threading.Event()
+    notifier = Notifier.from_env()  # a no-op outside a Type=notify unit
     session = MqttSession(worker_options(cfg, worker))
     w = AggregatorWorker(
         session, cfg.fleet, worker, cfg.admission.policy(), cfg.max_payload_bytes, plant=plant
@@ -331,8 +339,10 @@ def run_worker(
     session.start(timeout=None)
     log.info("worker %s of fleet %s: sharing the uplink (group %s)", worker, cfg.fleet, wire.GROUP)
     try:
-        w.run(stop)
+        w.run(stop, notifier)
     finally:
+        notifier.stopping()
+        notifier.close()
         session.stop(final=(wire.topic_worker(cfg.fleet, worker), wire.OFFLINE))
         log.info("worker %s stopped: %d uploads admitted, %d batches", worker, w.admitted, w.batches)
 

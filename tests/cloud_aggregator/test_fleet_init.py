@@ -147,11 +147,16 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
     assert "user printer2" not in rules  # not enrolled: no reads
     aggregator = block(AGGREGATOR)
     assert "topic read ioft/v1/plant/task/+/up/+" in aggregator
-    # Its writes: the downlinks, its own one-aggregator lock and its roll call (ioft_protocol.restate).
+    # Its writes: the downlinks, its own one-aggregator lock, its roll call (ioft_protocol.restate)
+    # and, coordinating plant workers, their control topic.
     assert not [
         r
         for r in aggregator
-        if "write" in r.split()[1] and "/down" not in r and "/aggregator" not in r and "/rollcall" not in r
+        if "write" in r.split()[1]
+        and "/down" not in r
+        and "/aggregator" not in r
+        and "/rollcall" not in r
+        and not r.endswith("/agg/ctl")
     ]
 
 
