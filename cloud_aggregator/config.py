@@ -42,6 +42,10 @@ class CollectConfig:
     #: With ``workers`` > 1: serve starts them beside itself (``false``: an operator runs
     #: ``cloud-aggregator worker`` on other machines).
     spawn_workers: bool = True
+    #: Plant workers (``cloud-aggregator worker --plant``, ``fleet add-plant --partial-aggregator``)
+    #: serve coordinates and waits for at start: with them serve coordinates even at ``workers = 1``,
+    #: then reading no upload itself (every device sits at such a plant).
+    plant_workers: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.deadline_s <= 0 or self.min_participants < 1 or self.max_extensions < 0:
@@ -50,6 +54,8 @@ class CollectConfig:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        for w in self.plant_workers:
+            check_id("worker", w)
         if self.straggler not in ("drop", "next_round"):
             raise ValueError(f"straggler must be 'drop' or 'next_round', got {self.straggler!r}")
         if not 0.0 < self.staleness_weight <= 1.0:
@@ -249,11 +255,14 @@ class AggregatorConfig:
                     raise ValueError(f"task {t.name!r}: dp needs [collect] straggler = 'drop'")
                 if t.secagg is not None:  # a late upload carries no parameters, only a sum counts
                     raise ValueError(f"task {t.name!r}: secagg needs [collect] straggler = 'drop'")
-        if self.collect.workers > 1:  # workers fold partial sums: only the mean family splits
+        # Workers (the cloud's or the plants') fold partial sums: only the mean family splits.
+        if self.collect.workers > 1 or self.collect.plant_workers:
+            what = (f"workers = {self.collect.workers}" if self.collect.workers > 1
+                    else f"plant_workers = {self.collect.plant_workers}")  # fmt: skip
             for t in self.task:
                 why = workers_refusal(t.spec(), self.collect.straggler, getattr(t, "mode", "sync"))
                 if why is not None:
-                    raise ValueError(f"task {t.name!r}: [collect] workers = {self.collect.workers}: {why}")
+                    raise ValueError(f"task {t.name!r}: [collect] {what}: {why}")
         if isinstance(self.restart, list):
             unknown = sorted(set(self.restart) - set(names))
             if unknown:

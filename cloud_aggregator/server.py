@@ -221,11 +221,13 @@ def serve(
             max_payload_bytes=cfg.max_payload_bytes,
             checkpoint_every=c.checkpoint_every,
         )
-        if c.workers > 1:  # K workers share the uplink; this process coordinates (README)
+        if c.workers > 1 or c.plant_workers:  # K workers share the uplink; this process coordinates (README)
+            # At workers = 1 with plant workers: the plants' batches only, no cloud worker.
+            expected = (c.workers if c.workers > 1 else 0) + len(c.plant_workers)
             fleet = WorkerFleet(
-                session, cfg.fleet, policy, store, admission=cfg.admission.policy(), workers=c.workers
+                session, cfg.fleet, policy, store, admission=cfg.admission.policy(), workers=expected
             )
-            if c.spawn_workers:
+            if c.spawn_workers and c.workers > 1:
                 if not worker_argv:
                     raise ServeRefusedError(
                         "[collect] workers needs serve --config: the workers it starts read the same file "

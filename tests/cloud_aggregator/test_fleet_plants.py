@@ -10,10 +10,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from cloud_aggregator import fleet_devices
 from cloud_aggregator.cli import main as cli_main
+from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.fleet_init import FleetInitError, init_fleet
 from cloud_aggregator.fleet_layout import open_fleet, read_plants
+from cloud_aggregator.fleet_plant_files import bridge_topic_lines
 from cloud_aggregator.fleet_plants import add_plant
-from ioft_protocol.config import load_toml
+from ioft_protocol.config import ConfigError, build, load_toml
 
 DEVICES = ["printer1", "printer2", "welder1"]
 P = "ioft/v1/plant"
@@ -142,3 +144,108 @@ def test_password_fleets_and_bad_input_get_one_line_and_exit_2(tmp_path, capsys)
     assert cli_main(["fleet", "add-plant", "--dir", str(tmp_path / "nope"), "--plant", "a",
                      "--devices", "printer1"]) == 2  # fmt: skip
     assert "is not a fleet folder" in capsys.readouterr().err
+
+
+# -- --partial-aggregator: a plant worker (cloud-aggregator worker --plant) ------------------------------
+def _user_section(acl: str, user: str) -> set[str]:
+    """The ``topic`` lines under ``user <user>`` (up to the next ``user`` line)."""
+    out, inside = set(), False
+    for line in acl.splitlines():
+        if line.startswith("user "):
+            inside = line == f"user {user}"
+        elif inside and line.startswith("topic "):
+            out.add(line)
+    return out
+
+
+def test_a_partial_plant_writes_its_worker_and_bridges_batches_not_uploads(fleet):
+    layout, plant = add_plant(fleet, "plant-a", ["printer1", "printer2"], hosts=["gw.plant-a.lan"], port=8884,
+                              partial=True)  # fmt: skip
+    d = fleet / "plants" / "plant-a"
+    assert plant.worker == "plant-a" and read_plants(fleet) == [plant]
+    conf = (d / "mosquitto.conf").read_text().splitlines()
+    topic_lines = [line for line in conf if line.startswith("topic ")]
+    assert topic_lines == bridge_topic_lines("plant", partial=True)
+    assert f"topic {P}/task/+/up/+ out 1" not in conf  # no device upload crosses
+    assert f"topic {P}/agg/batch/+/+ out 1" in conf and f"topic {P}/agg/ctl in 1" in conf
+
+    worker = _cert(d / "worker.plant-a.crt")
+    worker.verify_directly_issued_by(_cert(layout.ca_cert))
+    assert worker.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "worker.plant-a"
+    assert "worker.plant-a" in (fleet / "ca" / "issued.tsv").read_text()
+    toml = load_toml(d / "worker.toml")
+    assert toml["broker"] == "mqtts://gw.plant-a.lan:8884" and toml["fleet"] == "plant"
+    assert toml["tls"] == {"ca_file": str(d / "ca.crt"), "cert_file": str(d / "worker.plant-a.crt"),
+                           "key_file": str(d / "worker.plant-a.key")}  # fmt: skip
+    cfg = build(AggregatorConfig, toml, "worker.toml")  # what `cloud-aggregator worker --config` loads
+    assert cfg.tls is not None and cfg.broker == plant.broker
+
+    assert _user_section((d / "acl").read_text(), "worker.plant-a") == {
+        f"topic read {P}/task/+/up/+",
+        f"topic read $share/ioft-agg/{P}/task/+/up/+",
+        f"topic read {P}/status/+",
+        f"topic read {P}/task/+/down",
+        f"topic read {P}/agg/ctl",
+        f"topic write {P}/agg/batch/+/plant-a",  # its own batches only
+        f"topic readwrite {P}/agg/worker/plant-a",  # its birth and Last Will
+    }
+    assert _user_section((fleet / "broker" / "acl").read_text(), "bridge.plant-a") == {
+        f"topic read {P}/task/+/down",
+        f"topic read {P}/model/+/manifest",
+        f"topic read {P}/model/+/+/chunk/+",
+        f"topic read {P}/rollcall",
+        f"topic write {P}/agg/batch/+/plant-a",
+        f"topic write {P}/agg/worker/plant-a",
+        f"topic read {P}/agg/ctl",
+        f"topic write {P}/status/printer1",  # statuses still cross; uploads do not
+        f"topic write {P}/task/+/secagg/up/printer1",
+        f"topic read {P}/task/+/down/printer1",
+        f"topic read {P}/task/+/secagg/down/printer1",
+        f"topic write {P}/status/printer2",
+        f"topic write {P}/task/+/secagg/up/printer2",
+        f"topic read {P}/task/+/down/printer2",
+        f"topic read {P}/task/+/secagg/down/printer2",
+    }
+    unit = (d / "systemd" / "ioft-plant-worker.service").read_text().splitlines()
+    assert "Type=notify" in unit and "WatchdogSec=60" in unit
+    assert (
+        f"ExecStart=/opt/ioft/bin/cloud-aggregator worker --plant --id plant-a --config {d / 'worker.toml'}"
+        in unit
+    )
+
+
+def test_a_partial_plant_stays_partial_when_devices_change(fleet):
+    add_plant(fleet, "plant-a", ["printer1", "printer2"], partial=True)
+    fleet_devices.revoke_devices(fleet, ["printer2"])
+    d = fleet / "plants" / "plant-a"
+    assert read_plants(fleet)[0].worker == "plant-a"
+    assert "user worker.plant-a" in (d / "acl").read_text()  # refresh_plant keeps the worker's grants
+    bridge = _user_section((fleet / "broker" / "acl").read_text(), "bridge.plant-a")
+    assert f"topic write {P}/agg/batch/+/plant-a" in bridge and not [t for t in bridge if "/task/+/up/" in t]
+
+    add_plant(fleet, "plant-a", ["printer1"], force=True)  # rewritten without it: uploads cross again
+    assert read_plants(fleet)[0].worker == ""
+    assert not (d / "worker.toml").exists() and "worker.plant-a" not in (d / "acl").read_text()
+    bridge = _user_section((fleet / "broker" / "acl").read_text(), "bridge.plant-a")
+    assert f"topic write {P}/task/+/up/printer1" in bridge and not [t for t in bridge if "/agg/" in t]
+
+
+def test_serve_coordinates_plant_workers_at_workers_1_and_refuses_what_cannot_split():
+    base = {"fleet": "plant", "collect": {"plant_workers": ["plant-a"]}}
+    cfg = build(AggregatorConfig, base, "aggregator.toml")
+    assert cfg.collect.workers == 1 and cfg.collect.plant_workers == ["plant-a"]
+    with pytest.raises(ConfigError, match="worker"):
+        build(AggregatorConfig, {**base, "collect": {"plant_workers": ["Plant A"]}}, "aggregator.toml")
+    median = {"name": "t", "algorithm": "fedavg", "model": "sigmoid_glm", "rounds": 1,
+              "server": {"reducer": "median"}}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"plant_workers = \['plant-a'\]"):
+        build(AggregatorConfig, {**base, "task": [median]}, "aggregator.toml")
+
+
+def test_add_plant_partial_prints_the_worker_command(fleet, capsys):
+    assert cli_main(["fleet", "add-plant", "--dir", str(fleet), "--plant", "plant-a", "--devices", "printer1",
+                     "--partial-aggregator"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    d = fleet / "plants" / "plant-a"
+    assert f"cloud-aggregator worker --plant --id plant-a --config {d / 'worker.toml'}" in out
+    assert 'plant_workers = ["plant-a"]' in out

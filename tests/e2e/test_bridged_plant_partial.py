@@ -1,0 +1,148 @@
+"""A plant with its partial aggregator, the operator's way: ``fleet init`` → ``fleet add-plant
+--partial-aggregator`` → the written configs, on loopback.
+
+Two real mosquittos from the generated configs (TLS with client certificates, the written ACLs),
+the cloud's from ``fleet init`` and the plant's from ``fleet add-plant``; ``serve`` at the cloud
+with ``[collect] workers = 1`` and ``plant_workers = ["plant-a"]`` (it coordinates, reading no
+upload itself); ``cloud-aggregator worker --plant`` from the plant's ``worker.toml``; two real
+``edge-trainer --simulate printer`` processes from their written device folders (``device.toml``
+names the plant broker).  A witness on the cloud broker (a test-only certificate and ACL stanza
+that reads the fleet's whole tree) counts what crosses the bridge: no device upload, one batch
+from the plant per round, and every round completes with both printers.
+"""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+import threading
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pytest
+
+from cloud_aggregator import worker_wire as wire
+from cloud_aggregator.broker import free_port
+from cloud_aggregator.fleet_devices import load_ca
+from cloud_aggregator.fleet_layout import open_fleet
+from tests.e2e.test_bridged_plant import DEVICES, ROUNDS, device, wait_for
+from tests.e2e.test_fleet_init_broker import Broker, assert_clean_start, cli, init
+from tests.e2e.test_operator_path import console_script, served_rounds, spawn, stop, tail
+
+pytestmark = pytest.mark.broker
+P = "ioft/v1/plant"
+TASK = "speed"
+
+TASKS = f"""
+[collect]
+deadline_s = 60
+startup_wait_s = 30  # waits for the plant worker's state to cross the bridge (plant_workers)
+min_participants = {len(DEVICES)}
+plant_workers = ["plant-a"]  # `fleet add-plant --partial-aggregator` says so
+
+[[task]]
+name = "{TASK}"
+algorithm = "fedavg"
+model = "sigmoid_glm"
+rounds = {ROUNDS}
+hparams = {{ lr = 0.1, local_steps = 10 }}
+"""
+
+
+def witness(fleet: Path, port: int, messages: list[str]) -> paho.Client:
+    """A TLS subscriber to the fleet's whole tree on the cloud broker, under a test-only identity:
+    its certificate from the fleet CA, its ACL stanza appended to the written ACL before the broker
+    starts (the generated ACL grants nobody the uploads of a partial plant's devices)."""
+    layout = open_fleet(fleet)
+    cert, key = load_ca(layout).issue("witness", days=1)
+    (fleet / "witness.crt").write_bytes(cert)
+    (fleet / "witness.key").write_bytes(key)
+    with layout.acl.open("a") as f:
+        f.write(f"\n# test only\nuser witness\ntopic read {P}/#\n")
+    c = paho.Client(callback_api_version=paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311,
+                    client_id="witness")  # fmt: skip
+    c.tls_set(ca_certs=str(layout.ca_cert), certfile=str(fleet / "witness.crt"),
+              keyfile=str(fleet / "witness.key"), cert_reqs=ssl.CERT_REQUIRED)  # fmt: skip
+    c.on_message = lambda _c, _u, m: messages.append(m.topic)
+    return c
+
+
+def connect(c: paho.Client, port: int) -> None:
+    up, subbed = threading.Event(), threading.Event()
+    c.on_connect = lambda *_a: up.set()
+    c.on_subscribe = lambda *_a: subbed.set()
+    c.connect("127.0.0.1", port, keepalive=30)
+    c.loop_start()
+    assert up.wait(10), "the witness did not connect"
+    c.subscribe(f"{P}/#", qos=1)
+    assert subbed.wait(10), "no SUBACK"
+
+
+@pytest.fixture
+def work(enterable_dir: Path) -> Path:
+    return enterable_dir
+
+
+def test_a_partial_plant_from_the_written_files_sends_one_batch_per_round_and_no_upload(work):
+    cloud_port, plant_port = free_port(), free_port()
+    fleet = init(work, cloud_port)  # fleet init --devices printer1,printer2 (TLS certificates)
+    out = cli("fleet", "add-plant", "--dir", str(fleet), "--plant", "plant-a", "--devices", ",".join(DEVICES),
+              "--host", "127.0.0.1", "--port", str(plant_port), "--bind", "127.0.0.1", "--bridge-retry", "1,2",
+              "--partial-aggregator")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    plant = fleet / "plants" / "plant-a"
+    worker_cmd = f"cloud-aggregator worker --plant --id plant-a --config {plant / 'worker.toml'}"
+    assert worker_cmd in out.stdout, out.stdout  # what the operator is told to run at the plant
+    assert 'plant_workers = ["plant-a"]' in out.stdout
+    agg_toml = fleet / "aggregator" / "aggregator.toml"
+    with agg_toml.open("a") as f:
+        f.write(TASKS)
+
+    crossed: list[str] = []
+    w = witness(fleet, cloud_port, crossed)
+    cloud = Broker(fleet / "broker" / "mosquitto.conf", cloud_port, work / "cloud.log")
+    plant_broker = Broker(plant / "mosquitto.conf", plant_port, work / "plant.log")
+    procs: list[subprocess.Popen] = []
+    try:
+        assert_clean_start(cloud)
+        assert_clean_start(plant_broker)
+        wait_for(
+            "the bridge did not connect", lambda: "as bridge.plant-a " in cloud.log(), work / "cloud.log"
+        )
+        connect(w, cloud_port)
+        cloud_aggregator = console_script("cloud-aggregator", "cloud_aggregator.cli")
+        aggregator = spawn([*cloud_aggregator, "serve", "--config", str(agg_toml), "--state-dir", str(work / "aggregator")],
+                           work / "aggregator.log", cwd=work)  # fmt: skip
+        procs.append(aggregator)
+        procs.append(spawn([*cloud_aggregator, "worker", "--plant", "--id", "plant-a", "--config", str(plant / "worker.toml")],
+                           work / "worker.log", cwd=work))  # fmt: skip
+        procs += [device(work, fleet, d) for d in DEVICES]
+        refusals = served_rounds(
+            aggregator, work, TASK, ROUNDS, DEVICES, work / "worker.log", work / "plant.log"
+        )
+        assert set().union(*(set(r) for r in refusals.values())) <= {"replay", "stale_round"}, refusals
+        wait_for(
+            "the witness missed the last batch", lambda: len(batches(crossed)) >= ROUNDS, work / "cloud.log"
+        )
+    finally:
+        for p in procs:
+            stop(p)
+        w.disconnect()
+        w.loop_stop()
+        cloud.stop()
+        plant_broker.stop()
+
+    uploads = [t for t in crossed if t.startswith(f"{P}/task/") and "/up/" in t]
+    assert uploads == []  # no device upload reached the cloud broker
+    assert len(batches(crossed)) == ROUNDS, crossed  # one message per plant per round
+    assert f"{P}/status/printer1" in crossed  # statuses still cross: the coordinator sees who is online
+    assert "as worker.plant-a " in plant_broker.log()  # the worker logged in with its own certificate
+    for log in (cloud.log(), plant_broker.log()):
+        assert "denied" not in log.lower(), log
+    worker_log = tail(work / "worker.log")
+    assert "Traceback" not in worker_log, worker_log
+
+
+def batches(crossed: list[str]) -> list[str]:
+    return [t for t in crossed if t == wire.topic_batch("plant", TASK, "plant-a")]
