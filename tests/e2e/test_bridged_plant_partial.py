@@ -8,13 +8,16 @@ upload itself); ``cloud-aggregator worker --plant`` from the plant's ``worker.to
 ``edge-trainer --simulate printer`` processes from their written device folders (``device.toml``
 names the plant broker).  A witness on the cloud broker (a test-only certificate and ACL stanza
 that reads the fleet's whole tree) counts what crosses the bridge: no device upload, one batch
-from the plant per round, and every round completes with both printers.
+from the plant per round, and every round completes with both printers.  The second test runs the
+worker as its systemd unit would (``$NOTIFY_SOCKET``, ``$WATCHDOG_USEC``): READY once connected,
+watchdog pings from its loop, STOPPING on SIGTERM.
 """
 
 from __future__ import annotations
 
 import ssl
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -22,9 +25,10 @@ import paho.mqtt.client as paho
 import pytest
 
 from cloud_aggregator import worker_wire as wire
-from cloud_aggregator.broker import free_port
+from cloud_aggregator.broker import free_port, start_mosquitto
 from cloud_aggregator.fleet_devices import load_ca
 from cloud_aggregator.fleet_layout import open_fleet
+from tests.e2e.notify import NotifyListener
 from tests.e2e.test_bridged_plant import DEVICES, ROUNDS, device, wait_for
 from tests.e2e.test_fleet_init_broker import Broker, assert_clean_start, cli, init
 from tests.e2e.test_operator_path import console_script, served_rounds, spawn, stop, tail
@@ -146,3 +150,32 @@ def test_a_partial_plant_from_the_written_files_sends_one_batch_per_round_and_no
 
 def batches(crossed: list[str]) -> list[str]:
     return [t for t in crossed if t == wire.topic_batch("plant", TASK, "plant-a")]
+
+
+def test_the_plant_worker_is_ready_once_connected_pings_from_its_loop_and_says_stopping(tmp_path):
+    # Prepare: what ioft-plant-worker.service (Type=notify, WatchdogSec=) gives it, no broker yet
+    listener = NotifyListener()
+    port = free_port()
+    config = tmp_path / "worker.toml"
+    config.write_text(f'fleet = "plant"\nbroker = "mqtt://127.0.0.1:{port}"\nallow_plaintext = true\n')
+    log = (tmp_path / "worker.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cloud_aggregator.cli", "worker", "--plant", "--id", "plant-a", "--config", str(config)],
+        stdout=log, stderr=subprocess.STDOUT, env=listener.env(0.6),
+    )  # fmt: skip
+    broker = None
+    try:
+        # Execute / Assert: its loop turns before the broker is there (no READY), READY once connected
+        listener.wait_for("EXTEND_TIMEOUT_USEC=1200000", 30)
+        assert listener.count("READY=1") == 0
+        broker = start_mosquitto(port, log_file=tmp_path / "mosquitto.log")
+        ready = listener.wait_for("READY=1", 30)
+        listener.pings_then_stops(proc, ready)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+        listener.close()
+        if broker is not None:
+            broker.stop()
+    assert "Traceback" not in (tmp_path / "worker.log").read_text()
