@@ -26,7 +26,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from cloud_aggregator import worker_wire as wire
 from cloud_aggregator.fleet_layout import (
     MAX_PACKET_BYTES,
     FleetLayout,
@@ -83,16 +82,15 @@ def worker_identity(plant: str) -> str:
 
 
 def worker_acl_text(fleet: str, plant: PlantRecord) -> str:
-    """What the plant worker may do on the plant broker: read its devices' uploads (through the shared
-    subscription), statuses and announcements and the coordinator's control messages; write its own
-    batches and its state (birth and Last Will) only."""
+    """What the plant worker may do on the plant broker: read its devices' uploads (mosquitto checks its
+    shared subscription against the plain topic), statuses and announcements and the coordinator's
+    control messages; write its own batches and its state (birth and Last Will) only."""
     p = f"{topics.PROTOCOL}/{fleet}"
     w = codec.check_id("worker", plant.worker)
     return f"""
 # The plant's partial aggregator (`cloud-aggregator worker --plant --id {w}`): one batch per round to the cloud.
 user {worker_identity(plant.plant)}
 topic read {p}/task/+/up/+
-topic read $share/{wire.GROUP}/{p}/task/+/up/+
 topic read {p}/status/+
 topic read {p}/task/+/down
 topic read {p}/agg/ctl

@@ -182,7 +182,6 @@ def test_a_partial_plant_writes_its_worker_and_bridges_batches_not_uploads(fleet
 
     assert _user_section((d / "acl").read_text(), "worker.plant-a") == {
         f"topic read {P}/task/+/up/+",
-        f"topic read $share/ioft-agg/{P}/task/+/up/+",
         f"topic read {P}/status/+",
         f"topic read {P}/task/+/down",
         f"topic read {P}/agg/ctl",
