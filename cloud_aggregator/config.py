@@ -56,6 +56,19 @@ class CollectConfig:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         for w in self.plant_workers:
             check_id("worker", w)
+        dupes = sorted({w for w in self.plant_workers if self.plant_workers.count(w) > 1})
+        if dupes:
+            raise ValueError(f"plant_workers names {dupes} more than once; name each plant worker once")
+        own = sorted(
+            set(self.plant_workers) & {f"w{i}" for i in range(1, self.workers + 1)}
+            if self.workers > 1
+            else []
+        )
+        if own:
+            raise ValueError(
+                f"plant_workers {own} are named as serve's own workers (w1..w{self.workers}); "
+                "rename the plant (fleet add-plant --plant)"
+            )
         if self.straggler not in ("drop", "next_round"):
             raise ValueError(f"straggler must be 'drop' or 'next_round', got {self.straggler!r}")
         if not 0.0 < self.staleness_weight <= 1.0:

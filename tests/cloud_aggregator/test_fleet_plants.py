@@ -248,3 +248,17 @@ def test_add_plant_partial_prints_the_worker_command(fleet, capsys):
     d = fleet / "plants" / "plant-a"
     assert f"cloud-aggregator worker --plant --id plant-a --config {d / 'worker.toml'}" in out
     assert 'plant_workers = ["plant-a"]' in out
+
+
+@pytest.mark.parametrize(
+    ("collect", "says"),
+    [
+        ({"plant_workers": ["plant-a", "plant-a"]}, "more than once"),
+        ({"workers": 2, "plant_workers": ["w2"]}, "named as serve's own workers"),
+    ],
+)
+def test_plant_workers_that_would_be_confused_are_refused_in_one_line(collect, says):
+    with pytest.raises(ConfigError) as caught:
+        build(AggregatorConfig, {"fleet": "plant", "collect": collect}, "aggregator.toml")
+    text = "; ".join(caught.value.errors)
+    assert says in text and "\n" not in text
