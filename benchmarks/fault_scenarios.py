@@ -27,7 +27,7 @@ from cloud_aggregator.admission import Reason
 from cloud_aggregator.broker import BrokerProcess, start_mosquitto
 from cloud_aggregator.local_fleet import FLEET, LocalFleet, Sniffer, aggregator_toml, pflda_task
 from cloud_aggregator.store import SqliteStore
-from edge.daemon import load_task_state
+from edge.task_state import load_task_state
 from ioft_protocol import round_messages, topics
 
 DEVICES = ("printer1", "printer2", "printer3")

@@ -627,8 +627,8 @@ def _fleet_status_target() -> Target:
 
 
 def _state_target(work: Workdir) -> Target:
-    """A device's task state file through ``edge.daemon.load_task_state`` (no ``.prev`` copy)."""
-    from edge.daemon import TaskState, load_task_state, save_task_state
+    """A device's task state file through ``edge.task_state.load_task_state`` (no ``.prev`` copy)."""
+    from edge.task_state import TaskState, load_task_state, save_task_state
     from ioft_protocol.state import StateError, decode_arrays, encode_arrays
 
     logging.getLogger("ioft_protocol.state").setLevel(logging.CRITICAL)  # one error per corrupt input

@@ -22,7 +22,7 @@ times, on a fresh broker and fleet; every upload on the wire must be counted or 
 with a recorded reason, none lost.
 
 Device trials: a process looping the daemon's own state write
-(``edge.daemon.save_task_state``: temp file, fsync, rename, ``.prev`` kept) is
+(``edge.task_state.save_task_state``: temp file, fsync, rename, ``.prev`` kept) is
 SIGKILLed at a random time; the state must then load verified and consistent
 (every array equals the counter in its metadata), from the new copy or the previous one.
 """
@@ -241,7 +241,7 @@ class CrashBench:
 # -- device state-write trials ---------------------------------------------------------------------
 def _write_forever(path: Path, size: int) -> None:
     """The daemon's own state write, in a loop, each state marked by its counter ``i``."""
-    from edge.daemon import TaskState, save_task_state
+    from edge.task_state import TaskState, save_task_state
 
     i = 0
     while True:
@@ -265,7 +265,7 @@ def state_trial(work: Path, rng: np.random.Generator) -> str:
     The writer is forked from this process (already past its imports), so a trial costs its
     random wait, not an interpreter start: hundreds of kills fit in a minute or two.
     """
-    from edge.daemon import load_task_state
+    from edge.task_state import load_task_state
     from ioft_protocol.state import StateError, decode_arrays
 
     folder = Path(tempfile.mkdtemp(dir=work, prefix="state-"))

@@ -28,11 +28,11 @@ import resource
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from edge.announcements import Announcements
 from edge.buffered import Pacer
 from edge.config import DeviceConfig
 from edge.dataset import DIR as DATASET_DIR
@@ -43,79 +43,28 @@ from edge.optout import PauseWatch
 from edge.recording.base import STATUS_FILE as RECORDER_STATUS
 from edge.secagg_client import SecAggDevice
 from edge.segments import DatasetReader
+from edge.task_state import TaskState, load_task_state, save_task_state
 from ioft_protocol import codec, restate, round_messages, topics
 from ioft_protocol.manifest import load_public_key
 from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
 from ioft_protocol.secagg import transport as secagg_wire
 from ioft_protocol.service import Notifier
-from ioft_protocol.state import StateError, load_verified, save_arrays
+from ioft_protocol.state import StateError
 from sensors.features.scaling import standardize_locally
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import initial_local, participate
 from trainer_lite.data import Dataset
 from trainer_lite.holdout import holdout_score
-from trainer_lite.params import Params, param_hash, strip_prefix, with_prefix
+from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec, training_changes
 
 log = logging.getLogger(__name__)
-UPLOAD = "upload"
 #: Prefix of the ``features`` task hyperparameter naming a pushed ONNX encoder.
 ONNX_FEATURES = "onnx:"
 
 
-@dataclass
-class TaskState:
-    """One task's state on this device: personal parameters and the last answered round."""
-
-    spec_json: str
-    local: Params
-    answered: tuple[int, str] | None = None
-    upload: Params = field(default_factory=dict)
-    upload_meta: dict = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
 class TaskRefused(ValueError):  # noqa: N818 -- a reported refusal, not a program error
     """This device will not take part in a task (reported, not a malformed message)."""
-
-
-class Announcements:
-    """Round announcements decoded once per payload: a swarm's devices share one of these.
-
-    Every device of a swarm receives the same retained announcement (the same bytes); decoding
-    it and checking its parameters' hash once per process instead of once per device is most of
-    a swarm's downlink cost.  A daemon has its own (a re-sent announcement is not decoded again).
-    The arrays of a cached announcement are read-only: devices share them, and none may change
-    what it was sent.  A hit costs one comparison of the payload with the cached bytes.
-    """
-
-    def __init__(self, limit: int = 64) -> None:
-        self.limit = limit  # topics kept (personal downlinks are one topic per device)
-        self._by_topic: dict[str, tuple[bytes, round_messages.Announcement]] = {}
-        self._hash_ok: round_messages.Announcement | None = None  # the last whose params_hash held
-
-    def decode(self, topic: str, payload: bytes, max_bytes: int) -> round_messages.Announcement:
-        """``Announcement.decode(payload)``, from the cache when ``topic`` last carried the same bytes."""
-        hit = self._by_topic.get(topic)
-        if hit is not None and len(payload) <= max_bytes and hit[0] == payload:
-            return hit[1]
-        ann = round_messages.Announcement.decode(payload, max_bytes=max_bytes)
-        for arr in ann.params.values():
-            arr.setflags(write=False)
-        self._by_topic.pop(topic, None)
-        if len(self._by_topic) >= self.limit:
-            del self._by_topic[next(iter(self._by_topic))]
-        self._by_topic[topic] = (bytes(payload), ann)
-        return ann
-
-    def params_match(self, ann: round_messages.Announcement) -> bool:
-        """Whether ``ann``'s parameters hash to its ``params_hash`` (computed once per decoded object)."""
-        if ann is self._hash_ok:
-            return True
-        if param_hash(ann.params) != ann.params_hash:
-            return False
-        self._hash_ok = ann
-        return True
 
 
 class EdgeTrainer:
@@ -731,65 +680,3 @@ class EdgeTrainer:
                 raise ValueError(f"task {task} needs encoder {source}, which is not active on this device")
             x = embed_rows(model, x)
         return algo.predict(shared, state.local, x)
-
-
-def save_task_state(path: Path, state: TaskState) -> None:
-    """One atomic file per task (``ioft_protocol.state.save_arrays``): a kill leaves the old or the new state."""
-    arrays = {**with_prefix(state.local, "local"), **with_prefix(state.upload, UPLOAD)}
-    meta = {
-        "spec": state.spec_json,
-        "answered": list(state.answered) if state.answered else None,
-        "upload_meta": state.upload_meta,
-        "metrics": state.metrics,
-    }
-    save_arrays(path, arrays, meta)
-
-
-def load_task_state(path: Path) -> TaskState | None:
-    """The verified state (falling back to the previous copy), ``None`` if never written.
-
-    A copy whose checksums pass but whose metadata lacks a key or holds one of the
-    wrong type (:func:`_task_state_from`) counts as corrupt too, so the previous copy
-    is tried.
-
-    Raises
-    ------
-    StateError
-        When copies exist but none verifies (the daemon then starts the task afresh).
-    """
-    return load_verified(path, _task_state_from)
-
-
-def _task_state_from(arrays: dict[str, np.ndarray], meta: dict) -> TaskState:
-    """What ``save_task_state`` wrote, checked key by key; ``ValueError`` names the first bad one."""
-    spec = meta.get("spec")
-    if not isinstance(spec, str):
-        raise ValueError(f"task state: spec must be a string, got {type(spec).__name__}")
-    answered = meta.get("answered")
-    if answered is not None:
-        ok = isinstance(answered, list) and len(answered) == 2
-        if not (ok and _is_int(answered[0]) and isinstance(answered[1], str)):
-            raise ValueError(f"task state: answered must be null or [round, phase], got {answered!r:.80}")
-        answered = (answered[0], answered[1])
-    upload_meta = meta.get("upload_meta", {})
-    metrics = meta.get("metrics", {})
-    if not isinstance(upload_meta, dict) or not isinstance(metrics, dict):
-        raise ValueError("task state: upload_meta and metrics must be objects")
-    if answered is not None and not (
-        _is_int(upload_meta.get("n_samples")) and isinstance(upload_meta.get("global_hash"), str)
-    ):
-        raise ValueError("task state: an answered round needs upload_meta.n_samples and .global_hash")
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in metrics.values()):
-        raise ValueError("task state: metrics must be numbers")
-    return TaskState(
-        spec_json=spec,
-        local=strip_prefix(arrays, "local"),
-        answered=answered,
-        upload=strip_prefix(arrays, UPLOAD),
-        upload_meta=upload_meta,
-        metrics=metrics,
-    )
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)

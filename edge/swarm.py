@@ -28,8 +28,9 @@ from pathlib import Path
 
 import paho.mqtt.client as paho
 
+from edge.announcements import Announcements
 from edge.config import DeviceConfig
-from edge.daemon import Announcements, EdgeTrainer
+from edge.daemon import EdgeTrainer
 from edge.dataset import load_dataset, prepare_dataset, save_dataset
 from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
 

@@ -25,8 +25,8 @@ from cloud_aggregator.local_fleet import FLEET, LocalFleet, Sniffer, aggregator_
 from cloud_aggregator.secagg_round import ABANDONED, DROPPED
 from cloud_aggregator.store import SqliteStore
 from cloud_aggregator.strategies import make_strategy
-from edge.daemon import load_task_state
 from edge.secagg_client import FAULT_ENV
+from edge.task_state import load_task_state
 from ioft_protocol import codec
 from ioft_protocol.secagg import SecAggConfig, quantize
 from ioft_protocol.secagg.messages import MaskedInput

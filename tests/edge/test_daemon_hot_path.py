@@ -9,8 +9,9 @@ import json
 import numpy as np
 import pytest
 
+from edge.announcements import Announcements
 from edge.config import DeviceConfig
-from edge.daemon import Announcements, EdgeTrainer
+from edge.daemon import EdgeTrainer
 from edge.dataset import save_dataset
 from ioft_protocol import round_messages, topics
 from ioft_protocol.config import build

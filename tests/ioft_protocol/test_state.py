@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from edge.daemon import TaskState, load_task_state, save_task_state
+from edge.task_state import TaskState, load_task_state, save_task_state
 from ioft_protocol.state import StateError, atomic_write_bytes, decode_arrays, load_arrays, save_arrays
 
 
