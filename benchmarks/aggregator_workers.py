@@ -32,7 +32,7 @@ import numpy as np
 import paho.mqtt.client as paho
 
 from benchmarks.common import markdown_table, progress, study_parser, write_result
-from benchmarks.fleet_scale import broker_for, cpu_s
+from benchmarks.fleet_scale import broker_for, children, cpu_s
 from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml
 from cloud_aggregator.store import SqliteStore
 from ioft_protocol import round_messages, topics
@@ -141,10 +141,10 @@ def run_case(
                 monitor = SqliteStore(db, readonly=True)
             done = monitor.round_count("bench") if monitor is not None else 0
             if len(snaps) < 2 and done >= (warmup, warmup + rounds)[len(snaps)]:
-                snaps.append(_cpu(agg.pid, _children(agg.pid), broker_pid, blaster))
+                snaps.append(_cpu(agg.pid, children(agg.pid), broker_pid, blaster))
             if kill_round is not None and killed is None and kill_round in blaster.sent:
                 time.sleep(0.02)
-                victim = _children(agg.pid)[0]
+                victim = children(agg.pid)[0]
                 os.kill(victim, signal.SIGKILL)
                 killed = time.time()
             time.sleep(0.005)
@@ -196,12 +196,6 @@ def run_case(
         fleet.stop_all()
         fleet.stop()
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _children(pid: int) -> list[int]:
-    """The worker processes ``serve`` started (its children)."""
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
 def _cpu(agg: int, workers: list[int], broker: int, blaster: Blaster) -> dict[str, float]:
