@@ -66,13 +66,14 @@ def _stage_device(layout: FleetLayout, ca: FleetCA | None, name: str, *, days: i
 
 
 def rewrite_acl(layout: FleetLayout, devices: Sequence[str]) -> None:
-    """The cloud ACL (with each plant's bridge grants) and every plant's ACL and CRL copy."""
+    """The cloud ACL (with each plant's bridge grants and the aggregator's workers) and every plant's ACL
+    and CRL copy."""
     plants = [
         replace(p, devices=tuple(d for d in p.devices if d in devices)) for p in read_plants(layout.root)
     ]
     bridges = {p.bridge: p.devices for p in plants}
     workers = {p.bridge: p.worker for p in plants if p.worker}
-    replace_file(layout.acl, acl_text(layout.fleet, devices, bridges, workers))
+    replace_file(layout.acl, acl_text(layout.fleet, devices, bridges, workers, layout.workers))
     for plant in plants:
         refresh_plant(layout, plant)
 

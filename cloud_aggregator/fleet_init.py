@@ -10,6 +10,8 @@ What it writes (``DIR``)::
     broker/crl.pem                (--auth certs) the revoked client certificates
     broker/passwd                 (--auth passwords) PBKDF2-SHA512 hashes in mosquitto 2's format
     aggregator/aggregator.toml    the aggregator's connection settings (add [[task]] tables)
+    aggregator/workers/           (--workers K, later ``fleet add-worker``) each aggregator worker's
+                                  login: <id>.toml, and worker.<id>.crt/.key (--auth certs)
     operator/operator.toml        for ``push`` and ``fleet status`` (their own identity)
     devices/<id>/                 what goes onto the device, as it is: device.toml, its certificate
                                   and key, ca.crt and fleet.pub (device.toml names them relative to
@@ -27,7 +29,8 @@ starts it, it drops to that user before reading them) when this runs as root.
 
 Identities: the username the broker sees is the certificate's CN
 (``use_identity_as_username``) or the password file's user; devices are their
-device id, the aggregator ``aggregator``, operator commands ``operator``.  The
+device id, the aggregator ``aggregator``, operator commands ``operator``, the aggregator's
+workers (``[collect] workers``) ``worker.<id>``: each its own, as the next sentence requires.  The
 broker also replaces every client id with that username
 (``use_username_as_clientid``): nobody can take over another's client id, which in
 MQTT disconnects the holder and, with a persistent session, inherits its queue.
@@ -54,7 +57,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from cloud_aggregator import fleet_devices, fleet_plants
+from cloud_aggregator import fleet_devices, fleet_plants, fleet_workers
 from cloud_aggregator.fleet_ca import FleetCA, pem_cert, pem_key
 from cloud_aggregator.fleet_layout import (
     AGGREGATOR,
@@ -78,8 +81,10 @@ from cloud_aggregator.fleet_layout import (
     print_device_lines,
     split_ids,
     unreachable_folder,
+    worker_identity,
     write_file,
     write_identity,
+    write_worker_identity,
 )
 from cloud_aggregator.fleet_units import (
     AGGREGATOR_USER,
@@ -133,8 +138,11 @@ def init_fleet(
     days: int = 825,
     ca_days: int = 3650,
     venv: Path = DEFAULT_VENV,
+    workers: int = 0,
 ) -> FleetLayout:
     """Generate a fleet's CA, certificates or passwords, mosquitto config, ACL and client TOMLs in ``out``.
+
+    ``workers``: K > 0 gives aggregator workers ``w1``..``wK`` (``[collect] workers = K``) their own login.
 
     ``hosts`` are the names and addresses devices use to reach the broker (the server
     certificate's SANs; the first one goes into the client configs).  ``bind`` limits
@@ -143,6 +151,9 @@ def init_fleet(
     unless ``force``.
     """
     devices = _check_names(fleet, devices, auth)
+    if workers < 0:
+        raise FleetInitError(f"--workers must be >= 0, got {workers}")
+    worker_ids = tuple(f"w{i}" for i in range(1, workers + 1))
     hosts = [h for h in hosts if h]
     if not hosts:
         raise FleetInitError("name at least one broker host (--host broker.example.com)")
@@ -153,19 +164,22 @@ def init_fleet(
         raise FleetInitError(f"{root} exists and is not empty; pass --force to replace it")
     host = hosts[0]
     url_host = f"[{host}]" if ":" in host else host
-    identities = (*devices, AGGREGATOR, OPERATOR)
+    identities = (*devices, AGGREGATOR, OPERATOR, *(worker_identity(w) for w in worker_ids))
     passwords = {n: secrets.token_urlsafe(24) for n in identities} if auth == "passwords" else {}
-    layout = FleetLayout(root, fleet, auth, f"mqtts://{url_host}:{port}", port, devices, passwords)
+    layout = FleetLayout(root, fleet, auth, f"mqtts://{url_host}:{port}", port, devices, passwords,
+                         workers=worker_ids)  # fmt: skip
 
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
     try:
-        staged = FleetLayout(tmp, fleet, auth, layout.broker_url, port, devices, passwords)
+        staged = FleetLayout(
+            tmp, fleet, auth, layout.broker_url, port, devices, passwords, workers=worker_ids
+        )
         ca = FleetCA.create(fleet, ca_days)
         write_file(staged.ca_cert, pem_cert(ca.cert))
         write_file(tmp / "ca" / "ca.key", pem_key(ca.key), private=True)
         issue(ca, staged, host, tmp / "broker", server_hosts=hosts, days=days)
-        write_file(staged.acl, acl_text(fleet, devices))
+        write_file(staged.acl, acl_text(fleet, devices, workers=worker_ids))
         write_file(staged.mosquitto_conf, mosquitto_conf_text(layout, bind=bind))
         if auth == "certs":
             write_file(staged.crl, ca.crl((), days=ca_days))
@@ -174,8 +188,10 @@ def init_fleet(
         if auth == "passwords":
             lines = "".join(f"{n}:{mosquitto_password_hash(passwords[n])}\n" for n in identities)
             write_file(staged.passwd, lines, private=True)
-        for name in identities:
+        for name in (*devices, AGGREGATOR, OPERATOR):
             write_identity(ca if auth == "certs" else None, layout, name, days=days, staged=staged)
+        for w in worker_ids:
+            write_worker_identity(ca if auth == "certs" else None, layout, w, days=days, staged=staged)
         for name in devices:
             write_device_units(staged.identity_dir(name), fleet, name, venv)
         write_fleet_units(layout, tmp, venv)
@@ -214,6 +230,13 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--days", type=int, default=825, help="validity of broker and client certificates")
     p.add_argument("--force", action="store_true", help="replace an existing fleet folder")
     p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="K",
+        help="give aggregator workers w1..wK ([collect] workers = K) their own login (later: fleet add-worker)",
+    )
+    p.add_argument(
         "--venv",
         type=Path,
         default=DEFAULT_VENV,
@@ -247,6 +270,7 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
             )
         q.set_defaults(func=func)
     fleet_plants.add_parser(fleet_sub)
+    fleet_workers.add_parser(fleet_sub)
 
 
 def _broker_lines(layout: FleetLayout) -> None:
@@ -293,6 +317,7 @@ def main(args: argparse.Namespace) -> int:
             force=args.force,
             days=args.days,
             venv=args.venv,
+            workers=args.workers,
         )
     except FleetInitError as exc:
         print(exc, file=sys.stderr)
@@ -301,6 +326,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"  broker:     mosquitto -c {layout.mosquitto_conf}   ({layout.broker_url})")
     _broker_lines(layout)
     print(f"  aggregator: cloud-aggregator serve --config {layout.toml(AGGREGATOR)}  (add [[task]] tables)")
+    fleet_workers.print_worker_lines(layout, layout.workers)
     print(f"  operator:   {layout.toml(OPERATOR)}  (push, fleet status --config)")
     print_device_lines(layout, layout.devices)
     print_unit_lines(layout)

@@ -55,6 +55,7 @@ from cloud_aggregator.fleet_layout import (
     replace_file,
     split_ids,
     swap_folder,
+    worker_identity,
     write_file,
 )
 from cloud_aggregator.fleet_plant_files import (
@@ -65,7 +66,6 @@ from cloud_aggregator.fleet_plant_files import (
     plant_dir,
     plant_dropin,
     plant_toml_text,
-    worker_identity,
     worker_toml_text,
 )
 from cloud_aggregator.fleet_units import PLANT_WORKER_UNIT, plant_worker_unit, venv_of
@@ -73,7 +73,7 @@ from ioft_protocol import codec
 from ioft_protocol.mqtt import BrokerAddress
 
 
-def _errors(layout: FleetLayout, plant: str, devices: Sequence[str], force: bool) -> list[str]:
+def _errors(layout: FleetLayout, plant: str, devices: Sequence[str], force: bool, partial: bool) -> list[str]:
     errors: list[str] = []
     try:
         codec.check_id("plant", plant)
@@ -85,6 +85,9 @@ def _errors(layout: FleetLayout, plant: str, devices: Sequence[str], force: bool
         )
     if not devices:
         errors.append("name the plant's devices (--devices printer1,printer2)")
+    if partial and plant in layout.workers:  # one worker id space: agg/worker/<id>, agg/batch/+/<id>
+        errors.append(f"worker id {plant} is an aggregator worker's ({layout.worker_login(plant)}); "
+                      "a plant's partial aggregator takes its plant's id: name the plant otherwise")  # fmt: skip
     errors += [f"{d} is not enrolled (fleet add-device first)" for d in devices if d not in layout.devices]
     for other in read_plants(layout.root):
         if other.plant == plant:
@@ -133,7 +136,7 @@ def add_plant(
     """
     layout = open_fleet(root)
     devices = tuple(devices)
-    errors = _errors(layout, plant, devices, force)
+    errors = _errors(layout, plant, devices, force, partial)
     hosts = [h for h in hosts if h]
     if not hosts:
         errors.append("name at least one plant broker host (--host plant-a.example.com)")

@@ -297,11 +297,9 @@ def give_to_aggregator(root: Path) -> bool:
     except KeyError:
         return False
     folder = root / AGGREGATOR
-    os.chown(folder, 0, gid)
-    os.chmod(folder, 0o750)
-    for path in folder.iterdir():
+    for path in (folder, *folder.rglob("*")):  # workers/: each aggregator worker's login
         os.chown(path, 0, gid)
-        os.chmod(path, 0o640)
+        os.chmod(path, 0o750 if path.is_dir() else 0o640)
     return True
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from cloud_aggregator import worker_login
 from cloud_aggregator.buffered_mqtt import BufferedTask
 from cloud_aggregator.config import AggregatorConfig, TaskConfig
 from cloud_aggregator.coordinator import WorkerFleet
@@ -197,6 +198,7 @@ def serve(
     """
     control = control or Control()
     notifier = notifier or Notifier.from_env()
+    _check_worker_logins(cfg, worker_argv)
     store = SqliteStore(Path(cfg.state_dir) / "aggregator.sqlite")
     session: MqttSession | None = None
     local: LocalWorkers | None = None
@@ -263,6 +265,19 @@ def serve(
         if session is not None:
             session.stop(final=lock_will(cfg.fleet))  # clear our lock
         store.close()
+
+
+def _check_worker_logins(cfg: AggregatorConfig, worker_argv: list[str] | None) -> None:
+    """Refuse (before connecting) to start workers that would log in as serve's own identity: the
+    broker makes a login's identity its client id, so they would take over each other's connection."""
+    c = cfg.collect
+    if c.workers < 2 or not c.spawn_workers or not worker_argv or "--config" not in worker_argv:
+        return
+    config = Path(worker_argv[worker_argv.index("--config") + 1])
+    who = worker_login.identity(cfg.username, cfg.tls.cert_file if cfg.tls else None)
+    refusal = worker_login.missing_logins(who, config, LocalWorkers.names_for(c.workers))
+    if refusal is not None:
+        raise ServeRefusedError(f"[collect] workers = {c.workers}: {refusal}")
 
 
 def _run_task(task: TaskConfig, fleet: MqttFleet, store: SqliteStore, cfg: AggregatorConfig) -> None:

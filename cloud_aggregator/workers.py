@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cloud_aggregator import faults
+from cloud_aggregator import faults, worker_login
 from cloud_aggregator import worker_wire as wire
 from cloud_aggregator.admission import AdmissionPolicy, Inbox, Reason
 from cloud_aggregator.config import AggregatorConfig
@@ -353,12 +353,18 @@ class LocalWorkers:
 
     def __init__(self, count: int, argv: list[str], prefix: str = "w", log_dir: Path | None = None) -> None:
         self.argv, self.log_dir = argv, log_dir
-        self.names = [f"{prefix}{i}" for i in range(1, count + 1)]
+        self.names = self.names_for(count, prefix)
         self.procs: dict[str, subprocess.Popen] = {}
         self._stop = threading.Event()
         for name in self.names:
             self._start(name)
         threading.Thread(target=self._supervise, name="workers", daemon=True).start()
+
+    @staticmethod
+    def names_for(count: int, prefix: str = "w") -> list[str]:
+        """The ids of the ``count`` workers serve starts (each logs in with ``workers/<id>.toml`` where
+        the config logs in as someone: :mod:`cloud_aggregator.worker_login`)."""
+        return [f"{prefix}{i}" for i in range(1, count + 1)]
 
     def _start(self, name: str) -> None:
         cmd = [
@@ -408,7 +414,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "worker",
         help="one of [collect] workers: admit and fold a share of the fleet's uploads for serve",
     )
-    w.add_argument("--config", type=Path, required=True, help="the aggregator TOML serve runs on")
+    w.add_argument(
+        "--config",
+        type=Path,
+        required=True,
+        help="the aggregator TOML serve runs on; the worker logs in with workers/<id>.toml beside it "
+        "(fleet add-worker) where the config logs in as someone",
+    )
     w.add_argument("--broker", help="mqtt://host:port or mqtts://host:port (overrides the config)")
     w.add_argument("--allow-plaintext", action="store_true")
     w.add_argument("--id", default=f"w{os.getpid()}", help="this worker's name, unique in the fleet")
@@ -422,13 +434,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _worker(args: argparse.Namespace) -> int:
     try:
-        raw = load_toml(args.config)
+        codec.check_id("worker", args.id)  # before it names a login file
+        raw, own = worker_login.with_login(load_toml(args.config), args.config, args.id)
+        who = worker_login.raw_identity(raw)
+        if not own and not args.plant and who is not None:  # a plant worker's config is its own login
+            refusal = worker_login.missing_logins(who, args.config, [args.id])
+            print(refusal, file=sys.stderr)
+            return 2
         if args.broker:
             raw["broker"] = args.broker
         if args.allow_plaintext:
             raw["allow_plaintext"] = True
         cfg = build(AggregatorConfig, raw, str(args.config))
-        codec.check_id("worker", args.id)
     except ConfigError as exc:
         print(f"invalid configuration in {args.config}: {'; '.join(exc.errors)}", file=sys.stderr)
         return 2
