@@ -58,7 +58,7 @@ def with_login(raw: dict[str, Any], config: Path, worker: str) -> tuple[dict[str
     tls = login.get("tls", {})
     extra = sorted(set(login) - _KEYS) + sorted(f"tls.{k}" for k in set(tls) - _TLS_KEYS)
     if extra or not isinstance(tls, dict):
-        raise ConfigError([f"{path}: a worker login holds username, password or [tls] cert_file, key_file; "
+        raise ConfigError(str(path), [f"{path}: a worker login holds username, password or [tls] cert_file, key_file; "
                            f"not {', '.join(extra) or 'tls'}"])  # fmt: skip
     out = {k: v for k, v in raw.items() if k not in ("username", "password")}
     out.update({k: login[k] for k in ("username", "password") if k in login})
