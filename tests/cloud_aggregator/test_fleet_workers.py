@@ -196,3 +196,24 @@ def test_a_config_that_logs_in_as_nobody_needs_no_worker_login(tmp_path):
     agg.write_text(f'fleet = "plant"\nbroker = "mqtt://127.0.0.1:1883"\nallow_plaintext = true\n{TASKS}')
     cfg = build(AggregatorConfig, load_toml(agg), str(agg))
     _check_worker_logins(cfg, ["--config", str(agg)])  # a test or loopback broker: as before
+
+
+def test_the_commands_say_what_to_run_and_refuse_bad_input_without_a_traceback(tmp_path, capsys):
+    root = tmp_path / "f"
+    assert cli_main(["fleet", "init", "--fleet", "plant", "--devices", "printer1", "--out", str(root),
+                     "--workers", "2"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "workers:    w1, w2 log in as worker.w1, worker.w2" in out and "set [collect] workers = 2" in out
+    assert cli_main(["fleet", "add-worker", "--dir", str(root), "--id", "w3,w4"]) == 0
+    out = capsys.readouterr().out
+    assert "aggregator workers w3, w4 added; reload the broker" in out and "[collect] workers = 4" in out
+    assert f"cloud-aggregator worker --config {root}/aggregator/aggregator.toml --id <id>" in out
+    for argv, says in (
+        (["fleet", "add-worker", "--dir", str(root), "--id", "w1"], "worker w1 exists"),
+        (["fleet", "add-worker", "--dir", str(tmp_path / "nope"), "--id", "w1"], "is not a fleet folder"),
+        (["fleet", "init", "--fleet", "plant", "--devices", "p1", "--out", str(tmp_path / "g"), "--workers", "-1"],
+         "--workers must be >= 0, got -1"),
+    ):  # fmt: skip
+        assert cli_main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, err
