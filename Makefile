@@ -58,7 +58,7 @@ test-deps:
 # The suite, deterministic: hypothesis runs derandomized (profile "ci"); tests that need
 # mosquitto fail instead of skipping.
 test: $(STAMP) test-deps
-	CI=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q
+	CI=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q --durations=15
 
 # Property tests with 30x their CI budgets and fresh random examples (not run by CI).
 explore: $(STAMP)
