@@ -58,6 +58,30 @@ def client_data(rng: np.random.Generator) -> dict[str, ClientData]:
     return out
 
 
+def start_devices_and_config(fleet_procs) -> tuple[dict, str]:
+    """The six devices on their datasets, and an aggregator TOML for two workers started by the test."""
+    clients = client_data(np.random.default_rng(0))
+    for device, data in clients.items():
+        save_dataset(fleet_procs.work / device, data.train, data.test, {"source": "test"})
+        fleet_procs.start_device(device, simulate=None)
+    toml = aggregator_toml(
+        fleet_procs.broker_url, fleet_procs.work / "aggregator", [TASK], expected=DEVICES, deadline_s=120
+    ).replace("[collect]\n", "[collect]\nworkers = 2\nspawn_workers = false\n")
+    return clients, toml
+
+
+def assert_final_is_the_simulations(fleet_procs, clients: dict) -> list:
+    """The stored final global is the in-process simulation's, bit for bit; returns its records."""
+    store = SqliteStore(fleet_procs.db, readonly=True)
+    try:
+        final = store.resume_point("pflda")[2]
+    finally:
+        store.close()
+    reference, _, sim_records = simulate(TaskSpec.from_json(json.dumps(TASK)), clients)
+    assert param_hash(final) == param_hash(reference)
+    return sim_records
+
+
 def start_worker(fleet_procs, config, name: str, fault: str | None = None) -> subprocess.Popen:
     with (fleet_procs.work / f"worker-{name}.log").open("ab") as log:
         return subprocess.Popen(
@@ -71,13 +95,7 @@ def start_worker(fleet_procs, config, name: str, fault: str | None = None) -> su
 @pytest.mark.broker
 @pytest.mark.slow
 def test_a_worker_killed_mid_round_loses_no_upload(fleet_procs):
-    clients = client_data(np.random.default_rng(0))
-    for device, data in clients.items():
-        save_dataset(fleet_procs.work / device, data.train, data.test, {"source": "test"})
-        fleet_procs.start_device(device, simulate=None)
-    toml = aggregator_toml(
-        fleet_procs.broker_url, fleet_procs.work / "aggregator", [TASK], expected=DEVICES, deadline_s=120
-    ).replace("[collect]\n", "[collect]\nworkers = 2\nspawn_workers = false\n")
+    clients, toml = start_devices_and_config(fleet_procs)
     fleet_procs.start_aggregator(toml)
     config = fleet_procs.work / "aggregator.toml"
     doomed = start_worker(fleet_procs, config, "w1", fault="worker_admitted:5")
@@ -100,13 +118,7 @@ def test_a_worker_killed_mid_round_loses_no_upload(fleet_procs):
     log = fleet_procs.log("aggregator")
     assert "worker w1 went offline" in log
     assert "not counted after a worker was lost; asking" in log  # w1's uploads were asked for again
-    store = SqliteStore(fleet_procs.db, readonly=True)
-    try:
-        final = store.resume_point("pflda")[2]
-    finally:
-        store.close()
-    reference, _, sim_records = simulate(TaskSpec.from_json(json.dumps(TASK)), clients)
-    assert param_hash(final) == param_hash(reference)
+    sim_records = assert_final_is_the_simulations(fleet_procs, clients)
     assert [r.global_hash for r in records] == [r.global_hash for r in sim_records]
 
 
@@ -114,13 +126,7 @@ def test_a_worker_killed_mid_round_loses_no_upload(fleet_procs):
 @pytest.mark.slow
 def test_a_killed_coordinator_resumes_with_its_workers(fleet_procs):
     # serve SIGKILLs itself right after announcing round 2 and is started again; the workers live on.
-    clients = client_data(np.random.default_rng(0))
-    for device, data in clients.items():
-        save_dataset(fleet_procs.work / device, data.train, data.test, {"source": "test"})
-        fleet_procs.start_device(device, simulate=None)
-    toml = aggregator_toml(
-        fleet_procs.broker_url, fleet_procs.work / "aggregator", [TASK], expected=DEVICES, deadline_s=120
-    ).replace("[collect]\n", "[collect]\nworkers = 2\nspawn_workers = false\n")
+    clients, toml = start_devices_and_config(fleet_procs)
     first = fleet_procs.start_aggregator(toml, fault="after_announce:2")
     config = fleet_procs.work / "aggregator.toml"
     workers = [start_worker(fleet_procs, config, name) for name in ("w1", "w2")]
@@ -137,10 +143,4 @@ def test_a_killed_coordinator_resumes_with_its_workers(fleet_procs):
     assert [(r.round, r.status, sorted(r.participants)) for r in records] == [
         (n, "completed", DEVICES) for n in range(1, 5)
     ]
-    store = SqliteStore(fleet_procs.db, readonly=True)
-    try:
-        final = store.resume_point("pflda")[2]
-    finally:
-        store.close()
-    reference, _, _ = simulate(TaskSpec.from_json(json.dumps(TASK)), clients)
-    assert param_hash(final) == param_hash(reference)
+    assert_final_is_the_simulations(fleet_procs, clients)
