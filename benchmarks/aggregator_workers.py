@@ -20,7 +20,6 @@ order of compensated additions).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import statistics
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import paho.mqtt.client as paho
 
-from benchmarks.common import markdown_table, progress, study_parser, write_result
+from benchmarks.common import markdown_table, progress, remove_scratch, study_parser, write_result
 from benchmarks.fleet_scale import broker_for, children, cpu_s
 from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml
 from cloud_aggregator.store import SqliteStore
@@ -195,7 +194,7 @@ def run_case(
         blaster.stop()
         fleet.stop_all()
         fleet.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        remove_scratch(work)
 
 
 def _cpu(agg: int, workers: list[int], broker: int, blaster: Blaster) -> dict[str, float]:

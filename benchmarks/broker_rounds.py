@@ -14,7 +14,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import markdown_table, progress, study_parser, write_result
+from benchmarks.common import markdown_table, progress, remove_scratch, study_parser, write_result
 from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
 from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
 from cloud_aggregator.rabbitmq import start_cluster
@@ -57,6 +57,7 @@ def run_case(broker: str, n: int, p: int, rounds: int, warmup: int) -> dict:
             mosquitto.stop()
         if cluster is not None:
             cluster.stop()
+        remove_scratch(work)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -11,6 +11,7 @@ import argparse
 import os
 import platform
 import resource
+import shutil
 import statistics
 import sys
 import time
@@ -64,6 +65,13 @@ def machine_line() -> str:
         f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"numpy {np.__version__}, measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
+
+
+def remove_scratch(work: Path) -> None:
+    """Delete a case's scratch folder once its processes have stopped (``IOFT_KEEP_WORK=1`` keeps it
+    for a look at the logs): the suite runs the ``--quick`` modes on every CI run."""
+    if not os.environ.get("IOFT_KEEP_WORK"):
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def write_result(name: str, body: str, *, command: str | None = None) -> Path:

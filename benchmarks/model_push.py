@@ -42,7 +42,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.common import markdown_table, study_parser, write_result
+from benchmarks.common import markdown_table, remove_scratch, study_parser, write_result
 from ioft_protocol import topics
 
 MB = 1_000_000
@@ -354,6 +354,7 @@ def main(argv: list[str] | None = None) -> int | dict:
         operator.stop()
         board.stop()
         fleet.stop()
+        remove_scratch(work)
 
     med = statistics.median
     rows = []

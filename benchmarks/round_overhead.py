@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import markdown_table, progress, study_parser, write_result
+from benchmarks.common import markdown_table, progress, remove_scratch, study_parser, write_result
 from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
 from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
 from cloud_aggregator.store import SqliteStore
@@ -111,6 +111,7 @@ def run_case(n: int, p: int, rounds: int, warmup: int) -> dict:
         }
     finally:
         fleet.stop()
+        remove_scratch(work)
 
 
 def main(argv: list[str] | None = None) -> dict:

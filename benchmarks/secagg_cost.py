@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import markdown_table, progress, study_parser, write_result
+from benchmarks.common import markdown_table, progress, remove_scratch, study_parser, write_result
 from benchmarks.round_overhead import proc_io
 from cloud_aggregator.aggregate import WeightedMean
 from cloud_aggregator.broker import start_mosquitto
@@ -135,6 +135,7 @@ def mqtt_rounds(n: int, p: int, rounds: int, secagg: dict | None) -> dict:
         }
     finally:
         fleet.stop()
+        remove_scratch(work)
 
 
 def main(argv: list[str] | None = None) -> dict:
