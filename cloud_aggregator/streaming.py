@@ -36,15 +36,13 @@ _SUM, _ERR = "sum.", "err."
 
 def _two_sum(s: np.ndarray, x: np.ndarray, err: np.ndarray) -> None:
     """``s += x`` in place, adding the addition's exact rounding error to ``err`` (Knuth's TwoSum)."""
-    total = s + x
-    back = total - s
-    err += (s - (total - back)) + (x - back)
-    s[...] = total
+    x = np.broadcast_to(x, s.shape).astype(np.float64)  # a copy: _two_sum_into overwrites it
+    _two_sum_into(s, x, err, np.empty_like(s), np.empty_like(s))
 
 
 def _two_sum_into(s: np.ndarray, x: np.ndarray, err: np.ndarray, total: np.ndarray, back: np.ndarray) -> None:
     """:func:`_two_sum` with no temporary array: ``x`` (the caller's scratch), ``total`` and ``back``
-    are overwritten.  The same operations on the same floats, so the same bits."""
+    are overwritten.  ``err += (s - (total - back)) + (x - back)``, operation by operation."""
     np.add(s, x, out=total)
     np.subtract(total, s, out=back)
     np.subtract(x, back, out=x)  # x - back
