@@ -28,7 +28,7 @@ Losing a worker
 from __future__ import annotations
 
 import logging
-import threading
+import queue
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -92,7 +92,6 @@ class WorkerFleet(MqttFleet):
         self.workers: dict[str, bool] = {}  # worker -> online
         self._open: dict[str, _Open] = {}
         self._seq = 0
-        self._lock = threading.Lock()
         #: Devices asked to re-send an upload lost with a worker, and barriers run (the ledger).
         self.nudged: list[str] = []
         self.barriers = 0
@@ -128,7 +127,7 @@ class WorkerFleet(MqttFleet):
             return
         try:
             self._queue(agg.task).put_nowait(msg)
-        except Exception:  # queue.Full: the worker re-sends nothing, the barrier finds the devices
+        except queue.Full:  # the worker re-sends nothing, the barrier finds the devices
             log.error("task %s: batch queue full; dropped a batch from %s", agg.task, agg.worker)
 
     def next_message(self, task: str, timeout: float) -> Message | None:

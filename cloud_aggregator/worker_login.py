@@ -77,8 +77,10 @@ def fleet_hint(config: Path) -> str:
 def missing_logins(who: str | None, config: Path, workers: Sequence[str]) -> str | None:
     """One line refusing to start ``workers`` on ``config`` when it logs in as someone (``who``:
     :func:`identity`) and a worker has no login of its own (``None``: each has one, or nobody)."""
+    if who is None:
+        return None
     missing = [w for w in workers if not login_path(config, w).exists()]
-    if who is None or not missing:
+    if not missing:
         return None
     ids = ",".join(missing)
     return (

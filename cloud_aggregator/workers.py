@@ -87,7 +87,6 @@ class _Round:
     deadline: float
     inbox: Inbox = field(default_factory=dict)
     pending: dict[str, Update] = field(default_factory=dict)  # admitted, in no batch yet
-    since: float | None = None  # when the first pending upload was admitted
     changed: bool = False  # an upload was judged since the plant last looked (plant mode)
     opened: float = field(default_factory=time.time)
 
@@ -118,7 +117,6 @@ class AggregatorWorker:
         self.fleet = MqttFleet(
             session, fleet, CollectPolicy(max_payload_bytes=max_payload_bytes), self.outbox, admission
         )
-        self.max_payload_bytes = max_payload_bytes
         session.unsubscribe(topics.topic_up_all(self.fleet.fleet))
         # Re-announcing and asking the devices for their statuses on connect are the coordinator's
         # job: K workers doing it too would multiply a reconnect's status burst by K.
@@ -194,7 +192,6 @@ class AggregatorWorker:
         if isinstance(got, Update) and got is not before:  # admitted just now: into the next batch
             r.pending[topic.device] = got
             r.inbox[topic.device] = replace(got, params={})
-            r.since = r.since or time.monotonic()
             self.admitted += 1
             faults.point("worker_admitted")
 
@@ -206,7 +203,7 @@ class AggregatorWorker:
         return strategy
 
     def _announcement(self, task: str, payload: bytes) -> None:
-        ann = Announcement.decode(payload, max_bytes=self.max_payload_bytes)
+        ann = Announcement.decode(payload, max_bytes=self.fleet.policy.max_payload_bytes)
         r = self.rounds.get(task)
         if ann.state != "running":
             if r is not None:
@@ -288,7 +285,7 @@ class AggregatorWorker:
             batch.mean = fold.mean
             batch.folded = {d: (u.n_samples, dict(u.metrics)) for d, u in updates.items()}
             self._unacked[self._seq] = (batch.task, r.key, updates)
-            r.pending, r.since = {}, None
+            r.pending = {}
         self.session.publish(
             wire.topic_batch(self.fleet.fleet, batch.task, self.id), batch.encode(), timeout=None
         )
@@ -308,7 +305,6 @@ class AggregatorWorker:
             rest = {d: u for d, u in updates.items() if d not in dupes}
             if r is not None and r.key == key and rest:  # counted elsewhere: fold the rest again
                 r.pending.update(rest)
-                r.since = r.since or time.monotonic()
                 r.changed = True
 
 
