@@ -37,58 +37,39 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import markdown_table, progress, write_result
-from benchmarks.fedbuff_sim import EXTRA, Curve, printer_clients
+from benchmarks.fedbuff_sim import EXTRA, PAPER_SPEEDUP, Conditions, Curve, printer_clients
 from cloud_aggregator.broker import interrupt_on_sigterm
 from cloud_aggregator.demo import HPARAMS, LOSS_SCALE
 from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
 from cloud_aggregator.rounds import RoundRecord
 from edge.dataset import save_dataset
 
-#: FedBuff's reported speed-up over synchronous FL (Nguyen et al. 2022, abstract).
-PAPER_SPEEDUP = 3.3
 TASK = "speed"
 
 
-@dataclass(frozen=True)
-class Pace:
-    """The fleet's simulated speeds and churn (module docstring); ``t0`` in wall seconds."""
-
-    devices: int = 40
-    t0: float = 0.2
-    slow_fraction: float = 0.1
-    slow_factor: float = 10.0
-    jitter: float = 0.1
-    churn: float = 0.05
-    away: float = 10.0  # × t0
-
-    @property
-    def leave_per_s(self) -> float:
-        """P(leave within slow_factor × t0) = churn."""
-        return -math.log1p(-self.churn) / (self.slow_factor * self.t0) if self.churn > 0 else 0.0
-
-    def toml(self, seed: int, slow: bool) -> str:
-        update = self.t0 * (self.slow_factor if slow else 1.0)
-        return (
-            f"[simulate]\nupdate_s = {update}\njitter = {self.jitter}\nleave_per_s = {self.leave_per_s}\n"
-            f"away_s = {self.away * self.t0}\nseed = {seed}\n"
-        )
+def device_toml(pace: Conditions, seed: int, slow: bool) -> str:
+    """A swarm's ``[simulate]`` table: ``pace`` (``t0`` in wall seconds) for its fast or slow devices."""
+    update = pace.t0 * (pace.slow_factor if slow else 1.0)
+    return (
+        f"[simulate]\nupdate_s = {update}\njitter = {pace.jitter}\nleave_per_s = {pace.leave_rate}\n"
+        f"away_s = {pace.away_mean * pace.t0}\nseed = {seed}\n"
+    )
 
 
-def prepare(work: Path, seed: int, pace: Pace, algorithm: str) -> dict[str, int]:
+def prepare(work: Path, seed: int, pace: Conditions, algorithm: str) -> dict[str, int]:
     """Each device's dataset and the two swarms' configs; ``{swarm prefix: devices}``."""
     clients = printer_clients(pace.devices, seed)
     names = sorted(clients)
-    n_slow = round(pace.slow_fraction * len(names))
-    slow = set(np.random.default_rng([seed, 14]).choice(len(names), size=n_slow, replace=False).tolist())
+    slow = pace.draw_slow(names, seed)
     counts = {"fast": 0, "slow": 0}
-    for i, name in enumerate(names):
-        prefix = "slow" if i in slow else "fast"
+    for name in names:
+        prefix = "slow" if name in slow else "fast"
         data = clients[name]
         folder = work / prefix / f"{prefix}{counts[prefix]:05d}"
         save_dataset(folder, data.train, data.test, {"source": f"fedbuff-mqtt:{name}"})
         counts[prefix] += 1
     for prefix in counts:
-        (work / f"{prefix}.toml").write_text(pace.toml(seed, prefix == "slow"))
+        (work / f"{prefix}.toml").write_text(device_toml(pace, seed, prefix == "slow"))
     return {p: n for p, n in counts.items() if n}
 
 
@@ -128,7 +109,7 @@ def curve_of(records: list[RoundRecord]) -> Curve:
 def run_one(
     work: Path,
     seed: int,
-    pace: Pace,
+    pace: Conditions,
     *,
     algorithm: str,
     rounds: int,
@@ -176,7 +157,7 @@ class SeedRun:
 def run_seed(
     root: Path,
     seed: int,
-    pace: Pace,
+    pace: Conditions,
     settings: list[tuple[int, float]],
     *,
     algorithm: str,
@@ -282,7 +263,7 @@ def main(args: argparse.Namespace, lrs: list[float]) -> int:
     (``lrs``: η_g for each of ``args.k``)."""
     interrupt_on_sigterm()  # a SIGTERM unwinds through each fleet's `with`: its processes stop too
     settings = list(zip(args.k, lrs, strict=True))
-    pace = Pace(devices=args.devices, t0=args.t0)
+    pace = Conditions(devices=args.devices, t0=args.t0)
     load_before = load_line()
     results: dict[int, SeedRun] = {}
     with tempfile.TemporaryDirectory(prefix="fedbuff-mqtt-") as tmp:

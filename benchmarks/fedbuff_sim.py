@@ -26,6 +26,8 @@ from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec
 
 EXTRA = {"pflda": {"lam": 0.9}, "fedavg": {}}
+#: FedBuff's reported speed-up over synchronous FL (Nguyen et al. 2022, abstract).
+PAPER_SPEEDUP = 3.3
 
 
 @dataclass(frozen=True)
@@ -45,16 +47,20 @@ class Conditions:
         """Per unit time: P(leave within slow_factor × t0) = churn."""
         return -math.log1p(-self.churn) / (self.slow_factor * self.t0) if self.churn > 0 else 0.0
 
+    def draw_slow(self, names: Sequence[str], seed: int) -> set[str]:
+        """Which of ``names`` are the slow devices of fleet ``seed`` (the same draw in every run)."""
+        n_slow = round(self.slow_fraction * len(names))
+        picked = np.random.default_rng([seed, 14]).choice(len(names), size=n_slow, replace=False)
+        return {names[i] for i in picked.tolist()}
+
 
 class FleetClock:
     """Per-device speeds, update times and on/off sessions, drawn from one seed and shared by both runs."""
 
     def __init__(self, names: Sequence[str], cond: Conditions, seed: int) -> None:
         self.cond = cond
-        rng = np.random.default_rng([seed, 14])
-        n_slow = round(cond.slow_fraction * len(names))
-        slow = set(rng.choice(len(names), size=n_slow, replace=False).tolist())
-        self.speed = {d: cond.slow_factor if i in slow else 1.0 for i, d in enumerate(names)}
+        slow = cond.draw_slow(names, seed)
+        self.speed = {d: cond.slow_factor if d in slow else 1.0 for d in names}
         self.slow = {d for d, v in self.speed.items() if v > 1.0}
         self._work = {d: np.random.default_rng([seed, 14, i, 1]) for i, d in enumerate(names)}
         self._jobs = {d: 0 for d in names}

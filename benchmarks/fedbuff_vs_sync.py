@@ -52,6 +52,7 @@ from benchmarks import fedbuff_mqtt
 from benchmarks.common import RESULTS, markdown_table, progress, study_parser, write_result
 from benchmarks.fedbuff_sim import (
     EXTRA,
+    PAPER_SPEEDUP,
     Conditions,
     Curve,
     FleetClock,
@@ -64,8 +65,6 @@ from benchmarks.fedbuff_sim import (
 from cloud_aggregator.demo import HPARAMS
 from cloud_aggregator.fedbuff import BufferConfig
 
-#: FedBuff's reported speed-up over synchronous FL (Nguyen et al. 2022, abstract).
-PAPER_SPEEDUP = 3.3
 #: ``--quick``: a small fleet, few rounds (the test suite runs it).
 QUICK = {"devices": 10, "rounds": 8}
 
