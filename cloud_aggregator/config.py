@@ -273,7 +273,7 @@ class AggregatorConfig:
             what = (f"workers = {self.collect.workers}" if self.collect.workers > 1
                     else f"plant_workers = {self.collect.plant_workers}")  # fmt: skip
             for t in self.task:
-                why = workers_refusal(t.spec(), self.collect.straggler, getattr(t, "mode", "sync"))
+                why = workers_refusal(t.spec(), self.collect.straggler, t.mode)
                 if why is not None:
                     raise ValueError(f"task {t.name!r}: [collect] {what}: {why}")
         if isinstance(self.restart, list):
