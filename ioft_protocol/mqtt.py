@@ -517,10 +517,4 @@ class MqttSession:
 
 def topic_matches(topic_filter: str, topic: str) -> bool:
     """Whether ``topic`` matches the subscription filter ``topic_filter`` (``+``: one level, ``#``: the rest)."""
-    want, have = topic_filter.split("/"), topic.split("/")
-    for i, level in enumerate(want):
-        if level == "#":
-            return True
-        if i >= len(have) or (level != "+" and level != have[i]):
-            return False
-    return len(want) == len(have)
+    return paho.topic_matches_sub(topic_filter, topic)
