@@ -208,7 +208,7 @@ class BufferedServer:
         never given work) is refused by admission as arriving while no round is open for it.
         """
         job = self.jobs.get(device)
-        request = None if job is None else self.request(job)
+        request = None if job is None else self.request(job.round, job.params, job.global_hash)
         verdict = self.admission.receive(device, upload, request, Inbox())
         if job is not None and not isinstance(verdict, Refusal):
             del self.jobs[device]
@@ -223,16 +223,11 @@ class BufferedServer:
         self._prune()
         return arrival
 
-    def request(self, job: Job) -> CollectRequest:
-        """The round admission judges ``job``'s upload against: its round, phase and starting global."""
+    def request(self, round_: int, params: Params, global_hash: str) -> CollectRequest:
+        """The round an upload quoting ``round_`` from the global ``params`` is judged against
+        (a job's, or the one announced); the phase is the strategy's one."""
         return CollectRequest(
-            self.spec,
-            job.round,
-            self.phase,
-            job.params,
-            job.global_hash,
-            {},
-            self.strategy.expected(job.params, self.phase),
+            self.spec, round_, self.phase, params, global_hash, {}, self.strategy.expected(params, self.phase)
         )
 
     def ledger(self) -> Mapping[str, int]:

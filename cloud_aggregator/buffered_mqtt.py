@@ -30,7 +30,7 @@ from cloud_aggregator.admission import Admission, AdmissionPolicy, Reason, Refus
 from cloud_aggregator.buffered import BufferedServer
 from cloud_aggregator.fedbuff import Arrival, BufferConfig
 from cloud_aggregator.mqtt_fleet import ROUTINE_REFUSALS, MqttFleet
-from cloud_aggregator.rounds import CollectRequest, RoundRecord
+from cloud_aggregator.rounds import RoundRecord
 from cloud_aggregator.store import SqliteStore
 from ioft_protocol import codec, topics
 from ioft_protocol.round_messages import UpdateMessage
@@ -127,10 +127,7 @@ class BufferedTask:
 
     def _announce(self) -> None:
         version, params, digest = self.server.current()
-        strategy, phase = self.server.strategy, self.server.phase
-        request = CollectRequest(
-            self.spec, version + 1, phase, params, digest, {}, strategy.expected(params, phase)
-        )
+        request = self.server.request(version + 1, params, digest)
         self.fleet.announce(request, time.time() + HORIZON_S, mode="buffered")
 
     def upload(self, device: str, payload: bytes) -> Arrival | Refusal:

@@ -102,23 +102,20 @@ class UpdateBuffer:
 
     def __init__(self, global_params: Mapping[str, np.ndarray], config: BufferConfig | None = None) -> None:
         self.config = config or BufferConfig()
-        self.global_params: Params = copy_params(global_params)
-        self.version = 0
-        #: Uploads summed since the last server update.
-        self.count = 0
         self.dropped = 0
-        self._sum: dict[str, np.ndarray] = {
-            n: np.zeros(np.shape(v), dtype=np.float64) for n, v in self.global_params.items()
-        }
+        self.restart_at(global_params, 0)
 
     def restart_at(self, global_params: Mapping[str, np.ndarray], version: int) -> None:
         """Continue from a stored ``version`` of the global (an aggregator restart): the buffer empty."""
         if version < 0:
             raise ValueError(f"version must be >= 0, got {version}")
-        self.global_params = copy_params(global_params)
+        self.global_params: Params = copy_params(global_params)
         self.version = version
+        #: Uploads summed since the last server update.
         self.count = 0
-        self._sum = {n: np.zeros(np.shape(v), dtype=np.float64) for n, v in self.global_params.items()}
+        self._sum: dict[str, np.ndarray] = {
+            n: np.zeros(np.shape(v), dtype=np.float64) for n, v in self.global_params.items()
+        }
 
     def add(
         self, params: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray], base_version: int

@@ -119,25 +119,23 @@ class Pacer:
             if job.due > now or self.jobs.get(task) is not job:
                 continue
             del self.jobs[task]
-            ann = job.ann
-            if ann.mode == "buffered":
-                last = self._answered(task)
-                ann = replace(ann, round=max(ann.round, (last or 0) + 1))
-                self._releasing = ann
-                try:
-                    self._run(ann)
-                finally:
-                    self._releasing = None
-                trained = self._answered(task) != last  # not when paused, refusing, or without rows
-                if trained and task in self.latest and not self.away:
-                    self._start(task)  # and at once again, from the newest global it has
-            else:
-                self._releasing = ann
-                try:
-                    self._run(ann)
-                finally:
-                    self._releasing = None
+            if job.ann.mode != "buffered":
+                self._release(job.ann)
+                continue
+            last = self._answered(task)
+            self._release(replace(job.ann, round=max(job.ann.round, (last or 0) + 1)))
+            trained = self._answered(task) != last  # not when paused, refusing, or without rows
+            if trained and task in self.latest and not self.away:
+                self._start(task)  # and at once again, from the newest global it has
         self._schedule()
+
+    def _release(self, ann: Announcement) -> None:
+        """Hand ``ann`` to the daemon's round code (which :meth:`hold` then lets through)."""
+        self._releasing = ann
+        try:
+            self._run(ann)
+        finally:
+            self._releasing = None
 
     def _switch(self, now: float) -> None:
         self.away = not self.away
