@@ -67,12 +67,22 @@ def wait_for(what: str, ok, *logs: Path, timeout: float = WAIT_S) -> None:
         time.sleep(0.1)
 
 
-def add_plant(root: Path, port: int) -> Path:
-    out = cli("fleet", "add-plant", "--dir", str(root), "--plant", "plant-a", "--devices", ",".join(DEVICES),
-              "--host", "127.0.0.1", "--port", str(port), "--bind", "127.0.0.1", "--bridge-retry", "1,2")  # fmt: skip
+def add_plant(
+    root: Path, port: int, *extra: str, devices: tuple[str, ...] = DEVICES
+) -> subprocess.CompletedProcess:
+    """``fleet add-plant`` of plant-a on loopback ``port`` (bridge retry 1-2 s), plus ``extra`` options."""
+    out = cli("fleet", "add-plant", "--dir", str(root), "--plant", "plant-a", "--devices", ",".join(devices),
+              "--host", "127.0.0.1", "--port", str(port), "--bind", "127.0.0.1", "--bridge-retry", "1,2", *extra)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr
-    return root / "plants" / "plant-a"
+    return out
+
+
+def start_bridged(cloud: Broker, plant: Broker, work: Path) -> None:
+    """Both brokers start clean and the plant's bridge connects to the cloud."""
+    assert_clean_start(cloud)
+    assert_clean_start(plant)
+    wait_for("the bridge did not connect", lambda: "as bridge.plant-a " in cloud.log(), work / "cloud.log")
 
 
 def device(work: Path, fleet: Path, name: str) -> subprocess.Popen:
@@ -93,7 +103,8 @@ def work(enterable_dir: Path) -> Path:
 def test_devices_on_a_bridged_plant_complete_rounds_across_a_cloud_broker_restart(work):
     cloud_port, plant_port = free_port(), free_port()
     fleet = init(work, cloud_port)  # fleet init --devices printer1,printer2 (cloud on cloud_port)
-    plant = add_plant(fleet, plant_port)
+    add_plant(fleet, plant_port)
+    plant = fleet / "plants" / "plant-a"
     layout = open_fleet(fleet)
     for d in DEVICES:  # each device now dials the plant broker; the topics are the cloud's
         assert layout.plant_brokers[d] == f"mqtts://127.0.0.1:{plant_port}"
@@ -109,11 +120,7 @@ def test_devices_on_a_bridged_plant_complete_rounds_across_a_cloud_broker_restar
     plant_broker = Broker(plant / "mosquitto.conf", plant_port, work / "plant.log")
     procs: list[subprocess.Popen] = []
     try:
-        assert_clean_start(cloud)
-        assert_clean_start(plant_broker)
-        wait_for(
-            "the bridge did not connect", lambda: "as bridge.plant-a " in cloud.log(), work / "cloud.log"
-        )
+        start_bridged(cloud, plant_broker, work)
         aggregator = spawn(
             [*console_script("cloud-aggregator", "cloud_aggregator.cli"), "serve", "--config", str(agg_toml),
              "--state-dir", str(work / "aggregator")],
@@ -179,9 +186,7 @@ def persistent_client(
 def test_uplinks_published_while_the_cloud_is_down_wait_at_the_plant_and_cross_when_it_is_back(work):
     cloud_port, plant_port = free_port(), free_port()
     fleet = init(work, cloud_port)
-    out = cli("fleet", "add-plant", "--dir", str(fleet), "--plant", "plant-a", "--devices", "printer1",
-              "--host", "127.0.0.1", "--port", str(plant_port), "--bind", "127.0.0.1", "--bridge-retry", "1,2")  # fmt: skip
-    assert out.returncode == 0, out.stderr
+    add_plant(fleet, plant_port, devices=("printer1",))
     layout = open_fleet(fleet)
     p = "ioft/v1/plant"
     agg = (layout.ca_cert, layout.cert("aggregator"), layout.key("aggregator"))
@@ -236,10 +241,7 @@ def test_uplinks_published_while_the_cloud_is_down_wait_at_the_plant_and_cross_w
 def test_an_mqtt5_bridge_carries_statuses_out_and_announcements_in(work):
     cloud_port, plant_port = free_port(), free_port()
     fleet = init(work, cloud_port)
-    out = cli("fleet", "add-plant", "--dir", str(fleet), "--plant", "plant-a", "--devices", "printer1",
-              "--host", "127.0.0.1", "--port", str(plant_port), "--bind", "127.0.0.1", "--bridge-retry", "1,2",
-              "--bridge-protocol", "mqttv50")  # fmt: skip
-    assert out.returncode == 0, out.stderr
+    add_plant(fleet, plant_port, "--bridge-protocol", "mqttv50", devices=("printer1",))
     layout = open_fleet(fleet)
     p = "ioft/v1/plant"
     cloud = Broker(fleet / "broker" / "mosquitto.conf", cloud_port, work / "cloud.log")

@@ -29,9 +29,10 @@ from cloud_aggregator.broker import free_port, start_mosquitto
 from cloud_aggregator.fleet_devices import load_ca
 from cloud_aggregator.fleet_layout import open_fleet
 from tests.e2e.notify import NotifyListener
-from tests.e2e.test_bridged_plant import DEVICES, ROUNDS, device, wait_for
-from tests.e2e.test_fleet_init_broker import Broker, assert_clean_start, cli, init
+from tests.e2e.test_bridged_plant import DEVICES, ROUNDS, add_plant, device, start_bridged, wait_for
+from tests.e2e.test_fleet_init_broker import Broker, init
 from tests.e2e.test_operator_path import console_script, served_rounds, spawn, stop, tail
+from tests.e2e.test_systemd_notify import stop_service
 
 pytestmark = pytest.mark.broker
 P = "ioft/v1/plant"
@@ -90,11 +91,7 @@ def work(enterable_dir: Path) -> Path:
 def test_a_partial_plant_from_the_written_files_sends_one_batch_per_round_and_no_upload(work):
     cloud_port, plant_port = free_port(), free_port()
     fleet = init(work, cloud_port)  # fleet init --devices printer1,printer2 (TLS certificates)
-    out = cli("fleet", "add-plant", "--dir", str(fleet), "--plant", "plant-a", "--devices", ",".join(DEVICES),
-              "--host", "127.0.0.1", "--port", str(plant_port), "--bind", "127.0.0.1", "--bridge-retry", "1,2",
-              "--partial-aggregator")  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    assert "Traceback" not in out.stderr
+    out = add_plant(fleet, plant_port, "--partial-aggregator")
     plant = fleet / "plants" / "plant-a"
     worker_cmd = f"cloud-aggregator worker --plant --id plant-a --config {plant / 'worker.toml'}"
     assert worker_cmd in out.stdout, out.stdout  # what the operator is told to run at the plant
@@ -109,11 +106,7 @@ def test_a_partial_plant_from_the_written_files_sends_one_batch_per_round_and_no
     plant_broker = Broker(plant / "mosquitto.conf", plant_port, work / "plant.log")
     procs: list[subprocess.Popen] = []
     try:
-        assert_clean_start(cloud)
-        assert_clean_start(plant_broker)
-        wait_for(
-            "the bridge did not connect", lambda: "as bridge.plant-a " in cloud.log(), work / "cloud.log"
-        )
+        start_bridged(cloud, plant_broker, work)
         connect(w, cloud_port)
         cloud_aggregator = console_script("cloud-aggregator", "cloud_aggregator.cli")
         aggregator = spawn([*cloud_aggregator, "serve", "--config", str(agg_toml), "--state-dir", str(work / "aggregator")],
@@ -172,10 +165,5 @@ def test_the_plant_worker_is_ready_once_connected_pings_from_its_loop_and_says_s
         ready = listener.wait_for("READY=1", 30)
         listener.pings_then_stops(proc, ready)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-        listener.close()
-        if broker is not None:
-            broker.stop()
+        stop_service(proc, log, listener, broker)
     assert "Traceback" not in (tmp_path / "worker.log").read_text()

@@ -12,16 +12,30 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import BinaryIO
 
 import pytest
 
-from cloud_aggregator.broker import free_port, start_mosquitto
+from cloud_aggregator.broker import BrokerProcess, free_port, start_mosquitto
 from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
 from tests.conftest import _require_mosquitto
 from tests.e2e.notify import NotifyListener
 from tests.e2e.retained import retained_status
 
 WATCHDOG_S = 0.6  # pings every 0.2 s
+
+
+def stop_service(
+    proc: subprocess.Popen, log: BinaryIO, listener: NotifyListener, broker: BrokerProcess | None = None
+) -> None:
+    """A notify test's teardown: kill the service if it still runs, close its log and the listener,
+    stop the broker if one was started."""
+    if proc.poll() is None:
+        proc.kill()
+    log.close()
+    listener.close()
+    if broker is not None:
+        broker.stop()
 
 
 @pytest.mark.broker
@@ -54,12 +68,7 @@ def test_edge_trainer_is_ready_once_connected_pings_from_its_loop_and_says_stopp
         # The watchdog: pings keep coming from the main loop (every third of WATCHDOG_USEC)
         listener.pings_then_stops(proc, ready)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-        listener.close()
-        if broker is not None:
-            broker.stop()
+        stop_service(proc, log, listener, broker)
     assert "Traceback" not in (tmp_path / "printer1.log").read_text()
 
 
@@ -77,10 +86,7 @@ def test_edge_recorder_is_ready_once_recording_pings_from_its_loop_and_says_stop
         ready = listener.wait_for("READY=1", 30)
         listener.pings_then_stops(proc, ready)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-        listener.close()
+        stop_service(proc, log, listener)
     assert "Traceback" not in (tmp_path / "recorder.log").read_text()
 
 
