@@ -40,11 +40,6 @@ def topic_uplinks_shared(fleet: str) -> str:
     return f"$share/{GROUP}/{topics.topic_up_all(fleet)}"
 
 
-def topic_down_all(fleet: str) -> str:
-    """Every task's retained round announcement (a worker learns each round from it)."""
-    return f"{topics.PROTOCOL}/{check_id('fleet', fleet)}/task/+/down"
-
-
 def topic_worker(fleet: str, worker: str) -> str:
     return f"{_agg(fleet)}/worker/{check_id('worker', worker)}"
 

@@ -122,7 +122,7 @@ class AggregatorWorker:
         # job: K workers doing it too would multiply a reconnect's status burst by K.
         session.on_connect_hooks[:] = []
         session.subscribe(wire.topic_uplinks_shared(self.fleet.fleet))
-        session.subscribe(wire.topic_down_all(self.fleet.fleet))
+        session.subscribe(topics.topic_down_all(self.fleet.fleet))  # a worker learns each round from it
         session.subscribe(wire.topic_ctl(self.fleet.fleet))
         self.rounds: dict[str, _Round] = {}
         self._strategies: dict[str, Strategy] = {}  # by spec JSON

@@ -256,7 +256,7 @@ class EdgeTrainer:
     def start(self) -> None:
         """Subscribe to the fleet's downlinks and connect (in the background, retrying forever)."""
         fleet = self.config.fleet
-        self.session.subscribe(f"{topics.PROTOCOL}/{fleet}/task/+/down")
+        self.session.subscribe(topics.topic_down_all(fleet))
         self.session.subscribe(f"{topics.PROTOCOL}/{fleet}/task/+/down/{self.device}")
         self.session.subscribe(secagg_wire.topic_down_mine(fleet, self.device))
         self.session.subscribe(topics.topic_roll_call(fleet))

@@ -15,6 +15,11 @@ def topic_down(fleet: str, task: str) -> str:
     return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/{check_id('task', task)}/down"
 
 
+def topic_down_all(fleet: str) -> str:
+    """Every task's round announcement (the devices and the aggregator workers follow them all)."""
+    return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/+/down"
+
+
 def topic_down_device(fleet: str, task: str, device: str) -> str:
     return f"{topic_down(fleet, task)}/{check_id('device', device)}"
 
