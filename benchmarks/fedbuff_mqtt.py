@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import markdown_table, progress, write_result
-from benchmarks.fedbuff_sim import EXTRA, PAPER_SPEEDUP, Conditions, Curve, printer_clients
+from benchmarks.fedbuff_sim import EXTRA, PAPER_SPEEDUP, Conditions, Curve, fedbuff_label, printer_clients
 from cloud_aggregator.broker import interrupt_on_sigterm
 from cloud_aggregator.demo import HPARAMS, LOSS_SCALE
 from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
@@ -175,7 +175,7 @@ def run_seed(
 
     curves, ledgers = {"sync": sync}, {}
     for k, lr in settings:
-        label = f"FedBuff K={k}, η_g={lr:g}"
+        label = fedbuff_label(k, lr)
         curves[label], ledgers[label] = run_one(
             root / f"s{seed}-k{k}",
             seed,
@@ -271,7 +271,7 @@ def main(args: argparse.Namespace, lrs: list[float]) -> int:
             results[seed] = run_seed(
                 Path(tmp), seed, pace, settings, algorithm=args.algorithm, rounds=args.rounds, cap=args.cap
             )
-    labels = ["sync", *(f"FedBuff K={k}, η_g={lr:g}" for k, lr in settings)]
+    labels = ["sync", *(fedbuff_label(k, lr) for k, lr in settings)]
     table = report(results, labels, args.cap)
     print(table)
     if not args.no_write:

@@ -30,6 +30,11 @@ EXTRA = {"pflda": {"lam": 0.9}, "fedavg": {}}
 PAPER_SPEEDUP = 3.3
 
 
+def fedbuff_label(k: int, server_lr: float) -> str:
+    """A FedBuff setting's name in the tables and plots."""
+    return f"FedBuff K={k}, η_g={server_lr:g}"
+
+
 @dataclass(frozen=True)
 class Conditions:
     """The fleet's speeds and churn, in units of ``t0`` (module docstring)."""

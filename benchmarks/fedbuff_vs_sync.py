@@ -57,6 +57,7 @@ from benchmarks.fedbuff_sim import (
     Curve,
     FleetClock,
     calibrate_t0,
+    fedbuff_label,
     printer_clients,
     run_fedbuff,
     run_sync,
@@ -78,7 +79,7 @@ class Method:
 
     @property
     def label(self) -> str:
-        return f"FedBuff K={self.k}, η_g={self.server_lr:g}"
+        return fedbuff_label(self.k, self.server_lr)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from cloud_aggregator.rounds import RoundRecord
 from cloud_aggregator.store import SqliteStore
 from ioft_protocol import codec, topics
 from ioft_protocol.round_messages import UpdateMessage
-from trainer_lite.params import Params, param_hash
+from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ class BufferedTask:
     def _record(self, arrival: Arrival) -> None:
         """Store the application that made version ``arrival.version`` and announce it."""
         server, now = self.server, time.time()
-        new = server.global_params
+        _, new, digest = server.current()  # hashed once: _announce sends the same
         record = RoundRecord(
             task=self.spec.name,
             round=arrival.version,
@@ -177,7 +177,7 @@ class BufferedTask:
             n_samples=dict(self._n_samples),
             metrics=dict(self._metrics),
             rejected=dict(self._rejected),
-            global_hash=param_hash(new),
+            global_hash=digest,
             started=self._started,
             finished=now,
             extra={
