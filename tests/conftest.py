@@ -21,20 +21,21 @@ from cloud_aggregator.rabbitmq import RabbitNode, find_rabbitmq, start_cluster
 from tests import budget  # noqa: F401  (loads the hypothesis profile before any test module)
 
 
+def _missing(msg: str) -> None:
+    """A broker the test needs is not installed: a failure on CI, a skip elsewhere."""
+    if os.environ.get("CI"):
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
 def _require_mosquitto() -> None:
     if find_mosquitto() is None:
-        msg = "mosquitto is not installed (apt-get install mosquitto); .ci/run installs it"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+        _missing("mosquitto is not installed (apt-get install mosquitto); .ci/run installs it")
 
 
 def _require_rabbitmq() -> None:
     if find_rabbitmq() is None:
-        msg = "rabbitmq-server is not installed (apt-get install rabbitmq-server); make test installs it"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+        _missing("rabbitmq-server is not installed (apt-get install rabbitmq-server); make test installs it")
 
 
 def pytest_configure(config: pytest.Config) -> None:
