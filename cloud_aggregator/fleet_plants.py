@@ -68,7 +68,7 @@ from cloud_aggregator.fleet_plant_files import (
     plant_toml_text,
     worker_toml_text,
 )
-from cloud_aggregator.fleet_units import PLANT_WORKER_UNIT, plant_worker_unit, venv_of
+from cloud_aggregator.fleet_units import MOSQUITTO_DROPIN, PLANT_WORKER_UNIT, plant_worker_unit, venv_of
 from ioft_protocol import codec
 from ioft_protocol.mqtt import BrokerAddress
 
@@ -182,7 +182,7 @@ def add_plant(
         conf = plant_conf_text(layout, record, port=port, bind=bind, cloud=address, protocol=protocol,
                                restart_timeout=restart_timeout)  # fmt: skip
         write_file(tmp / "mosquitto.conf", conf)
-        write_file(tmp / "systemd" / "mosquitto.service.d" / "ioft.conf", plant_dropin(layout, plant))
+        write_file(tmp / "systemd" / MOSQUITTO_DROPIN, plant_dropin(layout, plant))
         (tmp / "data").mkdir()
         owner = broker_owner()
         if owner is not None:  # mosquitto drops root before reading keys and writing data/
