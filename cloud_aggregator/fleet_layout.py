@@ -406,11 +406,12 @@ def worker_login_toml(layout: FleetLayout, worker: str) -> str:
         f"# `cloud-aggregator worker --config {layout.toml(AGGREGATOR)} --id {worker}` (each worker serve starts",
         "# too) logs in with this instead of aggregator.toml's own login; the rest comes from aggregator.toml.",
     ]
+    cn = worker_identity(worker)
     if layout.auth == "passwords":
-        lines += [f"username = {_toml_str(worker_identity(worker))}", f"password = {_toml_str(layout.passwords[worker_identity(worker)])}"]  # fmt: skip
+        lines += [f"username = {_toml_str(cn)}", f"password = {_toml_str(layout.passwords[cn])}"]
     else:
-        lines += ["", "[tls]", f"cert_file = {_toml_str(layout.workers_dir / f'{worker_identity(worker)}.crt')}",
-                  f"key_file = {_toml_str(layout.workers_dir / f'{worker_identity(worker)}.key')}"]  # fmt: skip
+        lines += ["", "[tls]", f"cert_file = {_toml_str(layout.workers_dir / f'{cn}.crt')}",
+                  f"key_file = {_toml_str(layout.workers_dir / f'{cn}.key')}"]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
