@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from cloud_aggregator import worker_wire as wire
-from cloud_aggregator.admission import ROUND_ANSWERS, AdmissionPolicy, Reason
-from cloud_aggregator.mqtt_fleet import ROUTINE_REFUSALS, CollectPolicy, MqttFleet
+from cloud_aggregator.admission import ROUND_ANSWERS, AdmissionPolicy, Reason, Refusal
+from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.rounds import CollectRequest, Rejection, RoundStore, SatOut
 from cloud_aggregator.stragglers import LateUpdate
 from cloud_aggregator.strategies import Update, make_strategy
@@ -244,13 +244,7 @@ class WorkerFleet(MqttFleet):
     ) -> None:
         """Count and store a worker's refusal as ``MqttFleet`` counts its own; a refused answer to
         the open round is filed in it (unless the device has an admitted upload there)."""
-        with self._admit:
-            per = self.admission.refused.setdefault(device, {})
-            per[reason] = per.get(reason, 0) + 1
-        level = logging.INFO if reason in ROUTINE_REFUSALS else logging.WARNING
-        log.log(level, "dropped update from %s: %s: %s", device, reason, detail)
-        if self.store is not None:
-            self.store.put_rejection(task, round_, device, reason, detail)
+        self._record_refusal(device, None, Refusal(reason, detail), answering=(task, round_))
         if (
             request is not None
             and reason in ROUND_ANSWERS

@@ -495,9 +495,17 @@ class MqttFleet:
         self.view.changes += 1
 
     def _record_refusal(
-        self, device: str, request: CollectRequest | None, verdict: Refusal, *, counted: bool = False
+        self,
+        device: str,
+        request: CollectRequest | None,
+        verdict: Refusal,
+        *,
+        counted: bool = False,
+        answering: tuple[str, int | None] | None = None,
     ) -> None:
-        """Log and store a refused upload; count it unless admission already did (``counted``)."""
+        """Log and store a refused upload; count it unless admission already did (``counted``).
+        It is filed under ``answering`` (task, round) where given (a worker's batch says which),
+        else under ``request``'s round."""
         if not counted:
             with self._admit:
                 per = self.admission.refused.setdefault(device, {})
@@ -505,8 +513,9 @@ class MqttFleet:
         level = logging.INFO if verdict.reason in ROUTINE_REFUSALS else logging.WARNING
         log.log(level, "dropped update from %s: %s", device, verdict)
         if self.store is not None:
-            task, round_ = (request.spec.name, request.round) if request is not None else ("", None)
-            self.store.put_rejection(task, round_, device, verdict.reason, verdict.detail)
+            if answering is None:
+                answering = (request.spec.name, request.round) if request is not None else ("", None)
+            self.store.put_rejection(*answering, device, verdict.reason, verdict.detail)
 
     def _accept(
         self, device: str, payload: bytes, request: CollectRequest | None, received: Inbox, *, persist: bool
