@@ -15,8 +15,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import paho.mqtt.client as paho
 import pytest
@@ -67,14 +66,6 @@ class Watch:
         self.client.loop_stop()
 
 
-def wait_until(cond: Callable[[], bool], timeout: float, what: str, fleet: LocalFleet) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} not within {timeout:g} s; aggregator log: {fleet.log('aggregator')[-2000:]}")
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[RabbitCluster]:
     _require_rabbitmq()
@@ -92,7 +83,7 @@ def late_device_run(tmp_path, devices_url: str, aggregator_url: str) -> tuple[li
     try:
         # The devices are up, their retained statuses kept where they connect, before the aggregator starts.
         fleet.start_devices(EARLY)
-        wait_until(lambda: all(on_devices.statuses(d) for d in EARLY), 60, "early devices online", fleet)
+        fleet.wait_for(lambda: all(on_devices.statuses(d) for d in EARLY), 60, "early devices online")
         fleet.start_aggregator(
             aggregator_toml(
                 aggregator_url,
@@ -104,17 +95,16 @@ def late_device_run(tmp_path, devices_url: str, aggregator_url: str) -> tuple[li
             )
         )
         # The late device connects after round 1 was announced (retained where the aggregator is).
-        wait_until(lambda: on_devices.seen(topics.topic_down(FLEET, "speed")), 60, "round 1 announced", fleet)
+        fleet.wait_for(lambda: on_devices.seen(topics.topic_down(FLEET, "speed")), 60, "round 1 announced")
         fleet.start_device(LATE)
         assert fleet.wait_aggregator(120) == 0, fleet.log("aggregator")[-3000:]
         records = fleet.rounds()
         # A device that dies is seen offline where the aggregator is: its Last Will.
         fleet.devices["printer1"].send_signal(signal.SIGKILL)
-        wait_until(
+        fleet.wait_for(
             lambda: any(s.get("state") == "offline" for s in on_aggregator.statuses("printer1")),
             30,
             "printer1's Last Will",
-            fleet,
         )
     finally:
         fleet.stop_all()
