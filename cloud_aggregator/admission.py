@@ -245,6 +245,11 @@ class Admission:
         self._global64: tuple[Mapping[str, np.ndarray], dict[str, np.ndarray]] | None = None
 
     # -- the pipeline ---------------------------------------------------------------------
+    def count_refusal(self, device: str, reason: Reason) -> None:
+        """One more refused upload of ``device`` for ``reason`` (:attr:`refused`, the fleet's counts)."""
+        per = self.refused.setdefault(device, {})
+        per[reason] = per.get(reason, 0) + 1
+
     def receive(
         self,
         device: str,
@@ -261,8 +266,7 @@ class Admission:
         """
         verdict = self.judge(device, upload, request, restored=restored)
         if isinstance(verdict, Refusal):
-            per = self.refused.setdefault(device, {})
-            per[verdict.reason] = per.get(verdict.reason, 0) + 1
+            self.count_refusal(device, verdict.reason)
             if verdict.reason in ROUND_ANSWERS and not isinstance(inbox.get(device), Update):
                 inbox[device] = Rejection(device, str(verdict))
         elif isinstance(verdict, LateUpdate):

@@ -191,8 +191,7 @@ class BufferedServer:
         if too_stale:
             self._counts["dispatched"] += 1  # the job it did, recovered only to be dropped
             self._last_round[device] = upload.round
-        per = self.admission.refused.setdefault(device, {})
-        per[why.reason] = per.get(why.reason, 0) + 1
+        self.admission.count_refusal(device, why.reason)
         return why
 
     def abandon(self, device: str) -> None:

@@ -156,8 +156,7 @@ class BufferedTask:
     def _refuse(self, device: str, refusal: Refusal, round_: int | None, *, counted: bool) -> Refusal:
         """Count (unless the pipeline did), log and store a refused upload."""
         if not counted:
-            per = self.server.admission.refused.setdefault(device, {})
-            per[refusal.reason] = per.get(refusal.reason, 0) + 1
+            self.server.admission.count_refusal(device, refusal.reason)
         level = logging.INFO if refusal.reason in ROUTINE_REFUSALS else logging.WARNING
         log.log(level, "task %s: dropped update from %s: %s", self.spec.name, device, refusal)
         self.store.put_rejection(self.spec.name, round_, device, refusal.reason, refusal.detail)

@@ -508,8 +508,7 @@ class MqttFleet:
         else under ``request``'s round."""
         if not counted:
             with self._admit:
-                per = self.admission.refused.setdefault(device, {})
-                per[verdict.reason] = per.get(verdict.reason, 0) + 1
+                self.admission.count_refusal(device, verdict.reason)
         level = logging.INFO if verdict.reason in ROUTINE_REFUSALS else logging.WARNING
         log.log(level, "dropped update from %s: %s", device, verdict)
         if self.store is not None:
