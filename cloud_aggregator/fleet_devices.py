@@ -169,7 +169,8 @@ def revoke_devices(root: str | Path, devices: Sequence[str], *, crl_days: int = 
     rewrite_acl(layout, remaining)
     for d in devices:
         shutil.rmtree(layout.identity_dir(d))
-    return FleetLayout(layout.root, layout.fleet, layout.auth, layout.broker_url, layout.port, remaining)
+    plants = {d: url for d, url in layout.plant_brokers.items() if d in remaining}
+    return replace(layout, devices=remaining, passwords={}, plant_brokers=plants)  # the workers stay
 
 
 def _run(
