@@ -19,7 +19,6 @@ from cloud_aggregator.demo import HPARAMS, LOSS_SCALE
 from cloud_aggregator.fedbuff import Arrival, BufferConfig
 from cloud_aggregator.rounds import RoundEngine, RoundRecord
 from cloud_aggregator.simulation import ClientData, SimulatedFleet
-from ioft_protocol.round_messages import UpdateMessage
 from trainer_lite.client import derive_rng, participate
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params
@@ -269,28 +268,7 @@ def run_fedbuff(
         job = server.jobs.get(d)
         if job is None or job.round != job_round:
             continue  # an update abandoned when the device left
-        data = fleet.clients[d]
-        result, fleet.local[d] = participate(
-            fleet.algo,
-            d,
-            job.params,
-            fleet.local[d],
-            data.train,
-            data.test,
-            round_=job.round,
-            phase=server.phase,
-        )
-        msg = UpdateMessage(
-            fleet.admission.fleet,
-            spec.name,
-            d,
-            job.round,
-            server.phase,
-            result.n_samples,
-            job.global_hash,
-            result.metrics,
-            result.shared,
-        )
+        msg = fleet.train(d, job.params, job.round, server.phase, job.global_hash)
         verdict = server.receive(d, msg)
         if isinstance(verdict, Arrival) and verdict.applied:
             loss, slow = fleet_loss(fleet, server.global_params, clock.slow)

@@ -110,29 +110,8 @@ class SimulatedFleet:
         else:  # the server chose (e.g. FTL-TP's fraction per task group); unknown ids are absent
             devices = [d for d in request.participants if d in self.clients]
         for device in devices:
-            data = self.clients[device]
             shared = request.downlinks.get(device, request.global_params)
-            result, self.local[device] = participate(
-                self.algo,
-                device,
-                shared,
-                self.local[device],
-                data.train,
-                data.test,
-                round_=request.round,
-                phase=request.phase,
-            )
-            msg = UpdateMessage(
-                self.admission.fleet,
-                request.spec.name,
-                device,
-                request.round,
-                request.phase,
-                result.n_samples,
-                request.global_hash,
-                result.metrics,
-                result.shared,
-            )
+            msg = self.train(device, shared, request.round, request.phase, request.global_hash)
             sent.append((device, msg))
         delivered = sent if self.uplinks is None else self.uplinks(request, sent)
         inbox: Inbox = {}
@@ -143,6 +122,24 @@ class SimulatedFleet:
         if request.spec.secagg is not None:  # masked and summed as over MQTT, in this process
             return collect_in_process(request, list(inbox.values()))
         return list(inbox.values())
+
+    def train(self, device: str, shared: Params, round_: int, phase: str, global_hash: str) -> UpdateMessage:
+        """``device``'s client update from ``shared`` (its local state moves on): the upload it sends."""
+        data = self.clients[device]
+        result, self.local[device] = participate(
+            self.algo, device, shared, self.local[device], data.train, data.test, round_=round_, phase=phase
+        )
+        return UpdateMessage(
+            self.admission.fleet,
+            self.spec.name,
+            device,
+            round_,
+            phase,
+            result.n_samples,
+            global_hash,
+            result.metrics,
+            result.shared,
+        )
 
     def evaluate(self, global_params: Params, split: str = "test") -> dict[str, dict[str, float]]:
         """Every client's personalized-model metrics on its ``split`` (``"test"`` or ``"train"``)."""
