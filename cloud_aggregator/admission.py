@@ -26,6 +26,14 @@ selection: ``not_selected``
 tensors: ``shape_dtype``, ``non_finite``
     Names, shapes or dtypes differ from what the round expects, or a tensor holds NaN or
     Inf (``ioft_protocol.codec.validate_tensors``, the one tensor check).
+samples: ``n_samples``
+    The sample count weighs the upload (``samples`` weighting): a count above the task's cap
+    (``max_samples``, per task in ``task_max_samples``) or above the training rows the device
+    reported in its status (``data.train``; a device that reported none is bounded by the cap
+    alone) would let one device become the mean.
+metrics: ``metrics``, ``non_finite``
+    More than ``max_metrics`` metrics, a name longer than ``max_metric_name`` characters, or
+    a NaN / infinite value: metrics are stored in the round record and averaged fleet-wide.
 replay: ``replay``
     The device already answered this task, round and phase (a QoS 1 redelivery, a resend,
     a copy): the first upload stands.  Together with the round-field checks above this is
@@ -54,8 +62,8 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -87,6 +95,8 @@ class Reason(StrEnum):
     NON_FINITE = "non_finite"
     REPLAY = "replay"
     NORM = "norm"
+    N_SAMPLES = "n_samples"
+    METRICS = "metrics"
     #: Stored before reason codes had their own column, with no code in its text.
     OTHER = "other"
 
@@ -95,7 +105,15 @@ class Reason(StrEnum):
 #: device as rejected (unless it has an admitted upload).  The others concern another round,
 #: device or task, or repeat an answer, and are only counted.
 ROUND_ANSWERS = frozenset(
-    {Reason.MALFORMED, Reason.NOT_SELECTED, Reason.SHAPE_DTYPE, Reason.NON_FINITE, Reason.NORM}
+    {
+        Reason.MALFORMED,
+        Reason.NOT_SELECTED,
+        Reason.SHAPE_DTYPE,
+        Reason.NON_FINITE,
+        Reason.NORM,
+        Reason.N_SAMPLES,
+        Reason.METRICS,
+    }
 )
 
 
@@ -112,11 +130,14 @@ class Refusal:
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
-    """Bounds of the ``norm`` check (see the module docstring).
+    """Bounds of the ``norm``, ``samples`` and ``metrics`` checks (see the module docstring).
 
     ``max_norm_ratio`` ``None`` turns the relative bound off; 1000 lets honest
     heterogeneity through (a device joining late, far from a converged fleet, may move 100×
     more than the median) and stops garbage; tighten it for a fleet known to be homogeneous.
+    ``max_samples`` (a million rows: years of weld features, and still a count that cannot
+    outweigh a fleet by itself at 2^62) bounds every task's ``n_samples``;
+    ``task_max_samples`` sets it per task.
     """
 
     max_norm_ratio: float | None = 1000.0
@@ -124,8 +145,20 @@ class AdmissionPolicy:
     history: int = 256
     max_update_norm: float | None = None
     max_param_norm: float | None = None
+    max_samples: int = 1_000_000
+    task_max_samples: Mapping[str, int] = field(default_factory=dict)
+    max_metrics: int = 64
+    max_metric_name: int = 64
 
     def __post_init__(self) -> None:
+        for name, value in [
+            ("max_samples", self.max_samples),
+            ("max_metrics", self.max_metrics),
+            ("max_metric_name", self.max_metric_name),
+            *((f"task_max_samples[{t!r}]", v) for t, v in self.task_max_samples.items()),
+        ]:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.max_norm_ratio is not None and not self.max_norm_ratio > 1.0:
             raise ValueError(f"max_norm_ratio must be > 1 or None, got {self.max_norm_ratio}")
         for name in ("max_update_norm", "max_param_norm"):
@@ -166,6 +199,39 @@ def check_tensors(params: Mapping[str, np.ndarray], expected: Mapping[str, Tenso
         return Refusal(Reason.NON_FINITE, str(exc))
     except codec.WireError as exc:
         return Refusal(Reason.SHAPE_DTYPE, str(exc))
+    return None
+
+
+def reported_train_rows(status: Mapping | None) -> int | None:
+    """The training rows a device's status reports (``data.train``); ``None`` when it reports none."""
+    data = status.get("data") if isinstance(status, Mapping) else None
+    rows = data.get("train") if isinstance(data, Mapping) else None
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0 else None
+
+
+def check_samples(n_samples: int, cap: int, rows: int | None) -> Refusal | None:
+    """``n_samples`` against the task's cap and the device's reported training rows."""
+    if n_samples > cap:
+        return Refusal(Reason.N_SAMPLES, f"n_samples = {n_samples} exceeds the task's max_samples = {cap}")
+    if rows is not None and n_samples > rows:
+        return Refusal(
+            Reason.N_SAMPLES, f"n_samples = {n_samples} exceeds the {rows} training rows its status reports"
+        )
+    return None
+
+
+def check_metrics(metrics: Mapping[str, float], policy: AdmissionPolicy) -> Refusal | None:
+    """Bounded in number and name length, and finite: they land in the round record and the fleet mean."""
+    if len(metrics) > policy.max_metrics:
+        return Refusal(Reason.METRICS, f"{len(metrics)} metrics, at most {policy.max_metrics}")
+    for name, value in metrics.items():
+        if len(name) > policy.max_metric_name:
+            return Refusal(
+                Reason.METRICS,
+                f"metric name {name[:32]!r}... of {len(name)} characters, at most {policy.max_metric_name}",
+            )
+        if not np.isfinite(value):
+            return Refusal(Reason.NON_FINITE, f"metric {name!r} is {value}")
     return None
 
 
@@ -223,6 +289,9 @@ class Admission:
         Bounds of the norm check.
     max_payload_bytes
         Payloads above this size are refused before they are parsed.
+    reported_rows
+        A device's training rows as it last reported them (its status), ``None`` when unknown:
+        the ``samples`` step's per-device bound.
     """
 
     def __init__(
@@ -231,10 +300,12 @@ class Admission:
         policy: AdmissionPolicy | None = None,
         *,
         max_payload_bytes: int = codec.MAX_PAYLOAD_BYTES,
+        reported_rows: Callable[[str], int | None] | None = None,
     ) -> None:
         self.fleet = fleet
         self.policy = policy or AdmissionPolicy()
         self.max_payload_bytes = max_payload_bytes
+        self.reported_rows = reported_rows
         #: device -> reason -> refusals
         self.refused: dict[str, dict[Reason, int]] = {}
         # (task, round, phase) -> devices admitted (fresh or late): whoever is in it already answered
@@ -300,7 +371,7 @@ class Admission:
         *,
         restored: bool = False,
     ) -> Update | LateUpdate | Refusal:
-        """decode → identity → task/round/phase → selection → tensors → replay → norm.
+        """decode → identity → task/round/phase → selection → tensors → samples → metrics → replay → norm.
 
         ``device`` is who sent it (the topic's device); ``restored`` marks an upload admitted
         before a restart, read back from the store: it skips the norm check.  Never raises.
@@ -332,6 +403,8 @@ class Admission:
         if request.participants is not None and device not in request.participants:
             return Refusal(Reason.NOT_SELECTED, "device was not selected for this round")
         bad = check_tensors(msg.params, request.expected_by_device.get(device, request.expected))
+        if bad is None:
+            bad = self.check_counts(device, msg, task)
         if bad is not None:
             return bad
         key = (task, request.round, request.phase)
@@ -354,6 +427,8 @@ class Admission:
         """A straggler for ``request.late``: tensors against the open round's, then replay."""
         late = request.late
         bad = check_tensors(msg.params, request.expected)
+        if bad is None:
+            bad = self.check_counts(device, msg, request.spec.name)
         if bad is not None:
             return Refusal(bad.reason, f"late update: {bad.detail}")
         key = (request.spec.name, late.round, late.phase)
@@ -361,6 +436,13 @@ class Admission:
             return Refusal(Reason.REPLAY, f"device already answered round {late.round}/{late.phase}")
         self._answer(key, device)
         return LateUpdate(Update(device, msg.params, msg.n_samples, msg.metrics), late.round)
+
+    def check_counts(self, device: str, msg: UpdateMessage, task: str) -> Refusal | None:
+        """The ``samples`` and ``metrics`` steps."""
+        p = self.policy
+        rows = self.reported_rows(device) if self.reported_rows is not None else None
+        bad = check_samples(msg.n_samples, p.task_max_samples.get(task, p.max_samples), rows)
+        return bad if bad is not None else check_metrics(msg.metrics, p)
 
     def _answer(self, key: tuple[str, int, str], device: str) -> None:
         if key not in self._answered:  # rounds before the previous one are closed for good

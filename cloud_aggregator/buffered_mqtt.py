@@ -73,7 +73,12 @@ class BufferedTask:
         if config.max_staleness is None:
             raise ValueError("a buffered task over MQTT needs max_staleness (the globals it keeps)")
         self.spec, self.fleet, self.store, self.on_record = spec, fleet, store, on_record
-        pipeline = Admission(fleet.fleet, admission, max_payload_bytes=fleet.admission.max_payload_bytes)
+        pipeline = Admission(
+            fleet.fleet,
+            admission,
+            max_payload_bytes=fleet.admission.max_payload_bytes,
+            reported_rows=fleet.admission.reported_rows,
+        )
         pipeline.refused = fleet.admission.refused  # one per-device count of refusals for the fleet's view
         self.server = BufferedServer(
             spec, config, fleet=fleet.fleet, admission=pipeline, keep_recent=config.max_staleness + 1

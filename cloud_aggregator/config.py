@@ -84,7 +84,10 @@ class AdmissionConfig:
     times the task's running median change is refused), ``min_history`` (accepted
     changes before that bound applies), ``history`` (how many changes the median is
     over), ``max_update_norm`` / ``max_param_norm`` (absolute bounds on ‖u − g‖ and
-    ‖u‖, off by default).  ``replay_rounds`` is gone (equal tensors are no evidence of a
+    ‖u‖, off by default), ``max_samples`` (the most ``n_samples`` an upload may claim; an
+    upload also may not claim more than the training rows its device reported) with
+    ``task_max_samples`` per task, and ``max_metrics`` / ``max_metric_name`` (how many
+    metrics an upload may carry, how long their names).  ``replay_rounds`` is gone (equal tensors are no evidence of a
     replay; a replay is a second answer to a round): a table that sets it is refused by name.
     TOML has no null: ``inf`` turns a bound off, e.g.::
 
@@ -92,6 +95,8 @@ class AdmissionConfig:
         max_norm_ratio = 50.0     # a fleet known to be homogeneous
         max_update_norm = 1e3
         # max_norm_ratio = inf    # no relative bound
+        max_samples = 100000
+        task_max_samples = { speed = 20000 }
     """
 
     max_norm_ratio: float | None = AdmissionPolicy.max_norm_ratio
@@ -99,6 +104,10 @@ class AdmissionConfig:
     history: int = AdmissionPolicy.history
     max_update_norm: float | None = AdmissionPolicy.max_update_norm
     max_param_norm: float | None = AdmissionPolicy.max_param_norm
+    max_samples: int = AdmissionPolicy.max_samples
+    task_max_samples: dict[str, int] = field(default_factory=dict)
+    max_metrics: int = AdmissionPolicy.max_metrics
+    max_metric_name: int = AdmissionPolicy.max_metric_name
 
     def __post_init__(self) -> None:
         self.policy()  # AdmissionPolicy's own checks, at config time

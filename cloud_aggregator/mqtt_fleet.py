@@ -24,7 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from cloud_aggregator import faults
-from cloud_aggregator.admission import Admission, AdmissionPolicy, Inbox, Reason, Refusal
+from cloud_aggregator.admission import (
+    Admission,
+    AdmissionPolicy,
+    Inbox,
+    Reason,
+    Refusal,
+    reported_train_rows,
+)
 from cloud_aggregator.rounds import CollectRequest, Rejection, RoundStore, SatOut
 from cloud_aggregator.stragglers import LateUpdate
 from cloud_aggregator.strategies import Update
@@ -74,7 +81,7 @@ class CollectPolicy:
 
 #: What the aggregator reads of a device's retained status (the rest is the console's, which
 #: reads the broker itself): 10,000 whole statuses would be tens of MB of parsed JSON.
-KEPT_STATUS = ("state", "kind", "tags", "refused", "holdout")
+KEPT_STATUS = ("state", "kind", "tags", "refused", "holdout", "data")
 
 
 class _Inbox(dict):
@@ -164,7 +171,12 @@ class MqttFleet:
         self.fleet = codec.check_id("fleet", fleet)
         self.policy = policy
         self.store = store
-        self.admission = Admission(self.fleet, admission, max_payload_bytes=policy.max_payload_bytes)
+        self.admission = Admission(
+            self.fleet,
+            admission,
+            max_payload_bytes=policy.max_payload_bytes,
+            reported_rows=lambda device: reported_train_rows(self.view.status.get(device)),
+        )
         self.view = FleetView(rejected_by_reason=self.admission.refused)
         self._announced: dict[str, list[tuple[str, bytes]]] = {}  # task -> its retained messages
         #: task -> uplinks waiting for that task's collecting thread (or its first round)

@@ -81,7 +81,12 @@ class SimulatedFleet:
         self.clients = {d: _scaled(c, self.algo.scaling) for d, c in clients.items()}
         self.participation = participation
         self.local: dict[str, Params] = {d: initial_local(self.algo, d) for d in self.clients}
-        self.admission = Admission(fleet, admission)
+        # A simulated device's status would report its training rows: the samples bound.
+        self.admission = Admission(
+            fleet,
+            admission,
+            reported_rows=lambda d: len(self.clients[d].train) if d in self.clients else None,
+        )
         self.uplinks = uplinks
 
     def add_device(self, device: str, data: ClientData) -> None:

@@ -474,7 +474,9 @@ class EdgeTrainer:
                 raise TaskRefused(self.pause.reason)
             self._check_selected(ann)
             algo = self._client(ann.spec)
-            self.refresh_dataset()
+            if self.refresh_dataset():
+                # before the upload: the aggregator bounds n_samples by the rows the status reports
+                self._publish_status()
             self._check_width(algo, ann.spec)  # on a "done" one too: the refusal stays reported
         except TaskRefused as exc:
             self._refuse(ann.task, str(exc))

@@ -276,6 +276,10 @@ class UpdateMessage:
             for k, v in metrics.items()
         ):
             raise WireError("metrics must map names to numbers")
+        try:
+            metrics = {k: float(v) for k, v in metrics.items()}
+        except OverflowError:  # an integer beyond float's range
+            raise WireError("a metric is too large for a float") from None
         n_samples = _field(meta, "n_samples", int)
         if n_samples < 0:
             raise WireError(f"n_samples must be >= 0, got {n_samples}")
@@ -287,6 +291,6 @@ class UpdateMessage:
             phase=_field(meta, "phase", str),
             n_samples=n_samples,
             global_hash=_field(meta, "global_hash", str),
-            metrics={k: float(v) for k, v in metrics.items()},
+            metrics=metrics,
             params=tensors,
         )
