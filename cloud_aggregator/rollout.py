@@ -52,6 +52,9 @@ class Rollout:
     ``canary_offer`` is the retained offer as published to the canaries (re-addressed to
     ``targets``, empty for the whole fleet, on promotion); ``previous_offer`` the one it
     replaced (published again with ``withdrawn`` when the rollout stops).
+    ``withdrawal_signature`` is the fleet key's signature of that withdrawal
+    (``model_push.withdrawal_text``), made when the rollout starts, so a stop (automatic or
+    ``rollout abort``) needs no key; devices refuse an unsigned one.
     """
 
     model: str
@@ -68,6 +71,7 @@ class Rollout:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     decided_at: float | None = None
+    withdrawal_signature: str = ""
 
     def to_json(self) -> str:
         out = asdict(self)

@@ -17,8 +17,10 @@ from cloud_aggregator.fleet_layout import DefaultsHelpFormatter
 from cloud_aggregator.push_answers import INSTALLED, wait_for_answers
 from cloud_aggregator.rollout import MARGIN, MIN_INSTALLED, Rollout, RolloutError, State, describe
 from cloud_aggregator.store import SqliteStore
+from export.keys import load_private_key
 from export.package import Package
 from ioft_protocol.config import ConfigError
+from ioft_protocol.manifest import ManifestError
 from ioft_protocol.mqtt import MqttSession
 
 STORE = "aggregator.sqlite"
@@ -43,6 +45,12 @@ def add_canary_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=MARGIN,
         help="how far below the replaced version's holdout score a canary's may be",
+    )
+    p.add_argument(
+        "--signing-key",
+        type=Path,
+        help="with --canary: the fleet's private key (keygen), which signs the withdrawal a stopped "
+        "rollout publishes (devices refuse an unsigned one)",
     )
     p.add_argument("--state-dir", type=Path, help="the aggregator's state folder (default: --config's)")
     p.set_defaults(func=push_main)
@@ -73,6 +81,18 @@ def canary_push(
     if args.margin < 0:
         print("cannot push: --margin must be >= 0", file=sys.stderr)
         return 2
+    if args.signing_key is None:
+        print(
+            "cannot push: --canary needs --signing-key (the fleet's private key): a stopped rollout takes "
+            "the version back with a withdrawal the fleet key signs",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        signing_key = load_private_key(args.signing_key)
+    except ManifestError as exc:
+        print(f"cannot push: {exc}", file=sys.stderr)
+        return 2
     store = open_store(args)
     try:
         r, report = rollout_run.start(
@@ -85,6 +105,7 @@ def canary_push(
             min_installed=args.min_installed,
             margin=args.margin,
             chunk_size=args.chunk_size,
+            signing_key=signing_key,
         )
     except RolloutError as exc:
         print(f"cannot push: {exc}", file=sys.stderr)

@@ -13,6 +13,8 @@ import logging
 import time
 from dataclasses import asdict, replace
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from cloud_aggregator.push import PushReport, offer_version, push_model
 from cloud_aggregator.push_answers import INSTALLED
 from cloud_aggregator.rollout import (
@@ -26,6 +28,7 @@ from cloud_aggregator.rollout import (
     pick_canaries,
 )
 from cloud_aggregator.store import SqliteStore
+from export.keys import sign, signing_key_id
 from export.package import Package
 from ioft_protocol import codec, model_push, topics
 from ioft_protocol.mqtt import MqttSession
@@ -95,19 +98,27 @@ def start(
     min_installed: float,
     margin: float,
     chunk_size: int,
+    signing_key: Ed25519PrivateKey,
 ) -> tuple[Rollout, PushReport]:
     """Pick the canaries, publish the new version's chunks and an offer addressed to them, save.
 
     The replaced version's chunks stay on the broker until the rollout is promoted, so a
-    stopped rollout leaves the fleet exactly as it was.
+    stopped rollout leaves the fleet exactly as it was.  ``signing_key`` (the fleet key that
+    signed the package) signs the withdrawal of this version now, kept for a stop.
 
     Raises
     ------
     RolloutError
         No version of the model on the fleet yet (nothing to roll back to), a newer one
-        there, a rollout of it still in its canary phase, or a canary as big as the fleet.
+        there, a rollout of it still in its canary phase, a canary as big as the fleet, or
+        a signing key other than the one that signed the package.
     """
     m = package.manifest
+    if signing_key_id(signing_key) != m.key_id:
+        raise RolloutError(
+            f"the signing key {signing_key_id(signing_key)} is not the fleet key {m.key_id} that signed "
+            f"{m.name} v{m.version}; pass the fleet's private key"
+        )
     for r in latest(store, m.name):
         if r.state == State.CANARY:
             raise RolloutError(
@@ -137,6 +148,7 @@ def start(
     r = Rollout(
         m.name, m.version, base, canaries, targets, min_installed, margin, report.offer, previous_offer
     )
+    r.withdrawal_signature = sign(model_push.withdrawal_text(m.name, (m.version,)), signing_key)
     save(store, r)
     return r, report
 
@@ -254,7 +266,19 @@ def stop(
     # Who runs the new version now (the record may be older than the canaries' last answers).
     now = statuses(session, fleet, r.model)
     _record(store, r, [canary_result(d, now.get(d), r) for d in r.canaries])
-    restore = replace(model_push.ModelOffer.decode(r.previous_offer), withdrawn=(r.version,))
+    if not r.withdrawal_signature:
+        log.warning(
+            "the rollout of %s v%d has no signed withdrawal (started before withdrawals were signed): "
+            "devices refuse it and the canaries keep v%d",
+            r.model,
+            r.version,
+            r.version,
+        )
+    restore = replace(
+        model_push.ModelOffer.decode(r.previous_offer),
+        withdrawn=(r.version,),
+        withdrawal_signature=r.withdrawal_signature,
+    )
     session.publish(
         topics.topic_model_offer(fleet, r.model), restore.encode(), retain=True, timeout=ACK_TIMEOUT
     )

@@ -54,7 +54,13 @@ from edge.config import ModelConfig
 from edge.model_transfer import RefusedError, Transfer
 from edge.onnx_model import LoadedModel, ModelLoadError, holdout_score
 from ioft_protocol import codec, model_push, topics
-from ioft_protocol.manifest import ManifestError, ModelManifest, file_sha256, verify_manifest
+from ioft_protocol.manifest import (
+    ManifestError,
+    ModelManifest,
+    file_sha256,
+    verify_manifest,
+    verify_signed_text,
+)
 from ioft_protocol.state import atomic_write_json
 from trainer_lite.data import Dataset
 
@@ -188,6 +194,18 @@ class ModelManager:
                     raise RefusedError(f"offer for model {offer.name!r} on the topic of {name!r}")
             except (codec.WireError, RefusedError) as exc:
                 return self._refuse(name, None, f"malformed offer: {exc}", digest)
+            if offer.withdrawn:
+                try:
+                    verify_signed_text(
+                        model_push.withdrawal_text(name, offer.withdrawn),
+                        offer.withdrawal_signature,
+                        self.public_key,
+                        f"withdrawal of {name} v{list(offer.withdrawn)}",
+                    )
+                except ManifestError as exc:  # the broker's credential alone must not roll the fleet back
+                    return self._refuse(
+                        name, _claimed_version(offer.manifest), f"offer refused: {exc}", digest
+                    )
             withdrew = bool(offer.withdrawn) and self._withdraw(name, offer)
             rec = self.records.get(name)  # a withdrawal may have rolled it back
             if offer.devices and self.device not in offer.devices:

@@ -215,6 +215,26 @@ def verify_manifest(manifest_json: str, signature_hex: str, public_key: Ed25519P
     return ModelManifest.from_json(manifest_json)
 
 
+def verify_signed_text(text: str, signature_hex: str, public_key: Ed25519PublicKey, what: str) -> None:
+    """Check the fleet key's Ed25519 signature over ``text`` (e.g. a model withdrawal).
+
+    Raises
+    ------
+    ManifestError
+        If it is absent, not hex, or does not verify with ``public_key``.
+    """
+    if not signature_hex:
+        raise ManifestError(f"{what} carries no signature; the fleet key must sign it")
+    try:
+        public_key.verify(bytes.fromhex(signature_hex), text.encode())
+    except ValueError:
+        raise ManifestError(f"{what}: signature is not hex") from None
+    except InvalidSignature:
+        raise ManifestError(
+            f"{what}: signature does not verify with the fleet key {key_id(public_key)}"
+        ) from None
+
+
 def file_sha256(path: str | Path, block: int = 1 << 20) -> str:
     """sha256 of a file, read in blocks (bounded memory)."""
     h = hashlib.sha256()

@@ -36,11 +36,15 @@ class ModelOffer:
     can tell a stale retained chunk left by an earlier push of the same version from
     the one this push is about to publish.
 
-    ``withdrawn`` (unsigned, like ``devices``) lists versions of this model the fleet
-    took back (a stopped staged rollout, ``cloud_aggregator.rollout``): a device running
-    one of them goes back to its previous version when that is the version this
-    offer's signed manifest names, and refuses the withdrawn one from then on.  It
-    can only return a device to a version it verified and ran before.
+    ``withdrawn`` lists versions of this model the fleet took back (a stopped staged
+    rollout, ``cloud_aggregator.rollout``): a device running one of them goes back to its
+    previous version when that is the version this offer's signed manifest names, and
+    refuses the withdrawn one from then on.  It can only return a device to a version it
+    verified and ran before.  Taking a version back is the fleet key's decision like
+    offering it: ``withdrawal_signature`` is the fleet key's Ed25519 signature of
+    :func:`withdrawal_text` (this model, these versions), and a device refuses an offer
+    whose withdrawal does not verify (else the broker's credential alone could roll the
+    fleet back to an older, genuinely signed version).
     """
 
     name: str
@@ -51,6 +55,7 @@ class ModelOffer:
     devices: tuple[str, ...] = ()
     pushed_at: float = 0.0
     withdrawn: tuple[int, ...] = ()
+    withdrawal_signature: str = ""
 
     @property
     def transfer(self) -> str:
@@ -68,6 +73,7 @@ class ModelOffer:
         }
         if self.withdrawn:  # absent otherwise: offers stay byte-identical to earlier ones
             fields["withdrawn"] = list(self.withdrawn)
+            fields["withdrawal_signature"] = self.withdrawal_signature
         return encode("model_offer", fields)
 
     @classmethod
@@ -90,6 +96,11 @@ class ModelOffer:
             isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in withdrawn
         ):
             raise WireError("withdrawn must be a list of model versions (ints >= 1)")
+        withdrawal_signature = meta.get("withdrawal_signature", "")
+        if not isinstance(withdrawal_signature, str) or not (
+            withdrawal_signature == "" or _SIGNATURE.match(withdrawal_signature)
+        ):
+            raise WireError("withdrawal_signature must be 128 lowercase hex digits (Ed25519)")
         return cls(
             name=check_id("model", _field(meta, "name", str)),
             manifest=_field(meta, "manifest", str),
@@ -99,7 +110,17 @@ class ModelOffer:
             devices=tuple(check_id("device", d) for d in devices),
             pushed_at=float(_field(meta, "pushed_at", (int, float))),
             withdrawn=tuple(withdrawn),
+            withdrawal_signature=withdrawal_signature,
         )
+
+
+def withdrawal_text(name: str, versions: tuple[int, ...] | list[int]) -> str:
+    """The exact text the fleet key signs to take ``versions`` of model ``name`` back.
+
+    Its ``kind`` keeps it from ever parsing as a manifest, and a manifest from parsing as this.
+    """
+    body = {"kind": "model_withdrawal", "model": name, "withdrawn": sorted(set(versions))}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
 def transfer_id(chunk_size: int, chunks: tuple[str, ...] | list[str]) -> str:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 from cloud_aggregator.local_fleet import FLEET
-from cloud_aggregator.push import push_model
+from cloud_aggregator.push import push_messages, push_model
 from export.synthetic import signed, window_encoder
+from ioft_protocol import model_push, topics
 from tests.e2e import test_model_push as push_tests
 from tests.e2e.test_model_push import CHUNK, Watcher, operator
 
@@ -40,10 +42,11 @@ def cli(fleet_procs, *args: str) -> subprocess.CompletedProcess:
 
 
 def canary_push(fleet_procs, package, pub, state_dir, *extra: str) -> subprocess.CompletedProcess:
+    """``push --canary ...``, signed with the fleet's private key beside ``pub`` (the ``keys`` fixture's)."""
     return cli(
         fleet_procs, "push", str(package.manifest_path), "--fleet", FLEET, "--broker", fleet_procs.broker_url,
         "--allow-plaintext", "--chunk-size", str(CHUNK), "--public-key", str(pub), "--state-dir", str(state_dir),
-        *extra,
+        "--signing-key", str(pub.with_suffix(".key")), *extra,
     )  # fmt: skip
 
 
@@ -85,12 +88,8 @@ def test_a_canary_that_scores_the_new_model_worse_stops_the_rollout(fleet_procs,
             "1",
         )
         assert out.returncode == 2 and "push the first version without --canary" in out.stderr
-        push_model(
-            session,
-            FLEET,
-            signed(window_encoder(tmp_path / "v1.onnx"), tmp_path / "p1", key),
-            chunk_size=CHUNK,
-        )
+        v1 = signed(window_encoder(tmp_path / "v1.onnx"), tmp_path / "p1", key)
+        push_model(session, FLEET, v1, chunk_size=CHUNK)
         watcher.wait(
             lambda: all(watcher.model(d).get("active") == 1 for d in DEVICES), 30, "v1 active", fleet_procs
         )
@@ -143,6 +142,21 @@ def test_a_canary_that_scores_the_new_model_worse_stops_the_rollout(fleet_procs,
         assert out.returncode == 0 and ": aborted" in out.stdout and "rolled back" in out.stdout, out.stdout
         watcher.wait(lambda: watcher.model("printer1").get("active") == 3, 20, "canary back on v3")
         assert 4 not in watcher.seen["printer2"] | watcher.seen["printer3"]
+
+        # Rollback without the signing key: v1's genuine offer with an unsigned withdrawn = [3]
+        # (the broker's credential suffices to publish it).  Every device refuses it and keeps v3.
+        forged = replace(
+            model_push.ModelOffer.decode(push_messages(FLEET, v1, chunk_size=CHUNK)[0][1]), withdrawn=(3,)
+        )
+        session.publish(topics.topic_model_offer(FLEET, "enc"), forged.encode(), retain=True, timeout=10)
+        watcher.wait(
+            lambda: all("carries no signature" in str(watcher.model(d).get("rejected")) for d in DEVICES),
+            20,
+            "forged withdrawal refused",
+        )
+        assert all(watcher.model(d)["active"] == 3 for d in DEVICES)
+        for d in DEVICES:
+            assert "withdrawal of enc v[3] carries no signature" in fleet_procs.log(d)
     finally:
         session.stop()
         watcher.stop()
