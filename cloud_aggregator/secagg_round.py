@@ -128,6 +128,8 @@ class SecAggFleet:
             "unmask": server.receive_unmask,
         }
         requests: dict[str, Any] = server.setup()
+        if server.outcome is not None:  # too few devices ready: nothing is sent
+            return server.outcome
         for stage, close in (
             ("setup", server.close_keys),
             ("neighbour_keys", server.close_shares),

@@ -12,6 +12,7 @@ from typing import Any
 from ioft_protocol.codec import check_id
 from ioft_protocol.mqtt import TlsConfig
 from ioft_protocol.round_messages import MACHINE_KINDS
+from ioft_protocol.secagg.config import MIN_PARTICIPANTS
 from sensors.accel import adxl345, mpu6050
 
 #: Files ``device.toml`` may name relative to its own folder: ``(table, key)``.
@@ -292,6 +293,9 @@ class DeviceConfig:
     kind: str | None = None
     tags: list[str] = field(default_factory=list)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)  # [simulate]: benchmarks only
+    #: The fewest devices (itself counted) whose SecAgg sum this device takes part in: it sends
+    #: no masked input to a smaller round, whatever the aggregator's task says.
+    secagg_min_participants: int = MIN_PARTICIPANTS
 
     def __post_init__(self) -> None:
         check_id("device", self.device)
@@ -308,6 +312,11 @@ class DeviceConfig:
             raise ValueError(f"keepalive must be >= 2 s, got {self.keepalive}")
         if not self.round_status_s >= 0:
             raise ValueError(f"round_status_s must be >= 0 s, got {self.round_status_s}")
+        if self.secagg_min_participants < 2:
+            raise ValueError(
+                f"secagg_min_participants must be >= 2 (a sum of one is this device's update), "
+                f"got {self.secagg_min_participants}"
+            )
 
     @property
     def machine_kind(self) -> str | None:

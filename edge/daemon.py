@@ -128,7 +128,10 @@ class EdgeTrainer:
         self.session = session_factory(self._session_options())
         # tasks with secagg: the update leaves masked, through the SecAgg stages (edge/secagg_client.py)
         self.secagg = SecAggDevice(
-            config.fleet, self.device, lambda t, p: self.session.publish(t, p, timeout=None)
+            config.fleet,
+            self.device,
+            lambda t, p: self.session.publish(t, p, timeout=None),
+            min_participants=config.secagg_min_participants,
         )
         if config.model.public_key:
             self.models = ModelManager(

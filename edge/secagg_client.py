@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ioft_protocol.secagg import ClientSecAgg, SecAggRefusedError
+from ioft_protocol.secagg.config import MIN_PARTICIPANTS
 from ioft_protocol.secagg.messages import SecAggWireError
 from ioft_protocol.secagg.transport import ANSWERS, REQUESTS, Envelope, SecAggTopic, topic_up
 
@@ -40,13 +41,31 @@ class _Pending:
 
 
 class SecAggDevice:
-    """This device's SecAgg state, per task: at most one armed round each."""
+    """This device's SecAgg state, per task: at most one armed round each.
 
-    def __init__(self, fleet: str, device: str, publish: Callable[[str, bytes], None]) -> None:
+    One session per (task, round, phase): the first ``setup`` of a round fixes its session, and
+    a second one is refused (logged), however the round was armed: the difference of two sums
+    over one round is one device's update.  Kept in memory: a restarted daemon arms no round it
+    answered before the restart (it re-sends the stored upload without arming), so it answers no
+    session for it.  ``min_participants`` is the device's floor (device.toml
+    ``secagg_min_participants``), which no task's parameters lower.
+    """
+
+    def __init__(
+        self,
+        fleet: str,
+        device: str,
+        publish: Callable[[str, bytes], None],
+        *,
+        min_participants: int = MIN_PARTICIPANTS,
+    ) -> None:
         self.fleet = fleet
         self.device = device
+        self.min_participants = min_participants
         self._publish = publish
         self._pending: dict[str, _Pending] = {}
+        #: (task, round, phase) -> the one session this device answered for it
+        self._sessions: dict[tuple[str, int, str], str] = {}
 
     def arm(self, task: str, round_: int, phase: str, update: np.ndarray, weight: float) -> None:
         """Hold ``update`` (the change from the global) for ``task``'s round until the server asks."""
@@ -74,8 +93,11 @@ class SecAggDevice:
                 env.round,
             )
             return
-        if env.stage == "setup":  # a new session (the aggregator may restart one): a fresh client
-            pending.client, pending.session = ClientSecAgg(self.device), env.session
+        if env.stage == "setup" and not self._first_session(topic.task, env):
+            return
+        if env.stage == "setup":
+            pending.client = ClientSecAgg(self.device, min_participants=self.min_participants)
+            pending.session = env.session
         if pending.client is None or env.session != pending.session:
             log.info("%s: SecAgg %s of an unknown session %s", self.device, env.stage, env.session)
             return
@@ -105,3 +127,23 @@ class SecAggDevice:
         self._publish(topic_up(self.fleet, topic.task, self.device), reply.encode())
         if env.stage == "unmask":
             del self._pending[topic.task]  # answered once; the update is forgotten
+
+    def _first_session(self, task: str, env: Envelope) -> bool:
+        """Whether ``env`` (a setup) opens the round's first session; a second is refused, logged."""
+        key = (task, env.round, env.phase)
+        first = self._sessions.setdefault(key, env.session)
+        if first != env.session:
+            log.warning(
+                "%s: task %s round %d %s: refused SecAgg session %s, it answered session %s for this "
+                "round (one session per round: two sums would give away its update)",
+                self.device,
+                task,
+                env.round,
+                env.phase,
+                env.session,
+                first,
+            )
+            return False
+        # rounds before the previous one of this task are closed: forget their sessions
+        self._sessions = {k: v for k, v in self._sessions.items() if k[0] != task or k[1] >= env.round - 1}
+        return True

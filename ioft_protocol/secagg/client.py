@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ioft_protocol.secagg import crypto, quantize, shamir
-from ioft_protocol.secagg.config import RoundParams
+from ioft_protocol.secagg.config import MIN_PARTICIPANTS, RoundParams
 from ioft_protocol.secagg.messages import (
     AdvertiseKeys,
     Inbox,
@@ -50,11 +50,17 @@ def pairwise_mask(
 
 
 class ClientSecAgg:
-    """One device in one SecAgg round.  Call the stage methods in order; each returns the answer."""
+    """One device in one SecAgg round.  Call the stage methods in order; each returns the answer.
 
-    def __init__(self, device: str) -> None:
+    ``min_participants`` is the device's own floor: whatever the server's parameters say, it
+    goes on only while at least this many devices (itself counted) share its round: fewer,
+    and the sum the server learns says too much about this device's update.
+    """
+
+    def __init__(self, device: str, *, min_participants: int = MIN_PARTICIPANTS) -> None:
         self.device = device
         self.stage = "new"
+        self.floor = min_participants
 
     def _enter(self, expected: str, nxt: str) -> None:
         if self.stage != expected:
@@ -69,6 +75,8 @@ class ClientSecAgg:
         except (TypeError, ValueError) as exc:
             raise SecAggRefusedError(f"{self.device}: bad round parameters: {exc}") from None
         self.neighbours = frozenset(msg.neighbours) - {self.device}
+        self.min_participants = max(self.floor, self.params.min_participants)
+        self._enough(len(self.neighbours) + 1, "devices in its neighbourhood")
         holders, t = len(self.neighbours) + 1, self.params.threshold
         if not holders / 2 < t <= holders:
             # at or below half, a server telling two stories about one device could collect both its seeds
@@ -93,6 +101,7 @@ class ClientSecAgg:
         t = self.params.threshold
         if len(holders) < t:
             raise SecAggRefusedError(f"{self.device}: {len(holders)} share holders left, threshold is {t}")
+        self._enough(len(holders), "devices sent keys")
         points = {h: i + 1 for i, h in enumerate(holders)}
         self._b = crypto.random_seed()
         s_sh = shamir.split(self._s.secret, list(points.values()), t)
@@ -122,6 +131,7 @@ class ClientSecAgg:
             raise SecAggRefusedError(
                 f"{self.device}: shares from {len(self._held) - 1} neighbours, threshold is {p.threshold}"
             )
+        self._enough(len(self._held), "devices shared with it")
         n = p.length + 1
         y = quantize.encode(p, update, weight) + quantize.prg(p, self._b, n)
         for v in self._held:
@@ -148,7 +158,15 @@ class ClientSecAgg:
                 f"{self.device}: {len(alive)} survivors in its neighbourhood, "
                 f"fewer than the threshold {self.params.threshold}"
             )
+        self._enough(len(alive), "survivors in its neighbourhood")
         return UnmaskAnswer(
             b_shares={v: self._held[v][0] for v in sorted(alive)},
             s_shares={v: self._held[v][1] for v in sorted(gone)},
         )
+
+    def _enough(self, count: int, what: str) -> None:
+        if count < self.min_participants:
+            raise SecAggRefusedError(
+                f"{self.device}: {count} {what}, fewer than its minimum of {self.min_participants} "
+                "participants: it sends no masked input to so small a sum"
+            )

@@ -8,6 +8,9 @@ from typing import Any
 
 from ioft_protocol.secagg.graph import default_degree
 
+#: The fewest devices whose sum a SecAgg round reveals, by default (task and device alike).
+MIN_PARTICIPANTS = 3
+
 
 @dataclass(frozen=True)
 class SecAggConfig:
@@ -30,6 +33,10 @@ class SecAggConfig:
         clip / (2^(bits-1) - 1).
     max_weight
         Device weights are capped here and divided by it, so each lies in [0, 1].
+    min_participants
+        A round with fewer devices left at any stage is abandoned: the sum of one device is
+        its update.  At least 2; devices also keep their own floor (``edge`` device.toml
+        ``secagg_min_participants``, default :data:`MIN_PARTICIPANTS`) that no task lowers.
     """
 
     threshold: float = 0.67
@@ -37,6 +44,7 @@ class SecAggConfig:
     clip: float = 1.0
     bits: int = 16
     max_weight: float = 1.0
+    min_participants: int = MIN_PARTICIPANTS
 
     def __post_init__(self) -> None:
         errors = []
@@ -51,22 +59,29 @@ class SecAggConfig:
             errors.append(f"bits {self.bits} must be in 2..31")
         if not (math.isfinite(self.max_weight) and self.max_weight > 0):
             errors.append(f"max_weight {self.max_weight} must be a positive number")
+        m = self.min_participants
+        if not isinstance(m, int) or isinstance(m, bool) or m < 2:
+            errors.append(f"min_participants {m!r} must be an integer >= 2 (a sum of one is that update)")
         if errors:
             raise ValueError("; ".join(errors))
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "threshold": self.threshold,
             "degree": self.degree,
             "clip": self.clip,
             "bits": self.bits,
             "max_weight": self.max_weight,
         }
+        if self.min_participants != MIN_PARTICIPANTS:  # left out at the default: specs stay as stored
+            out["min_participants"] = self.min_participants
+        return out
 
     @classmethod
     def from_json(cls, value: Any) -> SecAggConfig:
-        if not isinstance(value, dict) or set(value) - set(cls().to_json()):
-            raise ValueError(f"secagg settings must be a table with keys {sorted(cls().to_json())}")
+        keys = [*cls().to_json(), "min_participants"]
+        if not isinstance(value, dict) or set(value) - set(keys):
+            raise ValueError(f"secagg settings must be a table with keys {sorted(keys)}")
         return cls(**value)
 
     def round_params(self, n: int, length: int) -> RoundParams:
@@ -84,7 +99,9 @@ class SecAggConfig:
         ring_bits = self.bits + math.ceil(math.log2(max(n, 1)))  # n inputs sum without wrapping
         if ring_bits > 64:
             raise ValueError(f"{n} devices with bits = {self.bits} need a {ring_bits}-bit ring; lower bits")
-        return RoundParams(n, degree, t, ring_bits, self.clip, self.bits, self.max_weight, length)
+        return RoundParams(
+            n, degree, t, ring_bits, self.clip, self.bits, self.max_weight, length, self.min_participants
+        )
 
 
 @dataclass(frozen=True)
@@ -99,6 +116,7 @@ class RoundParams:
     bits: int
     max_weight: float
     length: int  # coordinates of the update, the weight coordinate not counted
+    min_participants: int = 2  # the task's; a device also applies its own floor
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -109,7 +127,7 @@ class RoundParams:
         names = [f.name for f in fields(cls)]
         if not isinstance(value, dict) or sorted(value) != sorted(names):
             raise ValueError(f"round parameters must have exactly {names}")
-        for name in ("n", "degree", "threshold", "ring_bits", "bits", "length"):
+        for name in ("n", "degree", "threshold", "ring_bits", "bits", "length", "min_participants"):
             v = value[name]
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"round parameter {name} must be an integer >= 0, got {v!r}")

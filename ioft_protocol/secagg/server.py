@@ -38,6 +38,8 @@ class AbandonReason(enum.StrEnum):
     TOO_FEW_INPUTS = "too_few_inputs"
     TOO_FEW_UNMASK = "too_few_unmask_answers"  # some seed has fewer than threshold shares
     BAD_SHARES = "bad_shares"  # rebuilt mask key does not match the advertised public key
+    #: fewer devices than the task's min_participants at some stage: their sum would say too much
+    TOO_FEW_PARTICIPANTS = "too_few_participants"
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,10 @@ class ServerSecAgg:
 
     # -- stage 0 ------------------------------------------------------------------------------
     def setup(self) -> dict[str, Setup]:
+        """Each device's setup request; none (and the round abandoned) when too few devices."""
         self._expect("setup", "keys")
+        if self._too_few(len(self.devices), "devices ready"):
+            return {}
         p = self.params.to_json()
         return {d: Setup(self.session, p, sorted(self.neighbours[d])) for d in self.devices}
 
@@ -116,6 +121,8 @@ class ServerSecAgg:
                 break
             live -= thin
         self._u1_live = live
+        if live and self._too_few(len(live), "devices left after the key exchange"):
+            return {}
         if not live:
             self._abandon(
                 AbandonReason.TOO_FEW_KEYS, f"{len(self.u1)} of {len(self.devices)} advertised keys"
@@ -141,6 +148,8 @@ class ServerSecAgg:
         self.ledger["shares"] = len(self.u2)
         if len(self.u2) < self.params.threshold:
             self._abandon(AbandonReason.TOO_FEW_SHARES, f"{len(self.u2)} devices shared keys")
+            return {}
+        if self._too_few(len(self.u2), "devices shared keys"):
             return {}
         return {
             d: Inbox({v: self._shares[v].sealed[d] for v in sorted(self.neighbours[d] & self.u2)})
@@ -168,6 +177,8 @@ class ServerSecAgg:
         short = self._short_of_holders(u3)
         if short:
             self._abandon(AbandonReason.TOO_FEW_INPUTS, short)
+            return {}
+        if self._too_few(len(u3), "masked inputs"):
             return {}
         self._requests = {
             d: UnmaskRequest(
@@ -241,6 +252,16 @@ class ServerSecAgg:
                 what = "self-mask seed" if d in u3 else "mask key"
                 return f"{d}'s {what} has {have} share holders answering, threshold is {t}"
         return ""
+
+    def _too_few(self, count: int, what: str) -> bool:
+        """Abandon (and say so) when ``count`` is below the task's ``min_participants``."""
+        if count >= self.params.min_participants:
+            return False
+        self._abandon(
+            AbandonReason.TOO_FEW_PARTICIPANTS,
+            f"{count} {what}, min_participants is {self.params.min_participants}",
+        )
+        return True
 
     def _abandon(self, reason: AbandonReason, detail: str) -> Abandoned:
         self.stage = "abandoned"

@@ -49,12 +49,16 @@ TASK = {**readme_secagg_task(), "rounds": 1}
 SECAGG = TASK["secagg"]
 
 
-#: Two SecAgg tasks side by side on one aggregator, each on its own devices: in "speed" one of
-#: four devices dies after the key exchange; in "lost" one of two dies before it (two holders,
-#: threshold two: one device's seeds cannot be rebuilt).
-LOST = {**TASK, "name": "lost", "devices": {"ids": ["welder1", "welder2"]}}
+#: Three SecAgg tasks side by side on one aggregator, each on its own devices: in "speed" one of
+#: four devices dies after the key exchange; in "lost" two of three die before it (one device
+#: left cannot hold threshold shares); "pair" has two devices, fewer than the minimum of three
+#: participants (``min_participants``, the devices' floor alike): a sum of two is never taken.
+#: (``lost`` had two devices, one dying, before the minimum existed: it has three now.)
+LOST = {**TASK, "name": "lost", "devices": {"ids": ["welder1", "welder2", "welder3"]}}
+PAIR = {**TASK, "name": "pair", "devices": {"ids": ["welder4", "welder5"]}}
 SPEED = {**TASK, "devices": {"ids": DEVICES}}
-FAULTS = {"printer4": "neighbour_keys@speed", "welder2": "setup@lost"}
+FAULTS = {"printer4": "neighbour_keys@speed", "welder2": "setup@lost", "welder3": "setup@lost"}
+OTHERS = [*LOST["devices"]["ids"], *PAIR["devices"]["ids"]]
 
 
 @pytest.fixture(scope="module")
@@ -66,16 +70,16 @@ def secagg_fleet(tmp_path_factory) -> Iterator[tuple[LocalFleet, list[tuple[str,
     procs = LocalFleet(work, broker.url)
     sniffer = Sniffer(broker.url)
     try:
-        for device in [*DEVICES, *LOST["devices"]["ids"]]:
+        for device in [*DEVICES, *OTHERS]:
             fault = FAULTS.get(device)
             with pytest.MonkeyPatch.context() as mp:
                 if fault:
                     mp.setenv(FAULT_ENV, fault)
                 procs.start_device(device)
-        names = [*DEVICES, *LOST["devices"]["ids"]]
+        names = [*DEVICES, *OTHERS]
         procs.start_aggregator(
             aggregator_toml(
-                broker.url, work / "aggregator", [SPEED, LOST], expected=names, min_participants=1
+                broker.url, work / "aggregator", [SPEED, LOST, PAIR], expected=names, min_participants=1
             )
         )
         assert procs.wait_aggregator(90) == 0, procs.log("aggregator")
@@ -148,6 +152,22 @@ def test_a_round_with_dropouts_beyond_the_threshold_is_abandoned_and_counted(sec
     assert record.rejected == dict.fromkeys(devices, f"{ABANDONED}: too_few_keys")
     initial = make_strategy(TaskSpec(**TASK)).init_global()
     assert all(np.array_equal(kept[n], initial[n]) for n in initial)  # the global stays
+
+
+def test_a_fleet_of_two_takes_no_sum_below_the_minimum_of_three(secagg_fleet):
+    procs, wire = secagg_fleet
+    record, kept = _record_and_global(procs, "pair")
+    devices = PAIR["devices"]["ids"]
+    assert record.status == "abandoned" and record.participants == []
+    assert record.rejected == dict.fromkeys(devices, f"{ABANDONED}: too_few_participants")
+    initial = make_strategy(TaskSpec(**{k: v for k, v in PAIR.items() if k != "devices"})).init_global()
+    assert all(np.array_equal(kept[n], initial[n]) for n in initial)  # the global stays
+    # Not one SecAgg request went to them: no keys, no masked input, nothing to sum.
+    assert not [t for t, _ in wire if any(t == topic_down(FLEET, "pair", d) for d in devices)]
+    lines = [
+        line for line in procs.log("aggregator").splitlines() if "task pair round 1: SecAgg abandoned" in line
+    ]
+    assert len(lines) == 1 and "min_participants is 3" in lines[0], lines
 
 
 @pytest.fixture(scope="module")
