@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -32,6 +33,7 @@ from cloud_aggregator.rounds import CollectRequest, RoundEngine, RoundRecord
 from cloud_aggregator.secagg_round import SecAggFleet
 from cloud_aggregator.singleton import claim_fleet, lock_will
 from cloud_aggregator.store import SqliteStore, TaskChangedError
+from cloud_aggregator.store_backup import BACKUPS, Backups, StoreDamagedError, check_store
 from cloud_aggregator.strategies import make_strategy
 from cloud_aggregator.task_lanes import run_side_by_side
 from cloud_aggregator.watchdog import WatchedSession, wait_pinging
@@ -199,7 +201,7 @@ def serve(
     control = control or Control()
     notifier = notifier or Notifier.from_env()
     _check_worker_logins(cfg, worker_argv)
-    store = SqliteStore(Path(cfg.state_dir) / "aggregator.sqlite")
+    store = open_store(cfg)
     session: MqttSession | None = None
     local: LocalWorkers | None = None
     try:
@@ -265,6 +267,19 @@ def serve(
         if session is not None:
             session.stop(final=lock_will(cfg.fleet))  # clear our lock
         store.close()
+
+
+def open_store(cfg: AggregatorConfig) -> SqliteStore:
+    """The store, checked first (a damaged one is refused in one line) and backed up as rounds are saved."""
+    path = Path(cfg.state_dir) / "aggregator.sqlite"
+    backups = Backups(path.parent / BACKUPS, cfg.store.backup_every, cfg.store.backup_keep)
+    try:
+        check_store(path)
+        return SqliteStore(path, backups=backups)
+    except (StoreDamagedError, sqlite3.DatabaseError) as exc:
+        raise ServeRefusedError(
+            str(exc) if isinstance(exc, StoreDamagedError) else f"{path}: {exc}"
+        ) from None
 
 
 def _check_worker_logins(cfg: AggregatorConfig, worker_argv: list[str] | None) -> None:
