@@ -42,6 +42,8 @@ def _serve_config(args: argparse.Namespace) -> AggregatorConfig:
         raw["allow_plaintext"] = True
     if args.restart:
         raw["restart"] = list(args.restart)
+    if getattr(args, "resume_from_devices", False):
+        raw["resume_from_devices"] = True
     return build(AggregatorConfig, raw, str(args.config or "command line"))
 
 
@@ -65,7 +67,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.service and args.config:
 
         def _reload() -> AggregatorConfig:
-            raw_args = argparse.Namespace(**{**vars(args), "restart": None})  # a restart is for start-up only
+            # A restart (or a jump past the devices) is for start-up only.
+            raw_args = argparse.Namespace(**{**vars(args), "restart": None, "resume_from_devices": False})
             return _serve_config(raw_args)
 
         control.reload = _reload
@@ -139,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="TASK",
         help="delete TASK's stored rounds (saying what) and start it afresh; repeatable",
+    )
+    s.add_argument(
+        "--resume-from-devices",
+        action="store_true",
+        help="when the store is behind its devices (an older or a fresh aggregator.sqlite): go on past the "
+        "round they trained last",
     )
     s.add_argument(
         "--service",

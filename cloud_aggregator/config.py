@@ -269,6 +269,9 @@ class AggregatorConfig:
     #: --restart TASK``); ``true``: every task.  Any other change of a stored task's spec
     #: than its ``rounds`` is refused (``cloud_aggregator.store.TaskChange``).
     restart: bool | list[str] = False
+    #: Go on from past the round the devices trained last, when the store is behind them (an older
+    #: ``aggregator.sqlite`` restored, or a fresh one): ``serve --resume-from-devices``.
+    resume_from_devices: bool = False
     collect: CollectConfig = field(default_factory=CollectConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     store: StoreConfig = field(default_factory=StoreConfig)

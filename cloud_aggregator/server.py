@@ -141,7 +141,8 @@ def _settings_changed(old: AggregatorConfig, new: AggregatorConfig) -> list[str]
     return [
         f.name
         for f in fields(old)
-        if f.name not in ("task", "restart") and getattr(old, f.name) != getattr(new, f.name)
+        if f.name not in ("task", "restart", "resume_from_devices")
+        and getattr(old, f.name) != getattr(new, f.name)
     ]
 
 
@@ -295,6 +296,20 @@ def _check_worker_logins(cfg: AggregatorConfig, worker_argv: list[str] | None) -
         raise ServeRefusedError(f"[collect] workers = {c.workers}: {refusal}")
 
 
+def _devices_round(task: str, fleet: MqttFleet, store: SqliteStore) -> int:
+    """The round past every device's last one of ``task`` (``serve --resume-from-devices``), from
+    their statuses; 1 when none trained it."""
+    trained = fleet.view.trained_rounds(task)
+    if not trained:
+        log.warning("task %s: --resume-from-devices: no device online reports a round of it", task)
+        return 1
+    top = max(trained.values())
+    if top >= store.next_round(task):
+        log.info("task %s: --resume-from-devices: devices trained up to round %d (%s)", task, top,
+                 ", ".join(f"{d}={r}" for d, r in sorted(trained.items())[:20]))  # fmt: skip
+    return top + 1
+
+
 def _run_task(task: TaskConfig, fleet: MqttFleet, store: SqliteStore, cfg: AggregatorConfig) -> None:
     spec = task.spec()
     if store.next_round(spec.name) > spec.rounds:
@@ -328,6 +343,7 @@ def _run_task(task: TaskConfig, fleet: MqttFleet, store: SqliteStore, cfg: Aggre
         on_record=lambda rec: log.info("%s", format_record(rec)),
         straggler=c.straggler,
         staleness_weight=c.staleness_weight,
+        start_round=_devices_round(spec.name, fleet, store) if cfg.resume_from_devices else 1,
     )
     final = engine.run()
     fleet.finish(CollectRequest(spec, spec.rounds, "done", final, param_hash(final), {}, {}))
