@@ -9,6 +9,7 @@ integrity_check``: malformed), and one cut to half its size ended in an uncaught
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml, pflda_task
 from cloud_aggregator.rounds import RoundRecord
 from cloud_aggregator.store import SqliteStore
-from cloud_aggregator.store_backup import list_backups
+from cloud_aggregator.store_backup import Backups, StoreDamagedError, list_backups
 
 DEVICES = ["printer1", "printer2"]
 PAGE = 4096
@@ -107,3 +108,25 @@ def test_a_backup_restored_with_one_command_resumes_serve_from_its_round(fleet_p
     assert fleet_procs.wait_aggregator(120) == 0, fleet_procs.log("aggregator")
     assert "resumes at round 5" in fleet_procs.log("aggregator")[len(before) :]
     assert [r.round for r in fleet_procs.rounds()] == [1, 2, 3, 4, 5]  # round 5 ran again
+
+
+def test_the_periodic_check_refuses_a_store_damaged_while_serving_and_keeps_the_older_backups(tmp_path):
+    db = tmp_path / "aggregator.sqlite"
+    _a_store(db)
+    backups = Backups(tmp_path / "backups", every=1, keep=2)
+    live = sqlite3.connect(db)
+    try:
+        good = backups.take(live, db)
+    finally:
+        live.close()
+    with db.open("r+b") as f:  # damaged on disk after start-up
+        for page in (2, 3, 4):
+            f.seek(page * PAGE)
+            f.write(os.urandom(PAGE))
+    live = sqlite3.connect(db)
+    try:
+        with pytest.raises(StoreDamagedError, match=str(db)):
+            backups.after_save(live, db)
+    finally:
+        live.close()
+    assert list_backups(tmp_path / "backups") == [good]  # no damaged copy among them
