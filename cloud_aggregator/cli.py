@@ -5,15 +5,26 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 
-from cloud_aggregator import console, fleet_init, fleet_privacy, fleet_status, push, rollout_cli, workers
+from cloud_aggregator import (
+    console,
+    fleet_init,
+    fleet_privacy,
+    fleet_status,
+    push,
+    rollout_cli,
+    store_cli,
+    workers,
+)
 from cloud_aggregator.backbones import cli as backbones_cli
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.demo import run_demo
 from cloud_aggregator.fleet_init import FleetInitError
 from cloud_aggregator.server import Control, ServeRefusedError, Terminated, serve
+from cloud_aggregator.store_backup import StoreDamagedError, restore_hint
 from export import cli as export_cli
 from export.package import ExportError
 from ioft_protocol.cli import check_broker_login, entry_point
@@ -31,6 +42,8 @@ def _serve_config(args: argparse.Namespace) -> AggregatorConfig:
         raw["allow_plaintext"] = True
     if args.restart:
         raw["restart"] = list(args.restart)
+    if getattr(args, "resume_from_devices", False):
+        raw["resume_from_devices"] = True
     return build(AggregatorConfig, raw, str(args.config or "command line"))
 
 
@@ -54,7 +67,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.service and args.config:
 
         def _reload() -> AggregatorConfig:
-            raw_args = argparse.Namespace(**{**vars(args), "restart": None})  # a restart is for start-up only
+            # A restart (or a jump past the devices) is for start-up only.
+            raw_args = argparse.Namespace(**{**vars(args), "restart": None, "resume_from_devices": False})
             return _serve_config(raw_args)
 
         control.reload = _reload
@@ -71,6 +85,12 @@ def _serve(args: argparse.Namespace) -> int:
     except ServeRefusedError as exc:
         print(exc, file=sys.stderr)
         return 2
+    except (StoreDamagedError, sqlite3.DatabaseError) as exc:  # found while running: one line, no traceback
+        db = Path(cfg.state_dir) / "aggregator.sqlite"
+        print(
+            exc if isinstance(exc, StoreDamagedError) else f"{db}: {exc}; {restore_hint(db)}", file=sys.stderr
+        )
+        return 1
     except Terminated:
         log.info("stopped by SIGTERM; every finished round is saved, `serve` again resumes")
         return 0
@@ -124,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete TASK's stored rounds (saying what) and start it afresh; repeatable",
     )
     s.add_argument(
+        "--resume-from-devices",
+        action="store_true",
+        help="when the store is behind its devices (an older or a fresh aggregator.sqlite): go on past the "
+        "round they trained last",
+    )
+    s.add_argument(
         "--service",
         action="store_true",
         help="keep running when the tasks are done; SIGHUP re-reads --config for new or extended tasks",
@@ -148,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout_cli.add_canary_args(push.add_parser(sub))  # push --canary: a staged rollout
     rollout_cli.add_parser(sub)
     console.add_parser(sub)
+    store_cli.add_parser(sub)  # store backups | restore: cloud_aggregator/store_backup.py
     fleet = sub.add_parser("fleet", help="fleet-wide views and set-up")
     fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
     fleet_status.add_parser(fleet_sub)

@@ -76,6 +76,23 @@ class CollectConfig:
 
 
 @dataclass(frozen=True)
+class StoreConfig:
+    """The ``[store]`` table: online backups of ``aggregator.sqlite`` (``cloud_aggregator.store_backup``)."""
+
+    #: A backup (checked as it is taken) every this many saved rounds; 0: none.
+    backup_every: int = 10
+    #: How many backups are kept (the newest).
+    backup_keep: int = 3
+
+    def __post_init__(self) -> None:
+        if self.backup_every < 0 or self.backup_keep < 1:
+            raise ValueError(
+                f"[store] needs backup_every >= 0 (0: no backups) and backup_keep >= 1, "
+                f"got {self.backup_every} and {self.backup_keep}"
+            )
+
+
+@dataclass(frozen=True)
 class AdmissionConfig:
     """The ``[admission]`` table: bounds of the update-admission checks.
 
@@ -261,8 +278,12 @@ class AggregatorConfig:
     #: --restart TASK``); ``true``: every task.  Any other change of a stored task's spec
     #: than its ``rounds`` is refused (``cloud_aggregator.store.TaskChange``).
     restart: bool | list[str] = False
+    #: Go on from past the round the devices trained last, when the store is behind them (an older
+    #: ``aggregator.sqlite`` restored, or a fresh one): ``serve --resume-from-devices``.
+    resume_from_devices: bool = False
     collect: CollectConfig = field(default_factory=CollectConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
     task: list[TaskConfig] = field(default_factory=list)
 
     def __post_init__(self) -> None:

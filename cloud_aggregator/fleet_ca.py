@@ -105,10 +105,13 @@ class FleetCA:
             raise ValueError(f"{key_path} is not the fleet CA's EC key")
         return cls(x509.load_pem_x509_certificate(cert_path.read_bytes()), key)
 
-    def issue(self, cn: str, *, server_hosts: Sequence[str] = (), days: int) -> tuple[bytes, bytes]:
+    def issue(
+        self, cn: str, *, server_hosts: Sequence[str] = (), days: int, minutes: int | None = None
+    ) -> tuple[bytes, bytes]:
         """A leaf ``(cert PEM, key PEM)``: a server certificate when ``server_hosts`` is given, else a
         client one.  The extended key usage matters: OpenSSL refuses a server certificate offered as
-        a client's, so the broker's key cannot log in as a device named after it."""
+        a client's, so the broker's key cannot log in as a device named after it.  ``minutes``: valid
+        that long instead of ``days`` (a one-off login, ``cloud_aggregator.fleet_sessions``)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         builder = (
@@ -118,7 +121,7 @@ class FleetCA:
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=days))
+            .not_valid_after(now + (dt.timedelta(minutes=minutes) if minutes else dt.timedelta(days=days)))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(_usage(ca=False), critical=True)
             .add_extension(

@@ -35,6 +35,7 @@ from cloud_aggregator.fleet_layout import (
     write_identity,
 )
 from cloud_aggregator.fleet_plant_files import refresh_plant
+from cloud_aggregator.fleet_sessions import end_sessions, new_canary
 from cloud_aggregator.fleet_units import venv_of, write_device_units
 
 #: How long a CRL the fleet writes stays valid (mosquitto refuses every client once it expires).
@@ -149,8 +150,9 @@ def _issued_serials(layout: FleetLayout, devices: Sequence[str]) -> set[int]:
 def revoke_devices(root: str | Path, devices: Sequence[str], *, crl_days: int = CRL_DAYS) -> FleetLayout:
     """Revoke ``devices``: every certificate the CA issued them goes into the CRL (or their
     password line goes), they leave the ACL, and their folder is deleted.  Reload the
-    broker afterwards (SIGHUP or restart); a connected device is refused from its next
-    connection on.
+    broker afterwards (SIGHUP or restart): a password device's session ends then; a certificate
+    device's lives on until ``fleet end-sessions`` (:mod:`cloud_aggregator.fleet_sessions`)
+    takes it over, and it is refused from its next connection on.
     """
     layout = open_fleet(root)
     errors = [f"{d} is not enrolled (enrolled: {', '.join(layout.devices)})" for d in devices
@@ -161,7 +163,8 @@ def revoke_devices(root: str | Path, devices: Sequence[str], *, crl_days: int = 
         ca = load_ca(layout)
         serials = _issued_serials(layout, devices)
         before = revoked_serials(layout.crl.read_bytes()) if layout.crl.exists() else set()
-        replace_file(layout.crl, ca.crl(before | serials, days=crl_days))
+        # A fresh canary in the CRL too: `end-sessions` sees from it that the broker reloaded.
+        replace_file(layout.crl, ca.crl(before | serials | {new_canary(layout, ca)}, days=crl_days))
     else:
         lines = {u: line for u, line in _passwd_lines(layout).items() if u not in devices}
         replace_file(layout.passwd, "".join(f"{line}\n" for line in lines.values()), private=True)
@@ -221,6 +224,32 @@ def main_revoke(args: argparse.Namespace) -> int:
         return 2
     layout, devices = done
     print(f"fleet {layout.fleet}: revoked {', '.join(devices)}; {RELOAD_HINT}")
+    if layout.auth == "certs":
+        ids = ",".join(devices)
+        print(f"  then end a live session (a reload keeps it): cloud-aggregator fleet end-sessions "
+              f"--dir {layout.root} --devices {ids}")  # fmt: skip
     if layout.auth == "certs" and "crlfile" not in layout.mosquitto_conf.read_text():
         print(f"  {layout.mosquitto_conf} has no crlfile line (an older fleet): add `crlfile {layout.crl}`")
     return 0
+
+
+def main_end_sessions(args: argparse.Namespace) -> int:
+    """``fleet end-sessions``: after revoke-device and the broker's reload."""
+    done = _run(args, lambda devices: _ended(args, devices))
+    if done is None:
+        return 2
+    layout, devices = done
+    if layout.auth != "certs":
+        print(
+            f"fleet {layout.fleet}: a password fleet: the broker's reload ended {', '.join(devices)}'s sessions"
+        )
+    else:
+        print(
+            f"fleet {layout.fleet}: ended the live sessions of {', '.join(devices)} (their status says revoked)"
+        )
+    return 0
+
+
+def _ended(args: argparse.Namespace, devices: list[str]) -> FleetLayout:
+    end_sessions(args.dir, devices, crl_days=CRL_DAYS, broker=args.broker, wait_s=args.wait)
+    return open_fleet(args.dir)

@@ -269,6 +269,20 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
                 "last one stays valid until it expires, so a device connects until its new files reach it",
             )
         q.set_defaults(func=func)
+    q = fleet_sub.add_parser(
+        "end-sessions",
+        help="after revoke-device and the broker's reload: end the revoked devices' live sessions",
+        formatter_class=fmt,
+    )
+    q.add_argument("--dir", required=True, type=Path, help="the fleet folder (`fleet init --out`)")
+    q.add_argument("--devices", required=True, action="append", help="revoked device ids, comma-separated")
+    q.add_argument(
+        "--broker", help="the broker they connect to (default: the fleet's; a plant's for its devices)"
+    )
+    q.add_argument(
+        "--wait", type=float, default=10.0, help="seconds to wait for the broker to load the new CRL"
+    )
+    q.set_defaults(func=fleet_devices.main_end_sessions)
     fleet_plants.add_parser(fleet_sub)
     fleet_workers.add_parser(fleet_sub)
 

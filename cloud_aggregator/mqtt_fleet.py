@@ -81,7 +81,9 @@ class CollectPolicy:
 
 #: What the aggregator reads of a device's retained status (the rest is the console's, which
 #: reads the broker itself): 10,000 whole statuses would be tens of MB of parsed JSON.
-KEPT_STATUS = ("state", "kind", "tags", "refused", "holdout", "data")
+KEPT_STATUS = ("state", "kind", "tags", "refused", "holdout", "data", "ahead_of_aggregator")
+#: Devices named in one "waiting for" log line; the rest are counted.
+NAMED = 20
 
 
 class _Inbox(dict):
@@ -142,6 +144,27 @@ class FleetView:
         refused = self.status.get(device, {}).get("refused")
         why = refused.get(task) if isinstance(refused, dict) else None
         return why if isinstance(why, str) else None
+
+    def trained_rounds(self, task: str) -> dict[str, int]:
+        """Device -> the last round of ``task`` it trained, from the statuses (``tasks.<task>.round``)."""
+        out = {}
+        for device, status in list(self.status.items()):
+            r = status.get("rounds", {}).get(task)
+            if r is not None:
+                out[device] = r
+        return out
+
+    def ahead(self, task: str, round_: int) -> dict[str, int]:
+        """Devices whose status says they trained ``task`` at or past ``round_`` on another global:
+        device -> its round (``ahead_of_aggregator``, set by a device that ignores a lower round)."""
+        out = {}
+        for device, status in list(self.status.items()):
+            said = status.get("ahead_of_aggregator")
+            said = said.get(task) if isinstance(said, dict) else None
+            r = said.get("device_round") if isinstance(said, dict) else None
+            if isinstance(r, int) and not isinstance(r, bool) and r >= round_:
+                out[device] = r
+        return out
 
     def holdout_score(self, device: str, task: str, request: CollectRequest) -> dict[str, float] | None:
         """``device``'s score of ``request``'s global, from its status; ``None`` until it reports one."""
@@ -411,6 +434,7 @@ class MqttFleet:
                 closed = "answered"
                 break
             if time.time() >= deadline:
+                self._say_whom(request, expected - answered)
                 if valid >= self.policy.min_participants or extensions >= self.policy.max_extensions:
                     break
                 extensions += 1
@@ -470,6 +494,31 @@ class MqttFleet:
         out.append(SatOut(closed, dict(sorted(refused.items())), dict(sorted(scores.items()))))
         return out
 
+    def _say_whom(self, request: CollectRequest, missing: set[str]) -> None:
+        """At a deadline: which awaited devices did not answer, and which trained past this round
+        already (the store is behind them: ``serve --resume-from-devices``)."""
+        where = f"task {request.spec.name} round {request.round}/{request.phase}"
+        if missing:
+            named = sorted(missing)
+            more = f" and {len(named) - NAMED} more" if len(named) > NAMED else ""
+            log.warning("%s: deadline passed waiting for %s%s", where, ", ".join(named[:NAMED]), more)
+        ahead = self.view.ahead(request.spec.name, request.round)
+        if ahead:
+            named = sorted(ahead, key=lambda d: (-ahead[d], d))
+            more = f" and {len(named) - NAMED} more" if len(named) > NAMED else ""
+            log.warning(
+                "%s: %d device(s) trained past it already, they ignore it: %s%s. This store is behind "
+                "its devices (an older aggregator.sqlite, or a fresh one): restart with "
+                "`cloud-aggregator serve --resume-from-devices` to go on from round %d",
+                where,
+                len(ahead),
+                ", ".join(
+                    f"{d} (round {ahead[d]}, {ahead[d] - request.round + 1} ahead)" for d in named[:NAMED]
+                ),
+                more,
+                max(ahead.values()) + 1,
+            )
+
     def handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
         try:
             topic = topics.parse_topic(msg.topic)
@@ -502,7 +551,17 @@ class MqttFleet:
             log.warning("bad status from %s: %s", device, exc)
             return
         self._restate(device, status)
-        self.view.status[device] = {k: status[k] for k in KEPT_STATUS if k in status}
+        kept = {k: status[k] for k in KEPT_STATUS if k in status}
+        tasks = status.get("tasks")
+        if isinstance(tasks, dict):  # the round of each task it trained last (serve --resume-from-devices)
+            kept["rounds"] = {
+                t: v["round"]
+                for t, v in tasks.items()
+                if isinstance(v, dict)
+                and isinstance(v.get("round"), int)
+                and not isinstance(v["round"], bool)
+            }
+        self.view.status[device] = kept
         self.view.online[device] = status.get("state") == "online"
         self.view.changes += 1
 

@@ -272,6 +272,9 @@ class RoundEngine:
         Called with each ``RoundRecord`` as it is stored (progress tables, plots).
     straggler, staleness_weight
         ``"drop"`` or ``"next_round"`` and its factor ``s`` (``cloud_aggregator.stragglers``).
+    start_round
+        Go on from this round when the store's point is below it (``serve --resume-from-devices``:
+        the devices trained past the store), from the stored (or initial) global.
     """
 
     def __init__(
@@ -285,6 +288,7 @@ class RoundEngine:
         on_record: Callable[[RoundRecord], None] | None = None,
         straggler: str = "drop",
         staleness_weight: float = 0.5,
+        start_round: int = 1,
     ) -> None:
         if min_participants < 1:
             raise ValueError(f"min_participants must be >= 1, got {min_participants}")
@@ -298,6 +302,7 @@ class RoundEngine:
         self.store = store if store is not None else MemoryStore()
         self.min_participants = min_participants
         self.on_record = on_record
+        self.start_round = start_round
         self.straggler = straggler
         self.staleness_weight = staleness_weight
         if straggler == "next_round":
@@ -319,6 +324,15 @@ class RoundEngine:
                 self._late = restore_late_window(
                     self.store, self.spec.name, round_, self.strategy.init_global
                 )
+        if round_ < self.start_round:  # the devices ignore every round below theirs
+            log.warning(
+                "task %s jumps from round %d to round %d, past its devices' (the global stays the stored one)",
+                self.spec.name,
+                round_,
+                self.start_round,
+            )
+            round_, phase_idx = self.start_round, 0
+            self._late = None
         while round_ <= self.spec.rounds:
             if phase_idx == 0 and (why := self.strategy.stop_reason()) is not None:  # a spent ε budget
                 log.warning("task %s stops before round %d: %s", self.spec.name, round_, why)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -32,6 +33,7 @@ from cloud_aggregator.rounds import CollectRequest, RoundEngine, RoundRecord
 from cloud_aggregator.secagg_round import SecAggFleet
 from cloud_aggregator.singleton import claim_fleet, lock_will
 from cloud_aggregator.store import SqliteStore, TaskChangedError
+from cloud_aggregator.store_backup import BACKUPS, Backups, StoreDamagedError, check_store
 from cloud_aggregator.strategies import make_strategy
 from cloud_aggregator.task_lanes import run_side_by_side
 from cloud_aggregator.watchdog import WatchedSession, wait_pinging
@@ -139,7 +141,8 @@ def _settings_changed(old: AggregatorConfig, new: AggregatorConfig) -> list[str]
     return [
         f.name
         for f in fields(old)
-        if f.name not in ("task", "restart") and getattr(old, f.name) != getattr(new, f.name)
+        if f.name not in ("task", "restart", "resume_from_devices")
+        and getattr(old, f.name) != getattr(new, f.name)
     ]
 
 
@@ -199,7 +202,7 @@ def serve(
     control = control or Control()
     notifier = notifier or Notifier.from_env()
     _check_worker_logins(cfg, worker_argv)
-    store = SqliteStore(Path(cfg.state_dir) / "aggregator.sqlite")
+    store = open_store(cfg)
     session: MqttSession | None = None
     local: LocalWorkers | None = None
     try:
@@ -267,6 +270,19 @@ def serve(
         store.close()
 
 
+def open_store(cfg: AggregatorConfig) -> SqliteStore:
+    """The store, checked first (a damaged one is refused in one line) and backed up as rounds are saved."""
+    path = Path(cfg.state_dir) / "aggregator.sqlite"
+    backups = Backups(path.parent / BACKUPS, cfg.store.backup_every, cfg.store.backup_keep)
+    try:
+        check_store(path)
+        return SqliteStore(path, backups=backups)
+    except (StoreDamagedError, sqlite3.DatabaseError) as exc:
+        raise ServeRefusedError(
+            str(exc) if isinstance(exc, StoreDamagedError) else f"{path}: {exc}"
+        ) from None
+
+
 def _check_worker_logins(cfg: AggregatorConfig, worker_argv: list[str] | None) -> None:
     """Refuse (before connecting) to start workers that would log in as serve's own identity: the
     broker makes a login's identity its client id, so they would take over each other's connection."""
@@ -278,6 +294,20 @@ def _check_worker_logins(cfg: AggregatorConfig, worker_argv: list[str] | None) -
     refusal = worker_login.missing_logins(who, config, LocalWorkers.names_for(c.workers))
     if refusal is not None:
         raise ServeRefusedError(f"[collect] workers = {c.workers}: {refusal}")
+
+
+def _devices_round(task: str, fleet: MqttFleet, store: SqliteStore) -> int:
+    """The round past every device's last one of ``task`` (``serve --resume-from-devices``), from
+    their statuses; 1 when none trained it."""
+    trained = fleet.view.trained_rounds(task)
+    if not trained:
+        log.warning("task %s: --resume-from-devices: no device online reports a round of it", task)
+        return 1
+    top = max(trained.values())
+    if top >= store.next_round(task):
+        log.info("task %s: --resume-from-devices: devices trained up to round %d (%s)", task, top,
+                 ", ".join(f"{d}={r}" for d, r in sorted(trained.items())[:20]))  # fmt: skip
+    return top + 1
 
 
 def _run_task(task: TaskConfig, fleet: MqttFleet, store: SqliteStore, cfg: AggregatorConfig) -> None:
@@ -313,6 +343,7 @@ def _run_task(task: TaskConfig, fleet: MqttFleet, store: SqliteStore, cfg: Aggre
         on_record=lambda rec: log.info("%s", format_record(rec)),
         straggler=c.straggler,
         staleness_weight=c.staleness_weight,
+        start_round=_devices_round(spec.name, fleet, store) if cfg.resume_from_devices else 1,
     )
     final = engine.run()
     fleet.finish(CollectRequest(spec, spec.rounds, "done", final, param_hash(final), {}, {}))

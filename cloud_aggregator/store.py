@@ -27,6 +27,7 @@ from typing import Any
 from cloud_aggregator import faults
 from cloud_aggregator.admission import Reason
 from cloud_aggregator.rounds import RoundRecord
+from cloud_aggregator.store_backup import Backups
 from cloud_aggregator.upload_log import MIN_BYTES, UploadLog
 from ioft_protocol.state import atomic_write_bytes, decode_arrays, encode_arrays
 from trainer_lite.params import Params, param_hash
@@ -146,10 +147,12 @@ def changed_fields(stored_json: str, spec_json: str, last_round: int = 0) -> lis
 class SqliteStore:
     """A ``RoundStore`` in one SQLite file plus an ``artifacts/`` folder beside it."""
 
-    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
+    def __init__(self, path: str | Path, *, readonly: bool = False, backups: Backups | None = None) -> None:
         """Open (creating if needed) the store; ``readonly`` opens an existing one for
-        monitoring without taking any write lock, so it never slows the aggregator down."""
+        monitoring without taking any write lock, so it never slows the aggregator down;
+        ``backups``: take online backups as rounds are saved (``cloud_aggregator.store_backup``)."""
         self.path = Path(path)
+        self.backups = backups
         self.artifacts = self.path.parent / "artifacts"
         self.uploads = UploadLog(self.path.parent / "uploads")
         self._lock = threading.Lock()
@@ -317,6 +320,8 @@ class SqliteStore:
             faults.point("before_commit")
             self._db.execute("COMMIT")
             self.uploads.drop(record.task, (record.round, record.phase))
+            if self.backups is not None:  # under the lock: the copy is of committed rounds only
+                self.backups.after_save(self._db, self.path)
 
     # -- updates as they arrive ----------------------------------------------------
     def put_update(

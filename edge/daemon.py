@@ -101,6 +101,8 @@ class EdgeTrainer:
         self.refused: dict[str, str] = {}  # task -> why this device does not take part
         #: task -> this device's score of the task's latest global, where the task holds it out
         self.holdout: dict[str, round_messages.HoldoutScore] = {}
+        #: task -> the round this device trained and the (lower) one announced (``_note_ahead``)
+        self.ahead: dict[str, dict[str, object]] = {}
         self.round_cpu_s: float | None = None  # CPU seconds of the last round (status reads it)
         # With [data] source = "state" the dataset may not exist yet: edge-recorder appends
         # segments while this process runs; refresh_dataset() reads the new ones.
@@ -196,6 +198,8 @@ class EdgeTrainer:
             body["holdout"] = {task: score.to_json() for task, score in self.holdout.items()}
         if self.pause.reason is not None:
             body["paused"] = self.pause.reason
+        if self.ahead:  # task -> {task, device_round, announced_round}: the aggregator's store is behind
+            body["ahead_of_aggregator"] = dict(self.ahead)
         body["data"] = self._data_status()
         body["process"] = {  # for the console and its metrics: what a round costs this device
             "cpu_s_round": self.round_cpu_s,
@@ -500,9 +504,14 @@ class EdgeTrainer:
         if state.answered is not None and key == state.answered:
             if state.upload_meta.get("global_hash") == ann.global_hash:
                 self._publish_upload(ann.task, state)  # the aggregator may have lost it
+            else:  # this round was trained from another global: the aggregator's store lost it
+                self._note_ahead(ann, state.answered[0])
             return
         if state.answered is not None and ann.round < state.answered[0]:
+            self._note_ahead(ann, state.answered[0])
             return  # a stale announcement
+        if self.ahead.pop(ann.task, None) is not None:
+            log.info("%s: task %s: the aggregator is at round %d again", self.device, ann.task, ann.round)
         if not self.announcements.params_match(ann):
             raise codec.WireError("downlink parameters do not match their announced hash")
         if len(self.train) == 0:
@@ -568,6 +577,25 @@ class EdgeTrainer:
         )
         self._round_status()
         self.notifier.status(f"task {ann.task}: answered round {ann.round} {ann.phase}")
+
+    def _note_ahead(self, ann: round_messages.Announcement, device_round: int) -> None:
+        """An announcement below the round this device trained last: its status says so (once per
+        announced round) for ``serve`` to tell its operator, who resumes it past this round."""
+        ahead = {"task": ann.task, "device_round": device_round, "announced_round": ann.round}
+        if ann.state != "running" or self.ahead.get(ann.task) == ahead:
+            return
+        self.ahead[ann.task] = ahead
+        log.warning(
+            "%s: task %s: the aggregator announces round %d but this device trained round %d already "
+            "(its store is older than this device's state); not answering until a round past %d "
+            "(serve --resume-from-devices)",
+            self.device,
+            ann.task,
+            ann.round,
+            device_round,
+            device_round,
+        )
+        self._publish_status()
 
     def pace(self) -> None:
         """Send what :class:`edge.buffered.Pacer` has due (buffered jobs, paced answers); cheap when nothing is."""

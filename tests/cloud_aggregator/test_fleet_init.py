@@ -12,7 +12,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from cloud_aggregator import fleet_devices, fleet_init, fleet_layout
+from cloud_aggregator import fleet_devices, fleet_init, fleet_layout, fleet_sessions
 from cloud_aggregator.cli import main as cli_main
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.fleet_init import (
@@ -301,7 +301,8 @@ def test_add_renew_and_revoke_rewrite_the_acl_crl_and_folders(tmp_path):
     fleet_devices.revoke_devices(layout.root, ["printer1"])
     crl = x509.load_pem_x509_crl(layout.crl.read_bytes())
     crl.is_signature_valid(_cert(layout.ca_cert).public_key())
-    assert {r.serial_number for r in crl} == {serial, renewed}  # every certificate it was issued
+    canary = _cert(fleet_sessions.canary_files(layout)[0]).serial_number  # end-sessions' reload check
+    assert {r.serial_number for r in crl} == {serial, renewed, canary}  # every certificate it was issued
     assert "user printer1" not in layout.acl.read_text() and not layout.identity_dir("printer1").exists()
     assert fleet_layout.open_fleet(layout.root).devices == ("printer3", "welder1")
     with pytest.raises(FleetInitError, match="printer1 is not enrolled"):
