@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cloud_aggregator.admission import Reason
 from cloud_aggregator.fleet_status import METRICS, number, summarize
 from cloud_aggregator.rounds import RoundRecord
 from cloud_aggregator.store import SqliteStore
@@ -170,7 +171,7 @@ class FleetView:
         return [DeviceFigures.of(d, self.statuses[d]) for d in sorted(self.statuses)]
 
     def refused_by_device(self) -> dict[str, dict[str, int]]:
-        """``{device: {reason: refusals}}`` over all tasks."""
+        """``{device: {reason: refusals}}`` over all tasks (``resent`` copies included)."""
         out: dict[str, dict[str, int]] = {}
         for per_task in self.store.refused.values():
             for device, reasons in per_task.items():
@@ -182,6 +183,9 @@ class FleetView:
     def to_json(self) -> dict[str, Any]:
         """What the page draws: devices, tasks with curves and recent rounds, model versions, rollouts."""
         refused = self.refused_by_device()
+        # Copies of counted uploads are routine: shown apart from the refusals, never as one.
+        resent = {d: n for d, per in refused.items() if (n := per.pop(Reason.RESENT, 0))}
+        refused = {d: per for d, per in refused.items() if per}
         cells = {r["device"]: r for r in summarize(self.statuses)}
         devices = []
         for f in self.devices():
@@ -199,12 +203,20 @@ class FleetView:
                     "tasks": row.get("tasks", "-"),
                     "refused_tasks": f.refused_tasks,
                     "uploads_refused": refused.get(f.device, {}),
+                    "uploads_resent": resent.get(f.device, 0),
                     "cpu_s_round": f.cpu_s_round,
                     "max_rss_bytes": f.max_rss_bytes,
                 }
             )
-        for device in sorted(set(refused) - {d["device"] for d in devices}):  # refused, never reported
-            devices.append({"device": device, "online": False, "uploads_refused": refused[device]})
+        for device in sorted({*refused, *resent} - {d["device"] for d in devices}):  # refused, never reported
+            devices.append(
+                {
+                    "device": device,
+                    "online": False,
+                    "uploads_refused": refused.get(device, {}),
+                    "uploads_resent": resent.get(device, 0),
+                }
+            )
         return {
             "fleet": self.fleet,
             "taken": self.taken,
