@@ -14,8 +14,11 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
+from cloud_aggregator.fleet_devices import fleet_root_of, revoked_devices
 from cloud_aggregator.push import add_session_args, operator_session
 from ioft_protocol import codec, restate, topics
 from ioft_protocol.config import ConfigError
@@ -76,8 +79,11 @@ def decode_status(payload: bytes) -> dict | None:
     return body
 
 
-def summarize(statuses: dict[str, Any]) -> list[dict[str, Any]]:
+def summarize(statuses: dict[str, Any], revoked: Collection[str] = ()) -> list[dict[str, Any]]:
     """One row per device: state, kind and tags, models, last round and metric (or refusal) per task.
+
+    A device in ``revoked`` (:func:`cloud_aggregator.fleet_devices.revoked_devices`) shows as
+    ``revoked`` whatever its last status said: it cannot log in again.
 
     Any device can write its own retained status, so every field is checked: a field
     of the wrong type shows as ``?`` in that device's row, never raises, and text is
@@ -91,7 +97,11 @@ def summarize(statuses: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "device": _text(device),
-                "state": _text(body.get("state")) if isinstance(body.get("state"), str) else "?",
+                "state": "revoked"
+                if device in revoked
+                else _text(body.get("state"))
+                if isinstance(body.get("state"), str)
+                else "?",
                 "kind": _kind_cell(body.get("kind"), body.get("tags")),
                 "models": _models_cell(body.get("models")),
                 "tasks": _tasks_cell(body.get("tasks"), body.get("refused")),
@@ -253,6 +263,11 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
     add_session_args(p)
     p.add_argument("--json", action="store_true", help="print the raw retained statuses as JSON")
     p.add_argument("--wait", type=float, default=0.5, help="seconds without a new status before printing")
+    p.add_argument(
+        "--fleet-dir",
+        type=Path,
+        help="the `fleet init` folder, to show revoked devices as such (default: the one --config is in)",
+    )
     p.set_defaults(func=main)
 
 
@@ -266,10 +281,14 @@ def main(args: argparse.Namespace) -> int:
         statuses = collect_status(session, fleet, quiet_s=args.wait)
     finally:
         session.stop()
+    root = args.fleet_dir or fleet_root_of(args.config)
+    revoked = revoked_devices(root) if root is not None else set()
     if args.json:
+        for device in revoked & set(statuses):  # its last status said online or offline
+            statuses[device] = {**statuses[device], "state": "revoked"}
         print(json.dumps(statuses, indent=1, sort_keys=True))
     elif not statuses:
         print(f"no device has reported on fleet {fleet}")
     else:
-        print(format_table(summarize(statuses)))
+        print(format_table(summarize(statuses, revoked)))
     return 0

@@ -166,6 +166,8 @@ class FleetView:
     #: Broker-wide counters from ``$SYS`` (``bytes_received``, ``bytes_sent``), where the broker has them.
     broker: dict[str, float] = field(default_factory=dict)
     taken: float = field(default_factory=time.time)
+    #: Devices revoked from the fleet (``fleet revoke-device``): shown as such, not as offline.
+    revoked: set[str] = field(default_factory=set)
 
     def devices(self) -> list[DeviceFigures]:
         return [DeviceFigures.of(d, self.statuses[d]) for d in sorted(self.statuses)]
@@ -186,14 +188,15 @@ class FleetView:
         # Copies of counted uploads are routine: shown apart from the refusals, never as one.
         resent = {d: n for d, per in refused.items() if (n := per.pop(Reason.RESENT, 0))}
         refused = {d: per for d, per in refused.items() if per}
-        cells = {r["device"]: r for r in summarize(self.statuses)}
+        cells = {r["device"]: r for r in summarize(self.statuses, self.revoked)}
         devices = []
         for f in self.devices():
             row = cells.get(f.device, {})
             devices.append(
                 {
                     "device": f.device,
-                    "online": f.online,
+                    "online": f.online and f.device not in self.revoked,
+                    "revoked": f.device in self.revoked,
                     "paused": f.paused,
                     "last_seen": f.last_seen,
                     "kind": row.get("kind", "-"),

@@ -31,13 +31,17 @@ function pairs(obj) { return Object.entries(obj || {}).map(([k, v]) => `${k}: ${
 function renderDevices(devices, now) {
   const body = document.querySelector("#devices tbody");
   const rows = devices.map((d) => {
-    const tr = el("tr", { "data-device": d.device, "data-online": String(!!d.online), "data-paused": String(d.paused != null) });
-    const state = el("td", { class: "nowrap", title: d.paused ?? "" }, el("span", { class: `dot ${d.online ? "online" : "offline"}` }),
-      (d.online ? "online" : "offline") + (d.paused != null ? ", paused" : ""));
+    const tr = el("tr", { "data-device": d.device, "data-online": String(!!d.online), "data-paused": String(d.paused != null),
+      "data-revoked": String(!!d.revoked) });
+    const word = d.revoked ? "revoked" : d.online ? "online" : "offline";
+    const state = el("td", { class: d.revoked ? "nowrap bad" : "nowrap", title: d.revoked ? "revoked from the fleet (fleet revoke-device)" : d.paused ?? "" },
+      el("span", { class: `dot ${d.online ? "online" : "offline"}` }), word + (d.paused != null ? ", paused" : ""));
     const rows = d.rows ? `${d.rows.train ?? "?"}/${d.rows.test ?? "?"}` : "-";
     const sensor = el("td", { class: d.sensor === "fault" ? "bad" : "" }, d.sensor ?? "-");
     const refusedTasks = el("td", { class: Object.keys(d.refused_tasks || {}).length ? "bad" : "" }, pairs(d.refused_tasks));
-    const uploads = el("td", { class: Object.keys(d.uploads_refused || {}).length ? "bad" : "" }, pairs(d.uploads_refused));
+    // Refusals in red; copies of uploads already counted (a restart's re-send) are routine, apart and grey.
+    const uploads = el("td", {}, el("span", { class: Object.keys(d.uploads_refused || {}).length ? "bad" : "" }, pairs(d.uploads_refused)));
+    if (d.uploads_resent) uploads.append(" ", el("span", { class: "muted resent", title: "copies of uploads already counted: routine" }, `(resent: ${d.uploads_resent})`));
     tr.append(
       el("td", {}, d.device), state, el("td", {}, age(d.last_seen, now)), el("td", {}, d.kind ?? "-"),
       el("td", { class: "num" }, rows), sensor, el("td", {}, d.models ?? "-"), el("td", {}, d.tasks ?? "-"),
