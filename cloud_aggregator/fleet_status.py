@@ -30,19 +30,51 @@ METRICS = ("test_accuracy", "test_loss", "train_loss")
 
 
 def collect_status(
-    session: MqttSession, fleet: str, *, quiet_s: float = 0.5, max_s: float = 5.0
+    session: MqttSession,
+    fleet: str,
+    *,
+    quiet_s: float = 0.5,
+    max_s: float = 5.0,
+    others: dict[str, dict[str, dict]] | None = None,
 ) -> dict[str, dict]:
     """Every device's status (retained, or its answer to the roll call), read until ``quiet_s``
-    passes without a new one."""
+    passes without a new one.
+
+    With ``others`` the retained statuses of devices speaking for any other fleet go there
+    (``{fleet: {device: status}}``): a device with a wrong ``fleet =`` shows up.  A broker whose
+    ACL confines this login to its fleet (as ``fleet init``'s does) refuses that subscription.
+    """
     restate.follow_statuses(session, fleet)
+    if others is not None:
+        session.subscribe(f"{topics.PROTOCOL}/+/status/+")
     statuses: dict[str, dict] = {}
     deadline = time.monotonic() + max_s
     last = time.monotonic()
     while time.monotonic() < deadline and time.monotonic() - last < quiet_s:
         msg = session.get(0.05)
-        if msg is not None and take_status(statuses, msg):
+        if msg is None:
+            continue
+        try:
+            elsewhere = topics.parse_topic(msg.topic).fleet != fleet
+        except codec.WireError:
+            elsewhere = False  # take_status says why it is ignored
+        if elsewhere and others is not None:
+            if take_status(others.setdefault(topics.parse_topic(msg.topic).fleet, {}), msg):
+                last = time.monotonic()
+        elif not elsewhere and take_status(statuses, msg):
             last = time.monotonic()
     return statuses
+
+
+def other_fleets_note(fleet: str, others: dict[str, dict[str, dict]]) -> str | None:
+    """One line naming the devices that speak for a fleet other than ``fleet``; ``None`` if none."""
+    found = [f"{_text(d)} (fleet {_text(f)!r})" for f, per in sorted(others.items()) for d in sorted(per)]
+    if not found:
+        return None
+    return (
+        f"devices speaking for another fleet than {fleet!r}: {', '.join(found)}; if they belong to "
+        f'this one, set `fleet = "{fleet}"` in their device.toml'
+    )
 
 
 def take_status(statuses: dict[str, dict], msg: Message) -> bool:
@@ -277,10 +309,12 @@ def main(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 2
+    others: dict[str, dict[str, dict]] = {}
     try:
-        statuses = collect_status(session, fleet, quiet_s=args.wait)
+        statuses = collect_status(session, fleet, quiet_s=args.wait, others=others)
     finally:
         session.stop()
+    note = other_fleets_note(fleet, others)
     root = args.fleet_dir or fleet_root_of(args.config)
     revoked = revoked_devices(root) if root is not None else set()
     if args.json:
@@ -291,4 +325,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"no device has reported on fleet {fleet}")
     else:
         print(format_table(summarize(statuses, revoked)))
+    if note is not None and not args.json:
+        print(note)
     return 0
