@@ -111,11 +111,14 @@ def decode_status(payload: bytes) -> dict | None:
     return body
 
 
-def summarize(statuses: dict[str, Any], revoked: Collection[str] = ()) -> list[dict[str, Any]]:
+def summarize(
+    statuses: dict[str, Any], revoked: Collection[str] = (), *, refusals_in_tasks: bool = True
+) -> list[dict[str, Any]]:
     """One row per device: state, kind and tags, models, last round and metric (or refusal) per task.
 
     A device in ``revoked`` (:func:`cloud_aggregator.fleet_devices.revoked_devices`) shows as
-    ``revoked`` whatever its last status said: it cannot log in again.
+    ``revoked`` whatever its last status said: it cannot log in again.  The console shows the
+    tasks a device refuses in a column of their own (``refusals_in_tasks=False``).
 
     Any device can write its own retained status, so every field is checked: a field
     of the wrong type shows as ``?`` in that device's row, never raises, and text is
@@ -136,7 +139,7 @@ def summarize(statuses: dict[str, Any], revoked: Collection[str] = ()) -> list[d
                 else "?",
                 "kind": _kind_cell(body.get("kind"), body.get("tags")),
                 "models": _models_cell(body.get("models")),
-                "tasks": _tasks_cell(body.get("tasks"), body.get("refused")),
+                "tasks": _tasks_cell(body.get("tasks"), body.get("refused") if refusals_in_tasks else None),
                 "data": _data_cell(body.get("data")),
                 "since": number(body.get("time")),
             }
@@ -239,7 +242,7 @@ def _tasks_cell(tasks: Any, refused: Any = None) -> str:
             cells.append(f"{_text(name)}: ?")
             continue
         round_ = t.get("round")
-        cell = f"{_text(name)}: round {'None' if round_ is None else _version(round_)}"
+        cell = f"{_text(name)}: " + ("no round yet" if round_ is None else f"round {_version(round_)}")
         metrics = t.get("metrics")
         if isinstance(metrics, dict):
             key = next((k for k in METRICS if k in metrics), None)

@@ -188,7 +188,8 @@ class FleetView:
         # Copies of counted uploads are routine: shown apart from the refusals, never as one.
         resent = {d: n for d, per in refused.items() if (n := per.pop(Reason.RESENT, 0))}
         refused = {d: per for d, per in refused.items() if per}
-        cells = {r["device"]: r for r in summarize(self.statuses, self.revoked)}
+        # The tasks a device refuses have a column of their own: not again among its tasks.
+        cells = {r["device"]: r for r in summarize(self.statuses, self.revoked, refusals_in_tasks=False)}
         devices = []
         for f in self.devices():
             row = cells.get(f.device, {})
