@@ -34,9 +34,12 @@ samples: ``n_samples``
 metrics: ``metrics``, ``non_finite``
     More than ``max_metrics`` metrics, a name longer than ``max_metric_name`` characters, or
     a NaN / infinite value: metrics are stored in the round record and averaged fleet-wide.
-replay: ``replay``
-    The device already answered this task, round and phase (a QoS 1 redelivery, a resend,
-    a copy): the first upload stands.  Together with the round-field checks above this is
+replay: ``replay``, ``resent``
+    The device already answered this task, round and phase: the first upload stands.  A copy
+    of the upload already counted (a QoS 1 redelivery, the re-send of a restarted device or of
+    a re-announced round: the same :func:`fingerprint`) is ``resent``, routine and kept apart
+    from refusals; another answer is a ``replay``.  A ``stale_round`` upload that is a copy of
+    the one counted for that round is ``resent`` too.  Together with the round-field checks above this is
     the whole replay defence: equal tensors are no evidence of a replay, neither across
     devices nor from one device across rounds (a converged model repeats itself).
 norm: ``norm``
@@ -61,6 +64,7 @@ restarted aggregator (whose in-memory history is empty) reaches the same decisio
 from __future__ import annotations
 
 import bisect
+import hashlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -97,6 +101,8 @@ class Reason(StrEnum):
     NORM = "norm"
     N_SAMPLES = "n_samples"
     METRICS = "metrics"
+    #: A copy of an upload already counted: routine, not refused as an attack (see ``replay``).
+    RESENT = "resent"
     #: Stored before reason codes had their own column, with no code in its text.
     OTHER = "other"
 
@@ -189,6 +195,21 @@ def change_norm(params: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]
 def param_norm(params: Mapping[str, np.ndarray]) -> float:
     """``‖params‖₂`` over all tensors in float64."""
     return change_norm(params, {})
+
+
+def fingerprint(msg: UpdateMessage) -> bytes:
+    """What tells a copy of an upload from another answer: its global, sample count, metrics
+    (a device's ``train_seconds`` differs on each training) and the tensors' names, dtypes and
+    shapes with up to 64 values of each.  Sampled, not all bytes (hashing 150k parameters costs
+    ~1 ms an upload): it only labels an upload that is refused anyway, never admits one.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{msg.global_hash}|{msg.n_samples}|{sorted(msg.metrics.items())}".encode())
+    for name in sorted(msg.params):
+        flat = np.ravel(msg.params[name])
+        h.update(f"|{name}|{flat.dtype.str}|{np.shape(msg.params[name])}|".encode())
+        h.update(np.ascontiguousarray(flat[:: max(1, flat.size // 64)]).tobytes())
+    return h.digest()
 
 
 def check_tensors(params: Mapping[str, np.ndarray], expected: Mapping[str, TensorSpec]) -> Refusal | None:
@@ -308,8 +329,9 @@ class Admission:
         self.reported_rows = reported_rows
         #: device -> reason -> refusals
         self.refused: dict[str, dict[Reason, int]] = {}
-        # (task, round, phase) -> devices admitted (fresh or late): whoever is in it already answered
-        self._answered: dict[tuple[str, int, str], set[str]] = {}
+        # (task, round, phase) -> device admitted (fresh or late) -> its upload's fingerprint
+        # (``None`` where unknown): whoever is in it already answered
+        self._answered: dict[tuple[str, int, str], dict[str, bytes | None]] = {}
         self._norms: dict[tuple[str, str], _Window] = {}
         # (task, round, phase) -> devices refused by the relative bound in that round
         self._ratio_refused: dict[tuple[str, int, str], set[str]] = {}
@@ -355,7 +377,7 @@ class Admission:
         """Mark ``devices`` as having answered ``request``'s round: a checkpointed fold holds
         their uploads, so a re-send after a restart is a replay."""
         for device in devices:
-            self._answer((request.spec.name, request.round, request.phase), device)
+            self._answer((request.spec.name, request.round, request.phase), device, None)
 
     def forget_answers(self, task: str, round_: int, phase: str) -> None:
         """Forget who answered a round here: an aggregator worker (``cloud_aggregator.workers``)
@@ -398,7 +420,7 @@ class Admission:
                 late.phase,
                 late.global_hash,
             ):
-                return off_round
+                return self._resent(device, msg, (task, msg.round, msg.phase)) or off_round
             return self._judge_late(device, msg, request)
         if request.participants is not None and device not in request.participants:
             return Refusal(Reason.NOT_SELECTED, "device was not selected for this round")
@@ -409,13 +431,15 @@ class Admission:
             return bad
         key = (task, request.round, request.phase)
         if device in self._answered.get(key, ()):
-            return Refusal(Reason.REPLAY, f"device already answered round {request.round}/{request.phase}")
+            return self._resent(device, msg, key) or Refusal(
+                Reason.REPLAY, f"device already answered round {request.round}/{request.phase}"
+            )
         delta = change_norm(msg.params, self._sent64(device, request))
         if not restored:
             bad = self.check_norm(device, delta, msg.params, request)
             if bad is not None:
                 return bad
-        self._answer(key, device)
+        self._answer(key, device, fingerprint(msg))
         if np.isfinite(delta):
             norms = self._norms.get((task, request.phase))
             if norms is None:
@@ -433,8 +457,10 @@ class Admission:
             return Refusal(bad.reason, f"late update: {bad.detail}")
         key = (request.spec.name, late.round, late.phase)
         if device in late.counted or device in self._answered.get(key, ()):
-            return Refusal(Reason.REPLAY, f"device already answered round {late.round}/{late.phase}")
-        self._answer(key, device)
+            return self._resent(device, msg, key) or Refusal(
+                Reason.REPLAY, f"device already answered round {late.round}/{late.phase}"
+            )
+        self._answer(key, device, fingerprint(msg))
         return LateUpdate(Update(device, msg.params, msg.n_samples, msg.metrics), late.round)
 
     def check_counts(self, device: str, msg: UpdateMessage, task: str) -> Refusal | None:
@@ -444,11 +470,18 @@ class Admission:
         bad = check_samples(msg.n_samples, p.task_max_samples.get(task, p.max_samples), rows)
         return bad if bad is not None else check_metrics(msg.metrics, p)
 
-    def _answer(self, key: tuple[str, int, str], device: str) -> None:
+    def _answer(self, key: tuple[str, int, str], device: str, print_: bytes | None) -> None:
         if key not in self._answered:  # rounds before the previous one are closed for good
             task, round_, _ = key
             self._answered = {k: v for k, v in self._answered.items() if k[0] != task or k[1] >= round_ - 1}
-        self._answered.setdefault(key, set()).add(device)
+        self._answered.setdefault(key, {})[device] = print_
+
+    def _resent(self, device: str, msg: UpdateMessage, key: tuple[str, int, str]) -> Refusal | None:
+        """``resent`` if ``msg`` is a copy of the upload ``device`` had admitted for ``key``."""
+        kept = self._answered.get(key, {}).get(device)
+        if kept is None or kept != fingerprint(msg):
+            return None
+        return Refusal(Reason.RESENT, f"a copy of the upload counted for round {key[1]}/{key[2]}")
 
     # -- the norm reference -----------------------------------------------------------------
     @staticmethod

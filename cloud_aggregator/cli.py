@@ -183,13 +183,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Subcommands that run the aggregator itself: their lines say ``aggregator``.
+AGGREGATOR_COMMANDS = frozenset({"serve", "demo", "worker"})
+
+
+def log_name(args: argparse.Namespace) -> str:
+    """Who a log line comes from: ``aggregator`` for the aggregator's own commands, else the
+    command (``console``, ``push``, ``fleet-status``, ``export``...), so an operator's tools
+    beside ``serve`` are told apart in a shared log."""
+    if args.command in AGGREGATOR_COMMANDS:
+        return "aggregator"
+    sub = getattr(args, "fleet_command", None) if args.command == "fleet" else None
+    return f"{args.command}-{sub}" if sub else args.command
+
+
 @entry_point("cloud-aggregator", mistakes=(FleetInitError,), failures=(ExportError,))
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; a user mistake is one line and exit 2, a runtime failure one line and 1."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level,
-        format="%(asctime)s aggregator %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s {log_name(args)} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     return args.func(args)

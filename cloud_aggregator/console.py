@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from cloud_aggregator.config import AggregatorConfig
+from cloud_aggregator.fleet_devices import fleet_root_of
 from cloud_aggregator.fleet_layout import DefaultsHelpFormatter
 from cloud_aggregator.push import add_session_args
 from ioft_protocol.cli import check_broker_login
@@ -126,7 +127,9 @@ def main(args: argparse.Namespace) -> int:
 
     feed = StatusFeed(cfg, cfg.fleet)
     feed.start()
-    source = ViewSource(Path(cfg.state_dir) / "aggregator.sqlite", feed, cfg.fleet)
+    source = ViewSource(
+        Path(cfg.state_dir) / "aggregator.sqlite", feed, cfg.fleet, fleet_root_of(args.config)
+    )
     hosts = (*LOOPBACK_HOSTS, bracketed(args.host)) if is_loopback(args.host) else None
     app = build_app(source, token=token, hosts=hosts, refresh_s=args.refresh)
     port = sock.getsockname()[1]

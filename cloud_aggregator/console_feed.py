@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cloud_aggregator.fleet_devices import revoked_devices
 from cloud_aggregator.fleet_status import take_status
 from cloud_aggregator.fleet_view import FleetView, StoreData, read_store, store_signature
 from ioft_protocol import topics
@@ -91,10 +92,12 @@ class StatusFeed:
 class ViewSource:
     """Builds :class:`FleetView`s, re-reading the store only when the aggregator has written to it."""
 
-    def __init__(self, db: Path, feed: StatusFeed | None, fleet: str) -> None:
+    def __init__(self, db: Path, feed: StatusFeed | None, fleet: str, fleet_dir: Path | None = None) -> None:
         self.db = db
         self.feed = feed
         self.fleet = fleet
+        #: The ``fleet init`` folder whose CRL says which devices are revoked (``None``: unknown).
+        self.fleet_dir = fleet_dir
         self._lock = threading.Lock()
         self._signature: tuple | None = None
         self._store = StoreData()
@@ -107,7 +110,8 @@ class ViewSource:
                 self._signature = signature
             store = self._store
         statuses, broker = self.feed.snapshot() if self.feed is not None else ({}, {})
-        return FleetView(self.fleet, store, statuses, broker, taken=time.time())
+        revoked = revoked_devices(self.fleet_dir) if self.fleet_dir is not None else set()
+        return FleetView(self.fleet, store, statuses, broker, taken=time.time(), revoked=revoked)
 
     def version(self) -> tuple:
         """Changes when the store or a status changes (cheap: a stat and a counter)."""

@@ -14,8 +14,11 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
+from cloud_aggregator.fleet_devices import fleet_root_of, revoked_devices
 from cloud_aggregator.push import add_session_args, operator_session
 from ioft_protocol import codec, restate, topics
 from ioft_protocol.config import ConfigError
@@ -27,19 +30,51 @@ METRICS = ("test_accuracy", "test_loss", "train_loss")
 
 
 def collect_status(
-    session: MqttSession, fleet: str, *, quiet_s: float = 0.5, max_s: float = 5.0
+    session: MqttSession,
+    fleet: str,
+    *,
+    quiet_s: float = 0.5,
+    max_s: float = 5.0,
+    others: dict[str, dict[str, dict]] | None = None,
 ) -> dict[str, dict]:
     """Every device's status (retained, or its answer to the roll call), read until ``quiet_s``
-    passes without a new one."""
+    passes without a new one.
+
+    With ``others`` the retained statuses of devices speaking for any other fleet go there
+    (``{fleet: {device: status}}``): a device with a wrong ``fleet =`` shows up.  A broker whose
+    ACL confines this login to its fleet (as ``fleet init``'s does) refuses that subscription.
+    """
     restate.follow_statuses(session, fleet)
+    if others is not None:
+        session.subscribe(f"{topics.PROTOCOL}/+/status/+")
     statuses: dict[str, dict] = {}
     deadline = time.monotonic() + max_s
     last = time.monotonic()
     while time.monotonic() < deadline and time.monotonic() - last < quiet_s:
         msg = session.get(0.05)
-        if msg is not None and take_status(statuses, msg):
+        if msg is None:
+            continue
+        try:
+            elsewhere = topics.parse_topic(msg.topic).fleet != fleet
+        except codec.WireError:
+            elsewhere = False  # take_status says why it is ignored
+        if elsewhere and others is not None:
+            if take_status(others.setdefault(topics.parse_topic(msg.topic).fleet, {}), msg):
+                last = time.monotonic()
+        elif not elsewhere and take_status(statuses, msg):
             last = time.monotonic()
     return statuses
+
+
+def other_fleets_note(fleet: str, others: dict[str, dict[str, dict]]) -> str | None:
+    """One line naming the devices that speak for a fleet other than ``fleet``; ``None`` if none."""
+    found = [f"{_text(d)} (fleet {_text(f)!r})" for f, per in sorted(others.items()) for d in sorted(per)]
+    if not found:
+        return None
+    return (
+        f"devices speaking for another fleet than {fleet!r}: {', '.join(found)}; if they belong to "
+        f'this one, set `fleet = "{fleet}"` in their device.toml'
+    )
 
 
 def take_status(statuses: dict[str, dict], msg: Message) -> bool:
@@ -76,8 +111,14 @@ def decode_status(payload: bytes) -> dict | None:
     return body
 
 
-def summarize(statuses: dict[str, Any]) -> list[dict[str, Any]]:
+def summarize(
+    statuses: dict[str, Any], revoked: Collection[str] = (), *, refusals_in_tasks: bool = True
+) -> list[dict[str, Any]]:
     """One row per device: state, kind and tags, models, last round and metric (or refusal) per task.
+
+    A device in ``revoked`` (:func:`cloud_aggregator.fleet_devices.revoked_devices`) shows as
+    ``revoked`` whatever its last status said: it cannot log in again.  The console shows the
+    tasks a device refuses in a column of their own (``refusals_in_tasks=False``).
 
     Any device can write its own retained status, so every field is checked: a field
     of the wrong type shows as ``?`` in that device's row, never raises, and text is
@@ -91,10 +132,14 @@ def summarize(statuses: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "device": _text(device),
-                "state": _text(body.get("state")) if isinstance(body.get("state"), str) else "?",
+                "state": "revoked"
+                if device in revoked
+                else _text(body.get("state"))
+                if isinstance(body.get("state"), str)
+                else "?",
                 "kind": _kind_cell(body.get("kind"), body.get("tags")),
                 "models": _models_cell(body.get("models")),
-                "tasks": _tasks_cell(body.get("tasks"), body.get("refused")),
+                "tasks": _tasks_cell(body.get("tasks"), body.get("refused") if refusals_in_tasks else None),
                 "data": _data_cell(body.get("data")),
                 "since": number(body.get("time")),
             }
@@ -197,7 +242,7 @@ def _tasks_cell(tasks: Any, refused: Any = None) -> str:
             cells.append(f"{_text(name)}: ?")
             continue
         round_ = t.get("round")
-        cell = f"{_text(name)}: round {'None' if round_ is None else _version(round_)}"
+        cell = f"{_text(name)}: " + ("no round yet" if round_ is None else f"round {_version(round_)}")
         metrics = t.get("metrics")
         if isinstance(metrics, dict):
             key = next((k for k in METRICS if k in metrics), None)
@@ -253,6 +298,11 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
     add_session_args(p)
     p.add_argument("--json", action="store_true", help="print the raw retained statuses as JSON")
     p.add_argument("--wait", type=float, default=0.5, help="seconds without a new status before printing")
+    p.add_argument(
+        "--fleet-dir",
+        type=Path,
+        help="the `fleet init` folder, to show revoked devices as such (default: the one --config is in)",
+    )
     p.set_defaults(func=main)
 
 
@@ -262,14 +312,22 @@ def main(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 2
+    others: dict[str, dict[str, dict]] = {}
     try:
-        statuses = collect_status(session, fleet, quiet_s=args.wait)
+        statuses = collect_status(session, fleet, quiet_s=args.wait, others=others)
     finally:
         session.stop()
+    note = other_fleets_note(fleet, others)
+    root = args.fleet_dir or fleet_root_of(args.config)
+    revoked = revoked_devices(root) if root is not None else set()
     if args.json:
+        for device in revoked & set(statuses):  # its last status said online or offline
+            statuses[device] = {**statuses[device], "state": "revoked"}
         print(json.dumps(statuses, indent=1, sort_keys=True))
     elif not statuses:
         print(f"no device has reported on fleet {fleet}")
     else:
-        print(format_table(summarize(statuses)))
+        print(format_table(summarize(statuses, revoked)))
+    if note is not None and not args.json:
+        print(note)
     return 0

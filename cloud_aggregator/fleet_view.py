@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cloud_aggregator.admission import Reason
 from cloud_aggregator.fleet_status import METRICS, number, summarize
 from cloud_aggregator.rounds import RoundRecord
 from cloud_aggregator.store import SqliteStore
@@ -165,12 +166,14 @@ class FleetView:
     #: Broker-wide counters from ``$SYS`` (``bytes_received``, ``bytes_sent``), where the broker has them.
     broker: dict[str, float] = field(default_factory=dict)
     taken: float = field(default_factory=time.time)
+    #: Devices revoked from the fleet (``fleet revoke-device``): shown as such, not as offline.
+    revoked: set[str] = field(default_factory=set)
 
     def devices(self) -> list[DeviceFigures]:
         return [DeviceFigures.of(d, self.statuses[d]) for d in sorted(self.statuses)]
 
     def refused_by_device(self) -> dict[str, dict[str, int]]:
-        """``{device: {reason: refusals}}`` over all tasks."""
+        """``{device: {reason: refusals}}`` over all tasks (``resent`` copies included)."""
         out: dict[str, dict[str, int]] = {}
         for per_task in self.store.refused.values():
             for device, reasons in per_task.items():
@@ -182,14 +185,19 @@ class FleetView:
     def to_json(self) -> dict[str, Any]:
         """What the page draws: devices, tasks with curves and recent rounds, model versions, rollouts."""
         refused = self.refused_by_device()
-        cells = {r["device"]: r for r in summarize(self.statuses)}
+        # Copies of counted uploads are routine: shown apart from the refusals, never as one.
+        resent = {d: n for d, per in refused.items() if (n := per.pop(Reason.RESENT, 0))}
+        refused = {d: per for d, per in refused.items() if per}
+        # The tasks a device refuses have a column of their own: not again among its tasks.
+        cells = {r["device"]: r for r in summarize(self.statuses, self.revoked, refusals_in_tasks=False)}
         devices = []
         for f in self.devices():
             row = cells.get(f.device, {})
             devices.append(
                 {
                     "device": f.device,
-                    "online": f.online,
+                    "online": f.online and f.device not in self.revoked,
+                    "revoked": f.device in self.revoked,
                     "paused": f.paused,
                     "last_seen": f.last_seen,
                     "kind": row.get("kind", "-"),
@@ -199,12 +207,20 @@ class FleetView:
                     "tasks": row.get("tasks", "-"),
                     "refused_tasks": f.refused_tasks,
                     "uploads_refused": refused.get(f.device, {}),
+                    "uploads_resent": resent.get(f.device, 0),
                     "cpu_s_round": f.cpu_s_round,
                     "max_rss_bytes": f.max_rss_bytes,
                 }
             )
-        for device in sorted(set(refused) - {d["device"] for d in devices}):  # refused, never reported
-            devices.append({"device": device, "online": False, "uploads_refused": refused[device]})
+        for device in sorted({*refused, *resent} - {d["device"] for d in devices}):  # refused, never reported
+            devices.append(
+                {
+                    "device": device,
+                    "online": False,
+                    "uploads_refused": refused.get(device, {}),
+                    "uploads_resent": resent.get(device, 0),
+                }
+            )
         return {
             "fleet": self.fleet,
             "taken": self.taken,

@@ -20,6 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from cloud_aggregator.admission import Reason
 from cloud_aggregator.fleet_view import FleetView, number
 
 #: Round duration buckets, seconds (a simulated round takes ~0.1 s, a deadline wait tens).
@@ -79,6 +80,11 @@ def _upload_metrics(v: FleetView) -> Iterator[Metric]:
         "Uploads admission refused, per task and reason code",
         labels=["task", "reason"],
     )
+    resent = CounterMetricFamily(
+        "ioft_uploads_resent",
+        "Copies of uploads already counted (a redelivery, a restarted device's re-send): routine, not refused",
+        labels=["task"],
+    )
     for task, records in sorted(v.store.rounds.items()):
         admitted.add_metric([task], sum(len(r.participants) for r in records))
     for task, per_device in sorted(v.store.refused.items()):
@@ -86,9 +92,10 @@ def _upload_metrics(v: FleetView) -> Iterator[Metric]:
         for reasons in per_device.values():
             for reason, n in reasons.items():
                 by_reason[reason] = by_reason.get(reason, 0) + n
+        resent.add_metric([task], by_reason.pop(Reason.RESENT, 0))
         for reason, n in sorted(by_reason.items()):
             refused.add_metric([task, reason], n)
-    yield from (admitted, refused)
+    yield from (admitted, refused, resent)
 
 
 def _device_metrics(v: FleetView) -> Iterator[Metric]:

@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 #: Refusals that are the protocol at work, logged at INFO (counted and stored like any other): a
 #: device re-sending an upload already counted (after an aggregator restart it re-sends its answer
 #: to the round it sees re-announced, which may close on the stored copy before the re-send
-#: lands), or answering a round already closed.
-ROUTINE_REFUSALS = frozenset({Reason.REPLAY, Reason.STALE_ROUND})
+#: lands; ``resent`` where it is a copy of the counted one), or answering a round already closed.
+ROUTINE_REFUSALS = frozenset({Reason.REPLAY, Reason.STALE_ROUND, Reason.RESENT})
 #: Queued messages handled at most between two looks at who is still awaited (wait_for_devices).
 BATCH = 2000
 #: Seconds of messages a round handles between two looks at who is still awaited.

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cloud_aggregator.admission import Admission, AdmissionPolicy, Inbox, Refusal
+from cloud_aggregator.admission import Admission, AdmissionPolicy, Inbox, Reason, Refusal
 from cloud_aggregator.rounds import CollectRequest, Rejection, RoundEngine, RoundRecord
 from cloud_aggregator.secagg_round import collect_in_process
 from cloud_aggregator.stragglers import LateUpdate
@@ -122,8 +122,9 @@ class SimulatedFleet:
         inbox: Inbox = {}
         for device, upload in delivered:
             verdict = self.admission.receive(device, upload, request, inbox)
-            if isinstance(verdict, Refusal):
-                log.warning("dropped update from %s: %s", device, verdict)
+            if isinstance(verdict, Refusal):  # a copy of a counted upload is routine
+                level = logging.INFO if verdict.reason is Reason.RESENT else logging.WARNING
+                log.log(level, "dropped update from %s: %s", device, verdict)
         if request.spec.secagg is not None:  # masked and summed as over MQTT, in this process
             return collect_in_process(request, list(inbox.values()))
         return list(inbox.values())

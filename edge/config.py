@@ -284,6 +284,9 @@ class DeviceConfig:
     #: The retained status after an answered round goes out at most this often (seconds; 0: after
     #: every round); a refusal, a model change or a pause goes out at once.
     round_status_s: float = 30.0
+    #: Seconds connected without a word from the fleet's aggregator (no round announcement, no
+    #: roll call) before the device says so: a wrong ``fleet =`` otherwise fails in silence.
+    aggregator_quiet_s: float = 15.0
     max_payload_bytes: int = 64 * 1024 * 1024
     tasks: list[str] = field(default_factory=list)
     algorithms: list[str] = field(default_factory=list)
@@ -310,6 +313,8 @@ class DeviceConfig:
         check_id("fleet", self.fleet)
         if self.keepalive < 2:
             raise ValueError(f"keepalive must be >= 2 s, got {self.keepalive}")
+        if not self.aggregator_quiet_s > 0:
+            raise ValueError(f"aggregator_quiet_s must be > 0 s, got {self.aggregator_quiet_s}")
         if not self.round_status_s >= 0:
             raise ValueError(f"round_status_s must be >= 0 s, got {self.round_status_s}")
         if self.secagg_min_participants < 2:

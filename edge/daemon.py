@@ -89,6 +89,11 @@ class EdgeTrainer:
         #: announcements handled on this connection, and when it began (``ioft_protocol.restate``)
         self.delivered = restate.Delivered()
         self.connected_at: float | None = None
+        #: monotonic time of the first connection, until the fleet's aggregator is first heard from
+        self._unheard_since: float | None = None
+        self._heard_once = False
+        #: what the device says while no aggregator of its fleet answers (also in its status)
+        self.unheard: str | None = None
         self.state_dir = Path(config.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         #: systemd's READY / WATCHDOG / STOPPING (a no-op outside a Type=notify unit)
@@ -200,6 +205,8 @@ class EdgeTrainer:
             body["paused"] = self.pause.reason
         if self.ahead:  # task -> {task, device_round, announced_round}: the aggregator's store is behind
             body["ahead_of_aggregator"] = dict(self.ahead)
+        if self.unheard is not None:
+            body["aggregator"] = self.unheard
         body["data"] = self._data_status()
         body["process"] = {  # for the console and its metrics: what a round costs this device
             "cpu_s_round": self.round_cpu_s,
@@ -232,6 +239,8 @@ class EdgeTrainer:
     def _birth(self) -> list[tuple[str, bytes]]:
         """The status published on every (re)connect, from a new connection (``ioft_protocol.restate``)."""
         self.connected_at = time.time()
+        if self._unheard_since is None and not self._heard_once:
+            self._unheard_since = time.monotonic()
         self.delivered.connected()
         return [self._status("online")]
 
@@ -282,10 +291,41 @@ class EdgeTrainer:
         """Once a second: the owner's pause file, and model pushes waiting for a retry."""
         if self.pause.changed():
             self._pause_changed()
+        self._check_heard()
         if self.models is not None and self.models.tick():
             self._publish_status()
         elif self._status_due and time.monotonic() - self._status_at >= self.config.round_status_s:
             self._publish_status()  # the rounds answered since the last one
+
+    def _check_heard(self) -> None:
+        """Say once, within ``aggregator_quiet_s`` of connecting, that no aggregator of this
+        device's fleet has answered (a wrong ``fleet =`` fails silently otherwise)."""
+        since = self._unheard_since
+        if (
+            since is None
+            or self.unheard is not None
+            or time.monotonic() - since < self.config.aggregator_quiet_s
+        ):
+            return
+        c = self.config
+        self.unheard = (
+            f"no aggregator of fleet {c.fleet!r} has answered in {c.aggregator_quiet_s:g} s (no round "
+            f"announcement on {c.broker}): check that `fleet =` in device.toml is the "
+            "aggregator's fleet (its aggregator.toml) and that `cloud-aggregator serve` is running"
+        )
+        log.warning("%s: %s", self.device, self.unheard)
+        self.notifier.status(self.unheard)
+        self._publish_status()
+
+    def _heard(self) -> None:
+        """A message from the fleet's side arrived: its aggregator is there."""
+        if self._heard_once:
+            return
+        self._heard_once, self._unheard_since = True, None
+        if self.unheard is not None:
+            self.unheard = None
+            log.info("%s: the aggregator of fleet %r answered", self.device, self.config.fleet)
+            self._publish_status()
 
     def shutdown(self) -> None:
         """Publish the retained offline status and disconnect cleanly."""
@@ -330,6 +370,8 @@ class EdgeTrainer:
             parsed = topics.parse_topic(topic)
             if parsed.fleet != self.config.fleet:
                 return
+            if parsed.kind != "roll_call":  # a roll call may be `fleet status` or the console's
+                self._heard()
             if parsed.kind == "roll_call":  # the aggregator (re)connected: say where this device stands
                 self._publish_status()
                 return

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
@@ -489,6 +490,13 @@ class MqttSession:
                     f"is port {b.port} the broker's TLS listener, not a plaintext one?"
                 ), False
             except ssl.SSLError as exc:
+                if exc.reason == "SSLV3_ALERT_CERTIFICATE_REVOKED":
+                    return (
+                        f"the broker refused our client certificate: it was revoked ({exc.reason}; it is in "
+                        f"the fleet's CRL). Enrol this device again: on the fleet's machine "
+                        f"`cloud-aggregator fleet add-device --dir FLEET --devices {Path(tls.cert_file).stem}`, "
+                        "then copy its new device folder here"
+                    ), True
                 if exc.reason in _CERT_REFUSED:
                     return (
                         f"the broker refused our client certificate ({exc.reason}); check tls.cert_file "

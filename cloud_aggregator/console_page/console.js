@@ -31,13 +31,17 @@ function pairs(obj) { return Object.entries(obj || {}).map(([k, v]) => `${k}: ${
 function renderDevices(devices, now) {
   const body = document.querySelector("#devices tbody");
   const rows = devices.map((d) => {
-    const tr = el("tr", { "data-device": d.device, "data-online": String(!!d.online), "data-paused": String(d.paused != null) });
-    const state = el("td", { class: "nowrap", title: d.paused ?? "" }, el("span", { class: `dot ${d.online ? "online" : "offline"}` }),
-      (d.online ? "online" : "offline") + (d.paused != null ? ", paused" : ""));
+    const tr = el("tr", { "data-device": d.device, "data-online": String(!!d.online), "data-paused": String(d.paused != null),
+      "data-revoked": String(!!d.revoked) });
+    const word = d.revoked ? "revoked" : d.online ? "online" : "offline";
+    const state = el("td", { class: d.revoked ? "nowrap bad" : "nowrap", title: d.revoked ? "revoked from the fleet (fleet revoke-device)" : d.paused ?? "" },
+      el("span", { class: `dot ${d.online ? "online" : "offline"}` }), word + (d.paused != null ? ", paused" : ""));
     const rows = d.rows ? `${d.rows.train ?? "?"}/${d.rows.test ?? "?"}` : "-";
     const sensor = el("td", { class: d.sensor === "fault" ? "bad" : "" }, d.sensor ?? "-");
     const refusedTasks = el("td", { class: Object.keys(d.refused_tasks || {}).length ? "bad" : "" }, pairs(d.refused_tasks));
-    const uploads = el("td", { class: Object.keys(d.uploads_refused || {}).length ? "bad" : "" }, pairs(d.uploads_refused));
+    // Refusals in red; copies of uploads already counted (a restart's re-send) are routine, apart and grey.
+    const uploads = el("td", {}, el("span", { class: Object.keys(d.uploads_refused || {}).length ? "bad" : "" }, pairs(d.uploads_refused)));
+    if (d.uploads_resent) uploads.append(" ", el("span", { class: "muted resent", title: "copies of uploads already counted: routine" }, `(resent: ${d.uploads_resent})`));
     tr.append(
       el("td", {}, d.device), state, el("td", {}, age(d.last_seen, now)), el("td", {}, d.kind ?? "-"),
       el("td", { class: "num" }, rows), sensor, el("td", {}, d.models ?? "-"), el("td", {}, d.tasks ?? "-"),
@@ -53,8 +57,9 @@ function renderDevices(devices, now) {
 // A learning curve: one thin line per device, the fleet mean thick and dark.
 function plot(task, colorOf) {
   const W = 560, H = 230, L = 52, R = 12, T = 10, B = 28;
-  const series = Object.entries(task.curves).map(([d, pts]) => ({ name: d, pts, color: colorOf(d), width: 1.3 }));
-  series.push({ name: "fleet mean", pts: task.mean, color: "#1d2329", width: 2.6 });
+  // The fleet mean first, beneath: a lone device's curve (equal to the mean) stays visible on top.
+  const series = [{ name: "fleet mean", pts: task.mean, color: "#1d2329", width: 2.6 },
+    ...Object.entries(task.curves).map(([d, pts]) => ({ name: d, pts, color: colorOf(d), width: 1.3 }))];
   const all = series.flatMap((s) => s.pts);
   const box = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, "data-task": task.name,
     "data-mean-points": String(task.mean.length), "data-last-round": String(all.length ? Math.max(...all.map((p) => p[0])) : 0) });
@@ -71,6 +76,8 @@ function plot(task, colorOf) {
   const f = log ? Math.log10 : (v) => v, inv = log ? (v) => 10 ** v : (v) => v;
   let [f0, f1] = [f(y0), f(y1)];
   const pad = (f1 - f0) * 0.05; f0 -= pad; f1 += pad;
+  // An accuracy lies in [0, 1]: the padding never draws an axis past them.
+  if (!log && /accuracy/.test(task.metric ?? "")) { f0 = Math.max(f0, 0); f1 = Math.min(f1, 1); }
   box.setAttribute("data-scale", log ? "log" : "linear");
   const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const Y = (y) => T + (1 - (f(y) - f0) / (f1 - f0)) * (H - T - B);
@@ -104,10 +111,17 @@ function roundsTable(task) {
     el("td", { class: "num", title: r.participants.join(", ") }, String(r.participants.length)),
     el("td", { class: "num" }, `${r.duration_s.toFixed(2)} s`),
     el("td", { class: r.closed === "deadline" ? "bad" : "" }, r.closed === "deadline" ? "deadline (waited)" : r.closed ?? "-"),
-    el("td", {}, pairs(r.sat_out)), el("td", { class: Object.keys(r.rejected).length ? "bad" : "" }, pairs(r.rejected)),
+    // Who sat out, by name (the reason on hover and once under the table, not on every round).
+    el("td", { title: pairs(r.sat_out) }, Object.keys(r.sat_out).join(", ") || "-"),
+    el("td", { class: Object.keys(r.rejected).length ? "bad" : "" }, pairs(r.rejected)),
     el("td", { class: "num" }, fmt(r.mean)),
     el("td", { class: "holdout" }, Object.entries(r.holdout || {}).map(([d, v]) => `${d}: ${fmt(v)}`).join("; ") || "-")));
-  return el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows));
+  const reasons = new Map();  // device -> the reason it last gave, each (device, reason) once
+  for (const r of task.rounds) for (const [d, why] of Object.entries(r.sat_out || {})) reasons.set(d, why);
+  const table = el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows));
+  if (!reasons.size) return table;
+  const note = el("ul", { class: "sat-out muted" }, ...[...reasons].map(([d, why]) => el("li", { "data-device": d }, `${d} sat out: ${why}`)));
+  return el("div", {}, table, note);
 }
 
 function renderTasks(tasks, colorOf) {

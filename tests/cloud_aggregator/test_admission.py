@@ -115,11 +115,11 @@ def test_hostile_uploads_are_refused_counted_by_reason_and_never_aggregated(flee
     f, session, store = fleet
     g = global_params()
     r1 = request(1, g)
-    # Round 1: everyone honest; d0's upload is delivered twice (QoS 1).
+    # Round 1: everyone honest; d0's upload is delivered twice (QoS 1): a copy, resent.
     msgs = [upload(r1, d, honest(g, d, 1)) for d in DEVICES]
     updates, rejected = run_round(f, session, r1, [msgs[0], *msgs])
     assert sorted(updates) == DEVICES and not rejected
-    assert f.view.rejected_by_reason == {"d0": {Reason.REPLAY: 1}}
+    assert f.view.rejected_by_reason == {"d0": {Reason.RESENT: 1}}
 
     r2 = request(2, honest(g, "d0", 99))
     g2 = r2.global_params
@@ -146,7 +146,7 @@ def test_hostile_uploads_are_refused_counted_by_reason_and_never_aggregated(flee
     same_as_before = upload(r2, "d5", honest(g, "d5", 1))
     same_as_other = upload(r2, "d6", honest(g, "d0", 1))
     fresh = [upload(r2, d, honest(g2, d, 2)) for d in ("d7", "d8", "d9")]
-    again = fresh[0]  # a replay: d7 answered round 2 already
+    again = fresh[0]  # a copy: d7 answered round 2 with it already
     updates, rejected = run_round(f, session, r2, [*hostile, same_as_before, same_as_other, *fresh, again])
 
     assert sorted(updates) == ["d5", "d6", "d7", "d8", "d9"]
@@ -156,14 +156,14 @@ def test_hostile_uploads_are_refused_counted_by_reason_and_never_aggregated(flee
     assert set(rejected) == {"d0", "d1", "d2", "d3", "d4"}  # their answers to round 2 were refused
     by_reason = {d: dict(v) for d, v in f.view.rejected_by_reason.items()}
     assert by_reason == {
-        "d0": {"replay": 1, "shape_dtype": 1},
+        "d0": {"resent": 1, "shape_dtype": 1},
         "d1": {"shape_dtype": 1},
         "d2": {"non_finite": 1},
         "d3": {"non_finite": 1},
         "d4": {"norm": 1},
         "d5": {"stale_round": 1},
         "d6": {"future_round": 1},
-        "d7": {"wrong_global": 1, "replay": 1},
+        "d7": {"wrong_global": 1, "resent": 1},
         "d8": {"impersonation": 1},  # d1's payload verbatim names d1 inside
         "d9": {"malformed": 1, "impersonation": 1},
     }
@@ -186,6 +186,33 @@ def test_equal_tensors_are_admitted_a_second_answer_is_a_replay():
     assert refusal.reason is Reason.REPLAY and "already answered round 2/train" in refusal.detail
     other_phase = dataclasses.replace(r2, phase="heads")
     assert adm.judge("d1", message(other_phase, "d1", converged), other_phase).device == "d1"
+
+
+def test_a_copy_of_a_counted_upload_is_resent_another_answer_a_replay():
+    """A re-send of the upload counted (a redelivery, a restarted device, a re-announced round)
+    is ``resent``, in the open round and after it closed; another answer stays a refusal."""
+    g = global_params()
+    adm = Admission(FLEET)
+    r1 = request(1, g)
+    counted = upload(r1, "d1", honest(g, "d1", 1)).payload
+    other = upload(r1, "d1", honest(g, "d1", 2)).payload
+    assert isinstance(adm.receive("d1", counted, r1, {}), Update)
+    assert adm.receive("d1", counted, r1, {}).reason is Reason.RESENT  # bytes: MQTT
+    sim_copy = round_messages.UpdateMessage.decode(counted)
+    assert adm.receive("d1", sim_copy, r1, {}).reason is Reason.RESENT  # an UpdateMessage: simulation
+    assert adm.receive("d1", other, r1, {}).reason is Reason.REPLAY
+    r2 = request(2, honest(g, "d0", 9))
+    assert adm.receive("d1", counted, r2, {}).reason is Reason.RESENT  # after its round closed
+    assert adm.receive("d1", other, r2, {}).reason is Reason.STALE_ROUND
+    assert (
+        adm.receive("d2", upload(r1, "d2", honest(g, "d2", 1)).payload, r2, {}).reason is Reason.STALE_ROUND
+    )
+    same_but_metrics = dataclasses.replace(sim_copy, metrics={"train_seconds": 0.5})
+    assert adm.receive("d1", same_but_metrics, r2, {}).reason is Reason.STALE_ROUND  # another training
+    assert adm.refused == {
+        "d1": {Reason.RESENT: 3, Reason.REPLAY: 1, Reason.STALE_ROUND: 2},
+        "d2": {Reason.STALE_ROUND: 1},
+    }
 
 
 def test_norm_reference_is_a_running_median_and_bounds_are_configurable():

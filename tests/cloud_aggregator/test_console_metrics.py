@@ -59,6 +59,8 @@ def _store(state_dir: Path) -> None:
         RoundRecord("speed", 3, "train", "abandoned", [], {}, {}, {}, "h", 200.0, 230.0), (4, 0), params, {}
     )
     store.put_rejection("speed", 2, "printer3", Reason.REPLAY, "sent twice")
+    for _ in range(2):  # copies of a counted upload: routine, apart from the refusals
+        store.put_rejection("speed", 2, "printer1", Reason.RESENT, "a copy of the upload counted")
     store.put_rollout("encoder", 3, "canary", json.dumps({"model": "encoder", "version": 3}))
     store.close()
 
@@ -118,6 +120,8 @@ def test_metrics_endpoint_exports_what_the_dashboard_plots(tmp_path):
     assert value[("ioft_round_duration_seconds_count", (("task", "speed"),))] == 3
     assert value[("ioft_uploads_admitted_total", (("task", "speed"),))] == 4
     assert value[("ioft_uploads_refused_total", (("reason", "replay"), ("task", "speed")))] == 1
+    assert value[("ioft_uploads_resent_total", (("task", "speed"),))] == 2
+    assert ("ioft_uploads_refused_total", (("reason", "resent"), ("task", "speed"))) not in value
     assert value[("ioft_devices_online", ())] == 1
     assert value[("ioft_device_sensor_fault", (("device", "printer1"),))] == 1
     assert value[("ioft_device_round_cpu_seconds", (("device", "printer1"),))] == 0.012

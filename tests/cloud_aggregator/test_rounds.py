@@ -89,7 +89,7 @@ def test_invalid_uploads_are_refused_by_admission_and_thin_rounds_abandoned():
     assert store.records[0].rejected["printer2"].startswith("non_finite")
     n = SPEC.rounds
     assert fleet.admission.refused == {
-        "printer1": {Reason.REPLAY: n},  # the second copy: printer1 had answered
+        "printer1": {Reason.RESENT: n},  # the second copy of the upload printer1 had answered with
         "printer2": {Reason.NON_FINITE: n},
         "printer3": {Reason.MALFORMED: n},
     }

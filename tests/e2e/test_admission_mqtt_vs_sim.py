@@ -41,14 +41,15 @@ SPEC = TaskSpec(
 )
 #: Per device, what the adversary's uploads must be refused as over the 4 rounds.
 EXPECTED_REFUSALS = {
-    "printer1": {"malformed": 4, "stale_round": 4, "wrong_task": 4, "replay": 4},
+    "printer1": {"malformed": 4, "stale_round": 4, "wrong_task": 4, "replay": 4, "resent": 4},
     "printer2": {"impersonation": 4, "future_round": 4, "shape_dtype": 4},
     "printer3": {"non_finite": 4, "wrong_global": 4, "norm": 1},
 }
 
 
 def hostile(request: CollectRequest, sent: list[Uplink]) -> list[Uplink]:
-    """The honest uploads, preceded by one bad upload per reason and with printer1's sent twice."""
+    """The honest uploads, preceded by one bad upload per reason, and printer1's sent twice (a
+    copy: resent) and followed by another answer of its own (a replay)."""
     honest = dict(sent)
     p1, p2, p3 = (honest[d] for d in PRINTERS)
     bad: list[Uplink] = [
@@ -67,8 +68,16 @@ def hostile(request: CollectRequest, sent: list[Uplink]) -> list[Uplink]:
     if request.round == SPEC.rounds:  # 9 changes known by now: the running median judges
         huge = {n: (v + 1e6).astype(v.dtype) for n, v in p3.params.items()}
         bad.append(("printer3", dataclasses.replace(p3, params=huge)))
-    # The round closes once all three answered: the replay comes before the last honest upload.
-    return [*bad, ("printer1", p1), ("printer1", p1), ("printer2", p2), ("printer3", p3)]
+    # The round closes once all three answered: the copy and the replay come before the last honest upload.
+    replay = dataclasses.replace(p1, n_samples=p1.n_samples + 1)
+    return [
+        *bad,
+        ("printer1", p1),
+        ("printer1", p1),
+        ("printer1", replay),
+        ("printer2", p2),
+        ("printer3", p3),
+    ]
 
 
 class RelayFleet:

@@ -146,7 +146,7 @@ def test_devices_on_a_bridged_plant_complete_rounds_across_a_cloud_broker_restar
         # was back, and so did the copy it re-sent on the republished announcement (whichever came
         # while the aggregator was subscribed); a second copy is only refused as a repeat.
         for d in DEVICES:
-            assert set(store_refusals.get(d, {})) <= {"replay", "stale_round"}, store_refusals
+            assert set(store_refusals.get(d, {})) <= {"replay", "stale_round", "resent"}, store_refusals
         restarted = cloud.log()
         assert "as bridge.plant-a " in restarted and "as aggregator " in restarted, restarted
         assert not any(f"as {d} " in cloud.log() for d in DEVICES)  # devices only ever saw the plant broker

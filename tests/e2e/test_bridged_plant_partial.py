@@ -118,7 +118,9 @@ def test_a_partial_plant_from_the_written_files_sends_one_batch_per_round_and_no
         refusals = served_rounds(
             aggregator, work, TASK, ROUNDS, DEVICES, work / "worker.log", work / "plant.log"
         )
-        assert set().union(*(set(r) for r in refusals.values())) <= {"replay", "stale_round"}, refusals
+        assert set().union(*(set(r) for r in refusals.values())) <= {"replay", "stale_round", "resent"}, (
+            refusals
+        )
         wait_for(
             "the witness missed the last batch", lambda: len(batches(crossed)) >= ROUNDS, work / "cloud.log"
         )

@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.console_overhead import CHROMIUM_ARGS
@@ -129,3 +130,88 @@ def test_console_off_loopback_wants_a_token(tmp_path):
         console.stop()
     empty = subprocess.run([*cmd, "--token", " "], capture_output=True, text=True, timeout=30)
     assert empty.returncode == 2 and "--token" in empty.stderr and "Traceback" not in empty.stderr
+
+
+SAT_OUT = "the task's model takes 6 input features per row, but the local data (welder) has 624"
+
+
+def _newcomer_store(state_dir: Path) -> None:
+    """What a newcomer's first fleet leaves: one printer trains (accuracy near 1), a welder sits
+    every round out, and a restarted printer's re-sent uploads."""
+    from cloud_aggregator.admission import Reason
+    from cloud_aggregator.rounds import RoundRecord
+    from cloud_aggregator.store import SqliteStore
+
+    store = SqliteStore(state_dir / "aggregator.sqlite")
+    store.register_task("speed", '{"name": "speed", "algorithm": "fedavg", "model": "mlp", "rounds": 5}')
+    for r in range(1, 5):
+        acc = {"test_accuracy": 0.96 + 0.01 * r}
+        rec = RoundRecord("speed", r, "train", "completed", ["printer1"], {"printer1": 45}, {"printer1": acc},
+                          {}, "h", 100.0 * r, 100.0 * r + 1, {"closed": "answered", "refused": {"welder1": SAT_OUT}})  # fmt: skip
+        store.save(rec, (r + 1, 0), {"w": np.zeros(2, np.float32)}, {})
+    for _ in range(2):
+        store.put_rejection("speed", 2, "printer1", Reason.RESENT, "a copy of the upload counted")
+    store.put_rejection("speed", 3, "printer1", Reason.NORM, "too far")
+    store.close()
+
+
+@pytest.mark.broker
+def test_console_as_a_newcomer_sees_it(mosquitto, browser_page, tmp_path):
+    """Each refusal once, a sat-out reason once, no "round None", an accuracy axis within [0, 1],
+    a lone device's curve above the fleet mean, re-sent uploads apart from refusals."""
+    import json
+
+    import paho.mqtt.client as paho
+
+    from ioft_protocol import topics
+
+    page = browser_page
+    _newcomer_store(tmp_path / "agg")
+    statuses = {
+        "printer1": {"state": "online", "kind": "printer", "tasks": {"speed": {"round": 4, "metrics": {}}}},
+        "welder1": {"state": "online", "kind": "welder", "tasks": {"tool": {"round": None, "metrics": {}}},
+                    "refused": {"speed": SAT_OUT}},
+    }  # fmt: skip
+    pub = paho.Client(callback_api_version=paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
+    pub.connect("127.0.0.1", mosquitto.port)
+    pub.loop_start()
+    for device, body in statuses.items():
+        topic = topics.topic_status("plant", device)
+        pub.publish(topic, json.dumps({"device": device, **body}), qos=1, retain=True).wait_for_publish(5)
+    pub.disconnect()
+    pub.loop_stop()
+    config = tmp_path / "agg.toml"
+    config.write_text(
+        f'fleet = "plant"\nbroker = "{mosquitto.url}"\nstate_dir = "{tmp_path / "agg"}"\nallow_plaintext = true\n'
+    )
+    console, url = _console(config)
+    try:
+        page.goto(url)
+        page.wait_for_selector('#devices tr[data-device="welder1"]', timeout=20_000)
+        page.wait_for_selector('svg[data-task="speed"] path[data-series="printer1"]', timeout=20_000)
+        page.screenshot(path=str(artifacts() / "console_newcomer.png"), full_page=True)
+        body = page.inner_text("body")
+        welder = page.locator('#devices tr[data-device="welder1"] td')
+        printer = page.locator('#devices tr[data-device="printer1"] td')
+        # The welder's refusal once (its own column), the sat-out reason once (under the rounds).
+        assert body.count(SAT_OUT) == 2, body  # the device's "tasks refused" cell and the rounds' note
+        assert SAT_OUT not in welder.nth(7).inner_text() and SAT_OUT in welder.nth(8).inner_text()
+        assert page.locator("ul.sat-out li").count() == 1
+        assert [c.inner_text() for c in page.locator("tr[data-round] td:nth-child(7)").all()] == [
+            "welder1"
+        ] * 4
+        assert "round None" not in body and "tool: no round yet" in welder.nth(7).inner_text()
+        # Re-sent uploads: apart, not red; the norm refusal red.
+        uploads = printer.nth(9)
+        assert uploads.locator(".bad").inner_text() == "norm: 1"
+        assert uploads.locator(".resent").inner_text() == "(resent: 2)"
+        # An accuracy axis stays within [0, 1]; the lone device's curve is drawn above the mean.
+        texts = page.locator('svg[data-task="speed"] text').evaluate_all("ts => ts.map(t => t.textContent)")
+        labels = [float(t) for t in texts[:5]]  # the y axis's five labels come first
+        assert max(labels) <= 1.0, labels
+        order = page.locator('svg[data-task="speed"] path').evaluate_all(
+            "ps => ps.map(p => p.dataset.series)"
+        )
+        assert order == ["fleet mean", "printer1"]
+    finally:
+        console.stop()

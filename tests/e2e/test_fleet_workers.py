@@ -66,7 +66,9 @@ def test_serve_with_two_workers_on_a_fleet_init_broker_each_as_its_own_identity(
         procs.append(aggregator)
         procs += [device(work, fleet, d) for d in DEVICES]
         refusals = served_rounds(aggregator, work, TASK, ROUNDS, DEVICES, work / "mosquitto.log")
-        assert set().union(*(set(r) for r in refusals.values())) <= {"replay", "stale_round"}, refusals
+        assert set().union(*(set(r) for r in refusals.values())) <= {"replay", "stale_round", "resent"}, (
+            refusals
+        )
     finally:
         for p in procs:
             stop(p)
