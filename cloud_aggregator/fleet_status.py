@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from cloud_aggregator.push import add_session_args, operator_session
+from cloud_aggregator.operator_login import add_session_args, operator_session
 from ioft_protocol import codec, restate, topics
 from ioft_protocol.config import ConfigError
 from ioft_protocol.mqtt import Message, MqttSession
