@@ -51,7 +51,13 @@ def add_canary_args(p: argparse.ArgumentParser) -> None:
 
 
 def push_main(args: argparse.Namespace) -> int:
-    """``push``, staged when ``--canary`` is given."""
+    """``push``, staged when ``--canary`` is given (the store checked before anything connects)."""
+    if args.canary:
+        try:
+            open_store(args, readonly=True).close()
+        except (RolloutError, ConfigError) as exc:
+            print(f"cannot push: {exc}", file=sys.stderr)
+            return 2
     return push.main(args, canary=canary_push if args.canary else None)
 
 
