@@ -80,7 +80,9 @@ def test_serve_two_consoles_fleet_status_and_a_push_share_the_broker(enterable_d
         procs.insert(0, aggregator)
 
         # The aggregator's own login for a console: one line, before anything connects.
-        out = cli("console", "--config", str(agg_toml), "--state-dir", str(work / "aggregator"), "--port", "0")
+        out = cli(
+            "console", "--config", str(agg_toml), "--state-dir", str(work / "aggregator"), "--port", "0"
+        )
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
         assert "aggregator's login" in out.stderr and "operator.toml" in out.stderr, out.stderr
 

@@ -42,7 +42,9 @@ def test_a_canary_push_or_rollout_status_without_the_store_says_so_and_creates_n
     config.write_text(
         f'fleet = "{FLEET}"\nbroker = "{fleet_procs.broker_url}"\nallow_plaintext = true\nstate_dir = "{state}"\n'
     )
-    out = run("push", "--canary", "1", "--config", str(config), "--public-key", str(pub), str(package.manifest_path))
+    out = run(
+        "push", "--canary", "1", "--config", str(config), "--public-key", str(pub), str(package.manifest_path)
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert f"no aggregator store at {state / 'aggregator.sqlite'}" in out.stderr
     assert out.stderr.count("\n") == 1 and not state.exists()  # one line; nothing created
