@@ -1,8 +1,10 @@
 """``cloud-aggregator console``: the live fleet console in a browser, and the fleet's ``/metrics``.
 
 A process of its own beside ``serve``: it reads the aggregator's store read-only and
-the devices' retained statuses over its own MQTT session (the aggregator's login from
-``--config``), so the round loop never waits on it.  Served by uvicorn on loopback by
+the devices' retained statuses over its own MQTT session (the operator's login from
+``--config``, with a client id of its own: any number of consoles run beside ``serve``;
+the aggregator's own login is refused, as it would knock ``serve`` off the broker), so the
+round loop never waits on it.  Served by uvicorn on loopback by
 default; bound to any other address it wants a token (``--token``, or one it makes up
 and prints).
 """
@@ -23,9 +25,9 @@ from pathlib import Path
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.fleet_devices import fleet_root_of
 from cloud_aggregator.fleet_layout import DefaultsHelpFormatter
-from cloud_aggregator.push import add_session_args
+from cloud_aggregator.operator_login import add_session_args, operator_config
 from ioft_protocol.cli import check_broker_login
-from ioft_protocol.config import ConfigError, build, load_toml
+from ioft_protocol.config import ConfigError
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8765
@@ -43,16 +45,9 @@ def is_loopback(host: str) -> bool:
 
 
 def console_config(args: argparse.Namespace) -> AggregatorConfig:
-    """The aggregator's TOML (broker login, fleet, state_dir) with the command line's overrides."""
-    raw = load_toml(args.config) if args.config else {}
-    raw.pop("task", None)  # the console runs no task; its specs are in the store
-    raw.pop("model", None)
-    for key in ("broker", "fleet", "state_dir"):
-        if getattr(args, key):
-            raw[key] = getattr(args, key)
-    if args.allow_plaintext:
-        raw["allow_plaintext"] = True
-    return build(AggregatorConfig, raw, str(args.config or "command line"))
+    """The operator's TOML (broker login, fleet, the aggregator's state_dir) with the command line's
+    overrides; ``ConfigError`` if invalid or the aggregator's own login."""
+    return operator_config(args)
 
 
 def check_token(host: str, token: str | None) -> str | None:

@@ -1,6 +1,6 @@
 """The console's live inputs: the devices' retained statuses over MQTT, and the store on disk.
 
-One MQTT session of its own (the aggregator's login, its own client id) follows
+One MQTT session of its own (the operator's login, its own client id) follows
 ``status/+`` and the broker's byte counters (``$SYS``); a thread drains it into a map
 (:func:`cloud_aggregator.fleet_status.take_status`, as ``fleet status`` does).  The store
 is re-read only when the aggregator has committed since the last read.
@@ -9,7 +9,6 @@ is re-read only when the aggregator has committed since the last read.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 from cloud_aggregator.fleet_devices import revoked_devices
 from cloud_aggregator.fleet_status import take_status
 from cloud_aggregator.fleet_view import FleetView, StoreData, read_store, store_signature
+from cloud_aggregator.operator_login import operator_client_id
 from ioft_protocol import topics
 from ioft_protocol.mqtt import BrokerLogin, Message, MqttSession, SessionOptions
 
@@ -32,7 +32,7 @@ class StatusFeed:
 
     def __init__(self, login: BrokerLogin, fleet: str) -> None:
         self.fleet = fleet
-        self.session = MqttSession(SessionOptions.for_login(login, f"ioft-console-{os.getpid()}"))
+        self.session = MqttSession(SessionOptions.for_login(login, operator_client_id("console")))
         self._statuses: dict[str, dict] = {}
         self._broker: dict[str, float] = {}
         self._lock = threading.Lock()

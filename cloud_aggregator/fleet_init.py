@@ -9,10 +9,12 @@ What it writes (``DIR``)::
     broker/acl                    who may read and write which topic (see ``acl_text``)
     broker/crl.pem                (--auth certs) the revoked client certificates
     broker/passwd                 (--auth passwords) PBKDF2-SHA512 hashes in mosquitto 2's format
+    broker/operator.passwd        (--auth certs) the operator's password: its own listener wants it
     aggregator/aggregator.toml    the aggregator's connection settings (add [[task]] tables)
     aggregator/workers/           (--workers K, later ``fleet add-worker``) each aggregator worker's
                                   login: <id>.toml, and worker.<id>.crt/.key (--auth certs)
-    operator/operator.toml        for ``push`` and ``fleet status`` (their own identity)
+    operator/operator.toml        for ``console``, ``fleet status``, ``push`` and ``rollout``: their own
+                                  identity and listener (--operator-port), and the aggregator's state_dir
     devices/<id>/                 what goes onto the device, as it is: device.toml, its certificate
                                   and key, ca.crt and fleet.pub (device.toml names them relative to
                                   its own folder, so the folder works wherever it is copied)
@@ -33,7 +35,9 @@ device id, the aggregator ``aggregator``, operator commands ``operator``, the ag
 workers (``[collect] workers``) ``worker.<id>``: each its own, as the next sentence requires.  The
 broker also replaces every client id with that username
 (``use_username_as_clientid``): nobody can take over another's client id, which in
-MQTT disconnects the holder and, with a persistent session, inherits its queue.
+MQTT disconnects the holder and, with a persistent session, inherits its queue.  The operator's
+commands connect to a listener of their own (``--operator-port``) that keeps each session's
+client id, so consoles and commands run side by side; only the operator gets in there.
 
 The ACL names every device (mosquitto warns at each start about a ``pattern`` line
 without ``%u``, so the fleet-wide reads are per-device ``topic`` lines); ``fleet
@@ -139,10 +143,13 @@ def init_fleet(
     ca_days: int = 3650,
     venv: Path = DEFAULT_VENV,
     workers: int = 0,
+    operator_port: int | None = None,
 ) -> FleetLayout:
     """Generate a fleet's CA, certificates or passwords, mosquitto config, ACL and client TOMLs in ``out``.
 
     ``workers``: K > 0 gives aggregator workers ``w1``..``wK`` (``[collect] workers = K``) their own login.
+    ``operator_port``: the operator's own listener (default ``port + 1``), where its commands' sessions
+    keep their own client ids (``mosquitto_conf_text``); the operator logs in with a certificate and a password.
 
     ``hosts`` are the names and addresses devices use to reach the broker (the server
     certificate's SANs; the first one goes into the client configs).  ``bind`` limits
@@ -159,22 +166,28 @@ def init_fleet(
         raise FleetInitError("name at least one broker host (--host broker.example.com)")
     if not 0 < port < 65536:
         raise FleetInitError(f"port must be in 1..65535, got {port}")
+    operator_port = port + 1 if operator_port is None else operator_port
+    if not 0 < operator_port < 65536 or operator_port == port:
+        raise FleetInitError(
+            f"--operator-port must be in 1..65535 and not the devices' --port {port}, got {operator_port}"
+        )
     root = Path(out).resolve()
     if root.exists() and (not root.is_dir() or any(root.iterdir())) and not force:
         raise FleetInitError(f"{root} exists and is not empty; pass --force to replace it")
     host = hosts[0]
     url_host = f"[{host}]" if ":" in host else host
     identities = (*devices, AGGREGATOR, OPERATOR, *(worker_identity(w) for w in worker_ids))
-    passwords = {n: secrets.token_urlsafe(24) for n in identities} if auth == "passwords" else {}
+    # The operator logs in with a password in both modes (its own listener wants one).
+    logins = identities if auth == "passwords" else (OPERATOR,)
+    passwords = {n: secrets.token_urlsafe(24) for n in logins}
     layout = FleetLayout(root, fleet, auth, f"mqtts://{url_host}:{port}", port, devices, passwords,
-                         workers=worker_ids)  # fmt: skip
+                         workers=worker_ids, operator_port=operator_port)  # fmt: skip
 
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
     try:
-        staged = FleetLayout(
-            tmp, fleet, auth, layout.broker_url, port, devices, passwords, workers=worker_ids
-        )
+        staged = FleetLayout(tmp, fleet, auth, layout.broker_url, port, devices, passwords,
+                             workers=worker_ids, operator_port=operator_port)  # fmt: skip
         ca = FleetCA.create(fleet, ca_days)
         write_file(staged.ca_cert, pem_cert(ca.cert))
         write_file(tmp / "ca" / "ca.key", pem_key(ca.key), private=True)
@@ -185,11 +198,12 @@ def init_fleet(
             write_file(staged.crl, ca.crl((), days=ca_days))
         (tmp / "broker" / "data").mkdir()
         generate_keypair(staged.signing_key)  # 0600 from creation, like every private key here
-        if auth == "passwords":
-            lines = "".join(f"{n}:{mosquitto_password_hash(passwords[n])}\n" for n in identities)
-            write_file(staged.passwd, lines, private=True)
+        lines = "".join(f"{n}:{mosquitto_password_hash(passwords[n])}\n" for n in logins)
+        write_file(staged.passwd if auth == "passwords" else staged.operator_passwd, lines, private=True)
         for name in (*devices, AGGREGATOR, OPERATOR):
-            write_identity(ca if auth == "certs" else None, layout, name, days=days, staged=staged)
+            # The operator's listener wants its certificate in both modes.
+            issuer = ca if auth == "certs" or name == OPERATOR else None
+            write_identity(issuer, layout, name, days=days, staged=staged)
         for w in worker_ids:
             write_worker_identity(ca if auth == "certs" else None, layout, w, days=days, staged=staged)
         for name in devices:
@@ -227,6 +241,11 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=Path, help="folder to create (must not exist or be empty)")
     p.add_argument("--auth", choices=AUTH_MODES, default="certs", help="client certificates or passwords")
     add_listener_args(p, "the broker's", "the client configs")
+    p.add_argument(
+        "--operator-port",
+        type=int,
+        help="the operator's own TLS listener (console, fleet status, push; none given: --port + 1)",
+    )
     p.add_argument("--days", type=int, default=825, help="validity of broker and client certificates")
     p.add_argument("--force", action="store_true", help="replace an existing fleet folder")
     p.add_argument(
@@ -332,6 +351,7 @@ def main(args: argparse.Namespace) -> int:
             days=args.days,
             venv=args.venv,
             workers=args.workers,
+            operator_port=args.operator_port,
         )
     except FleetInitError as exc:
         print(exc, file=sys.stderr)
@@ -341,7 +361,10 @@ def main(args: argparse.Namespace) -> int:
     _broker_lines(layout)
     print(f"  aggregator: cloud-aggregator serve --config {layout.toml(AGGREGATOR)}  (add [[task]] tables)")
     fleet_workers.print_worker_lines(layout, layout.workers)
-    print(f"  operator:   {layout.toml(OPERATOR)}  (push, fleet status --config)")
+    print(
+        f"  operator:   {layout.toml(OPERATOR)}  (console, fleet status, push, rollout --config; "
+        f"its own listener, {layout.operator_url})"
+    )
     print_device_lines(layout, layout.devices)
     print_unit_lines(layout)
     print(f"  keep {layout.root / 'ca' / 'ca.key'} offline: it signs new devices")

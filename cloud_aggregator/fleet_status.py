@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_aggregator.fleet_devices import fleet_root_of, revoked_devices
-from cloud_aggregator.push import add_session_args, operator_session
+from cloud_aggregator.operator_login import add_session_args, operator_session
 from ioft_protocol import codec, restate, topics
 from ioft_protocol.config import ConfigError
 from ioft_protocol.mqtt import Message, MqttSession

@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,12 +31,13 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.fleet_layout import DefaultsHelpFormatter
+from cloud_aggregator.operator_login import add_session_args, operator_session
 from cloud_aggregator.push_answers import INSTALLED, PENDING, REFUSED, wait_for_answers
+from cloud_aggregator.push_targets import TargetError, choose_targets, replaced_offer, statuses
 from export.package import Package, load_package
 from ioft_protocol import codec, model_push, topics
-from ioft_protocol.config import ConfigError, build, load_toml
+from ioft_protocol.config import ConfigError, load_toml
 from ioft_protocol.manifest import (
     ManifestError,
     ModelManifest,
@@ -45,7 +45,7 @@ from ioft_protocol.manifest import (
     load_public_key,
     verify_manifest,
 )
-from ioft_protocol.mqtt import MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
 
 log = logging.getLogger(__name__)
 #: Default chunk: 512 KiB, far under the brokers' default limits (mosquitto 2.0: none below
@@ -237,38 +237,6 @@ def offer_version(offer: model_push.ModelOffer) -> int | None:
 
 
 # -- command line ---------------------------------------------------------------------------
-def operator_session(args: argparse.Namespace, role: str) -> tuple[MqttSession, str]:
-    """A session for an operator command: broker, fleet and TLS from ``--config`` (the aggregator's
-    TOML) with ``--broker``/``--fleet``/``--allow-plaintext`` overriding; its own client id."""
-    cfg = operator_config(args)
-    session = MqttSession(SessionOptions.for_login(cfg, f"ioft-{role}-{os.getpid()}"))
-    session.start(timeout=8.0)  # a one-shot: fail in one line, naming the last attempt's reason
-    return session, cfg.fleet
-
-
-def operator_config(args: argparse.Namespace) -> AggregatorConfig:
-    """The aggregator's config as an operator command sees it (``ConfigError`` if invalid)."""
-    raw = load_toml(args.config) if args.config else {}
-    raw.pop("task", None)
-    raw.pop("model", None)  # the operator's [model] public_key: read by fleet_public_key
-    if args.broker:
-        raw["broker"] = args.broker
-    if args.fleet:
-        raw["fleet"] = args.fleet
-    if args.allow_plaintext:
-        raw["allow_plaintext"] = True
-    if getattr(args, "state_dir", None):
-        raw["state_dir"] = str(args.state_dir)
-    return build(AggregatorConfig, raw, str(args.config or "command line"))
-
-
-def add_session_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, help="the aggregator's TOML (broker, fleet, TLS, credentials)")
-    p.add_argument("--broker", help="mqtt://host:port or mqtts://host:port")
-    p.add_argument("--fleet", help="fleet id")
-    p.add_argument("--allow-plaintext", action="store_true", help="accept an unencrypted broker (loopback)")
-
-
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "push",
@@ -383,23 +351,46 @@ def main(args: argparse.Namespace, *, canary: CanaryPush | None = None) -> int:
         print(f"cannot push: {exc}", file=sys.stderr)
         return 2
     try:
-        if canary is not None:
-            return canary(args, session, fleet, package, devices)
-        report = push_model(session, fleet, package, chunk_size=args.chunk_size, devices=devices)
-        print(
-            f"pushed {report.name} v{report.version} to fleet {fleet}: {report.size} bytes in "
-            f"{report.chunks} chunks ({report.seconds:.3f} s)"
-            + (f"; for devices {', '.join(devices)}" if devices else "")
-            + (f"; cleared v{report.cleared_version}'s chunks" if report.cleared_version else ""),
-            flush=True,
-        )
-        if not args.wait:
-            return 0
-        answers = wait_for_answers(
-            session, fleet, manifest.name, manifest.version, devices, timeout=args.wait_timeout
-        )
+        return _push(args, session, fleet, package, manifest, devices, canary)
+    except TargetError as exc:
+        print(f"cannot push: {exc}", file=sys.stderr)
+        return 2
     finally:
         session.stop()
+
+
+def _push(
+    args: argparse.Namespace,
+    session: MqttSession,
+    fleet: str,
+    package: Package,
+    manifest: ModelManifest,
+    devices: tuple[str, ...],
+    canary: CanaryPush | None,
+) -> int:
+    """``main`` once the package is checked and the session open: whom to offer it to, then the push."""
+    known = statuses(session, fleet, manifest.name)
+    if canary is not None:  # a staged rollout picks its canaries itself, among these
+        if devices:
+            choose_targets(fleet, manifest, devices, known, None)
+        return canary(args, session, fleet, package, devices)
+    targets = choose_targets(fleet, manifest, devices, known, replaced_offer(session, fleet, manifest.name))
+    for d, why in targets.skipped.items():
+        print(f"not offered to {d}: {why}")
+    devices = targets.devices
+    report = push_model(session, fleet, package, chunk_size=args.chunk_size, devices=devices)
+    print(
+        f"pushed {report.name} v{report.version} to fleet {fleet}: {report.size} bytes in "
+        f"{report.chunks} chunks ({report.seconds:.3f} s)"
+        + (f"; for devices {', '.join(devices)}" if devices else "")
+        + (f"; cleared v{report.cleared_version}'s chunks" if report.cleared_version else ""),
+        flush=True,
+    )
+    if not args.wait:
+        return 0
+    answers = wait_for_answers(
+        session, fleet, manifest.name, manifest.version, devices, timeout=args.wait_timeout
+    )
     if not answers:
         print("no device has a status yet: nobody to wait for")
         return 1

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
 from cloud_aggregator import push, rollout_run
 from cloud_aggregator.fleet_layout import DefaultsHelpFormatter
+from cloud_aggregator.operator_login import add_session_args, operator_config, operator_session
 from cloud_aggregator.push_answers import INSTALLED, wait_for_answers
 from cloud_aggregator.rollout import MARGIN, MIN_INSTALLED, Rollout, RolloutError, State, describe
 from cloud_aggregator.store import SqliteStore
@@ -57,7 +59,13 @@ def add_canary_args(p: argparse.ArgumentParser) -> None:
 
 
 def push_main(args: argparse.Namespace) -> int:
-    """``push``, staged when ``--canary`` is given."""
+    """``push``, staged when ``--canary`` is given (the store checked before anything connects)."""
+    if args.canary:
+        try:
+            open_store(args, readonly=True).close()
+        except (RolloutError, ConfigError) as exc:
+            print(f"cannot push: {exc}", file=sys.stderr)
+            return 2
     return push.main(args, canary=canary_push if args.canary else None)
 
 
@@ -68,10 +76,31 @@ def _share(text: str) -> float:
     return value
 
 
-def open_store(args: argparse.Namespace) -> SqliteStore:
-    """The aggregator's store, where ``--state-dir`` or the ``--config`` TOML says (``ConfigError``)."""
-    folder = Path(push.operator_config(args).state_dir)
-    return SqliteStore(folder / STORE)
+def open_store(args: argparse.Namespace, *, readonly: bool = False) -> SqliteStore:
+    """The aggregator's store, where ``--state-dir`` or the ``--config`` TOML says; never created here
+    (a rollout recorded anywhere but where serve and the console read it is lost to them).
+
+    Raises
+    ------
+    ConfigError
+        ``--config`` is not a valid TOML.
+    RolloutError
+        No store there, or a file that is not one: the message names the file.
+    """
+    path = Path(operator_config(args, connects=False).state_dir) / STORE
+    if not path.is_file():
+        raise RolloutError(
+            f"no aggregator store at {path}: give the folder serve keeps its state in "
+            "(state_dir in --config, which fleet init's operator.toml names, or --state-dir)"
+        )
+    try:
+        store = SqliteStore(path, readonly=readonly)
+        store.rollouts(None)  # a file that is not a store fails here, before anything is published
+    except sqlite3.DatabaseError as exc:
+        raise RolloutError(
+            f"{path} is not an aggregator store ({exc}); check state_dir / --state-dir"
+        ) from None
+    return store
 
 
 def canary_push(
@@ -93,8 +122,8 @@ def canary_push(
     except ManifestError as exc:
         print(f"cannot push: {exc}", file=sys.stderr)
         return 2
-    store = open_store(args)
     try:
+        store = open_store(args)
         r, report = rollout_run.start(
             session,
             store,
@@ -107,7 +136,7 @@ def canary_push(
             chunk_size=args.chunk_size,
             signing_key=signing_key,
         )
-    except RolloutError as exc:
+    except (RolloutError, ConfigError) as exc:
         print(f"cannot push: {exc}", file=sys.stderr)
         return 2
     print(
@@ -149,25 +178,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ):
         c = rsub.add_parser(name, help=helptext, formatter_class=DefaultsHelpFormatter)
         c.add_argument("model", help="the model whose latest rollout this is")
-        push.add_session_args(c)
+        add_session_args(c)
         c.add_argument("--state-dir", type=Path, help="the aggregator's state folder (default: --config's)")
         c.add_argument("--wait-timeout", type=float, default=120.0, help="seconds to wait for the canaries")
         c.set_defaults(func=func)
 
 
 def _store_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, help="the aggregator's TOML (its state_dir)")
+    p.add_argument("--config", type=Path, help="the operator's (or the aggregator's) TOML: its state_dir")
     p.add_argument("--state-dir", type=Path, help="the aggregator's state folder (default: --config's)")
     p.set_defaults(broker=None, fleet=None, allow_plaintext=False)
 
 
 def status_main(args: argparse.Namespace) -> int:
     try:
-        store = open_store(args)
+        store = open_store(args, readonly=True)
     except ConfigError as exc:
         print(
             f"cannot read rollouts: {args.config or 'command line'}: {'; '.join(exc.errors)}", file=sys.stderr
         )
+        return 2
+    except RolloutError as exc:
+        print(f"cannot read rollouts: {exc}", file=sys.stderr)
         return 2
     if args.all:
         found = [Rollout.from_json(t) for t in store.rollouts(args.model)]
@@ -210,7 +242,7 @@ def resume_main(args: argparse.Namespace) -> int:
 def _act(args: argparse.Namespace, *, abort: bool) -> int:
     try:
         store, r = _current(args)
-        session, fleet = push.operator_session(args, "rollout")
+        session, fleet = operator_session(args, "rollout")
     except ConfigError as exc:
         print(
             f"cannot {'abort' if abort else 'resume'}: {args.config or 'command line'}: {'; '.join(exc.errors)}",

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cloud_aggregator.push import PushReport, offer_version, push_model
 from cloud_aggregator.push_answers import INSTALLED
+from cloud_aggregator.push_targets import ACK_TIMEOUT, retained, statuses
 from cloud_aggregator.rollout import (
     CanaryResult,
     Rollout,
@@ -34,7 +35,6 @@ from ioft_protocol import codec, model_push, topics
 from ioft_protocol.mqtt import MqttSession
 
 log = logging.getLogger(__name__)
-ACK_TIMEOUT = 30.0
 
 
 def save(store: SqliteStore, r: Rollout) -> None:
@@ -49,42 +49,6 @@ def latest(store: SqliteStore, model: str | None = None) -> list[Rollout]:
         if r.model not in by_model or r.started_at >= by_model[r.model].started_at:
             by_model[r.model] = r
     return sorted(by_model.values(), key=lambda r: r.started_at)
-
-
-def _sync(session: MqttSession, fleet: str, name: str) -> None:
-    """Return once the broker has handled our earlier SUBSCRIBEs (so their retained messages are queued).
-
-    The broker handles one client's packets in order and sends a subscription's retained
-    messages before handling the next packet; a QoS 1 publish's ack therefore comes after
-    them.  The topic is one nobody follows (operators may write under ``model/#``).
-    """
-    probe = topics.topic_model_offer(fleet, name).rsplit("/", 1)[0] + "/rollout-sync"
-    session.publish(probe, b"", timeout=ACK_TIMEOUT)
-
-
-def retained(session: MqttSession, fleet: str, name: str, topic: str) -> dict[str, bytes]:
-    """The retained messages on ``topic`` (a filter) right now, by topic."""
-    session.subscribe(topic)
-    _sync(session, fleet, name)
-    found: dict[str, bytes] = {}
-    while (msg := session.get(0.05)) is not None:
-        if msg.retain and msg.payload:
-            found[msg.topic] = bytes(msg.payload)
-    session.unsubscribe(topic)
-    return found
-
-
-def statuses(session: MqttSession, fleet: str, name: str) -> dict[str, dict]:
-    """Every device's retained status body, by device id."""
-    out = {}
-    for topic, payload in retained(session, fleet, name, topics.topic_status_all(fleet)).items():
-        try:
-            device, body = topics.parse_topic(topic).device, json.loads(payload)
-        except (codec.WireError, ValueError, RecursionError):
-            continue
-        if device and isinstance(body, dict):
-            out[device] = body
-    return out
 
 
 def start(

@@ -217,7 +217,9 @@ class EdgeTrainer:
 
     def _data_status(self) -> dict:
         """Rows on hand and, where edge-recorder runs beside this daemon, the state of its sensors."""
-        out: dict = {"train": len(self.train), "test": len(self.test), "source": self.data_meta.get("source")}
+        out: dict = {"train": len(self.train), "test": len(self.test), "source": self.data_meta.get("source"),
+                     # push offers a model only to devices whose data follow its feature schema
+                     "schema": self.data_meta.get("schema_hash")}  # fmt: skip
         try:
             rec = json.loads((self.state_dir / RECORDER_STATUS).read_text())
         except (OSError, ValueError, RecursionError):

@@ -110,9 +110,8 @@ def tls_fleet_broker(
     """``fleet init`` in ``root`` and its mosquitto on a free port (TLS), stopped afterwards."""
     _require_mosquitto()
     port = free_port()
-    layout = init_fleet(
-        root / "fleet", FLEET, tuple(devices), auth=auth, hosts=tuple(hosts), port=port, bind=bind
-    )
+    layout = init_fleet(root / "fleet", FLEET, tuple(devices), auth=auth, hosts=tuple(hosts), port=port,
+                        bind=bind, operator_port=free_port())  # fmt: skip
     broker = start_mosquitto(
         port, config=layout.mosquitto_conf, log_file=root / "mosquitto.log", tls=True, as_invoker=True
     )

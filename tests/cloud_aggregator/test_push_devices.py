@@ -17,29 +17,38 @@ from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from ioft_protocol import codec, model_push, topics
 from ioft_protocol.manifest import load_public_key
+from ioft_protocol.mqtt import Message
 
 FLEET = "plant"
 
 
 class FakeSession:
-    """Records what a push sends; the broker holds no earlier offer."""
+    """Records what a push sends; the broker holds no earlier offer, and printer1's and printer2's
+    retained statuses (push refuses ids no device answers to)."""
 
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes]] = []
         self.subscribed: list[str] = []
         self.stopped = False
+        self.inbox: list[Message] = []
 
     def subscribe(self, topic: str) -> None:
         self.subscribed.append(topic)
+        if topic == topics.topic_status_all(FLEET):
+            self.inbox += [
+                Message(topics.topic_status(FLEET, d), json.dumps({"state": "online"}).encode(), True)
+                for d in ("printer1", "printer2")
+            ]
 
     def unsubscribe(self, topic: str) -> None:
         pass
 
     def publish(self, topic: str, payload: bytes, **kw) -> None:
-        self.published.append((topic, payload))
+        if not topic.endswith("/rollout-sync"):  # the probe that reads retained messages
+            self.published.append((topic, payload))
 
     def get(self, timeout):
-        return None
+        return self.inbox.pop(0) if self.inbox else None
 
     def stop(self) -> None:
         self.stopped = True
@@ -107,6 +116,14 @@ def test_push_model_checks_device_ids_before_publishing(package):
     with pytest.raises(codec.WireError, match="device id"):
         push.push_model(session, FLEET, package, devices=["printer1,printer2"])
     assert session.published == [] and session.subscribed == []
+
+
+def test_an_id_no_device_answers_to_is_refused_before_publishing(package, sessions, capsys):
+    """``push --devices welder9`` (never enrolled): one line, exit 2, nothing published."""
+    assert run_push(package, "printer1,welder9") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cannot push: no device welder9 in fleet plant") and err.count("\n") == 1
+    assert sessions[0].published == [] and sessions[0].stopped
 
 
 def test_a_manifest_edited_after_signing_is_refused_before_any_session(package, sessions, capsys):

@@ -83,7 +83,8 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def init(fleet_dir: Path, port: int, *extra: str) -> Path:
     out = cli("fleet", "init", "--fleet", FLEET, "--devices", "printer1,printer2", "--out",
-              str(fleet_dir / "fleet"), "--host", "127.0.0.1", "--port", str(port), "--bind", "127.0.0.1", *extra)  # fmt: skip
+              str(fleet_dir / "fleet"), "--host", "127.0.0.1", "--port", str(port), "--bind", "127.0.0.1",
+              "--operator-port", str(free_port()), *extra)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr
     assert "edge-trainer --device printer1 --config" in out.stdout

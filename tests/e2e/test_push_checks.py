@@ -83,7 +83,9 @@ def test_push_verifies_before_publishing_and_wait_reports_each_device(fleet_proc
         start_devices(fleet_procs, pub, ["printer2"])
         watcher.wait(lambda: watcher.model("printer2").get("active") == 1, 30, "v1 on printer2", fleet_procs)
 
-        # --wait: refusals with their reason, and a device that never answers stays pending.
+        # A model for another feature schema, or a device id nobody answers to: refused at once, before
+        # anything is published (issue 22, item 6; they used to go out, be refused by every device and
+        # wait out --wait-timeout for printer9).  The refused/pending answers: test_push_devices.
         dwt = signed(
             window_encoder(tmp_path / "s.onnx", schema_hash=schema_hash()), tmp_path / "s", key, version=5
         )
@@ -91,14 +93,12 @@ def test_push_verifies_before_publishing_and_wait_reports_each_device(fleet_proc
             fleet_procs, dwt.manifest_path, pub, "--devices", "printer1,printer2,printer9",
             "--wait", "--wait-timeout", "20",
         )  # fmt: skip
-        assert out.returncode == 1, out.stderr
-        answers = per_device(out.stdout)
-        assert sorted(answers) == ["printer1", "printer2", "printer9"]
-        assert all(
-            answers[d].startswith("refused (model expects feature schema") for d in ("printer1", "printer2")
-        )
-        assert answers["printer9"] == "pending (no status)"
-        assert "0 installed, 2 refused, 1 pending" in out.stdout
+        assert out.returncode == 2 and "no device printer9 in fleet" in out.stderr, out.stderr
+        out = push(fleet_procs, dwt.manifest_path, pub, "--devices", "printer1,printer2", "--wait")
+        assert out.returncode == 2 and "printer1, printer2 cannot take enc v5" in out.stderr, out.stderr
+        out = push(fleet_procs, dwt.manifest_path, pub, "--wait")
+        assert out.returncode == 2 and "no device of fleet" in out.stderr, out.stderr
         assert all(watcher.model(d)["active"] == 1 for d in ("printer1", "printer2"))
+        assert all("rejected" not in watcher.model(d) for d in ("printer1", "printer2"))
     finally:
         watcher.stop()

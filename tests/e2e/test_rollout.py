@@ -7,11 +7,13 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from cloud_aggregator.local_fleet import FLEET
 from cloud_aggregator.push import push_messages, push_model
+from cloud_aggregator.store import SqliteStore
 from export.synthetic import signed, window_encoder
 from ioft_protocol import model_push, topics
 from tests.e2e import test_model_push as push_tests
@@ -41,6 +43,12 @@ def cli(fleet_procs, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
 
 
+def aggregator_store(tmp_path) -> Path:
+    """The aggregator's state folder with its store, as ``serve`` leaves it (push never creates one)."""
+    SqliteStore(tmp_path / "aggregator" / "aggregator.sqlite").close()
+    return tmp_path / "aggregator"
+
+
 def canary_push(fleet_procs, package, pub, state_dir, *extra: str) -> subprocess.CompletedProcess:
     """``push --canary ...``, signed with the fleet's private key beside ``pub`` (the ``keys`` fixture's)."""
     return cli(
@@ -65,7 +73,7 @@ def rollout(fleet_procs, state_dir, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.broker
 def test_a_canary_that_scores_the_new_model_worse_stops_the_rollout(fleet_procs, keys, tmp_path):
     key, pub, _, _ = keys
-    state_dir = tmp_path / "aggregator"
+    state_dir = aggregator_store(tmp_path)
     # The devices' own guard lets any score through: the rollout's margin is the judge here.
     device_toml = tmp_path / "device.toml"
     device_toml.write_text("[model]\nrollback_margin = 1.0\n")
