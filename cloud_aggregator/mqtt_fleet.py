@@ -175,6 +175,8 @@ class MqttFleet:
         self.selections: dict[str, DeviceSelection | None] = {}
         #: task -> its held-out devices (``[[task]] holdout``): they score the global, never train.
         self.holdouts: dict[str, tuple[str, ...]] = {}
+        #: task -> the last "cannot reach min_participants" it logged: said once, again only on a change
+        self._short: dict[str, tuple] = {}
         session.subscribe(topics.topic_status_all(self.fleet))
         session.subscribe(topics.topic_up_all(self.fleet))
         # After a broker restart the retained announcement may be gone: publish it again.
@@ -383,6 +385,7 @@ class MqttFleet:
             return out
 
         expected = awaited(expected) - held_out
+        self._say_if_short(task, expected | received.answered, refused)
         last_online = set(self.view.online_devices())
         closed = "deadline"
         deadline = time.time() + self.policy.deadline_s
@@ -412,7 +415,8 @@ class MqttFleet:
                         request.round,
                     )
                 log.warning(
-                    "round %d: %d valid uploads < %d; extending the deadline (%d/%d)",
+                    "task %s round %d: %d valid uploads < min_participants %d; extending the deadline (%d/%d)",
+                    task,
                     request.round,
                     valid,
                     self.policy.min_participants,
@@ -448,6 +452,7 @@ class MqttFleet:
             last_online = online
             # A device that refuses the task (its status says so, at once) is not waited for.
             expected = awaited(expected) - held_out
+            self._say_if_short(task, expected | received.answered, refused)
         online = set(self.view.online_devices())
         awaited(online)  # note every online device that sat this round out, and why
         out: list[Update | Rejection | LateUpdate | SatOut] = list(received.values())
@@ -457,6 +462,31 @@ class MqttFleet:
         # How it closed, in every record; who sat it out and what held-out devices scored.
         out.append(SatOut(closed, dict(sorted(refused.items())), dict(sorted(scores.items()))))
         return out
+
+    def _say_if_short(self, task: str, takers: set[str], refused: dict[str, str]) -> None:
+        """Say at once, in one line, when devices refusing ``task`` leave its rounds short of
+        ``min_participants``: otherwise each round would wait out its deadline and extensions and be
+        abandoned, with nothing naming the cause.  Said once per task, again only when it changes."""
+        need = self.policy.min_participants
+        if len(takers) >= need or not refused:
+            self._short.pop(task, None)
+            return
+        key = (tuple(sorted(takers)), tuple(sorted(refused.items())))
+        if self._short.get(task) == key:
+            return
+        self._short[task] = key
+        whys = "; ".join(f"{d} refuses it: {why}" for d, why in sorted(refused.items()))
+        log.warning(
+            "task %s: its rounds cannot reach [collect] min_participants = %d with the devices online: "
+            "%d take it (%s); %s. Each round waits deadline_s, is extended %d times, then abandoned: "
+            "lower min_participants, or bring devices that can run the task",
+            task,
+            need,
+            len(takers),
+            ", ".join(sorted(takers)) or "none",
+            whys,
+            self.policy.max_extensions,
+        )
 
     def handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
         try:
