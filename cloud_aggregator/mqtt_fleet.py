@@ -385,7 +385,6 @@ class MqttFleet:
             return out
 
         expected = awaited(expected) - held_out
-        self._say_if_short(task, expected | received.answered, refused)
         last_online = set(self.view.online_devices())
         closed = "deadline"
         deadline = time.time() + self.policy.deadline_s
@@ -393,6 +392,7 @@ class MqttFleet:
         faults.point("after_announce")
         extensions = 0
         seen = self.view.changes
+        looked_short = False
         while True:
             answered = received.answered
             valid = len(answered)
@@ -401,6 +401,12 @@ class MqttFleet:
             if expected and expected <= answered and valid >= self.policy.min_participants and not scoring():
                 closed = "answered"
                 break
+            # Short because devices refuse the task: said once everyone who takes it answered (the
+            # round would only wait out its deadline), or at the deadline (some never came).
+            short = refused and valid < self.policy.min_participants and not looked_short
+            if short and ((expected and expected <= answered) or time.time() >= deadline):
+                self._say_if_short(task, expected | answered, refused)
+                looked_short = True  # once a round: a change shows in the next round's look
             if time.time() >= deadline:
                 if valid >= self.policy.min_participants or extensions >= self.policy.max_extensions:
                     break
@@ -452,7 +458,6 @@ class MqttFleet:
             last_online = online
             # A device that refuses the task (its status says so, at once) is not waited for.
             expected = awaited(expected) - held_out
-            self._say_if_short(task, expected | received.answered, refused)
         online = set(self.view.online_devices())
         awaited(online)  # note every online device that sat this round out, and why
         out: list[Update | Rejection | LateUpdate | SatOut] = list(received.values())
@@ -464,12 +469,12 @@ class MqttFleet:
         return out
 
     def _say_if_short(self, task: str, takers: set[str], refused: dict[str, str]) -> None:
-        """Say at once, in one line, when devices refusing ``task`` leave its rounds short of
-        ``min_participants``: otherwise each round would wait out its deadline and extensions and be
-        abandoned, with nothing naming the cause.  Said once per task, again only when it changes."""
+        """Say in one line when devices refusing ``task`` leave its rounds short of ``min_participants``
+        (``takers``: the online devices that take it): otherwise each round would wait out its deadline
+        and extensions and be abandoned, with nothing naming the cause.  Said once per task, again only
+        when who takes it or who refuses it changes."""
         need = self.policy.min_participants
-        if len(takers) >= need or not refused:
-            self._short.pop(task, None)
+        if len(takers) >= need:
             return
         key = (tuple(sorted(takers)), tuple(sorted(refused.items())))
         if self._short.get(task) == key:
