@@ -210,6 +210,8 @@ class MqttFleet:
         self.selections: dict[str, DeviceSelection | None] = {}
         #: task -> its held-out devices (``[[task]] holdout``): they score the global, never train.
         self.holdouts: dict[str, tuple[str, ...]] = {}
+        #: task -> the last "cannot reach min_participants" it logged: said once, again only on a change
+        self._short: dict[str, tuple] = {}
         session.subscribe(topics.topic_status_all(self.fleet))
         session.subscribe(topics.topic_up_all(self.fleet))
         # After a broker restart the retained announcement may be gone: publish it again.
@@ -425,6 +427,7 @@ class MqttFleet:
         faults.point("after_announce")
         extensions = 0
         seen = self.view.changes
+        looked_short = False
         while True:
             answered = received.answered
             valid = len(answered)
@@ -433,6 +436,12 @@ class MqttFleet:
             if expected and expected <= answered and valid >= self.policy.min_participants and not scoring():
                 closed = "answered"
                 break
+            # Short because devices refuse the task: said once everyone who takes it answered (the
+            # round would only wait out its deadline), or at the deadline (some never came).
+            short = refused and valid < self.policy.min_participants and not looked_short
+            if short and ((expected and expected <= answered) or time.time() >= deadline):
+                self._say_if_short(task, expected | answered, refused)
+                looked_short = True  # once a round: a change shows in the next round's look
             if time.time() >= deadline:
                 self._say_whom(request, expected - answered)
                 if valid >= self.policy.min_participants or extensions >= self.policy.max_extensions:
@@ -448,7 +457,8 @@ class MqttFleet:
                         request.round,
                     )
                 log.warning(
-                    "round %d: %d valid uploads < %d; extending the deadline (%d/%d)",
+                    "task %s round %d: %d valid uploads < min_participants %d; extending the deadline (%d/%d)",
+                    task,
                     request.round,
                     valid,
                     self.policy.min_participants,
@@ -518,6 +528,31 @@ class MqttFleet:
                 more,
                 max(ahead.values()) + 1,
             )
+
+    def _say_if_short(self, task: str, takers: set[str], refused: dict[str, str]) -> None:
+        """Say in one line when devices refusing ``task`` leave its rounds short of ``min_participants``
+        (``takers``: the online devices that take it): otherwise each round would wait out its deadline
+        and extensions and be abandoned, with nothing naming the cause.  Said once per task, again only
+        when who takes it or who refuses it changes."""
+        need = self.policy.min_participants
+        if len(takers) >= need:
+            return
+        key = (tuple(sorted(takers)), tuple(sorted(refused.items())))
+        if self._short.get(task) == key:
+            return
+        self._short[task] = key
+        whys = "; ".join(f"{d} refuses it: {why}" for d, why in sorted(refused.items()))
+        log.warning(
+            "task %s: its rounds cannot reach [collect] min_participants = %d with the devices online: "
+            "%d take it (%s); %s. Each round waits deadline_s, is extended %d times, then abandoned: "
+            "lower min_participants, or bring devices that can run the task",
+            task,
+            need,
+            len(takers),
+            ", ".join(sorted(takers)) or "none",
+            whys,
+            self.policy.max_extensions,
+        )
 
     def handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
         try:

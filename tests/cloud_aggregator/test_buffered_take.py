@@ -101,7 +101,7 @@ def test_config_mode_buffered_and_its_refusals() -> None:
 
 
 def test_the_readme_buffered_task_validates() -> None:
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "scale.md").read_text()
     (body,) = re.findall(r"```toml\n# README example: buffered-task.toml\n(.*?)```", text, re.S)
     cfg = build(AggregatorConfig, {"allow_plaintext": True, **tomllib.loads(body)}, "README buffered task")
     (task_cfg,) = cfg.task

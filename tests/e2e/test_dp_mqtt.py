@@ -17,7 +17,7 @@ from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.local_fleet import aggregator_toml
 from ioft_protocol.config import build
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "formats.md"  # moved from README.md
 DEVICES = ["printer1", "printer2"]
 
 

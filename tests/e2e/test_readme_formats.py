@@ -15,7 +15,7 @@ from ioft_protocol.config import build
 from sensors.welding.formats import read_weld_file
 from sensors.welding.labels import LabelLog
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "formats.md"  # moved from README.md
 
 
 def example(name: str) -> str:

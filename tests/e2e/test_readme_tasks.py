@@ -24,7 +24,7 @@ from edge.config import DataConfig
 from edge.dataset import simulated_printer_dataset, simulated_welder_dataset
 from ioft_protocol.config import build
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "fleet.md"  # moved from README.md
 
 
 def readme_aggregator_config() -> AggregatorConfig:
