@@ -170,6 +170,14 @@ class SecAggDevice:
                 exc,
             )
             return
+        if env.stage == "neighbour_keys" and c.signed:
+            log.info(
+                "%s: task %s round %d: SecAgg keys of %s signed by their fleet certificates",
+                self.device,
+                topic.task,
+                env.round,
+                ", ".join(sorted(request.keys)),  # type: ignore[attr-defined]
+            )
         if not isinstance(answer, ANSWERS[env.stage]):
             raise TypeError(f"stage {env.stage} answered with {type(answer).__name__}")
         reply = Envelope(env.session, env.round, env.phase, env.stage, answer.encode())
