@@ -109,6 +109,7 @@ class ClientSecAgg:
         self.signer = signer
         self.trust = trust
         self.require_signed = require_signed
+        self.signed = require_signed  # this round's: setup adds what the server's parameters say
         self.scope = scope
 
     def _enter(self, expected: str, nxt: str) -> None:
