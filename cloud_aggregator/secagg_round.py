@@ -90,9 +90,13 @@ def check_secagg_task(spec: TaskSpec) -> None:
 class SecAggFleet:
     """The MQTT fleet, with SecAgg rounds for the tasks that ask for them (see the module docstring)."""
 
-    def __init__(self, inner: MqttFleet, *, stage_deadline_s: float = 15.0) -> None:
+    def __init__(
+        self, inner: MqttFleet, *, stage_deadline_s: float = 15.0, certificates: bool = False
+    ) -> None:
         self.inner = inner
         self.stage_deadline_s = stage_deadline_s
+        #: the fleet logs in with certificates: a task's unset ``signed_keys`` means true
+        self.certificates = certificates
         self.outcomes: list[tuple[str, int, SecAggResult | Abandoned]] = []  # (task, round, outcome)
         inner.session.subscribe(topic_up_all(inner.fleet))
 
@@ -120,7 +124,7 @@ class SecAggFleet:
         task = request.spec.name
         length = sum(int(v.size) for v in request.global_params.values())
         session = f"{task}-{request.round}-{request.phase}-{secrets.token_hex(4)}"
-        server = ServerSecAgg(cfg, devices, session=session, length=length)
+        server = ServerSecAgg(cfg, devices, session=session, length=length, certificates=self.certificates)
         receive = {
             "setup": server.receive_keys,
             "neighbour_keys": server.receive_shares,

@@ -336,7 +336,10 @@ def _run_task(task: TaskConfig, fleet: MqttFleet, store: SqliteStore, cfg: Aggre
     c = cfg.collect
     engine = RoundEngine(
         spec,
-        fleet if spec.secagg is None else SecAggFleet(fleet),  # SecAgg: cloud_aggregator/secagg_round.py
+        # SecAgg: cloud_aggregator/secagg_round.py; a certificate fleet's devices sign their keys by default
+        fleet
+        if spec.secagg is None
+        else SecAggFleet(fleet, certificates=bool(cfg.tls and cfg.tls.cert_file)),
         strategy=make_strategy(spec),
         store=store,
         min_participants=c.min_participants,

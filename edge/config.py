@@ -299,6 +299,9 @@ class DeviceConfig:
     #: The fewest devices (itself counted) whose SecAgg sum this device takes part in: it sends
     #: no masked input to a smaller round, whatever the aggregator's task says.
     secagg_min_participants: int = MIN_PARTICIPANTS
+    #: Whether this device demands its SecAgg neighbours' keys signed by fleet certificates, whatever
+    #: the task says (unset: when it holds a certificate, ``[tls] cert_file``); it signs its own then.
+    secagg_signed_keys: bool | None = None
 
     def __post_init__(self) -> None:
         check_id("device", self.device)
@@ -322,6 +325,18 @@ class DeviceConfig:
                 f"secagg_min_participants must be >= 2 (a sum of one is this device's update), "
                 f"got {self.secagg_min_participants}"
             )
+        if self.secagg_signed_keys and (self.tls is None or self.tls.cert_file is None):
+            raise ValueError(
+                "secagg_signed_keys = true needs this device's certificate: give [tls] ca_file, cert_file "
+                "and key_file (`fleet init --auth certs` writes them), or leave secagg_signed_keys unset"
+            )
+
+    @property
+    def demands_signed_secagg_keys(self) -> bool:
+        """Whether this device demands signed SecAgg keys of its neighbours (see ``secagg_signed_keys``)."""
+        if self.secagg_signed_keys is not None:
+            return self.secagg_signed_keys
+        return self.tls is not None and self.tls.cert_file is not None
 
     @property
     def machine_kind(self) -> str | None:

@@ -41,7 +41,7 @@ from edge.models import ModelManager, embed_rows
 from edge.optout import REASON as PAUSED
 from edge.optout import PauseWatch
 from edge.recording.base import STATUS_FILE as RECORDER_STATUS
-from edge.secagg_client import SecAggDevice
+from edge.secagg_client import SecAggDevice, secagg_identity
 from edge.segments import DatasetReader
 from edge.task_state import TaskState, load_task_state, save_task_state
 from ioft_protocol import codec, restate, round_messages, topics
@@ -139,6 +139,7 @@ class EdgeTrainer:
             self.device,
             lambda t, p: self.session.publish(t, p, timeout=None),
             min_participants=config.secagg_min_participants,
+            **secagg_identity(config),
         )
         if config.model.public_key:
             self.models = ModelManager(

@@ -18,16 +18,50 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 
+from edge.config import DeviceConfig
+from ioft_protocol.config import ConfigError
 from ioft_protocol.secagg import ClientSecAgg, SecAggRefusedError
 from ioft_protocol.secagg.config import MIN_PARTICIPANTS
+from ioft_protocol.secagg.identity import FleetTrust, KeySigner
 from ioft_protocol.secagg.messages import SecAggWireError
-from ioft_protocol.secagg.transport import ANSWERS, REQUESTS, Envelope, SecAggTopic, topic_up
+from ioft_protocol.secagg.transport import ANSWERS, REQUESTS, Envelope, SecAggTopic, key_scope, topic_up
 
 log = logging.getLogger(__name__)
 FAULT_ENV = "IOFT_SECAGG_FAULT"
+
+
+class SecAggIdentity(TypedDict):
+    signer: KeySigner | None
+    trust: FleetTrust | None
+    require_signed: bool
+
+
+def secagg_identity(config: DeviceConfig) -> SecAggIdentity:
+    """What signs this device's SecAgg keys and checks its neighbours', from device.toml's ``[tls]``.
+
+    A certificate issued to another name (a swarm's virtual devices share one) signs nothing: its
+    signature would be refused by every neighbour.
+
+    Raises
+    ------
+    ConfigError
+        A certificate, key or CA file that does not load as one.
+    """
+    tls = config.tls
+    signer = trust = None
+    try:
+        if tls is not None and tls.cert_file is not None and tls.key_file is not None:
+            signer = KeySigner.load(tls.cert_file, tls.key_file)
+            signer = signer if signer.name == config.device else None
+        if tls is not None:
+            trust = FleetTrust.load(tls.ca_file)
+    except ValueError as exc:
+        raise ConfigError("device.toml [tls]", [str(exc)]) from None
+    return SecAggIdentity(signer=signer, trust=trust, require_signed=config.demands_signed_secagg_keys)
 
 
 @dataclass
@@ -48,7 +82,9 @@ class SecAggDevice:
     over one round is one device's update.  Kept in memory: a restarted daemon arms no round it
     answered before the restart (it re-sends the stored upload without arming), so it answers no
     session for it.  ``min_participants`` is the device's floor (device.toml
-    ``secagg_min_participants``), which no task's parameters lower.
+    ``secagg_min_participants``), which no task's parameters lower.  ``signer`` and ``trust``
+    (its certificate and key, the fleet CA) sign its keys and check its neighbours';
+    ``require_signed`` (device.toml ``secagg_signed_keys``) demands signed keys in every round.
     """
 
     def __init__(
@@ -58,10 +94,16 @@ class SecAggDevice:
         publish: Callable[[str, bytes], None],
         *,
         min_participants: int = MIN_PARTICIPANTS,
+        signer: KeySigner | None = None,
+        trust: FleetTrust | None = None,
+        require_signed: bool = False,
     ) -> None:
         self.fleet = fleet
         self.device = device
         self.min_participants = min_participants
+        self.signer = signer
+        self.trust = trust
+        self.require_signed = require_signed
         self._publish = publish
         self._pending: dict[str, _Pending] = {}
         #: (task, round, phase) -> the one session this device answered for it
@@ -96,7 +138,14 @@ class SecAggDevice:
         if env.stage == "setup" and not self._first_session(topic.task, env):
             return
         if env.stage == "setup":
-            pending.client = ClientSecAgg(self.device, min_participants=self.min_participants)
+            pending.client = ClientSecAgg(
+                self.device,
+                min_participants=self.min_participants,
+                signer=self.signer,
+                trust=self.trust,
+                require_signed=self.require_signed,
+                scope=key_scope(self.fleet, topic.task, env.round, env.phase),
+            )
             pending.session = env.session
         if pending.client is None or env.session != pending.session:
             log.info("%s: SecAgg %s of an unknown session %s", self.device, env.stage, env.session)
@@ -121,6 +170,14 @@ class SecAggDevice:
                 exc,
             )
             return
+        if env.stage == "neighbour_keys" and c.signed:
+            log.info(
+                "%s: task %s round %d: SecAgg keys of %s signed by their fleet certificates",
+                self.device,
+                topic.task,
+                env.round,
+                ", ".join(sorted(request.keys)),  # type: ignore[attr-defined]
+            )
         if not isinstance(answer, ANSWERS[env.stage]):
             raise TypeError(f"stage {env.stage} answered with {type(answer).__name__}")
         reply = Envelope(env.session, env.round, env.phase, env.stage, answer.encode())

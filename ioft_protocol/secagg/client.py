@@ -5,13 +5,23 @@ device answers one unmask request per round, refuses one that names a device bot
 survived and dropped (or names itself dropped), and gives each neighbour's self-mask
 share or its mask-key share, never both.  With a threshold above half the share holders,
 no split of stories across devices collects both seeds of one device.
+
+Against a server that substitutes a neighbour's keys (to receive the shares sealed to that
+neighbour, or to agree its pairwise mask): with signed keys, the device signs its own
+advertisement and checks each neighbour's certificate and signature before deriving anything
+from its keys (``identity``).  Any refusal after a stage began ends the session: the device
+answers nothing more in it (Bonawitz et al.'s clients abort).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import numpy as np
 
-from ioft_protocol.secagg import crypto, quantize, shamir
+from ioft_protocol.secagg import crypto, identity, quantize, shamir
 from ioft_protocol.secagg.config import MIN_PARTICIPANTS, RoundParams
 from ioft_protocol.secagg.messages import (
     AdvertiseKeys,
@@ -30,6 +40,26 @@ _MASK_INFO = b"ioft-secagg pairwise mask"
 
 class SecAggRefusedError(ValueError):
     """The device will not go on with this round; the message says why (sent as its status)."""
+
+
+_Stage = TypeVar("_Stage", bound=Callable)
+
+
+def _aborts(stage: _Stage) -> _Stage:
+    """A refusal once the stage has begun ends the session (a request at the wrong stage, e.g. a
+    broker's duplicate delivery, is refused without ending it)."""
+
+    @functools.wraps(stage)
+    def run(self: ClientSecAgg, *args: Any, **kwargs: Any) -> Any:
+        before = self.stage
+        try:
+            return stage(self, *args, **kwargs)
+        except SecAggRefusedError:
+            if self.stage != before:
+                self.stage = "aborted"
+            raise
+
+    return run  # type: ignore[return-value]
 
 
 def pair_sign(me: str, other: str) -> int:
@@ -55,18 +85,39 @@ class ClientSecAgg:
     ``min_participants`` is the device's own floor: whatever the server's parameters say, it
     goes on only while at least this many devices (itself counted) share its round: fewer,
     and the sum the server learns says too much about this device's update.
+
+    ``signer`` (this device's certificate and key) signs its advertised keys; ``trust`` (the
+    fleet CA) checks its neighbours'.  Neighbours' keys must be signed when the round's
+    ``signed_keys`` says so or ``require_signed`` does (the device's own floor, which the
+    server cannot lower).  ``scope`` names what the keys are for beyond the session (fleet,
+    task, round, phase): a signature for one scope is refused in another.
     """
 
-    def __init__(self, device: str, *, min_participants: int = MIN_PARTICIPANTS) -> None:
+    def __init__(
+        self,
+        device: str,
+        *,
+        min_participants: int = MIN_PARTICIPANTS,
+        signer: identity.KeySigner | None = None,
+        trust: identity.FleetTrust | None = None,
+        require_signed: bool = False,
+        scope: str = "",
+    ) -> None:
         self.device = device
         self.stage = "new"
         self.floor = min_participants
+        self.signer = signer
+        self.trust = trust
+        self.require_signed = require_signed
+        self.signed = require_signed  # this round's: setup adds what the server's parameters say
+        self.scope = scope
 
     def _enter(self, expected: str, nxt: str) -> None:
         if self.stage != expected:
             raise SecAggRefusedError(f"{self.device}: got a {nxt!r} request while at stage {self.stage!r}")
         self.stage = nxt
 
+    @_aborts
     def setup(self, msg: Setup) -> AdvertiseKeys:
         self._enter("new", "keys")
         self.session = msg.session
@@ -83,10 +134,21 @@ class ClientSecAgg:
             raise SecAggRefusedError(
                 f"{self.device}: threshold {t} must be above half of its {holders} share holders, at most all"
             )
+        self.signed = self.require_signed or self.params.signed_keys
+        if self.signed and (self.signer is None or self.trust is None):
+            raise SecAggRefusedError(
+                f"{self.device}: the round needs signed SecAgg keys but this device has no certificate "
+                "(device.toml [tls] cert_file, key_file, ca_file; `fleet init --auth certs`), or the task "
+                "must set [task.secagg] signed_keys = false"
+            )
         self._c = crypto.KeyPair()
         self._s = crypto.KeyPair()
-        return AdvertiseKeys(c_pk=self._c.public, s_pk=self._s.public)
+        if self.signer is None:
+            return AdvertiseKeys(c_pk=self._c.public, s_pk=self._s.public)
+        signed = identity.binding(self.scope, self.session, self.device, self._c.public, self._s.public)
+        return AdvertiseKeys(self._c.public, self._s.public, self.signer.cert_der, self.signer.sign(signed))
 
+    @_aborts
     def share_keys(self, msg: NeighbourKeys) -> ShareKeys:
         self._enter("keys", "shares")
         extra = set(msg.keys) - self.neighbours
@@ -94,8 +156,13 @@ class ClientSecAgg:
             raise SecAggRefusedError(
                 f"{self.device}: keys for devices that are not neighbours: {sorted(extra)}"
             )
-        if any(len(k) != 2 or {len(k[0]), len(k[1])} != {crypto.KEY_BYTES} for k in msg.keys.values()):
+        if any(
+            len(k) not in (2, 4) or {len(k[0]), len(k[1])} != {crypto.KEY_BYTES} for k in msg.keys.values()
+        ):
             raise SecAggRefusedError(f"{self.device}: each neighbour needs two {crypto.KEY_BYTES}-byte keys")
+        if self.signed:
+            for v, k in sorted(msg.keys.items()):
+                self._check_binding(v, k)
         self._peer_keys = {v: (bytes(k[0]), bytes(k[1])) for v, k in msg.keys.items()}
         holders = sorted([*self._peer_keys, self.device])
         t = self.params.threshold
@@ -115,6 +182,20 @@ class ClientSecAgg:
             sealed[v] = crypto.seal(key, plain, _aad(self.session, self.device, v))
         return ShareKeys(sealed=sealed)
 
+    def _check_binding(self, neighbour: str, keys: list[bytes]) -> None:
+        """Refuse the round unless ``neighbour``'s keys carry its valid signature (before any use)."""
+        if self.trust is None:  # setup refuses a signed round without it; kept for direct callers
+            raise SecAggRefusedError(f"{self.device}: no fleet CA to check {neighbour}'s keys against")
+        cert, signature = (bytes(keys[2]), bytes(keys[3])) if len(keys) == 4 else (b"", b"")
+        signed = identity.binding(self.scope, self.session, neighbour, bytes(keys[0]), bytes(keys[1]))
+        try:
+            self.trust.check(neighbour, signed, cert, signature)
+        except identity.KeyBindingError as exc:
+            raise SecAggRefusedError(
+                f"{self.device}: refused the SecAgg keys of {neighbour}: {exc}; it takes no part in this round"
+            ) from None
+
+    @_aborts
     def masked_input(self, msg: Inbox, update: np.ndarray, weight: float) -> MaskedInput:
         self._enter("shares", "masked")
         p = self.params
@@ -141,6 +222,7 @@ class ClientSecAgg:
             y = y + m if pair_sign(self.device, v) > 0 else y - m  # uint64 wraps mod 2^64, a multiple of 2^r
         return MaskedInput(ring_bits=p.ring_bits, y=quantize.pack(p, y))
 
+    @_aborts
     def unmask(self, msg: UnmaskRequest) -> UnmaskAnswer:
         self._enter("masked", "done")
         alive, gone = set(msg.survivors), set(msg.dropped)

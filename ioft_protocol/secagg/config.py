@@ -37,6 +37,12 @@ class SecAggConfig:
         A round with fewer devices left at any stage is abandoned: the sum of one device is
         its update.  At least 2; devices also keep their own floor (``edge`` device.toml
         ``secagg_min_participants``, default :data:`MIN_PARTICIPANTS`) that no task lowers.
+    signed_keys
+        Every device signs its advertised keys with its certificate's key and checks its
+        neighbours' against the fleet CA (``ioft_protocol.secagg.identity``); a device without
+        a certificate refuses the task.  Unset: true where the aggregator logs in with a
+        certificate (a ``fleet init --auth certs`` fleet).  A device holding a certificate
+        checks its neighbours' keys whatever the task says (device.toml ``secagg_signed_keys``).
     """
 
     threshold: float = 0.67
@@ -45,9 +51,12 @@ class SecAggConfig:
     bits: int = 16
     max_weight: float = 1.0
     min_participants: int = MIN_PARTICIPANTS
+    signed_keys: bool | None = None
 
     def __post_init__(self) -> None:
         errors = []
+        if self.signed_keys is not None and not isinstance(self.signed_keys, bool):
+            errors.append(f"signed_keys {self.signed_keys!r} must be true or false")
         t = self.threshold
         if not (0.5 < t <= 1 or (float(t).is_integer() and t >= 2)):
             errors.append(f"threshold {t} must be a fraction in (0.5, 1] or a share count >= 2")
@@ -75,17 +84,20 @@ class SecAggConfig:
         }
         if self.min_participants != MIN_PARTICIPANTS:  # left out at the default: specs stay as stored
             out["min_participants"] = self.min_participants
+        if self.signed_keys is not None:
+            out["signed_keys"] = self.signed_keys
         return out
 
     @classmethod
     def from_json(cls, value: Any) -> SecAggConfig:
-        keys = [*cls().to_json(), "min_participants"]
+        keys = [*cls().to_json(), "min_participants", "signed_keys"]
         if not isinstance(value, dict) or set(value) - set(keys):
             raise ValueError(f"secagg settings must be a table with keys {sorted(keys)}")
         return cls(**value)
 
-    def round_params(self, n: int, length: int) -> RoundParams:
-        """The parameters of a round with ``n`` devices and ``length`` coordinates."""
+    def round_params(self, n: int, length: int, *, certificates: bool = False) -> RoundParams:
+        """The parameters of a round with ``n`` devices and ``length`` coordinates; ``certificates``:
+        whether the fleet logs in with certificates (what an unset ``signed_keys`` follows)."""
         degree = min(n - 1, self.degree) if self.degree else default_degree(n)
         degree += degree % 2 if degree < n - 1 else 0  # the Harary graph is built for even k
         holders = degree + 1
@@ -99,8 +111,18 @@ class SecAggConfig:
         ring_bits = self.bits + math.ceil(math.log2(max(n, 1)))  # n inputs sum without wrapping
         if ring_bits > 64:
             raise ValueError(f"{n} devices with bits = {self.bits} need a {ring_bits}-bit ring; lower bits")
+        signed = certificates if self.signed_keys is None else self.signed_keys
         return RoundParams(
-            n, degree, t, ring_bits, self.clip, self.bits, self.max_weight, length, self.min_participants
+            n,
+            degree,
+            t,
+            ring_bits,
+            self.clip,
+            self.bits,
+            self.max_weight,
+            length,
+            self.min_participants,
+            signed,
         )
 
 
@@ -117,6 +139,7 @@ class RoundParams:
     max_weight: float
     length: int  # coordinates of the update, the weight coordinate not counted
     min_participants: int = 2  # the task's; a device also applies its own floor
+    signed_keys: bool = False  # devices sign their keys and check their neighbours'
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -131,6 +154,10 @@ class RoundParams:
             v = value[name]
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"round parameter {name} must be an integer >= 0, got {v!r}")
+        if not isinstance(value["signed_keys"], bool):
+            raise ValueError(
+                f"round parameter signed_keys must be true or false, got {value['signed_keys']!r}"
+            )
         for name in ("clip", "max_weight"):
             v = value[name]
             if not isinstance(v, int | float) or isinstance(v, bool) or not (math.isfinite(v) and v > 0):

@@ -133,11 +133,17 @@ class Setup(Message):
 
 @dataclass(frozen=True)
 class AdvertiseKeys(Message):
-    """Device → server: its share-encryption and mask-agreement public keys."""
+    """Device → server: its share-encryption and mask-agreement public keys.
+
+    ``cert`` (DER) and ``signature`` bind them to the device's enrolled identity
+    (``ioft_protocol.secagg.identity``); both empty when the device has no certificate.
+    """
 
     kind: ClassVar[str] = "keys"
     c_pk: bytes
     s_pk: bytes
+    cert: bytes = b""
+    signature: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,7 @@ class NeighbourKeys(Message):
     """Server → device: the public keys of its neighbours that advertised."""
 
     kind: ClassVar[str] = "neighbour_keys"
-    keys: dict[str, list[bytes]]  # neighbour -> [c_pk, s_pk]
+    keys: dict[str, list[bytes]]  # neighbour -> [c_pk, s_pk], or [c_pk, s_pk, cert, signature] if signed
 
 
 @dataclass(frozen=True)

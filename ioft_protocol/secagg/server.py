@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ioft_protocol.secagg import crypto, graph, quantize, shamir
+from ioft_protocol.secagg import crypto, graph, identity, quantize, shamir
 from ioft_protocol.secagg.client import pair_sign, pairwise_mask
 from ioft_protocol.secagg.config import RoundParams, SecAggConfig
 from ioft_protocol.secagg.messages import (
@@ -79,10 +79,11 @@ class ServerSecAgg:
         session: str,
         length: int,
         rng: random.Random | None = None,
+        certificates: bool = False,
     ) -> None:
         self.devices = tuple(sorted(set(devices)))
         self.session = session
-        self.params: RoundParams = config.round_params(len(self.devices), length)
+        self.params: RoundParams = config.round_params(len(self.devices), length, certificates=certificates)
         self.neighbours = graph.harary(self.devices, self.params.degree, rng or random.SystemRandom())
         self.stage = "setup"
         self.outcome: SecAggResult | Abandoned | None = None
@@ -107,6 +108,14 @@ class ServerSecAgg:
         self._from(device, "keys", self.devices, self.u1)
         if len(msg.c_pk) != crypto.KEY_BYTES or len(msg.s_pk) != crypto.KEY_BYTES:
             raise StageError(f"{device}: public keys must be {crypto.KEY_BYTES} bytes")
+        # relayed as they came: the neighbours check them (the server is not who they trust)
+        if bool(msg.cert) != bool(msg.signature):
+            raise StageError(f"{device}: a certificate and a signature come together, or neither")
+        if len(msg.cert) > identity.MAX_CERT_BYTES or len(msg.signature) > identity.MAX_SIGNATURE_BYTES:
+            raise StageError(
+                f"{device}: certificate or signature too long (at most {identity.MAX_CERT_BYTES} and "
+                f"{identity.MAX_SIGNATURE_BYTES} bytes)"
+            )
         self.u1[device] = msg
 
     def close_keys(self) -> dict[str, NeighbourKeys]:
@@ -129,11 +138,13 @@ class ServerSecAgg:
             )
             return {}
         return {
-            d: NeighbourKeys(
-                {v: [self.u1[v].c_pk, self.u1[v].s_pk] for v in sorted(self.neighbours[d] & live)}
-            )
+            d: NeighbourKeys({v: self._relayed(v) for v in sorted(self.neighbours[d] & live)})
             for d in sorted(live)
         }
+
+    def _relayed(self, device: str) -> list[bytes]:
+        keys = self.u1[device]
+        return [keys.c_pk, keys.s_pk, *([keys.cert, keys.signature] if keys.cert else [])]
 
     # -- stage 1 ------------------------------------------------------------------------------
     def receive_shares(self, device: str, msg: ShareKeys) -> None:

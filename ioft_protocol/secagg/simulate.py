@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,14 +61,21 @@ def run_round(
     session: str = "r1",
     seed: int = 0,
     keep_view: bool = True,
+    make_client: Callable[[str], ClientSecAgg] = ClientSecAgg,
+    certificates: bool = False,
 ) -> RoundRun:
-    """One round over the wire form; devices that refuse a request are counted as dropped."""
+    """One round over the wire form; devices that refuse a request are counted as dropped.
+
+    ``make_client`` builds each device's state machine (e.g. with its signing certificate);
+    ``certificates``: the fleet logs in with them (an unset ``signed_keys`` then means true)."""
     drop = drop or {}
     devices = sorted(updates)
     length = int(np.asarray(updates[devices[0]]).size)
     t0 = time.thread_time()
-    server = ServerSecAgg(config, devices, session=session, length=length, rng=random.Random(seed))
-    clients = {d: ClientSecAgg(d) for d in devices}
+    server = ServerSecAgg(
+        config, devices, session=session, length=length, rng=random.Random(seed), certificates=certificates
+    )
+    clients = {d: make_client(d) for d in devices}
     run = RoundRun(outcome=None, server=server, clients=clients)  # type: ignore[arg-type]
     run.bytes_up = dict.fromkeys(devices, 0)
     run.bytes_down = dict.fromkeys(devices, 0)

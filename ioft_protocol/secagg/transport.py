@@ -66,6 +66,12 @@ def topic_down_mine(fleet: str, device: str) -> str:
     return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/+/secagg/down/{check_id('device', device)}"
 
 
+def key_scope(fleet: str, task: str, round_: int, phase: str) -> str:
+    """What a device's signed keys are for, beyond the session: both ends build it from the topic
+    and the envelope, so keys signed for one task's round are refused in another's."""
+    return f"{fleet}/{task}/{round_}/{phase}"
+
+
 @dataclass(frozen=True)
 class SecAggTopic:
     direction: str  # "up" or "down"
