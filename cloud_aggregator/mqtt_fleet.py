@@ -178,7 +178,12 @@ class MqttFleet:
         self.selections: dict[str, DeviceSelection | None] = {}
         #: task -> its held-out devices (``[[task]] holdout``): they score the global, never train.
         self.holdouts: dict[str, tuple[str, ...]] = {}
-        session.subscribe(topics.topic_status_all(self.fleet))
+        # Statuses at QoS 0: they are state (the next one, or the retained one after a reconnect,
+        # says the same), and a device flooding them then fills the broker's QoS 0 allowance for
+        # us, where the broker drops the excess, instead of its QoS 1 queue, which it shares with
+        # the uploads (mosquitto drops those too once max_queued_messages is reached).  No PUBACK
+        # per status either.
+        session.subscribe(topics.topic_status_all(self.fleet), qos=0)
         session.subscribe(topics.topic_up_all(self.fleet))
         # After a broker restart the retained announcement may be gone: publish it again.
         session.on_connect_hooks.append(self._republish)
