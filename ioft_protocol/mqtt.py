@@ -229,6 +229,8 @@ class MqttSession:
         #: Times another client was found holding our identity, and when last (Unix time).
         self.takeovers = 0
         self.last_takeover: float | None = None
+        #: Seconds to wait before the next attempt while another client holds our identity.
+        self.takeover_wait_s: float | None = None
         self.outbox = Outbox(
             self._hand, self.connected.is_set, options.outbound_limit, options.outbound_in_flight
         )
@@ -490,6 +492,7 @@ class MqttSession:
     def _back_off(self, wait_s: float | None) -> None:
         """Wait ``wait_s`` before each next attempt (a takeover); ``None``: paho's usual backoff."""
         o = self.options
+        self.takeover_wait_s = wait_s
         if wait_s is None:
             self._client.reconnect_delay_set(max(1, int(o.reconnect_min_s)), int(o.reconnect_max_s))
         else:
