@@ -36,7 +36,7 @@ from cloud_aggregator.rounds import CollectRequest, Rejection, RoundStore, SatOu
 from cloud_aggregator.stragglers import LateUpdate
 from cloud_aggregator.strategies import Update
 from ioft_protocol import codec, restate, round_messages, topics
-from ioft_protocol.mqtt import Message, MqttSession
+from ioft_protocol.mqtt import Message, MqttError, MqttSession
 from ioft_protocol.round_messages import DeviceSelection, HoldoutScore
 from trainer_lite.params import param_hash
 
@@ -51,6 +51,9 @@ ROUTINE_REFUSALS = frozenset({Reason.REPLAY, Reason.STALE_ROUND, Reason.RESENT})
 BATCH = 2000
 #: Seconds of messages a round handles between two looks at who is still awaited.
 RECHECK_S = 0.05
+#: Seconds an announcement waits for the broker's ack (a crash right after it must not lose it);
+#: without one the round goes on: the broker gets it once the connection is back.
+ANNOUNCE_ACK_S = 10.0
 
 
 @dataclass
@@ -212,13 +215,30 @@ class MqttFleet:
         self.holdouts: dict[str, tuple[str, ...]] = {}
         #: task -> the last "cannot reach min_participants" it logged: said once, again only on a change
         self._short: dict[str, tuple] = {}
-        session.subscribe(topics.topic_status_all(self.fleet))
+        # Statuses at QoS 0: they are state (the next one, or the retained one after a reconnect,
+        # says the same), and a device flooding them then fills the broker's QoS 0 allowance for
+        # us, where the broker drops the excess, instead of its QoS 1 queue, which it shares with
+        # the uploads (mosquitto drops those too once max_queued_messages is reached).  No PUBACK
+        # per status either.
+        session.subscribe(topics.topic_status_all(self.fleet), qos=0)
         session.subscribe(topics.topic_up_all(self.fleet))
         # After a broker restart the retained announcement may be gone: publish it again.
         session.on_connect_hooks.append(self._republish)
         # Retained statuses may not reach us (ioft_protocol.restate): ask every device for its own.
         self._links: dict[str, tuple | None] = {}  # device -> the connection its last status came from
         session.on_connect_hooks.append(self._roll_call)  # and wait_for_devices() calls it at start
+        #: task -> how many announcements it has published; (device, task) -> the one last restated
+        self._serial: dict[str, int] = {}
+        self._restated: dict[tuple[str, str], int] = {}
+        #: restatements not sent: that device already had the task's current announcement restated
+        self.restates_skipped = 0
+        # A device's statuses are state: while one waits in the inbound queue, a newer one replaces
+        # its payload instead of queueing behind it, so a device flooding statuses holds one slot.
+        self._status_lock = threading.Lock()
+        self._pending_status: dict[str, bytes] = {}
+        self.statuses_coalesced = 0
+        if hasattr(session, "tap") and hasattr(session, "inbound"):
+            session.tap(topics.topic_status_all(self.fleet), self._coalesce_status)
 
     def _republish(self) -> None:
         for published in list(self._announced.values()):
@@ -228,17 +248,54 @@ class MqttFleet:
     def _roll_call(self) -> None:
         self.session.publish(topics.topic_roll_call(self.fleet), b"", timeout=None)
 
+    def _coalesce_status(self, msg: Message) -> bool:
+        """Network thread: a status whose topic has one queued already replaces that one's payload
+        (``True``: absorbed); otherwise it is queued as usual (``False``)."""
+        with self._status_lock:
+            if msg.topic in self._pending_status:
+                self._pending_status[msg.topic] = msg.payload
+                self.statuses_coalesced += 1
+                return True
+            # Only this thread fills the queue: not full now means the put right after succeeds.
+            if not self.session.inbound.full():
+                self._pending_status[msg.topic] = msg.payload
+        return False
+
+    def _latest(self, msg: Message) -> Message:
+        """``msg``, or the newer status that replaced its payload while it was queued."""
+        if not self._pending_status:
+            return msg
+        with self._status_lock:
+            payload = self._pending_status.pop(msg.topic, None)
+        return msg if payload is None else Message(msg.topic, payload, msg.retain)
+
     def _restate(self, device: str, status: dict) -> None:
         """A device online on a connection not seen before gets each task's current announcement
-        on its own downlink: the retained one may not reach it (``ioft_protocol.restate``)."""
+        on its own downlink: the retained one may not reach it (``ioft_protocol.restate``).
+
+        At most once per connection and per announcement: a device that reconnects (or claims to,
+        with a new ``connected_at`` in every status) as fast as it can gets one copy per round."""
         link = restate.connection(status)
         known = self._links.get(device)
         self._links[device] = link
         if link is None or link == known:
             return
         for task, published in list(self._announced.items()):
+            serial = self._serial.get(task, 0)
+            if self._restated.get((device, task)) == serial:
+                self.restates_skipped += 1
+                if self.restates_skipped == 1 or self.restates_skipped % 1000 == 0:
+                    log.warning(
+                        "%s reconnects faster than rounds go by: its task %s announcement was restated "
+                        "once already (%d restatements skipped so far)",
+                        device,
+                        task,
+                        self.restates_skipped,
+                    )
+                continue
             sent = restate.restatement(self.fleet, task, device, published)
             if sent is not None:
+                self._restated[(device, task)] = serial
                 self.session.publish(*sent, timeout=None)
 
     # -- announcing ---------------------------------------------------------------
@@ -271,8 +328,22 @@ class MqttFleet:
             personal = replace(ann, params=params, params_hash=param_hash(params), for_device=device)
             published.append((topics.topic_down_device(self.fleet, spec.name, device), personal.encode()))
         self._announced[spec.name] = published
-        for t, p in published:
-            self.session.publish(t, p, retain=True)
+        self._serial[spec.name] = self._serial.get(spec.name, 0) + 1
+        for t, p in published[:-1]:
+            self.session.publish(t, p, retain=True, timeout=None)
+        # The broker acks in order: the last one's ack says it holds them all.  While it is away there
+        # is nothing to wait for: the round's clock runs on, and the outbox sends it on the reconnect.
+        link = getattr(self.session, "connected", None)
+        wait = ANNOUNCE_ACK_S if link is None or link.is_set() else None
+        try:
+            self.session.publish(*published[-1], retain=True, timeout=wait)
+        except MqttError as exc:
+            log.warning(
+                "round %d: announcement not acknowledged (%s); it goes out when the broker is back, "
+                "and the round goes on",
+                request.round,
+                exc,
+            )
 
     def finish(self, request: CollectRequest) -> None:
         """Announce that the task is done (retained), with the final global parameters."""
@@ -555,6 +626,7 @@ class MqttFleet:
         )
 
     def handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
+        msg = self._latest(msg)
         try:
             topic = topics.parse_topic(msg.topic)
         except codec.WireError as exc:

@@ -208,6 +208,9 @@ class EdgeTrainer:
             body["ahead_of_aggregator"] = dict(self.ahead)
         if self.unheard is not None:
             body["aggregator"] = self.unheard
+        session = getattr(self, "session", None)  # the Last Will is built before the session
+        if session is not None and session.takeovers:  # another client holds our identity (stolen?)
+            body["takeovers"] = {"count": session.takeovers, "last": session.last_takeover}
         body["data"] = self._data_status()
         body["process"] = {  # for the console and its metrics: what a round costs this device
             "cpu_s_round": self.round_cpu_s,

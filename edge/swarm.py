@@ -130,7 +130,8 @@ class SwarmSession(MqttSession):
 
     def backoff(self) -> float:
         o = self.options
-        return min(o.reconnect_max_s, o.reconnect_min_s * 2 ** min(self._failures, 10))
+        usual = min(o.reconnect_max_s, o.reconnect_min_s * 2 ** min(self._failures, 10))
+        return max(usual, self.takeover_wait_s or 0.0)  # another client holds our identity: back off
 
     def stop(self, final: tuple[str, bytes] | None = None) -> None:
         """Publish ``final`` (queued; the loop sends it) and disconnect once it is out."""

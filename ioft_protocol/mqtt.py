@@ -5,10 +5,13 @@ before connecting; every (re)connect re-publishes the birth messages and
 re-subscribes from tracked state; paho reconnects with exponential backoff
 (capped at ``reconnect_max_s``, forever); every failed attempt is logged at INFO
 with its reason (refused, unresolvable, TLS handshake and why); bad credentials
-and refused certificates stop the retrying, and so does another client that
-keeps taking our client id (see ``SessionOptions.takeover_limit``); inbound
+and refused certificates stop the retrying; another client that keeps taking our
+client id (a copied device folder, a stolen certificate) makes the session back
+off, longer each time, and say so (see ``SessionOptions.takeover_limit``); inbound
 messages go to a bounded queue that the owner drains on its own thread, so slow
-work never blocks the network loop.
+work never blocks the network loop; outbound ones go through a bounded outbox
+(``ioft_protocol.outbox``) that holds them while the broker is away, so a publish
+never raises for a lost connection.
 
 The wire protocol is MQTT 3.1.1 so the session also works against embedded
 brokers that speak nothing newer (amqtt).
@@ -29,6 +32,8 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 import paho.mqtt.client as paho
+
+from ioft_protocol.outbox import Outbox, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +111,12 @@ class SessionOptions:
     ``will`` is published by the broker, retained, if we vanish without a clean disconnect.
     ``takeover_limit`` connections in a row that the broker closes within ``takeover_window_s``
     of accepting them mean another client holds our client id (MQTT 3.1.1: the broker drops
-    the older connection when one with the same id connects); the session then stops retrying
-    instead of knocking the other one off forever.
+    the older connection when one with the same id connects); the session then waits
+    ``takeover_backoff_s`` before its next attempt, doubling up to ``takeover_backoff_max_s``
+    while the takeovers go on, instead of knocking the other one off every second.  It never
+    gives up: a thief with a copied certificate must not silence the real device.
+    ``outbound_limit`` messages wait at most for the broker (the oldest is dropped), and
+    ``outbound_in_flight`` at most are handed to paho unacknowledged (``ioft_protocol.outbox``).
     """
 
     broker: BrokerAddress
@@ -125,6 +134,10 @@ class SessionOptions:
     reconnect_max_s: float = 10.0
     takeover_limit: int = 3
     takeover_window_s: float = 30.0
+    takeover_backoff_s: float = 5.0
+    takeover_backoff_max_s: float = 300.0
+    outbound_limit: int = 10_000
+    outbound_in_flight: int = 1_000
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -214,6 +227,14 @@ class MqttSession:
         self.last_error: str | None = None
         #: Connections the broker closed after accepting them (a takeover, a broker restart, ...).
         self.drops = 0
+        #: Times another client was found holding our identity, and when last (Unix time).
+        self.takeovers = 0
+        self.last_takeover: float | None = None
+        #: Seconds to wait before the next attempt while another client holds our identity.
+        self.takeover_wait_s: float | None = None
+        self.outbox = Outbox(
+            self._hand, self.connected.is_set, options.outbound_limit, options.outbound_in_flight
+        )
         self._taps: dict[str, Callable[[Message], bool | None]] = {}
         self._filter_taps: dict[str, Callable[[Message], bool | None]] = {}
         self.on_connect_hooks: list[Callable[[], None]] = []
@@ -241,6 +262,7 @@ class MqttSession:
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
+        client.on_publish = self._on_publish
         return client
 
     # -- lifecycle ---------------------------------------------------------
@@ -326,19 +348,57 @@ class MqttSession:
             self._client.unsubscribe(topic)
 
     def publish(
-        self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False, timeout: float | None = 10.0
-    ) -> None:
-        """Publish; with ``timeout`` wait for the broker's ack (QoS 1) or raise ``MqttError``."""
-        info = self._client.publish(topic, payload, qos=qos, retain=retain)
-        if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):
-            raise MqttError(f"publish to {topic} failed: {paho.error_string(info.rc)}")
-        if timeout is None:
-            return
-        deadline = time.monotonic() + timeout
-        while not info.is_published():
-            if time.monotonic() > deadline:
-                raise MqttError(f"no ack for publish to {topic} within {timeout} s")
-            time.sleep(0.002)
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        timeout: float | None = 10.0,
+        latest_only: bool | None = None,
+    ) -> Ticket:
+        """Publish now, or once the broker is back (never raises for a lost connection).
+
+        Parameters
+        ----------
+        timeout
+            Wait this long for the broker's ack (QoS 1) and raise ``MqttError`` without it; the
+            message stays queued and goes out once the connection is back.  ``None``: return at once.
+        latest_only
+            A newer message on ``topic`` makes this one stale: while it waits for the broker, the
+            newer one replaces it.  Default: ``retain`` (the broker keeps only the newest anyway).
+
+        Returns
+        -------
+        Ticket
+            ``wait(timeout)`` for the ack later.
+        """
+        if not topic or "+" in topic or "#" in topic:
+            raise ValueError(f"cannot publish to {topic!r}: a topic is non-empty and has no wildcards")
+        latest = retain if latest_only is None else latest_only
+        ticket = self.outbox.put(topic, payload, qos, retain, latest)
+        if timeout is not None and not ticket.wait(timeout):
+            why = "a newer message replaced it" if ticket.dropped else f"no ack within {timeout:g} s"
+            if not ticket.dropped and not self.connected.is_set():
+                why += " (not connected: it goes out once the broker is back)"
+            raise MqttError(f"publish to {topic}: {why}")
+        return ticket
+
+    def _hand(self, topic: str, payload: bytes, qos: int, retain: bool) -> tuple[int, bool]:
+        """The outbox hands paho one message: ``(mid, kept)``; paho keeps a QoS 1 message that
+        found the connection just gone and re-sends it after the reconnect."""
+        try:
+            info = self._client.publish(topic, payload, qos=qos, retain=retain)
+        except ValueError as exc:  # too large for MQTT: nothing to retry
+            log.error("dropped a message to %s: %s", topic, exc)
+            return 0, False
+        if info.rc == paho.MQTT_ERR_SUCCESS or (info.rc == paho.MQTT_ERR_NO_CONN and qos > 0):
+            return info.mid, True
+        log.warning("dropped a message to %s: %s", topic, paho.error_string(info.rc))
+        return info.mid, False
+
+    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        self.outbox.acked(mid)
 
     def get(self, timeout: float | None) -> Message | None:
         """Next inbound message, or ``None`` after ``timeout`` seconds."""
@@ -384,6 +444,7 @@ class MqttSession:
                 hook()
             except Exception:  # a hook must never kill the network thread
                 log.exception("on-connect hook failed")
+        self.outbox.pump()  # what waited for the broker goes out now
 
     def _on_connect_fail(self, client, userdata) -> None:
         self._diagnose(client)
@@ -405,18 +466,38 @@ class MqttSession:
             return  # our own disconnect
         self.drops += 1
         o = self.options
-        self._short_lived = self._short_lived + 1 if lasted_s < o.takeover_window_s else 0
+        if lasted_s >= o.takeover_window_s:
+            self._short_lived = 0
+            self._back_off(None)
+            return
+        self._short_lived += 1
         if self._short_lived < o.takeover_limit or self.fatal is not None:
             return
-        self.fatal = (
-            f"the broker {o.broker.url()} closed our connection {self._short_lived} times in a row right "
-            f"after accepting it: another client is connected with our identity (client id "
-            f"{o.client_id!r}, or the certificate's name where the broker uses it as client id); the same "
-            "device or aggregator is running twice, or a device folder was copied: stop the other one "
-            "(not retrying)"
+        self.takeovers += 1
+        self.last_takeover = time.time()
+        doublings = self._short_lived - o.takeover_limit
+        wait_s = min(o.takeover_backoff_max_s, o.takeover_backoff_s * 2 ** min(doublings, 30))
+        log.error(
+            "the broker %s closed our connection %d times in a row right after accepting it: another "
+            "client is connected with our identity (client id %r, or the certificate's name where the "
+            "broker uses it as client id); the same device or aggregator is running twice, a device "
+            "folder was copied, or its certificate was stolen: stop the other one (revoke the "
+            "certificate if it is not yours). Retrying in %g s",
+            o.broker.url(),
+            self._short_lived,
+            o.client_id,
+            wait_s,
         )
-        log.error(self.fatal)
-        client.disconnect()  # ends paho's retry loop
+        self._back_off(wait_s)
+
+    def _back_off(self, wait_s: float | None) -> None:
+        """Wait ``wait_s`` before each next attempt (a takeover); ``None``: paho's usual backoff."""
+        o = self.options
+        self.takeover_wait_s = wait_s
+        if wait_s is None:
+            self._client.reconnect_delay_set(max(1, int(o.reconnect_min_s)), int(o.reconnect_max_s))
+        else:
+            self._client.reconnect_delay_set(max(1, int(wait_s)), max(1, int(wait_s)))
 
     def _diagnose(self, client: paho.Client) -> None:
         """A failed attempt: say why at INFO, and stop retrying where retrying cannot help.
@@ -428,7 +509,9 @@ class MqttSession:
         """
         if self.fatal is not None:
             return
-        self._short_lived = 0  # the broker is away or refusing, not another client taking our id
+        if self._short_lived:  # the broker is away or refusing, not another client taking our id
+            self._short_lived = 0
+            self._back_off(None)
         self._attempts_failed += 1
         reason, fatal = self._probe()
         url = self.options.broker.url()

@@ -1,19 +1,23 @@
 """Twin identities (issue 13, item 3): a device id that is not its certificate's, two daemons with
-one identity, and a second aggregator for a fleet.  Real processes, a real mosquitto with the
+one identity, a stolen certificate in use beside its daemon (issue 23, item 11), and a second
+aggregator for a fleet.  Real processes, a real mosquitto with the
 config `fleet init` writes (the broker takes the certificate's CN as client id)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import paho.mqtt.client as paho
 import pytest
 
 from cloud_aggregator.broker import BrokerProcess
 from cloud_aggregator.fleet_init import AGGREGATOR, FleetLayout
 from cloud_aggregator.local_fleet import FLEET, aggregator_toml, pflda_task
+from ioft_protocol import topics
 from tests.conftest import tls_fleet_broker
 from tests.e2e.watched import Watched
 
@@ -21,6 +25,7 @@ pytestmark = pytest.mark.broker
 #: Guards against a hung test only; nothing here is a timing assertion.
 PATIENCE_S = 120.0
 TWIN = "another client is connected with our identity"
+BACKING_OFF = "Retrying in"
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +55,8 @@ def test_a_device_id_that_is_not_its_certificates_exits_2_in_one_line(fleet, tmp
     assert "'printer1'" in errors[0] and "Traceback" not in out.stderr
 
 
-def test_two_daemons_with_one_identity_stop_instead_of_knocking_each_other_off(fleet, tmp_path):
+def test_two_daemons_with_one_identity_back_off_and_say_so_instead_of_exiting(fleet, tmp_path):
+    """Issue 23, item 11: giving up would leave the real device silent until someone notices."""
     layout, broker = fleet
     twins = [
         Watched("edge.cli", _trainer_args(layout, broker, "printer1", "printer1", tmp_path / f"p{i}"))
@@ -60,16 +66,67 @@ def test_two_daemons_with_one_identity_stop_instead_of_knocking_each_other_off(f
         for t in twins:
             t.wait_until(lambda t=t: t.matching("connected to"), PATIENCE_S, "a first connection")
         twins[0].wait_until(
-            lambda: any(t.proc.poll() is not None for t in twins), PATIENCE_S, "a twin giving up"
+            lambda: any(t.matching(TWIN, BACKING_OFF) for t in twins), PATIENCE_S, "a twin backing off"
         )
-        stopped = [t for t in twins if t.proc.poll() is not None]
-        for t in stopped:
-            assert t.wait_exit(PATIENCE_S) != 0
-            assert t.matching(TWIN, "not retrying"), t.text
+        for t in twins:
+            assert t.proc.poll() is None, t.text
+            assert not t.matching("not retrying"), t.text
             assert "Traceback" not in t.text
     finally:
         for t in twins:
             t.stop()
+
+
+class _Thief:
+    """A client holding a copy of a device's certificate, reconnecting whenever it is knocked off."""
+
+    def __init__(self, layout: FleetLayout, broker: BrokerProcess, name: str) -> None:
+        self.client = paho.Client(
+            callback_api_version=paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311, client_id=name
+        )
+        self.client.tls_set(str(layout.ca_cert), str(layout.cert(name)), str(layout.key(name)))
+        self.client.reconnect_delay_set(1, 1)
+        self.client.connect_async("127.0.0.1", broker.port)
+        self.client.loop_start()
+
+    def stop(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def test_a_stolen_certificate_in_use_makes_the_daemon_back_off_and_report_it(fleet, tmp_path):
+    layout, broker = fleet
+    statuses: list[dict] = []
+    watcher = paho.Client(callback_api_version=paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
+    watcher.tls_set(str(layout.ca_cert), str(layout.cert(AGGREGATOR)), str(layout.key(AGGREGATOR)))
+    watcher.on_connect = lambda c, *a: c.subscribe(topics.topic_status(FLEET, "printer1"), qos=1)
+    watcher.on_message = lambda c, u, msg: statuses.append(json.loads(msg.payload))
+    watcher.connect("127.0.0.1", broker.port)
+    watcher.loop_start()
+    daemon = Watched("edge.cli", _trainer_args(layout, broker, "printer1", "printer1", tmp_path / "real"))
+    thief = None
+    try:
+        daemon.wait_until(lambda: daemon.matching("connected to"), PATIENCE_S, "the daemon connected")
+        thief = _Thief(layout, broker, "printer1")
+        daemon.wait_until(lambda: daemon.matching(TWIN, BACKING_OFF), PATIENCE_S, "the daemon backing off")
+        assert daemon.proc.poll() is None, daemon.text
+        thief.stop()
+        thief = None
+        daemon.wait_until(
+            lambda: any(s.get("state") == "online" and "takeovers" in s for s in statuses),
+            PATIENCE_S,
+            "a status reporting the takeover",
+        )
+        report = next(s["takeovers"] for s in statuses if "takeovers" in s)
+        assert report["count"] >= 1 and report["last"] is not None
+        assert daemon.proc.poll() is None, daemon.text
+        assert "Traceback" not in daemon.text
+    finally:
+        if thief is not None:
+            thief.stop()
+        daemon.stop()
+        watcher.disconnect()
+        watcher.loop_stop()
 
 
 def test_a_second_aggregator_for_the_fleet_refuses_to_start(fleet, tmp_path):
