@@ -43,6 +43,7 @@ from edge.optout import PauseWatch
 from edge.recording.base import STATUS_FILE as RECORDER_STATUS
 from edge.secagg_client import SecAggDevice
 from edge.segments import DatasetReader
+from edge.serving.server import Server
 from edge.task_state import TaskState, load_task_state, save_task_state
 from ioft_protocol import codec, restate, round_messages, topics
 from ioft_protocol.manifest import load_public_key
@@ -143,6 +144,13 @@ class EdgeTrainer:
                 unsubscribe=lambda topic: self.session.unsubscribe(topic),
                 tap=lambda topic, callback: self.session.tap(topic, callback),
             )
+        # answers for every new row the recorder feeds (edge.serving), on their own thread
+        self.serving = Server(
+            config,
+            self.state_dir,
+            lambda topic, payload: self.session.publish(topic, payload, retain=True, timeout=None),
+            lambda name: self.models.active(name) if self.models is not None else None,
+        )
         self.rounds_done = 0
         # buffered (FedBuff) tasks and a simulated pace: which announcement to answer, and when
         self.pacer = Pacer(
@@ -193,6 +201,8 @@ class EdgeTrainer:
             body["holdout"] = {task: score.to_json() for task, score in self.holdout.items()}
         if self.pause.reason is not None:
             body["paused"] = self.pause.reason
+        if self.serving.enabled:
+            body["serving"] = self.serving.status()
         body["data"] = self._data_status()
         body["process"] = {  # for the console and its metrics: what a round costs this device
             "cpu_s_round": self.round_cpu_s,
@@ -263,6 +273,7 @@ class EdgeTrainer:
         if self.models is not None:
             self.session.subscribe(topics.topic_model_offer_all(fleet))
         self.session.start(timeout=None)  # paho keeps retrying until the broker is there
+        self.serving.start()
         log.info(
             "%s running (state %s, %d train / %d test rows)",
             self.device,
@@ -275,6 +286,7 @@ class EdgeTrainer:
         """Once a second: the owner's pause file, and model pushes waiting for a retry."""
         if self.pause.changed():
             self._pause_changed()
+        self._status_due |= self.serving.take_changed()  # answers and refusals show in the status
         if self.models is not None and self.models.tick():
             self._publish_status()
         elif self._status_due and time.monotonic() - self._status_at >= self.config.round_status_s:
@@ -285,6 +297,7 @@ class EdgeTrainer:
         self.notifier.stopping(f"stopping after {self.rounds_done} rounds")
         if self.models is not None:
             self.models.close()
+        self.serving.close()
         self.session.stop(final=self._status("offline"))
         log.info("%s stopped after %d rounds", self.device, self.rounds_done)
 
@@ -550,6 +563,8 @@ class EdgeTrainer:
         self._save(ann.task, new_state)  # durable before it is announced to anyone
         self.tasks[ann.task] = new_state
         self._publish_upload(ann.task, new_state)
+        raw = (self.train, self.test, self.data_meta)  # the round's model answers rows if the gate lets it
+        self.serving.offer(ann.task, algo, ann.params, new_local, self._rows(algo), raw, ann.round)
         self.rounds_done += 1
         shown = [k for k in ("test_accuracy", "test_loss", "train_loss") if k in metrics]
         log.info(
