@@ -126,6 +126,13 @@ class EdgeTrainer:
         self._embedded: dict[str, tuple[int, Dataset, Dataset]] = {}
         # spec -> (rows it was fitted on, the same rows scaled) for tasks with scaling = "local"
         self._scaled: dict[str, tuple[Dataset, Dataset, Dataset, Dataset]] = {}
+        # answers for every new row the recorder feeds (edge.serving), on their own thread
+        self.serving = Server(
+            config,
+            self.state_dir,
+            lambda topic, payload: self.session.publish(topic, payload, retain=True, timeout=None),
+            lambda name: self.models.active(name) if self.models is not None else None,
+        )
         self.session = session_factory(self._session_options())
         # tasks with secagg: the update leaves masked, through the SecAgg stages (edge/secagg_client.py)
         self.secagg = SecAggDevice(
@@ -144,13 +151,6 @@ class EdgeTrainer:
                 unsubscribe=lambda topic: self.session.unsubscribe(topic),
                 tap=lambda topic, callback: self.session.tap(topic, callback),
             )
-        # answers for every new row the recorder feeds (edge.serving), on their own thread
-        self.serving = Server(
-            config,
-            self.state_dir,
-            lambda topic, payload: self.session.publish(topic, payload, retain=True, timeout=None),
-            lambda name: self.models.active(name) if self.models is not None else None,
-        )
         self.rounds_done = 0
         # buffered (FedBuff) tasks and a simulated pace: which announcement to answer, and when
         self.pacer = Pacer(

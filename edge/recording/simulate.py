@@ -160,6 +160,7 @@ class SimulatedWelder:
         rng = derive_rng(0, self.device, "welds")
         material, weld_time = GROUP_M_DOMAINS[int(rng.integers(len(GROUP_M_DOMAINS)))]
         start = datetime.now(UTC)
+        run = start.strftime("%Y%m%dT%H%M%S%f")  # each run's welds are new ones (the ledger skips repeats)
         if self._stop.wait(self.lead_s):
             return
         for i in range(self.welds):
@@ -167,9 +168,9 @@ class SimulatedWelder:
             name, (horn, anvil) = GROUP_M_CLASSES[i % len(GROUP_M_CLASSES)]
             rec = simulate_weld(
                 WeldCondition(horn, anvil, "clean", material, weld_time),
-                derive_rng(0, self.device, "weld", i),
+                derive_rng(0, self.device, "weld", run, i),
                 time_scale=0.3,
-                weld_id=f"{self.device}-{i:05d}",
+                weld_id=f"{self.device}-{run}-{i:03d}",
                 started_at=start + timedelta(seconds=self.weld_s * i),
             )
             if i % 4 != 3:  # the log labels it at once; every fourth weld waits for a label forever

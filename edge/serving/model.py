@@ -16,6 +16,7 @@ the serving model's score on the same rows by more than the margin.
 from __future__ import annotations
 
 import enum
+import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,7 @@ class ServingModel:
     metric_name: str = "none"
     created_at: float = field(default_factory=time.time)
     _algo: ClientAlgorithm | None = field(default=None, repr=False, compare=False)
+    _digest: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def algo(self) -> ClientAlgorithm:
@@ -86,8 +88,23 @@ class ServingModel:
         return self._algo
 
     @property
+    def digest(self) -> str:
+        """The first 12 hex digits of a SHA-256 over the parameters (names, shapes, bytes) and scaling."""
+        if self._digest is None:
+            h = hashlib.sha256()
+            arrays = {**with_prefix(self.shared, "shared"), **with_prefix(self.local, "local")}
+            if self.scale_mean is not None and self.scale_std is not None:
+                arrays |= {"scale.mean": self.scale_mean, "scale.std": self.scale_std}
+            for name in sorted(arrays):
+                a = np.ascontiguousarray(arrays[name])
+                h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+                h.update(a.tobytes())
+            self._digest = h.hexdigest()[:12]
+        return self._digest
+
+    @property
     def identity(self) -> ModelId:
-        return ModelId(self.task, self.round, self.encoder, self.encoder_version)
+        return ModelId(self.task, self.round, self.digest, self.encoder, self.encoder_version)
 
     # -- answering -------------------------------------------------------------------
     def outputs(self, x: np.ndarray, encoder=None) -> np.ndarray:

@@ -74,10 +74,13 @@ class Row:
 
 @dataclass(frozen=True)
 class ModelId:
-    """Which model answered: its task, the round it was trained in, its encoder's version (if any)."""
+    """Which model answered: its task, the round it was trained in, a digest of its parameters
+    (two models of one round number -- a task started over -- still differ) and its encoder's
+    name and version where the task embeds rows."""
 
     task: str
     round: int
+    digest: str = ""
     encoder: str | None = None
     encoder_version: int | None = None
 
@@ -130,6 +133,8 @@ class Answer:
         m = d.get("model")
         _check(isinstance(m, dict) and isinstance(m.get("task"), str), "answer model must name its task")
         _check(isinstance(m.get("round"), int), "answer model must name its round")
-        model = ModelId(m["task"], m["round"], m.get("encoder"), m.get("encoder_version"))
+        model = ModelId(
+            m["task"], m["round"], str(m.get("digest", "")), m.get("encoder"), m.get("encoder_version")
+        )
         known = {f for f in cls.__dataclass_fields__ if f not in ("model", "extra")}
         return cls(**{k: v for k, v in d.items() if k in known}, model=model)

@@ -345,10 +345,11 @@ class Server:
         self.gate.pop(task, None)
         self._changed = True
         log.info(
-            "%s: task %s now serves its model of round %d (test %s %s)",
+            "%s: task %s now serves its model of round %d, %s (test %s %s)",
             self.device,
             task,
             round_,
+            candidate.digest,
             name,
             "n/a" if score is None else f"{score:.4f}",
         )
@@ -378,6 +379,7 @@ class Server:
             "models": {
                 t: {
                     "round": m.round,
+                    "digest": m.digest,
                     "metric": m.metric,
                     "metric_name": m.metric_name,
                     "encoder": m.encoder,
