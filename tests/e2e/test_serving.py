@@ -51,12 +51,16 @@ def train(fleet, device: str, task: dict, rounds: int, folder: str = "aggregator
     """Start the trainer (if not running) and an aggregator for ``task``; wait until it is done."""
     if device not in fleet.devices:
         fleet.start_device(device, "--log-level", "INFO", simulate=None)
-    toml = aggregator_toml(fleet.broker_url, fleet.work / folder, [task], expected=[device], startup_wait_s=30)
+    toml = aggregator_toml(
+        fleet.broker_url, fleet.work / folder, [task], expected=[device], startup_wait_s=30
+    )
     fleet.start_aggregator(toml, name=folder)
     assert fleet.wait_aggregator(180) == 0, fleet.log(folder)[-3000:]
     fleet.wait_for(
-        lambda: f"serves its model of round {rounds}" in fleet.log(device)
-        or "does not serve" in fleet.log(device),
+        lambda: (
+            f"serves its model of round {rounds}" in fleet.log(device)
+            or "does not serve" in fleet.log(device)
+        ),
         30,
         f"{device}'s round {rounds} model reaching the gate",
     )
@@ -79,7 +83,9 @@ def test_every_printer_layer_is_answered(fleet_procs):
         record(work, dev, "printer", "--layers", "8", "--layer-s", "0.3")
         fed = [r for r in read_log(feed_path(work / dev))[0] if "#2/" in r["key"]]  # the second print run
         assert len(fed) >= 6
-        fleet_procs.wait_for(lambda: len(answers(sniffer, dev, "speed")) >= len(fed), 30, "an answer per layer")
+        fleet_procs.wait_for(
+            lambda: len(answers(sniffer, dev, "speed")) >= len(fed), 30, "an answer per layer"
+        )
     finally:
         sniffer.stop()
     got = answers(sniffer, dev, "speed")
@@ -94,8 +100,13 @@ def test_every_printer_layer_is_answered(fleet_procs):
     logged = [r for r in read_log(work / dev / "serving" / "answers.jsonl")[0] if r["key"] in by_key]
     assert sorted(r["key"] for r in logged) == sorted(by_key)
     fleet_procs.wait_for(
-        lambda: retained_status(fleet_procs.broker_url, dev).get("serving", {}).get("answered", {}).get("speed", 0)
-        >= len(fed),
+        lambda: (
+            retained_status(fleet_procs.broker_url, dev)
+            .get("serving", {})
+            .get("answered", {})
+            .get("speed", 0)
+            >= len(fed)
+        ),
         30,
         "the status counting the answers",
     )
