@@ -14,6 +14,9 @@ each model's active version and refusals in its retained status.  A task whose
 hyperparameters say ``"features": "onnx:<model>"`` trains on that model's
 embeddings of the local data, computed by onnxruntime before the client update.
 
+Rows that edge-recorder feeds are answered at once by each task's serving model, on a thread
+of its own (``edge.serving``); after each round the round's personalized model is offered to it.
+
 A task spec with ``feature_schema`` set is refused unless the local dataset's meta
 carries the same ``schema_hash`` (weld features of another recipe, windows of another
 layout, or data with no schema at all): the refusal is logged once per task and spec

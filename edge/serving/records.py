@@ -53,7 +53,11 @@ class Row:
     @classmethod
     def from_json(cls, line: str | bytes) -> Row:
         """Parse one feed line; ``ValueError`` names the first bad field."""
-        d = json.loads(line)
+        return cls.from_dict(json.loads(line))
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Row:
+        """A row from a parsed feed line; ``ValueError`` names the first bad field."""
         _check(isinstance(d, dict), "a row must be a JSON object")
         _check(
             d.get("kind") in ROW_KINDS, f"row kind must be one of {list(ROW_KINDS)}, got {d.get('kind')!r}"

@@ -85,6 +85,7 @@ class Server:
         self.publish_errors = 0
         self.last_latency_s: float | None = None
         self._changed = False
+        self._lock = threading.Lock()  # the round loop swaps models while the serving thread answers
         self._said: set[tuple[str, str]] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -100,7 +101,8 @@ class Server:
 
     def serves(self, task: str) -> bool:
         """Whether ``task`` answers rows here (``[serve] tasks``; empty: every task the device trains)."""
-        return self.enabled and (not self.cfg.tasks or task in self.cfg.tasks)
+        trains = not self.config.tasks or task in self.config.tasks
+        return self.enabled and trains and (not self.cfg.tasks or task in self.cfg.tasks)
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -220,7 +222,7 @@ class Server:
         for record in self._tail.read():
             self.rows += 1
             try:
-                row = Row.from_json(json.dumps(record))
+                row = Row.from_dict(record)
             except ValueError as exc:
                 self._refuse("*", Refusal.BAD_ROW, str(exc))
                 continue
@@ -241,8 +243,10 @@ class Server:
                 enc = self.encoder(model.encoder) if model.encoder is not None else None
                 ans = model.answer(row, enc)
             except Refused as exc:
-                if exc.reason is Refusal.NOT_FINITE and self.models.get(task) is model:
-                    del self.models[task]  # not served again until a round brings a finite one
+                if exc.reason is Refusal.NOT_FINITE:
+                    with self._lock:  # not served again until a round brings a finite one
+                        if self.models.get(task) is model:
+                            del self.models[task]
                 self._refuse(task, exc.reason, str(exc))
                 continue
             payload = ans.encode()
@@ -341,7 +345,8 @@ class Server:
                 exc,
             )
             return False
-        self.models[task] = candidate  # one assignment: a row is answered by the old model or the new
+        with self._lock:
+            self.models[task] = candidate  # one assignment: a row is answered by the old model or the new
         self.gate.pop(task, None)
         self._changed = True
         log.info(

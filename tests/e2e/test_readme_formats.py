@@ -30,6 +30,11 @@ def test_the_device_toml_example_limits_tasks_and_algorithms():
     assert cfg.tasks == ["tool", "tool-head"] and cfg.algorithms == ["fedavg"]
 
 
+def test_the_serve_example_is_a_device_config():
+    cfg = build(DeviceConfig, {"device": "welder2", **tomllib.loads(example("serve.toml"))}, "README serve.toml")
+    assert cfg.serve.tasks == ["tool"] and cfg.serve.margin == 0.05
+
+
 def test_the_head_task_example_validates_on_the_aggregator():
     text = 'fleet = "plant-a"\nallow_plaintext = true\n' + example("head-task.toml")
     cfg = build(AggregatorConfig, tomllib.loads(text), "README head task")

@@ -287,3 +287,32 @@ def test_predict_prints_an_answer_per_row_and_refuses_bad_input_in_one_line(tmp_
         done = predict(bad)
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert "Traceback" not in done.stderr
+
+
+class Encoder:
+    """Stands in for an active ONNX encoder (:class:`edge.onnx_model.LoadedModel`): version and run."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, np.float32)[:, :1] * 2
+
+
+def test_a_task_that_embeds_rows_answers_only_with_its_encoder_version(tmp_path):
+    encoders = {"enc": Encoder(3)}
+    config = DeviceConfig(device="p1", state_dir=str(tmp_path))
+    srv = Server(config, tmp_path, lambda *_: None, encoders.get)
+    spec = json.loads(SPEC) | {"hparams": {"loss": "mse", "features": "onnx:enc"}}
+    algo = make_client(TaskSpec.from_json(json.dumps(spec)))
+    raw = Dataset(np.hstack([rows(40, 0).x, np.zeros((40, 2))]), rows(40, 0).y)  # 3 raw features, 1 embedded
+    emb = Dataset(raw.x[:, :1] * 2, raw.y)
+    assert srv.offer("speed", algo, linear(1.0, 0.5), {}, (emb, emb, 3), (raw, raw, {}), 1)
+    model = srv.models["speed"]
+    assert (model.width, model.encoder, model.encoder_version) == (3, "enc", 3)
+    row = Row("layer", "job#1/1", time.time(), (0.5, 0.0, 0.0), commanded=40.0)
+    ans = model.answer(row, encoders["enc"])
+    assert ans.expected_speed == pytest.approx((1.0 * 1.0 + 0.5) * 50)
+    assert (ans.model.encoder, ans.model.encoder_version) == ("enc", 3)
+    encoders["enc"] = Encoder(4)  # a newer encoder was pushed: this model was not trained on it
+    assert srv.answer(row) == 0 and srv.status()["refused"]["speed"] == {Refusal.ENCODER.value: 1}
