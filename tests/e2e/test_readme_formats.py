@@ -31,7 +31,9 @@ def test_the_device_toml_example_limits_tasks_and_algorithms():
 
 
 def test_the_serve_example_is_a_device_config():
-    cfg = build(DeviceConfig, {"device": "welder2", **tomllib.loads(example("serve.toml"))}, "README serve.toml")
+    cfg = build(
+        DeviceConfig, {"device": "welder2", **tomllib.loads(example("serve.toml"))}, "README serve.toml"
+    )
     assert cfg.serve.tasks == ["tool"] and cfg.serve.margin == 0.05
 
 

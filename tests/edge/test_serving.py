@@ -316,3 +316,33 @@ def test_a_task_that_embeds_rows_answers_only_with_its_encoder_version(tmp_path)
     assert (ans.model.encoder, ans.model.encoder_version) == ("enc", 3)
     encoders["enc"] = Encoder(4)  # a newer encoder was pushed: this model was not trained on it
     assert srv.answer(row) == 0 and srv.status()["refused"]["speed"] == {Refusal.ENCODER.value: 1}
+
+
+def wait_for(cond, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not cond():
+        assert time.monotonic() < deadline, f"never saw {what}"
+        time.sleep(0.01)
+
+
+def test_rows_fed_while_the_trainer_was_down_are_answered_when_it_is_back(tmp_path):
+    published: list = []
+    srv = server(tmp_path, published)
+    offer(srv, linear(2.0, 0.5), 1)
+    srv.start()
+    feed = RowFeed(tmp_path)
+    try:
+        feed.put(layer("job#1/0", 0.1))
+        wait_for(lambda: len(published) == 1, "the first answer")
+        srv.close()  # the trainer stops (its feed position is saved)
+        for i in (1, 2):
+            feed.put(layer(f"job#1/{i}", 0.1))  # the recorder goes on meanwhile
+        again = server(tmp_path, published)  # restarted: the model comes back from disk
+        again.start()
+        feed.put(layer("job#1/3", 0.1))
+        wait_for(lambda: len(published) == 4, "answers for the rows fed while it was down")
+        again.close()
+    finally:
+        feed.close()
+    assert [json.loads(p)["key"] for _, p in published] == [f"job#1/{i}" for i in range(4)]
+    assert {json.loads(p)["model"]["round"] for _, p in published} == {1}
