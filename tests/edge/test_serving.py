@@ -346,3 +346,13 @@ def test_rows_fed_while_the_trainer_was_down_are_answered_when_it_is_back(tmp_pa
         feed.close()
     assert [json.loads(p)["key"] for _, p in published] == [f"job#1/{i}" for i in range(4)]
     assert {json.loads(p)["model"]["round"] for _, p in published} == {1}
+
+
+def test_the_answer_topic_is_per_device_and_task_and_parses_back():
+    from ioft_protocol import topics
+
+    topic = topics.topic_answer("plant", "welder2", "tool")
+    assert topic == "ioft/v1/plant/answer/welder2/tool"
+    assert topics.parse_topic(topic) == topics.Topic("answer", "plant", task="tool", device="welder2")
+    assert topics.topic_answer_all("plant") == "ioft/v1/plant/answer/+/+"
+    assert topics.topic_answer_all("plant", "welder2") == "ioft/v1/plant/answer/welder2/+"
