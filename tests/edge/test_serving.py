@@ -23,6 +23,7 @@ from edge.serving.jsonlog import JsonLinesLog, Tail, read_log
 from edge.serving.model import Refusal, ServingModel
 from edge.serving.records import Answer, ModelId, Row
 from edge.serving.server import Server, model_path
+from ioft_protocol import topics
 from trainer_lite.algorithms import make_client
 from trainer_lite.data import Dataset
 from trainer_lite.task import TaskSpec
@@ -349,8 +350,6 @@ def test_rows_fed_while_the_trainer_was_down_are_answered_when_it_is_back(tmp_pa
 
 
 def test_the_answer_topic_is_per_device_and_task_and_parses_back():
-    from ioft_protocol import topics
-
     topic = topics.topic_answer("plant", "welder2", "tool")
     assert topic == "ioft/v1/plant/answer/welder2/tool"
     assert topics.parse_topic(topic) == topics.Topic("answer", "plant", task="tool", device="welder2")
