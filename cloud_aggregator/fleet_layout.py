@@ -212,6 +212,8 @@ topic read {p}/rollcall
     )
     return f"""pattern write {p}/task/+/up/%u
 pattern write {p}/status/%u
+# Its answers to its own new rows (edge.serving): only the device writes them.
+pattern write {p}/answer/%u/+
 pattern read {p}/task/+/down/%u
 # Secure aggregation: each device writes its own SecAgg answers and reads only what is addressed to it.
 pattern write {p}/task/+/secagg/up/%u
@@ -243,6 +245,7 @@ def bridge_acl_text(fleet: str, bridge: str, devices: Sequence[str], worker: str
         lines += [
             *([] if worker else [f"topic write {p}/task/+/up/{d}"]),
             f"topic write {p}/status/{d}",
+            f"topic write {p}/answer/{d}/+",
             f"topic write {p}/task/+/secagg/up/{d}",
             f"topic read {p}/task/+/down/{d}",
             f"topic read {p}/task/+/secagg/down/{d}",
@@ -289,6 +292,7 @@ def acl_text(
 user {AGGREGATOR}
 topic read {p}/task/+/up/+
 topic read {p}/status/+
+topic read {p}/answer/+/+
 topic readwrite {p}/task/+/down
 topic readwrite {p}/task/+/down/+
 topic read {p}/task/+/secagg/up/+
@@ -307,6 +311,7 @@ topic write {p}/agg/ctl
 user {OPERATOR}
 topic readwrite {p}/model/#
 topic read {p}/status/+
+topic read {p}/answer/+/+
 topic write {p}/rollcall
 {plants}"""
 

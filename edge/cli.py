@@ -14,6 +14,7 @@ from cryptography.x509.oid import NameOID
 from edge import optout
 from edge.config import DeviceConfig, resolve_relative_files
 from edge.daemon import EdgeTrainer
+from edge.serving import predict
 from edge.swarm import Swarm
 from ioft_protocol.cli import check_broker_login, entry_point
 from ioft_protocol.config import ConfigError, build, load_toml
@@ -24,7 +25,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="edge-trainer",
         description="ioft device daemon: trains this machine's personalized model with its fleet over MQTT.",
         epilog="The device's owner opts out and back in, the daemon running: "
-        "edge-trainer pause|resume --config FILE [--note TEXT].",
+        "edge-trainer pause|resume --config FILE [--note TEXT]. One-off answers from the serving "
+        "models: edge-trainer predict --config FILE ROWS_OR_WELD_FILE.",
     )
     p.add_argument("--device", required=True, help="this device's id, e.g. printer3")
     p.add_argument("--config", type=Path, help="TOML config file (CLI flags override it)")
@@ -157,12 +159,23 @@ def run_swarm(config: DeviceConfig, count: int, first: int) -> int:
     return 0
 
 
-@entry_point("edge-trainer")
+def predict_rows(argv: list[str]) -> int:
+    """``edge-trainer predict --config FILE ROWS_OR_WELD_FILE`` (:mod:`edge.serving.predict`)."""
+    p = argparse.ArgumentParser(
+        prog="edge-trainer", description="predict: one answer per row (JSON lines) from the serving models."
+    )
+    predict.add_arguments(p)
+    return predict.run(p.parse_args(argv))
+
+
+@entry_point("edge-trainer", mistakes=(predict.PredictError,))
 def main(argv: list[str] | None = None) -> int:
     """Run the device daemon until SIGTERM/SIGINT; a user mistake is one line and exit 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in optout.COMMANDS:
         return pause_or_resume(argv)
+    if argv and argv[0] == "predict":
+        return predict_rows(argv)
     args = parse_args(argv)
     setup_logging(args.log_level, args.device)
     config = config_from_args(args)

@@ -236,6 +236,46 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class ServeConfig:
+    """``[serve]``: the answers this machine's own models give to every new layer or weld (``edge.serving``).
+
+    Parameters
+    ----------
+    enabled
+        Answer rows at all (only a device whose rows come from ``edge-recorder``,
+        ``[data] source = "state"``, has rows to answer).
+    tasks
+        The tasks that answer (empty: every task the device trains).
+    margin
+        The gate: a round's model replaces the serving one unless its score on the device's
+        own test split (accuracy, or R²) is lower by more than this (as ``[model] rollback_margin``).
+    log_max_bytes, log_keep, log_max_age_s
+        The local answer log ``serving/answers.jsonl`` rotates at this size or age and keeps
+        this many older files.
+    """
+
+    enabled: bool = True
+    tasks: list[str] = field(default_factory=list)
+    margin: float = 0.05
+    log_max_bytes: int = 1 << 20
+    log_keep: int = 4
+    log_max_age_s: float = 86400.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 0.0 <= self.margin <= 1.0:
+            problems.append(f"serve.margin must be in [0, 1], got {self.margin}")
+        if self.log_max_bytes < 4096 or self.log_keep < 1:
+            problems.append("serve.log_max_bytes must be >= 4096 and serve.log_keep >= 1")
+        if not self.log_max_age_s > 0:
+            problems.append(f"serve.log_max_age_s must be > 0, got {self.log_max_age_s}")
+        for task in self.tasks:
+            check_id("task", task)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True)
 class SimulateConfig:
     """``[simulate]``: a simulated machine's pace, for benchmarks and tests (``edge.buffered``).
 
@@ -302,6 +342,7 @@ class DeviceConfig:
     #: Whether this device demands its SecAgg neighbours' keys signed by fleet certificates, whatever
     #: the task says (unset: when it holds a certificate, ``[tls] cert_file``); it signs its own then.
     secagg_signed_keys: bool | None = None
+    serve: ServeConfig = field(default_factory=ServeConfig)  # [serve]: answers for every new row
 
     def __post_init__(self) -> None:
         check_id("device", self.device)

@@ -14,6 +14,9 @@ each model's active version and refusals in its retained status.  A task whose
 hyperparameters say ``"features": "onnx:<model>"`` trains on that model's
 embeddings of the local data, computed by onnxruntime before the client update.
 
+Rows that edge-recorder feeds are answered at once by each task's serving model, on a thread
+of its own (``edge.serving``); after each round the round's personalized model is offered to it.
+
 A task spec with ``feature_schema`` set is refused unless the local dataset's meta
 carries the same ``schema_hash`` (weld features of another recipe, windows of another
 layout, or data with no schema at all): the refusal is logged once per task and spec
@@ -43,6 +46,7 @@ from edge.optout import PauseWatch
 from edge.recording.base import STATUS_FILE as RECORDER_STATUS
 from edge.secagg_client import SecAggDevice, secagg_identity
 from edge.segments import DatasetReader
+from edge.serving.server import Server
 from edge.task_state import TaskState, load_task_state, save_task_state
 from ioft_protocol import codec, restate, round_messages, topics
 from ioft_protocol.manifest import load_public_key
@@ -132,6 +136,13 @@ class EdgeTrainer:
         self._embedded: dict[str, tuple[int, Dataset, Dataset]] = {}
         # spec -> (rows it was fitted on, the same rows scaled) for tasks with scaling = "local"
         self._scaled: dict[str, tuple[Dataset, Dataset, Dataset, Dataset]] = {}
+        # answers for every new row the recorder feeds (edge.serving), on their own thread
+        self.serving = Server(
+            config,
+            self.state_dir,
+            lambda topic, payload: self.session.publish(topic, payload, retain=True, timeout=None),
+            lambda name: self.models.active(name) if self.models is not None else None,
+        )
         self.session = session_factory(self._session_options())
         # tasks with secagg: the update leaves masked, through the SecAgg stages (edge/secagg_client.py)
         self.secagg = SecAggDevice(
@@ -211,6 +222,8 @@ class EdgeTrainer:
         session = getattr(self, "session", None)  # the Last Will is built before the session
         if session is not None and session.takeovers:  # another client holds our identity (stolen?)
             body["takeovers"] = {"count": session.takeovers, "last": session.last_takeover}
+        if self.serving.enabled:
+            body["serving"] = self.serving.status()
         body["data"] = self._data_status()
         body["process"] = {  # for the console and its metrics: what a round costs this device
             "cpu_s_round": self.round_cpu_s,
@@ -285,6 +298,7 @@ class EdgeTrainer:
         if self.models is not None:
             self.session.subscribe(topics.topic_model_offer_all(fleet))
         self.session.start(timeout=None)  # paho keeps retrying until the broker is there
+        self.serving.start()
         log.info(
             "%s running (state %s, %d train / %d test rows)",
             self.device,
@@ -298,6 +312,7 @@ class EdgeTrainer:
         if self.pause.changed():
             self._pause_changed()
         self._check_heard()
+        self._status_due |= self.serving.take_changed()  # answers and refusals show in the status
         if self.models is not None and self.models.tick():
             self._publish_status()
         elif self._status_due and time.monotonic() - self._status_at >= self.config.round_status_s:
@@ -338,6 +353,7 @@ class EdgeTrainer:
         self.notifier.stopping(f"stopping after {self.rounds_done} rounds")
         if self.models is not None:
             self.models.close()
+        self.serving.close()
         self.session.stop(final=self._status("offline"))
         log.info("%s stopped after %d rounds", self.device, self.rounds_done)
 
@@ -612,6 +628,8 @@ class EdgeTrainer:
         self._save(ann.task, new_state)  # durable before it is announced to anyone
         self.tasks[ann.task] = new_state
         self._publish_upload(ann.task, new_state)
+        raw = (self.train, self.test, self.data_meta)  # the round's model answers rows if the gate lets it
+        self.serving.offer(ann.task, algo, ann.params, new_local, self._rows(algo), raw, ann.round)
         self.rounds_done += 1
         shown = [k for k in ("test_accuracy", "test_loss", "train_loss") if k in metrics]
         log.info(

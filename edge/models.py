@@ -52,7 +52,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from edge.config import ModelConfig
 from edge.model_transfer import RefusedError, Transfer
-from edge.onnx_model import LoadedModel, ModelLoadError, holdout_score
+from edge.onnx_model import LoadedModel, ModelLoadError, holdout_score, no_worse
 from ioft_protocol import codec, model_push, topics
 from ioft_protocol.manifest import (
     ManifestError,
@@ -515,7 +515,7 @@ class ModelManager:
             self._refuse(name, m.version, f"failed its smoke test: {exc}{keep}", digest)
             return
         old_metric = current.get("metric") if current else None
-        if metric is not None and old_metric is not None and metric < old_metric - self.cfg.rollback_margin:
+        if not no_worse(metric, old_metric, self.cfg.rollback_margin):
             path.unlink(missing_ok=True)
             self._refuse(
                 name,

@@ -82,6 +82,15 @@ class LoadedModel:
         return np.concatenate(outs) if outs else np.empty((0, self.manifest.output.row_size), np.float32)
 
 
+def no_worse(metric: float | None, reference: float | None, margin: float) -> bool:
+    """The rollback rule: a new model whose score (higher is better) is below the one it would
+    replace by more than ``margin`` is refused; without both scores there is nothing to judge by.
+
+    Used for ONNX pushes (``edge.models``) and for the models that answer rows (``edge.serving``).
+    """
+    return metric is None or reference is None or metric >= reference - margin
+
+
 def _standardize(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mu, sd = train.mean(axis=0), train.std(axis=0)
     sd = np.where(sd > 1e-8, sd, 1.0)

@@ -42,6 +42,19 @@ def topic_status_all(fleet: str) -> str:
     return f"{PROTOCOL}/{check_id('fleet', fleet)}/status/+"
 
 
+def topic_answer(fleet: str, device: str, task: str) -> str:
+    """A device's answers to its new rows for one task (``edge.serving``): QoS 1, the latest retained."""
+    return (
+        f"{PROTOCOL}/{check_id('fleet', fleet)}/answer/{check_id('device', device)}/{check_id('task', task)}"
+    )
+
+
+def topic_answer_all(fleet: str, device: str = "+") -> str:
+    """Every task's answers of ``device`` (default: of every device)."""
+    dev = device if device == "+" else check_id("device", device)
+    return f"{PROTOCOL}/{check_id('fleet', fleet)}/answer/{dev}/+"
+
+
 def topic_roll_call(fleet: str) -> str:
     """The aggregator asks every device to publish its status again (``ioft_protocol.restate``)."""
     return f"{PROTOCOL}/{check_id('fleet', fleet)}/rollcall"
@@ -66,7 +79,7 @@ def topic_model_chunk(fleet: str, name: str, version: int, index: int) -> str:
 @dataclass(frozen=True)
 class Topic:
     """A parsed topic: ``kind`` is ``down``, ``down_device``, ``up``, ``secagg_up``, ``secagg_down``,
-    ``status``, ``roll_call``, ``model_offer`` or ``model_chunk`` (then ``model``, ``version`` and ``index`` say which)."""
+    ``status``, ``answer``, ``roll_call``, ``model_offer`` or ``model_chunk`` (then ``model``, ``version`` and ``index`` say which)."""
 
     kind: str
     fleet: str
@@ -91,6 +104,8 @@ def parse_topic(topic: str) -> Topic:
     fleet, rest = check_id("fleet", parts[2]), parts[3:]
     if rest == ["rollcall"]:
         return Topic("roll_call", fleet)
+    if rest[0] == "answer" and len(rest) == 3:
+        return Topic("answer", fleet, check_id("task", rest[2]), check_id("device", rest[1]))
     if rest[0] == "status" and len(rest) == 2:
         return Topic("status", fleet, device=check_id("device", rest[1]))
     if rest[0] == "task" and len(rest) >= 3:

@@ -44,6 +44,10 @@ Train/test split (deterministic, documented)
     changes or the layer number does not increase.  The same unit always lands in the
     same split, also across restarts.
 
+Serving: every row is also handed at once to ``edge-trainer``'s serving model through the row
+feed (:mod:`edge.serving.feed`) -- a layer as it is stored, a weld as soon as its features
+exist, labelled or not -- so the machine's own model answers it (:mod:`edge.serving`).
+
 Reporting: faults are logged as they happen and ``<state_dir>/recorder-status.json``
 (written atomically every ``status_every_s`` and on exit) holds the sensor and
 context status, row counts and the drop counts by reason.  SIGTERM/SIGINT end the

@@ -19,6 +19,7 @@ from edge.config import SensorsConfig
 from edge.dataset import DIR as DATASET_DIR
 from edge.segment_writer import SegmentWriter
 from edge.segments import DatasetReader
+from edge.serving.feed import RowFeed
 from ioft_protocol.service import Notifier
 from ioft_protocol.state import StateError, atomic_write_json
 
@@ -188,6 +189,7 @@ class RecorderLoop:
         self._next_status = -math.inf
         self._stop = threading.Event()
         self.notifier = Notifier()  # systemd's READY / WATCHDOG / STOPPING; run() takes the real one
+        self.feed = RowFeed(self.state_dir)  # every new row, at once, to the trainer's serving model
 
     # subclasses
     def start(self) -> None: ...
@@ -251,6 +253,7 @@ class RecorderLoop:
                 self.finish()
             finally:
                 self.write_status(final=True)
+                self.feed.close()
         log.info("%s recorder stopped: %d rows appended this run", self.kind, self.appended)
 
     def _maybe_status(self) -> None:
@@ -269,6 +272,7 @@ class RecorderLoop:
             "appended": self.appended,
             "last_row_at": self.last_row_at,
             "loop_errors": self.loop_errors,
+            "serving_feed": self.feed.status(),
             **self.status(),
         }
         try:

@@ -16,7 +16,7 @@ from edge.cli import device_toml, setup_logging
 from edge.config import DeviceConfig
 from edge.recording.base import RecorderError
 from edge.recording.printer import PrinterRecorder
-from edge.recording.simulate import SIMULATED_KINDS, SimulatedPrinter
+from edge.recording.simulate import SIMULATED_KINDS, SimulatedPrinter, SimulatedWelder
 from edge.recording.welder import WelderRecorder
 from ioft_protocol.cli import entry_point
 from ioft_protocol.config import build
@@ -68,12 +68,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--simulate",
         choices=SIMULATED_KINDS,
         help="try the real recorder before the hardware arrives: a fake I2C accelerometer and a "
-        "loopback Moonraker play a simulated print",
+        "loopback Moonraker play a simulated print (printer), or simulated welds land in a watched "
+        "folder with their maintenance log (welder)",
     )
     p.add_argument(
         "--layers", type=int, default=20, help="with --simulate: layers in the print; it stops after them"
     )
     p.add_argument("--layer-s", type=float, default=1.0, help="with --simulate: seconds per layer")
+    p.add_argument(
+        "--welds", type=int, default=12, help="with --simulate welder: welds exported; it stops after them"
+    )
+    p.add_argument("--weld-s", type=float, default=0.5, help="with --simulate welder: seconds between welds")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = p.parse_args(argv)
     if args.simulate is None and (args.device is None or args.config is None):
@@ -94,13 +99,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def simulate(args: argparse.Namespace) -> int:
-    """``--simulate printer``: the real recorder on a simulated printer, until the print ends or a signal."""
-    device = args.device or "sim-printer"
+    """``--simulate printer|welder``: the real recorder on a simulated machine, until it ends or a signal."""
+    device = args.device or f"sim-{args.simulate}"
     setup_logging(args.log_level, device)
     sensors = None
     if args.config is not None:
         sensors = build(DeviceConfig, device_toml(args.config, device, None), str(args.config)).sensors
     state_dir = Path(args.state_dir) if args.state_dir else Path("ioft-sim") / device
+    if args.simulate == "welder":
+        return simulate_welder(device, state_dir, sensors, args)
     sim = SimulatedPrinter(args.layers, args.layer_s)
     try:
         recorder = sim.recorder(device, state_dir, sensors)
@@ -111,6 +118,19 @@ def simulate(args: argparse.Namespace) -> int:
             sim.moonraker.url,
             state_dir,
         )
+        run_until_signalled(recorder, until=sim.finished)
+    finally:
+        sim.close()
+    return 0
+
+
+def simulate_welder(device: str, state_dir: Path, sensors, args: argparse.Namespace) -> int:
+    """``--simulate welder``: the real welder recorder on a folder a simulated welder fills."""
+    sim = SimulatedWelder(device, state_dir, args.welds, args.weld_s)
+    try:
+        recorder = sim.recorder(state_dir, sensors)
+        log.info("simulated welder: %d welds every %.2f s into %s", args.welds, args.weld_s, sim.inbox)
+        sim.start()
         run_until_signalled(recorder, until=sim.finished)
     finally:
         sim.close()

@@ -20,6 +20,7 @@ import numpy as np
 from edge.config import SensorsConfig
 from edge.dataset import DIR as DATASET_DIR
 from edge.recording.base import DatasetAppender, RecorderLoop, split_for
+from edge.serving.records import Row
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +317,10 @@ class PrinterRecorder(RecorderLoop):
             x, y = to_xy(np.array([values]))
             key, split = self._unit(row)
             self.data.add(split, x[0], y[0])
+            run = f"{row.job}#{self.run_state['n']}"  # type: ignore[index] -- _unit set it
+            self.feed.put(
+                Row("layer", f"{run}/{row.layer}", time.time(), tuple(x[0]), commanded=float(row.speed))
+            )
             added += 1
             log.debug("layer %s -> %s (speed %.2f, sigma_a %.4f)", key, split, row.speed, row.sigma_a)
         meta = {"run": self.run_state, "runs": self.runs, "dropped_layers": self._dropped()}

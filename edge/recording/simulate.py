@@ -1,27 +1,36 @@
-"""``edge-recorder --simulate printer``: the real printer recorder before the chip arrives.
+"""``edge-recorder --simulate printer|welder``: the real recorders before the hardware arrives.
 
 The recorder, its ADXL345 driver, its Moonraker client and its dataset writer are the ones a
 real printer runs; only the ends are simulated (:mod:`sensors.sim.printer_host`): the chip sits
 on a fake I2C bus whose FIFO plays a simulated print's vibration, and a Moonraker on loopback
 answers from the same print's timeline.  The print is ``layers`` layers of ``layer_s`` seconds on
 the real clock; layer ``i`` runs at ``30 + i`` mm/s, so the stored rows are easy to check.
+
+The welder (:class:`SimulatedWelder`) is the real welder recorder on a watched folder that a
+thread fills the way a weld monitor exports: one simulated weld (FTL-TP group M, NPY + sidecar +
+``.done`` marker) every ``weld_s`` seconds, its tool condition appended to the maintenance log
+at once, except every fourth weld, which the log never labels (it is answered, never stored).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from edge.config import SensorsConfig
 from edge.recording.base import RecorderError
 from edge.recording.printer import PrinterRecorder
+from edge.recording.welder import WelderRecorder
 from sensors.sim.printer_host import FakeMoonraker, fake_printer_bus, short_timeline
 
 log = logging.getLogger(__name__)
 
-SIMULATED_KINDS = ("printer",)
+SIMULATED_KINDS = ("printer", "welder")
 """What ``--simulate`` can stand in for."""
 
 DEFAULT_SENSORS = SensorsConfig(kind="printer", poll_s=0.1, split="layer", test_fraction=0.25)
@@ -88,3 +97,100 @@ class SimulatedPrinter:
     def close(self) -> None:
         """Stop the simulated Moonraker."""
         self.moonraker.close()
+
+
+class SimulatedWelder:
+    """Simulated welds exported into a watched folder on the real clock, with their maintenance log.
+
+    Parameters
+    ----------
+    device
+        Seeds the welds (and picks the device's material pair, as ``[data] source = "simulate-welder"``).
+    state_dir
+        The folder ``weld-inbox/`` and ``maintenance.jsonl`` are written in.
+    welds
+        Welds to export (>= 1); every fourth one is never labelled.
+    weld_s
+        Seconds between welds (> 0).
+    lead_s
+        The first weld is exported this long after :meth:`start`, so the recorder is watching.
+    """
+
+    def __init__(
+        self, device: str, state_dir: Path, welds: int, weld_s: float, *, lead_s: float = 1.0
+    ) -> None:
+        if welds < 1 or not weld_s > 0:
+            raise RecorderError(f"--welds must be >= 1 and --weld-s > 0, got {welds} and {weld_s}")
+        self.device, self.welds, self.weld_s, self.lead_s = device, welds, weld_s, lead_s
+        self.inbox = Path(state_dir) / "weld-inbox"
+        self.label_log = Path(state_dir) / "maintenance.jsonl"
+        self.exported = 0
+        self._recorder: WelderRecorder | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._export, name="simulated-welder", daemon=True)
+
+    def sensors(self, cfg: SensorsConfig | None = None) -> SensorsConfig:
+        """A welder ``[sensors]`` table on this simulation's folder and log (split and limits from ``cfg``)."""
+        base = cfg if cfg is not None and cfg.kind == "welder" else None
+        if cfg is not None and base is None:
+            raise RecorderError(f"--simulate welder needs a welder [sensors] table, not kind = {cfg.kind!r}")
+        return dataclasses.replace(
+            base or SensorsConfig(kind="welder", weld_folder="-", label_log="-.jsonl", test_fraction=0.25),
+            weld_folder=str(self.inbox),
+            label_log=str(self.label_log),
+            target="tool_m",
+            poll_s=0.02,
+        )
+
+    def recorder(self, state_dir: Path, cfg: SensorsConfig | None = None) -> WelderRecorder:
+        """The real welder recorder, watching this simulation's folder."""
+        self.inbox.mkdir(parents=True, exist_ok=True)
+        self.label_log.touch()
+        self._recorder = WelderRecorder(self.device, state_dir, self.sensors(cfg))
+        return self._recorder
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _export(self) -> None:
+        from sensors.sim.welder import GROUP_M_CLASSES, GROUP_M_DOMAINS, WeldCondition, simulate_weld
+        from sensors.welding.formats import write_weld_file
+        from trainer_lite.client import derive_rng
+
+        rng = derive_rng(0, self.device, "welds")
+        material, weld_time = GROUP_M_DOMAINS[int(rng.integers(len(GROUP_M_DOMAINS)))]
+        start = datetime.now(UTC)
+        run = start.strftime("%Y%m%dT%H%M%S%f")  # each run's welds are new ones (the ledger skips repeats)
+        if self._stop.wait(self.lead_s):
+            return
+        for i in range(self.welds):
+            began = time.monotonic()
+            name, (horn, anvil) = GROUP_M_CLASSES[i % len(GROUP_M_CLASSES)]
+            rec = simulate_weld(
+                WeldCondition(horn, anvil, "clean", material, weld_time),
+                derive_rng(0, self.device, "weld", run, i),
+                time_scale=0.3,
+                weld_id=f"{self.device}-{run}-{i:03d}",
+                started_at=start + timedelta(seconds=self.weld_s * i),
+            )
+            if i % 4 != 3:  # the log labels it at once; every fourth weld waits for a label forever
+                with open(self.label_log, "a") as f:
+                    f.write(json.dumps({"weld_id": rec.weld_id, "tool": name, "surface": "clean"}) + "\n")
+            path = write_weld_file(rec, self.inbox / f"{rec.weld_id}.npy")
+            path.with_name(path.name + ".done").touch()
+            self.exported += 1
+            if self._stop.wait(max(0.0, self.weld_s - (time.monotonic() - began))):
+                return
+
+    def finished(self) -> bool:
+        """Whether every weld was exported and the recorder has picked each one up."""
+        rec = self._recorder
+        if self.exported < self.welds or rec is None:
+            return False
+        stats = rec.source.stats
+        return stats.delivered + stats.rejected >= self.welds
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)

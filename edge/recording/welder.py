@@ -14,6 +14,7 @@ import numpy as np
 from edge.config import SensorsConfig
 from edge.dataset import DIR as DATASET_DIR
 from edge.recording.base import DatasetAppender, RecorderLoop, split_for
+from edge.serving.records import Row
 from ioft_protocol.state import StateError, load_arrays, save_arrays
 
 log = logging.getLogger(__name__)
@@ -226,6 +227,9 @@ class WelderRecorder(RecorderLoop):
                     self.skipped += 1
                     log.warning("weld %s: features unusable, not stored", row.weld_id)
                     continue
+                # answered now, labelled or not (a weld waiting for its label is not stored yet)
+                x = tuple(row.features.tolist())
+                self.feed.put(Row("weld", row.weld_id, time.time(), x, schema_hash=row.schema_hash))
                 k = self._class_of(row.label)
                 if k is None:
                     log.info("weld %s not labelled for %s yet; kept pending", row.weld_id, self.cfg.target)

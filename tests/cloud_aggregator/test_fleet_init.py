@@ -135,6 +135,7 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
     assert [r for r in patterns if r.startswith(("pattern write", "pattern readwrite"))] == [
         "pattern write ioft/v1/plant/task/+/up/%u",
         "pattern write ioft/v1/plant/status/%u",
+        "pattern write ioft/v1/plant/answer/%u/+",  # its answers to its own rows (edge.serving)
         "pattern write ioft/v1/plant/task/+/secagg/up/%u",
     ]
     assert "pattern read ioft/v1/plant/task/+/down/%u" in patterns
@@ -164,6 +165,9 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
         and "/rollcall" not in r
         and not r.endswith("/agg/ctl")
     ]
+    # The devices' answers (edge.serving): the aggregator (and its console) and the operator read them.
+    assert "topic read ioft/v1/plant/answer/+/+" in aggregator
+    assert "topic read ioft/v1/plant/answer/+/+" in block(OPERATOR)
 
 
 def test_a_device_folder_is_complete_and_works_where_it_is_copied(tmp_path):

@@ -233,6 +233,32 @@ def test_a_device_cannot_read_other_devices_uplinks_or_downlinks(fleet, request)
             c.close()
 
 
+@pytest.mark.parametrize("fleet", ["cert_fleet", "pw_fleet"])
+def test_only_a_device_writes_its_answers_and_only_the_cloud_reads_them(fleet, request):
+    """``answer/<device>/<task>`` (edge.serving): printer1 cannot answer for printer2, printer2 cannot
+    read printer1's answers; the aggregator (and its console) and the operator read every device's."""
+    layout, _ = request.getfixturevalue(fleet)
+    agg, op = _connected(layout, AGGREGATOR), _connected(layout, OPERATOR)
+    p1, spy = _connected(layout, "printer1"), _connected(layout, "printer2")
+    try:
+        for client in (agg, op, spy):
+            assert client.subscribe(topics.topic_answer_all(FLEET)) == [1]
+        forged = (topics.topic_answer(FLEET, "printer2", "speed"), b"forged answer")
+        own = (topics.topic_answer(FLEET, "printer1", "speed"), b"printer1's answer")
+        p1.publish(*forged)
+        p1.publish(*own)  # after the forgery, on the same connection: it arrives after it would have
+        _wait_for(agg, *own)
+        _wait_for(op, *own)
+        spy.publish(topics.topic_answer(FLEET, "printer2", "speed"), b"printer2's answer")
+        _wait_for(agg, topics.topic_answer(FLEET, "printer2", "speed"), b"printer2's answer")
+        time.sleep(SETTLE_S)
+        assert forged not in agg.messages + op.messages
+        assert own not in spy.messages, spy.messages
+    finally:
+        for c in (agg, op, p1, spy):
+            c.close()
+
+
 def test_a_device_cannot_take_over_the_aggregators_client_id(cert_fleet):
     """With ``use_username_as_clientid`` the broker replaces the client id with the certificate's
     CN, so a device claiming the aggregator's id neither disconnects it nor inherits its session."""

@@ -15,11 +15,13 @@ from ioft_protocol.config import build
 from sensors.welding.formats import read_weld_file
 from sensors.welding.labels import LabelLog
 
-README = Path(__file__).resolve().parents[2] / "docs" / "formats.md"  # moved from README.md
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+PAGES = (DOCS / "formats.md", DOCS / "watching.md")  # moved from README.md
 
 
 def example(name: str) -> str:
-    blocks = re.findall(r"```[a-z]*\n# README example: (\S+)\n(.*?)```", README.read_text(), re.S)
+    text = "".join(page.read_text() for page in PAGES)
+    blocks = re.findall(r"```[a-z]*\n# README example: (\S+)\n(.*?)```", text, re.S)
     found = {n: body for n, body in blocks}
     assert name in found, sorted(found)
     return found[name]
@@ -28,6 +30,13 @@ def example(name: str) -> str:
 def test_the_device_toml_example_limits_tasks_and_algorithms():
     cfg = build(DeviceConfig, tomllib.loads(example("device.toml")), "README device.toml")
     assert cfg.tasks == ["tool", "tool-head"] and cfg.algorithms == ["fedavg"]
+
+
+def test_the_serve_example_is_a_device_config():
+    cfg = build(
+        DeviceConfig, {"device": "welder2", **tomllib.loads(example("serve.toml"))}, "README serve.toml"
+    )
+    assert cfg.serve.tasks == ["tool"] and cfg.serve.margin == 0.05
 
 
 def test_the_head_task_example_validates_on_the_aggregator():

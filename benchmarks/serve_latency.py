@@ -1,0 +1,347 @@
+"""From a weld file landing in the watched folder (or a printer layer's row) to its answer at an MQTT subscriber.
+
+Real processes on a real mosquitto: ``edge-recorder`` (welder: the watched folder polled
+every 5 ms; printer: ``--simulate printer``) feeds each row to ``edge-trainer``, whose
+serving model answers on ``ioft/v1/<fleet>/answer/<device>/<task>``; a paho subscriber here
+stamps each answer's arrival.  The serving models are written straight into the devices'
+state folders (the tasks' initial parameters: latency does not depend on what was learned).
+
+* weld: from the moment the weld's data file is renamed into the folder (its ``.done`` marker
+  follows at once) to the answer received -- folder poll, SHA-256 ledger, file read, the 624
+  DWT features, the row feed, the answer, the broker;
+* printer layer: from the row's time (the recorder's layer row exists) to the answer received;
+  the layer's end is seen by the recorder at its next Moonraker poll (``poll_s``), before that.
+
+Device CPU per answer: CPU seconds of the processes over the run / answers (the recorder's
+includes its folder polling while idle, the DWT and the dataset appends). Added RSS: the
+serving trainer's resident set minus that of the same trainer with ``[serve] enabled = false``
+running beside it on the same rows.  Targets: weld p99 <= 50 ms, layer p99 <= 5 ms, RSS +10 MB.
+
+    python -m benchmarks.serve_latency [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import paho.mqtt.client as paho
+
+from benchmarks.common import markdown_table, study_parser, write_result
+from cloud_aggregator.broker import BrokerProcess, start_mosquitto
+from cloud_aggregator.local_fleet import pflda_task
+from edge.serving.feed import feed_path
+from edge.serving.jsonlog import read_log
+from edge.serving.model import ServingModel
+from edge.serving.server import model_path
+from ioft_protocol import topics
+from trainer_lite.algorithms import make_client
+from trainer_lite.task import TaskSpec
+
+FLEET = "bench"
+WELD_TASK = {
+    "name": "tool",
+    "algorithm": "fedavg",
+    "model": "mlp",
+    "model_args": {"sizes": [624, 32, 4], "init": "kaiming"},
+    "hparams": {"loss": "cross_entropy", "scaling": "local"},
+}
+TICK_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK_S
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+class Answers:
+    """A subscriber stamping every answer's arrival (wall clock, as the rows are stamped)."""
+
+    def __init__(self, url: str, device: str) -> None:
+        host, port = url.removeprefix("mqtt://").split(":")
+        self.got: dict[str, tuple[float, dict]] = {}
+        self.lock = threading.Lock()
+        self.ready = threading.Event()
+        self.c = paho.Client(callback_api_version=paho.CallbackAPIVersion.VERSION2)
+        self.c.on_connect = lambda c, *a: c.subscribe(topics.topic_answer_all(FLEET, device), qos=1)
+        self.c.on_subscribe = lambda *a: self.ready.set()
+        self.c.on_message = self._on
+        self.c.connect(host, int(port))
+        self.c.loop_start()
+        self.ready.wait(10)
+
+    def _on(self, client, userdata, msg) -> None:
+        t = time.time()
+        if msg.retain:
+            return  # an earlier run's latest answer
+        body = json.loads(msg.payload)
+        with self.lock:
+            self.got[body["key"]] = (t, body)
+
+    def wait(self, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.got) < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+def spawn(args: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("ab") as f:
+        return subprocess.Popen([sys.executable, "-m", *args], stdout=f, stderr=subprocess.STDOUT, env=env)
+
+
+def stop(*procs: subprocess.Popen) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def trainer(work: Path, device: str, broker: BrokerProcess, serve: bool) -> subprocess.Popen:
+    state = work / device
+    toml = work / f"{device}.toml"
+    toml.write_text(f"[serve]\nenabled = {'true' if serve else 'false'}\n")
+    args = ["edge.cli", "--device", device, "--fleet", FLEET, "--broker", broker.url, "--allow-plaintext",
+            "--state-dir", str(state), "--config", str(toml), "--log-level", "WARNING"]  # fmt: skip
+    return spawn(args, work / f"{device}.log")
+
+
+def wait_serving(work: Path, device: str, timeout: float = 60) -> None:
+    """Until the trainer listens on its wake-up socket (it reads the feed from then on)."""
+    sock = work / device / "serving" / "wake.sock"
+    deadline = time.monotonic() + timeout
+    while not sock.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{device} never started serving:\n{(work / f'{device}.log').read_text()[-3000:]}"
+            )
+        time.sleep(0.05)
+
+
+def save_model(
+    state: Path, device: str, spec: dict, *, width: int, classes=None, schema=None, x=None
+) -> None:
+    algo = make_client(TaskSpec.from_json(json.dumps({**spec, "name": spec["name"]})))
+    rng = np.random.default_rng(0)
+    mean = std = None
+    if x is not None:
+        mean, std = x.mean(axis=0), np.where(x.std(axis=0) > 1e-12, x.std(axis=0), 1.0)
+    model = ServingModel(
+        device=device,
+        task=spec["name"],
+        spec_json=algo.spec.to_json(),
+        round=1,
+        shared=algo.init_global(rng),
+        local=algo.init_local(rng),
+        width=width,
+        schema_hash=schema,
+        classes=classes,
+        scale_mean=mean,
+        scale_std=std,
+    )
+    model_path(state, spec["name"]).parent.mkdir(parents=True, exist_ok=True)
+    model.save(model_path(state, spec["name"]))
+
+
+def summary(lat_s: list[float]) -> tuple[float, float, float]:
+    ms = np.asarray(lat_s) * 1000
+    return float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.max())
+
+
+def bench_welds(work: Path, broker: BrokerProcess, n: int, gap_s: float) -> dict:
+    from sensors.features.schema import DEFAULT_SCHEMA
+    from sensors.sim.welder import GROUP_M_CLASSES, WeldCondition, simulate_weld
+    from sensors.welding.formats import write_weld_file
+    from sensors.welding.pipeline import labelled_rows
+    from trainer_lite.client import derive_rng
+
+    dev, off = "w1", "w1off"
+    inbox, staging = work / "inbox", work / "staging"
+    for d in (inbox, staging, work / dev, work / off):
+        d.mkdir(parents=True, exist_ok=True)
+    labels, files, recs = [], [], []
+    for i in range(n):
+        name, (horn, anvil) = GROUP_M_CLASSES[i % 4]
+        rec = simulate_weld(WeldCondition(horn, anvil, "clean", "Cu-Cu", 0.9), derive_rng(0, "bench", i),
+                            time_scale=0.3, weld_id=f"w-{i:04d}")  # fmt: skip
+        recs.append(rec)
+        files.append(write_weld_file(rec, staging / f"{rec.weld_id}.npy"))
+        labels.append(json.dumps({"weld_id": rec.weld_id, "tool": name, "surface": "clean"}))
+    (work / "maintenance.jsonl").write_text("\n".join(labels) + "\n")
+    x = np.stack([r.features for r in labelled_rows(recs[: min(n, 16)])])
+    classes = [c for c, _ in GROUP_M_CLASSES]
+    for d in (dev, off):
+        save_model(
+            work / d, d, WELD_TASK, width=624, classes=classes, schema=DEFAULT_SCHEMA.schema_hash(), x=x
+        )
+    rec_toml = work / "recorder.toml"
+    rec_toml.write_text(
+        f'[sensors]\nkind = "welder"\nweld_folder = "{inbox}"\nlabel_log = "{work / "maintenance.jsonl"}"\n'
+        "poll_s = 0.005\nsettle_s = 60\n"
+    )
+    on, idle = trainer(work, dev, broker, True), trainer(work, off, broker, False)
+    recorder = None
+    sub = Answers(broker.url, dev)
+    try:
+        wait_serving(work, dev)
+        recorder = spawn(["edge.recording.cli", "--device", dev, "--config", str(rec_toml), "--state-dir",
+                          str(work / dev), "--log-level", "WARNING"], work / "recorder.log")  # fmt: skip
+        time.sleep(2.0)  # the recorder's imports and first folder scan
+        cpu0 = {p.pid: cpu_s(p.pid) for p in (on, recorder)}
+        appeared: dict[str, float] = {}
+        for path in files:
+            side = path.with_suffix(".json")
+            if side.exists():
+                shutil.move(side, inbox / side.name)
+            t0 = time.time()
+            os.replace(path, inbox / path.name)
+            (inbox / (path.name + ".done")).touch()
+            appeared[path.stem] = t0
+            time.sleep(gap_s)
+        sub.wait(n, 60)
+        cpu = {p.pid: cpu_s(p.pid) - cpu0[p.pid] for p in (on, recorder)}
+        rss_on, rss_off = rss_kib(on.pid), rss_kib(idle.pid)
+    finally:
+        sub.close()
+        stop(*(p for p in (recorder, on, idle) if p is not None))
+    lat = [sub.got[k][0] - t for k, t in appeared.items() if k in sub.got]
+    served = [sub.got[k][1]["latency_s"] for k in appeared if k in sub.got]
+    found = [sub.got[k][1]["row_time"] - t for k, t in appeared.items() if k in sub.got]
+    answered = len(lat)
+    return {
+        "kind": "weld (624 DWT features)",
+        "rows": n,
+        "answered": answered,
+        "e2e": summary(lat) if lat else (float("nan"),) * 3,
+        "serve": summary(served) if served else (float("nan"),) * 3,
+        "found": summary(found) if found else (float("nan"),) * 3,
+        "cpu_trainer_ms": 1000 * cpu[on.pid] / max(answered, 1),
+        "cpu_recorder_ms": 1000 * cpu[recorder.pid] / max(answered, 1),
+        "rss_added_mib": (rss_on - rss_off) / 1024,
+        "target_ms": 50.0,
+    }
+
+
+def bench_layers(work: Path, broker: BrokerProcess, n: int, layer_s: float) -> dict:
+    """``layer_s`` stays above the recorder's Moonraker poll (0.25 s), or layers pass unseen."""
+    dev, off = "p1", "p1off"
+    spec = pflda_task("speed")
+    for d in (dev, off):
+        (work / d).mkdir(parents=True, exist_ok=True)
+        save_model(work / d, d, spec, width=1)
+    on, idle = trainer(work, dev, broker, True), trainer(work, off, broker, False)
+    sub = Answers(broker.url, dev)
+    try:
+        wait_serving(work, dev)
+        cpu0 = cpu_s(on.pid)
+        rec = subprocess.run(
+            [sys.executable, "-m", "edge.recording.cli", "--simulate", "printer", "--device", dev, "--state-dir",
+             str(work / dev), "--layers", str(n), "--layer-s", str(layer_s), "--log-level", "WARNING"],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        if rec.returncode != 0:
+            raise RuntimeError(f"edge-recorder --simulate printer failed:\n{rec.stderr[-3000:]}")
+        sub.wait(len(read_log(feed_path(work / dev))[0]), 30)
+        cpu = cpu_s(on.pid) - cpu0
+        rss_on, rss_off = rss_kib(on.pid), rss_kib(idle.pid)
+    finally:
+        sub.close()
+        stop(on, idle)
+    fed = len(read_log(feed_path(work / dev))[0])  # layers the recorder stored (a layer cut short is dropped)
+    lat = [t - body["row_time"] for t, body in sub.got.values()]
+    served = [body["latency_s"] for _, body in sub.got.values()]
+    return {
+        "kind": "printer layer",
+        "rows": fed,
+        "answered": len(lat),
+        "e2e": summary(lat) if lat else (float("nan"),) * 3,
+        "serve": summary(served) if served else (float("nan"),) * 3,
+        "found": (float("nan"),) * 3,
+        "cpu_trainer_ms": 1000 * cpu / max(len(lat), 1),
+        "cpu_recorder_ms": float("nan"),
+        "rss_added_mib": (rss_on - rss_off) / 1024,
+        "target_ms": 5.0,
+    }
+
+
+def run(welds: int, layers: int, work: Path | None = None) -> list[dict]:
+    """Both measurements on one mosquitto; ``work`` keeps the folders and logs (default: a temp folder)."""
+    with tempfile.TemporaryDirectory(prefix="ioft-serve-bench-") as tmp:
+        work = work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        broker = start_mosquitto(log_file=work / "mosquitto.log")
+        try:
+            return [
+                bench_welds(work / "welder", broker, welds, 0.1),
+                bench_layers(work / "printer", broker, layers, 0.5),
+            ]
+        finally:
+            broker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = study_parser(__doc__.splitlines()[0], default_seeds=(0,))
+    parser.add_argument("--welds", type=int, default=None, help="welds to time (default 200, quick 20)")
+    parser.add_argument(
+        "--layers", type=int, default=None, help="printer layers to time (default 100, quick 15)"
+    )
+    parser.add_argument(
+        "--work", type=Path, help="keep the processes' folders and logs here (default: a temp folder)"
+    )
+    args = parser.parse_args(argv)
+    welds = args.welds or (20 if args.quick else 200)
+    layers = args.layers or (15 if args.quick else 100)
+    rows = run(welds, layers, args.work)
+    load = os.getloadavg()
+    table = markdown_table(
+        ["row", "rows", "answered", "p50 (ms)", "p99 (ms)", "max (ms)", "target p99", "met",
+         "recorder: file to row p50/p99 (ms)", "trainer: row to answer p50/p99 (ms)", "trainer CPU/answer (ms)", "recorder CPU/answer (ms)", "RSS added (MiB)"],
+        [[r["kind"], r["rows"], r["answered"], f"{r['e2e'][0]:.2f}", f"{r['e2e'][1]:.2f}", f"{r['e2e'][2]:.2f}",
+          f"<= {r['target_ms']:.0f} ms", "yes" if r["e2e"][1] <= r["target_ms"] else "NO",
+          "n/a" if r["found"][0] != r["found"][0] else f"{r['found'][0]:.2f} / {r['found'][1]:.2f}",
+          f"{r['serve'][0]:.2f} / {r['serve'][1]:.2f}", f"{r['cpu_trainer_ms']:.2f}",
+          "n/a" if r["cpu_recorder_ms"] != r["cpu_recorder_ms"] else f"{r['cpu_recorder_ms']:.2f}",
+          f"{r['rss_added_mib']:+.1f}"] for r in rows],
+    )  # fmt: skip
+    body = (
+        f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
+        f"{load[0]:.1f} while measuring (other work shares this machine). p50/p99/max: from the weld file "
+        "renamed into the watched folder (weld) or the row's time (layer) to the answer at the subscriber; "
+        "'recorder': from the file to the row handed to the trainer (poll, ledger, read, DWT); 'trainer': "
+        "row to answer inside edge-trainer (the answer's latency_s). RSS added: serving trainer "
+        "minus the same trainer with [serve] enabled = false.\n\n" + table + "\n"
+    )
+    print(body)
+    if not args.no_write:
+        path = write_result("serve_latency" + ("_quick" if args.quick else ""), body)
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The recorder's side of serving: hand every new row to the trainer at once.
+
+:class:`RowFeed` appends the row to ``<state_dir>/serving/rows.jsonl`` (a
+:class:`~edge.serving.jsonlog.JsonLinesLog`: bounded, kill-safe) and sends one byte to the
+trainer's datagram socket ``<state_dir>/serving/wake.sock`` so that it reads the line now
+rather than at its next poll.  Neither may hold up recording: a failed write is logged
+once and counted, a trainer that is not listening is simply not woken (it reads the feed
+when it comes back, from where it stopped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from pathlib import Path
+
+from edge.serving.jsonlog import JsonLinesLog
+from edge.serving.records import Row
+
+log = logging.getLogger(__name__)
+
+SERVING_DIR = "serving"
+FEED_FILE = "rows.jsonl"
+WAKE_SOCKET = "wake.sock"
+#: The feed holds at most about (keep + 1) x this: ~300 welds (13 kB a line) or ~40k layers per file.
+FEED_MAX_BYTES = 4 << 20
+
+
+def feed_path(state_dir: Path) -> Path:
+    return Path(state_dir) / SERVING_DIR / FEED_FILE
+
+
+def wake_path(state_dir: Path) -> Path:
+    return Path(state_dir) / SERVING_DIR / WAKE_SOCKET
+
+
+class RowFeed:
+    """Rows from the recorder to the trainer's serving model (see the module docstring)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.log = JsonLinesLog(feed_path(state_dir), max_bytes=FEED_MAX_BYTES, keep=2)
+        self.wake = str(wake_path(state_dir))
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setblocking(False)
+        self.fed = 0
+        self.errors = 0
+
+    def put(self, row: Row) -> None:
+        """Append ``row`` and wake the trainer; never raises (recording goes on regardless)."""
+        try:
+            self.log.append(row.to_json())
+        except OSError as exc:
+            self.errors += 1
+            if self.errors == 1:
+                log.error("could not feed rows to the serving model (%s); the rows are still stored", exc)
+            return
+        self.fed += 1
+        # No trainer listening (yet), or its queue full: it reads the feed at its next poll.
+        with contextlib.suppress(OSError):
+            self._sock.sendto(b"\x01", self.wake)
+
+    def close(self) -> None:
+        self.log.close()
+        self._sock.close()
+
+    def status(self) -> dict:
+        return {"fed": self.fed, "errors": self.errors}

@@ -1,0 +1,235 @@
+"""The serving model of one task: what answers rows, how it is stored, and the gate it passes.
+
+A :class:`ServingModel` is the device's personalized model as of the round it last took
+part in: the global parameters it trained from, its own local parts after the round,
+the scaling fitted on its training rows (tasks with ``scaling = "local"``) and, for a
+task that embeds rows, the name and version of the ONNX encoder.  It is written to
+``<state_dir>/serving/<task>.safetensors`` atomically (temp file, fsync, rename: never
+half-written, the previous copy kept as ``.prev``) and swapped into the server by one
+reference assignment, so a row is answered by the old model or the new one, whole.
+
+The gate (:func:`edge.onnx_model.no_worse`, the rule that rolls back an ONNX push):
+a candidate serves only if its score on the device's own test split is no lower than
+the serving model's score on the same rows by more than the margin.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edge.serving.records import Answer, ModelId, Row
+from ioft_protocol.state import load_arrays, save_arrays
+from sensors.features.scaling import Standardizer
+from sensors.layers import SPEED_SCALE
+from trainer_lite.algorithms import ClientAlgorithm, make_client
+from trainer_lite.data import Dataset
+from trainer_lite.params import Params, strip_prefix, with_prefix
+from trainer_lite.task import TaskSpec
+
+
+class Refusal(enum.Enum):
+    """Why a row got no answer (counted per reason in the status)."""
+
+    NO_MODEL = "no_model"  # the task has not finished a round on this device yet
+    SCHEMA = "schema"  # the row's feature schema is not the one the model was trained on
+    WIDTH = "width"  # the row has another number of features than the model takes
+    ENCODER = "encoder"  # the model's ONNX encoder (that version) is not active here
+    NOT_FINITE = "not_finite"  # the model's answer holds NaN or Inf
+    BAD_ROW = "bad_row"  # a feed line that is not a row
+
+
+class Refused(ValueError):  # noqa: N818 -- a counted outcome, not a program error
+    """A row the serving model does not answer; ``reason`` says why."""
+
+    def __init__(self, reason: Refusal, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@dataclass
+class ServingModel:
+    """One task's model as served on this device (see the module docstring)."""
+
+    device: str
+    task: str
+    spec_json: str
+    round: int
+    shared: Params
+    local: Params
+    width: int
+    schema_hash: str | None = None
+    classes: list[str] | None = None
+    encoder: str | None = None
+    encoder_version: int | None = None
+    scale_mean: np.ndarray | None = None
+    scale_std: np.ndarray | None = None
+    metric: float | None = None
+    metric_name: str = "none"
+    created_at: float = field(default_factory=time.time)
+    _algo: ClientAlgorithm | None = field(default=None, repr=False, compare=False)
+    _digest: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def algo(self) -> ClientAlgorithm:
+        if self._algo is None:
+            self._algo = make_client(TaskSpec.from_json(self.spec_json))
+        return self._algo
+
+    @property
+    def digest(self) -> str:
+        """The first 12 hex digits of a SHA-256 over the parameters (names, shapes, bytes) and scaling."""
+        if self._digest is None:
+            h = hashlib.sha256()
+            arrays = {**with_prefix(self.shared, "shared"), **with_prefix(self.local, "local")}
+            if self.scale_mean is not None and self.scale_std is not None:
+                arrays |= {"scale.mean": self.scale_mean, "scale.std": self.scale_std}
+            for name in sorted(arrays):
+                a = np.ascontiguousarray(arrays[name])
+                h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+                h.update(a.tobytes())
+            self._digest = h.hexdigest()[:12]
+        return self._digest
+
+    @property
+    def identity(self) -> ModelId:
+        return ModelId(self.task, self.round, self.digest, self.encoder, self.encoder_version)
+
+    # -- answering -------------------------------------------------------------------
+    def outputs(self, x: np.ndarray, encoder=None) -> np.ndarray:
+        """The model's raw output for rows ``x`` as the dataset stores them (embedded, scaled here)."""
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.width:
+            raise Refused(Refusal.WIDTH, f"rows of {x.shape[-1]} features; the model takes {self.width}")
+        if self.encoder is not None:
+            if encoder is None or encoder.version != self.encoder_version:
+                have = "none" if encoder is None else f"v{encoder.version}"
+                raise Refused(
+                    Refusal.ENCODER,
+                    f"trained on encoder {self.encoder} v{self.encoder_version}, active: {have}",
+                )
+            x = encoder.run(x).astype(np.float32, copy=False)
+        if self.scale_mean is not None and self.scale_std is not None:
+            x = Standardizer(self.scale_mean, self.scale_std).transform(x, np.float64)
+        x = x.astype(self.algo.spec.dtype, copy=False)
+        return np.asarray(self.algo.predict(self.shared, self.local, x), dtype=np.float64)
+
+    def answer(self, row: Row, encoder=None, *, now: float | None = None) -> Answer:
+        """This model's answer to ``row``; raises :class:`Refused` when it gives none."""
+        if row.schema_hash != self.schema_hash:
+            raise Refused(
+                Refusal.SCHEMA,
+                f"row of feature schema {str(row.schema_hash)[:12]}, the model's is {str(self.schema_hash)[:12]}",
+            )
+        out = self.outputs(np.asarray([row.x]), encoder)[0]
+        if not np.isfinite(out).all():
+            raise Refused(Refusal.NOT_FINITE, f"the model of round {self.round} answers NaN or Inf")
+        done = time.time() if now is None else now
+        common = dict(
+            device=self.device,
+            task=self.task,
+            kind=row.kind,
+            key=row.key,
+            row_time=row.time,
+            answered_at=done,
+            latency_s=max(0.0, done - row.time),
+            model=self.identity,
+        )
+        if self.classes is not None:
+            p = softmax(out.reshape(-1))
+            if len(p) != len(self.classes):
+                raise Refused(
+                    Refusal.WIDTH, f"the model gives {len(p)} classes, the data has {len(self.classes)}"
+                )
+            return Answer(
+                **common,
+                classes=list(self.classes),
+                probabilities=[round(float(v), 6) for v in p],
+                label=self.classes[int(np.argmax(p))],
+            )
+        expected = float(out.reshape(-1)[0]) * SPEED_SCALE
+        residual = None if row.commanded is None else expected - row.commanded
+        return Answer(**common, expected_speed=expected, commanded=row.commanded, residual=residual)
+
+    # -- scoring (the gate) ----------------------------------------------------------
+    def score(self, test: Dataset, encoder=None) -> tuple[float | None, str]:
+        """Accuracy (class targets) or R² on ``test`` rows as stored; ``(None, "none")`` without rows.
+
+        An output that is not finite scores ``-inf``: such a model never passes the gate.
+        """
+        if len(test) == 0:
+            return None, "none"
+        out = self.outputs(test.x, encoder)
+        if not np.isfinite(out).all():
+            return float("-inf"), "not_finite"
+        if self.classes is not None:
+            return float(np.mean(np.argmax(out, axis=1) == np.asarray(test.y).reshape(-1))), "accuracy"
+        y = np.asarray(test.y, dtype=np.float64).reshape(len(test), -1)
+        sst = float(np.sum((y - y.mean(axis=0)) ** 2))
+        sse = float(np.sum((y - out.reshape(len(y), -1)) ** 2))
+        return (1.0 - sse / sst if sst > 0 else -sse / len(y)), "r2"
+
+    # -- on disk ---------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        arrays = {**with_prefix(self.shared, "shared"), **with_prefix(self.local, "local")}
+        if self.scale_mean is not None and self.scale_std is not None:
+            arrays |= {"scale.mean": self.scale_mean, "scale.std": self.scale_std}
+        meta = {
+            "device": self.device,
+            "task": self.task,
+            "spec": self.spec_json,
+            "round": self.round,
+            "width": self.width,
+            "schema_hash": self.schema_hash,
+            "classes": self.classes,
+            "encoder": self.encoder,
+            "encoder_version": self.encoder_version,
+            "metric": self.metric,
+            "metric_name": self.metric_name,
+            "created_at": self.created_at,
+        }
+        save_arrays(path, arrays, meta)
+
+    @classmethod
+    def load(cls, path: Path, *, device: str, task: str) -> ServingModel | None:
+        """The model saved at ``path`` (``None`` if none was); ``ValueError`` when it is another
+        machine's or another task's, or unreadable (``StateError`` from the checksums)."""
+        got = load_arrays(path)
+        if got is None:
+            return None
+        arrays, meta = got
+        if meta.get("device") != device or meta.get("task") != task:
+            raise ValueError(
+                f"{path} holds device {meta.get('device')!r}'s model of task {meta.get('task')!r}, "
+                f"not {device!r}'s of {task!r}; it is not served"
+            )
+        mean, std = arrays.get("scale.mean"), arrays.get("scale.std")
+        return cls(
+            device=device,
+            task=task,
+            spec_json=str(meta["spec"]),
+            round=int(meta["round"]),
+            shared=strip_prefix(arrays, "shared"),
+            local=strip_prefix(arrays, "local"),
+            width=int(meta["width"]),
+            schema_hash=meta.get("schema_hash"),
+            classes=meta.get("classes"),
+            encoder=meta.get("encoder"),
+            encoder_version=meta.get("encoder_version"),
+            scale_mean=mean,
+            scale_std=std,
+            metric=meta.get("metric"),
+            metric_name=str(meta.get("metric_name", "none")),
+            created_at=float(meta.get("created_at", 0.0)),
+        )

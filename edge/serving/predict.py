@@ -1,0 +1,163 @@
+"""``edge-trainer predict --config device.toml ROWS_OR_WELD_FILE``: one-off answers from the serving models.
+
+The input is a weld file (``.wav``, ``.npy`` or ``.csv`` with its optional sidecar, as the
+watched folder takes them: its 624 DWT features are extracted here) or a JSON-lines file of
+rows, one object a line: ``{"x": [...]}`` (features as the dataset stores them) or, for a
+printer, ``{"sigma_a": 0.8, "speed": 40}``; ``key``, ``kind`` and ``schema_hash`` are optional.
+Each answer is printed as one JSON line.  Bad input, or a row no serving model takes, is one
+line on stderr and exit status 2.  The running daemon is not involved: the models are read
+from ``<state_dir>/serving/`` (written there after each round the gate let through).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from edge.config import DeviceConfig, resolve_relative_files
+from edge.serving.model import Refused, ServingModel
+from edge.serving.records import Row
+from edge.serving.server import model_path
+from ioft_protocol.config import build, load_toml
+from sensors.welding.formats import WELD_SUFFIXES
+
+
+class PredictError(ValueError):
+    """Input or state ``predict`` cannot answer from (one line, exit status 2)."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("command", choices=["predict"])
+    p.add_argument(
+        "--config", type=Path, required=True, help="the device's TOML (the one edge-trainer runs with)"
+    )
+    p.add_argument("--device", help="this device's id (default: the config's `device`)")
+    p.add_argument("--state-dir", help="the daemon's state folder (default: the config's)")
+    p.add_argument(
+        "--task", action="append", help="answer for this task only (repeatable; default: every serving task)"
+    )
+    p.add_argument("input", type=Path, help="a weld file (.wav/.npy/.csv) or a JSON-lines file of rows")
+
+
+def read_rows(path: Path) -> list[Row]:
+    """The rows of ``path`` (see the module docstring); ``PredictError`` names the first bad line."""
+    if not path.is_file():
+        raise PredictError(f"{path}: no such file")
+    if path.suffix.lower() in WELD_SUFFIXES:
+        return [weld_row(path)]
+    rows = []
+    now = time.time()
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                if not isinstance(d, dict):
+                    raise ValueError("not a JSON object")
+                if "x" not in d and "sigma_a" in d:
+                    d = {**d, "x": [d["sigma_a"]], "commanded": d.get("speed")}
+                schema = d.get("schema_hash")
+                d = {
+                    "kind": d.get("kind", "weld" if schema else "layer"),
+                    "key": str(d.get("key", f"{path.name}:{n}")),
+                    "time": now,
+                    **{k: d[k] for k in ("x", "commanded", "schema_hash") if d.get(k) is not None},
+                }
+                rows.append(Row.from_json(json.dumps(d)))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise PredictError(
+                    f'{path} line {n}: {exc}; each line must be a JSON object with "x": [features] '
+                    'or, for a printer, "sigma_a" and "speed"'
+                ) from None
+    if not rows:
+        raise PredictError(f"{path}: no rows in it")
+    return rows
+
+
+def weld_row(path: Path) -> Row:
+    """One weld file's features, extracted as the recorder extracts them."""
+    from sensors.welding.formats import read_weld_file
+    from sensors.welding.pipeline import labelled_rows
+    from sensors.welding.recording import WeldDataError
+
+    try:
+        rows = list(labelled_rows([read_weld_file(path)], None, on_error="raise"))
+    except (WeldDataError, OSError) as exc:
+        raise PredictError(f"{path}: not a weld this device can read: {exc}") from None
+    r = rows[0]
+    return Row("weld", r.weld_id, time.time(), tuple(r.features.tolist()), schema_hash=r.schema_hash)
+
+
+def serving_models(config: DeviceConfig, tasks: list[str] | None) -> dict[str, ServingModel]:
+    """The serving models saved in the device's state folder (only this device's, only these tasks)."""
+    folder = model_path(Path(config.state_dir), "x").parent
+    names = tasks or sorted(p.name.removesuffix(".safetensors") for p in folder.glob("*.safetensors"))
+    if config.serve.tasks:
+        names = [t for t in names if t in config.serve.tasks]
+    models = {}
+    for task in names:
+        try:
+            model = ServingModel.load(
+                model_path(Path(config.state_dir), task), device=config.device, task=task
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PredictError(str(exc)) from None
+        if model is not None:
+            models[task] = model
+    if not models:
+        which = f"task {', '.join(tasks)}" if tasks else "any task"
+        raise PredictError(
+            f"no serving model for {which} in {folder}: edge-trainer writes one after each round this "
+            "device takes part in (is this the device's config, and has it trained a round?)"
+        )
+    return models
+
+
+def encoder_lookup(config: DeviceConfig):
+    """``name -> active ONNX model`` from the device's model folder (``None`` without ``[model]``)."""
+    if not config.model.public_key:
+        return lambda _name: None
+    from edge.models import ModelManager
+    from ioft_protocol.manifest import load_public_key
+
+    manager = ModelManager(
+        Path(config.state_dir) / "models",
+        config.model,
+        device=config.device,
+        fleet=config.fleet,
+        public_key=load_public_key(config.model.public_key),
+        data_schema_hash=None,
+        holdout=None,
+        subscribe=lambda _t: None,
+        unsubscribe=lambda _t: None,
+    )
+    return manager.active
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print one JSON answer per row and serving task; ``PredictError`` for what cannot be answered."""
+    raw = resolve_relative_files(load_toml(args.config), args.config.parent)
+    device = args.device or raw.get("device")
+    if not device:
+        raise PredictError(f"{args.config} names no device: give --device")
+    raw["device"] = device
+    if args.state_dir:
+        raw["state_dir"] = args.state_dir
+    raw.setdefault("state_dir", f"/var/lib/ioft/{device}")
+    config = build(DeviceConfig, raw, str(args.config))
+    rows = read_rows(args.input)
+    models = serving_models(config, args.task)
+    encoder = encoder_lookup(config)
+    for row in rows:
+        for task, model in models.items():
+            try:
+                ans = model.answer(row, encoder(model.encoder) if model.encoder else None)
+            except Refused as exc:
+                raise PredictError(
+                    f"row {row.key}: task {task} gives no answer ({exc.reason.value}): {exc}"
+                ) from None
+            print(ans.encode().decode(), flush=True)
+    return 0

@@ -1,0 +1,144 @@
+"""The two records of serving: a :class:`Row` handed over by the recorder, the :class:`Answer` to it.
+
+Both travel as one JSON object per line (the row feed, the answer log, the MQTT payload),
+so :meth:`from_json` checks every field a foreign or torn line could get wrong and raises
+``ValueError`` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: What a row is: a completed printer layer or a weld.
+ROW_KINDS = ("layer", "weld")
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise ValueError(what)
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of features, as the model of its task takes them.
+
+    ``x`` is the row exactly as the dataset stores it (``sigma_a`` for a layer, the 624
+    DWT features of a weld); ``time`` the wall-clock second its features existed;
+    ``commanded`` the layer's commanded speed in mm/s (printers only); ``schema_hash``
+    the weld features' recipe (welds only).
+    """
+
+    kind: str
+    key: str
+    time: float
+    x: tuple[float, ...]
+    commanded: float | None = None
+    schema_hash: str | None = None
+
+    def to_json(self) -> str:
+        body = {"kind": self.kind, "key": self.key, "time": self.time, "x": list(self.x)}
+        if self.commanded is not None:
+            body["commanded"] = self.commanded
+        if self.schema_hash is not None:
+            body["schema_hash"] = self.schema_hash
+        return json.dumps(body, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, line: str | bytes) -> Row:
+        """Parse one feed line; ``ValueError`` names the first bad field."""
+        return cls.from_dict(json.loads(line))
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Row:
+        """A row from a parsed feed line; ``ValueError`` names the first bad field."""
+        _check(isinstance(d, dict), "a row must be a JSON object")
+        _check(
+            d.get("kind") in ROW_KINDS, f"row kind must be one of {list(ROW_KINDS)}, got {d.get('kind')!r}"
+        )
+        _check(isinstance(d.get("key"), str) and bool(d["key"]), "row key must be a non-empty string")
+        _check(_number(d.get("time")), "row time must be a number (seconds since the epoch)")
+        x = d.get("x")
+        _check(isinstance(x, list) and len(x) > 0, "row x must be a non-empty list of numbers")
+        _check(
+            all(isinstance(v, int | float) and not isinstance(v, bool) for v in x), "row x holds a non-number"
+        )
+        commanded = d.get("commanded")
+        _check(commanded is None or _number(commanded), "row commanded must be a number (mm/s)")
+        schema = d.get("schema_hash")
+        _check(schema is None or isinstance(schema, str), "row schema_hash must be a string")
+        return cls(d["kind"], d["key"], float(d["time"]), tuple(float(v) for v in x), commanded, schema)
+
+
+@dataclass(frozen=True)
+class ModelId:
+    """Which model answered: its task, the round it was trained in, a digest of its parameters
+    (two models of one round number -- a task started over -- still differ) and its encoder's
+    name and version where the task embeds rows."""
+
+    task: str
+    round: int
+    digest: str = ""
+    encoder: str | None = None
+    encoder_version: int | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The serving model's answer to one row.
+
+    Printer (``kind = "layer"``): ``expected_speed``, the speed in mm/s this printer's
+    model expects at the layer's measured vibration, and ``residual`` = expected −
+    commanded (large: the layer vibrates like a much faster or slower one).  Welder:
+    ``probabilities`` per class of the task's target (``classes``) and the most likely
+    ``label``.  ``latency_s``: from ``row_time`` (features existed) to the answer.
+    """
+
+    device: str
+    task: str
+    kind: str
+    key: str
+    row_time: float
+    answered_at: float
+    latency_s: float
+    model: ModelId
+    expected_speed: float | None = None
+    commanded: float | None = None
+    residual: float | None = None
+    classes: list[str] | None = None
+    probabilities: list[float] | None = None
+    label: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = {k: v for k, v in asdict(self).items() if v is not None and k != "extra"}
+        body["model"] = {k: v for k, v in asdict(self.model).items() if v is not None}
+        return body | self.extra
+
+    def encode(self) -> bytes:
+        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Answer:
+        """An answer read back (the log, a subscriber); ``ValueError`` names the first bad field."""
+        _check(isinstance(d, dict), "an answer must be a JSON object")
+        for name in ("device", "task", "kind", "key"):
+            _check(
+                isinstance(d.get(name), str) and bool(d[name]), f"answer {name} must be a non-empty string"
+            )
+        for name in ("row_time", "answered_at", "latency_s"):
+            _check(_number(d.get(name)), f"answer {name} must be a number")
+        m = d.get("model")
+        _check(isinstance(m, dict) and isinstance(m.get("task"), str), "answer model must name its task")
+        _check(isinstance(m.get("round"), int), "answer model must name its round")
+        model = ModelId(
+            m["task"], m["round"], str(m.get("digest", "")), m.get("encoder"), m.get("encoder_version")
+        )
+        known = {f for f in cls.__dataclass_fields__ if f not in ("model", "extra")}
+        return cls(**{k: v for k, v in d.items() if k in known}, model=model)

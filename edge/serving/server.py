@@ -1,0 +1,400 @@
+"""The trainer's side of serving: read the row feed, answer with the serving model, log, publish.
+
+:class:`Server` lives in ``edge-trainer`` beside the round loop, on its own thread, so a
+row is answered while a round trains.  The round loop hands it a candidate model after
+each round (:meth:`Server.offer`); the gate decides whether it replaces the serving one.
+
+Ledger: for every row read and every serving task, exactly one of ``answered`` or
+``refused[reason]`` is counted (a row read before any task has a model counts once under
+the task ``"*"``); the counts are in the trainer's retained status (``serving``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edge.config import DeviceConfig
+from edge.onnx_model import no_worse
+from edge.serving.feed import SERVING_DIR, feed_path, wake_path
+from edge.serving.jsonlog import JsonLinesLog, Tail
+from edge.serving.model import Refusal, Refused, ServingModel
+from edge.serving.records import Row
+from ioft_protocol import topics
+from ioft_protocol.state import StateError, atomic_write_json
+from sensors.features.scaling import Standardizer
+from trainer_lite.algorithms import ClientAlgorithm
+from trainer_lite.data import Dataset
+from trainer_lite.params import Params
+
+log = logging.getLogger(__name__)
+
+ANSWER_LOG = "answers.jsonl"
+POSITION_FILE = "feed.pos"
+#: Without a wake-up the feed is still read this often (a recorder whose datagram was lost).
+POLL_S = 0.5
+
+
+def model_path(state_dir: Path, task: str) -> Path:
+    return Path(state_dir) / SERVING_DIR / f"{task}.safetensors"
+
+
+class Server:
+    """Answers every row of the feed with each serving task's model (see the module docstring).
+
+    Parameters
+    ----------
+    config
+        The device's config (``[serve]``, its tasks, fleet and id).
+    state_dir
+        The device's state folder (feed, models, answer log under ``serving/``).
+    publish
+        ``publish(topic, payload)``: one QoS 1 retained message (called from the serving thread).
+    encoder
+        ``encoder(name)``: the active ONNX model of that name, or ``None``.
+    """
+
+    def __init__(
+        self,
+        config: DeviceConfig,
+        state_dir: Path,
+        publish: Callable[[str, bytes], None],
+        encoder: Callable[[str], Any] = lambda _name: None,
+    ) -> None:
+        self.config, self.cfg = config, config.serve
+        self.device = config.device
+        self.dir = Path(state_dir) / SERVING_DIR
+        self.state_dir = Path(state_dir)
+        self.publish, self.encoder = publish, encoder
+        # Rows come from edge-recorder ([data] source = "state"); simulated devices and the swarm have none.
+        self.enabled = self.cfg.enabled and config.data.source == "state"
+        self.models: dict[str, ServingModel] = {}
+        self.answered: Counter[str] = Counter()
+        self.refused: dict[str, Counter[str]] = {}
+        self.gate: dict[str, str] = {}  # task -> the last gate refusal
+        self.rows = 0
+        self.publish_errors = 0
+        self.last_latency_s: float | None = None
+        self._changed = False
+        self._lock = threading.Lock()  # the round loop swaps models while the serving thread answers
+        self._said: set[tuple[str, str]] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self._tail: Tail | None = None
+        self._saved_pos: tuple[int, int] | None = None
+        self.answers = JsonLinesLog(
+            self.dir / ANSWER_LOG,
+            max_bytes=self.cfg.log_max_bytes,
+            max_age_s=self.cfg.log_max_age_s,
+            keep=self.cfg.log_keep,
+        )
+
+    def serves(self, task: str) -> bool:
+        """Whether ``task`` answers rows here (``[serve] tasks``; empty: every task the device trains)."""
+        trains = not self.config.tasks or task in self.config.tasks
+        return self.enabled and trains and (not self.cfg.tasks or task in self.cfg.tasks)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Load the serving models saved by earlier runs and start reading the feed."""
+        if not self.enabled:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self.dir.glob("*.safetensors")):
+            task = path.name.removesuffix(".safetensors")
+            if not self.serves(task):
+                continue
+            try:
+                model = ServingModel.load(path, device=self.device, task=task)
+            except (StateError, ValueError, KeyError, TypeError) as exc:
+                log.error("%s: serving model %s not served: %s", self.device, path.name, exc)
+                continue
+            if model is not None:
+                self.models[task] = model
+                log.info("%s: task %s serves its model of round %d", self.device, task, model.round)
+        self._tail = Tail(feed_path(self.state_dir), self._start_position())
+        self._sock = self._bind()
+        self._thread = threading.Thread(target=self._run, name="serving", daemon=True)
+        self._thread.start()
+
+    def _start_position(self) -> tuple[int, int] | None:
+        """Where the last run stopped reading the feed; without one, its end (only new rows are answered)."""
+        try:
+            pos = json.loads((self.dir / POSITION_FILE).read_text())
+            return int(pos[0]), int(pos[1])
+        except (OSError, ValueError, TypeError, IndexError, KeyError):
+            pass
+        with contextlib.suppress(OSError):
+            st = feed_path(self.state_dir).stat()
+            return st.st_ino, st.st_size
+        return None
+
+    def _bind(self) -> socket.socket | None:
+        path = wake_path(self.state_dir)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            path.unlink(missing_ok=True)
+            sock.bind(str(path))
+        except OSError as exc:  # a path over 107 bytes, a read-only folder: poll instead
+            sock.close()
+            log.warning(
+                "%s: no wake-up socket at %s (%s); reading the row feed every %.1f s",
+                self.device,
+                path,
+                exc,
+                POLL_S,
+            )
+            return None
+        sock.settimeout(POLL_S)
+        return sock
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(
+                    b"\x00", str(wake_path(self.state_dir))
+                )
+        if self._thread is not None:
+            self._thread.join(5.0)
+        self._save_position()
+        if self._sock is not None:
+            self._sock.close()
+            with contextlib.suppress(OSError):
+                wake_path(self.state_dir).unlink()
+        if self._tail is not None:
+            self._tail.close()
+        self.answers.close()
+
+    def _run(self) -> None:
+        next_save = time.monotonic() + 1.0
+        while not self._stop.is_set():
+            self._wait()
+            try:
+                self.process()
+            except Exception:  # a bug here must not stop the serving thread, nor the trainer
+                log.exception("%s: serving failed on a row; going on", self.device)
+            if time.monotonic() >= next_save:
+                next_save = time.monotonic() + 1.0
+                self._save_position()
+
+    def _wait(self) -> None:
+        if self._sock is None:
+            self._stop.wait(POLL_S)
+            return
+        with contextlib.suppress(TimeoutError, OSError):
+            self._sock.recv(64)
+            self._sock.setblocking(False)
+            try:
+                while True:  # several rows fed since: one read takes them all
+                    self._sock.recv(64)
+            except (BlockingIOError, OSError):
+                pass
+            finally:
+                self._sock.settimeout(POLL_S)
+
+    def _save_position(self) -> None:
+        pos = self._tail.position if self._tail is not None else None
+        if pos is None or pos == self._saved_pos:
+            return
+        try:
+            atomic_write_json(self.dir / POSITION_FILE, list(pos))
+            self._saved_pos = pos
+        except OSError as exc:
+            log.warning("%s: could not save the feed position: %s", self.device, exc)
+
+    # -- answering ----------------------------------------------------------------------
+    def process(self) -> int:
+        """Answer every row fed since the last call; the number of answers made."""
+        if self._tail is None:
+            return 0
+        made = 0
+        for record in self._tail.read():
+            self.rows += 1
+            try:
+                row = Row.from_dict(record)
+            except ValueError as exc:
+                self._refuse("*", Refusal.BAD_ROW, str(exc))
+                continue
+            made += self.answer(row)
+        return made
+
+    def answer(self, row: Row) -> int:
+        """Answer ``row`` with every serving task's model: log, publish; the answers made."""
+        serving = [(t, m) for t, m in list(self.models.items()) if self.serves(t)]
+        if not serving:
+            self._refuse(
+                "*", Refusal.NO_MODEL, "no task has a serving model yet (none has finished a round here)"
+            )
+            return 0
+        made = 0
+        for task, model in serving:
+            try:
+                enc = self.encoder(model.encoder) if model.encoder is not None else None
+                ans = model.answer(row, enc)
+            except Refused as exc:
+                if exc.reason is Refusal.NOT_FINITE:
+                    with self._lock:  # not served again until a round brings a finite one
+                        if self.models.get(task) is model:
+                            del self.models[task]
+                self._refuse(task, exc.reason, str(exc))
+                continue
+            payload = ans.encode()
+            try:
+                self.answers.append(payload.decode())
+            except OSError as exc:
+                self._say(task, "log", f"could not write the answer log: {exc}")
+            try:
+                self.publish(topics.topic_answer(self.config.fleet, self.device, task), payload)
+            except Exception as exc:  # the transport's errors: the answer is in the log anyway
+                self.publish_errors += 1
+                self._say(task, "publish", f"could not publish an answer: {exc}")
+            self.answered[task] += 1
+            self._changed = True
+            self.last_latency_s = ans.latency_s
+            made += 1
+        return made
+
+    def _refuse(self, task: str, reason: Refusal, message: str) -> None:
+        self.refused.setdefault(task, Counter())[reason.value] += 1
+        self._changed = True
+        self._say(task, reason.value, message)
+
+    def _say(self, task: str, what: str, message: str) -> None:
+        """Log once per task and kind of trouble (the counts keep growing in the status)."""
+        if (task, what) not in self._said:
+            self._said.add((task, what))
+            log.warning("%s: serving task %s: %s", self.device, task, message)
+
+    # -- the round loop's hand-over and the gate -----------------------------------------
+    def offer(
+        self,
+        task: str,
+        algo: ClientAlgorithm,
+        shared: Params,
+        local: Params,
+        rows: tuple[Dataset, Dataset, int | None] | None,
+        raw: tuple[Dataset, Dataset, dict],
+        round_: int,
+    ) -> bool:
+        """The round's personalized model as a candidate; ``True`` if it now serves ``task``.
+
+        ``rows``: the task's rows before scaling (embedded, where the task embeds) and the
+        encoder version; ``raw``: the dataset's splits as stored and its metadata.
+        """
+        if not self.serves(task) or rows is None:
+            return False
+        train, _, encoder_version = rows
+        raw_train, test, meta = raw
+        source = algo.spec.hparams.get("features")
+        scaler = Standardizer.fit(train.x) if algo.scaling == "local" and len(train) else None
+        candidate = ServingModel(
+            device=self.device,
+            task=task,
+            spec_json=algo.spec.to_json(),
+            round=round_,
+            shared=dict(shared),
+            local=dict(local),
+            width=int(raw_train.x.shape[1]),
+            schema_hash=meta.get("schema_hash"),
+            classes=list(meta["classes"]) if isinstance(meta.get("classes"), list) else None,
+            encoder=source.split(":", 1)[1] if isinstance(source, str) and ":" in source else None,
+            encoder_version=encoder_version,
+            scale_mean=None if scaler is None else scaler.mean,
+            scale_std=None if scaler is None else scaler.std,
+            _algo=algo,
+        )
+        enc = self.encoder(candidate.encoder) if candidate.encoder is not None else None
+        try:
+            score, name = candidate.score(test, enc)
+        except Refused as exc:
+            return self._gate_refuses(task, round_, f"cannot score it on the local test split: {exc}")
+        if score is not None and not math.isfinite(score):
+            return self._gate_refuses(task, round_, "its answers on the local test split are not finite")
+        current = self.models.get(task)
+        if current is not None and score is not None and current.encoder_version == encoder_version:
+            try:
+                old, _ = current.score(test, enc)  # today's rows: both judged on the same ones
+            except Refused:
+                old = None
+            if old is not None and not no_worse(score, old, self.cfg.margin):
+                return self._gate_refuses(
+                    task,
+                    round_,
+                    f"test {name} {score:.4f} is below the serving round {current.round}'s {old:.4f} by "
+                    f"more than the margin {self.cfg.margin}; round {current.round} keeps serving",
+                )
+        candidate.metric, candidate.metric_name = score, name
+        try:
+            candidate.save(model_path(self.state_dir, task))
+        except OSError as exc:
+            log.error(
+                "%s: could not save task %s's serving model (%s); the old one keeps serving",
+                self.device,
+                task,
+                exc,
+            )
+            return False
+        with self._lock:
+            self.models[task] = candidate  # one assignment: a row is answered by the old model or the new
+        self.gate.pop(task, None)
+        self._changed = True
+        log.info(
+            "%s: task %s now serves its model of round %d, %s (test %s %s)",
+            self.device,
+            task,
+            round_,
+            candidate.digest,
+            name,
+            "n/a" if score is None else f"{score:.4f}",
+        )
+        return True
+
+    def _gate_refuses(self, task: str, round_: int, why: str) -> bool:
+        self.gate[task] = f"round {round_}: {why}"
+        self._changed = True
+        log.warning("%s: task %s: the model of round %d does not serve: %s", self.device, task, round_, why)
+        return False
+
+    # -- status -------------------------------------------------------------------------
+    def take_changed(self) -> bool:
+        """Whether answers, refusals or the serving model changed since the last call."""
+        changed, self._changed = self._changed, False
+        return changed
+
+    def status(self) -> dict[str, Any]:
+        """The serving part of the trainer's retained status."""
+        if not self.enabled:
+            return {"enabled": False}
+        return {
+            "enabled": True,
+            "rows": self.rows,
+            "answered": dict(self.answered),
+            "refused": {t: dict(c) for t, c in self.refused.items()},
+            "models": {
+                t: {
+                    "round": m.round,
+                    "digest": m.digest,
+                    "metric": m.metric,
+                    "metric_name": m.metric_name,
+                    "encoder": m.encoder,
+                    "encoder_version": m.encoder_version,
+                    "since": m.created_at,
+                }
+                for t, m in list(self.models.items())
+            },
+            "gate": dict(self.gate),
+            "publish_errors": self.publish_errors,
+            "skipped_lines": self._tail.skipped if self._tail is not None else 0,
+            "last_latency_s": self.last_latency_s,
+        }
