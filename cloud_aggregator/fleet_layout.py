@@ -214,6 +214,7 @@ topic read {p}/rollcall
 pattern write {p}/status/%u
 # Its answers to its own new rows (edge.serving): only the device writes them.
 pattern write {p}/answer/%u/+
+pattern write {p}/alert/%u/+
 pattern read {p}/task/+/down/%u
 # Secure aggregation: each device writes its own SecAgg answers and reads only what is addressed to it.
 pattern write {p}/task/+/secagg/up/%u

@@ -224,6 +224,7 @@ class EdgeTrainer:
             body["takeovers"] = {"count": session.takeovers, "last": session.last_takeover}
         if self.serving.enabled:
             body["serving"] = self.serving.status()
+            body["alerts"] = body["serving"]["alerts"]  # open alerts, for the console and Home Assistant
         body["data"] = self._data_status()
         body["process"] = {  # for the console and its metrics: what a round costs this device
             "cpu_s_round": self.round_cpu_s,

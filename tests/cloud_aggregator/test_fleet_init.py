@@ -136,6 +136,7 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
         "pattern write ioft/v1/plant/task/+/up/%u",
         "pattern write ioft/v1/plant/status/%u",
         "pattern write ioft/v1/plant/answer/%u/+",  # its answers to its own rows (edge.serving)
+        "pattern write ioft/v1/plant/alert/%u/+",  # its alerts (edge.serving.alerts)
         "pattern write ioft/v1/plant/task/+/secagg/up/%u",
     ]
     assert "pattern read ioft/v1/plant/task/+/down/%u" in patterns
