@@ -114,6 +114,7 @@ class Server:
             key = sensors.moonraker_api_key if sensors is not None else None
             self.moonraker = MoonrakerApply(url or "http://127.0.0.1:7125", self.cfg.dry_run, key)
         self._last_run: str | None = None
+        self._watch_lock = threading.Lock()  # field scores and alerts: the serving thread vs the status
 
     def serves(self, task: str) -> bool:
         """Whether ``task`` answers rows here (``[serve] tasks``; empty: every task the device trains)."""
@@ -295,8 +296,10 @@ class Server:
             self._changed = True
             self.last_latency_s = ans.latency_s
             made += 1
-            self.field.answered(ans)
-            for event in self.alerts.observe(ans):
+            with self._watch_lock:
+                self.field.answered(ans)
+                events = self.alerts.observe(ans)
+            for event in events:
                 self._publish_alert(event)
             self._maybe_apply(ans)
         return made
@@ -365,7 +368,8 @@ class Server:
         if not isinstance(key, str) or not isinstance(name, str):
             self._refuse("*", Refusal.BAD_ROW, f"a label record needs a string key and label: {record!r}")
             return
-        self.field.label(key, name)
+        with self._watch_lock:
+            self.field.label(key, name)
         self._changed = True
 
     def _refuse(self, task: str, reason: Refusal, message: str) -> None:
@@ -480,6 +484,9 @@ class Server:
         """The serving part of the trainer's retained status."""
         if not self.enabled:
             return {"enabled": False}
+        with self._watch_lock:
+            field = self.field.status({t: m.reference for t, m in list(self.models.items())})
+            alerts, unknown = self.alerts.status(), self.field.unknown_labels
         return {
             "enabled": True,
             "rows": self.rows,
@@ -498,15 +505,15 @@ class Server:
                 for t, m in list(self.models.items())
             },
             "gate": dict(self.gate),
-            "field": self.field.status({t: m.reference for t, m in list(self.models.items())}),
-            "unknown_labels": self.field.unknown_labels,
+            "field": field,
+            "unknown_labels": unknown,
             "advice": {
                 t: {"speed": self.advice_for(t, m), "vibration_budget": self.cfg.vibration_budget}
                 for t, m in list(self.models.items())
                 if self.cfg.vibration_budget is not None and m.classes is None
             },
             **({"moonraker": self.moonraker.status()} if self.moonraker is not None else {}),
-            "alerts": self.alerts.status(),
+            "alerts": alerts,
             "publish_errors": self.publish_errors,
             "skipped_lines": self._tail.skipped if self._tail is not None else 0,
             "last_latency_s": self.last_latency_s,
