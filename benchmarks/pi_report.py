@@ -31,7 +31,9 @@ def _host_cpu() -> str:
 def qemu_version() -> str:
     """The emulator's version line, measured by the check (render only formats what it is given)."""
     try:
-        out = subprocess.run(["qemu-aarch64-static", "--version"], capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            ["qemu-aarch64-static", "--version"], capture_output=True, text=True, check=False
+        )
     except OSError:
         return "qemu-aarch64-static (not found)"
     return out.stdout.splitlines()[0] if out.stdout else "qemu-aarch64-static (version unknown)"
