@@ -18,6 +18,7 @@ from typing import Any
 
 from cloud_aggregator.push import add_session_args, operator_session
 from ioft_protocol import codec, restate, topics
+from ioft_protocol.cli import one_line
 from ioft_protocol.config import ConfigError
 from ioft_protocol.mqtt import Message, MqttSession
 
@@ -260,7 +261,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         session, fleet = operator_session(args, "status")
     except (ConfigError, ValueError) as exc:
-        print(exc, file=sys.stderr)
+        print(f"cloud-aggregator: {one_line(exc)}", file=sys.stderr)
         return 2
     try:
         statuses = collect_status(session, fleet, quiet_s=args.wait)

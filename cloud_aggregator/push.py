@@ -248,6 +248,11 @@ def operator_session(args: argparse.Namespace, role: str) -> tuple[MqttSession, 
 
 def operator_config(args: argparse.Namespace) -> AggregatorConfig:
     """The aggregator's config as an operator command sees it (``ConfigError`` if invalid)."""
+    if args.config is None and not args.broker:  # the default broker is plaintext: refused, and no fleet's
+        raise ConfigError(
+            "command line",
+            ["no --config: pass --config operator.toml (fleet init wrote it in <fleet folder>/operator/)"],
+        )
     raw = load_toml(args.config) if args.config else {}
     raw.pop("task", None)
     raw.pop("model", None)  # the operator's [model] public_key: read by fleet_public_key
