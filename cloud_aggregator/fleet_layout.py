@@ -254,6 +254,14 @@ def bridge_acl_text(fleet: str, bridge: str, devices: Sequence[str], worker: str
     return "\n".join(lines) + "\n"
 
 
+#: The broker's byte counters the console's ``/metrics`` shows (``console_feed.SYS_BYTES``): read
+#: only, and only these two (the rest of ``$SYS`` names clients).
+BROKER_BYTES_ACL = """# The console (under either login): the broker's byte counters for /metrics.
+topic read $SYS/broker/bytes/received
+topic read $SYS/broker/bytes/sent
+"""
+
+
 def acl_text(
     fleet: str,
     devices: Sequence[str] = (),
@@ -307,14 +315,14 @@ topic write {p}/rollcall
 topic read {p}/agg/batch/+/+
 topic read {p}/agg/worker/+
 topic write {p}/agg/ctl
-{cloud_workers}
+{BROKER_BYTES_ACL}{cloud_workers}
 # Operator commands (`push`, `fleet status`): model pushes and reading the fleet's status.
 user {OPERATOR}
 topic readwrite {p}/model/#
 topic read {p}/status/+
 topic read {p}/answer/+/+
 topic write {p}/rollcall
-{plants}"""
+{BROKER_BYTES_ACL}{plants}"""
 
 
 def mosquitto_conf_text(layout: FleetLayout, *, bind: str | None) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from cloud_aggregator.fleet_devices import fleet_root_of, revoked_devices
 from cloud_aggregator.operator_login import add_session_args, operator_session
 from ioft_protocol import codec, restate, topics
+from ioft_protocol.cli import one_line
 from ioft_protocol.config import ConfigError
 from ioft_protocol.mqtt import Message, MqttSession
 
@@ -310,7 +311,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         session, fleet = operator_session(args, "status")
     except (ConfigError, ValueError) as exc:
-        print(exc, file=sys.stderr)
+        print(f"cloud-aggregator: {one_line(exc)}", file=sys.stderr)
         return 2
     others: dict[str, dict[str, dict]] = {}
     try:
