@@ -81,7 +81,7 @@ def render(template: str, payload: bytes) -> str:
     return env.from_string(template).render(value=payload.decode(), value_json=json.loads(payload))
 
 
-def check_config(topic: str, body: dict) -> None:
+def check_config(topic: str, body: dict, fleet: str = "plant") -> None:
     component, device, object_id = TOPIC.match(topic).groups()
     assert set(body) <= ALLOWED[component], f"{topic}: undocumented keys {set(body) - ALLOWED[component]}"
     assert REQUIRED <= set(body), topic
@@ -93,7 +93,7 @@ def check_config(topic: str, body: dict) -> None:
     assert set(body["origin"]) <= ORIGIN_KEYS and body["origin"]["name"] == "ioft"
     for entry in body["availability"]:
         assert set(entry) <= AVAILABILITY_KEYS and "topic" in entry
-        assert entry["topic"] == topics.topic_status("plant", device)
+        assert entry["topic"] == topics.topic_status(fleet, device)
     if body.get("device_class") == "enum":  # "options ... cannot be used together with state_class or unit"
         assert body["options"] and "state_class" not in body and "unit_of_measurement" not in body
 
