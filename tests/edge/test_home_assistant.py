@@ -84,7 +84,7 @@ def render(template: str, payload: bytes) -> str:
 def check_config(topic: str, body: dict, fleet: str = "plant") -> None:
     component, device, object_id = TOPIC.match(topic).groups()
     assert set(body) <= ALLOWED[component], f"{topic}: undocumented keys {set(body) - ALLOWED[component]}"
-    assert REQUIRED <= set(body), topic
+    assert set(body) >= REQUIRED, topic
     assert not set(body) & ABBREVIATIONS and not set(body["device"]) & ABBREVIATIONS
     # `device` "only works when unique_id is set"; "at least one of identifiers or connections".
     assert body["unique_id"].endswith(object_id) and device in body["unique_id"]
