@@ -27,6 +27,7 @@ from pathlib import Path
 
 from cloud_aggregator import console as fleet_console
 from cloud_aggregator.broker import interrupt_on_sigterm
+from cloud_aggregator.demo_advice import print_advice
 from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
 from cloud_aggregator.rounds import RoundRecord
 from cloud_aggregator.store import SqliteStore
@@ -241,6 +242,7 @@ def run_demo(
             print(f"{d:>10} {p:>8.4f} {i:>8.4f} {f:>8.4f} {100 * (p - i) / i:>+15.1f}%")
         mp, mi, mf = (sum(t.values()) / max(1, len(t)) for t in (pflda, indiv, fedavg))
         print(f"{'fleet mean':>10} {mp:>8.4f} {mi:>8.4f} {mf:>8.4f} {100 * (mp - mi) / mi:>+15.1f}%")
+        print_advice(work, names)  # cloud_aggregator/demo_advice.py: a second table, each printer's advice
         if newcomer_rounds > 0 and run_newcomer(fleet, names, rounds, newcomer_rounds) != 0:
             return 1
         print(f"\ndemo finished in {time.monotonic() - started:.1f} s")

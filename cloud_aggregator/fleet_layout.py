@@ -215,6 +215,8 @@ pattern write {p}/status/%u
 # Its answers to its own new rows (edge.serving): only the device writes them.
 pattern write {p}/answer/%u/+
 pattern write {p}/alert/%u/+
+# Home Assistant discovery ([serve] home_assistant): its own configs only (node id = device id).
+pattern write homeassistant/+/%u/+/config
 pattern read {p}/task/+/down/%u
 # Secure aggregation: each device writes its own SecAgg answers and reads only what is addressed to it.
 pattern write {p}/task/+/secagg/up/%u

@@ -5,6 +5,7 @@ The reader (``ioft_protocol.config.build``) checks it and lists every failing fi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,8 @@ class ModelConfig:
 
 #: What an alert rule reads from an answer (``p:<class>``: that class's probability).
 ALERT_VALUES = ("residual", "abs_residual", "expected_speed", "p:<class>")
+#: Home Assistant's discovery prefix: topic levels without wildcards (``#``, ``+``) or empty levels.
+_DISCOVERY_PREFIX = re.compile(r"[^/#+\x00]+(/[^/#+\x00]+)*")
 #: Where speed advice goes: nowhere (published only) or the printer's Moonraker.
 APPLY_CHOICES = ("none", "moonraker")
 
@@ -330,6 +333,11 @@ class ServeConfig:
         answers are scored.
     alerts
         The alert rules (:class:`AlertRule`, ``[[serve.alerts]]``).
+    home_assistant
+        Announce this machine to Home Assistant by MQTT discovery (retained config messages under
+        ``<discovery_prefix>/<component>/<device>/<object>/config``, :mod:`edge.serving.home_assistant`).
+    discovery_prefix
+        Home Assistant's discovery prefix (its MQTT integration's setting; default ``homeassistant``).
     """
 
     enabled: bool = True
@@ -345,6 +353,8 @@ class ServeConfig:
     field_window: int = 50
     drift_margin: float = 0.1
     alerts: list[AlertRule] = field(default_factory=list)
+    home_assistant: bool = False
+    discovery_prefix: str = "homeassistant"
 
     def __post_init__(self) -> None:
         problems = []
@@ -370,6 +380,11 @@ class ServeConfig:
             problems.append(f"serve.field_window must be >= 2, got {self.field_window}")
         if not 0.0 <= self.drift_margin <= 1.0:
             problems.append(f"serve.drift_margin must be in [0, 1], got {self.drift_margin}")
+        if not _DISCOVERY_PREFIX.fullmatch(self.discovery_prefix):
+            problems.append(
+                f"serve.discovery_prefix must be a topic without wildcards or empty levels, such as "
+                f"'homeassistant', got {self.discovery_prefix!r}"
+            )
         names = [r.name for r in self.alerts]
         if len(set(names)) != len(names):
             problems.append(f"serve.alerts: two rules share a name ({sorted(names)}); give each its own")

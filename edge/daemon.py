@@ -262,7 +262,7 @@ class EdgeTrainer:
         if self._unheard_since is None and not self._heard_once:
             self._unheard_since = time.monotonic()
         self.delivered.connected()
-        return [self._status("online")]
+        return [self._status("online"), *self.serving.discovery()]  # and Home Assistant's configs, opt-in
 
     def stop(self) -> None:
         self._stop.set()

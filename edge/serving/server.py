@@ -30,6 +30,7 @@ from edge.serving.advice import MoonrakerApply, speed_advice
 from edge.serving.alerts import Alerts, Event
 from edge.serving.feed import SERVING_DIR, feed_path, wake_path
 from edge.serving.field import MAX_PENDING, FieldScores
+from edge.serving.home_assistant import Discovery
 from edge.serving.jsonlog import JsonLinesLog, Tail, read_log
 from edge.serving.model import Refusal, Refused, ServingModel
 from edge.serving.records import Answer, Row
@@ -114,6 +115,7 @@ class Server:
             key = sensors.moonraker_api_key if sensors is not None else None
             self.moonraker = MoonrakerApply(url or "http://127.0.0.1:7125", self.cfg.dry_run, key)
         self._last_run: str | None = None
+        self.home_assistant = Discovery(config) if self.enabled and self.cfg.home_assistant else None
         self._watch_lock = threading.Lock()  # field scores and alerts: the serving thread vs the status
 
     def serves(self, task: str) -> bool:
@@ -139,6 +141,7 @@ class Server:
             if model is not None:
                 self.models[task] = model
                 log.info("%s: task %s serves its model of round %d", self.device, task, model.round)
+                self._announce(task, model)
         self._reload_pending()
         self._tail = Tail(feed_path(self.state_dir), self._start_position())
         self._sock = self._bind()
@@ -457,6 +460,8 @@ class Server:
             self.models[task] = candidate  # one assignment: a row is answered by the old model or the new
         self.gate.pop(task, None)
         self._changed = True
+        if current is None:
+            self._announce(task, candidate)
         log.info(
             "%s: task %s now serves its model of round %d, %s (test %s %s)",
             self.device,
@@ -473,6 +478,30 @@ class Server:
         self._changed = True
         log.warning("%s: task %s: the model of round %d does not serve: %s", self.device, task, round_, why)
         return False
+
+    # -- Home Assistant -------------------------------------------------------------------
+    def _task_discovery(self, ha: Discovery, task: str, model: ServingModel) -> list[tuple[str, bytes]]:
+        return ha.task(task, model.classes, self.cfg.vibration_budget is not None and model.classes is None)
+
+    def discovery(self) -> list[tuple[str, bytes]]:
+        """Every Home Assistant config message (published retained on each connect); none when off."""
+        if self.home_assistant is None:
+            return []
+        out = [self.home_assistant.alert(rule) for rule in self.cfg.alerts]
+        for task, model in list(self.models.items()):
+            out += self._task_discovery(self.home_assistant, task, model)
+        return out
+
+    def _announce(self, task: str, model: ServingModel) -> None:
+        """A task's first serving model: tell Home Assistant about its sensors now, not at the next connect."""
+        if self.home_assistant is None:
+            return
+        for topic, payload in self._task_discovery(self.home_assistant, task, model):
+            try:
+                self.publish(topic, payload)
+            except Exception as exc:  # the transport's errors: the next connect publishes them again
+                self.publish_errors += 1
+                self._say(task, "publish", f"could not publish a Home Assistant config: {exc}")
 
     # -- status -------------------------------------------------------------------------
     def take_changed(self) -> bool:

@@ -137,6 +137,7 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
         "pattern write ioft/v1/plant/status/%u",
         "pattern write ioft/v1/plant/answer/%u/+",  # its answers to its own rows (edge.serving)
         "pattern write ioft/v1/plant/alert/%u/+",  # its alerts (edge.serving.alerts)
+        "pattern write homeassistant/+/%u/+/config",  # its Home Assistant discovery configs, no one else's
         "pattern write ioft/v1/plant/task/+/secagg/up/%u",
     ]
     assert "pattern read ioft/v1/plant/task/+/down/%u" in patterns

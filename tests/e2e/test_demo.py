@@ -31,6 +31,19 @@ def fleet_means(out: str) -> tuple[float, float, float]:
     return pflda, indiv, fedavg
 
 
+def advice_table(out: str) -> dict[str, tuple[float, float, float]]:
+    """printer -> (PFL-DA, indiv, truth) from the speed advice table after the final one."""
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("Speed advice (mm/s)")) + 2
+    rows = {}
+    for ln in lines[start:]:
+        if not ln.strip():
+            break
+        name, *cells = ln.split()
+        rows[name] = tuple(float(c) for c in cells)
+    return rows
+
+
 def test_default_demo_on_mosquitto_shows_pflda_beating_indiv(tmp_path):
     _require_mosquitto()
     out = run_demo_cli(tmp_path)
@@ -50,6 +63,10 @@ def test_demo_on_the_embedded_amqtt_broker(tmp_path):
     out = run_demo_cli(tmp_path, "--prefer-broker", "amqtt", "--devices", "3", "--rounds", "30")
     assert "broker: amqtt" in out
     assert all(v == v for v in fleet_means(out))  # three numbers, none NaN: every task finished
+    # After the final table: each printer's speed advice from PFL-DA's and its alone-trained model.
+    advice = advice_table(out)
+    assert sorted(advice) == ["printer1", "printer2", "printer3"]
+    assert all(len(v) == 3 and min(v) > 0 and max(v) < 200 for v in advice.values()), advice
     log = (tmp_path / "aggregator.log").read_text()
     assert "abandoned" not in log and "extending the deadline" not in log, log[-3000:]
 
