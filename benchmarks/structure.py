@@ -32,7 +32,7 @@ PROJECT = ("cloud_aggregator", "ioft_protocol", "trainer_lite")
 
 def import_graph(package: str) -> dict[str, set[str]]:
     """``module -> the modules of the package it imports``."""
-    graph = grimp.build_graph(package, include_external_packages=False)
+    graph = grimp.build_graph(package, include_external_packages=False, cache_dir=None)
     modules = graph.find_descendants(package) | {package}
     return {m: graph.find_modules_directly_imported_by(m) & modules for m in modules}
 
