@@ -130,9 +130,9 @@ def upload_paths() -> dict[str, list[str]]:
     """One accepted and one refused upload through ``MqttFleet.collect``: the modules each runs through."""
     import numpy as np
 
-    from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
-    from cloud_aggregator.rounds import CollectRequest
-    from cloud_aggregator.store import SqliteStore
+    from cloud_aggregator.rounds.engine import CollectRequest
+    from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
+    from cloud_aggregator.store.sqlite import SqliteStore
     from ioft_protocol import codec, round_messages, topics
     from ioft_protocol.mqtt import Message
     from trainer_lite.params import param_hash

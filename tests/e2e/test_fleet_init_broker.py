@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.broker import find_mosquitto, free_port
-from cloud_aggregator.fleet_layout import open_fleet
+from cloud_aggregator.fleet.layout import open_fleet
+from cloud_aggregator.local.broker import find_mosquitto, free_port
 from ioft_protocol.config import load_toml
 from tests.e2e.test_access import Client
 
