@@ -9,10 +9,12 @@ from typing import Any
 from cloud_aggregator.aggregation.fedbuff import BufferConfig
 from cloud_aggregator.aggregation.strategies import make_strategy
 from cloud_aggregator.rounds.admission import AdmissionPolicy
-from cloud_aggregator.rounds.buffered import buffered_refusal
-from cloud_aggregator.rounds.stragglers import check_next_round
-from cloud_aggregator.serve.coordinator import workers_refusal
-from cloud_aggregator.serve.secagg_round import check_secagg_task
+from cloud_aggregator.rounds.task_rules import (
+    buffered_refusal,
+    check_next_round,
+    check_secagg_task,
+    workers_refusal,
+)
 from ioft_protocol.codec import MAX_PAYLOAD_BYTES, check_id
 from ioft_protocol.config import ConfigError, build
 from ioft_protocol.mqtt import TlsConfig

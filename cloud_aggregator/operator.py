@@ -19,10 +19,11 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.fleet.layout import AGGREGATOR
 from ioft_protocol.config import ConfigError, build, load_toml
 from ioft_protocol.mqtt import MqttSession, SessionOptions
 
+#: The aggregator's login (and its folder of a ``fleet init`` fleet), reserved among device ids.
+AGGREGATOR = "aggregator"
 #: Prefix of an aggregator worker's login (``fleet_layout.worker_identity``): the aggregator's too.
 WORKER_PREFIX = "worker."
 
@@ -108,3 +109,46 @@ def add_session_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker", help="mqtt://host:port or mqtts://host:port")
     p.add_argument("--fleet", help="fleet id")
     p.add_argument("--allow-plaintext", action="store_true", help="accept an unencrypted broker (loopback)")
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default, except where there is none (``None``, off, empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def fleet_root_of(config: str | Path | None) -> Path | None:
+    """The ``fleet init`` folder a config file of it sits in (``<root>/operator/operator.toml``,
+    ``<root>/aggregator/aggregator.toml``); ``None`` for a config kept elsewhere."""
+    if config is None:
+        return None
+    root = Path(config).resolve().parent.parent
+    return root if (root / "ca" / "issued.tsv").is_file() else None
+
+
+def revoked_devices(root: str | Path) -> set[str]:
+    """Devices whose every certificate the fleet's CA issued them is in its CRL and that are no
+    longer enrolled (``revoke-device``); ``set()`` where ``root`` holds no such record.
+    A password fleet keeps no record of who was revoked."""
+    root = Path(root)
+    issued, crl = root / "ca" / "issued.tsv", root / "broker" / "crl.pem"
+    try:
+        rows = [line.split("\t") for line in issued.read_text().splitlines() if line.count("\t") == 2]
+        revoked = revoked_serials(crl.read_bytes())
+    except (OSError, ValueError):
+        return set()
+    serials: dict[str, set[int]] = {}
+    for serial, name, _ in rows:
+        try:
+            serials.setdefault(name, set()).add(int(serial, 16))
+        except ValueError:
+            continue
+    return {d for d, mine in serials.items() if mine <= revoked and not (root / "devices" / d).is_dir()}
+
+
+def revoked_serials(crl_pem: bytes) -> set[int]:
+    """The serial numbers a CRL lists."""
+    return {r.serial_number for r in x509.load_pem_x509_crl(crl_pem)}

@@ -23,9 +23,7 @@ import sys
 from pathlib import Path
 
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.fleet.devices import fleet_root_of
-from cloud_aggregator.fleet.layout import DefaultsHelpFormatter
-from cloud_aggregator.operator import add_session_args, operator_config
+from cloud_aggregator.operator import DefaultsHelpFormatter, add_session_args, fleet_root_of, operator_config
 from ioft_protocol.cli import check_broker_login
 from ioft_protocol.config import ConfigError
 

@@ -16,8 +16,7 @@ from typing import Any
 
 from cloud_aggregator.console.fleet_status import take_status
 from cloud_aggregator.console.fleet_view import FleetView, StoreData, read_store, store_signature
-from cloud_aggregator.fleet.devices import revoked_devices
-from cloud_aggregator.operator import operator_client_id
+from cloud_aggregator.operator import operator_client_id, revoked_devices
 from ioft_protocol import topics
 from ioft_protocol.mqtt import BrokerLogin, Message, MqttSession, SessionOptions
 

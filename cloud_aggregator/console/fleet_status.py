@@ -18,8 +18,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from cloud_aggregator.fleet.devices import fleet_root_of, revoked_devices
-from cloud_aggregator.operator import add_session_args, operator_session
+from cloud_aggregator.operator import add_session_args, fleet_root_of, operator_session, revoked_devices
 from ioft_protocol import codec, restate, topics
 from ioft_protocol.config import ConfigError
 from ioft_protocol.mqtt import Message, MqttSession
@@ -116,7 +115,7 @@ def summarize(
 ) -> list[dict[str, Any]]:
     """One row per device: state, kind and tags, models, last round and metric (or refusal) per task.
 
-    A device in ``revoked`` (:func:`cloud_aggregator.fleet.devices.revoked_devices`) shows as
+    A device in ``revoked`` (:func:`cloud_aggregator.operator.revoked_devices`) shows as
     ``revoked`` whatever its last status said: it cannot log in again.  The console shows the
     tasks a device refuses in a column of their own (``refusals_in_tasks=False``).
 

@@ -156,11 +156,6 @@ class FleetCA:
         return builder.sign(self.key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
 
 
-def revoked_serials(crl_pem: bytes) -> set[int]:
-    """The serial numbers a CRL lists."""
-    return {r.serial_number for r in x509.load_pem_x509_crl(crl_pem)}
-
-
 def cert_serial(cert_pem: bytes) -> int:
     """A certificate's serial number."""
     return x509.load_pem_x509_certificate(cert_pem).serial_number

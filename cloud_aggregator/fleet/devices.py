@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from cloud_aggregator.fleet.ca import FleetCA, cert_serial, revoked_serials
+from cloud_aggregator.fleet.ca import FleetCA, cert_serial
 from cloud_aggregator.fleet.layout import (
     FleetInitError,
     FleetLayout,
@@ -37,6 +37,7 @@ from cloud_aggregator.fleet.layout import (
 from cloud_aggregator.fleet.plant_files import refresh_plant
 from cloud_aggregator.fleet.sessions import end_sessions, new_canary
 from cloud_aggregator.fleet.units import venv_of, write_device_units
+from cloud_aggregator.operator import revoked_serials
 
 #: How long a CRL the fleet writes stays valid (mosquitto refuses every client once it expires).
 CRL_DAYS = 3650
@@ -145,35 +146,6 @@ def _issued_serials(layout: FleetLayout, devices: Sequence[str]) -> set[int]:
     issued = [line.split("\t") for line in text.splitlines() if line.count("\t") == 2]
     serials = {int(serial, 16) for serial, name, _ in issued if name in devices}
     return serials | {cert_serial(layout.cert(d).read_bytes()) for d in devices if layout.cert(d).exists()}
-
-
-def revoked_devices(root: str | Path) -> set[str]:
-    """Devices whose every certificate the fleet's CA issued them is in its CRL and that are no
-    longer enrolled (``revoke-device``); ``set()`` where ``root`` holds no such record.
-    A password fleet keeps no record of who was revoked."""
-    root = Path(root)
-    issued, crl = root / "ca" / "issued.tsv", root / "broker" / "crl.pem"
-    try:
-        rows = [line.split("\t") for line in issued.read_text().splitlines() if line.count("\t") == 2]
-        revoked = revoked_serials(crl.read_bytes())
-    except (OSError, ValueError):
-        return set()
-    serials: dict[str, set[int]] = {}
-    for serial, name, _ in rows:
-        try:
-            serials.setdefault(name, set()).add(int(serial, 16))
-        except ValueError:
-            continue
-    return {d for d, mine in serials.items() if mine <= revoked and not (root / "devices" / d).is_dir()}
-
-
-def fleet_root_of(config: str | Path | None) -> Path | None:
-    """The ``fleet init`` folder a config file of it sits in (``<root>/operator/operator.toml``,
-    ``<root>/aggregator/aggregator.toml``); ``None`` for a config kept elsewhere."""
-    if config is None:
-        return None
-    root = Path(config).resolve().parent.parent
-    return root if (root / "ca" / "issued.tsv").is_file() else None
 
 
 def revoke_devices(root: str | Path, devices: Sequence[str], *, crl_days: int = CRL_DAYS) -> FleetLayout:

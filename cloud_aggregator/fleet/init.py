@@ -72,7 +72,6 @@ from cloud_aggregator.fleet.layout import (
     DEFAULT_HOSTS,
     OPERATOR,
     RESERVED,
-    DefaultsHelpFormatter,
     FleetInitError,
     FleetLayout,
     acl_text,
@@ -99,6 +98,7 @@ from cloud_aggregator.fleet.units import (
     write_device_units,
     write_fleet_units,
 )
+from cloud_aggregator.operator import DefaultsHelpFormatter
 from export.keys import generate_keypair
 from ioft_protocol import codec
 

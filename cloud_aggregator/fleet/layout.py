@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloud_aggregator.fleet.ca import FleetCA, cert_expiry, cert_serial
+from cloud_aggregator.operator import AGGREGATOR
 from cloud_aggregator.worker_login import WORKERS_DIR
 from ioft_protocol import codec, topics
 from ioft_protocol.config import ConfigError, load_toml
 from ioft_protocol.mqtt import BrokerAddress
 
-AGGREGATOR = "aggregator"
 OPERATOR = "operator"
 RESERVED = (AGGREGATOR, OPERATOR)
 #: Where ``serve`` keeps its store unless told otherwise (``AggregatorConfig.state_dir``'s default).
@@ -52,15 +52,6 @@ def add_listener_args(p: argparse.ArgumentParser, whose: str, first_goes_into: s
     )
     p.add_argument("--port", type=int, default=8883, help=f"{whose} TLS listener's port")
     p.add_argument("--bind", help="listen only on this address (none: all interfaces)")
-
-
-class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` with each option's default, except where there is none (``None``, off, empty)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False or action.default == []:
-            return action.help
-        return super()._get_help_string(action)
 
 
 class FleetInitError(ValueError):

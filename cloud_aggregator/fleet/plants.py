@@ -41,7 +41,6 @@ from pathlib import Path
 from cloud_aggregator.fleet.devices import RELOAD_HINT, load_ca, rewrite_acl
 from cloud_aggregator.fleet.layout import (
     DEFAULT_HOSTS,
-    DefaultsHelpFormatter,
     FleetInitError,
     FleetLayout,
     PlantRecord,
@@ -69,6 +68,7 @@ from cloud_aggregator.fleet.plant_files import (
     worker_toml_text,
 )
 from cloud_aggregator.fleet.units import MOSQUITTO_DROPIN, PLANT_WORKER_UNIT, plant_worker_unit, venv_of
+from cloud_aggregator.operator import DefaultsHelpFormatter
 from ioft_protocol import codec
 from ioft_protocol.mqtt import BrokerAddress
 

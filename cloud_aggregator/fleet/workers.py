@@ -32,7 +32,6 @@ from pathlib import Path
 from cloud_aggregator.fleet.devices import RELOAD_HINT, _passwd_lines, load_ca, rewrite_acl
 from cloud_aggregator.fleet.layout import (
     AGGREGATOR,
-    DefaultsHelpFormatter,
     FleetInitError,
     FleetLayout,
     fsync_tree,
@@ -45,6 +44,7 @@ from cloud_aggregator.fleet.layout import (
     write_worker_identity,
 )
 from cloud_aggregator.fleet.units import give_to_aggregator
+from cloud_aggregator.operator import DefaultsHelpFormatter
 
 
 def add_workers(root: str | Path, workers: Sequence[str], *, days: int = 825) -> FleetLayout:

@@ -31,10 +31,9 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from cloud_aggregator.fleet.layout import DefaultsHelpFormatter
 from cloud_aggregator.models.push_answers import INSTALLED, PENDING, REFUSED, wait_for_answers
 from cloud_aggregator.models.push_targets import TargetError, choose_targets, replaced_offer, statuses
-from cloud_aggregator.operator import add_session_args, operator_session
+from cloud_aggregator.operator import DefaultsHelpFormatter, add_session_args, operator_session
 from export.package import Package, load_package
 from ioft_protocol import codec, model_push, topics
 from ioft_protocol.config import ConfigError, load_toml

@@ -13,11 +13,15 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from cloud_aggregator.fleet.layout import DefaultsHelpFormatter
 from cloud_aggregator.models import push, rollout_run
 from cloud_aggregator.models.push_answers import INSTALLED, wait_for_answers
 from cloud_aggregator.models.rollout import MARGIN, MIN_INSTALLED, Rollout, RolloutError, State, describe
-from cloud_aggregator.operator import add_session_args, operator_config, operator_session
+from cloud_aggregator.operator import (
+    DefaultsHelpFormatter,
+    add_session_args,
+    operator_config,
+    operator_session,
+)
 from cloud_aggregator.store.sqlite import SqliteStore
 from export.keys import load_private_key
 from export.package import Package

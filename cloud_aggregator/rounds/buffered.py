@@ -30,9 +30,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cloud_aggregator.aggregation.fedbuff import Arrival, BufferConfig, UpdateBuffer
-from cloud_aggregator.aggregation.strategies import Strategy, Update, make_strategy
+from cloud_aggregator.aggregation.strategies import Update, make_strategy
 from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox, Reason, Refusal
 from cloud_aggregator.rounds.engine import CollectRequest
+from cloud_aggregator.rounds.task_rules import buffered_refusal
 from ioft_protocol.round_messages import UpdateMessage
 from trainer_lite.params import Params, param_hash
 from trainer_lite.task import TaskSpec
@@ -47,21 +48,6 @@ class Job:
     version: int
     params: Params
     global_hash: str
-
-
-def buffered_refusal(spec: TaskSpec, strategy: Strategy) -> str | None:
-    """Why ``spec`` cannot run buffered, or ``None``: the delta form needs a global that is a
-    weighted mean of uploads of its own shape, one phase, and no DP or SecAgg (whose sums are per round)."""
-    if not strategy.accepts_late_updates:
-        return (
-            f"algorithm {spec.algorithm!r} (server {strategy.name!r}) does not combine uploads as a "
-            "weighted mean; buffered rounds need a fedavg-served algorithm (fedavg, pflda, fedrep ...)"
-        )
-    if len(strategy.phases()) != 1:
-        return f"algorithm {spec.algorithm!r} has phases {list(strategy.phases())}; buffered rounds need one"
-    if spec.dp is not None or spec.secagg is not None:
-        return "dp and secagg account per synchronous round; run this task with mode = 'sync'"
-    return None
 
 
 class BufferedServer:

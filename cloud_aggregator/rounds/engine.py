@@ -23,9 +23,9 @@ from cloud_aggregator.rounds.stragglers import (
     LateUpdate,
     LateWindow,
     absorb_late,
-    check_next_round,
     restore_late_window,
 )
+from cloud_aggregator.rounds.task_rules import check_next_round
 from ioft_protocol.codec import TensorSpec
 from trainer_lite.params import Params, param_hash
 from trainer_lite.task import TaskSpec

@@ -17,8 +17,8 @@ import numpy as np
 from cloud_aggregator.aggregation.strategies import Update
 from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox, Reason, Refusal
 from cloud_aggregator.rounds.engine import CollectRequest, Rejection, RoundEngine, RoundRecord
+from cloud_aggregator.rounds.secagg import collect_in_process
 from cloud_aggregator.rounds.stragglers import LateUpdate
-from cloud_aggregator.serve.secagg_round import collect_in_process
 from ioft_protocol.round_messages import UpdateMessage
 from sensors.features.scaling import standardize_locally
 from trainer_lite.algorithms import ClientAlgorithm, make_client

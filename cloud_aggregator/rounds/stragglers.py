@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from cloud_aggregator.aggregation.strategies import Strategy, Update
+from cloud_aggregator.aggregation.strategies import Update
 from trainer_lite.params import Params, param_hash
 
 if TYPE_CHECKING:  # annotation only: rounds imports this module for LateWindow
@@ -51,22 +51,6 @@ class LateUpdate:
 
     update: Update
     round: int
-
-
-def check_next_round(strategy: Strategy) -> None:
-    """Refuse ``straggler = "next_round"`` where a late upload has no meaning.
-
-    Raises
-    ------
-    ValueError
-        When ``strategy`` does not declare ``accepts_late_updates`` or runs more than one phase.
-    """
-    if not strategy.accepts_late_updates or len(strategy.phases()) != 1:
-        raise ValueError(
-            f"straggler = 'next_round' needs a one-phase FedAvg-style strategy (the global is a weighted "
-            f"mean of uploads, so an older upload can be shrunk and mixed in); {type(strategy).__name__} "
-            f"with phases {strategy.phases()} is not one: use straggler = 'drop'"
-        )
 
 
 def damp_late(current: Params, base: Params, params: Params, staleness_weight: float) -> Params:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import Update
 from cloud_aggregator.rounds.admission import ROUND_ANSWERS, AdmissionPolicy, Reason, Refusal
 from cloud_aggregator.rounds.engine import CollectRequest, Rejection, RoundStore, SatOut
 from cloud_aggregator.rounds.stragglers import LateUpdate
@@ -42,7 +42,6 @@ from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from ioft_protocol import codec, topics
 from ioft_protocol.mqtt import Message, MqttSession
 from ioft_protocol.round_messages import Announcement
-from trainer_lite.task import TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -327,23 +326,3 @@ class WorkerFleet(MqttFleet):
             topic = topics.topic_down_device(self.fleet, request.spec.name, device)
             self.session.publish(topic, personal.encode(), timeout=None)
         self.nudged.extend(devices)
-
-
-def workers_refusal(spec: TaskSpec, straggler: str, mode: str = "sync") -> str | None:
-    """Why ``spec``'s task cannot be split among workers (one line), or ``None``: it can.
-
-    Workers fold partial sums, so only a strategy that streams every phase (the mean family,
-    ``Strategy.fold``) splits; median, Krum, FedDAR-SA, FedPP, PerPCA, DP means, stragglers
-    counted in the next round and SecAgg all need a round's uploads together.
-    """
-    if mode != "sync":
-        return f"mode = {mode!r} has no rounds to split"
-    if straggler != "drop":
-        return "straggler = 'next_round' mixes whole late uploads into a round"
-    if spec.secagg is not None:
-        return "secagg sums masked uploads together"
-    strategy = make_strategy(spec)
-    for phase in strategy.phases():
-        if strategy.fold(phase) is None:
-            return f"its {strategy.name} server needs all of a round's updates at once (phase {phase!r})"
-    return None

@@ -25,66 +25,29 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
-from cloud_aggregator.rounds.engine import CollectRequest, Rejection
+from cloud_aggregator.aggregation.strategies import Update
+from cloud_aggregator.rounds.engine import CollectRequest
+from cloud_aggregator.rounds.secagg import replies_from
+from cloud_aggregator.rounds.task_rules import secagg_config
 from cloud_aggregator.serve.mqtt_fleet import MqttFleet
 from ioft_protocol import codec, topics
 from ioft_protocol.mqtt import Message
 from ioft_protocol.secagg import Abandoned, SecAggConfig, SecAggResult, ServerSecAgg
 from ioft_protocol.secagg.messages import SecAggWireError
 from ioft_protocol.secagg.server import StageError
-from ioft_protocol.secagg.simulate import run_round
 from ioft_protocol.secagg.transport import (
     ANSWERS,
     Envelope,
-    change,
-    device_weight,
-    flatten,
     parse_topic,
     topic_down,
     topic_up_all,
-    unflatten,
 )
-from trainer_lite.params import Params
-from trainer_lite.task import TaskSpec
 
 log = logging.getLogger(__name__)
-DROPPED = "secagg_dropped"
-ABANDONED = "secagg_abandoned"
-
-
-def secagg_config(spec: TaskSpec) -> SecAggConfig | None:
-    """The task's SecAgg settings, or ``None`` when it has none."""
-    return None if spec.secagg is None else SecAggConfig.from_json(spec.secagg)
-
-
-def check_secagg_task(spec: TaskSpec) -> None:
-    """Refuse, naming what to change, a SecAgg task whose server is not a plain weighted mean."""
-    if secagg_config(spec) is None:
-        return
-    strategy = make_strategy(spec)
-    server = dict(spec.server)
-    if strategy.name != "fedavg":
-        raise ValueError(
-            f"task {spec.name!r}: secagg needs a mean-family algorithm (server 'fedavg'); "
-            f"{spec.algorithm!r} aggregates with {strategy.name!r}"
-        )
-    if server.get("reducer", "mean") != "mean":
-        raise ValueError(
-            f"task {spec.name!r}: secagg sums updates, so server.reducer must be 'mean' (or unset)"
-        )
-    if server.get("weighting", "samples") not in ("samples", "uniform"):
-        raise ValueError(f"task {spec.name!r}: secagg supports server.weighting 'samples' or 'uniform'")
-    dp = spec.dp or {}
-    if dp and (dp.get("mode") != "distributed" or server.get("weighting", "samples") != "uniform"):
-        # the aggregator sees no single change to clip or weigh: only devices can add the noise
-        raise ValueError(
-            f"task {spec.name!r}: secagg with dp needs dp mode 'distributed' and server.weighting 'uniform'"
-        )
 
 
 class SecAggFleet:
@@ -194,47 +157,3 @@ class SecAggFleet:
             log.warning("task %s: SecAgg %s from %s dropped: %s", task, stage, where.device, exc)
             return
         waiting.discard(where.device)
-
-
-def replies_from(
-    request: CollectRequest, ready: Mapping[str, Update], outcome: SecAggResult | Abandoned
-) -> list[Update | Rejection]:
-    """What the round engine gets: each survivor carrying the new global, a rejection for the others."""
-    task, round_ = request.spec.name, request.round
-    if isinstance(outcome, Abandoned):
-        log.warning(
-            "task %s round %d: SecAgg abandoned (%s): %s", task, round_, outcome.reason, outcome.detail
-        )
-        return [Rejection(d, f"{ABANDONED}: {outcome.reason}") for d in sorted(ready)]
-    log.info(
-        "task %s round %d: SecAgg sum of %d; ledger %s", task, round_, len(outcome.survivors), outcome.ledger
-    )
-    new = apply_mean(request.global_params, outcome)
-    kept: list[Update | Rejection] = [replace(ready[d], params=new) for d in outcome.survivors]
-    return kept + [Rejection(d, DROPPED) for d in sorted(set(ready) - set(outcome.survivors))]
-
-
-def collect_in_process(request: CollectRequest, replies: Sequence[Any]) -> list[Any]:
-    """The in-process simulator's SecAgg round: the same state machines and wire form, no broker.
-
-    ``replies`` are admitted uploads with parameters (a simulated device has them at hand); each
-    becomes its change from the global, masked and summed exactly as over MQTT.
-    """
-    cfg = secagg_config(request.spec)
-    ready = {r.device: r for r in replies if isinstance(r, Update)}
-    others = [r for r in replies if not isinstance(r, Update)]
-    if cfg is None or not ready:
-        return list(replies)
-    run = run_round(
-        cfg,
-        {d: change(u.params, request.global_params) for d, u in ready.items()},
-        {d: device_weight(request.spec.server, u.n_samples) for d, u in ready.items()},
-        session=f"{request.spec.name}-{request.round}-{request.phase}",
-        keep_view=False,
-    )
-    return others + replies_from(request, ready, run.outcome)
-
-
-def apply_mean(global_params: Params, outcome: SecAggResult) -> Params:
-    """The new global: the old one plus the survivors' weighted mean change."""
-    return unflatten(flatten(global_params) + outcome.mean(), global_params)

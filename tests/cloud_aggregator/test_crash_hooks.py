@@ -15,9 +15,9 @@ from cloud_aggregator.rounds.stragglers import (
     LateUpdate,
     LateWindow,
     absorb_late,
-    check_next_round,
     damp_late,
 )
+from cloud_aggregator.rounds.task_rules import check_next_round
 from cloud_aggregator.store.sqlite import SqliteStore
 from trainer_lite.task import TaskSpec
 

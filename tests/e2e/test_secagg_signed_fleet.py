@@ -20,7 +20,7 @@ import pytest
 
 from cloud_aggregator.fleet.init import AGGREGATOR
 from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml
-from cloud_aggregator.serve.secagg_round import ABANDONED
+from cloud_aggregator.rounds.secagg import ABANDONED
 from cloud_aggregator.store.sqlite import SqliteStore
 from tests.conftest import tls_fleet_broker
 from tests.e2e.test_secagg_fleet import TASK
