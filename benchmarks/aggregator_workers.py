@@ -13,7 +13,7 @@ R times interleaved and reports each K's median run (a shared machine's load dri
 
 ``--quick`` (the test suite) never times: N = 24 devices whose uploads differ (each its own
 step, per round), P = 1,000, 3 rounds, K = 1 and K = 2; it returns both runs' final globals,
-which must be bit-identical (``cloud_aggregator.streaming``: merged partial sums change only the
+which must be bit-identical (``cloud_aggregator.aggregation.streaming``: merged partial sums change only the
 order of compensated additions).
 """
 
@@ -32,8 +32,8 @@ import paho.mqtt.client as paho
 
 from benchmarks.common import markdown_table, progress, remove_scratch, study_parser, write_result
 from benchmarks.fleet_scale import broker_for, children, cpu_s
-from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.fleet import FLEET, LocalFleet, aggregator_toml
+from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import round_messages, topics
 from ioft_protocol.mqtt import BrokerAddress
 from trainer_lite.params import param_hash

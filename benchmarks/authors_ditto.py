@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.pflda_printers import DEFAULT_DATA, method_spec
-from cloud_aggregator.strategies import make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
 from trainer_lite.algorithms import make_client
 from trainer_lite.client import derive_rng
 

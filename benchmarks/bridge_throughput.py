@@ -25,9 +25,9 @@ from pathlib import Path
 import paho.mqtt.client as paho
 
 from benchmarks.common import markdown_table, write_result
-from cloud_aggregator.broker import free_port, start_mosquitto
-from cloud_aggregator.fleet_init import init_fleet
-from cloud_aggregator.fleet_plants import add_plant
+from cloud_aggregator.fleet.init import init_fleet
+from cloud_aggregator.fleet.plants import add_plant
+from cloud_aggregator.local.broker import free_port, start_mosquitto
 
 FLEET = "bench"
 SIZES = {"1 KB": 1_000, "600 KB": 600_000}

@@ -15,10 +15,10 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import markdown_table, progress, remove_scratch, study_parser, write_result
-from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
-from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
-from cloud_aggregator.rabbitmq import start_cluster
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.broker import interrupt_on_sigterm, start_mosquitto
+from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml
+from cloud_aggregator.local.rabbitmq import start_cluster
+from cloud_aggregator.store.sqlite import SqliteStore
 
 BROKERS = ("mosquitto", "rabbitmq", "rabbitmq-cluster")
 

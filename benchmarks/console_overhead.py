@@ -20,9 +20,9 @@ from pathlib import Path
 from playwright.sync_api import Browser, sync_playwright
 
 from benchmarks.common import markdown_table, study_parser, write_result
-from cloud_aggregator import console
-from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
-from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.console import cli as console
+from cloud_aggregator.local.broker import interrupt_on_sigterm, start_mosquitto
+from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml, pflda_task
 
 #: Chromium without a sandbox (root in a container), a GPU, or any traffic of its own
 #: (the browser test launches it the same way).

@@ -39,7 +39,7 @@ import numpy as np
 from benchmarks.common import markdown_table
 from benchmarks.pflda_printers import DEFAULT_DATA, load_runs, method_spec, replica_blocks, test_split
 from benchmarks.pflda_sine import StackedFleet, run_stacked
-from cloud_aggregator.strategies import make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
 from trainer_lite.params import Params
 
 #: What-if settings on top of the study's Ditto (the authors' baseline).

@@ -14,7 +14,7 @@ Two studies, each on the in-process simulator (the devices' and the aggregator's
   the final global on each group's unseen target domain).
 
 Each DP row clips every device's shared change to ``C`` and adds ``N(0, (z·C)²)`` to the
-sum, ``z`` calibrated with the task's own accountant (``cloud_aggregator.accountant``,
+sum, ``z`` calibrated with the task's own accountant (``cloud_aggregator.aggregation.accountant``,
 dp-accounting's RDP) so that the run's rounds, every device in every round (q = 1), reach
 exactly the row's ε.  ``C`` is the median norm of the uploads' changes in the same seed's
 run without DP (printed), the usual choice (McMahan et al. 2018 clip near the median).
@@ -40,11 +40,11 @@ import numpy as np
 
 from benchmarks import ftltp_welding as weld
 from benchmarks.common import fmt_mean_std, markdown_table, study_parser, write_result
-from cloud_aggregator.accountant import calibrate, epsilon
-from cloud_aggregator.demo import HPARAMS, LOSS_SCALE, TASKS
-from cloud_aggregator.rounds import MemoryStore, RoundEngine
-from cloud_aggregator.simulation import ClientData, SimulatedFleet
-from cloud_aggregator.strategies import make_strategy
+from cloud_aggregator.aggregation.accountant import calibrate, epsilon
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.local.demo import HPARAMS, LOSS_SCALE, TASKS
+from cloud_aggregator.rounds.engine import MemoryStore, RoundEngine
+from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet
 from edge.config import DataConfig
 from edge.dataset import simulated_printer_dataset
 from trainer_lite.privacy import l2_norm

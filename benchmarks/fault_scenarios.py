@@ -1,7 +1,7 @@
 """Fleet faults against real processes, one function per scenario, shared by the e2e tests
 (which assert on what a run returns) and ``benchmarks.reliability`` (which counts it).
 
-Each scenario takes a :class:`~cloud_aggregator.local_fleet.LocalFleet` on a fresh mosquitto, runs
+Each scenario takes a :class:`~cloud_aggregator.local.fleet.LocalFleet` on a fresh mosquitto, runs
 three ``edge-trainer`` daemons and ``cloud-aggregator serve``, injects its faults and
 returns a :class:`ScenarioRun`: the round records, every upload seen on the wire, and
 the accounting of those uploads against what the aggregator recorded.
@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cloud_aggregator.admission import Reason
-from cloud_aggregator.broker import BrokerProcess, start_mosquitto
-from cloud_aggregator.local_fleet import FLEET, LocalFleet, Sniffer, aggregator_toml, pflda_task
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.broker import BrokerProcess, start_mosquitto
+from cloud_aggregator.local.fleet import FLEET, LocalFleet, Sniffer, aggregator_toml, pflda_task
+from cloud_aggregator.rounds.admission import Reason
+from cloud_aggregator.store.sqlite import SqliteStore
 from edge.task_state import load_task_state
 from ioft_protocol import round_messages, topics
 

@@ -3,7 +3,7 @@
 The same task and conditions as the simulated comparison (``benchmarks.fedbuff_vs_sync``), but
 every message crosses a real mosquitto and every device is a real MQTT client running the
 daemon's code: ``cloud-aggregator serve`` (``mode = "sync"``, or ``"buffered"``: FedBuff,
-``cloud_aggregator.buffered_mqtt``) and two ``edge-trainer --swarm`` processes, one of the fast
+``cloud_aggregator.serve.buffered_mqtt``) and two ``edge-trainer --swarm`` processes, one of the fast
 devices and one of the slow.  Each device's rows are its own simulated printer's (the in-process
 benchmark's ``printer_clients``), written into its state folder before it starts.
 
@@ -38,10 +38,10 @@ import numpy as np
 
 from benchmarks.common import markdown_table, progress, write_result
 from benchmarks.fedbuff_sim import EXTRA, PAPER_SPEEDUP, Conditions, Curve, fedbuff_label, printer_clients
-from cloud_aggregator.broker import interrupt_on_sigterm
-from cloud_aggregator.demo import HPARAMS, LOSS_SCALE
-from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
-from cloud_aggregator.rounds import RoundRecord
+from cloud_aggregator.local.broker import interrupt_on_sigterm
+from cloud_aggregator.local.demo import HPARAMS, LOSS_SCALE
+from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml
+from cloud_aggregator.rounds.engine import RoundRecord
 from edge.dataset import save_dataset
 
 TASK = "speed"

@@ -5,7 +5,7 @@
 ``--mqtt`` runs the same comparison over a real mosquitto with real device processes and wall
 time instead (``benchmarks.fedbuff_mqtt``; ``--t0`` sets the simulated seconds per update).
 
-The task is the demo's (``cloud_aggregator.demo``): PFL-DA with the sigmoid GLM of PFL-DA
+The task is the demo's (``cloud_aggregator.local.demo``): PFL-DA with the sigmoid GLM of PFL-DA
 Table 4 on simulated printers, Adam lr 0.1, 30 full-batch local steps, uniform server
 mean (``--algorithm fedavg`` runs the demo's FedAvg reference instead).  Each printer's
 rows are the simulator's planned layer tables (``sensors.sim.printer.simulate_layers``, the
@@ -13,9 +13,9 @@ values the demo's sensor path recovers) at one speed from each of three bands, c
 ``edge.dataset.simulated_printer_dataset`` chooses them; its test split is every other speed.
 
 Both runs drive the real code: the clients' ``trainer_lite.client.participate``, every
-upload through ``cloud_aggregator.admission``; the synchronous run is the ``RoundEngine``
+upload through ``cloud_aggregator.rounds.admission``; the synchronous run is the ``RoundEngine``
 with the ``fedavg`` strategy (its clock advanced by ``benchmarks.fedbuff_sim.ClockedFleet``), the
-buffered run is ``cloud_aggregator.buffered.BufferedServer`` (FedBuff: apply every K admitted
+buffered run is ``cloud_aggregator.rounds.buffered.BufferedServer`` (FedBuff: apply every K admitted
 arrivals, ``s(τ) = 1/√(1+τ)``, η_g).  Only the clock is simulated (``benchmarks.fedbuff_sim``).
 
 Time is **simulated**: a device's update takes ``T0 × speed × jitter`` where ``T0`` is the
@@ -63,8 +63,8 @@ from benchmarks.fedbuff_sim import (
     run_sync,
     task_spec,
 )
-from cloud_aggregator.demo import HPARAMS
-from cloud_aggregator.fedbuff import BufferConfig
+from cloud_aggregator.aggregation.fedbuff import BufferConfig
+from cloud_aggregator.local.demo import HPARAMS
 
 #: ``--quick``: a small fleet, few rounds (the test suite runs it).
 QUICK = {"devices": 10, "rounds": 8}

@@ -28,7 +28,7 @@ with, after the last round:
 
 Runs are independent, so they spread over ``--workers`` processes; each run is
 the ordinary client and server code under the one ``RoundEngine``
-(``cloud_aggregator.simulation.simulate``).
+(``cloud_aggregator.rounds.simulation.simulate``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import RESULTS, markdown_table, progress, study_parser, write_result
-from cloud_aggregator.simulation import ClientData, simulate
+from cloud_aggregator.rounds.simulation import ClientData, simulate
 from trainer_lite.data import Dataset
 from trainer_lite.task import TaskSpec
 

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import RESULTS, fmt_mean_std, markdown_table, progress, study_parser, write_result
-from cloud_aggregator.simulation import ClientData, simulate
+from cloud_aggregator.rounds.simulation import ClientData, simulate
 from trainer_lite.algorithms.base import get_loss, run_local_steps
 from trainer_lite.client import derive_rng
 from trainer_lite.data import Dataset

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import markdown_table, study_parser, write_result
-from cloud_aggregator.local_fleet import pflda_task
+from cloud_aggregator.local.fleet import pflda_task
 from cloud_aggregator.simulation import ClientData, Simulation
 from edge.config import AlertRule, DataConfig
 from edge.dataset import simulated_printer_dataset, simulated_welder_dataset

@@ -48,15 +48,15 @@ from pathlib import Path
 import paho.mqtt.client as paho
 
 from benchmarks.common import markdown_table, progress, study_parser, write_result
-from cloud_aggregator.broker import (
+from cloud_aggregator.local.broker import (
     LOOPBACK_CONF,
     BrokerProcess,
     free_port,
     interrupt_on_sigterm,
     start_mosquitto,
 )
-from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml
+from cloud_aggregator.store.sqlite import SqliteStore
 from edge.swarm import SwarmLoop, SwarmSession
 from ioft_protocol.mqtt import BrokerAddress, SessionOptions
 

@@ -79,7 +79,7 @@ from benchmarks.common import (
     study_parser,
     write_result,
 )
-from cloud_aggregator.simulation import ClientData, simulate
+from cloud_aggregator.rounds.simulation import ClientData, simulate
 from sensors.features.scaling import Standardizer
 from sensors.sim.welder import SURFACES, simulate_domain_group
 from trainer_lite.algorithms.base import get_loss

@@ -586,7 +586,7 @@ def _klipper_target() -> Target:
 def _fleet_status_target() -> Target:
     """A retained device status through ``fleet status``: decode, summarize, format; only ValueError
     from decoding (the status is then skipped), never an error from the table."""
-    from cloud_aggregator.fleet_status import decode_status, format_table, summarize
+    from cloud_aggregator.console.fleet_status import decode_status, format_table, summarize
 
     good = {
         "device": "printer1", "state": "online", "time": 1.7e9,
@@ -688,8 +688,8 @@ def _fleet_target() -> Target:
     """The aggregator's whole receive path (decode, then admission): it must never raise."""
     from safetensors.numpy import save as st_save
 
-    from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
-    from cloud_aggregator.rounds import CollectRequest
+    from cloud_aggregator.rounds.engine import CollectRequest
+    from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
     from ioft_protocol import codec, round_messages
     from trainer_lite.params import param_hash
     from trainer_lite.task import TaskSpec
@@ -700,7 +700,7 @@ def _fleet_target() -> Target:
         {n: codec.TensorSpec(tuple(v.shape), v.dtype.name) for n, v in g.items()},
     )  # fmt: skip
     fleet = MqttFleet(_StubSession(), "plant", CollectPolicy(max_payload_bytes=MAX_INPUT))
-    logging.getLogger("cloud_aggregator.mqtt_fleet").setLevel(logging.ERROR)  # one warning per input
+    logging.getLogger("cloud_aggregator.serve.mqtt_fleet").setLevel(logging.ERROR)  # one warning per input
     seeds = [
         round_messages.UpdateMessage("plant", "speed", dev, r, "train", 10, req.global_hash, {}, {n: v + d for n, v in g.items()}).encode()
         for dev, r, d in (("printer1", 2, 0.01), ("printer2", 2, 0.02), ("printer2", 1, 0.02), ("printer3", 3, 0.5), ("printer4", 2, 1e4))

@@ -13,7 +13,7 @@ Every method trains one global ``linear`` model with FedAvg's client (full-batch
 SGD, one local step per round, so that reweighting the uploads is exactly one
 gradient step on the reweighted objective) and differs only in the server's
 weighting: FedAvg's ``uniform`` (p_i = 1/N, the talk's p_i), or ``gifair`` with
-``λ`` and the device → kind map (:class:`cloud_aggregator.weighting.GifairWeighting`).
+``λ`` and the device → kind map (:class:`cloud_aggregator.aggregation.weighting.GifairWeighting`).
 GIFAIR ranks groups by the uploads' ``train_loss_start`` (the downlinked global
 model's loss on each device's *training* rows, before the local step: the talk's
 ``F_i(w)``, the weighting's default).  ``--loss-metric test_loss`` ranks by the
@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import RESULTS, markdown_table, progress, study_parser, write_result
-from cloud_aggregator.simulation import ClientData, simulate
+from cloud_aggregator.rounds.simulation import ClientData, simulate
 from trainer_lite.data import Dataset
 from trainer_lite.task import TaskSpec
 

@@ -2,7 +2,7 @@
 
 Side by side, on loopback with the same 20 receiving processes' worth of fan-out:
 
-* **push**: ``cloud_aggregator.push.push_model`` (retained chunks, 512 KiB by default, + a
+* **push**: ``cloud_aggregator.models.push.push_model`` (retained chunks, 512 KiB by default, + a
   signed offer) until every device has fetched its chunks (streamed in on one subscription
   to the version's chunk topics, each written on the network thread as it is read),
   reassembled the file on disk and checked its signed sha256 (``completed_at`` in its status) —
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int | dict:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--receiver":
         receiver(sys.argv[2], sys.argv[3], [int(c) for c in sys.argv[4:]])
         return 0
-    from cloud_aggregator.push import DEFAULT_CHUNK_BYTES
+    from cloud_aggregator.models.push import DEFAULT_CHUNK_BYTES
 
     parser = study_parser(__doc__.splitlines()[0], default_seeds=(0,))
     parser.add_argument("--devices", type=int, default=20)
@@ -249,9 +249,9 @@ def main(argv: list[str] | None = None) -> int | dict:
 
     # Imported here, not at the top: `--receiver` processes (the raw baseline) run this module
     # too and should carry nothing of the fleet's.
-    from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
-    from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
-    from cloud_aggregator.push import push_model
+    from cloud_aggregator.local.broker import interrupt_on_sigterm, start_mosquitto
+    from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml
+    from cloud_aggregator.models.push import push_model
     from export.keys import generate_keypair, load_private_key
     from export.synthetic import signed, window_encoder
     from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions

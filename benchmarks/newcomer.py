@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from cloud_aggregator.simulation import ClientData, Simulation
+from cloud_aggregator.rounds.simulation import ClientData, Simulation
 from trainer_lite.algorithms.base import algorithm_state
 from trainer_lite.client import initial_local
 from trainer_lite.data import Dataset

@@ -47,8 +47,8 @@ def interleaved_ms(fns: dict[str, object], repeats: int, warmup: int = 20) -> di
 def bench_backbone(name: str, quick: bool, work: Path, key, repeats: int) -> dict[str, object]:
     import torch
 
-    from cloud_aggregator.backbones.packaging import export_run
-    from cloud_aggregator.backbones.train import TrainSettings, load_run, train_backbone
+    from cloud_aggregator.models.backbones.packaging import export_run
+    from cloud_aggregator.models.backbones.train import TrainSettings, load_run, train_backbone
     from export.runtime import ort_session
 
     data_args, epochs = BACKBONES[name][1 if quick else 0]
@@ -107,7 +107,7 @@ def latency_only(repeats: int) -> str:
     import onnxruntime as ort
     import torch
 
-    from cloud_aggregator.backbones.nets import FeatureMLP, VibrationCNN
+    from cloud_aggregator.models.backbones.nets import FeatureMLP, VibrationCNN
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

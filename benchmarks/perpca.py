@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import RESULTS, markdown_table, progress, study_parser, write_result
-from cloud_aggregator.simulation import ClientData, simulate
+from cloud_aggregator.rounds.simulation import ClientData, simulate
 from trainer_lite.algorithms.perpca import residual
 from trainer_lite.data import Dataset
 from trainer_lite.task import TaskSpec

@@ -40,8 +40,8 @@ import numpy as np
 
 from benchmarks.study_models import register_study_models
 from benchmarks.study_models import stacked_mse as stacked_mse  # the loss its fleets train with
-from cloud_aggregator.rounds import CollectRequest, MemoryStore, RoundEngine, RoundRecord
-from cloud_aggregator.strategies import Strategy, Update, make_strategy
+from cloud_aggregator.aggregation.strategies import Strategy, Update, make_strategy
+from cloud_aggregator.rounds.engine import CollectRequest, MemoryStore, RoundEngine, RoundRecord
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import derive_rng
 from trainer_lite.data import Dataset
@@ -180,7 +180,7 @@ class StackedFleet:
         if request.downlinks or getattr(request, "participants", None) is not None:
             raise ValueError(
                 "a stacked fleet broadcasts one global model to every member; run strategies with "
-                "per-device downlinks or server-side selection on cloud_aggregator.simulation.SimulatedFleet"
+                "per-device downlinks or server-side selection on cloud_aggregator.rounds.simulation.SimulatedFleet"
             )
         out: list[Update] = []
         for bid, block in self.blocks.items():

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from benchmarks.pi_measure import Usage, Watched, host_env
 from benchmarks.pi_root import ROOT_ENV, VENV, PiCheckError, in_root
-from cloud_aggregator.broker import find_mosquitto, free_port
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.broker import find_mosquitto, free_port
+from cloud_aggregator.store.sqlite import SqliteStore
 
 FLEET = "pi-check"
 PI, HOST = "pi1", "host1"

@@ -47,9 +47,9 @@ import numpy as np
 from benchmarks.common import markdown_table, progress, write_result
 from benchmarks.fault_scenarios import DEVICES, SCENARIOS, ScenarioRun
 from cloud_aggregator import faults
-from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
-from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml, pflda_task
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.broker import interrupt_on_sigterm, start_mosquitto
+from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.store.sqlite import SqliteStore
 from trainer_lite.params import param_hash
 
 # Passes per run of each point (rounds R, devices N): used to draw where a targeted kill lands.
@@ -89,7 +89,7 @@ def read_run(db: Path, task: str) -> tuple[list, str | None]:
 
 def simulated_hashes(task: dict) -> list[str]:
     """Every round's global hash of the same task in the in-process simulator (same code, no MQTT)."""
-    from cloud_aggregator.simulation import ClientData, simulate
+    from cloud_aggregator.rounds.simulation import ClientData, simulate
     from edge.config import DataConfig
     from edge.dataset import simulated_printer_dataset
     from trainer_lite.task import TaskSpec

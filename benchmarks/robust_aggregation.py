@@ -2,13 +2,13 @@
 
 The fleet of ``cloud-aggregator demo`` (simulated printers, the sigmoid GLM of
 PFL-DA Table 4, ``weighting = "uniform"``), in process through
-``cloud_aggregator.simulation``.  Four printers (20%, drawn per seed) train like
+``cloud_aggregator.rounds.simulation``.  Four printers (20%, drawn per seed) train like
 everyone else but upload a poisoned version of their change ``Δ = θ − g``:
 
 ``scale-10``  ``g − 10·Δ``;  ``scale100``  ``g + 100·Δ``;  ``signflip``  ``g − Δ``;
 ``random``  ``g + ε``, ``ε ~ N(0, 1)`` per coordinate (parameters are O(1)).
 
-Every reducer of ``cloud_aggregator.reducers`` runs every attack and the clean fleet;
+Every reducer of ``cloud_aggregator.aggregation.reducers`` runs every attack and the clean fleet;
 the figure is the final mean personalized test loss over the 16 honest printers
 (lower is better; PFL-DA Table 5's units, ``50 · MSE(s/50)``), mean ± sd over seeds.
 Seeds vary the initial model, which printers attack and the random attack's noise;
@@ -40,14 +40,14 @@ from benchmarks.common import (
     study_parser,
     write_result,
 )
-from cloud_aggregator.rounds import CollectRequest, RoundEngine, RoundRecord
-from cloud_aggregator.simulation import ClientData, SimulatedFleet
-from cloud_aggregator.strategies import Update
+from cloud_aggregator.aggregation.strategies import Update
+from cloud_aggregator.rounds.engine import CollectRequest, RoundEngine, RoundRecord
+from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet
 from trainer_lite.client import derive_rng
 from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec
 
-#: PFL-DA Table 5's loss units, as ``cloud_aggregator.demo`` prints them.
+#: PFL-DA Table 5's loss units, as ``cloud_aggregator.local.demo`` prints them.
 LOSS_SCALE = 50.0
 HPARAMS = {"lr": 0.1, "weight_decay": 3e-4, "local_steps": 10}
 ATTACKS = ("none", "scale-10", "scale100", "signflip", "random")

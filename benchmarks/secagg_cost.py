@@ -26,10 +26,10 @@ import numpy as np
 
 from benchmarks.common import markdown_table, progress, remove_scratch, study_parser, write_result
 from benchmarks.round_overhead import proc_io
-from cloud_aggregator.aggregate import WeightedMean
-from cloud_aggregator.broker import start_mosquitto
-from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.aggregation.mean import WeightedMean
+from cloud_aggregator.local.broker import start_mosquitto
+from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml
+from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol.round_messages import UpdateMessage
 from ioft_protocol.secagg import SecAggConfig, SecAggResult
 from ioft_protocol.secagg.simulate import run_round

@@ -18,7 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from benchmarks.common import markdown_table, progress, study_parser, write_result
-from cloud_aggregator.fleet_ca import FleetCA
+from cloud_aggregator.fleet.ca import FleetCA
 from ioft_protocol.secagg import ClientSecAgg, SecAggConfig
 from ioft_protocol.secagg.identity import FleetTrust, KeySigner, binding
 from ioft_protocol.secagg.messages import AdvertiseKeys, pack

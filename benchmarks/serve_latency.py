@@ -37,8 +37,8 @@ import numpy as np
 import paho.mqtt.client as paho
 
 from benchmarks.common import markdown_table, study_parser, write_result
-from cloud_aggregator.broker import BrokerProcess, start_mosquitto
-from cloud_aggregator.local_fleet import pflda_task
+from cloud_aggregator.local.broker import BrokerProcess, start_mosquitto
+from cloud_aggregator.local.fleet import pflda_task
 from edge.serving.feed import feed_path
 from edge.serving.jsonlog import read_log
 from edge.serving.model import ServingModel

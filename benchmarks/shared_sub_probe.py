@@ -19,7 +19,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from cloud_aggregator.broker import free_port, start_mosquitto
+from cloud_aggregator.local.broker import free_port, start_mosquitto
 
 
 def member(port: int, client_id: str, clean: bool, v5: bool, ack: bool, seconds: float) -> None:

@@ -16,7 +16,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml, pflda_task
 
 PRINTERS = ["printer1", "printer2"]
 WELDERS = ["welder1", "welder2"]

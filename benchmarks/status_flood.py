@@ -25,8 +25,8 @@ from pathlib import Path
 import paho.mqtt.client as paho
 
 from benchmarks.common import markdown_table, remove_scratch, study_parser, write_result
-from cloud_aggregator.broker import interrupt_on_sigterm, start_mosquitto
-from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml
+from cloud_aggregator.local.broker import interrupt_on_sigterm, start_mosquitto
+from cloud_aggregator.local.fleet import FLEET, LocalFleet, aggregator_toml
 from ioft_protocol import topics
 
 FLOODER = "flooder"

@@ -9,22 +9,19 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from cloud_aggregator import (
-    console,
-    fleet_init,
-    fleet_privacy,
-    fleet_status,
-    push,
-    rollout_cli,
-    store_cli,
-    workers,
-)
-from cloud_aggregator.backbones import cli as backbones_cli
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.demo import run_demo
-from cloud_aggregator.fleet_init import FleetInitError
-from cloud_aggregator.server import Control, ServeRefusedError, Terminated, serve
-from cloud_aggregator.store_backup import StoreDamagedError, restore_hint
+from cloud_aggregator.console import cli as console
+from cloud_aggregator.console import fleet_status
+from cloud_aggregator.console import privacy as fleet_privacy
+from cloud_aggregator.fleet import init as fleet_init
+from cloud_aggregator.fleet.init import FleetInitError
+from cloud_aggregator.local.demo import run_demo
+from cloud_aggregator.models import push, rollout_cli
+from cloud_aggregator.models.backbones import cli as backbones_cli
+from cloud_aggregator.serve import workers
+from cloud_aggregator.serve.server import Control, ServeRefusedError, Terminated, serve
+from cloud_aggregator.store import cli as store_cli
+from cloud_aggregator.store.backup import StoreDamagedError, restore_hint
 from export import cli as export_cli
 from export.package import ExportError
 from ioft_protocol.cli import check_broker_login, entry_point
@@ -155,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep running when the tasks are done; SIGHUP re-reads --config for new or extended tasks",
     )
     s.set_defaults(func=_serve)
-    workers.add_parser(sub)  # [collect] workers: cloud_aggregator/workers.py
+    workers.add_parser(sub)  # [collect] workers: cloud_aggregator/serve/workers.py
 
     d = sub.add_parser("demo", help="a whole fleet on this machine: broker, aggregator, simulated printers")
     d.add_argument("--devices", type=int, default=4, help="number of simulated printers (>= 2)")
@@ -174,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout_cli.add_canary_args(push.add_parser(sub))  # push --canary: a staged rollout
     rollout_cli.add_parser(sub)
     console.add_parser(sub)
-    store_cli.add_parser(sub)  # store backups | restore: cloud_aggregator/store_backup.py
+    store_cli.add_parser(sub)  # store backups | restore: cloud_aggregator/store/backup.py
     fleet = sub.add_parser("fleet", help="fleet-wide views and set-up")
     fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
     fleet_status.add_parser(fleet_sub)

@@ -6,13 +6,15 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from cloud_aggregator.admission import AdmissionPolicy
-from cloud_aggregator.buffered import buffered_refusal
-from cloud_aggregator.coordinator import workers_refusal
-from cloud_aggregator.fedbuff import BufferConfig
-from cloud_aggregator.secagg_round import check_secagg_task
-from cloud_aggregator.stragglers import check_next_round
-from cloud_aggregator.strategies import make_strategy
+from cloud_aggregator.aggregation.fedbuff import BufferConfig
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.rounds.admission import AdmissionPolicy
+from cloud_aggregator.rounds.task_rules import (
+    buffered_refusal,
+    check_next_round,
+    check_secagg_task,
+    workers_refusal,
+)
 from ioft_protocol.codec import MAX_PAYLOAD_BYTES, check_id
 from ioft_protocol.config import ConfigError, build
 from ioft_protocol.mqtt import TlsConfig
@@ -25,19 +27,19 @@ from trainer_lite.task import TaskSpec
 
 @dataclass(frozen=True)
 class CollectConfig:
-    """See ``cloud_aggregator.mqtt_fleet.CollectPolicy``."""
+    """See ``cloud_aggregator.serve.mqtt_fleet.CollectPolicy``."""
 
     deadline_s: float = 30.0
     min_participants: int = 1
     max_extensions: int = 2
     expected: list[str] = field(default_factory=list)
     startup_wait_s: float = 60.0
-    #: Uploads past the deadline: "drop", or "next_round" (see ``cloud_aggregator.rounds``).
+    #: Uploads past the deadline: "drop", or "next_round" (see ``cloud_aggregator.rounds.engine``).
     straggler: str = "drop"
     staleness_weight: float = 0.5
     #: A streaming round's partial sum is checkpointed every this many uploads (``mqtt_fleet``).
     checkpoint_every: int = 256
-    #: Aggregator workers sharing the uplink (``cloud_aggregator.coordinator``); 1: serve alone.
+    #: Aggregator workers sharing the uplink (``cloud_aggregator.serve.coordinator``); 1: serve alone.
     workers: int = 1
     #: With ``workers`` > 1: serve starts them beside itself (``false``: an operator runs
     #: ``cloud-aggregator worker`` on other machines).
@@ -77,7 +79,7 @@ class CollectConfig:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """The ``[store]`` table: online backups of ``aggregator.sqlite`` (``cloud_aggregator.store_backup``)."""
+    """The ``[store]`` table: online backups of ``aggregator.sqlite`` (``cloud_aggregator.store.backup``)."""
 
     #: A backup (checked as it is taken) every this many saved rounds; 0: none.
     backup_every: int = 10
@@ -96,7 +98,7 @@ class StoreConfig:
 class AdmissionConfig:
     """The ``[admission]`` table: bounds of the update-admission checks.
 
-    The fields and defaults of ``cloud_aggregator.admission.AdmissionPolicy`` (see its
+    The fields and defaults of ``cloud_aggregator.rounds.admission.AdmissionPolicy`` (see its
     module docstring): ``max_norm_ratio`` (an upload's change ‖u − g‖ above this many
     times the task's running median change is refused), ``min_history`` (accepted
     changes before that bound applies), ``history`` (how many changes the median is
@@ -167,11 +169,11 @@ class TaskConfig:
     #: Secure aggregation (``[task.secagg]``: threshold, degree, clip, bits, max_weight;
     #: ``ioft_protocol.secagg.SecAggConfig``), for mean-family tasks: the aggregator learns only sums.
     secagg: SecAggConfig | None = None
-    #: ``"sync"`` (rounds) or ``"buffered"`` (FedBuff: ``cloud_aggregator.buffered_mqtt``; then
+    #: ``"sync"`` (rounds) or ``"buffered"`` (FedBuff: ``cloud_aggregator.serve.buffered_mqtt``; then
     #: ``rounds`` counts server updates).  Not part of the spec.
     mode: str = "sync"
     #: ``[task.buffered]``: ``k``, ``server_lr``, ``staleness``, ``max_staleness``
-    #: (``cloud_aggregator.fedbuff.BufferConfig``; ``max_staleness`` defaults to
+    #: (``cloud_aggregator.aggregation.fedbuff.BufferConfig``; ``max_staleness`` defaults to
     #: :data:`MAX_STALENESS` here).  Only with ``mode = "buffered"``.
     buffered: BufferConfig | None = None
 
@@ -276,7 +278,7 @@ class AggregatorConfig:
     max_payload_bytes: int = MAX_PAYLOAD_BYTES
     #: Tasks whose stored rounds ``serve`` deletes before it starts them afresh (``serve
     #: --restart TASK``); ``true``: every task.  Any other change of a stored task's spec
-    #: than its ``rounds`` is refused (``cloud_aggregator.store.TaskChange``).
+    #: than its ``rounds`` is refused (``cloud_aggregator.store.sqlite.TaskChange``).
     restart: bool | list[str] = False
     #: Go on from past the round the devices trained last, when the store is behind them (an older
     #: ``aggregator.sqlite`` restored, or a fresh one): ``serve --resume-from-devices``.

@@ -29,7 +29,7 @@ POINTS = {
     "before_commit": "round record and resume point written inside the open transaction",
     "after_save": "round committed, next round not yet announced",
 }
-#: Where an aggregator worker (``cloud_aggregator.workers``) calls ``point``: apart, since
+#: Where an aggregator worker (``cloud_aggregator.serve.workers``) calls ``point``: apart, since
 #: ``serve`` alone never passes them (the reliability study draws its kills from ``POINTS``).
 WORKER_POINTS = {
     "worker_admitted": "an aggregator worker admitted an upload, before any batch holds it",

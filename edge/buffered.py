@@ -1,6 +1,6 @@
 """The device's side of buffered asynchronous rounds (FedBuff), and a simulated machine's pace.
 
-Buffered (an announcement with ``mode = "buffered"``, ``cloud_aggregator.buffered_mqtt``): the
+Buffered (an announcement with ``mode = "buffered"``, ``cloud_aggregator.serve.buffered_mqtt``): the
 retained announcement is the newest global, version ``round - 1``.  The device trains from the
 newest one it has and uploads quoting its hash and a round of its own, ``max(announcement
 round, last answered round + 1)`` (the numbering of ``BufferedServer.dispatch``), then starts

@@ -1,7 +1,7 @@
 """``cloud-aggregator keygen``: the fleet's Ed25519 signing key pair.
 
 ``backbone train`` and ``export`` need the cloud's backbones and store, so they live in
-:mod:`cloud_aggregator.backbones.cli`; this package imports nothing of the cloud's.
+:mod:`cloud_aggregator.models.backbones.cli`; this package imports nothing of the cloud's.
 """
 
 from __future__ import annotations

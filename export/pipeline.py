@@ -3,7 +3,7 @@
 The module → ONNX (checked, parity-tested on held-out rows) → optional int8 variant
 with its size/latency/score change → manifest signed with the fleet key.  What the
 module is (a trained cloud backbone, or the fleet's shared parameters assembled in
-torch) is the caller's business: ``cloud_aggregator.backbones.packaging`` exports
+torch) is the caller's business: ``cloud_aggregator.models.backbones.packaging`` exports
 both, so this package imports nothing of the cloud's.
 """
 

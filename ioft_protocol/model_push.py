@@ -37,7 +37,7 @@ class ModelOffer:
     the one this push is about to publish.
 
     ``withdrawn`` lists versions of this model the fleet took back (a stopped staged
-    rollout, ``cloud_aggregator.rollout``): a device running one of them goes back to its
+    rollout, ``cloud_aggregator.models.rollout``): a device running one of them goes back to its
     previous version when that is the version this offer's signed manifest names, and
     refuses the withdrawn one from then on.  It can only return a device to a version it
     verified and ran before.  Taking a version back is the fleet key's decision like

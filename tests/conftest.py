@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.broker import BrokerProcess, find_mosquitto, free_port, start_mosquitto
-from cloud_aggregator.fleet_init import FleetLayout, init_fleet
-from cloud_aggregator.local_fleet import FLEET, LocalFleet
-from cloud_aggregator.rabbitmq import RabbitNode, find_rabbitmq, start_cluster
+from cloud_aggregator.fleet.init import FleetLayout, init_fleet
+from cloud_aggregator.local.broker import BrokerProcess, find_mosquitto, free_port, start_mosquitto
+from cloud_aggregator.local.fleet import FLEET, LocalFleet
+from cloud_aggregator.local.rabbitmq import RabbitNode, find_rabbitmq, start_cluster
 from tests import budget  # noqa: F401  (loads the hypothesis profile before any test module)
 
 

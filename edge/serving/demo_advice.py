@@ -1,5 +1,5 @@
 """``python -m edge.serving.demo_advice --budget B STATE_DIR...``: each simulated printer's speed advice,
-for ``make demo`` (``cloud_aggregator.demo``, which may not import ``edge`` and so runs this).
+for ``make demo`` (``cloud_aggregator.local.demo``, which may not import ``edge`` and so runs this).
 
 A simulated printer (``edge-trainer --simulate printer``) has no row feed and so no serving model;
 its model is what the device holds after its last round of each task (``tasks/<task>/local.safetensors``:

@@ -27,7 +27,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from ioft_protocol.codec import WireError, check_id
 
 #: Names the fleet CA gives to identities that are not devices (``fleet init``'s reserved ids:
-#: ``cloud_aggregator.fleet_layout.RESERVED``); workers and bridges carry a dot, outside device ids.
+#: ``cloud_aggregator.fleet.layout.RESERVED``); workers and bridges carry a dot, outside device ids.
 NOT_DEVICES = frozenset({"aggregator", "operator"})
 #: Bounds an aggregator must respect when relaying a certificate and a signature.
 MAX_CERT_BYTES = 8192

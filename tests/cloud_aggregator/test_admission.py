@@ -14,11 +14,11 @@ from collections import deque
 import numpy as np
 import pytest
 
-from cloud_aggregator.admission import Admission, AdmissionPolicy, Reason, change_norm, check_tensors
-from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
-from cloud_aggregator.rounds import CollectRequest, Rejection
-from cloud_aggregator.store import SqliteStore
-from cloud_aggregator.strategies import Update
+from cloud_aggregator.aggregation.strategies import Update
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Reason, change_norm, check_tensors
+from cloud_aggregator.rounds.engine import CollectRequest, Rejection
+from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
+from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.mqtt import Message
 from trainer_lite.params import param_hash

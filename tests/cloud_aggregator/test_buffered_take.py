@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud_aggregator.admission import Reason, Refusal
-from cloud_aggregator.buffered import BufferedServer
+from cloud_aggregator.aggregation.fedbuff import Arrival, BufferConfig
 from cloud_aggregator.config import MAX_STALENESS, AggregatorConfig, TaskConfig
-from cloud_aggregator.fedbuff import Arrival, BufferConfig
+from cloud_aggregator.rounds.admission import Reason, Refusal
+from cloud_aggregator.rounds.buffered import BufferedServer
 from ioft_protocol import codec
 from ioft_protocol.config import ConfigError, build
 from ioft_protocol.round_messages import Announcement, UpdateMessage

@@ -12,10 +12,16 @@ import numpy as np
 import pytest
 
 from cloud_aggregator import faults
-from cloud_aggregator.rounds import RoundEngine, RoundRecord
-from cloud_aggregator.store import SqliteStore
-from cloud_aggregator.stragglers import LateUpdate, LateWindow, absorb_late, check_next_round, damp_late
-from cloud_aggregator.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.rounds.engine import RoundEngine, RoundRecord
+from cloud_aggregator.rounds.stragglers import (
+    LateUpdate,
+    LateWindow,
+    absorb_late,
+    damp_late,
+)
+from cloud_aggregator.rounds.task_rules import check_next_round
+from cloud_aggregator.store.sqlite import SqliteStore
 from trainer_lite.task import TaskSpec
 
 SPEC = TaskSpec("speed", "pflda", "sigmoid_glm", server={"weighting": "uniform"}, rounds=3)

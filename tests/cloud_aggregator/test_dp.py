@@ -15,12 +15,12 @@ from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
 from cloud_aggregator import cli
-from cloud_aggregator.accountant import calibrate, epsilon
+from cloud_aggregator.aggregation.accountant import calibrate, epsilon
+from cloud_aggregator.aggregation.strategies import Update, make_strategy
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.rounds import RoundEngine
-from cloud_aggregator.simulation import ClientData, SimulatedFleet
-from cloud_aggregator.store import SqliteStore
-from cloud_aggregator.strategies import Update, make_strategy
+from cloud_aggregator.rounds.engine import RoundEngine
+from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet
+from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol.config import ConfigError, build
 from trainer_lite.data import Dataset
 from trainer_lite.task import TaskSpec

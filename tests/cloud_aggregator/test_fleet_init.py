@@ -12,10 +12,13 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from cloud_aggregator import fleet_devices, fleet_init, fleet_layout, fleet_sessions
 from cloud_aggregator.cli import main as cli_main
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.fleet_init import (
+from cloud_aggregator.fleet import devices as fleet_devices
+from cloud_aggregator.fleet import init as fleet_init
+from cloud_aggregator.fleet import layout as fleet_layout
+from cloud_aggregator.fleet import sessions as fleet_sessions
+from cloud_aggregator.fleet.init import (
     AGGREGATOR,
     OPERATOR,
     FleetInitError,
@@ -340,7 +343,7 @@ def test_password_devices_are_added_and_revoked_in_the_password_file(tmp_path):
 def test_the_operator_toml_names_the_key_push_checks_with(tmp_path):
     from argparse import Namespace
 
-    from cloud_aggregator.push import fleet_public_key
+    from cloud_aggregator.models.push import fleet_public_key
     from ioft_protocol.manifest import key_id, load_public_key
 
     layout = init_fleet(tmp_path / "f", "plant", DEVICES)

@@ -8,13 +8,13 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from cloud_aggregator import fleet_devices
 from cloud_aggregator.cli import main as cli_main
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.fleet_init import FleetInitError, init_fleet
-from cloud_aggregator.fleet_layout import open_fleet, read_plants
-from cloud_aggregator.fleet_plant_files import bridge_topic_lines
-from cloud_aggregator.fleet_plants import add_plant
+from cloud_aggregator.fleet import devices as fleet_devices
+from cloud_aggregator.fleet.init import FleetInitError, init_fleet
+from cloud_aggregator.fleet.layout import open_fleet, read_plants
+from cloud_aggregator.fleet.plant_files import bridge_topic_lines
+from cloud_aggregator.fleet.plants import add_plant
 from ioft_protocol.config import ConfigError, build, load_toml
 
 DEVICES = ["printer1", "printer2", "welder1"]

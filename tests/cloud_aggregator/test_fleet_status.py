@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cloud_aggregator.fleet_status import decode_status, format_table, summarize
+from cloud_aggregator.console.fleet_status import decode_status, format_table, summarize
 
 GOOD = {
     "device": "printer1",

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator import fleet_devices
-from cloud_aggregator.fleet_init import init_fleet
+from cloud_aggregator.fleet import devices as fleet_devices
+from cloud_aggregator.fleet.init import init_fleet
 from ioft_protocol.config import load_toml
 
 DEVICES = ["printer1", "welder1"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cloud_aggregator.fleet_view import FleetView, StoreData
+from cloud_aggregator.console.fleet_view import FleetView, StoreData
 
 
 def test_revoked_devices_and_resent_copies_are_marked_apart():

@@ -11,14 +11,15 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from cloud_aggregator import fleet_devices, worker_login
+from cloud_aggregator import worker_login
 from cloud_aggregator.cli import main as cli_main
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.fleet_init import FleetInitError, init_fleet
-from cloud_aggregator.fleet_layout import mosquitto_password_hash, open_fleet, worker_acl_text
-from cloud_aggregator.fleet_plants import add_plant
-from cloud_aggregator.fleet_workers import add_workers
-from cloud_aggregator.server import ServeRefusedError, _check_worker_logins
+from cloud_aggregator.fleet import devices as fleet_devices
+from cloud_aggregator.fleet.init import FleetInitError, init_fleet
+from cloud_aggregator.fleet.layout import mosquitto_password_hash, open_fleet, worker_acl_text
+from cloud_aggregator.fleet.plants import add_plant
+from cloud_aggregator.fleet.workers import add_workers
+from cloud_aggregator.serve.server import ServeRefusedError, _check_worker_logins
 from ioft_protocol.config import ConfigError, build, load_toml
 
 DEVICES = ["printer1", "printer2"]

@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from cloud_aggregator import cli, push, push_answers
+from cloud_aggregator import cli
+from cloud_aggregator.models import push, push_answers
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from ioft_protocol import codec, model_push, topics

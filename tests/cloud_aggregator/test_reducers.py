@@ -12,8 +12,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from cloud_aggregator.reducers import get_reducer, krum_scores
-from cloud_aggregator.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.reducers import get_reducer, krum_scores
+from cloud_aggregator.aggregation.strategies import Update, make_strategy
 from tests.budget import examples
 from trainer_lite.task import TaskSpec
 
@@ -183,8 +183,8 @@ def test_krum_picks_honest_uploads_when_attackers_are_far(case, far):
 
 
 def test_ftltp_and_per_domain_means_take_the_reducer():
-    from cloud_aggregator.strategies.ftltp import group_means
-    from cloud_aggregator.strategies.separate import per_domain_mean
+    from cloud_aggregator.aggregation.strategies.ftltp import group_means
+    from cloud_aggregator.aggregation.strategies.separate import per_domain_mean
 
     g = {"b": np.zeros(2), "u": np.zeros(1)}
     rows = [1.0, 2.0, 1e6]
@@ -199,6 +199,6 @@ def test_ftltp_and_per_domain_means_take_the_reducer():
     out = per_domain_mean(g, updates, counts, lambda m: ["b"], get_reducer("median"))
     np.testing.assert_allclose(out["b"], [2, 2])
     with pytest.raises(ValueError, match="only reducer = 'mean'"):
-        from cloud_aggregator.strategies.feddar import FedDARLinearServerConfig
+        from cloud_aggregator.aggregation.strategies.feddar import FedDARLinearServerConfig
 
         FedDARLinearServerConfig(reducer="median")

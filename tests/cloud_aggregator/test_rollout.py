@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_aggregator.rollout import (
+from cloud_aggregator.models.rollout import (
     CanaryResult,
     Rollout,
     RolloutError,
@@ -16,8 +16,8 @@ from cloud_aggregator.rollout import (
     parse_canary,
     pick_canaries,
 )
-from cloud_aggregator.rollout_run import latest, save
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.models.rollout_run import latest, save
+from cloud_aggregator.store.sqlite import SqliteStore
 
 
 def installed(device: str, metric: float | None, base: float | None) -> CanaryResult:

@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cloud_aggregator.admission import Reason
-from cloud_aggregator.rounds import MemoryStore, RoundEngine
-from cloud_aggregator.simulation import ClientData, SimulatedFleet, simulate
-from cloud_aggregator.store import SqliteStore
-from cloud_aggregator.strategies import Update
+from cloud_aggregator.aggregation.strategies import Update
+from cloud_aggregator.rounds.admission import Reason
+from cloud_aggregator.rounds.engine import MemoryStore, RoundEngine
+from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet, simulate
+from cloud_aggregator.store.sqlite import SqliteStore
 from edge.config import DataConfig
 from edge.dataset import simulated_printer_dataset
 from trainer_lite.params import param_hash

@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from cloud_aggregator.simulation import ClientData, simulate
+from cloud_aggregator.rounds.simulation import ClientData, simulate
 from ioft_protocol.secagg import SecAggConfig
 from tests.cloud_aggregator.test_rounds import SPEC
 from trainer_lite.data import Dataset

@@ -8,13 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from cloud_aggregator.aggregate import weighted_mean
-from cloud_aggregator.rounds import MemoryStore, RoundEngine
-from cloud_aggregator.simulation import SimulatedFleet
-from cloud_aggregator.store import SqliteStore
-from cloud_aggregator.strategies import Strategy, Update, make_strategy
-from cloud_aggregator.strategies.base import _STRATEGIES
-from cloud_aggregator.streaming import RoundFold, StreamingMean
+from cloud_aggregator.aggregation.mean import weighted_mean
+from cloud_aggregator.aggregation.strategies import Strategy, Update, make_strategy
+from cloud_aggregator.aggregation.strategies.base import _STRATEGIES
+from cloud_aggregator.aggregation.streaming import RoundFold, StreamingMean
+from cloud_aggregator.rounds.engine import MemoryStore, RoundEngine
+from cloud_aggregator.rounds.simulation import SimulatedFleet
+from cloud_aggregator.store.sqlite import SqliteStore
 from trainer_lite.task import TaskSpec
 
 from .test_rounds import SPEC, printers

@@ -9,8 +9,8 @@ import pytest
 
 from cloud_aggregator import cli
 from cloud_aggregator.config import TaskConfig
-from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
-from cloud_aggregator.store import SqliteStore, TaskChangedError, changed_fields
+from cloud_aggregator.local.fleet import aggregator_toml, pflda_task
+from cloud_aggregator.store.sqlite import SqliteStore, TaskChangedError, changed_fields
 from ioft_protocol.config import ConfigError, build
 
 #: Nothing listens here: a serve that got as far as connecting would fail differently.

@@ -1,4 +1,4 @@
-"""Which tasks run side by side (``cloud_aggregator.task_lanes``): those no device can share."""
+"""Which tasks run side by side (``cloud_aggregator.serve.task_lanes``): those no device can share."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloud_aggregator.task_lanes import run_side_by_side, waits_for
+from cloud_aggregator.serve.task_lanes import run_side_by_side, waits_for
 from ioft_protocol.round_messages import MACHINE_KINDS, DeviceSelection
 from tests.budget import examples
 

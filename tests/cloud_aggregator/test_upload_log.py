@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cloud_aggregator.rounds import RoundRecord
-from cloud_aggregator.store import SqliteStore
-from cloud_aggregator.upload_log import MIN_BYTES
+from cloud_aggregator.rounds.engine import RoundRecord
+from cloud_aggregator.store.sqlite import SqliteStore
+from cloud_aggregator.store.upload_log import MIN_BYTES
 
 BIG, SMALL = bytes(range(256)) * (MIN_BYTES // 256 + 1), b"small upload"
 

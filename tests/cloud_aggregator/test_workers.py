@@ -15,16 +15,16 @@ from collections import defaultdict, deque
 import numpy as np
 import pytest
 
-from cloud_aggregator import worker_wire as wire
-from cloud_aggregator.admission import AdmissionPolicy
+from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.streaming import StreamingMean
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.coordinator import WorkerFleet
-from cloud_aggregator.mqtt_fleet import CollectPolicy
-from cloud_aggregator.rounds import CollectRequest, Rejection
-from cloud_aggregator.store import SqliteStore
-from cloud_aggregator.strategies import Update, make_strategy
-from cloud_aggregator.streaming import StreamingMean
-from cloud_aggregator.workers import AggregatorWorker
+from cloud_aggregator.rounds.admission import AdmissionPolicy
+from cloud_aggregator.rounds.engine import CollectRequest, Rejection
+from cloud_aggregator.serve import worker_wire as wire
+from cloud_aggregator.serve.coordinator import WorkerFleet
+from cloud_aggregator.serve.mqtt_fleet import CollectPolicy
+from cloud_aggregator.serve.workers import AggregatorWorker
+from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.config import ConfigError, build
 from ioft_protocol.mqtt import Message

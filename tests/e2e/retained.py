@@ -7,7 +7,7 @@ import time
 
 import paho.mqtt.client as paho
 
-from cloud_aggregator.local_fleet import FLEET
+from cloud_aggregator.local.fleet import FLEET
 from ioft_protocol import topics
 
 

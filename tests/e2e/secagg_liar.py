@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sys
 
-from cloud_aggregator import cli, secagg_round
+from cloud_aggregator import cli
+from cloud_aggregator.serve import secagg_round
 from ioft_protocol.secagg import ServerSecAgg, crypto
 from ioft_protocol.secagg.messages import NeighbourKeys
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import paho.mqtt.client as paho
 import pytest
 
-from cloud_aggregator.broker import BrokerProcess
-from cloud_aggregator.fleet_init import AGGREGATOR, OPERATOR, FleetLayout, init_fleet
-from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.fleet.init import AGGREGATOR, OPERATOR, FleetLayout, init_fleet
+from cloud_aggregator.local.broker import BrokerProcess
+from cloud_aggregator.local.fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
 from edge.config import DeviceConfig
 from ioft_protocol import topics
 from ioft_protocol.mqtt import BrokerAddress, MqttError, MqttSession, SessionOptions, TlsConfig

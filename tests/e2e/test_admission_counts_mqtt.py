@@ -18,7 +18,7 @@ import numpy as np
 import paho.mqtt.client as paho
 import pytest
 
-from cloud_aggregator.local_fleet import FLEET, aggregator_toml, pflda_task
+from cloud_aggregator.local.fleet import FLEET, aggregator_toml, pflda_task
 from ioft_protocol import round_messages, topics
 
 DEVICES = ["printer1", "printer2", "printer3"]
@@ -69,7 +69,7 @@ class Forger:
 
 @pytest.mark.broker
 def test_forged_sample_counts_and_metrics_are_refused_over_mqtt(fleet_procs):
-    from cloud_aggregator.store import SqliteStore
+    from cloud_aggregator.store.sqlite import SqliteStore
 
     task = {**pflda_task(rounds=ROUNDS), "server": {"weighting": "samples"}}
     forger = Forger(fleet_procs.broker_url)

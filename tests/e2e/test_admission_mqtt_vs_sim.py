@@ -16,12 +16,12 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from cloud_aggregator.mqtt_fleet import CollectPolicy, MqttFleet
-from cloud_aggregator.rounds import CollectRequest, Rejection, RoundEngine
-from cloud_aggregator.simulation import SimulatedFleet, Uplink
-from cloud_aggregator.store import SqliteStore
-from cloud_aggregator.stragglers import LateUpdate
-from cloud_aggregator.strategies import Update
+from cloud_aggregator.aggregation.strategies import Update
+from cloud_aggregator.rounds.engine import CollectRequest, Rejection, RoundEngine
+from cloud_aggregator.rounds.simulation import SimulatedFleet, Uplink
+from cloud_aggregator.rounds.stragglers import LateUpdate
+from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
+from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import topics
 from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
 from tests.e2e.test_converged_fleet import printer_clients

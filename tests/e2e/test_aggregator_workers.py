@@ -10,7 +10,7 @@ queued for it, is gone (mosquitto gives a killed member's messages to no other m
 which ``test_same_code_mqtt_vs_sim`` shows a single aggregator over MQTT matches bit for bit.
 Merged partial sums change the order of additions; the compensated float64 sums make the
 float32 result independent of it except with odds ~N²·2⁻¹³⁰ per coordinate
-(``cloud_aggregator.streaming``).
+(``cloud_aggregator.aggregation.streaming``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 from cloud_aggregator import faults
-from cloud_aggregator.local_fleet import aggregator_toml
-from cloud_aggregator.simulation import ClientData, simulate
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.fleet import aggregator_toml
+from cloud_aggregator.rounds.simulation import ClientData, simulate
+from cloud_aggregator.store.sqlite import SqliteStore
 from edge.dataset import save_dataset
 from trainer_lite.data import Dataset
 from trainer_lite.params import param_hash

@@ -32,8 +32,8 @@ from pathlib import Path
 import paho.mqtt.client as paho
 import pytest
 
-from cloud_aggregator.broker import free_port
-from cloud_aggregator.fleet_layout import open_fleet
+from cloud_aggregator.fleet.layout import open_fleet
+from cloud_aggregator.local.broker import free_port
 from tests.e2e.test_access import Client
 from tests.e2e.test_fleet_init_broker import Broker, assert_clean_start, cli, init
 from tests.e2e.test_operator_path import console_script, served_rounds, spawn, stop, tail

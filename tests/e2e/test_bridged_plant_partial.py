@@ -24,10 +24,10 @@ from pathlib import Path
 import paho.mqtt.client as paho
 import pytest
 
-from cloud_aggregator import worker_wire as wire
-from cloud_aggregator.broker import free_port, start_mosquitto
-from cloud_aggregator.fleet_devices import load_ca
-from cloud_aggregator.fleet_layout import open_fleet
+from cloud_aggregator.fleet.devices import load_ca
+from cloud_aggregator.fleet.layout import open_fleet
+from cloud_aggregator.local.broker import free_port, start_mosquitto
+from cloud_aggregator.serve import worker_wire as wire
 from tests.e2e.notify import NotifyListener
 from tests.e2e.test_bridged_plant import DEVICES, ROUNDS, add_plant, device, start_bridged, wait_for
 from tests.e2e.test_fleet_init_broker import Broker, init

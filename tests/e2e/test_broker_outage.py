@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from cloud_aggregator.broker import start_mosquitto
-from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
+from cloud_aggregator.local.broker import start_mosquitto
+from cloud_aggregator.local.fleet import aggregator_toml, pflda_task
 
 pytestmark = pytest.mark.broker
 log = logging.getLogger(__name__)

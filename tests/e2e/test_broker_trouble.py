@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.broker import free_port, start_mosquitto
-from cloud_aggregator.fleet_init import init_fleet
-from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
+from cloud_aggregator.fleet.init import init_fleet
+from cloud_aggregator.local.broker import free_port, start_mosquitto
+from cloud_aggregator.local.fleet import aggregator_toml, pflda_task
 from tests.conftest import _require_mosquitto
 from tests.e2e.watched import Watched
 

@@ -14,8 +14,8 @@ from collections import Counter
 
 import pytest
 
-from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.fleet import aggregator_toml, pflda_task
+from cloud_aggregator.store.sqlite import SqliteStore
 
 FAST = ["printer1", "printer2"]
 SLOW = "printer3"

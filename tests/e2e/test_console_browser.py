@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks.console_overhead import CHROMIUM_ARGS
-from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
+from cloud_aggregator.local.fleet import aggregator_toml, pflda_task
 from tests.e2e.watched import Watched
 
 DEVICES = ["printer1", "printer2"]
@@ -138,9 +138,9 @@ SAT_OUT = "the task's model takes 6 input features per row, but the local data (
 def _newcomer_store(state_dir: Path) -> None:
     """What a newcomer's first fleet leaves: one printer trains (accuracy near 1), a welder sits
     every round out, and a restarted printer's re-sent uploads."""
-    from cloud_aggregator.admission import Reason
-    from cloud_aggregator.rounds import RoundRecord
-    from cloud_aggregator.store import SqliteStore
+    from cloud_aggregator.rounds.admission import Reason
+    from cloud_aggregator.rounds.engine import RoundRecord
+    from cloud_aggregator.store.sqlite import SqliteStore
 
     store = SqliteStore(state_dir / "aggregator.sqlite")
     store.register_task("speed", '{"name": "speed", "algorithm": "fedavg", "model": "mlp", "rounds": 5}')

@@ -22,10 +22,10 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from cloud_aggregator.demo import HPARAMS
-from cloud_aggregator.rounds import RoundEngine
-from cloud_aggregator.simulation import ClientData, SimulatedFleet
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.demo import HPARAMS
+from cloud_aggregator.rounds.engine import RoundEngine
+from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet
+from cloud_aggregator.store.sqlite import SqliteStore
 from edge.config import DataConfig
 from edge.dataset import simulated_printer_dataset
 from trainer_lite.task import TaskSpec

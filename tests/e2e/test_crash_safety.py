@@ -19,10 +19,10 @@ from benchmarks import fault_scenarios
 from benchmarks.fault_scenarios import DEVICES, global_of, kill, wait_stopped
 from benchmarks.reliability import CrashBench, state_trial
 from cloud_aggregator import faults
-from cloud_aggregator.broker import start_mosquitto
-from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
-from cloud_aggregator.stragglers import damp_late
-from cloud_aggregator.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.local.broker import start_mosquitto
+from cloud_aggregator.local.fleet import aggregator_toml, pflda_task
+from cloud_aggregator.rounds.stragglers import damp_late
 from edge.dataset import load_dataset
 from trainer_lite.algorithms import make_client
 from trainer_lite.client import participate

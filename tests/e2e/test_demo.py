@@ -124,8 +124,8 @@ def test_interrupt_on_sigterm_lets_a_benchmark_stop_its_broker(tmp_path):
     _require_mosquitto()
     script = (
         "import time\n"
-        "from cloud_aggregator.broker import interrupt_on_sigterm\n"
-        "from cloud_aggregator.local_fleet import LocalFleet\n"
+        "from cloud_aggregator.local.broker import interrupt_on_sigterm\n"
+        "from cloud_aggregator.local.fleet import LocalFleet\n"
         "interrupt_on_sigterm()\n"
         f"with LocalFleet.start({str(tmp_path)!r}) as fleet:\n"
         "    print(fleet.broker.port, flush=True)\n"

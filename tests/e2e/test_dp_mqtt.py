@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.accountant import epsilon
+from cloud_aggregator.aggregation.accountant import epsilon
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.local_fleet import aggregator_toml
+from cloud_aggregator.local.fleet import aggregator_toml
 from ioft_protocol.config import build
 
 README = Path(__file__).resolve().parents[2] / "docs" / "formats.md"  # moved from README.md

@@ -14,7 +14,7 @@ import paho.mqtt.client as paho
 import pytest
 
 from benchmarks import fault_scenarios
-from cloud_aggregator.local_fleet import FLEET, aggregator_toml, pflda_task
+from cloud_aggregator.local.fleet import FLEET, aggregator_toml, pflda_task
 from ioft_protocol import round_messages, topics
 
 DEVICES = ["printer1", "printer2", "printer3"]
@@ -92,7 +92,7 @@ class Attacker:
 @pytest.mark.broker
 @pytest.mark.any_broker
 def test_hostile_uplinks_are_dropped_and_training_continues(fleet_procs):
-    from cloud_aggregator.store import SqliteStore
+    from cloud_aggregator.store.sqlite import SqliteStore
 
     task = pflda_task(rounds=4)
     attacker = Attacker(fleet_procs.broker_url, max_payload=64 * 1024)

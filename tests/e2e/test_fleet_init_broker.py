@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cloud_aggregator.broker import find_mosquitto, free_port
-from cloud_aggregator.fleet_layout import open_fleet
+from cloud_aggregator.fleet.layout import open_fleet
+from cloud_aggregator.local.broker import find_mosquitto, free_port
 from ioft_protocol.config import load_toml
 from tests.e2e.test_access import Client
 from tests.e2e.watched import Watched

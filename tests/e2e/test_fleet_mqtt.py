@@ -8,8 +8,8 @@ import signal
 import numpy as np
 import pytest
 
-from cloud_aggregator.local_fleet import FLEET, Sniffer, aggregator_toml, pflda_task
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.fleet import FLEET, Sniffer, aggregator_toml, pflda_task
+from cloud_aggregator.store.sqlite import SqliteStore
 from edge.dataset import load_dataset
 from ioft_protocol import codec
 

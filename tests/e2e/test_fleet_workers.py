@@ -19,7 +19,7 @@ import re
 
 import pytest
 
-from cloud_aggregator.broker import free_port
+from cloud_aggregator.local.broker import free_port
 from tests.e2e.test_bridged_plant import DEVICES, ROUNDS, device
 from tests.e2e.test_fleet_init_broker import Broker, assert_clean_start, init
 from tests.e2e.test_operator_path import console_script, served_rounds, spawn, stop, tail

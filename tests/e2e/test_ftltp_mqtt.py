@@ -14,9 +14,9 @@ import json
 import numpy as np
 import pytest
 
-from cloud_aggregator.local_fleet import Sniffer, aggregator_toml
-from cloud_aggregator.store import SqliteStore
-from cloud_aggregator.strategies import make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.local.fleet import Sniffer, aggregator_toml
+from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import round_messages
 from trainer_lite.task import TaskSpec
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
+from cloud_aggregator.local.fleet import aggregator_toml, pflda_task
 
 TRAINING = ["printer1", "printer2"]
 HELD_OUT = "printer3"

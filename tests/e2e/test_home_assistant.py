@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from cloud_aggregator.local_fleet import Sniffer, pflda_task
+from cloud_aggregator.local.fleet import Sniffer, pflda_task
 from ioft_protocol import topics
 from tests.e2e.test_serving import answers, record, train
 from tests.edge.test_home_assistant import TOPIC, check_config, render

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from cloud_aggregator.local_fleet import FLEET, aggregator_toml, pflda_task
+from cloud_aggregator.local.fleet import FLEET, aggregator_toml, pflda_task
 
 PRINTERS = ["printer1", "printer2"]
 WELDERS = ["welder1", "welder2"]

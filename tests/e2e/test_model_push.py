@@ -18,9 +18,9 @@ from dataclasses import replace
 import paho.mqtt.client as paho
 import pytest
 
-from cloud_aggregator.local_fleet import FLEET, aggregator_toml
-from cloud_aggregator.push import push_messages, push_model
-from cloud_aggregator.rabbitmq import RabbitNode
+from cloud_aggregator.local.fleet import FLEET, aggregator_toml
+from cloud_aggregator.local.rabbitmq import RabbitNode
+from cloud_aggregator.models.push import push_messages, push_model
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from ioft_protocol import model_push, round_messages, topics

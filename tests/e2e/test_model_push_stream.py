@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from cloud_aggregator.local_fleet import FLEET
-from cloud_aggregator.push import push_messages
-from cloud_aggregator.rabbitmq import RabbitNode
+from cloud_aggregator.local.fleet import FLEET
+from cloud_aggregator.local.rabbitmq import RabbitNode
+from cloud_aggregator.models.push import push_messages
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from ioft_protocol import topics

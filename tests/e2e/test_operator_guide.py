@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.broker import find_mosquitto, free_port
+from cloud_aggregator.local.broker import find_mosquitto, free_port
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "operator-guide.md"

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.broker import free_port
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.broker import free_port
+from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol.config import load_toml
 from tests.e2e.test_fleet_init_broker import Broker, assert_clean_start, cli, init
 

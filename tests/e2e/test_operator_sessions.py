@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.broker import free_port
+from cloud_aggregator.local.broker import free_port
 from export.keys import load_private_key
 from export.synthetic import signed, window_encoder
 from tests.e2e.test_fleet_init_broker import Broker, cli, init

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
+from cloud_aggregator.local.fleet import aggregator_toml, pflda_task
 from edge import optout
 from tests.e2e.retained import retained_status
 

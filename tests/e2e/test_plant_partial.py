@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 
 from cloud_aggregator import faults
-from cloud_aggregator import worker_wire as wire
-from cloud_aggregator.broker import LOOPBACK_CONF, free_port, start_mosquitto
-from cloud_aggregator.fleet_plant_files import bridge_topic_lines
-from cloud_aggregator.local_fleet import FLEET, LocalFleet, Sniffer, aggregator_toml
-from cloud_aggregator.simulation import simulate
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.fleet.plant_files import bridge_topic_lines
+from cloud_aggregator.local.broker import LOOPBACK_CONF, free_port, start_mosquitto
+from cloud_aggregator.local.fleet import FLEET, LocalFleet, Sniffer, aggregator_toml
+from cloud_aggregator.rounds.simulation import simulate
+from cloud_aggregator.serve import worker_wire as wire
+from cloud_aggregator.store.sqlite import SqliteStore
 from edge.dataset import save_dataset
 from ioft_protocol import topics
 from tests.e2e.test_aggregator_workers import DEVICES, TASK, client_data

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.local_fleet import FLEET
+from cloud_aggregator.local.fleet import FLEET
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from sensors.features.schema import schema_hash

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from cloud_aggregator.local_fleet import FLEET
-from cloud_aggregator.push_targets import replaced_offer
+from cloud_aggregator.local.fleet import FLEET
+from cloud_aggregator.models.push_targets import replaced_offer
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from tests.e2e.test_model_push import Watcher, operator

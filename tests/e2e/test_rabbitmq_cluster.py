@@ -20,9 +20,9 @@ from collections.abc import Iterator
 import paho.mqtt.client as paho
 import pytest
 
-from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
-from cloud_aggregator.rabbitmq import RabbitCluster, start_cluster
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.local.rabbitmq import RabbitCluster, start_cluster
+from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import topics
 from ioft_protocol.mqtt import BrokerAddress, MqttError, MqttSession, SessionOptions
 from tests.conftest import _require_rabbitmq

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.rounds import MemoryStore, RoundEngine
-from cloud_aggregator.simulation import ClientData, SimulatedFleet
+from cloud_aggregator.rounds.engine import MemoryStore, RoundEngine
+from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet
 from edge.config import DataConfig
 from edge.dataset import simulated_printer_dataset, simulated_welder_dataset
 from ioft_protocol.config import build

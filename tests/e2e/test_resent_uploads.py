@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_aggregator.local_fleet import Sniffer, aggregator_toml, pflda_task
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.fleet import Sniffer, aggregator_toml, pflda_task
+from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import topics
 
 P1, P2 = "printer1", "printer2"

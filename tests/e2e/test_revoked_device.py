@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from cloud_aggregator.broker import free_port
+from cloud_aggregator.local.broker import free_port
 from tests.e2e.test_fleet_init_broker import Broker, cli, init
 
 pytestmark = pytest.mark.broker

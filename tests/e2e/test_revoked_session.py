@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.broker import free_port
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.broker import free_port
+from cloud_aggregator.store.sqlite import SqliteStore
 from tests.e2e.test_fleet_init_broker import Broker, cli, init
 
 pytestmark = pytest.mark.broker

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.local_fleet import FLEET
-from cloud_aggregator.push import push_messages, push_model
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.fleet import FLEET
+from cloud_aggregator.models.push import push_messages, push_model
+from cloud_aggregator.store.sqlite import SqliteStore
 from export.synthetic import signed, window_encoder
 from ioft_protocol import model_push, topics
 from tests.e2e import test_model_push as push_tests

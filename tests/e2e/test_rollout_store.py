@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from cloud_aggregator.fleet_init import AGGREGATOR, OPERATOR, init_fleet
-from cloud_aggregator.local_fleet import FLEET
+from cloud_aggregator.fleet.init import AGGREGATOR, OPERATOR, init_fleet
+from cloud_aggregator.local.fleet import FLEET
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from ioft_protocol.config import load_toml

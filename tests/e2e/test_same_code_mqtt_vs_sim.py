@@ -14,9 +14,9 @@ import json
 import numpy as np
 import pytest
 
-from cloud_aggregator.local_fleet import aggregator_toml
-from cloud_aggregator.simulation import ClientData, simulate
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.local.fleet import aggregator_toml
+from cloud_aggregator.rounds.simulation import ClientData, simulate
+from cloud_aggregator.store.sqlite import SqliteStore
 from edge.dataset import save_dataset
 from trainer_lite.algorithms import make_client
 from trainer_lite.data import Dataset

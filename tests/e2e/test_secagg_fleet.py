@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud_aggregator.broker import start_mosquitto
-from cloud_aggregator.fleet_init import AGGREGATOR
-from cloud_aggregator.local_fleet import FLEET, LocalFleet, Sniffer, aggregator_toml
-from cloud_aggregator.secagg_round import ABANDONED, DROPPED
-from cloud_aggregator.store import SqliteStore
-from cloud_aggregator.strategies import make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.fleet.init import AGGREGATOR
+from cloud_aggregator.local.broker import start_mosquitto
+from cloud_aggregator.local.fleet import FLEET, LocalFleet, Sniffer, aggregator_toml
+from cloud_aggregator.rounds.secagg import ABANDONED, DROPPED
+from cloud_aggregator.store.sqlite import SqliteStore
 from edge.secagg_client import FAULT_ENV
 from edge.task_state import load_task_state
 from ioft_protocol import codec

@@ -18,10 +18,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from cloud_aggregator.fleet_init import AGGREGATOR
-from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml
-from cloud_aggregator.secagg_round import ABANDONED
-from cloud_aggregator.store import SqliteStore
+from cloud_aggregator.fleet.init import AGGREGATOR
+from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml
+from cloud_aggregator.rounds.secagg import ABANDONED
+from cloud_aggregator.store.sqlite import SqliteStore
 from tests.conftest import tls_fleet_broker
 from tests.e2e.test_secagg_fleet import TASK
 

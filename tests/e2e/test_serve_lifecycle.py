@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cloud_aggregator import faults
-from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml, pflda_task
 
 DEVICES = ["printer1", "printer2"]
 

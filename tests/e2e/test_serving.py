@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.local_fleet import FLEET, Sniffer, aggregator_toml, pflda_task
+from cloud_aggregator.local.fleet import FLEET, Sniffer, aggregator_toml, pflda_task
 from edge.serving.feed import feed_path
 from edge.serving.jsonlog import read_log
 from ioft_protocol import topics

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from cloud_aggregator.local_fleet import FLEET, Sniffer, pflda_task
+from cloud_aggregator.local.fleet import FLEET, Sniffer, pflda_task
 from ioft_protocol import topics
 from sensors.sim.printer_host import FakeMoonraker, short_timeline
 from tests.e2e.retained import retained_status

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from cloud_aggregator.local_fleet import aggregator_toml, pflda_task
+from cloud_aggregator.local.fleet import aggregator_toml, pflda_task
 
 PRINTERS = ["printer1", "printer2"]
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from cloud_aggregator import faults
-from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml, pflda_task
 from tests.e2e.retained import retained_status
 
 pytestmark = pytest.mark.broker

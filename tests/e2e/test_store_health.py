@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml, pflda_task
-from cloud_aggregator.rounds import RoundRecord
-from cloud_aggregator.store import SqliteStore
-from cloud_aggregator.store_backup import Backups, StoreDamagedError, list_backups
+from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.rounds.engine import RoundRecord
+from cloud_aggregator.store.backup import Backups, StoreDamagedError, list_backups
+from cloud_aggregator.store.sqlite import SqliteStore
 
 DEVICES = ["printer1", "printer2"]
 PAGE = 4096

@@ -12,7 +12,7 @@ import time
 import paho.mqtt.client as paho
 import pytest
 
-from cloud_aggregator.local_fleet import FLEET, aggregator_toml
+from cloud_aggregator.local.fleet import FLEET, aggregator_toml
 from ioft_protocol import topics
 
 N = 50

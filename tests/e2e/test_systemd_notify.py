@@ -16,8 +16,8 @@ from typing import BinaryIO
 
 import pytest
 
-from cloud_aggregator.broker import BrokerProcess, free_port, start_mosquitto
-from cloud_aggregator.local_fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.local.broker import BrokerProcess, free_port, start_mosquitto
+from cloud_aggregator.local.fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
 from tests.conftest import _require_mosquitto
 from tests.e2e.notify import NotifyListener
 from tests.e2e.retained import retained_status

@@ -14,9 +14,9 @@ from pathlib import Path
 import paho.mqtt.client as paho
 import pytest
 
-from cloud_aggregator.broker import BrokerProcess
-from cloud_aggregator.fleet_init import AGGREGATOR, FleetLayout
-from cloud_aggregator.local_fleet import FLEET, aggregator_toml, pflda_task
+from cloud_aggregator.fleet.init import AGGREGATOR, FleetLayout
+from cloud_aggregator.local.broker import BrokerProcess
+from cloud_aggregator.local.fleet import FLEET, aggregator_toml, pflda_task
 from ioft_protocol import topics
 from tests.conftest import tls_fleet_broker
 from tests.e2e.watched import Watched

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_aggregator.local_fleet import aggregator_toml
+from cloud_aggregator.local.fleet import aggregator_toml
 from edge.dataset import load_dataset
 
 WELDERS = ["welder1", "welder2", "welder3"]

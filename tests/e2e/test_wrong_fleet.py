@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from cloud_aggregator.local_fleet import LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml, pflda_task
 
 UNHEARD = "no aggregator of fleet 'tset' has answered"
 

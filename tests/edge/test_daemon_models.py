@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from cloud_aggregator.push import push_messages
+from cloud_aggregator.models.push import push_messages
 from edge.cli import config_from_args, parse_args
 from edge.config import DeviceConfig
 from edge.daemon import EdgeTrainer

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_aggregator.push import push_messages
+from cloud_aggregator.models.push import push_messages
 from edge.config import DataConfig, ModelConfig
 from edge.dataset import simulated_printer_raw_dataset
 from edge.models import ModelManager

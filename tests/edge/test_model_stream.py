@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from cloud_aggregator.push import push_messages
+from cloud_aggregator.models.push import push_messages
 from edge.config import DataConfig, ModelConfig
 from edge.dataset import simulated_printer_raw_dataset
 from edge.models import STREAM_QUIET_S, ModelManager

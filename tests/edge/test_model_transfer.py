@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from cloud_aggregator.push import push_messages
+from cloud_aggregator.models.push import push_messages
 from edge import model_transfer
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder

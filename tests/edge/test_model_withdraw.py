@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from cloud_aggregator.push import push_messages
+from cloud_aggregator.models.push import push_messages
 from export.keys import sign
 from export.synthetic import signed, window_encoder
 from ioft_protocol import model_push

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from cloud_aggregator.fleet_init import init_fleet
+from cloud_aggregator.fleet.init import init_fleet
 from edge.cli import config_from_args, parse_args
 from edge.config import DeviceConfig
 from edge.secagg_client import secagg_identity

@@ -11,11 +11,11 @@ import pytest
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
-from cloud_aggregator.backbones.assemble import assemble  # noqa: E402
-from cloud_aggregator.backbones.data import BackboneData, printer_windows  # noqa: E402
-from cloud_aggregator.backbones.nets import FeatureMLP  # noqa: E402
-from cloud_aggregator.backbones.packaging import export_params, export_run  # noqa: E402
-from cloud_aggregator.backbones.train import CHECKPOINT, TrainSettings, load_run, train_backbone  # noqa: E402
+from cloud_aggregator.models.backbones.assemble import assemble  # noqa: E402
+from cloud_aggregator.models.backbones.data import BackboneData, printer_windows  # noqa: E402
+from cloud_aggregator.models.backbones.nets import FeatureMLP  # noqa: E402
+from cloud_aggregator.models.backbones.packaging import export_params, export_run  # noqa: E402
+from cloud_aggregator.models.backbones.train import CHECKPOINT, TrainSettings, load_run, train_backbone  # noqa: E402
 from edge.onnx_model import LoadedModel, holdout_score  # noqa: E402
 from export.keys import generate_keypair, load_private_key  # noqa: E402
 from export.onnx_export import export_onnx  # noqa: E402
@@ -168,8 +168,8 @@ def test_a_trained_backbone_exports_signed_with_an_int8_report_and_loads_on_a_de
 def test_cli_exports_a_finished_tasks_shared_base_from_the_aggregator_store(tmp_path):
     """FTL-TP style: the first layer of a 624-feature MLP, shared fleet-wide, becomes a pushed encoder."""
     from cloud_aggregator.cli import main
-    from cloud_aggregator.rounds import RoundRecord
-    from cloud_aggregator.store import SqliteStore
+    from cloud_aggregator.rounds.engine import RoundRecord
+    from cloud_aggregator.store.sqlite import SqliteStore
     from export.keys import generate_keypair
     from trainer_lite.task import TaskSpec
 
@@ -201,8 +201,8 @@ def test_cli_exports_a_finished_tasks_shared_base_from_the_aggregator_store(tmp_
 
 def test_cli_task_export_checks_parity_on_the_rows_it_is_given(tmp_path, capsys):
     from cloud_aggregator.cli import main
-    from cloud_aggregator.rounds import RoundRecord
-    from cloud_aggregator.store import SqliteStore
+    from cloud_aggregator.rounds.engine import RoundRecord
+    from cloud_aggregator.store.sqlite import SqliteStore
     from export.keys import generate_keypair
     from trainer_lite.task import TaskSpec
 
@@ -252,8 +252,8 @@ def test_the_readmes_weld_task_exports_its_shared_layers_within_a_settable_toler
     fc0 relu0` example: float32 parity at the outputs' scale passes by default (an absolute 1e-5 once
     failed it at 2.48e-5); `--parity-tolerance` tightens it, and a miss is one line and exit 1."""
     from cloud_aggregator.cli import main
-    from cloud_aggregator.rounds import RoundRecord
-    from cloud_aggregator.store import SqliteStore
+    from cloud_aggregator.rounds.engine import RoundRecord
+    from cloud_aggregator.store.sqlite import SqliteStore
     from trainer_lite.task import TaskSpec
 
     args = {"sizes": [624, 175, 125, 50, 4], "init": "kaiming"}

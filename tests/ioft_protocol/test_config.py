@@ -73,7 +73,7 @@ def test_a_task_names_its_feature_schema():
 
 # -- [admission] ----------------------------------------------------------------------------------
 def test_admission_table_becomes_the_fleets_admission_policy(tmp_path):
-    from cloud_aggregator.admission import AdmissionPolicy
+    from cloud_aggregator.rounds.admission import AdmissionPolicy
 
     cfg = tmp_path / "agg.toml"
     cfg.write_text(
@@ -115,7 +115,7 @@ def test_admission_table_is_validated(table, message):
 
 def test_serve_hands_the_admission_policy_to_the_fleet(tmp_path, monkeypatch):
     """``serve`` builds ``MqttFleet`` with the configured policy (it used the defaults before)."""
-    from cloud_aggregator import server
+    from cloud_aggregator.serve import server
 
     seen = {}
 

@@ -132,8 +132,8 @@ DEVICE_SIDE = """
 import json, sys
 import edge.daemon, edge.models, edge.onnx_model, ioft_protocol.manifest
 import export.keys, export.package, export.quantize, export.runtime, export.cli
-import cloud_aggregator.push, cloud_aggregator.fleet_status, cloud_aggregator.cli, cloud_aggregator.backbones.cli
-import cloud_aggregator.backbones.data
+import cloud_aggregator.models.push, cloud_aggregator.console.fleet_status, cloud_aggregator.cli, cloud_aggregator.models.backbones.cli
+import cloud_aggregator.models.backbones.data
 print(json.dumps(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))))
 """
 

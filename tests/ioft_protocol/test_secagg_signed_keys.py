@@ -15,8 +15,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from cloud_aggregator.fleet_ca import FleetCA
-from cloud_aggregator.fleet_layout import RESERVED
+from cloud_aggregator.fleet.ca import FleetCA
+from cloud_aggregator.fleet.layout import RESERVED
 from ioft_protocol.secagg import ClientSecAgg, SecAggConfig, SecAggRefusedError, ServerSecAgg, crypto
 from ioft_protocol.secagg.identity import NOT_DEVICES, FleetTrust, KeyBindingError, KeySigner, binding
 from ioft_protocol.secagg.messages import AdvertiseKeys, Inbox, NeighbourKeys, Setup

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import pflda_printers as printers
 from benchmarks import pflda_sine as sine
-from cloud_aggregator.simulation import ClientData, SimulatedFleet, simulate
+from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet, simulate
 from trainer_lite.algorithms.base import loss_and_grads
 from trainer_lite.data import Dataset
 from trainer_lite.losses import mse

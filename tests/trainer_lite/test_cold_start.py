@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cloud_aggregator.simulation import ClientData, Simulation
+from cloud_aggregator.rounds.simulation import ClientData, Simulation
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.base import algorithm_state
 from trainer_lite.client import LAST_ROUND, ROUNDS_TAKEN, initial_local, own_round, participate

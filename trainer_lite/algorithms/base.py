@@ -190,7 +190,7 @@ class ClientAlgorithm(ABC):
         The algorithm's key in a task spec (``TaskSpec.algorithm``).
     server
         The key of the server strategy that aggregates this algorithm's uploads
-        (``cloud_aggregator.strategies``), e.g. ``"fedavg"``.  Every registered
+        (``cloud_aggregator.aggregation.strategies``), e.g. ``"fedavg"``.  Every registered
         class names its own, even where a parent class already does.
     config_cls
         The dataclass that validates ``TaskSpec.hparams``.
@@ -388,7 +388,7 @@ def register_client(cls: type[ClientAlgorithm]) -> type[ClientAlgorithm]:
     if not isinstance(cls.__dict__.get("server"), str):
         raise TypeError(
             f"{cls.__name__} must name its server strategy in its class body, "
-            f'e.g. server = "fedavg" (cloud_aggregator.strategies)'
+            f'e.g. server = "fedavg" (cloud_aggregator.aggregation.strategies)'
         )
     _CLIENTS[cls.name] = cls
     return cls

@@ -3,7 +3,7 @@
 Metrics: ``train_loss`` is the mean minibatch loss over the local steps;
 ``train_loss_start`` is the downlinked global model's loss on all of the device's
 training rows, before any local step -- ``F_i(w)`` at the round's ``w``, which
-group-fair weightings (:class:`cloud_aggregator.weighting.GifairWeighting`) rank by.
+group-fair weightings (:class:`cloud_aggregator.aggregation.weighting.GifairWeighting`) rank by.
 """
 
 from __future__ import annotations

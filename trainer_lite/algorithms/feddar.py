@@ -36,7 +36,7 @@ has a bias and parameters flattened as ``weight.ravel()`` then ``bias``.  A
 domain with fewer samples than head parameters gives a singular local Hessian;
 that is safe because the server solves the *pooled* system on the range of
 ``Σ_i L_{i,m} H_{i,m}`` and keeps the previous head along any direction no
-client's data reaches (:mod:`cloud_aggregator.aggregate_second_order`).  A
+client's data reaches (:mod:`cloud_aggregator.aggregation.second_order`).  A
 domain a client lacks is skipped (count 0, zero Hessian): it weighs nothing.
 
 :mod:`trainer_lite.algorithms.feddar_linear` is Algorithm 2 (the linear case

@@ -3,7 +3,7 @@
 The model is ``xᵀ B w_m`` (``linear_rep``: a bias-free ``Linear`` encoder ``B`` and
 bias-free ``Linear`` heads ``w_m``), the phases are FedDAR's, and the encoder
 step and the head solve happen at the server
-(:class:`cloud_aggregator.strategies.feddar.FedDARLinear`):
+(:class:`cloud_aggregator.aggregation.strategies.feddar.FedDARLinear`):
 
 ``"heads"``
     Upload, for every domain, ``stats.<m>.gram = Bᵀ X_mᵀ X_m B`` ``(k, k)`` and

@@ -2,7 +2,7 @@
 
 The device keeps a personal model θ_k (local state ``personal.*``) and receives from
 the server its own *auxiliary* model θ̂_k, the propagated mix of similar devices'
-models (a per-device downlink; :mod:`cloud_aggregator.strategies.fedpp`).  Each
+models (a per-device downlink; :mod:`cloud_aggregator.aggregation.strategies.fedpp`).  Each
 round it solves the client step of the FEDORA objective (the slides' "Step 1"):
 
     min_θk  (1/n_k) Σ_i ℓ(x_i, y_i; θ_k) + λ_k ‖θ_k − θ̂_k‖²

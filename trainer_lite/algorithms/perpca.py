@@ -20,7 +20,7 @@ One round on a device (the talk's "Personalized PCA: Algorithm"):
 3. upload the ``U`` block; keep the ``V`` block.
 
 The server averages the uploaded ``U_i`` and retracts (``U ← polar(mean U_i)``,
-:mod:`cloud_aggregator.strategies.perpca`).  The authors' code
+:mod:`cloud_aggregator.aggregation.strategies.perpca`).  The authors' code
 (github.com/soundsinteresting/perpca, ``algs.py``) takes one step per round with
 the unprojected gradient; the default here (``local_steps=1``) matches the count,
 and the projection follows the talk's eq. (6).

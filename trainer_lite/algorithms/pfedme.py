@@ -6,7 +6,7 @@ problem ``θ ≈ argmin F_i(θ) + λ/2·‖θ − w_i‖²`` approximately with
 moves the device's copy of the global model toward it,
 ``w_i ← w_i − η·λ·(w_i − θ)`` with ``η = lr``.  The device uploads ``w_i`` and
 keeps ``θ`` (``personal.*``) to predict with; the server mixes with β
-(``cloud_aggregator.strategies.pfedme``).
+(``cloud_aggregator.aggregation.strategies.pfedme``).
 
 As in the reference code, θ starts each round from the global model and the
 inner solver's state lasts for the round; ``optimizer="sgd"`` (the default)

@@ -5,7 +5,7 @@ a device trains domain ``m``'s copy for ``local_steps`` steps on its own
 domain-``m`` samples only (a fresh optimizer per domain), and uploads every copy
 (an absent domain's unchanged) plus ``domain_counts`` (``L_{i,m}``, shape
 ``(M,)``); the server averages each copy over the devices weighted by their
-counts (:mod:`cloud_aggregator.strategies.separate`).  The device predicts each
+counts (:mod:`cloud_aggregator.aggregation.strategies.separate`).  The device predicts each
 sample with its domain's model; it keeps nothing between rounds.
 """
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from cloud_aggregator.simulation import ClientData, SimulatedFleet, simulate
+from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet, simulate
 from trainer_lite.data import Dataset
 from trainer_lite.task import TaskSpec
 
@@ -47,7 +47,7 @@ def test_global_is_the_sample_weighted_mean_of_the_participants():
         return ups
 
     fleet.collect = spy
-    from cloud_aggregator.rounds import RoundEngine
+    from cloud_aggregator.rounds.engine import RoundEngine
 
     final = RoundEngine(spec, fleet).run()
     ups = seen["ups"]

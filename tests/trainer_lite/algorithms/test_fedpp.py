@@ -8,10 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from cloud_aggregator.rounds import CollectRequest, MemoryStore, RoundEngine
-from cloud_aggregator.simulation import ClientData, SimulatedFleet
-from cloud_aggregator.strategies import Update, make_strategy
-from cloud_aggregator.strategies.fedpp import (
+from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies.fedpp import (
     orthonormalize,
     principal_cosines,
     propagate,
@@ -20,6 +18,8 @@ from cloud_aggregator.strategies.fedpp import (
     top_k,
     transition,
 )
+from cloud_aggregator.rounds.engine import CollectRequest, MemoryStore, RoundEngine
+from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.base import run_local_steps
 from trainer_lite.algorithms.fedpp import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cloud_aggregator.simulation import ClientData, simulate
+from cloud_aggregator.rounds.simulation import ClientData, simulate
 from trainer_lite.algorithms import make_client
 from trainer_lite.data import Dataset
 from trainer_lite.task import TaskSpec

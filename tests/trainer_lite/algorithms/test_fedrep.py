@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloud_aggregator.simulation import ClientData, simulate
-from cloud_aggregator.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.rounds.simulation import ClientData, simulate
 from tests.budget import examples
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.base import loss_and_grads

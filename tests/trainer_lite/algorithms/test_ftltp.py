@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from cloud_aggregator.admission import Admission, Reason, check_tensors
-from cloud_aggregator.rounds import CollectRequest, RoundEngine
-from cloud_aggregator.simulation import ClientData, SimulatedFleet, simulate
-from cloud_aggregator.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.rounds.admission import Admission, Reason, check_tensors
+from cloud_aggregator.rounds.engine import CollectRequest, RoundEngine
+from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet, simulate
 from ioft_protocol.round_messages import UpdateMessage
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.base import algorithm_state, get_loss

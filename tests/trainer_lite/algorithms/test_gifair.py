@@ -7,9 +7,9 @@ import logging
 import numpy as np
 import pytest
 
-from cloud_aggregator.simulation import ClientData, simulate
-from cloud_aggregator.strategies import Update, make_strategy
-from cloud_aggregator.weighting import GifairWeighting, get_weighting
+from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.weighting import GifairWeighting, get_weighting
+from cloud_aggregator.rounds.simulation import ClientData, simulate
 from trainer_lite.data import Dataset
 from trainer_lite.task import TaskSpec
 
@@ -103,7 +103,7 @@ def test_registry_and_errors_name_what_is_wrong():
 
 def test_negative_weights_are_clipped_with_a_warning(caplog):
     weigh = get_weighting("gifair", {"lam": 0.5, "groups": GROUPS})
-    with caplog.at_level(logging.WARNING, logger="cloud_aggregator.weighting"):
+    with caplog.at_level(logging.WARNING, logger="cloud_aggregator.aggregation.weighting"):
         w = weigh(_updates({"d1": 1.0, "d2": 3.0, "d3": 5.0, "d4": 0.5}), 1)
     # d4: 0.4 − 0.5·2 < 0 → 0; d3: 0.2 + 0.5·2 = 1.2.
     np.testing.assert_allclose(w, [0.1, 0.3, 1.2, 0.0])
@@ -209,8 +209,8 @@ def test_gifair_over_mqtt_matches_the_in_process_simulation_and_stores_its_state
     """Devices report train_loss_start over the wire; the aggregator reweights and persists the group losses."""
     import json
 
-    from cloud_aggregator.local_fleet import aggregator_toml
-    from cloud_aggregator.store import SqliteStore
+    from cloud_aggregator.local.fleet import aggregator_toml
+    from cloud_aggregator.store.sqlite import SqliteStore
     from edge.dataset import save_dataset
     from trainer_lite.params import param_hash
 

@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from cloud_aggregator.simulation import ClientData, simulate
-from cloud_aggregator.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.rounds.simulation import ClientData, simulate
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.perpca import (
     correct_local,
@@ -223,8 +223,8 @@ def test_over_mqtt_matches_the_in_process_simulation(fleet_procs):
     """The same client and strategy between processes over mosquitto: the same U, bit for bit."""
     import json
 
-    from cloud_aggregator.local_fleet import aggregator_toml
-    from cloud_aggregator.store import SqliteStore
+    from cloud_aggregator.local.fleet import aggregator_toml
+    from cloud_aggregator.store.sqlite import SqliteStore
     from edge.dataset import save_dataset
     from trainer_lite.params import param_hash
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cloud_aggregator.simulation import ClientData, mean_test_loss, simulate
+from cloud_aggregator.rounds.simulation import ClientData, mean_test_loss, simulate
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.base import loss_and_grads
 from trainer_lite.algorithms.pflda import PERSONAL, centered_loss_and_grads

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cloud_aggregator.strategies import make_strategy
-from cloud_aggregator.strategies.base import strategy_class
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.aggregation.strategies.base import strategy_class
 from trainer_lite.algorithms.base import ClientAlgorithm, algorithm_names, client_class, register_client
 from trainer_lite.algorithms.fedavg import FedAvgClient
 from trainer_lite.data import Dataset

@@ -1,0 +1,217 @@
+"""The shape of one package: its modules, its import cycles, how many layers deep its imports go,
+and the modules one upload passes through in ``MqttFleet.collect``.
+
+``python -m benchmarks.structure [PACKAGE]`` (default ``cloud_aggregator``) prints
+
+- ``modules``: the package's modules (every ``.py`` file, ``__init__`` included);
+- ``cycles``: groups of modules that import each other in a loop (strongly connected components
+  of the import graph, ``if TYPE_CHECKING:`` and function-level imports included: a loop held open
+  by either is still a loop), each listed;
+- ``layers``: the longest chain of imports inside the package (a cycle counts as one layer);
+- ``upload``: for ``cloud_aggregator``, the project modules one upload's handling runs through in
+  ``MqttFleet.collect`` (a traced run with an in-memory session, no broker), in order, and how
+  often it comes back to a module it already left; one accepted upload and one refused upload.
+
+The graph is import-linter's own (grimp), so the figures agree with ``lint-imports``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import grimp
+
+PROJECT = ("cloud_aggregator", "ioft_protocol", "trainer_lite")
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """``module -> the modules of the package it imports``."""
+    graph = grimp.build_graph(package, include_external_packages=False, cache_dir=None)
+    modules = graph.find_descendants(package) | {package}
+    return {m: graph.find_modules_directly_imported_by(m) & modules for m in modules}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    component.append(m)
+                    if m == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def layers(graph: dict[str, set[str]], loops: list[list[str]]) -> int:
+    """The longest chain of imports, each cycle taken as one module."""
+    group = {m: m for m in graph}
+    for loop in loops:
+        for m in loop:
+            group[m] = loop[0]
+    edges: dict[str, set[str]] = {g: set() for g in group.values()}
+    for m, targets in graph.items():
+        edges[group[m]] |= {group[t] for t in targets if group[t] != group[m]}
+    depth: dict[str, int] = {}
+
+    def walk(node: str) -> int:
+        if node not in depth:
+            depth[node] = 0  # a placeholder: the condensed graph has no loop
+            depth[node] = 1 + max((walk(t) for t in edges[node]), default=0)
+        return depth[node]
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    return max((walk(n) for n in edges), default=0)
+
+
+def traced_modules(run: Callable[[], object]) -> list[str]:
+    """The project modules ``run`` executes in, in order (a module repeated only after another)."""
+    seen: list[str] = []
+
+    def note(frame) -> None:
+        name = frame.f_globals.get("__name__", "") if frame is not None else ""
+        if name.split(".")[0] in PROJECT and (not seen or seen[-1] != name):
+            seen.append(name)
+
+    def profile(frame, event, arg) -> None:
+        if event == "call":
+            note(frame)
+        elif event == "return":
+            note(frame.f_back)
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def upload_paths() -> dict[str, list[str]]:
+    """One accepted and one refused upload through ``MqttFleet.collect``: the modules each runs through."""
+    import numpy as np
+
+    from cloud_aggregator.rounds.engine import CollectRequest
+    from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
+    from cloud_aggregator.store.sqlite import SqliteStore
+    from ioft_protocol import codec, round_messages, topics
+    from ioft_protocol.mqtt import Message
+    from trainer_lite.params import param_hash
+    from trainer_lite.task import TaskSpec
+
+    class Session:
+        """Just enough of ``MqttSession``: queued uplinks come back from ``get``."""
+
+        def __init__(self) -> None:
+            self.queue: deque[Message] = deque()
+            self.on_connect_hooks: list = []
+
+        def subscribe(self, topic: str, qos: int = 1) -> None:
+            pass
+
+        def publish(self, topic, payload, retain=False, timeout=None) -> None:
+            pass
+
+        def get(self, timeout):
+            return self.queue.popleft() if self.queue else None
+
+    g = {"w": np.linspace(-1, 1, 8, dtype=np.float32), "b": np.zeros(1, np.float32)}
+    spec = TaskSpec("t", "fedavg", "sigmoid_glm", rounds=3)
+    paths: dict[str, list[str]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SqliteStore(Path(tmp) / "agg")
+        session = Session()
+        fleet = MqttFleet(
+            session, "f", CollectPolicy(deadline_s=0.2, expected=("d0",), max_extensions=0), store
+        )
+        request = CollectRequest(
+            spec=spec,
+            round=1,
+            phase="train",
+            global_params=g,
+            global_hash=param_hash(g),
+            downlinks={},
+            expected={n: codec.TensorSpec(tuple(v.shape), v.dtype.name) for n, v in g.items()},
+        )
+        handle = fleet.handle
+        fleet.holdouts["t"] = ("d1",)
+        cases = (("accepted", "d0", 1), ("refused by admission (a stale round)", "d0", 0))
+        for case, device, round_ in (*cases, ("refused as held out", "d1", 1)):
+            up = round_messages.UpdateMessage(
+                "f", "t", device, round_, "train", 10, request.global_hash, {}, g
+            )
+            session.queue.append(Message(topics.topic_up("f", "t", device), up.encode(), False))
+            fleet.handle = lambda *a, case=case, **k: paths.setdefault(
+                case, traced_modules(lambda: handle(*a, **k))
+            )
+            fleet.collect(request)
+        store.close()
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.structure", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("package", nargs="?", default="cloud_aggregator")
+    args = parser.parse_args(argv)
+    logging.disable(logging.WARNING)  # the traced rounds' own log lines
+    graph = import_graph(args.package)
+    loops = cycles(graph)
+    print(f"{args.package}: {len(graph)} modules, {len(loops)} import cycles, {layers(graph, loops)} layers")
+    for loop in loops:
+        print("  cycle: " + " <-> ".join(loop))
+    if args.package == "cloud_aggregator":
+        for case, path in upload_paths().items():
+            inside = [m for m in path if m.startswith("cloud_aggregator")]
+            inside = [m for i, m in enumerate(inside) if i == 0 or inside[i - 1] != m]
+            print(
+                f"one upload, {case}: {len(set(inside))} cloud_aggregator modules, "
+                f"{len(inside) - len(set(inside))} returns to one already left"
+                f" ({len(set(path))} project modules, {len(path) - len(set(path))} returns)"
+            )
+            print("  " + " > ".join(m.removeprefix("cloud_aggregator.") for m in inside))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,189 @@
+"""Streaming aggregation: each admitted upload folded into a running weighted sum as it arrives.
+
+A mean-family strategy (:meth:`cloud_aggregator.aggregation.strategies.Strategy.fold`) hands the round a
+:class:`RoundFold`; admission folds every admitted upload into it and keeps only the device's
+sample count and metrics, so the aggregator holds O(P) numbers per round, flat in the number of
+devices N.  Strategies that need every upload at once (median, trimmed mean, Krum, FedDAR-SA,
+FedPP, PerPCA, DP means) return no fold and keep the whole round, O(N × P).
+
+What "identical" means when arrival order changes
+    The sum is kept in float64 with Knuth's TwoSum compensation: a second float64 array holds
+    the rounding error of every addition, so the pair carries ~106 bits and the order of
+    additions changes it only by about N × 2⁻¹⁰⁶ relative.  The mean is ``(sum + err) / W``
+    rounded once to float64, then cast to the tensor's dtype.  For float32 tensors with integer
+    weights below 2²⁹ (sample counts, or 1) every product ``w × θ`` is exact in float64, so two
+    orders give bit-identical float32 results unless the exact mean lies within ~N × 2⁻⁵³ of a
+    float32 rounding boundary and ~N × 2⁻¹⁰⁶ of a float64 one at once (odds ~N² × 2⁻¹³⁰ per
+    coordinate: never observed, and not claimed impossible).  The same arrival order gives the
+    same bits, always: a checkpoint stores both arrays exactly (:meth:`StreamingMean.state`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ioft_protocol.state import decode_arrays, encode_arrays
+from trainer_lite.params import Params
+
+if TYPE_CHECKING:  # annotation only: strategies import this module
+    from cloud_aggregator.aggregation.strategies.base import Update
+
+_SUM, _ERR = "sum.", "err."
+
+
+def _two_sum(s: np.ndarray, x: np.ndarray, err: np.ndarray) -> None:
+    """``s += x`` in place, adding the addition's exact rounding error to ``err`` (Knuth's TwoSum)."""
+    x = np.broadcast_to(x, s.shape).astype(np.float64)  # a copy: _two_sum_into overwrites it
+    _two_sum_into(s, x, err, np.empty_like(s), np.empty_like(s))
+
+
+def _two_sum_into(s: np.ndarray, x: np.ndarray, err: np.ndarray, total: np.ndarray, back: np.ndarray) -> None:
+    """:func:`_two_sum` with no temporary array: ``x`` (the caller's scratch), ``total`` and ``back``
+    are overwritten.  ``err += (s - (total - back)) + (x - back)``, operation by operation."""
+    np.add(s, x, out=total)
+    np.subtract(total, s, out=back)
+    np.subtract(x, back, out=x)  # x - back
+    np.subtract(total, back, out=back)
+    np.subtract(s, back, out=back)  # s - (total - back)
+    back += x
+    err += back
+    s[...] = total
+
+
+class StreamingMean:
+    """``Σ w_i θ_i / Σ w_i`` folded one upload at a time: memory O(P), not O(N × P).
+
+    See the module docstring for what order changes (and does not change) in the result.
+    """
+
+    def __init__(self) -> None:
+        self._sum: dict[str, np.ndarray] = {}
+        self._err: dict[str, np.ndarray] = {}
+        self._dtypes: dict[str, str] = {}
+        self._weight = np.zeros(1)  # TwoSum pairs too: the total weight is a sum of its own
+        self._weight_err = np.zeros(1)
+        self.count = 0
+        self._scratch: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # 3 × P float64, reused
+
+    @property
+    def total_weight(self) -> float:
+        return float(self._weight[0] + self._weight_err[0])
+
+    def add(self, params: Mapping[str, np.ndarray], weight: float) -> None:
+        """Fold ``weight × params`` in; raises ``ValueError`` naming a bad weight, name or shape."""
+        if not np.isfinite(weight) or weight < 0:
+            raise ValueError(f"weight must be finite and >= 0, got {weight}")
+        if self.count and sorted(params) != sorted(self._sum):
+            raise ValueError(f"update names {sorted(params)} differ from {sorted(self._sum)}")
+        for n, v in params.items():
+            v = np.asarray(v)
+            if n not in self._sum:
+                self._sum[n] = np.zeros(v.shape, dtype=np.float64)
+                self._err[n] = np.zeros(v.shape, dtype=np.float64)
+                self._dtypes[n] = v.dtype.name
+            elif self._sum[n].shape != v.shape:
+                raise ValueError(f"{n!r} has shape {v.shape}, expected {self._sum[n].shape}")
+        for n, v in params.items():  # all checked first: a refused upload leaves the sum as it was
+            scratch = self._scratch.get(n)
+            if scratch is None:
+                scratch = self._scratch[n] = tuple(np.empty_like(self._sum[n]) for _ in range(3))
+            x, total, back = scratch
+            np.multiply(v, float(weight), out=x, dtype=np.float64)  # weight × θ in float64, as before
+            _two_sum_into(self._sum[n], x, self._err[n], total, back)
+        _two_sum(self._weight, np.array([float(weight)]), self._weight_err)
+        self.count += 1
+
+    def result(self) -> Params:
+        if self.count == 0:
+            raise ValueError("nothing to aggregate: no updates")
+        w = self.total_weight
+        if w <= 0:
+            raise ValueError("total weight is zero")
+        return {n: ((s + self._err[n]) / w).astype(self._dtypes[n]) for n, s in self._sum.items()}
+
+    def merge(self, other: StreamingMean) -> None:
+        """Add another partial mean's sums in (an aggregator worker's, ``cloud_aggregator.serve.workers``).
+
+        The sums add by TwoSum and their error terms add, so the pair keeps ~106 bits: a mean
+        merged from partials differs from one folded upload by upload only as another order of
+        additions does (see the module docstring).
+        """
+        if other.count == 0:
+            return
+        if self.count and sorted(other._sum) != sorted(self._sum):
+            raise ValueError(f"partial names {sorted(other._sum)} differ from {sorted(self._sum)}")
+        for n, s in other._sum.items():
+            if n not in self._sum:
+                self._sum[n] = np.zeros(s.shape, dtype=np.float64)
+                self._err[n] = np.zeros(s.shape, dtype=np.float64)
+                self._dtypes[n] = other._dtypes[n]
+            elif self._sum[n].shape != s.shape:
+                raise ValueError(f"{n!r} has shape {s.shape}, expected {self._sum[n].shape}")
+        for n, s in other._sum.items():
+            _two_sum(self._sum[n], s, self._err[n])
+            self._err[n] += other._err[n]
+        _two_sum(self._weight, other._weight, self._weight_err)
+        self._weight_err += other._weight_err
+        self.count += other.count
+
+    # -- checkpoints ------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """``(arrays, meta)`` that :meth:`from_state` restores bit for bit."""
+        arrays = {_SUM + n: s for n, s in self._sum.items()} | {_ERR + n: e for n, e in self._err.items()}
+        arrays[_SUM] = self._weight
+        arrays[_ERR] = self._weight_err
+        return arrays, {"count": self.count, "dtypes": dict(self._dtypes)}
+
+    @classmethod
+    def from_state(cls, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> StreamingMean:
+        out = cls()
+        out.count = int(meta["count"])
+        out._dtypes = dict(meta["dtypes"])
+        for n in out._dtypes:
+            out._sum[n] = np.array(arrays[_SUM + n], dtype=np.float64)
+            out._err[n] = np.array(arrays[_ERR + n], dtype=np.float64)
+        out._weight = np.array(arrays[_SUM], dtype=np.float64)
+        out._weight_err = np.array(arrays[_ERR], dtype=np.float64)
+        return out
+
+    def nbytes(self) -> int:
+        """Bytes the running sums hold (twice P float64s): the aggregator's per-round model memory."""
+        return sum(a.nbytes for a in self._sum.values()) + sum(a.nbytes for a in self._err.values())
+
+
+class RoundFold:
+    """One round's fold: the strategy's per-upload weight and the running mean.
+
+    ``devices`` lists who was folded in (so a restart refuses their re-sends as replays);
+    ``pending`` those folded since the last checkpoint (:meth:`checkpointed` clears it).
+    """
+
+    def __init__(self, weight: Callable[[Update], float]) -> None:
+        self.weight = weight
+        self.mean = StreamingMean()
+        self.devices: set[str] = set()
+        self.pending: dict[str, tuple[int, dict[str, float]]] = {}
+
+    def add(self, update: Update) -> None:
+        """Fold ``update`` in; raises ``ValueError`` for a device folded already or a bad upload."""
+        if update.device in self.devices:
+            raise ValueError(f"{update.device!r} is folded into this round already")
+        self.mean.add(update.params, float(self.weight(update)))
+        self.devices.add(update.device)
+        self.pending[update.device] = (update.n_samples, dict(update.metrics))
+
+    def checkpoint(self) -> bytes:
+        """The running sums, exactly, as bytes (``ioft_protocol.state.encode_arrays``); clears ``pending``."""
+        arrays, meta = self.mean.state()
+        self.pending = {}
+        return encode_arrays(arrays, meta)
+
+    def restore(self, state: bytes, devices: Iterable[str]) -> None:
+        """Continue from a :meth:`checkpoint` that had folded ``devices``."""
+        arrays, meta = decode_arrays(state)
+        self.mean = StreamingMean.from_state(arrays, meta)
+        self.devices = set(devices)
+        self.pending = {}

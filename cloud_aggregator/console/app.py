@@ -1,0 +1,160 @@
+"""The console's web app (Starlette): the page, its live feed (server-sent events) and ``/metrics``.
+
+Routes: ``/`` the page and ``/console.js`` its script (no third-party code: the plots
+are SVG drawn by that script); ``/api/view`` the fleet as JSON; ``/events`` the same JSON
+again whenever the store or a status changes (``text/event-stream``); ``/metrics``
+Prometheus's text format (:class:`cloud_aggregator.console.metrics.FleetCollector`).
+
+With a token every route wants it: ``Authorization: Bearer <token>`` (Prometheus,
+scripts), or the cookie that opening ``/?token=<token>`` once sets (a browser).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+from collections.abc import AsyncIterator, Sequence
+from importlib import resources
+from typing import Any
+
+import anyio
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from cloud_aggregator.console.feed import ViewSource
+from cloud_aggregator.console.metrics import FleetCollector
+
+COOKIE = "ioft_console"
+#: Host headers a console on loopback answers (its own bind address is added).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+#: Seconds between keep-alive comments on a quiet event stream (proxies drop silent ones).
+KEEPALIVE_S = 15.0
+
+
+def _page(name: str) -> str:
+    return resources.files("cloud_aggregator.console").joinpath("page", name).read_text(encoding="utf-8")
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with non-finite floats as ``None`` (JSON has no NaN; the browser's parser refuses it)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+class TokenGate:
+    """Let a request through only with the token (header, cookie, or ``?token=`` on the page)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    def _ok(self, given: str | None) -> bool:
+        return given is not None and hmac.compare_digest(given.encode(), self.token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        auth = request.headers.get("authorization", "")
+        bearer = auth[7:] if auth.lower().startswith("bearer ") else None
+        if self._ok(bearer) or self._ok(request.cookies.get(COOKIE)):
+            await self.app(scope, receive, send)
+            return
+        if self._ok(request.query_params.get("token")):
+            # Keep the token out of the address bar, history and Referer: a cookie from now on.
+            response: Response = RedirectResponse(request.url.path, status_code=303)
+            response.set_cookie(COOKIE, self.token.decode(), httponly=True, samesite="strict")
+        else:
+            response = PlainTextResponse(
+                "this console needs its token: open the URL `cloud-aggregator console` printed "
+                "(…/?token=…), or send Authorization: Bearer <token>\n",
+                status_code=401,
+            )
+        await response(scope, receive, send)
+
+
+def build_app(
+    source: ViewSource,
+    *,
+    token: str | None = None,
+    hosts: Sequence[str] | None = LOOPBACK_HOSTS,
+    refresh_s: float = 1.0,
+) -> Starlette:
+    """The console app over ``source``.
+
+    Parameters
+    ----------
+    source
+        Where the fleet's view comes from (store and statuses).
+    token
+        Required on every request when given.
+    hosts
+        The Host headers served (on loopback: a page of another site cannot reach the console
+        by DNS rebinding); ``None``: any (off loopback, where the token guards it).
+    refresh_s
+        How often ``/events`` checks for a change.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FleetCollector(source.view))
+
+    async def page(request: Request) -> Response:
+        return Response(_page("index.html"), media_type="text/html; charset=utf-8")
+
+    async def script(request: Request) -> Response:
+        return Response(_page("console.js"), media_type="text/javascript; charset=utf-8")
+
+    async def view(request: Request) -> Response:
+        data = await anyio.to_thread.run_sync(lambda: source.view().to_json())
+        return JSONResponse(_finite(data))
+
+    async def metrics(request: Request) -> Response:
+        body = await anyio.to_thread.run_sync(generate_latest, registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    async def events(request: Request) -> Response:
+        async def stream() -> AsyncIterator[str]:
+            last: tuple | None = None
+            quiet = 0.0
+            while True:
+                version = source.version()
+                if version != last:
+                    last = version
+                    data = await anyio.to_thread.run_sync(lambda: source.view().to_json())
+                    yield f"event: view\ndata: {json.dumps(_finite(data), allow_nan=False)}\n\n"
+                    quiet = 0.0
+                elif quiet >= KEEPALIVE_S:
+                    yield ": keep-alive\n\n"
+                    quiet = 0.0
+                await anyio.sleep(refresh_s)
+                quiet += refresh_s
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+    middleware = []
+    if hosts is not None:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts)))
+    if token is not None:
+        middleware.append(Middleware(TokenGate, token=token))
+    routes = [
+        Route("/", page),
+        Route("/console.js", script),
+        Route("/api/view", view),
+        Route("/events", events),
+        Route("/metrics", metrics),
+    ]
+    return Starlette(routes=routes, middleware=middleware)

@@ -1,0 +1,203 @@
+"""Start an MQTT broker for a demo or a test: mosquitto when installed, else amqtt.
+
+Both are real brokers speaking MQTT over TCP on loopback; nothing here is an
+in-memory queue.  mosquitto runs with a generated loopback-only, anonymous config,
+or with a fleet's TLS config from ``cloud-aggregator fleet init`` (``tls=True``);
+amqtt runs in a child Python process (``python -m cloud_aggregator.local.broker --amqtt PORT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_mosquitto() -> str | None:
+    """The mosquitto binary on PATH or in Debian's /usr/sbin."""
+    return shutil.which("mosquitto") or next(
+        (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.access(p, os.X_OK)), None
+    )
+
+
+def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"broker exited with code {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"broker did not listen on 127.0.0.1:{port} within {timeout} s")
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM unwind the main thread like Ctrl-C (``KeyboardInterrupt``).
+
+    A process that starts a broker and children stops them in ``finally``; the default
+    SIGTERM action (a service manager, ``timeout``) ends it without running ``finally``
+    and leaves them behind.
+    """
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def _raise_interrupt(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@dataclass
+class BrokerProcess:
+    """A running broker child process."""
+
+    kind: str
+    port: int
+    proc: subprocess.Popen
+    config: Path | None = None
+    owns_config: bool = False
+    tls: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"{'mqtts' if self.tls else 'mqtt'}://127.0.0.1:{self.port}"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.owns_config and self.config is not None:
+            self.config.unlink(missing_ok=True)
+
+    def kill(self) -> None:
+        """Stop abruptly, as a crashing broker would."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+LOOPBACK_CONF = """# ioft: a local broker for a demo or a test
+listener {port} 127.0.0.1
+allow_anonymous true
+set_tcp_nodelay true
+persistence false
+"""
+
+
+def start_mosquitto(
+    port: int | None = None,
+    *,
+    config: Path | None = None,
+    log_file: Path | None = None,
+    tls: bool = False,
+    as_invoker: bool = False,
+) -> BrokerProcess:
+    """mosquitto on 127.0.0.1 and ``port`` (anonymous, loopback only), or with the given ``config``
+    (which must listen on ``port``; ``tls``: its listener speaks TLS, so ``url`` says ``mqtts://``).
+
+    ``as_invoker``: keep running as the current user.  Started as root, mosquitto drops to
+    the ``mosquitto`` user before reading keys, password file and ACL, which then fail to
+    open from a private (0700) temp folder; a test runs it with a copy of ``config`` that
+    names the current user instead (no effect when not root).
+
+    ``set_tcp_nodelay``: rounds are small request/response exchanges, and Nagle's
+    algorithm against delayed ACKs would add ~40 ms to every hop.
+    """
+    binary = find_mosquitto()
+    if binary is None:
+        raise FileNotFoundError("mosquitto not found; install it (apt-get install mosquitto) or use amqtt")
+    if config is not None and port is None:
+        raise ValueError("start_mosquitto(config=...) needs the port that config listens on")
+    port = port or free_port()
+    owns_config = config is None or as_invoker
+    if config is not None and as_invoker:
+        fd, name = tempfile.mkstemp(prefix="ioft-mosquitto-", suffix=".conf")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"user {pwd.getpwuid(os.geteuid()).pw_name}\n" + config.read_text())
+        config = Path(name)
+    elif config is None:
+        fd, name = tempfile.mkstemp(prefix="ioft-mosquitto-", suffix=".conf")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(LOOPBACK_CONF.format(port=port))
+        config = Path(name)
+    args = [binary, "-c", str(config)]
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 (closed with the process)
+    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for_port(port, 10.0, proc)
+    return BrokerProcess("mosquitto", port, proc, config, owns_config, tls)
+
+
+def start_amqtt(port: int | None = None, *, log_file: Path | None = None) -> BrokerProcess:
+    """amqtt (MQTT 3.1.1, pure Python) in a child process on 127.0.0.1."""
+    port = port or free_port()
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cloud_aggregator.local.broker", "--amqtt", str(port)],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    wait_for_port(port, 20.0, proc)
+    return BrokerProcess("amqtt", port, proc)
+
+
+def start_embedded(
+    port: int | None = None, *, prefer: str = "mosquitto", log_file: Path | None = None
+) -> BrokerProcess:
+    """mosquitto if its binary is present (and preferred), else amqtt."""
+    if prefer == "mosquitto" and find_mosquitto():
+        return start_mosquitto(port, log_file=log_file)
+    return start_amqtt(port, log_file=log_file)
+
+
+def _run_amqtt(port: int) -> None:
+    # Lazy: amqtt is the optional `broker` extra, needed only where no mosquitto is installed.
+    from amqtt.broker import Broker
+
+    config = {
+        "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{port}", "max_connections": 10_000}},
+        "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+    }
+
+    async def main() -> None:
+        broker = Broker(config)
+        await broker.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await broker.shutdown()
+
+    asyncio.run(main())
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Run an embedded amqtt broker on 127.0.0.1")
+    parser.add_argument("--amqtt", type=int, required=True, metavar="PORT")
+    logging.basicConfig(level=logging.WARNING)
+    _run_amqtt(parser.parse_args().amqtt)

@@ -1,0 +1,304 @@
+"""``cloud-aggregator demo`` (``make demo``): a whole fleet on one machine.
+
+A broker (mosquitto if installed, else amqtt), ``cloud-aggregator serve`` and N
+``edge-trainer --device printerK --simulate printer`` processes, all on loopback,
+started and stopped by :class:`cloud_aggregator.local.fleet.LocalFleet`.
+The fleet trains PFL-DA with the sigmoid GLM of PFL-DA Table 4 on simulated
+printers (each has run only a few speed settings; the test split is the speeds it
+never ran), then the same devices train alone ("indiv"), and the demo prints both.
+
+Then a new printer joins the trained fleet: its ``edge-trainer`` starts, and the
+aggregator is restarted with PFL-DA's ``rounds`` raised by ``newcomer_rounds`` (the
+store resumes the task where it stopped) and an indiv task for the newcomer alone.
+The newcomer's personal model is cold-started on the device from the fleet's shared
+decoder at its first round (``trainer_lite.client.participate``); the closing table
+gives its loss 1, 5 and ``newcomer_rounds`` rounds after joining, beside indiv's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cloud_aggregator.console import cli as fleet_console
+from cloud_aggregator.local.broker import interrupt_on_sigterm
+from cloud_aggregator.local.demo_advice import print_advice
+from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml
+from cloud_aggregator.rounds.engine import RoundRecord
+from cloud_aggregator.store.sqlite import SqliteStore
+
+#: Per-device test loss in the units of PFL-DA Table 5: 50 · MSE(s / 50).
+LOSS_SCALE = 50.0
+#: Adam without weight decay: with only 4 parameters and small late gradients, Adam's L2 term
+#: (added before normalisation) dominates the step and leaves PFL-DA oscillating round to round.
+#: 30 inner steps and a decaying lr let the shared decoder settle in 200 rounds (in-process
+#: sweep over fleet seeds 0-2: the fleet mean of PFL-DA is below indiv's on each).
+HPARAMS = {"lr": 0.1, "weight_decay": 0.0, "local_steps": 30, "lr_decay": 0.95, "lr_decay_every": 5}
+#: (task name, algorithm, extra hyperparameters): PFL-DA, then the two references.
+TASKS: tuple[tuple[str, str, dict[str, float]], ...] = (
+    ("speed-pflda", "pflda", {"lam": 0.9}),
+    ("speed-indiv", "indiv", {}),
+    ("speed-fedavg", "fedavg", {}),
+)
+
+
+def demo_config(fleet: str, broker: str, state_dir: Path, devices: list[str], rounds: int) -> str:
+    """The aggregator's TOML: PFL-DA first, then the same model trained alone, then one global model."""
+    tasks = [
+        {
+            "name": name,
+            "algorithm": algorithm,
+            "model": "sigmoid_glm",
+            "rounds": rounds,
+            "seed": 0,
+            "hparams": HPARAMS | extra,
+            "server": {"weighting": "uniform"},
+        }
+        for name, algorithm, extra in TASKS
+    ]
+    return aggregator_toml(
+        broker,
+        state_dir,
+        tasks,
+        fleet=fleet,
+        deadline_s=20,
+        min_participants=max(1, len(devices) // 2),
+        expected=devices,
+        max_extensions=2,
+        startup_wait_s=60,
+        settings={"restart": True},
+    )
+
+
+#: Rounds the fleet runs after the new printer joins, and those its closing table shows.
+NEWCOMER_ROUNDS = 20
+NEWCOMER_SHOWN = (1, 5, 20)
+
+
+def newcomer_config(
+    fleet: str, broker: str, state_dir: Path, devices: list[str], newcomer: str, rounds: int, more: int
+) -> str:
+    """PFL-DA continued for ``more`` rounds with every printer, then ``newcomer`` alone (indiv)."""
+    tasks: list[dict[str, object]] = [
+        {
+            "name": "speed-pflda",
+            "algorithm": "pflda",
+            "model": "sigmoid_glm",
+            "rounds": rounds + more,
+            "seed": 0,
+            "hparams": HPARAMS | dict(TASKS[0][2]),
+            "server": {"weighting": "uniform"},
+        },
+        {
+            "name": "speed-newcomer-indiv",
+            "algorithm": "indiv",
+            "model": "sigmoid_glm",
+            "rounds": more,
+            "seed": 0,
+            "hparams": HPARAMS,
+            "server": {"weighting": "uniform"},
+            "devices": {"ids": [newcomer]},
+        },
+    ]
+    everyone = [*devices, newcomer]
+    return aggregator_toml(
+        broker,
+        state_dir,
+        tasks,
+        fleet=fleet,
+        deadline_s=20,
+        min_participants=1,
+        expected=everyone,
+        max_extensions=2,
+        startup_wait_s=60,
+    )
+
+
+def _newcomer_losses(store: SqliteStore, task: str, device: str, after: int) -> dict[int, float]:
+    """``{rounds since joining: device's test loss}`` of ``task``'s rounds after round ``after``."""
+    return {
+        rec.round - after: LOSS_SCALE * rec.metrics[device]["test_loss"]
+        for rec in store.rounds(task)
+        if rec.round > after and "test_loss" in rec.metrics.get(device, {})
+    }
+
+
+def run_newcomer(fleet: LocalFleet, devices: list[str], rounds: int, more: int) -> int:
+    """A new printer joins after round ``rounds``; print its loss beside indiv's. Returns an exit code."""
+    newcomer = f"printer{len(devices) + 1}"
+    print(f"\n{newcomer} joins the trained fleet; PFL-DA goes on for {more} rounds with it:")
+    fleet.start_device(newcomer, simulate="printer")
+    toml = newcomer_config(
+        fleet.fleet, fleet.broker_url, fleet.work / "aggregator", devices, newcomer, rounds, more
+    )
+    agg = fleet.start_aggregator(toml, name="aggregator-newcomer")
+    rc = _follow(agg, fleet.db, [*devices, newcomer], rounds + more, timeout=600, after=rounds)
+    if rc != 0:
+        log = fleet.log("aggregator-newcomer")[-3000:]
+        print(f"\naggregator exited with {rc}; its log:\n{log}", file=sys.stderr)
+        return 1
+    store = SqliteStore(fleet.db)
+    pflda = _newcomer_losses(store, "speed-pflda", newcomer, rounds)
+    indiv = _newcomer_losses(store, "speed-newcomer-indiv", newcomer, 0)
+    store.close()
+    print(
+        f"\n{newcomer}'s test loss after joining (PFL-DA: cold-started from the fleet's decoder; indiv: alone):"
+    )
+    print(f"{'rounds since joining':>21} {'PFL-DA':>8} {'indiv':>8} {'PFL-DA vs indiv':>16}")
+    for r in (k for k in NEWCOMER_SHOWN if k <= more):
+        p, i = pflda.get(r, float("nan")), indiv.get(r, float("nan"))
+        print(f"{r:>21} {p:>8.4f} {i:>8.4f} {100 * (p - i) / i:>+15.1f}%")
+    return 0
+
+
+def _table(records: list[RoundRecord], devices: list[str]) -> list[str]:
+    head = f"{'round':>5} {'took part':>9} " + " ".join(f"{d:>9}" for d in devices) + f" {'fleet mean':>10}"
+    lines = [head, "-" * len(head)]
+    for rec in records:
+        lines.append(_row(rec, devices))
+    return lines
+
+
+def _row(rec: RoundRecord, devices: list[str]) -> str:
+    cells = []
+    for d in devices:
+        m = rec.metrics.get(d, {}).get("test_loss")
+        cells.append(f"{LOSS_SCALE * m:>9.4f}" if m is not None else f"{'-':>9}")
+    mean = rec.mean_metric("test_loss")
+    mean_s = f"{LOSS_SCALE * mean:>10.4f}" if mean is not None else f"{'-':>10}"
+    return f"{rec.round:>5} {len(rec.participants):>9} " + " ".join(cells) + f" {mean_s}"
+
+
+def _final(store: SqliteStore, task: str) -> dict[str, float]:
+    """Each device's test loss at its last answered round of ``task``."""
+    out: dict[str, float] = {}
+    for rec in store.rounds(task):
+        for d, m in rec.metrics.items():
+            if "test_loss" in m:
+                out[d] = LOSS_SCALE * m["test_loss"]
+    return out
+
+
+def run_demo(
+    *,
+    devices: int = 4,
+    rounds: int = 200,
+    broker: str | None = None,
+    workdir: Path | None = None,
+    prefer: str = "mosquitto",
+    console: bool = False,
+    newcomer_rounds: int = NEWCOMER_ROUNDS,
+) -> int:
+    """Run the demo; with ``console`` the live fleet console is up from the start and stays up
+    after the final table (with the devices and the broker) until Ctrl-C."""
+    if devices < 2:
+        print("the demo needs at least 2 devices", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    interrupt_on_sigterm()  # so `finally` stops the broker and the device processes
+    own_dir = workdir is None
+    work = Path(workdir or tempfile.mkdtemp(prefix="ioft-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    names = [f"printer{i}" for i in range(1, devices + 1)]
+    fleet: LocalFleet | None = None
+    view: subprocess.Popen | None = None
+    try:
+        fleet = LocalFleet.start(work, broker=broker, prefer=prefer, fleet="demo")
+        if fleet.broker is not None:
+            print(f"broker: {fleet.broker.kind} on {fleet.broker_url}")
+        else:
+            print(f"broker: {broker} (external)")
+        fleet.start_devices(names, simulate="printer")
+        agg = fleet.start_aggregator(
+            demo_config(fleet.fleet, fleet.broker_url, work / "aggregator", names, rounds)
+        )
+        print(f"{devices} edge-trainer processes and the aggregator started; state and logs in {work}")
+        if console:
+            view = _start_console(work)
+        print("test loss = 50·MSE(speed/50) on each printer's unseen speeds (PFL-DA Table 5 units)\n")
+        rc = _follow(agg, fleet.db, names, rounds, timeout=600)
+        if rc != 0:
+            print(
+                f"\naggregator exited with {rc}; its log:\n" + fleet.log("aggregator")[-3000:],
+                file=sys.stderr,
+            )
+            return 1
+        store = SqliteStore(fleet.db)
+        indiv_rounds = store.rounds("speed-indiv")
+        final = {name: _final(store, name) for name, _, _ in TASKS}
+        store.close()
+        print("\nEach printer alone (indiv: same model and rounds, nothing shared), every 10th round:")
+        print("\n".join(_table(indiv_rounds[9::10], names)))
+        pflda, indiv, fedavg = (final[name] for name, _, _ in TASKS)
+        print("\nFinal test loss per printer (lower is better; FedAvg: one global model for all printers):")
+        print(f"{'printer':>10} {'PFL-DA':>8} {'indiv':>8} {'FedAvg':>8} {'PFL-DA vs indiv':>16}")
+        for d in names:
+            p, i, f = (t.get(d, float("nan")) for t in (pflda, indiv, fedavg))
+            print(f"{d:>10} {p:>8.4f} {i:>8.4f} {f:>8.4f} {100 * (p - i) / i:>+15.1f}%")
+        mp, mi, mf = (sum(t.values()) / max(1, len(t)) for t in (pflda, indiv, fedavg))
+        print(f"{'fleet mean':>10} {mp:>8.4f} {mi:>8.4f} {mf:>8.4f} {100 * (mp - mi) / mi:>+15.1f}%")
+        print_advice(work, names)  # cloud_aggregator/demo_advice.py: a second table, each printer's advice
+        if newcomer_rounds > 0 and run_newcomer(fleet, names, rounds, newcomer_rounds) != 0:
+            return 1
+        print(f"\ndemo finished in {time.monotonic() - started:.1f} s")
+        if view is not None and view.poll() is None:
+            print(
+                "the fleet console stays up (with the devices and the broker); Ctrl-C stops them", flush=True
+            )
+            view.wait()
+        return 0
+    finally:
+        if view is not None and view.poll() is None:
+            view.terminate()
+            view.wait(10)
+        if fleet is not None:
+            fleet.stop()  # the aggregator first, then the devices it talks to, then the broker
+        if own_dir and os.environ.get("IOFT_KEEP_DEMO") != "1":
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _start_console(work: Path) -> subprocess.Popen | None:
+    """``cloud-aggregator console`` on the demo's aggregator (its usual port, else any free one)."""
+    for port in (fleet_console.DEFAULT_PORT, 0):
+        try:
+            proc, url = fleet_console.launch(work / "aggregator.toml", work / "console.log", port=port)
+        except fleet_console.ConsoleStartError as exc:
+            print(f"{exc}", file=sys.stderr)
+            continue
+        print(f"fleet console: {url}", flush=True)
+        return proc
+    return None
+
+
+def _follow(
+    agg: subprocess.Popen, db: Path, devices: list[str], rounds: int, timeout: float, after: int = 0
+) -> int:
+    """Print each PFL-DA round after round ``after`` as the aggregator records it; return the
+    aggregator's exit code."""
+    deadline = time.monotonic() + timeout
+    shown = after
+    printed_head = False
+    while True:
+        done = agg.poll() is not None
+        if db.exists():
+            store = SqliteStore(db, readonly=True)
+            records = store.rounds("speed-pflda")
+            store.close()
+            if records and not printed_head:
+                print("PFL-DA (sigmoid GLM; only the shared decoder w travels):")
+                print("\n".join(_table([], devices)))
+                printed_head = True
+            for rec in records[shown:]:
+                print(_row(rec, devices), flush=True)
+            shown = len(records)
+        if done:
+            return agg.returncode
+        if time.monotonic() > deadline:
+            agg.kill()
+            return -1
+        time.sleep(0.25)

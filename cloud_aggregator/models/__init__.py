@@ -1,0 +1,1 @@
+"""Models at work on the devices: push, answers, rollouts, and the torch backbones."""

@@ -1,0 +1,524 @@
+"""The aggregator's durable state: SQLite (WAL) for rounds, updates and resume points;
+global parameters as content-addressed artifact files.
+
+Order of writes makes a crash at any instant safe: an artifact is written
+atomically under its hash before the transaction that points at it commits, and
+a round's record and its resume point commit in one transaction.  Received
+updates are stored as they arrive (idempotently, keyed by task, round, phase and
+device), so a restarted aggregator loses none and counts none twice: it reads
+them back for the round it resumes, and a device's re-send of a stored one is a
+duplicate.  A streaming round (``cloud_aggregator.aggregation.streaming``) checkpoints its partial sum
+every so many uploads and drops the payloads it covers, so the disk holds O(P) plus the
+uploads since the last checkpoint, not O(N × P).  Payloads of 64 kB and more are appended to
+plain files beside the database (``cloud_aggregator.store.upload_log``), their rows pointing at them.  Refused uploads are kept with their
+reason code (``admission.Reason``) in a column of its own.  ``cloud_aggregator.faults`` points mark each step for kill tests.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cloud_aggregator import faults
+from cloud_aggregator.rounds.admission import Reason
+from cloud_aggregator.rounds.engine import RoundRecord
+from cloud_aggregator.store.backup import Backups
+from cloud_aggregator.store.upload_log import MIN_BYTES, UploadLog
+from ioft_protocol.state import atomic_write_bytes, decode_arrays, encode_arrays
+from trainer_lite.params import Params, param_hash
+from trainer_lite.task import training_changes
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    name TEXT PRIMARY KEY, spec TEXT NOT NULL, created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    task TEXT NOT NULL, round INTEGER NOT NULL, phase TEXT NOT NULL, status TEXT NOT NULL,
+    participants TEXT NOT NULL, n_samples TEXT NOT NULL, metrics TEXT NOT NULL,
+    rejected TEXT NOT NULL, global_hash TEXT NOT NULL, started REAL NOT NULL, finished REAL NOT NULL,
+    extra TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (task, round, phase)
+);
+CREATE TABLE IF NOT EXISTS resume (
+    task TEXT PRIMARY KEY, round INTEGER NOT NULL, phase_index INTEGER NOT NULL,
+    global_hash TEXT NOT NULL, strategy_state TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS updates (
+    task TEXT NOT NULL, round INTEGER NOT NULL, phase TEXT NOT NULL, device TEXT NOT NULL,
+    global_hash TEXT NOT NULL, payload BLOB NOT NULL, received REAL NOT NULL,
+    PRIMARY KEY (task, round, phase, device)
+);
+CREATE TABLE IF NOT EXISTS partials (
+    task TEXT NOT NULL, round INTEGER NOT NULL, phase TEXT NOT NULL, global_hash TEXT NOT NULL,
+    state BLOB NOT NULL, updated REAL NOT NULL, PRIMARY KEY (task, round, phase)
+);
+CREATE TABLE IF NOT EXISTS folded (
+    task TEXT NOT NULL, round INTEGER NOT NULL, phase TEXT NOT NULL, device TEXT NOT NULL,
+    n_samples INTEGER NOT NULL, metrics TEXT NOT NULL, PRIMARY KEY (task, round, phase, device)
+);
+CREATE TABLE IF NOT EXISTS rejections (
+    task TEXT NOT NULL, round INTEGER, device TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL,
+    code TEXT NOT NULL DEFAULT 'other'
+);
+CREATE TABLE IF NOT EXISTS rollouts (
+    model TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL, record TEXT NOT NULL,
+    updated REAL NOT NULL, PRIMARY KEY (model, version)
+);
+"""
+
+#: Codes of stores written before ``admission.Reason``: a duplicate upload is a replay now.
+_LEGACY_CODES = {"duplicate": Reason.REPLAY}
+
+
+def legacy_code(text: str) -> tuple[Reason, str]:
+    """``(code, detail)`` of a rejection stored as ``"<code>: <detail>"`` text; ``other`` if it names none."""
+    head, sep, detail = text.partition(":")
+    if not sep:
+        return Reason.OTHER, text
+    try:
+        code = _LEGACY_CODES.get(head) or Reason(head)
+    except ValueError:
+        return Reason.OTHER, text
+    return code, detail.strip()
+
+
+class TaskChangedError(ValueError):
+    """A configured task differs from the stored one in fields that would void its history.
+
+    ``fields`` names them; the message says how to go on (put them back, or ``serve
+    --restart TASK``).
+    """
+
+    def __init__(self, task: str, fields: list[str], history: TaskHistory) -> None:
+        self.task = task
+        self.fields = fields
+        super().__init__(
+            f"task {task!r}: {', '.join(fields)} changed since its stored {history.describe()}; "
+            f"put {'it' if len(fields) == 1 else 'them'} back to resume, or run "
+            f"`cloud-aggregator serve --restart {task}` to delete its history and start it afresh"
+        )
+
+
+@dataclass(frozen=True)
+class TaskHistory:
+    """What the store holds of one task (what ``--restart TASK`` deletes)."""
+
+    rounds: int
+    last_round: int
+    updates: int
+    rejections: int
+
+    def describe(self) -> str:
+        """E.g. ``"3 rounds (1-3), 2 pending uploads, 0 refused uploads"``."""
+        span = f" (1-{self.last_round})" if self.last_round else ""
+        return (
+            f"{self.rounds} round record{'s' if self.rounds != 1 else ''}{span}, "
+            f"{self.updates} pending upload{'s' if self.updates != 1 else ''}, "
+            f"{self.rejections} refused upload{'s' if self.rejections != 1 else ''}"
+        )
+
+
+def changed_fields(stored_json: str, spec_json: str, last_round: int = 0) -> list[str]:
+    """The spec fields that differ and void a task's history (``rounds`` only below ``last_round``).
+
+    Parameters
+    ----------
+    stored_json, spec_json
+        ``TaskSpec.to_json()`` of the stored and the configured task.
+    last_round
+        The last round the store completed: fewer ``rounds`` than that is a change too.
+
+    Returns
+    -------
+    list[str]
+        Sorted field names; empty when the task resumes with its history.
+    """
+    out = training_changes(stored_json, spec_json)
+    if int(json.loads(spec_json).get("rounds", 0)) < last_round:
+        out.append(f"rounds (below the {last_round} already run)")
+    return out
+
+
+class SqliteStore:
+    """A ``RoundStore`` in one SQLite file plus an ``artifacts/`` folder beside it."""
+
+    def __init__(self, path: str | Path, *, readonly: bool = False, backups: Backups | None = None) -> None:
+        """Open (creating if needed) the store; ``readonly`` opens an existing one for
+        monitoring without taking any write lock, so it never slows the aggregator down;
+        ``backups``: take online backups as rounds are saved (``cloud_aggregator.store.backup``)."""
+        self.path = Path(path)
+        self.backups = backups
+        self.artifacts = self.path.parent / "artifacts"
+        self.uploads = UploadLog(self.path.parent / "uploads")
+        self._lock = threading.Lock()
+        self.readonly = readonly
+        if readonly:
+            self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL: a killed process loses nothing; a power cut may lose the last commits, which
+        # devices re-send (they cache their upload until the next round).
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(rounds)")}
+        if "extra" not in columns:  # a store written before round records had extras
+            self._db.execute("ALTER TABLE rounds ADD COLUMN extra TEXT NOT NULL DEFAULT '{}'")
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(updates)")}
+        if "log_at" not in columns:  # a store written before large payloads went to the upload log
+            self._db.execute("ALTER TABLE updates ADD COLUMN log_at INTEGER")
+            self._db.execute("ALTER TABLE updates ADD COLUMN log_len INTEGER")
+        if not self._has_reason_codes():
+            self._migrate_reason_codes()
+
+    def _has_reason_codes(self) -> bool:
+        with self._lock:
+            return "code" in {r[1] for r in self._db.execute("PRAGMA table_info(rejections)")}
+
+    def _migrate_reason_codes(self) -> None:
+        """Give rejections stored as ``"<code>: <detail>"`` text their code column (parsed once, here)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("ALTER TABLE rejections ADD COLUMN code TEXT NOT NULL DEFAULT 'other'")
+            rows = self._db.execute("SELECT rowid, reason FROM rejections").fetchall()
+            for rowid, text in rows:
+                code, detail = legacy_code(text)
+                self._db.execute(
+                    "UPDATE rejections SET code=?, reason=? WHERE rowid=?", (str(code), detail, rowid)
+                )
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+            self.uploads.close()
+
+    # -- artifacts ---------------------------------------------------------
+    def put_params(self, params: Params) -> str:
+        digest = param_hash(params)
+        path = self.artifacts / f"{digest}.safetensors"
+        if not path.exists():
+            atomic_write_bytes(path, encode_arrays(params))
+        return digest
+
+    def get_params(self, digest: str) -> Params:
+        arrays, _ = decode_arrays((self.artifacts / f"{digest}.safetensors").read_bytes())
+        if param_hash(arrays) != digest:
+            raise ValueError(f"artifact {digest} does not match its name")
+        return arrays
+
+    # -- tasks ---------------------------------------------------------------
+    def task_spec(self, name: str) -> str | None:
+        """The stored spec JSON of ``name``; ``None`` for a task the store has not seen."""
+        with self._lock:
+            row = self._db.execute("SELECT spec FROM tasks WHERE name=?", (name,)).fetchone()
+        return None if row is None else row[0]
+
+    def history(self, name: str) -> TaskHistory:
+        """How many rounds, pending uploads and refusals of ``name`` are stored."""
+        with self._lock:
+            rounds, last = self._db.execute(
+                "SELECT COUNT(*), COALESCE(MAX(round), 0) FROM rounds WHERE task=?", (name,)
+            ).fetchone()
+            updates = self._db.execute("SELECT COUNT(*) FROM updates WHERE task=?", (name,)).fetchone()[0]
+            refused = self._db.execute("SELECT COUNT(*) FROM rejections WHERE task=?", (name,)).fetchone()[0]
+        return TaskHistory(int(rounds), int(last), int(updates), int(refused))
+
+    def check_task(self, name: str, spec_json: str) -> None:
+        """Raise :class:`TaskChangedError` unless ``spec_json`` can resume ``name``'s stored history."""
+        stored = self.task_spec(name)
+        if stored is None or stored == spec_json:
+            return
+        history = self.history(name)
+        fields = changed_fields(stored, spec_json, history.last_round)
+        if fields:
+            raise TaskChangedError(name, fields, history)
+
+    def register_task(self, name: str, spec_json: str, *, restart: bool = False) -> bool:
+        """Record the task's spec; returns ``True`` when it resumes stored history.
+
+        ``restart`` deletes the task's rounds, resume point, pending uploads and refusals
+        first.  Otherwise a spec that differs from the stored one only in
+        :data:`trainer_lite.task.SCHEDULE_FIELDS` (more ``rounds``) replaces it and keeps the history, and any
+        other difference raises :class:`TaskChangedError` and changes nothing.
+        """
+        if not restart:
+            self.check_task(name, spec_json)
+        with self._lock:
+            row = self._db.execute("SELECT spec FROM tasks WHERE name=?", (name,)).fetchone()
+            if row is not None and row[0] == spec_json and not restart:
+                return True
+            self._db.execute("BEGIN IMMEDIATE")
+            if restart:
+                for table in ("rounds", "resume", "updates", "rejections", "partials", "folded"):
+                    self._db.execute(f"DELETE FROM {table} WHERE task=?", (name,))
+            self._db.execute(
+                "INSERT OR REPLACE INTO tasks (name, spec, created) VALUES (?, ?, ?)",
+                (name, spec_json, time.time()),
+            )
+            self._db.execute("COMMIT")
+            if restart:
+                self.uploads.drop(name)
+            return row is not None and not restart
+
+    def next_round(self, name: str) -> int:
+        """The round ``name`` resumes at (1 for a task with no resume point)."""
+        with self._lock:
+            row = self._db.execute("SELECT round FROM resume WHERE task=?", (name,)).fetchone()
+        return 1 if row is None else int(row[0])
+
+    # -- RoundStore ------------------------------------------------------------
+    def resume_point(self, task: str) -> tuple[int, int, Params, dict[str, Any]] | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT round, phase_index, global_hash, strategy_state FROM resume WHERE task=?", (task,)
+            ).fetchone()
+        if row is None:
+            return None
+        return row[0], row[1], self.get_params(row[2]), json.loads(row[3])
+
+    def save(
+        self, record: RoundRecord, next_point: tuple[int, int], global_params: Params, state: dict
+    ) -> None:
+        digest = self.put_params(global_params)
+        faults.point("after_artifact")
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT OR REPLACE INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    record.task,
+                    record.round,
+                    record.phase,
+                    record.status,
+                    json.dumps(record.participants),
+                    json.dumps(record.n_samples),
+                    json.dumps(record.metrics),
+                    json.dumps(record.rejected),
+                    record.global_hash,
+                    record.started,
+                    record.finished,
+                    json.dumps(record.extra, sort_keys=True),
+                ),
+            )
+            self._db.execute(
+                "INSERT OR REPLACE INTO resume VALUES (?,?,?,?,?)",
+                (record.task, next_point[0], next_point[1], digest, json.dumps(state, sort_keys=True)),
+            )
+            # Earlier rounds' leftovers go too: stragglers stored for a round already closed.
+            for table in ("updates", "partials", "folded"):
+                self._db.execute(
+                    f"DELETE FROM {table} WHERE task=? AND (round<? OR (round=? AND phase=?))",
+                    (record.task, record.round, record.round, record.phase),
+                )
+            faults.point("before_commit")
+            self._db.execute("COMMIT")
+            self.uploads.drop(record.task, (record.round, record.phase))
+            if self.backups is not None:  # under the lock: the copy is of committed rounds only
+                self.backups.after_save(self._db, self.path)
+
+    # -- updates as they arrive ----------------------------------------------------
+    def put_update(
+        self, task: str, round_: int, phase: str, device: str, global_hash: str, payload: bytes
+    ) -> bool:
+        """Store a received update; ``False`` if one from that device is already stored.
+
+        A payload of ``MIN_BYTES`` or more goes to the upload log first; the row points at it.
+        """
+        with self._lock:
+            at = None
+            if len(payload) >= MIN_BYTES:
+                at = self.uploads.append(task, round_, phase, payload)
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO updates (task, round, phase, device, global_hash, payload, received, "
+                "log_at, log_len) VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    task,
+                    round_,
+                    phase,
+                    device,
+                    global_hash,
+                    b"" if at is not None else payload,
+                    time.time(),
+                    at,
+                    None if at is None else len(payload),
+                ),
+            )
+        faults.point("after_store_update")
+        return cur.rowcount == 1
+
+    def stored_updates(self, task: str, round_: int, phase: str, global_hash: str) -> list[tuple[str, bytes]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT device, payload, log_at, log_len FROM updates "
+                "WHERE task=? AND round=? AND phase=? AND global_hash=? "
+                "ORDER BY rowid",  # arrival order: a fold restored from them sums in the same order
+                (task, round_, phase, global_hash),
+            ).fetchall()
+            out = []
+            for device, payload, at, length in rows:
+                if at is not None:
+                    payload = self.uploads.read(task, round_, phase, at, length)
+                    if payload is None:
+                        continue  # the device re-sends it when the round is announced again
+                out.append((device, bytes(payload)))
+        return out
+
+    # -- checkpoints of a streaming round's partial sum (cloud_aggregator.aggregation.streaming) ----------
+    def put_partial(
+        self,
+        task: str,
+        round_: int,
+        phase: str,
+        global_hash: str,
+        state: bytes,
+        folded: dict[str, tuple[int, dict[str, float]]],
+    ) -> None:
+        """In one transaction: the round's partial sum replaces the last one, the devices folded
+        since then are noted with their sample counts and metrics, and their stored payloads go."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT OR REPLACE INTO partials VALUES (?,?,?,?,?,?)",
+                (task, round_, phase, global_hash, state, time.time()),
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO folded VALUES (?,?,?,?,?,?)",
+                [(task, round_, phase, d, n, json.dumps(m, sort_keys=True)) for d, (n, m) in folded.items()],
+            )
+            self._db.executemany(
+                "DELETE FROM updates WHERE task=? AND round=? AND phase=? AND device=?",
+                [(task, round_, phase, d) for d in folded],
+            )
+            self._db.execute("COMMIT")
+            logged = self._db.execute(
+                "SELECT COUNT(*) FROM updates WHERE task=? AND round=? AND phase=? AND log_at IS NOT NULL",
+                (task, round_, phase),
+            ).fetchone()[0]
+            if not logged:  # every logged upload of the round is in the checkpoint
+                self.uploads.empty(task, round_, phase)
+
+    def partial(
+        self, task: str, round_: int, phase: str, global_hash: str
+    ) -> tuple[bytes, dict[str, tuple[int, dict[str, float]]]] | None:
+        """The last checkpointed partial sum of a round and who is folded in it, or ``None``."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT state FROM partials WHERE task=? AND round=? AND phase=? AND global_hash=?",
+                (task, round_, phase, global_hash),
+            ).fetchone()
+            if row is None:
+                return None
+            rows = self._db.execute(
+                "SELECT device, n_samples, metrics FROM folded WHERE task=? AND round=? AND phase=?",
+                (task, round_, phase),
+            ).fetchall()
+        return bytes(row[0]), {d: (int(n), json.loads(m)) for d, n, m in rows}
+
+    def put_rejection(self, task: str, round_: int | None, device: str, reason: Reason, detail: str) -> None:
+        """Record a refused upload: its code in ``code``, what was wrong in ``reason``."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO rejections (task, round, device, reason, at, code) VALUES (?,?,?,?,?,?)",
+                (task, round_, device, detail[:500], time.time(), str(reason)),
+            )
+
+    # -- reading back -------------------------------------------------------------
+    def rounds(self, task: str) -> list[RoundRecord]:
+        if self.readonly and not self._has_schema():
+            return []  # the aggregator has not created its tables yet
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT task, round, phase, status, participants, n_samples, metrics, rejected, global_hash, "
+                "started, finished, extra FROM rounds WHERE task=? ORDER BY round, started",
+                (task,),
+            ).fetchall()
+        return [
+            RoundRecord(
+                task=r[0],
+                round=r[1],
+                phase=r[2],
+                status=r[3],
+                participants=json.loads(r[4]),
+                n_samples=json.loads(r[5]),
+                metrics=json.loads(r[6]),
+                rejected=json.loads(r[7]),
+                global_hash=r[8],
+                started=r[9],
+                finished=r[10],
+                extra=json.loads(r[11]),
+            )
+            for r in rows
+        ]
+
+    def round_count(self, task: str) -> int:
+        """How many rounds of ``task`` are recorded (cheap: for monitors that poll)."""
+        if self.readonly and not self._has_schema():
+            return 0
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM rounds WHERE task=?", (task,)).fetchone()[0])
+
+    def _has_schema(self) -> bool:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='rounds'"
+            ).fetchone()
+        return row is not None
+
+    def rejection_counts(self, task: str | None = None) -> dict[str, int]:
+        """``{device: refusals}`` (of ``task``, or of all tasks and of no round)."""
+        return {d: sum(per.values()) for d, per in self.rejection_counts_by_reason(task).items()}
+
+    def rejection_counts_by_reason(self, task: str | None = None) -> dict[str, dict[str, int]]:
+        """``{device: {reason code: refusals}}`` (of ``task``, or of all tasks and of no round).
+
+        A read-only view of a store no aggregator has opened since codes got their column
+        counts its rejections as ``other``.
+        """
+        if self.readonly and not self._has_schema():
+            return {}
+        code = "code" if not self.readonly or self._has_reason_codes() else "'other'"
+        query = f"SELECT device, {code}, COUNT(*) FROM rejections"
+        args: tuple = ()
+        if task is not None:
+            query += " WHERE task=?"
+            args = (task,)
+        with self._lock:
+            rows = self._db.execute(query + " GROUP BY device, 2", args).fetchall()
+        out: dict[str, dict[str, int]] = {}
+        for device, reason, n in rows:
+            out.setdefault(device, {})[reason] = n
+        return out
+
+    def tasks(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._db.execute("SELECT name, spec FROM tasks").fetchall())
+
+    # -- staged model rollouts (cloud_aggregator.models.rollout owns the record's JSON) --------
+    def put_rollout(self, model: str, version: int, state: str, record_json: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?, ?, ?)",
+                (model, version, state, record_json, time.time()),
+            )
+
+    def rollouts(self, model: str | None = None) -> list[str]:
+        """Stored rollout records (JSON), oldest first; of ``model`` only when given."""
+        if self.readonly and not self._has_table("rollouts"):
+            return []
+        query, args = "SELECT record FROM rollouts", ()
+        if model is not None:
+            query, args = query + " WHERE model=?", (model,)
+        with self._lock:
+            return [r[0] for r in self._db.execute(query + " ORDER BY updated, model, version", args)]
+
+    def _has_table(self, name: str) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,))
+            return row.fetchone() is not None
