@@ -75,7 +75,7 @@ def operator_config(args: argparse.Namespace, *, connects: bool = True) -> Aggre
     command that ``connects``, the aggregator's own login), with ``--broker``/``--fleet``/
     ``--allow-plaintext``/``--state-dir`` overriding."""
     source = str(args.config or "command line")
-    if args.config is None and not args.broker:  # the default broker is plaintext: refused, and no fleet's
+    if connects and args.config is None and not args.broker:  # the default broker is plaintext: refused
         raise ConfigError(
             source,
             ["no --config: pass --config operator.toml (fleet init wrote it in <fleet folder>/operator/)"],
