@@ -50,9 +50,17 @@ zero-crossing rate 0; time centroid 0.5), and a band whose std is at most ``1e-9
 its rms (a constant) has skewness and kurtosis 0.
 
 The layout is channel-major: ``index = (channel * 13 + band) * 12 + stat``;
-:meth:`~sensors.features.schema.FeatureSchema.feature_names` spells it out.  All work
-is in float64.  Batches of equal-length welds go through one ``wavedec(..., axis=-1)``
-call, which matches a per-weld loop exactly.
+:meth:`~sensors.features.schema.FeatureSchema.feature_names` spells it out.  Every vector
+is returned in float64.  Batches of equal-length welds go through one
+``wavedec(..., axis=-1)`` call, which matches a per-weld loop exactly.
+
+**Precision.**  By default (``precision="auto"``) each channel is transformed in float32
+after its mean is removed in float64, which makes the transform about twice as fast; a
+channel whose estimated float32 error exceeds :data:`~sensors.features.precision.F32_TOLERANCE`
+(silent or near-silent bands, a slow ramp's quiet octaves) is redone in float64.  The
+features then stay within the contract of :mod:`sensors.features.precision` (``FEATURE_RTOL``
+= 2e-3 of the float64 value plus its scale); ``precision="float64"`` matches the plain-NumPy
+reference to rtol 1e-9.
 """
 
 from __future__ import annotations
@@ -78,9 +86,9 @@ from sensors.welding.recording import WeldDataError, WeldRecording
 
 log = logging.getLogger(__name__)
 
-#: Samples (all channels) per wavedec call in batch mode.  Batching saves Python
-#: overhead on short welds; past ~1 M samples the arrays fall out of cache and a
-#: bigger batch is slower per weld (measured in benchmarks/dwt_features.py).
+#: Samples (all channels) per wavedec call in batch mode: bounds the scratch memory.  A
+#: batch is not reliably faster per weld than one weld at a time (benchmarks/dwt_features.py
+#: measures both in the same run).
 BATCH_SAMPLES = 1 << 20
 __all__ = ["CONSTANT_REL", "LOG_FLOOR", "SILENT_REL", "ZERO_CROSS_REL", "band_statistics"]
 
