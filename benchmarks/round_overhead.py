@@ -26,6 +26,7 @@ bytes ≤ 1.05× the payload.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.devices, args.params, args.rounds = [3], [1_000, 150_000], 3
     cases = [(n, p) for n in args.devices for p in args.params]
     rows, results = [], []
+    load_before = os.getloadavg()
     for n, p in progress(cases, "cases"):
         r = run_case(n, p, args.rounds, args.warmup)
         results.append(r)
@@ -203,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{r['agg_rss']:.0f} MB",
             ]
         )
+    load_after = os.getloadavg()
     table = markdown_table(
         [
             "N",
@@ -224,6 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
         "so every round is whole; the task's closing announcement (the final parameters, retained, to N "
         f"devices) is taken out and the rest divided by the {args.warmup + args.rounds} rounds run (warm-up "
         "included). The aggregator's connect, subscriptions and goodbye stay in.\n\n"
+        f"Load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after, on {os.cpu_count()} CPUs: "
+        "round times and RSS rise with the load of a shared machine, the byte counts do not.\n\n"
         "Flower 1.42 deployment engine, same set-up, measured by the issue's author on this kind of machine: "
         "≥ 6.3 s per round (~45 s at N = 20), ~130–170 MB per SuperNode, ~380–445 MB per device at peak, "
         "bytes ≈ 1.01–1.04× payload + ~50 KB per device per round.\n"

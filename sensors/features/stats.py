@@ -40,13 +40,12 @@ class _Workspace:
     CACHE_BYTES = 32 << 20
 
     def __init__(self, rows: int, n_max: int, dtype: np.dtype) -> None:
-        self.key = (rows, n_max, dtype)
         self.f1 = np.empty((rows, n_max), dtype=dtype)
         self.f2 = np.empty((rows, n_max), dtype=dtype)
         self.b1 = np.empty((rows, n_max), dtype=bool)
         self.b2 = np.empty((rows, n_max), dtype=bool)
         self.b3 = np.empty((rows, n_max - 1), dtype=bool)
-        self.ramp = np.arange(n_max, dtype=dtype)
+        self.ramp = np.arange(n_max, dtype=dtype)  # exact in float32 up to 2**24 coefficients
 
     @classmethod
     def get(cls, rows: int, n_max: int, dtype: np.dtype) -> _Workspace:
@@ -77,17 +76,19 @@ def _dot_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     :data:`_BLOCK` (einsum's own float32 loop) whose partial sums are added in float64.
     """
     rows, n = a.shape
-    if a.dtype == np.float64 or n < 2 * _BLOCK:
-        spec = _DOT if b.ndim == 2 else "ri,i->r"
-        return np.einsum(spec, a, b, dtype=np.float64) if a.dtype != np.float64 else np.einsum(spec, a, b)
+    spec = _DOT if b.ndim == 2 else "ri,i->r"
+    if a.dtype == np.float64:
+        return np.einsum(spec, a, b)
+    if n < 2 * _BLOCK:
+        return np.einsum(spec, a, b, dtype=np.float64)
     main = n - n % _BLOCK
     head_a = a[:, :main].reshape(rows, -1, _BLOCK)
     if b.ndim == 2:
         part = np.einsum("rki,rki->rk", head_a, b[:, :main].reshape(rows, -1, _BLOCK))
-        tail = np.einsum(_DOT, a[:, main:], b[:, main:], dtype=np.float64)
+        tail = np.einsum(spec, a[:, main:], b[:, main:], dtype=np.float64)
     else:
         part = np.einsum("rki,ki->rk", head_a, b[:main].reshape(-1, _BLOCK))
-        tail = np.einsum("ri,i->r", a[:, main:], b[main:], dtype=np.float64)
+        tail = np.einsum(spec, a[:, main:], b[main:], dtype=np.float64)
     return part.sum(axis=-1, dtype=np.float64) + tail
 
 
@@ -121,7 +122,10 @@ def _band_sums(c: np.ndarray, ws: _Workspace) -> list[np.ndarray]:
     return [s1, s2, s3, s4, cen, sa, mx, zc]
 
 
-def _central_moments(c: np.ndarray, s1, s2, s3, s4) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _central_moments(
+    c: np.ndarray, s1: np.ndarray, s2: np.ndarray, s3: np.ndarray, s4: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, variance and third and fourth central moments per row from the power sums of ``c``."""
     n = c.shape[-1]
     mean = s1 / n
     ms = s2 / n
