@@ -90,7 +90,20 @@ log = logging.getLogger(__name__)
 #: batch is not reliably faster per weld than one weld at a time (benchmarks/dwt_features.py
 #: measures both in the same run).
 BATCH_SAMPLES = 1 << 20
-__all__ = ["CONSTANT_REL", "LOG_FLOOR", "SILENT_REL", "ZERO_CROSS_REL", "band_statistics"]
+__all__ = [
+    "BATCH_SAMPLES",
+    "CONSTANT_REL",
+    "LOG_FLOOR",
+    "PRECISIONS",
+    "SILENT_REL",
+    "ZERO_CROSS_REL",
+    "FeatureInputError",
+    "band_statistics",
+    "check_input",
+    "extract_batch",
+    "extract_features",
+    "extract_many",
+]
 
 
 class FeatureInputError(WeldDataError):
