@@ -13,3 +13,5 @@ def test_quick_dwt_features_checks_precision_and_reports_every_row():
         assert r["wall_min"] <= r["wall"] <= r["wall_max"] and r["ratio_lo"] <= r["ratio"] <= r["ratio_hi"]
     # The float64 path matches the independent reference; the default stays inside its contract.
     assert out["max_rel"] < 1e-8 and 0 <= out["tolerance_used"] <= 1.0
+    fast, channels = out["float32_channels"]
+    assert 0 < fast <= channels  # the float32 path is the one being timed
