@@ -142,10 +142,10 @@ def _features(x: np.ndarray, schema: FeatureSchema, precision: str) -> np.ndarra
     # and the approximation band gets the mean back exactly (the transform of a constant).
     mean = rows.mean(axis=-1, dtype=np.float64)
     y = np.empty(rows.shape, dtype=np.float32)
-    np.subtract(rows, mean[:, None], out=y, casting="same_kind")
-    coeffs = _decompose(y, schema)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        # a float32 row that overflows comes out non-finite and is redone in float64 below
+        # a row beyond float32's range comes out non-finite and is redone in float64 below
+        np.subtract(rows, mean[:, None], out=y, casting="same_kind")
+        coeffs = _decompose(y, schema)
         out, energy = band_statistics_and_energy(coeffs, mean)
     counts = np.array([c.shape[-1] for c in coeffs], dtype=np.float64)
     redo = ~(float32_ok(energy, counts) & np.isfinite(out).all(axis=(-2, -1)))

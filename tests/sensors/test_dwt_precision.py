@@ -78,6 +78,15 @@ def test_degenerate_channels_take_the_float64_path_exactly():
     assert_within_tolerance(fast, exact, n, DEFAULT_SCHEMA)
 
 
+@pytest.mark.filterwarnings("error")
+def test_signals_beyond_float32_range_take_the_float64_path():
+    x = signals(30_000, 2) * 1e36  # finite in float64, overflows float32 (and its squares)
+    rec = WeldRecording(x, CH, FS, "big", datetime(2024, 1, 1, tzinfo=UTC))
+    fast = extract_features(rec)
+    assert np.isfinite(fast).all()
+    np.testing.assert_array_equal(fast, extract_features(rec, precision="float64"))
+
+
 def test_unknown_precision_is_refused():
     with pytest.raises(ValueError, match=r"precision must be one of \('auto', 'float64'\)"):
         extract_batch(np.zeros((1, 4, 30_000)), sample_rate=FS, precision="float16")
