@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"devices) is taken out and the rest divided by the {args.warmup + args.rounds} rounds run (warm-up "
         "included). The aggregator's connect, subscriptions and goodbye stay in.\n\n"
         f"Load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after, on {os.cpu_count()} CPUs: "
-        "round times and RSS rise with the load of a shared machine, the byte counts do not.\n\n"
+        "round times rise with the load of a shared machine, the byte counts do not.\n\n"
         "Flower 1.42 deployment engine, same set-up, measured by the issue's author on this kind of machine: "
         "≥ 6.3 s per round (~45 s at N = 20), ~130–170 MB per SuperNode, ~380–445 MB per device at peak, "
         "bytes ≈ 1.01–1.04× payload + ~50 KB per device per round.\n"
