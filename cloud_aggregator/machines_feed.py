@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -41,6 +42,12 @@ MAX_TEXT = 80
 
 def _text(value: Any) -> str | None:
     return value[:MAX_TEXT] if isinstance(value, str) and value else None
+
+
+def _name(value: Any) -> str | None:
+    """A string repeated across answers (a digest, a class): one copy however many answers hold it."""
+    text = _text(value)
+    return sys.intern(text) if text is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +88,7 @@ class Point:
             and isinstance(probs, list)
             and 0 < len(classes) == len(probs) <= MAX_CLASSES
         ):
-            names = tuple(_text(c) or "?" for c in classes)
+            names = tuple(_name(c) or "?" for c in classes)
             values = tuple(number(p) for p in probs)
             kept = (names, tuple(v if v is not None else float("nan") for v in values))
         else:
@@ -98,11 +105,11 @@ class Point:
             expected_speed=number(body.get("expected_speed")),
             commanded=number(body.get("commanded")),
             residual=number(body.get("residual")),
-            label=_text(body.get("label")),
+            label=_name(body.get("label")),
             classes=kept[0],
             probabilities=kept[1],
             model_round=round_ if isinstance(round_, int) and not isinstance(round_, bool) else None,
-            digest=_text(model.get("digest")),
+            digest=_name(model.get("digest")),
             encoder_version=enc if isinstance(enc, int) and not isinstance(enc, bool) else None,
             advice=number(advice.get("speed")) if isinstance(advice, dict) else None,
         )

@@ -135,7 +135,9 @@ function card(m, now) {
     box.append(el("div", { class: "task-now", "data-task": t.task }, conditionNow(t), facts(t), plot, legend ?? ""));
   }
   if (!m.tasks.length) {
-    const why = m.serving === false ? "serving is off on this machine" : "no answer yet: its rows are answered once a round gives it a model";
+    // A status without a serving block: the trainer answers nothing (simulated data, the swarm, or off).
+    const why = m.serving ? "no answer yet: its new rows are answered once a round gives it a model"
+      : "answers nothing: its trainer serves no model (simulated data, or serving off)";
     box.append(el("p", { class: "muted" }, why));
   }
   const rows = Object.entries(m.refused_rows || {});
