@@ -21,7 +21,7 @@ import paho.mqtt.client as paho
 from benchmarks.common import markdown_table, study_parser, write_result
 from cloud_aggregator import console
 from cloud_aggregator.broker import free_port, start_mosquitto
-from cloud_aggregator.machines_feed import RING
+from cloud_aggregator.machines_feed import MAX_DEVICES, RING
 from ioft_protocol import topics
 
 FLEET = "memory"
@@ -104,7 +104,21 @@ def main() -> None:
             proc.wait(10)
             broker.stop()
     table = markdown_table(["devices", "answers per device", "answers streamed", "console RSS (MiB)"], rows)
-    body = f"Ring: the last {RING} answers per device.\n\n{table}\n"
+    full = next((r for r in rows if r[1] >= RING), None)
+    per = (
+        (float(full[3]) - float(rows[0][3])) * 2**20 / (args.devices * RING)
+        if full and rows[0][1] == 0
+        else None
+    )
+    bound = (
+        ""
+        if per is None
+        else (
+            f"A full ring costs ~{per:.0f} bytes per answer kept: at most ~{per * RING * MAX_DEVICES / 2**20:.0f} MiB "
+            f"over the idle console for {MAX_DEVICES} devices (`machines_feed.MAX_DEVICES`), however many answers stream.\n"
+        )
+    )
+    body = f"Ring: the last {RING} answers per device.\n\n{table}\n\n{bound}"
     print(body)
     if not args.no_write:
         write_result("console_memory", body)
