@@ -240,6 +240,7 @@ def bridge_acl_text(fleet: str, bridge: str, devices: Sequence[str], worker: str
             *([] if worker else [f"topic write {p}/task/+/up/{d}"]),
             f"topic write {p}/status/{d}",
             f"topic write {p}/answer/{d}/+",
+            f"topic write {p}/alert/{d}/+",
             f"topic write {p}/task/+/secagg/up/{d}",
             f"topic read {p}/task/+/down/{d}",
             f"topic read {p}/task/+/secagg/down/{d}",
@@ -295,6 +296,7 @@ user {AGGREGATOR}
 topic read {p}/task/+/up/+
 topic read {p}/status/+
 topic read {p}/answer/+/+
+topic read {p}/alert/+/+
 topic readwrite {p}/task/+/down
 topic readwrite {p}/task/+/down/+
 topic read {p}/task/+/secagg/up/+
@@ -314,6 +316,7 @@ user {OPERATOR}
 topic readwrite {p}/model/#
 topic read {p}/status/+
 topic read {p}/answer/+/+
+topic read {p}/alert/+/+
 topic write {p}/rollcall
 {BROKER_BYTES_ACL}{plants}"""
 

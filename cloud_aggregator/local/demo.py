@@ -270,7 +270,8 @@ def _start_console(work: Path) -> subprocess.Popen | None:
         except fleet_console.ConsoleStartError as exc:
             print(f"{exc}", file=sys.stderr)
             continue
-        print(f"fleet console: {url}", flush=True)
+        # The landing page is the machines view; the rounds and curves are one click away.
+        print(f"fleet console: {url} (the machines; learning view: {url}learning)", flush=True)
         return proc
     return None
 
