@@ -129,6 +129,16 @@ def test_the_advice_is_the_highest_speed_within_the_vibration_budget(tmp_path):
     assert speed_advice(falling.models["speed"], 0.6) == pytest.approx(125.0)
 
 
+def test_an_untrained_model_that_expects_no_real_speed_advises_nothing(tmp_path):
+    """A model expecting 0 or a negative speed (an early round's) must never cap a printer there."""
+    srv = server(tmp_path, vibration_budget=1.0)
+    offer(srv, linear(0.0, -0.0075), 1)  # expects -0.37 mm/s everywhere
+    assert speed_advice(srv.models["speed"], 1.0) is None
+    slow = server(tmp_path / "b")
+    offer(slow, linear(0.0, 0.05), 1)  # 2.5 mm/s: below the slowest advice a printer takes
+    assert speed_advice(slow.models["speed"], 1.0) is None
+
+
 def test_each_layer_answer_carries_the_advice_and_the_status_too(tmp_path):
     published: list = []
     srv = server(tmp_path, published, vibration_budget=0.6)
