@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import paho.mqtt.client as paho
-from cloud_aggregator.broker import free_port, start_mosquitto
+from cloud_aggregator.local.broker import free_port, start_mosquitto
 
 from benchmarks.common import markdown_table, study_parser, write_result
 from cloud_aggregator import console

@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from cloud_aggregator.simulation import ClientData, Simulation
 
 from benchmarks.common import markdown_table, study_parser, write_result
 from cloud_aggregator.local.fleet import pflda_task
+from cloud_aggregator.rounds.simulation import ClientData, Simulation
 from edge.config import AlertRule, DataConfig
 from edge.dataset import simulated_printer_dataset, simulated_welder_dataset
 from edge.serving.alerts import Alerts
