@@ -508,8 +508,12 @@ def report(
     results: Results, args: argparse.Namespace, seconds: float, fleet_lines: Sequence[str] = ()
 ) -> str:
     seeds = " ".join(str(s) for s in args.seeds)
+    from benchmarks.common import commit_line
+
     lines = [
         "# A newcomer joins a trained printer fleet (issue 16)",
+        "",
+        f"Commit: {commit_line()}",
         "",
         f"`python -m benchmarks.newcomer{' --quick' if args.quick else ''} --seeds {seeds}` "
         f"({seconds:.0f} s on this machine).  Protocol: the module docstring of `benchmarks/newcomer.py`: "
