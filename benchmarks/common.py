@@ -77,7 +77,12 @@ def remove_scratch(work: Path) -> None:
 
 def commit_line() -> str:
     """The commit the running code came from, and whether the tree had uncommitted changes to
-    tracked files (a result from a dirty tree cannot be regenerated from its commit alone)."""
+    tracked files (a result from a dirty tree cannot be regenerated from its commit alone).
+    Read once, when this module is first imported: a long run records where it started."""
+    return _COMMIT
+
+
+def _read_commit() -> str:
     root = Path(__file__).resolve().parents[1]
 
     def git(*args: str) -> str:
@@ -89,6 +94,9 @@ def commit_line() -> str:
         return "unknown (not a git checkout)"
     dirty = git("status", "--porcelain", "--untracked-files=no")
     return f"{sha}" + (" + uncommitted changes" if dirty else "")
+
+
+_COMMIT = _read_commit()
 
 
 def header(name: str, command: str | None = None) -> str:
