@@ -614,7 +614,7 @@ def lopo_main(args: argparse.Namespace) -> int:
     body = "\n".join(lines)
     print(body)
     if not args.quick and not args.no_write:
-        write_result("newcomer_lopo", body)
+        write_result("newcomer_lopo", body, command="python -m benchmarks.newcomer " + " ".join(sys.argv[1:]))
     return 0
 
 
