@@ -92,7 +92,8 @@ def _read_commit() -> str:
     sha = git("rev-parse", "--short", "HEAD")
     if not sha:
         return "unknown (not a git checkout)"
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    # Results files are outputs, not the code that produced them.
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
     return f"{sha}" + (" + uncommitted changes" if dirty else "")
 
 
