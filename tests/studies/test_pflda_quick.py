@@ -159,3 +159,24 @@ def test_printer_quick_pflda_at_most_indiv_on_the_sigmoid_glm():
     result = printers.quick(root)
     quick_figures.assert_no_drift("pflda_printers", quick_figures.printer_figures(result))
     assert result["pflda"] <= result["indiv"]
+
+
+def _trace(level: float) -> printers.Trace:
+    """20 rounds, 2 printers, 2 replicas, 3 points, every prediction ``level`` off its target."""
+    target = np.zeros((2, 2, 3))
+    return printers.Trace(np.full((20, 2, 2, 3), level), target, 0.0)
+
+
+def test_nn_last10_note_names_pflda_once_when_it_is_the_lowest():
+    """Issue 26: with --no-cv the note read "ours PFL-DA 0.091, PFL-DA 0.091"."""
+    out = {"test": {("nn", "pflda"): _trace(0.01), ("nn", "indiv"): _trace(0.1)}, "best": {}, "choice": {}}
+    text = printers.summarize(out, ["nn"], ["pflda", "indiv"], 2)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("- Mean of the last 10 rounds")]
+    assert line.count("PFL-DA") == 1, line
+    out["test"][("nn", "indiv")] = _trace(0.001)
+    (line,) = [
+        ln
+        for ln in printers.summarize(out, ["nn"], ["pflda", "indiv"], 2).splitlines()
+        if ln.startswith("- Mean of the last 10 rounds")
+    ]
+    assert "ours indiv" in line and line.count("PFL-DA") == 1, line
