@@ -17,11 +17,11 @@ import urllib.request
 from pathlib import Path
 
 import paho.mqtt.client as paho
-from cloud_aggregator.local.broker import free_port, start_mosquitto
 
 from benchmarks.common import markdown_table, study_parser, write_result
 from cloud_aggregator import console
 from cloud_aggregator.console.machines_feed import MAX_DEVICES, RING
+from cloud_aggregator.local.broker import free_port, start_mosquitto
 from ioft_protocol import topics
 
 FLEET = "memory"

@@ -2,7 +2,7 @@
 the global model, round by round, on a simulated fleet of printers and welders; and the welds from a
 tool starting to wear to the alert.
 
-In process (``cloud_aggregator.simulation``: the clients run the ``trainer_lite`` code the
+In process (``cloud_aggregator.rounds.simulation``: the clients run the ``trainer_lite`` code the
 devices run, the server the aggregator's round engine).  Per machine kind three fleets train
 the same model on the same rows: **personalized** (the algorithm a fleet serves with: PFL-DA
 for printers, FedRep for welders; each machine answers with its global shared parts and its
