@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -123,11 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         args.workdir.mkdir(parents=True, exist_ok=True)
+        # A fresh folder per run: a reused one would hold the last run's welds (skipped as seen) and its
+        # open alert (not raised again).
+        run = Path(tempfile.mkdtemp(prefix="run-", dir=args.workdir))
     except OSError as exc:
-        print(f"cannot create {args.workdir}: {exc}; give a writable folder", file=sys.stderr)
+        print(f"cannot create a folder in {args.workdir}: {exc}; give a writable folder", file=sys.stderr)
         return 2
     for device, wear_from in (("welder1", WEAR_FROM), ("welder2", NEVER)):
-        print(json.dumps(watch(device, args.workdir / device, wear_from)), flush=True)
+        print(json.dumps(watch(device, run / device, wear_from)), flush=True)
     return 0
 
 
