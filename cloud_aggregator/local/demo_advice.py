@@ -20,11 +20,16 @@ BUDGET = 1.2
 ADVISING = ("speed-pflda", "speed-indiv")
 
 
-def advice_rows(work: Path, devices: list[str], budget: float = BUDGET) -> list[dict] | str:
-    """One dict per printer (``device``, ``truth`` and each advising task's speed); a string: why not."""
-    env = dict(
+def device_side_env() -> dict[str, str]:
+    """The environment for a ``python -m edge...`` child: this process's, with its import path."""
+    return dict(
         os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), *sys.path) if p)
     )
+
+
+def advice_rows(work: Path, devices: list[str], budget: float = BUDGET) -> list[dict] | str:
+    """One dict per printer (``device``, ``truth`` and each advising task's speed); a string: why not."""
+    env = device_side_env()
     tasks = [a for t in ADVISING for a in ("--task", t)]
     done = subprocess.run(
         [sys.executable, "-m", "edge.serving.demo_advice", "--budget", str(budget), *tasks,

@@ -31,14 +31,20 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edge.config import SensorsConfig
 from edge.recording.base import RecorderError
 from edge.recording.printer import PrinterRecorder
 from edge.recording.welder import WelderRecorder
 from sensors.sim.printer_host import FakeMoonraker, fake_printer_bus, short_timeline
+
+if TYPE_CHECKING:
+    from sensors.welding.recording import WeldRecording
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +115,17 @@ class SimulatedPrinter:
     def close(self) -> None:
         """Stop the simulated Moonraker."""
         self.moonraker.close()
+
+
+@dataclass(frozen=True)
+class SimulatedWeld:
+    """One simulated weld: its index in the run, its true tool class, and what the log writes with it."""
+
+    index: int
+    tool: str  # TC1 (new) .. TC4 (horn and anvil worn)
+    material: str
+    recording: WeldRecording
+    landed: list[dict[str, str]]  # maintenance-log entries (earlier welds' labels) written as it is made
 
 
 class SimulatedWelder:
@@ -192,21 +209,21 @@ class SimulatedWelder:
     def start(self) -> None:
         self._thread.start()
 
-    def _export(self) -> None:
+    def weld_run(self, run: str, start: datetime) -> Iterator[SimulatedWeld]:
+        """The welds of one run, in order, with the log entries that land as each is made.
+
+        Off the real clock (the export thread paces them), so ``make demo`` can replay the same
+        wearing tool and lagging log in memory.  ``run`` names the run (its weld ids, its wear
+        draws); ``start`` is the first weld's simulated time.
+        """
         from sensors.sim.welder import GROUP_M_CLASSES, GROUP_M_DOMAINS, WeldCondition, simulate_weld
-        from sensors.welding.formats import write_weld_file
         from trainer_lite.client import derive_rng
 
         rng = derive_rng(0, self.device, "welds")
         material, weld_time = GROUP_M_DOMAINS[int(rng.integers(len(GROUP_M_DOMAINS)))]
-        start = datetime.now(UTC)
-        run = start.strftime("%Y%m%dT%H%M%S%f")  # each run's welds are new ones (the ledger skips repeats)
         wear_rng = derive_rng(0, self.device, "wear", run)
-        due: deque[tuple[datetime, str]] = deque()  # labels the log has not written yet
-        if self._stop.wait(self.lead_s):
-            return
+        due: deque[tuple[datetime, dict[str, str]]] = deque()  # labels the log has not written yet
         for i in range(self.welds):
-            began = time.monotonic()
             if self.wear_from is None:
                 name, (horn, anvil) = GROUP_M_CLASSES[i % len(GROUP_M_CLASSES)]
             else:
@@ -221,17 +238,31 @@ class SimulatedWelder:
                 started_at=at,
             )
             if self.wear_from is not None or i % 4 != 3:  # else: waits for a label forever
-                line = json.dumps({"weld_id": rec.weld_id, "tool": name, "surface": "clean"}) + "\n"
-                due.append((at + self.label_lag, line))
-            with open(self.label_log, "a") as f:  # the labels whose (simulated) time has come
-                while due and due[0][0] <= at:
-                    f.write(due.popleft()[1])
+                due.append((at + self.label_lag, {"weld_id": rec.weld_id, "tool": name, "surface": "clean"}))
+            landed = []  # the labels whose (simulated) time has come
+            while due and due[0][0] <= at:
+                landed.append(due.popleft()[1])
+            yield SimulatedWeld(i, name, material, rec, landed)
+
+    def _export(self) -> None:
+        from sensors.welding.formats import write_weld_file
+
+        start = datetime.now(UTC)
+        run = start.strftime("%Y%m%dT%H%M%S%f")  # each run's welds are new ones (the ledger skips repeats)
+        if self._stop.wait(self.lead_s):
+            return
+        began = time.monotonic()
+        for weld in self.weld_run(run, start):
+            with open(self.label_log, "a") as f:
+                for entry in weld.landed:
+                    f.write(json.dumps(entry) + "\n")
                     self.labels_written += 1
-            path = write_weld_file(rec, self.inbox / f"{rec.weld_id}.npy")
+            path = write_weld_file(weld.recording, self.inbox / f"{weld.recording.weld_id}.npy")
             path.with_name(path.name + ".done").touch()
             self.exported += 1
             if self._stop.wait(max(0.0, self.weld_s - (time.monotonic() - began))):
                 return
+            began = time.monotonic()
 
     def finished(self) -> bool:
         """Whether every weld was exported and the recorder has picked each one up."""
