@@ -479,6 +479,12 @@ def report(cfg: Config, results, seconds: float) -> str:
         f"{cfg.ditto_lam}; FedAvg+FT {cfg.ft_steps} steps.  Seeds {list(cfg.seeds)}; mean ± std over seeds.  "
         f"{len(results)} runs in {seconds:.0f} s wall ({cfg.workers} workers)."
     ]
+    parts[0] += (
+        "  FedPP trains on exactly LOCAL's training images and reads λ from the validation images."
+        if cfg.aligned_split
+        else "  --shuffled-split: FedPP holds out a random third of its pooled training and validation "
+        "images, so it trains on other images than LOCAL."
+    )
     if any(m in cfg.methods for m in ABLATIONS):
         parts[0] += (
             f"  W ablations (slides' λ rule, α = {cfg.alpha}): “{FEDPP_SLIDES}” uses the slides' "
