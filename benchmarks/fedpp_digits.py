@@ -59,6 +59,7 @@ import numpy as np
 from benchmarks.common import RESULTS, fmt_mean_std, markdown_table, progress, study_parser, write_result
 from cloud_aggregator.rounds.simulation import ClientData, simulate
 from trainer_lite.algorithms.base import get_loss, run_local_steps
+from trainer_lite.algorithms.fedpp import validation_split
 from trainer_lite.client import derive_rng
 from trainer_lite.data import Dataset
 from trainer_lite.optim import Adam
@@ -112,6 +113,7 @@ class Config:
     top_k: int | None = 2
     kernel: str = "exp"
     subspace_dim: int = 10
+    aligned_split: bool = True
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     settings: tuple[str, ...] = SETTINGS
     methods: tuple[str, ...] = METHODS
@@ -181,14 +183,33 @@ def make_clients(
     return clients, valid
 
 
-def with_validation(clients: dict[str, ClientData], valid: dict[str, Dataset]) -> dict[str, ClientData]:
-    """FedPP's view: training and validation images in one local dataset (it holds the share out itself)."""
-    return {
-        d: ClientData(
-            Dataset(np.concatenate([c.train.x, valid[d].x]), np.concatenate([c.train.y, valid[d].y])), c.test
-        )
-        for d, c in clients.items()
-    }
+def with_validation(
+    clients: dict[str, ClientData], valid: dict[str, Dataset], seed: int, aligned: bool = True
+) -> dict[str, ClientData]:
+    """FedPP's view: training and validation images in one local dataset (it holds the share out itself).
+
+    ``aligned`` places the validation images at the rows the client's
+    :func:`~trainer_lite.algorithms.fedpp.validation_split` holds out (task seed
+    ``seed``), so FedPP trains on exactly LOCAL's images and reads λ from exactly the
+    study's validation images.  Unaligned (the study before issue 26), the client held
+    out a random third of the pooled images: it trained on other images than LOCAL,
+    which alone put single clients several points below LOCAL (results file).
+    """
+    out = {}
+    for d, c in clients.items():
+        n_train, n_val = len(c.train), len(valid[d])
+        x = np.concatenate([c.train.x, valid[d].x])
+        y = np.concatenate([c.train.y, valid[d].y])
+        if aligned:
+            rows = np.arange(n_train + n_val)
+            probe = Dataset(rows[:, None].astype(np.float64), rows)
+            train_rows, val_rows = validation_split(probe, n_val / (n_train + n_val), seed)
+            order = np.empty(n_train + n_val, dtype=np.int64)
+            order[train_rows.y] = np.arange(n_train)
+            order[val_rows.y] = n_train + np.arange(n_val)
+            x, y = x[order], y[order]
+        out[d] = ClientData(Dataset(x, y), c.test)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -274,7 +295,7 @@ def run_job(job: Job) -> tuple[Job, dict[str, float], list[float], float]:
     clients, valid = make_clients(cfg, job.setting, job.seed, *_DATA)
     spec = task_spec(job.method, cfg, job.seed)
     if spec.algorithm == "fedpp":
-        clients = with_validation(clients, valid)
+        clients = with_validation(clients, valid, job.seed, aligned=cfg.aligned_split)
     curve: list[float] = []
 
     def on_record(rec, fleet, global_params) -> None:
@@ -458,6 +479,12 @@ def report(cfg: Config, results, seconds: float) -> str:
         f"{cfg.ditto_lam}; FedAvg+FT {cfg.ft_steps} steps.  Seeds {list(cfg.seeds)}; mean ± std over seeds.  "
         f"{len(results)} runs in {seconds:.0f} s wall ({cfg.workers} workers)."
     ]
+    parts[0] += (
+        "  FedPP trains on exactly LOCAL's training images and reads λ from the validation images."
+        if cfg.aligned_split
+        else "  --shuffled-split: FedPP holds out a random third of its pooled training and validation "
+        "images, so it trains on other images than LOCAL."
+    )
     if any(m in cfg.methods for m in ABLATIONS):
         parts[0] += (
             f"  W ablations (slides' λ rule, α = {cfg.alpha}): “{FEDPP_SLIDES}” uses the slides' "
@@ -533,6 +560,12 @@ def build_parser():
     parser.add_argument(
         "--name", default=None, help="results file stem (default fedpp_digits, or fedpp_digits_quick)"
     )
+    parser.add_argument(
+        "--shuffled-split",
+        action="store_true",
+        help="FedPP holds out a random third of its pooled images (the study before issue 26) instead of "
+        "the study's validation images, so it trains on other images than LOCAL",
+    )
     parser.add_argument("--rounds", type=int, default=None, help=f"rounds (default {Config.rounds})")
     parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     return parser
@@ -548,6 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         methods=tuple(dict.fromkeys([*args.methods, *(ABLATIONS if args.ablations else ())])),
         rounds=args.rounds or cfg.rounds,
         workers=args.workers,
+        aligned_split=not args.shuffled_split,
     )
     if args.kernel is not None:
         cfg = replace(cfg, kernel=args.kernel)

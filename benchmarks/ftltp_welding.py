@@ -22,8 +22,9 @@ transform for every method, :class:`sensors.features.scaling.Standardizer`):
   standardise its own welds.  This removes most of the simulated domain shift (a
   per-feature offset and gain), so every method is near 100 %: a labelled variant,
   not the paper's protocol.
-* ``none``: raw DWT features (what the edge daemon trains on today, see
-  ``edge/dataset.py``): per-feature scales from ~1e-8 to ~100, ‖x‖² ~ 1e5.  Methods on the same 624-175-125-50-C
+* ``none``: raw DWT features (what the edge daemon trains on for a task without
+  ``scaling``; ``scaling = "local"`` makes each device z-score its own rows, since
+  047f69d, as ``client`` does here): per-feature scales from ~1e-8 to ~100, ‖x‖² ~ 1e5.  Methods on the same 624-175-125-50-C
 MLP (Kaiming-normal, ReLU, Adam, cross-entropy, B = 8, η = 5e-4, E = 1):
 
 * **FTL-TP**: K_B = 1 shared by both groups, upper blocks per group, α_L2R = 0.001,

@@ -86,3 +86,21 @@ def test_kernel_and_top_k_flags_reach_the_fedpp_rows_and_the_ablations_keep_thei
     assert "clients below LOCAL" in out
     with pytest.raises(SystemExit):
         study.build_parser().parse_args(["--top-k", "0"])
+
+
+def test_fedpp_trains_on_exactly_locals_images_and_reads_lambda_from_the_validation_images():
+    # Issue 26: with a random held-out third of the pooled images FedPP trained on other images
+    # than LOCAL, which alone put single clients several points below LOCAL.
+    from trainer_lite.algorithms.fedpp import validation_split
+
+    cfg = study.replace(study.quick_config(), n_test=20)
+    seed = 3
+    clients, valid = study.make_clients(cfg, "imbalanced", seed, *study.load_images())
+    fraction = study.task_spec(study.FEDPP, cfg, seed).hparams["val_fraction"]
+    pooled = study.with_validation(clients, valid, seed)
+    for device, data in pooled.items():
+        train, val = validation_split(data.train, fraction, seed)
+        np.testing.assert_array_equal(train.x, clients[device].train.x)
+        np.testing.assert_array_equal(train.y, clients[device].train.y)
+        np.testing.assert_array_equal(val.x, valid[device].x)
+        np.testing.assert_array_equal(val.y, valid[device].y)

@@ -26,9 +26,11 @@ held-out samples per device) gives a weak pull, not a switch between none and
 a strong one.  On the rotated-digits study (``benchmarks/fedpp_digits.py``,
 ``benchmarks/results/fedpp_digits.md``) both rules reach the same mean
 accuracy and PTR (within a seed's spread); the slides' rule keeps the one
-large client of the imbalanced setting at its LOCAL accuracy (−0.001, the
-code's −0.010).  Neither reaches the slides' PTR = 1.0 (0.92 balanced, 0.82
-imbalanced with the default rule; the results file lists the losing clients).
+large client of the imbalanced setting at its LOCAL accuracy (+0.004, the
+code's −0.015).  Neither reaches the slides' PTR = 1.0 (0.97 balanced, 0.92
+imbalanced with the default rule): λ reads validation *loss*, and a less
+confident θ̂_k can have the lower loss and the lower accuracy, so the pull stays
+on toward a worse classifier (the results file lists the losing clients).
 
 Validation data: a fixed ``val_fraction`` of the device's training set (drawn
 once from the task seed and the dataset size, the same every round) is held

@@ -178,10 +178,10 @@ class FedPPServerConfig:
     it produced the paper's figures.  On the rotated digits the slides' dense
     Σ cos ζ_i weighs every device nearly alike (in-cluster 0.69 against 0.55 per
     angle), which propagates toward a FedAvg-like mix: with it FedPP keeps about
-    half its gain over LOCAL and loses on more clients (balanced, 5 seeds: Acc
-    0.793 and PTR 0.78 against the default's 0.825 and 0.92; LOCAL 0.764).  It is
+    a third of its gain over LOCAL and loses on more clients (balanced, 5 seeds: Acc
+    0.785 and PTR 0.92 against the default's 0.836 and 0.97; LOCAL 0.764).  It is
     the top-k sparsification, not the kernel, that carries the result: Σ cos ζ_i
-    with top-2 matches the default (0.825, PTR 0.83 ± 0.13); see
+    with top-2 matches the default (0.832, PTR 0.93 ± 0.07); see
     ``benchmarks/results/fedpp_digits_slides.md`` (``benchmarks.fedpp_digits
     --ablations``, or ``--kernel sum --top-k none`` for the FedPP rows).
     """
