@@ -69,7 +69,8 @@ def hostile(request: CollectRequest, sent: list[Uplink]) -> list[Uplink]:
         huge = {n: (v + 1e6).astype(v.dtype) for n, v in p3.params.items()}
         bad.append(("printer3", dataclasses.replace(p3, params=huge)))
     # The round closes once all three answered: the copy and the replay come before the last honest upload.
-    replay = dataclasses.replace(p1, n_samples=p1.n_samples + 1)
+    # Another answer (one sample fewer: more than the device's reported rows is its own refusal).
+    replay = dataclasses.replace(p1, n_samples=p1.n_samples - 1)
     return [
         *bad,
         ("printer1", p1),
