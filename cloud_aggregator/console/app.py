@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import json
 import math
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any
@@ -39,6 +40,10 @@ from cloud_aggregator.console.metrics import FleetCollector
 COOKIE = "ioft_console"
 #: Host headers a console on loopback answers (its own bind address is added).
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+#: Live ``/events`` streams one client address may hold, and all clients together: each stream is
+#: a task and a socket, so an unbounded number of them is a way to exhaust the console.
+STREAMS_PER_CLIENT = 8
+STREAMS_TOTAL = 64
 #: Seconds between keep-alive comments on a quiet event stream (proxies drop silent ones).
 KEEPALIVE_S = 15.0
 
@@ -91,6 +96,50 @@ class TokenGate:
         await response(scope, receive, send)
 
 
+class StreamGate:
+    """Counts the open ``/events`` streams per client address and in all; refuses past the caps."""
+
+    def __init__(self, per_client: int = STREAMS_PER_CLIENT, total: int = STREAMS_TOTAL) -> None:
+        self.per_client, self.total = per_client, total
+        self.open: dict[str, int] = {}
+        self.refused = 0
+
+    def enter(self, client: str) -> bool:
+        # One event loop runs every route: no await between the check and the count.
+        if sum(self.open.values()) >= self.total or self.open.get(client, 0) >= self.per_client:
+            self.refused += 1
+            return False
+        self.open[client] = self.open.get(client, 0) + 1
+        return True
+
+    def leave(self, client: str) -> None:
+        left = self.open.get(client, 0) - 1
+        if left > 0:
+            self.open[client] = left
+        else:
+            self.open.pop(client, None)
+
+
+class EncodedView:
+    """The view as the ``/events`` line every stream sends, encoded once per version of the source:
+    N streams cost one encoding and one copy of it, not N."""
+
+    def __init__(self, source: ViewSource) -> None:
+        self.source = source
+        self.version: tuple | None = None
+        self.line = ""
+        self.lock = anyio.Lock()
+
+    async def get(self) -> tuple[tuple | None, str]:
+        async with self.lock:
+            version = self.source.version()
+            if version != self.version or not self.line:
+                data = await anyio.to_thread.run_sync(lambda: view_json(self.source))
+                self.line = f"event: view\ndata: {json.dumps(_finite(data), allow_nan=False)}\n\n"
+                self.version = version
+            return self.version, self.line
+
+
 def build_app(
     source: ViewSource,
     *,
@@ -130,25 +179,47 @@ def build_app(
         body = await anyio.to_thread.run_sync(generate_latest, registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    async def events(request: Request) -> Response:
-        async def stream() -> AsyncIterator[str]:
-            last: tuple | None = None
-            quiet = 0.0
-            while True:
-                version = source.version()
-                if version != last:
-                    last = version
-                    data = await anyio.to_thread.run_sync(lambda: view_json(source))
-                    yield f"event: view\ndata: {json.dumps(_finite(data), allow_nan=False)}\n\n"
-                    quiet = 0.0
-                elif quiet >= KEEPALIVE_S:
-                    yield ": keep-alive\n\n"
-                    quiet = 0.0
-                await anyio.sleep(refresh_s)
-                quiet += refresh_s
+    gate, encoded = StreamGate(), EncodedView(source)
 
+    async def events(request: Request) -> Response:
+        client = request.client.host if request.client else "?"
+        if not gate.enter(client):
+            return PlainTextResponse(
+                f"too many live streams (at most {gate.per_client} per client, {gate.total} in all): "
+                "close another console tab, or retry later",
+                status_code=429,
+                headers={"Retry-After": "5"},
+            )
+
+        left = False
+
+        def leave() -> None:  # once, whether the stream ran and ended or never started at all
+            nonlocal left
+            if not left:
+                left = True
+                gate.leave(client)
+
+        async def stream() -> AsyncIterator[str]:
+            try:
+                last: tuple | None = None
+                quiet = 0.0
+                while True:
+                    if source.version() != last:
+                        last, line = await encoded.get()
+                        yield line
+                        quiet = 0.0
+                    elif quiet >= KEEPALIVE_S:
+                        yield ": keep-alive\n\n"
+                        quiet = 0.0
+                    await anyio.sleep(refresh_s)
+                    quiet += refresh_s
+            finally:  # the client went away (or the server stops): its place is free again
+                leave()
+
+        body = stream()
+        weakref.finalize(body, leave)  # a generator never started runs no ``finally``
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
     middleware = []
     if hosts is not None:
