@@ -688,7 +688,7 @@ def _fleet_target() -> Target:
     """The aggregator's whole receive path (decode, then admission): it must never raise."""
     from safetensors.numpy import save as st_save
 
-    from cloud_aggregator.rounds.engine import CollectRequest
+    from cloud_aggregator.rounds.types import CollectRequest
     from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
     from ioft_protocol import codec, round_messages
     from trainer_lite.params import param_hash

@@ -24,17 +24,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from cloud_aggregator import faults
-from cloud_aggregator.aggregation.strategies import Update
-from cloud_aggregator.rounds.admission import (
-    Admission,
-    AdmissionPolicy,
-    Inbox,
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox, reported_train_rows
+from cloud_aggregator.rounds.types import (
+    CollectRequest,
+    LateUpdate,
     Reason,
     Refusal,
-    reported_train_rows,
+    Rejection,
+    RoundStore,
+    SatOut,
 )
-from cloud_aggregator.rounds.engine import CollectRequest, Rejection, RoundStore, SatOut
-from cloud_aggregator.rounds.stragglers import LateUpdate
 from ioft_protocol import codec, restate, round_messages, topics
 from ioft_protocol.mqtt import Message, MqttError, MqttSession
 from ioft_protocol.round_messages import DeviceSelection, HoldoutScore

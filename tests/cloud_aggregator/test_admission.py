@@ -14,9 +14,9 @@ from collections import deque
 import numpy as np
 import pytest
 
-from cloud_aggregator.aggregation.strategies import Update
-from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Reason, change_norm, check_tensors
-from cloud_aggregator.rounds.engine import CollectRequest, Rejection
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, change_norm, check_tensors
+from cloud_aggregator.rounds.types import CollectRequest, Reason, Rejection
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import codec, round_messages, topics

@@ -86,7 +86,7 @@ def test_held_out_devices_travel_in_the_announcement_and_never_take_part():
     "junk", [None, [], "x", {"round": "3"}, {"round": 3, "phase": "train", "global_hash": "h", "metrics": 1}]
 )
 def test_a_malformed_holdout_score_in_a_status_is_no_score(junk):
-    from cloud_aggregator.rounds.engine import CollectRequest
+    from cloud_aggregator.rounds.types import CollectRequest
     from trainer_lite.task import TaskSpec
 
     view = FleetView(status={"w2": {"state": "online", "holdout": {"tool": junk}}})
@@ -95,7 +95,7 @@ def test_a_malformed_holdout_score_in_a_status_is_no_score(junk):
 
 
 def test_only_a_score_of_the_rounds_own_global_counts():
-    from cloud_aggregator.rounds.engine import CollectRequest
+    from cloud_aggregator.rounds.types import CollectRequest
     from ioft_protocol.round_messages import HoldoutScore
     from trainer_lite.task import TaskSpec
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml, pflda_task
-from cloud_aggregator.rounds.engine import RoundRecord
+from cloud_aggregator.rounds.types import RoundRecord
 from cloud_aggregator.store.backup import Backups, StoreDamagedError, list_backups
 from cloud_aggregator.store.sqlite import SqliteStore
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -17,6 +16,7 @@ import numpy as np
 from cloud_aggregator.aggregation.reducers import ReducerChoice
 from cloud_aggregator.aggregation.strategies.privacy import PrivateMean, dp_refusal
 from cloud_aggregator.aggregation.streaming import RoundFold
+from cloud_aggregator.aggregation.update import Update
 from ioft_protocol.codec import TensorSpec
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.algorithms.base import build_config, client_class
@@ -24,16 +24,6 @@ from trainer_lite.client import cast_params
 from trainer_lite.params import Params
 from trainer_lite.privacy import DPConfig
 from trainer_lite.task import TaskSpec
-
-
-@dataclass(frozen=True)
-class Update:
-    """One device's validated upload for a round and phase."""
-
-    device: str
-    params: Params
-    n_samples: int
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class Strategy(ABC):
