@@ -36,6 +36,9 @@ class Strategy(ABC):
     accepts_late_updates: ClassVar[bool] = False
     #: The DP modes its means support (``strategies.privacy``); empty: a task with ``dp`` is refused.
     dp_modes: ClassVar[tuple[str, ...]] = ()
+    #: Whether a SecAgg round can serve it (``cloud_aggregator.serve.secagg_round``): its global is the
+    #: plain weighted mean of the uploads, which is all a masked sum reveals.
+    secagg: ClassVar[bool] = False
 
     def __init__(self, spec: TaskSpec, client: ClientAlgorithm | None = None) -> None:
         self.spec = spec

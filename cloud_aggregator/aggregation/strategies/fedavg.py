@@ -55,6 +55,7 @@ class FedAvg(Strategy):
     config_cls = FedAvgConfig
     accepts_late_updates = True
     dp_modes = ("central", "distributed")
+    secagg = True
 
     def __init__(self, spec, client=None) -> None:
         super().__init__(spec, client)

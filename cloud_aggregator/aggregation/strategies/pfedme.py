@@ -31,6 +31,7 @@ class PFedMeServerConfig(FedAvgConfig):
 @register_strategy
 class PFedMe(FedAvg):
     name = "pfedme"
+    secagg = False  # its global moves by beta toward the mean: not the mean a masked sum gives
     config_cls = PFedMeServerConfig
 
     def aggregate(
