@@ -106,8 +106,9 @@ class _Inbox(dict):
 
 
 @dataclass
-class FleetView:
-    """What the aggregator knows of each device (from retained status messages)."""
+class DeviceRoster:
+    """What the aggregator knows of each device (from retained status messages); the console's picture
+    of the fleet is ``cloud_aggregator.console.fleet_view.FleetView``."""
 
     online: dict[str, bool] = field(default_factory=dict)
     #: device -> the fields of its status the aggregator reads (:data:`KEPT_STATUS`)
@@ -203,7 +204,7 @@ class MqttFleet:
             max_payload_bytes=policy.max_payload_bytes,
             reported_rows=lambda device: reported_train_rows(self.view.status.get(device)),
         )
-        self.view = FleetView(rejected_by_reason=self.admission.refused)
+        self.view = DeviceRoster(rejected_by_reason=self.admission.refused)
         self._announced: dict[str, list[tuple[str, bytes]]] = {}  # task -> its retained messages
         #: task -> uplinks waiting for that task's collecting thread (or its first round)
         self._queues: dict[str, queue.Queue[Message]] = {}
