@@ -1,4 +1,4 @@
-"""A damaged ``aggregator.sqlite`` is refused, and a backup brings ``serve`` back (issue 23, item 6).
+"""A damaged ``aggregator.sqlite`` is refused, and a backup brings ``serve`` back.
 
 Before: ``serve`` ran hundreds of rounds on a store with three overwritten pages (``PRAGMA
 integrity_check``: malformed), and one cut to half its size ended in an uncaught
