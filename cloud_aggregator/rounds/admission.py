@@ -302,6 +302,17 @@ class Admission:
         per = self.refused.setdefault(device, {})
         per[reason] = per.get(reason, 0) + 1
 
+    def screen(self, device: str, *, outside: str | None, held_out: bool) -> Refusal | None:
+        """The first step, before a payload is read: a held-out device (it scores the global and
+        uploads no update) or one outside the task's selection (``outside``: why, from its status)
+        is refused ``not_selected`` and counted; ``None``: read on (:meth:`receive`)."""
+        if held_out:
+            outside = "held out: it scores the global model and uploads no update"
+        if outside is None:
+            return None
+        self.count_refusal(device, Reason.NOT_SELECTED)
+        return Refusal(Reason.NOT_SELECTED, outside)
+
     def receive(
         self,
         device: str,
@@ -310,12 +321,19 @@ class Admission:
         inbox: Inbox,
         *,
         restored: bool = False,
+        outside: str | None = None,
+        held_out: bool = False,
     ) -> Update | LateUpdate | Refusal:
-        """Judge ``device``'s upload (see :meth:`judge`), file the verdict in ``inbox`` and count a refusal.
+        """Judge ``device``'s upload (:meth:`screen`, then :meth:`judge`), file the verdict in ``inbox``
+        and count a refusal.
 
         A refusal of the device's answer to the open round (``ROUND_ANSWERS``) is filed as a
-        ``Rejection`` unless the device has an admitted upload there; other refusals are only counted.
+        ``Rejection`` unless the device has an admitted upload there; other refusals, and a device
+        screened out (it sat the round out: the fleet says so in its ``SatOut``), are only counted.
         """
+        screened = self.screen(device, outside=outside, held_out=held_out)
+        if screened is not None:
+            return screened
         verdict = self.judge(device, upload, request, restored=restored)
         if isinstance(verdict, Refusal):
             self.count_refusal(device, verdict.reason)

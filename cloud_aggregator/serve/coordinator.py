@@ -250,6 +250,8 @@ class WorkerFleet(MqttFleet):
     ) -> None:
         """Count and store a worker's refusal as ``MqttFleet`` counts its own; a refused answer to
         the open round is filed in it (unless the device has an admitted upload there)."""
+        with self._admit:
+            self.admission.count_refusal(device, reason)
         self._record_refusal(device, None, Refusal(reason, detail), answering=(task, round_))
         if (
             request is not None

@@ -640,13 +640,11 @@ class MqttFleet:
         elif topic.kind == "up" and request is not None and received is not None:
             if topic.task != request.spec.name:
                 return
-            why = self.view.outside(topic.device, self.selections.get(topic.task))
-            if topic.device in self.holdouts.get(topic.task, ()):
-                why = "held out: it scores the global model and uploads no update"
-            if why is not None:  # counted and stored like any refusal
-                self._record_refusal(topic.device, request, Refusal(Reason.NOT_SELECTED, why))
-                return
-            self._accept(topic.device, msg.payload, request, received, persist=True)
+            outside = self.view.outside(topic.device, self.selections.get(topic.task))
+            held_out = topic.device in self.holdouts.get(topic.task, ())
+            self._accept(
+                topic.device, msg.payload, request, received, persist=True, outside=outside, held_out=held_out
+            )
         elif topic.kind == "up":
             self._accept(topic.device, msg.payload, None, {}, persist=True)
 
@@ -679,15 +677,10 @@ class MqttFleet:
         request: CollectRequest | None,
         verdict: Refusal,
         *,
-        counted: bool = False,
         answering: tuple[str, int | None] | None = None,
     ) -> None:
-        """Log and store a refused upload; count it unless admission already did (``counted``).
-        It is filed under ``answering`` (task, round) where given (a worker's batch says which),
-        else under ``request``'s round."""
-        if not counted:
-            with self._admit:
-                self.admission.count_refusal(device, verdict.reason)
+        """Log and store a refused upload (admission counted it).  It is filed under ``answering``
+        (task, round) where given (a worker's batch says which), else under ``request``'s round."""
         level = logging.INFO if verdict.reason in ROUTINE_REFUSALS else logging.WARNING
         log.log(level, "dropped update from %s: %s", device, verdict)
         if self.store is not None:
@@ -696,16 +689,27 @@ class MqttFleet:
             self.store.put_rejection(*answering, device, verdict.reason, verdict.detail)
 
     def _accept(
-        self, device: str, payload: bytes, request: CollectRequest | None, received: Inbox, *, persist: bool
+        self,
+        device: str,
+        payload: bytes,
+        request: CollectRequest | None,
+        received: Inbox,
+        *,
+        persist: bool,
+        outside: str | None = None,
+        held_out: bool = False,
     ) -> None:
         """Admit an uplink into ``received`` or record why not; never raises.
 
-        ``persist`` keeps an admitted upload in the store (``False``: it was read back from it).
+        ``persist`` keeps an admitted upload in the store (``False``: it was read back from it);
+        ``outside`` (why the device is outside the task's selection) and ``held_out`` go to admission.
         """
         with self._admit:
-            verdict = self.admission.receive(device, payload, request, received, restored=not persist)
+            verdict = self.admission.receive(
+                device, payload, request, received, restored=not persist, outside=outside, held_out=held_out
+            )
         if isinstance(verdict, Refusal):
-            self._record_refusal(device, request, verdict, counted=True)
+            self._record_refusal(device, request, verdict)
             return
         if isinstance(verdict, LateUpdate):
             log.info(
