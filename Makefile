@@ -12,6 +12,9 @@ STAMP  := $(VENV)/.installed
 # and systemd-analyze, which verifies the units `fleet init` writes (the systemd package, ~15 MB).
 # rabbitmq-server (3.10, with Erlang ~60 MB): the end-to-end suite runs on its MQTT plugin too, one
 # node and a two-node cluster (a broker cluster's semantics: retained messages per node).
+# mosquitto also brings mosquitto_passwd (a test checks our password hashes against it).
+# Not here, on purpose: qemu-user-static, debootstrap, systemd-container (only `make pi-check` and
+# `make services-check` run them; their tests render reports from given figures and run none).
 TEST_DEBS := mosquitto mosquitto-clients alsa-utils chromium systemd rabbitmq-server
 
 .PHONY: demo test test-deps lint explore bench clean

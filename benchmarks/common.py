@@ -13,6 +13,7 @@ import platform
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -74,12 +75,42 @@ def remove_scratch(work: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def commit_line() -> str:
+    """The commit the running code came from, and whether the tree had uncommitted changes to
+    tracked files (a result from a dirty tree cannot be regenerated from its commit alone).
+    Read once, when this module is first imported: a long run records where it started."""
+    return _COMMIT
+
+
+def _read_commit() -> str:
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    sha = git("rev-parse", "--short", "HEAD")
+    if not sha:
+        return "unknown (not a git checkout)"
+    # Results files are outputs, not the code that produced them.
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    return f"{sha}" + (" + uncommitted changes" if dirty else "")
+
+
+_COMMIT = _read_commit()
+
+
+def header(name: str, command: str | None = None) -> str:
+    """The lines every results file starts with: title, command, commit, machine."""
+    cmd = command or "python -m benchmarks." + name + " " + " ".join(sys.argv[1:])
+    return f"# {name}\n\nCommand: `{cmd.strip()}`  \nCommit: {commit_line()}  \nMachine: {machine_line()}\n"
+
+
 def write_result(name: str, body: str, *, command: str | None = None) -> Path:
-    """Write ``benchmarks/results/<name>.md`` with the command and machine on top."""
+    """Write ``benchmarks/results/<name>.md`` with the command, commit and machine on top."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.md"
-    cmd = command or "python -m benchmarks." + name + " " + " ".join(sys.argv[1:])
-    path.write_text(f"# {name}\n\nCommand: `{cmd.strip()}`  \nMachine: {machine_line()}\n\n{body.strip()}\n")
+    path.write_text(f"{header(name, command)}\n{body.strip()}\n")
     return path
 
 

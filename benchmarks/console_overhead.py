@@ -62,7 +62,7 @@ def with_console(
     )
     page = browser.new_page()
     try:
-        page.goto(url)
+        page.goto(url + "learning")  # the learning view: devices, curves
         for d in devices:
             page.wait_for_selector(f'#devices tr[data-device="{d}"]', timeout=30_000)
         got = run_block(fleet, task, devices, rounds)

@@ -97,13 +97,6 @@ def uploads(sniffer: Sniffer, task: str, device: str) -> dict[int, round_message
     return out
 
 
-def came_online(sniffer: Sniffer, device: str, after: int) -> bool:
-    topic = topics.topic_status(FLEET, device)
-    return any(
-        t == topic and json.loads(p).get("state") == "online" for t, p in list(sniffer.messages)[after:]
-    )
-
-
 def await_exit(fleet: LocalFleet, timeout: float = 120) -> None:
     rc = fleet.wait_aggregator(timeout)
     if rc != 0:
@@ -309,13 +302,16 @@ def offline_rejoin(fleet: LocalFleet, seed: int = 6) -> ScenarioRun:
     ) as (agg, sniffer):
         log = fleet.work / "aggregator.log"
         wait_stopped(agg, 120, "after round 2", log)
+        # Its round-2 upload on the wire: its state on disk is the one after round 2 (saved before sent).
+        wait_until(lambda: 2 in uploads(sniffer, TASK, P3), 120, "printer3's round-2 upload")
         kill(fleet.devices[P3])
         saved = load_task_state(fleet.work / P3 / "tasks" / TASK / "local.safetensors")
         thaw(agg)
         wait_stopped(agg, 120, "after round 5", log)
-        seen = len(sniffer.messages)
         fleet.start_device(P3)
-        wait_until(lambda: came_online(sniffer, P3, seen), 120, "printer3 back online")
+        # Its answer to the retained round 5, not merely "online": thawed before that answer, the
+        # aggregator's round 6 replaces the retained round 5 and the device never sees round 5.
+        wait_until(lambda: 5 in uploads(sniffer, TASK, P3), 120, "printer3's answer to the retained round 5")
         thaw(agg)
         faults_ = [f"SIGKILL {P3}", f"restart {P3}"]
         return _finish(

@@ -74,6 +74,24 @@ METHODS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("FedAvg", "fedavg", {}),
 )
 BEFORE = "PFL-DA (no cold start)"
+#: PFL-DA Table 5's schedule (benchmarks.pflda_printers, the authors' printer.py): the ``lopo`` protocol.
+TABLE5_HPARAMS: dict[str, Any] = {
+    "lr": 3e-3,
+    "weight_decay": 3e-4,
+    "local_steps": 10,
+    "lr_decay": 0.99,
+    "lr_decay_every": 5,
+}
+#: The speeds a ``lopo`` newcomer has printed (every row of each); it is scored on Speed30.
+LOPO_SPEEDS = (10, 20, 40)
+#: Personalized methods under Table 5's schedule (FedAvg kept as a reference, no cold-start ablation;
+#: pFedMe's personal step at the task's rate).
+LOPO_METHODS: tuple[tuple[str, str, dict[str, Any]], ...] = tuple(
+    (label, algorithm, {**extra, "personal_lr": 3e-3} if algorithm == "pfedme" else extra)
+    for label, algorithm, extra in METHODS
+    if label != BEFORE
+)
+NOT_PERSONAL = ("FedAvg",)
 INDIV = "indiv"
 #: Not in the study: FedPP needs Linear first and last layers (the GLM has an affine encoder and a
 #: sigmoid decoder); FedDAR needs a domain label per row; PerPCA is not a regression model.
@@ -142,12 +160,29 @@ def real_fleet(runs: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]], seed: 
     return Fleet(established, newcomer)
 
 
-def _spec(algorithm: str, extra: dict[str, Any], seed: int, rounds: int) -> TaskSpec:
+def lopo_fleet(runs: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]], new: int) -> Fleet:
+    """Leave printer ``new`` out: the other five train on Table 5's split (every speed but 30, tested
+    on 30); ``new`` joins with every row of its ``LOPO_SPEEDS`` and is scored on its Speed30 rows."""
+    speeds = sorted(next(iter(runs.values())))
+    train_speeds = [s for s in speeds if s != 30]
+
+    def data(by: dict[int, tuple[np.ndarray, np.ndarray]], use: Sequence[int]) -> Dataset:
+        return Dataset(np.concatenate([by[s][0] for s in use]), np.concatenate([by[s][1] for s in use]))
+
+    established = {
+        f"printer{p}": ClientData(data(runs[p], train_speeds), data(runs[p], [30])) for p in runs if p != new
+    }
+    return Fleet(established, ClientData(data(runs[new], LOPO_SPEEDS), data(runs[new], [30])))
+
+
+def _spec(
+    algorithm: str, extra: dict[str, Any], seed: int, rounds: int, hparams: dict[str, Any] | None = None
+) -> TaskSpec:
     return TaskSpec(
         name="newcomer",
         algorithm=algorithm,
         model="sigmoid_glm",
-        hparams={**HPARAMS, **extra},
+        hparams={**(HPARAMS if hparams is None else hparams), **extra},
         server={"weighting": "uniform"},
         dtype="float64",
         rounds=rounds,
@@ -175,6 +210,7 @@ def run_fleet(
     rounds_before: int,
     rounds_after: int,
     methods: Sequence[tuple[str, str, dict[str, Any]]] = METHODS,
+    hparams: dict[str, Any] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """``({label: newcomer test loss per round since joining}, {label: its training loss at the end})``
     for every method and indiv."""
@@ -186,7 +222,7 @@ def run_fleet(
         if key in trained:
             sim = copy.deepcopy(trained[key])
         else:
-            sim = Simulation(_spec(algorithm, extra, seed, rounds_before), fleet.established)
+            sim = Simulation(_spec(algorithm, extra, seed, rounds_before, hparams), fleet.established)
             sim.run()
             trained[key] = copy.deepcopy(sim)
         sim.add_device(NEWCOMER, fleet.newcomer)
@@ -196,7 +232,7 @@ def run_fleet(
             sim.fleet.local[NEWCOMER] = algorithm_state(initial_local(sim.fleet.algo, NEWCOMER))
         out[label] = newcomer_curve(sim, rounds_after)
         train[label] = _train_loss(sim)
-    alone = Simulation(_spec("indiv", {}, seed, rounds_after), {NEWCOMER: fleet.newcomer})
+    alone = Simulation(_spec("indiv", {}, seed, rounds_after, hparams), {NEWCOMER: fleet.newcomer})
     alone.run()
     out[INDIV] = np.array([LOSS_SCALE * r.metrics[NEWCOMER]["test_loss"] for r in alone.records])
     train[INDIV] = _train_loss(alone)
@@ -204,8 +240,8 @@ def run_fleet(
 
 
 def _job(args: tuple) -> tuple[str, tuple[dict[str, np.ndarray], dict[str, float]]]:
-    kind, fleet, seed, rounds_before, rounds_after, methods = args
-    return kind, run_fleet(fleet, seed, rounds_before, rounds_after, methods)
+    kind, fleet, seed, rounds_before, rounds_after, methods, hparams = args
+    return kind, run_fleet(fleet, seed, rounds_before, rounds_after, methods, hparams)
 
 
 @dataclass
@@ -226,7 +262,6 @@ def run_study(
     workers: int = 1,
 ) -> Results:
     """Every fleet kind and seed (seeds in the order given)."""
-    from benchmarks.common import progress
 
     jobs = []
     for kind in kinds:
@@ -236,14 +271,8 @@ def run_study(
             runs = load_runs(data)
         for seed in seeds:
             fleet = real_fleet(runs, seed) if kind == "real" else simulated_fleet(seed)
-            jobs.append((kind, fleet, seed, rounds_before, rounds_after, tuple(methods)))
-    if workers <= 1:
-        done = [_job(j) for j in progress(jobs, "newcomer runs")]
-    else:
-        import multiprocessing as mp
-
-        with mp.get_context("fork").Pool(workers) as pool:
-            done = list(progress(pool.imap(_job, jobs), "newcomer runs", total=len(jobs)))
+            jobs.append((kind, fleet, seed, rounds_before, rounds_after, tuple(methods), None))
+    done = _run_jobs(jobs, workers)
     test: dict[str, dict[str, list[np.ndarray]]] = {}
     train: dict[str, dict[str, list[float]]] = {}
     for kind, (curves, last) in done:
@@ -254,6 +283,88 @@ def run_study(
         {k: {m: np.stack(c) for m, c in by.items()} for k, by in test.items()},
         {k: {m: np.array(c) for m, c in by.items()} for k, by in train.items()},
     )
+
+
+def _run_jobs(
+    jobs: list[tuple], workers: int
+) -> list[tuple[str, tuple[dict[str, np.ndarray], dict[str, float]]]]:
+    from benchmarks.common import progress
+
+    if workers <= 1:
+        return [_job(j) for j in progress(jobs, "newcomer runs")]
+    import multiprocessing as mp
+
+    with mp.get_context("fork").Pool(workers) as pool:
+        return list(progress(pool.imap(_job, jobs), "newcomer runs", total=len(jobs)))
+
+
+def run_lopo(
+    data: Path,
+    seeds: Sequence[int],
+    rounds_before: int,
+    rounds_after: int,
+    methods: Sequence[tuple[str, str, dict[str, Any]]] = LOPO_METHODS,
+    printers: Sequence[int] | None = None,
+    workers: int = 1,
+) -> tuple[list[str], dict[str, np.ndarray]]:
+    """The leave-one-printer-out protocol under Table 5's schedule: ``(fold names, {label:
+    newcomer test loss[fold, round since joining]})``, one fold per seed and left-out printer."""
+    from benchmarks.pflda_printers import load_runs
+
+    runs = load_runs(data)
+    folds, jobs = [], []
+    for seed in seeds:
+        for p in printers or sorted(runs):
+            folds.append(f"printer{p}/seed{seed}")
+            jobs.append(
+                (
+                    "lopo",
+                    lopo_fleet(runs, p),
+                    seed,
+                    rounds_before,
+                    rounds_after,
+                    tuple(methods),
+                    TABLE5_HPARAMS,
+                )
+            )
+    done = _run_jobs(jobs, workers)
+    labels = [label for label, _, _ in methods] + [INDIV]
+    return folds, {label: np.stack([curves[label] for _, (curves, _) in done]) for label in labels}
+
+
+def lopo_targets(losses: dict[str, np.ndarray]) -> list[str]:
+    """Issue 26's targets: every personalized newcomer ≤ alone at round 1 in ≥ 16 of 18 folds
+    (scaled to the folds run), and PFL-DA ≤ 0.8× alone by round 5."""
+    alone = losses[INDIV]
+    n = len(alone)
+    need = int(np.ceil(n * 16 / 18))
+    lines = []
+    for label, loss in losses.items():
+        if label in (INDIV, *NOT_PERSONAL):
+            continue
+        ok = int((loss[:, 0] <= alone[:, 0]).sum())
+        lines.append(
+            f"- {label}: newcomer ≤ alone at round 1 in **{ok} of {n}** folds "
+            f"({'met' if ok >= need else 'NOT met'}; needs {need})"
+        )
+    if alone.shape[1] >= 5:
+        ratio = losses["PFL-DA"][:, 4] / alone[:, 4]
+        lines.append(
+            f"- PFL-DA ≤ 0.8× alone at round 5: median ratio **{np.median(ratio):.2f}** "
+            f"({'met' if np.median(ratio) <= 0.8 else 'NOT met'} on the median), ≤ 0.8 in "
+            f"{int((ratio <= 0.8).sum())} of {n} folds; ratio of the medians "
+            f"{np.median(losses['PFL-DA'][:, 4]) / np.median(alone[:, 4]):.2f}"
+        )
+    return lines
+
+
+def lopo_fold_table(folds: Sequence[str], losses: dict[str, np.ndarray], shown: Sequence[str]) -> list[str]:
+    """Round-1 and round-5 losses per fold for a few methods."""
+    rows = [f"| fold | {' | '.join(f'{m} r1 / r5' for m in shown)} |", "|---|" + "---|" * len(shown)]
+    for i, fold in enumerate(folds):
+        cells = [f"{losses[m][i, 0]:.3f} / {losses[m][i, min(4, losses[m].shape[1] - 1)]:.3f}" for m in shown]
+        rows.append(f"| {fold} | {' | '.join(cells)} |")
+    return rows
 
 
 # ---------------------------------------------------------------------------
@@ -397,8 +508,12 @@ def report(
     results: Results, args: argparse.Namespace, seconds: float, fleet_lines: Sequence[str] = ()
 ) -> str:
     seeds = " ".join(str(s) for s in args.seeds)
+    from benchmarks.common import commit_line
+
     lines = [
         "# A newcomer joins a trained printer fleet (issue 16)",
+        "",
+        f"Commit: {commit_line()}",
         "",
         f"`python -m benchmarks.newcomer{' --quick' if args.quick else ''} --seeds {seeds}` "
         f"({seconds:.0f} s on this machine).  Protocol: the module docstring of `benchmarks/newcomer.py`: "
@@ -448,6 +563,61 @@ def established(seed: int, rounds_before: int) -> list[str]:
     return lines
 
 
+LOPO_NOTE = """Protocol (`--protocol lopo`, issue 26): for each seed and each of the six real printers, the
+other five train {rounds_before} rounds with PFL-DA Table 5's schedule (sigmoid GLM, float64, Adam lr
+3e-3, weight decay 3e-4, 10 full-batch local steps, lr × 0.99 every 5 of a device's own rounds,
+uniform mean) on every speed but 30; then the sixth joins with every row of its speed-{speeds} layers
+and is scored on its Speed30 rows, 50·MSE(s/50), after each of its {rounds_after} rounds (after the
+round's local training, as a device reports it).  *alone* is the same newcomer trained by itself
+(indiv) with the same schedule from its seeded start, so round r is the same number of local steps
+(10·r) for both.  A fold is (left-out printer, seed); the seed changes the fleet's initial model and
+the newcomer's seeded start."""
+
+
+def lopo_main(args: argparse.Namespace) -> int:
+    """``--protocol lopo``: the table, the targets and the per-fold figures (``newcomer_lopo.md``)."""
+    from benchmarks.common import write_result
+
+    if not args.data.is_dir():
+        print(f"no printer data at {args.data}; pass --data", file=sys.stderr)
+        return 2
+    seeds = args.seeds or [0, 1, 2]
+    before = args.rounds_before or 200
+    after = args.rounds_after or (5 if args.quick else 30)
+    methods = [m for m in LOPO_METHODS if m[0] in ("PFL-DA", "FedPer")] if args.quick else LOPO_METHODS
+    printers = [1, 5] if args.quick else None
+    started = time.perf_counter()
+    folds, losses = run_lopo(
+        args.data, seeds[:1] if args.quick else seeds, before, after, methods, printers, args.workers
+    )
+    seconds = time.perf_counter() - started
+    note = LOPO_NOTE.format(
+        rounds_before=before, rounds_after=after, speeds="/".join(str(s) for s in LOPO_SPEEDS)
+    )
+    lines = [
+        note,
+        "",
+        f"Newcomer test loss, median over {len(folds)} folds (mean in brackets):",
+        "",
+        *table(losses, (1, 2, 5, 10, 20, 30)),
+        "",
+        "Targets:",
+        "",
+        *lopo_targets(losses),
+        "",
+        "Per fold, round 1 / round 5:",
+        "",
+        *lopo_fold_table(folds, losses, [m for m in ("PFL-DA", "FedPer", "Ditto", INDIV) if m in losses]),
+        "",
+        f"{seconds:.0f} s with {args.workers} processes.",
+    ]
+    body = "\n".join(lines)
+    print(body)
+    if not args.quick and not args.no_write:
+        write_result("newcomer_lopo", body, command="python -m benchmarks.newcomer " + " ".join(sys.argv[1:]))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.newcomer", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 seeds, 30 + 5 rounds: a smoke run")
@@ -457,13 +627,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--fleets", nargs="+", choices=("simulated", "real"), default=["simulated", "real"])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--no-write", action="store_true", help="do not write benchmarks/results/")
     ap.add_argument("--workers", type=int, default=2, help="processes (one fleet and seed each)")
+    ap.add_argument(
+        "--protocol",
+        choices=("study", "lopo"),
+        default="study",
+        help="study: issue 16's (module docstring); lopo: leave one real printer out under Table 5's schedule",
+    )
     ap.add_argument(
         "--established",
         action="store_true",
         help="only the established simulated fleet's own losses (seed 0)",
     )
     args = ap.parse_args(argv)
+    if args.protocol == "lopo":
+        return lopo_main(args)
     args.seeds = args.seeds or ([0, 1] if args.quick else [0, 1, 2, 3, 4, 5])
     args.rounds_before = args.rounds_before or (30 if args.quick else 100)
     args.rounds_after = args.rounds_after or (5 if args.quick else 20)

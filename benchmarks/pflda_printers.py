@@ -437,10 +437,10 @@ def summarize(out: dict[str, Any], models: Sequence[str], methods: Sequence[str]
         if m in AUTHORS_LAST10:
             low10 = min(v[0] for v in AUTHORS_LAST10[m].values())
             b10 = min(means10, key=means10.get)
-            lines.append(
-                f"- Mean of the last 10 rounds: the authors' lowest {low10:.3f}; ours {LABELS[b10]} "
-                f"{means10[b10]:.3f}, PFL-DA {means10.get('pflda', float('nan')):.3f}."
-            )
+            ours = f"ours {LABELS[b10]} {means10[b10]:.3f}"
+            if b10 != "pflda":  # name PFL-DA beside the lowest, not twice when it is the lowest
+                ours += f", PFL-DA {means10.get('pflda', float('nan')):.3f}"
+            lines.append(f"- Mean of the last 10 rounds: the authors' lowest {low10:.3f}; {ours}.")
         low = min(figures)
         lines.append(
             f"- Lowest last-round figure in the issue/README for this model: {low:.3f}.  Our lowest mean (a row chosen "

@@ -195,7 +195,7 @@ def run_check(args: argparse.Namespace) -> Path:
             step("the tests that failed in the root, again on the host (same source)")
             tests = rerun_on_host(src, tests, log)
     figures = dict(
-        commit=commit, binfmt=binfmt, root_state=root_state, python=pyver, install=install,
+        commit=commit, binfmt=binfmt, emulator=pi_report.qemu_version(), root_state=root_state, python=pyver, install=install,
         imports=imports, recorder=recorder, fleet=fleet, tests=tests, layers=args.layers,
         test_cmd=f"pytest -m 'not torch' {' '.join(DEVICE_TESTS)}",
     )  # fmt: skip
@@ -209,7 +209,9 @@ def run_check(args: argparse.Namespace) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render_from is not None:  # our own file, written by an earlier run
-        args.out.write_text(pi_report.render(**pickle.loads(args.render_from.read_bytes())))
+        figures = pickle.loads(args.render_from.read_bytes())
+        figures.setdefault("emulator", pi_report.qemu_version())  # figures kept before it was one
+        args.out.write_text(pi_report.render(**figures))
         return 0
     if os.geteuid() != 0:
         print("pi-check: needs root (debootstrap, chroot, mount): run it as root, e.g. sudo make pi-check",

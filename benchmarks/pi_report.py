@@ -28,8 +28,14 @@ def _host_cpu() -> str:
     return platform.processor() or "?"
 
 
-def _qemu() -> str:
-    out = subprocess.run(["qemu-aarch64-static", "--version"], capture_output=True, text=True, check=False)
+def qemu_version() -> str:
+    """The emulator's version line, measured by the check (render only formats what it is given)."""
+    try:
+        out = subprocess.run(
+            ["qemu-aarch64-static", "--version"], capture_output=True, text=True, check=False
+        )
+    except OSError:
+        return "qemu-aarch64-static (not found)"
     return out.stdout.splitlines()[0] if out.stdout else "qemu-aarch64-static (version unknown)"
 
 
@@ -96,6 +102,7 @@ def render(
     *,
     commit: str,
     binfmt: str,
+    emulator: str,
     root_state: str,
     python: str,
     install: Install,
@@ -115,7 +122,7 @@ def render(
         f"Host: x86_64, {_host_cpu()}, {os.cpu_count()} CPUs, Python {platform.python_version()} (the project's venv, "
         "the tree installed editable).  ",
         f"arm64: Debian bookworm arm64 root ({root_state} this run) from `debootstrap --arch=arm64 --foreign`, "
-        f"{python}, run by {_qemu()} through binfmt_misc ({binfmt}).  ",
+        f"{python}, run by {emulator} through binfmt_misc ({binfmt}).  ",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
         "**Every arm64 figure is emulated**: qemu-user translates each aarch64 instruction to x86_64 on",

@@ -75,6 +75,11 @@ def operator_config(args: argparse.Namespace, *, connects: bool = True) -> Aggre
     command that ``connects``, the aggregator's own login), with ``--broker``/``--fleet``/
     ``--allow-plaintext``/``--state-dir`` overriding."""
     source = str(args.config or "command line")
+    if connects and args.config is None and not args.broker:  # the default broker is plaintext: refused
+        raise ConfigError(
+            source,
+            ["no --config: pass --config operator.toml (fleet init wrote it in <fleet folder>/operator/)"],
+        )
     raw = load_toml(args.config) if args.config else {}
     raw.pop("task", None)  # the specs are the aggregator's business (and in its store)
     raw.pop("model", None)  # the operator's [model] public_key: read by push.fleet_public_key

@@ -165,7 +165,7 @@ def predict_rows(argv: list[str]) -> int:
         prog="edge-trainer", description="predict: one answer per row (JSON lines) from the serving models."
     )
     predict.add_arguments(p)
-    return predict.run(p.parse_args(argv))
+    return predict.run(p.parse_intermixed_args(argv))  # "predict" and the optional input, flags between
 
 
 @entry_point("edge-trainer", mistakes=(predict.PredictError,))

@@ -5,6 +5,7 @@ The reader (``ioft_protocol.config.build``) checks it and lists every failing fi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,67 @@ class ModelConfig:
             raise ValueError(f"transfer_timeout_s must be > 0, got {self.transfer_timeout_s}")
 
 
+#: What an alert rule reads from an answer (``p:<class>``: that class's probability).
+ALERT_VALUES = ("residual", "abs_residual", "expected_speed", "p:<class>")
+#: Home Assistant's discovery prefix: topic levels without wildcards (``#``, ``+``) or empty levels.
+_DISCOVERY_PREFIX = re.compile(r"[^/#+\x00]+(/[^/#+\x00]+)*")
+#: Where speed advice goes: nowhere (published only) or the printer's Moonraker.
+APPLY_CHOICES = ("none", "moonraker")
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    """``[[serve.alerts]]``: raise an alert when ``k`` of a task's last ``n`` answers read over a threshold.
+
+    Parameters
+    ----------
+    name
+        The alert's id (its MQTT topic ``alert/<device>/<name>``, its entry in the status).
+    task
+        The task whose answers it reads.
+    value
+        What it reads from each answer: ``p:<class>`` (that class's probability, welds),
+        ``residual``, ``abs_residual`` or ``expected_speed`` (mm/s, layers).
+    above
+        Raised when at least ``k`` of the last ``n`` values are above this.
+    k, n
+        The vote (``1 <= k <= n <= 1000``).
+    clear_below
+        Hysteresis: an open alert clears when at least ``k`` of the last ``n`` values are
+        at or below this (default: ``above``; must not exceed it).
+    cooldown_s
+        After a clear, the rule does not raise again for this long (seconds of row time).
+    """
+
+    name: str
+    task: str
+    value: str
+    above: float
+    k: int = 3
+    n: int = 3
+    clear_below: float | None = None
+    cooldown_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_id("alert name", self.name)
+        check_id("task", self.task)
+        problems = []
+        if self.value not in ALERT_VALUES[:-1] and not (self.value.startswith("p:") and len(self.value) > 2):
+            problems.append(f"value must be one of {list(ALERT_VALUES)}, got {self.value!r}")
+        if not 1 <= self.k <= self.n <= 1000:
+            problems.append(f"need 1 <= k <= n <= 1000, got k = {self.k}, n = {self.n}")
+        if self.clear_below is not None and self.clear_below > self.above:
+            problems.append(f"clear_below ({self.clear_below}) must not exceed above ({self.above})")
+        if not self.cooldown_s >= 0:
+            problems.append(f"cooldown_s must be >= 0, got {self.cooldown_s}")
+        if problems:
+            raise ValueError(f"alert {self.name!r}: " + "; ".join(problems))
+
+    @property
+    def clear_at(self) -> float:
+        return self.above if self.clear_below is None else self.clear_below
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """``[serve]``: the answers this machine's own models give to every new layer or weld (``edge.serving``).
@@ -252,6 +314,30 @@ class ServeConfig:
     log_max_bytes, log_keep, log_max_age_s
         The local answer log ``serving/answers.jsonl`` rotates at this size or age and keeps
         this many older files.
+    vibration_budget
+        Printers: the vibration (σ_a, the units the rows store) the speed advice keeps within;
+        unset: no advice.
+    apply
+        ``"moonraker"``: send the advice to the printer's Moonraker when a print run's first
+        layer is answered (``SET_VELOCITY_LIMIT VELOCITY=<advice>``); ``"none"`` (default):
+        publish it only.
+    dry_run
+        With ``apply = "moonraker"``: log (and count) what would be sent, send nothing (default).
+    moonraker_url
+        Where to send it (default: ``[sensors] moonraker_url``).
+    field_window
+        Field accuracy (welds) or error (layers) is over this many most recent scored answers.
+    drift_margin
+        Drift: field accuracy below the model's test-split accuracy by more than this, or field
+        error above its test-split error by more than this fraction, once ``field_window // 2``
+        answers are scored.
+    alerts
+        The alert rules (:class:`AlertRule`, ``[[serve.alerts]]``).
+    home_assistant
+        Announce this machine to Home Assistant by MQTT discovery (retained config messages under
+        ``<discovery_prefix>/<component>/<device>/<object>/config``, :mod:`edge.serving.home_assistant`).
+    discovery_prefix
+        Home Assistant's discovery prefix (its MQTT integration's setting; default ``homeassistant``).
     """
 
     enabled: bool = True
@@ -260,6 +346,15 @@ class ServeConfig:
     log_max_bytes: int = 1 << 20
     log_keep: int = 4
     log_max_age_s: float = 86400.0
+    vibration_budget: float | None = None
+    apply: str = "none"
+    dry_run: bool = True
+    moonraker_url: str | None = None
+    field_window: int = 50
+    drift_margin: float = 0.1
+    alerts: list[AlertRule] = field(default_factory=list)
+    home_assistant: bool = False
+    discovery_prefix: str = "homeassistant"
 
     def __post_init__(self) -> None:
         problems = []
@@ -271,6 +366,28 @@ class ServeConfig:
             problems.append(f"serve.log_max_age_s must be > 0, got {self.log_max_age_s}")
         for task in self.tasks:
             check_id("task", task)
+        if self.vibration_budget is not None and not self.vibration_budget > 0:
+            problems.append(
+                f"serve.vibration_budget must be > 0 (units of sigma_a), got {self.vibration_budget}"
+            )
+        if self.apply not in APPLY_CHOICES:
+            problems.append(f"serve.apply must be one of {list(APPLY_CHOICES)}, got {self.apply!r}")
+        if self.apply != "none" and self.vibration_budget is None:
+            problems.append(
+                f"serve.apply = {self.apply!r} needs serve.vibration_budget (the advice it sends)"
+            )
+        if self.field_window < 2:
+            problems.append(f"serve.field_window must be >= 2, got {self.field_window}")
+        if not 0.0 <= self.drift_margin <= 1.0:
+            problems.append(f"serve.drift_margin must be in [0, 1], got {self.drift_margin}")
+        if not _DISCOVERY_PREFIX.fullmatch(self.discovery_prefix):
+            problems.append(
+                f"serve.discovery_prefix must be a topic without wildcards or empty levels, such as "
+                f"'homeassistant', got {self.discovery_prefix!r}"
+            )
+        names = [r.name for r in self.alerts]
+        if len(set(names)) != len(names):
+            problems.append(f"serve.alerts: two rules share a name ({sorted(names)}); give each its own")
         if problems:
             raise ValueError("; ".join(problems))
 

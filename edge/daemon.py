@@ -224,6 +224,7 @@ class EdgeTrainer:
             body["takeovers"] = {"count": session.takeovers, "last": session.last_takeover}
         if self.serving.enabled:
             body["serving"] = self.serving.status()
+            body["alerts"] = body["serving"]["alerts"]  # open alerts, for the console and Home Assistant
         body["data"] = self._data_status()
         body["process"] = {  # for the console and its metrics: what a round costs this device
             "cpu_s_round": self.round_cpu_s,
@@ -261,7 +262,7 @@ class EdgeTrainer:
         if self._unheard_since is None and not self._heard_once:
             self._unheard_since = time.monotonic()
         self.delivered.connected()
-        return [self._status("online")]
+        return [self._status("online"), *self.serving.discovery()]  # and Home Assistant's configs, opt-in
 
     def stop(self) -> None:
         self._stop.set()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from export.keys import sign, signing_key_id
-from ioft_protocol.manifest import ModelIOSpec, ModelManifest, file_sha256, verify_manifest
+from ioft_protocol.manifest import ManifestError, ModelIOSpec, ModelManifest, file_sha256, verify_manifest
 from ioft_protocol.state import atomic_write_json
 from sensors.features.schema import SCHEMA_HASH_KEY
 
@@ -146,6 +146,17 @@ def load_package(path: str | Path) -> Package:
         raise FileNotFoundError(
             f"no {manifest_path}; export the model first (cloud-aggregator export)"
         ) from None
+    except (
+        ValueError,
+        UnicodeDecodeError,
+    ) as exc:  # cut short (a full disk, a copy interrupted), or not ours
+        raise ManifestError(
+            f"{manifest_path} is not a package manifest (not JSON: {exc}); export the model again"
+        ) from None
+    if not isinstance(body, dict) or not {"manifest", "signature"} <= body.keys():
+        raise ManifestError(
+            f"{manifest_path} is not a package manifest (no manifest and signature); export the model again"
+        )
     if not onnx_path.exists():
         raise FileNotFoundError(f"{manifest_path} has no {onnx_path.name} beside it")
     return Package(onnx_path, manifest_path, body["manifest"], body["signature"])

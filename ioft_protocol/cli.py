@@ -11,8 +11,10 @@ not be written) exits :data:`FAILURE` (1).  Anything else is a bug and keeps its
 from __future__ import annotations
 
 import functools
+import io
 import sys
 from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from ioft_protocol.config import ConfigError
 from ioft_protocol.manifest import ManifestError
@@ -54,6 +56,23 @@ def one_line(exc: BaseException) -> str:
     if not rest:
         return head
     return head + (" " if head.endswith(":") else ": ") + "; ".join(rest)
+
+
+def whole_lines(stream: TextIO) -> None:
+    """Make each ``print`` to ``stream`` reach the OS as one write of whole lines.
+
+    Unbuffered (``python -u``, ``PYTHONUNBUFFERED``, as tests and services run us), ``print(x)``
+    is two writes, ``x`` then ``"\\n"``; a log line from another thread sharing the pipe (stdout
+    and stderr merged, as in a journal) then lands inside the printed line.  Line buffering
+    flushes ``x\\n`` in one write instead.
+
+    Parameters
+    ----------
+    stream
+        A text stream; only a :class:`io.TextIOWrapper` is changed.
+    """
+    if isinstance(stream, io.TextIOWrapper):
+        stream.reconfigure(line_buffering=True, write_through=False)
 
 
 def run_cli(
@@ -116,6 +135,9 @@ def entry_point(
     def deco(main: Main) -> Main:
         @functools.wraps(main)
         def wrapped(argv: Sequence[str] | None = None) -> int:
+            for stream, ours in ((sys.stdout, sys.__stdout__), (sys.stderr, sys.__stderr__)):
+                if stream is ours:  # the process's own, not a caller's capture
+                    whole_lines(stream)
             return run_cli(prog, main, argv, mistakes=mistakes, failures=failures)
 
         return wrapped

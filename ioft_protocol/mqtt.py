@@ -194,16 +194,30 @@ def check_options(options: SessionOptions) -> ssl.SSLContext | None:
     if options.tls is None:
         return None
     tls = options.tls
+    files = {"ca_file": tls.ca_file, "cert_file": tls.cert_file, "key_file": tls.key_file}
+    for name, path in files.items():
+        if path:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise MqttError(
+                    f"cannot read TLS {name} {path}: {exc.strerror or exc}; "
+                    f"fix [tls] {name} in the config, or put the file there"
+                ) from None
     # Verify the broker against the fleet CA and its host name; present our certificate.
     try:
         ctx = ssl.create_default_context(cafile=tls.ca_file)
-        if tls.cert_file:
-            ctx.load_cert_chain(tls.cert_file, tls.key_file)
     except (OSError, ssl.SSLError) as exc:
-        raise MqttError(
-            f"cannot load TLS files (ca_file={tls.ca_file}, cert_file={tls.cert_file}, "
-            f"key_file={tls.key_file}): {exc}"
-        ) from exc
+        raise MqttError(f"TLS ca_file {tls.ca_file} holds no CA certificate (PEM): {exc}") from None
+    if tls.cert_file:
+        try:
+            ctx.load_cert_chain(tls.cert_file, tls.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise MqttError(
+                f"TLS cert_file {tls.cert_file} and key_file {tls.key_file} are not a certificate and "
+                f"its key (PEM, one pair): {exc}"
+            ) from None
     return ctx
 
 

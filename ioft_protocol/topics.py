@@ -73,6 +73,17 @@ def topic_answer_all(fleet: str, device: str = ANY) -> str:
     return topic_answer(fleet, device, ANY)
 
 
+def topic_alert(fleet: str, device: str, rule: str) -> str:
+    """One alert rule of a device (``edge.serving.alerts``): a message when it is raised and one
+    when it clears, QoS 1, retained (the latest says whether it is open)."""
+    return f"{fleet_root(fleet)}/alert/{_id('device', device)}/{_id('alert', rule)}"
+
+
+def topic_alert_all(fleet: str, device: str = ANY) -> str:
+    """Every alert rule of ``device`` (default: of every device)."""
+    return topic_alert(fleet, device, ANY)
+
+
 def topic_roll_call(fleet: str) -> str:
     """The aggregator asks every device to publish its status again (``ioft_protocol.restate``)."""
     return f"{fleet_root(fleet)}/rollcall"
@@ -131,7 +142,7 @@ def topic_model_chunk_all(fleet: str) -> str:
 @dataclass(frozen=True)
 class Topic:
     """A parsed topic: ``kind`` is ``down``, ``down_device``, ``up``, ``secagg_up``, ``secagg_down``,
-    ``status``, ``answer``, ``roll_call``, ``model_offer`` or ``model_chunk`` (then ``model``, ``version`` and ``index`` say which)."""
+    ``status``, ``answer``, ``alert`` (then ``rule`` says which), ``roll_call``, ``model_offer`` or ``model_chunk`` (then ``model``, ``version`` and ``index`` say which)."""
 
     kind: str
     fleet: str
@@ -140,6 +151,7 @@ class Topic:
     model: str | None = None
     version: int | None = None
     index: int | None = None
+    rule: str | None = None
 
 
 def _uint(text: str, what: str) -> int:
@@ -158,6 +170,8 @@ def parse_topic(topic: str) -> Topic:
         return Topic("roll_call", fleet)
     if rest[0] == "answer" and len(rest) == 3:
         return Topic("answer", fleet, check_id("task", rest[2]), check_id("device", rest[1]))
+    if rest[0] == "alert" and len(rest) == 3:
+        return Topic("alert", fleet, device=check_id("device", rest[1]), rule=check_id("alert", rest[2]))
     if rest[0] == "status" and len(rest) == 2:
         return Topic("status", fleet, device=check_id("device", rest[1]))
     if rest[0] == "task" and len(rest) >= 3:

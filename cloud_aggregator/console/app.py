@@ -1,7 +1,9 @@
 """The console's web app (Starlette): the page, its live feed (server-sent events) and ``/metrics``.
 
-Routes: ``/`` the page and ``/console.js`` its script (no third-party code: the plots
-are SVG drawn by that script); ``/api/view`` the fleet as JSON; ``/events`` the same JSON
+Routes: ``/`` the machines (``machines.html``, ``machines.js``: each machine's condition, recent
+answers, alerts, field accuracy and serving model), ``/learning`` the learning view (``index.html``,
+``console.js``: devices, curves, rounds, rollouts); no third-party code: the plots are SVG drawn
+by those scripts; ``/api/view`` the fleet as JSON (both views' data); ``/events`` the same JSON
 again whenever the store or a status changes (``text/event-stream``); ``/metrics``
 Prometheus's text format (:class:`cloud_aggregator.console.metrics.FleetCollector`).
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 import hmac
 import json
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -30,6 +32,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cloud_aggregator.console.feed import ViewSource
+from cloud_aggregator.console.machines_metrics import MachinesCollector
+from cloud_aggregator.console.machines_view import machines_of, view_json
 from cloud_aggregator.console.metrics import FleetCollector
 
 COOKIE = "ioft_console"
@@ -110,15 +114,16 @@ def build_app(
     """
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FleetCollector(source.view))
+    registry.register(MachinesCollector(lambda: machines_of(source)))
 
-    async def page(request: Request) -> Response:
-        return Response(_page("index.html"), media_type="text/html; charset=utf-8")
+    def static(name: str, media_type: str) -> Callable[[Request], Awaitable[Response]]:
+        async def serve(request: Request) -> Response:
+            return Response(_page(name), media_type=f"{media_type}; charset=utf-8")
 
-    async def script(request: Request) -> Response:
-        return Response(_page("console.js"), media_type="text/javascript; charset=utf-8")
+        return serve
 
     async def view(request: Request) -> Response:
-        data = await anyio.to_thread.run_sync(lambda: source.view().to_json())
+        data = await anyio.to_thread.run_sync(lambda: view_json(source))
         return JSONResponse(_finite(data))
 
     async def metrics(request: Request) -> Response:
@@ -133,7 +138,7 @@ def build_app(
                 version = source.version()
                 if version != last:
                     last = version
-                    data = await anyio.to_thread.run_sync(lambda: source.view().to_json())
+                    data = await anyio.to_thread.run_sync(lambda: view_json(source))
                     yield f"event: view\ndata: {json.dumps(_finite(data), allow_nan=False)}\n\n"
                     quiet = 0.0
                 elif quiet >= KEEPALIVE_S:
@@ -151,8 +156,10 @@ def build_app(
     if token is not None:
         middleware.append(Middleware(TokenGate, token=token))
     routes = [
-        Route("/", page),
-        Route("/console.js", script),
+        Route("/", static("machines.html", "text/html")),
+        Route("/machines.js", static("machines.js", "text/javascript")),
+        Route("/learning", static("index.html", "text/html")),
+        Route("/console.js", static("console.js", "text/javascript")),
         Route("/api/view", view),
         Route("/events", events),
         Route("/metrics", metrics),

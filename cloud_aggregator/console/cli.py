@@ -85,7 +85,7 @@ def url(host: str, port: int, token: str | None) -> str:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "console",
-        help="live fleet console in the browser (devices, curves, rounds, rollouts) and /metrics",
+        help="live fleet console in the browser (the machines: answers, alerts; learning: curves, rounds) and /metrics",
         formatter_class=DefaultsHelpFormatter,
     )
     add_session_args(p)
@@ -126,11 +126,13 @@ def main(args: argparse.Namespace) -> int:
     hosts = (*LOOPBACK_HOSTS, bracketed(args.host)) if is_loopback(args.host) else None
     app = build_app(source, token=token, hosts=hosts, refresh_s=args.refresh)
     port = sock.getsockname()[1]
-    print(f"console: {url(args.host, port, token)}", flush=True)
-    print(
-        f"metrics: {url(args.host, port, None)}metrics"
-        + (" (Authorization: Bearer <token>)" if token else "")
+    # In one write: print's separate newline could let the MQTT session's log (stderr, often
+    # the same pipe) land between the URL and its end of line, and a reader take the wrong word.
+    bearer = " (Authorization: Bearer <token>)" if token else ""
+    sys.stdout.write(
+        f"console: {url(args.host, port, token)}\nmetrics: {url(args.host, port, None)}metrics{bearer}\n"
     )
+    sys.stdout.flush()
     server = uvicorn.Server(
         uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1, access_log=False)
     )

@@ -16,6 +16,7 @@ from typing import Any
 
 from cloud_aggregator.console.fleet_status import take_status
 from cloud_aggregator.console.fleet_view import FleetView, StoreData, read_store, store_signature
+from cloud_aggregator.console.machines_feed import MachineLog
 from cloud_aggregator.operator import operator_client_id, revoked_devices
 from ioft_protocol import topics
 from ioft_protocol.mqtt import BrokerLogin, Message, MqttSession, SessionOptions
@@ -33,6 +34,8 @@ class StatusFeed:
         self.fleet = fleet
         self.session = MqttSession(SessionOptions.for_login(login, operator_client_id("console")))
         self._statuses: dict[str, dict] = {}
+        #: The devices' answers and alert events (the machines view), over this same session.
+        self.machines = MachineLog(fleet)
         self._broker: dict[str, float] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -43,6 +46,8 @@ class StatusFeed:
     def start(self) -> None:
         """Subscribe and connect in the background (retrying forever, as a daemon does)."""
         self.session.subscribe(topics.topic_status_all(self.fleet))
+        for topic in self.machines.subscriptions():
+            self.session.subscribe(topic)
         # The devices' answers bring the statuses where the broker withholds retained ones (ioft_protocol.restate).
         roll_call = topics.topic_roll_call(self.fleet)
         self.session.on_connect_hooks.append(lambda: self.session.publish(roll_call, b"", timeout=None))
@@ -68,6 +73,9 @@ class StatusFeed:
                 try:
                     self._broker[SYS_BYTES[msg.topic]] = float(msg.payload)
                 except ValueError:
+                    return
+            elif self.machines.follows(msg.topic):
+                if not self.machines.take(msg):
                     return
             elif not msg.payload:  # a cleared retained status: the device left the fleet
                 parsed = topics.parse_topic(msg.topic)

@@ -20,6 +20,7 @@ from typing import Any
 
 from cloud_aggregator.operator import add_session_args, fleet_root_of, operator_session, revoked_devices
 from ioft_protocol import codec, restate, topics
+from ioft_protocol.cli import one_line
 from ioft_protocol.config import ConfigError
 from ioft_protocol.mqtt import Message, MqttSession
 
@@ -309,7 +310,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         session, fleet = operator_session(args, "status")
     except (ConfigError, ValueError) as exc:
-        print(exc, file=sys.stderr)
+        print(f"cloud-aggregator: {one_line(exc)}", file=sys.stderr)
         return 2
     others: dict[str, dict[str, dict]] = {}
     try:

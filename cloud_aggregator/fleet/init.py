@@ -185,8 +185,14 @@ def init_fleet(
     layout = FleetLayout(root, fleet, auth, f"mqtts://{url_host}:{port}", port, devices, passwords,
                          workers=worker_ids, operator_port=operator_port)  # fmt: skip
 
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    try:  # staged in a sibling folder, then renamed into place: root.parent must take new files
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    except OSError as exc:
+        raise FleetInitError(
+            f"cannot write {root}: {root.parent} takes no new files ({exc.strerror or exc}); "
+            "choose an --out folder you can write"
+        ) from None
     try:
         staged = FleetLayout(tmp, fleet, auth, layout.broker_url, port, devices, passwords,
                              workers=worker_ids, operator_port=operator_port)  # fmt: skip

@@ -204,6 +204,9 @@ topic read {topics.topic_roll_call(fleet)}
 pattern write {topics.topic_status(fleet, MINE)}
 # Its answers to its own new rows (edge.serving): only the device writes them.
 pattern write {topics.topic_answer_all(fleet, MINE)}
+pattern write {topics.topic_alert_all(fleet, MINE)}
+# Home Assistant discovery ([serve] home_assistant): its own configs only (node id = device id).
+pattern write homeassistant/+/%u/+/config
 pattern read {topics.topic_down_device(fleet, ANY, MINE)}
 # Secure aggregation: each device writes its own SecAgg answers and reads only what is addressed to it.
 pattern write {topics.topic_secagg_up(fleet, ANY, MINE)}
@@ -236,11 +239,20 @@ def bridge_acl_text(fleet: str, bridge: str, devices: Sequence[str], worker: str
             *([] if worker else [f"topic write {topics.topic_up(fleet, ANY, d)}"]),
             f"topic write {topics.topic_status(fleet, d)}",
             f"topic write {topics.topic_answer_all(fleet, d)}",
+            f"topic write {topics.topic_alert_all(fleet, d)}",
             f"topic write {topics.topic_secagg_up(fleet, ANY, d)}",
             f"topic read {topics.topic_down_device(fleet, ANY, d)}",
             f"topic read {topics.topic_secagg_down(fleet, ANY, d)}",
         ]
     return "\n".join(lines) + "\n"
+
+
+#: The broker's byte counters the console's ``/metrics`` shows (``console_feed.SYS_BYTES``): read
+#: only, and only these two (the rest of ``$SYS`` names clients).
+BROKER_BYTES_ACL = """# The console (under either login): the broker's byte counters for /metrics.
+topic read $SYS/broker/bytes/received
+topic read $SYS/broker/bytes/sent
+"""
 
 
 def acl_text(
@@ -283,6 +295,7 @@ user {AGGREGATOR}
 topic read {t.topic_up_all(fleet)}
 topic read {t.topic_status_all(fleet)}
 topic read {t.topic_answer_all(fleet)}
+topic read {t.topic_alert_all(fleet)}
 topic readwrite {t.topic_down_all(fleet)}
 topic readwrite {t.topic_down_device(fleet, ANY, ANY)}
 topic read {t.topic_secagg_up(fleet, ANY, ANY)}
@@ -296,14 +309,15 @@ topic write {t.topic_roll_call(fleet)}
 topic read {t.topic_agg_batch(fleet, ANY, ANY)}
 topic read {t.topic_agg_worker(fleet, ANY)}
 topic write {t.topic_agg_ctl(fleet)}
-{cloud_workers}
+{BROKER_BYTES_ACL}{cloud_workers}
 # Operator commands (`push`, `fleet status`): model pushes and reading the fleet's status.
 user {OPERATOR}
 topic readwrite {t.topic_models(fleet)}
 topic read {t.topic_status_all(fleet)}
 topic read {t.topic_answer_all(fleet)}
+topic read {t.topic_alert_all(fleet)}
 topic write {t.topic_roll_call(fleet)}
-{plants}"""
+{BROKER_BYTES_ACL}{plants}"""
 
 
 def mosquitto_conf_text(layout: FleetLayout, *, bind: str | None) -> str:

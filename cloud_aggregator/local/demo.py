@@ -13,6 +13,10 @@ store resumes the task where it stopped) and an indiv task for the newcomer alon
 The newcomer's personal model is cold-started on the device from the fleet's shared
 decoder at its first round (``trainer_lite.client.participate``); the closing table
 gives its loss 1, 5 and ``newcomer_rounds`` rounds after joining, beside indiv's.
+
+Meanwhile two simulated welders work on the device side (``demo_welders``): one's tool starts to
+wear, and the demo ends with the weld at which its alert was raised beside the weld at which the
+lagging maintenance log first confirmed the wear (the other welder: no alert).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from pathlib import Path
 
 from cloud_aggregator.console import cli as fleet_console
 from cloud_aggregator.local.broker import interrupt_on_sigterm
+from cloud_aggregator.local.demo_advice import print_advice
+from cloud_aggregator.local.demo_welders import print_welders, start_welders
 from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml
 from cloud_aggregator.rounds.types import RoundRecord
 from cloud_aggregator.store.sqlite import SqliteStore
@@ -206,6 +212,7 @@ def run_demo(
     names = [f"printer{i}" for i in range(1, devices + 1)]
     fleet: LocalFleet | None = None
     view: subprocess.Popen | None = None
+    welders: subprocess.Popen | None = None
     try:
         fleet = LocalFleet.start(work, broker=broker, prefer=prefer, fleet="demo")
         if fleet.broker is not None:
@@ -241,8 +248,11 @@ def run_demo(
             print(f"{d:>10} {p:>8.4f} {i:>8.4f} {f:>8.4f} {100 * (p - i) / i:>+15.1f}%")
         mp, mi, mf = (sum(t.values()) / max(1, len(t)) for t in (pflda, indiv, fedavg))
         print(f"{'fleet mean':>10} {mp:>8.4f} {mi:>8.4f} {mf:>8.4f} {100 * (mp - mi) / mi:>+15.1f}%")
+        print_advice(work, names)  # cloud_aggregator/demo_advice.py: a second table, each printer's advice
+        welders = start_welders(work)  # demo_welders.py: in the background while the newcomer trains
         if newcomer_rounds > 0 and run_newcomer(fleet, names, rounds, newcomer_rounds) != 0:
             return 1
+        print_welders(welders)
         print(f"\ndemo finished in {time.monotonic() - started:.1f} s")
         if view is not None and view.poll() is None:
             print(
@@ -251,6 +261,9 @@ def run_demo(
             view.wait()
         return 0
     finally:
+        if welders is not None and welders.poll() is None:
+            welders.kill()
+            welders.communicate()
         if view is not None and view.poll() is None:
             view.terminate()
             view.wait(10)
@@ -268,7 +281,8 @@ def _start_console(work: Path) -> subprocess.Popen | None:
         except fleet_console.ConsoleStartError as exc:
             print(f"{exc}", file=sys.stderr)
             continue
-        print(f"fleet console: {url}", flush=True)
+        # The landing page is the machines view; the rounds and curves are one click away.
+        print(f"fleet console: {url} (the machines; learning view: {url}learning)", flush=True)
         return proc
     return None
 

@@ -79,6 +79,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--welds", type=int, default=12, help="with --simulate welder: welds exported; it stops after them"
     )
     p.add_argument("--weld-s", type=float, default=0.5, help="with --simulate welder: seconds between welds")
+    p.add_argument(
+        "--wear-from",
+        type=int,
+        help="with --simulate welder: the tool starts to wear at this weld (every weld labelled; "
+        "default: the four tool classes in turn)",
+    )
+    p.add_argument(
+        "--wear-welds", type=int, default=10, help="with --wear-from: welds until the tool is worn for sure"
+    )
+    p.add_argument(
+        "--label-lag-h",
+        type=float,
+        default=0.0,
+        help="with --simulate welder: the maintenance log labels each weld this many simulated hours later",
+    )
+    p.add_argument(
+        "--sim-weld-min",
+        type=float,
+        help="with --simulate welder: simulated minutes between welds (default: --weld-s)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = p.parse_args(argv)
     if args.simulate is None and (args.device is None or args.config is None):
@@ -126,7 +146,16 @@ def simulate(args: argparse.Namespace) -> int:
 
 def simulate_welder(device: str, state_dir: Path, sensors, args: argparse.Namespace) -> int:
     """``--simulate welder``: the real welder recorder on a folder a simulated welder fills."""
-    sim = SimulatedWelder(device, state_dir, args.welds, args.weld_s)
+    sim = SimulatedWelder(
+        device,
+        state_dir,
+        args.welds,
+        args.weld_s,
+        wear_from=args.wear_from,
+        wear_welds=args.wear_welds,
+        label_lag_h=args.label_lag_h,
+        sim_weld_min=args.sim_weld_min,
+    )
     try:
         recorder = sim.recorder(state_dir, sensors)
         log.info("simulated welder: %d welds every %.2f s into %s", args.welds, args.weld_s, sim.inbox)

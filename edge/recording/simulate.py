@@ -10,6 +10,17 @@ The welder (:class:`SimulatedWelder`) is the real welder recorder on a watched f
 thread fills the way a weld monitor exports: one simulated weld (FTL-TP group M, NPY + sidecar +
 ``.done`` marker) every ``weld_s`` seconds, its tool condition appended to the maintenance log
 at once, except every fourth weld, which the log never labels (it is answered, never stored).
+
+A **wearing tool** (``wear_from``) and a **lagging log** (``label_lag_h``) make alerts, field
+accuracy and drift visible.  What is invented, and only plausible: the tool is new (class
+TC1: horn and anvil new) until weld ``wear_from``, then each weld comes out worn (TC4: both
+worn) with a probability rising linearly to 1 over ``wear_welds`` welds, so the answers'
+P(TC4) drifts up weld by weld (the weld physics knows only "new" and "worn" states, not a
+continuous wear); the simulated clock advances ``sim_weld_min`` minutes per weld
+(independent of the real ``weld_s``), and every weld's true class is written to the
+maintenance log ``label_lag_h`` simulated hours after it, so labels land several welds late
+(the last ones not before the run ends).  Real horns wear over thousands of welds and the
+log is kept by a person; nothing here is calibrated to either.
 """
 
 from __future__ import annotations
@@ -19,14 +30,21 @@ import json
 import logging
 import threading
 import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edge.config import SensorsConfig
 from edge.recording.base import RecorderError
 from edge.recording.printer import PrinterRecorder
 from edge.recording.welder import WelderRecorder
 from sensors.sim.printer_host import FakeMoonraker, fake_printer_bus, short_timeline
+
+if TYPE_CHECKING:
+    from sensors.welding.recording import WeldRecording
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +117,17 @@ class SimulatedPrinter:
         self.moonraker.close()
 
 
+@dataclass(frozen=True)
+class SimulatedWeld:
+    """One simulated weld: its index in the run, its true tool class, and what the log writes with it."""
+
+    index: int
+    tool: str  # TC1 (new) .. TC4 (horn and anvil worn)
+    material: str
+    recording: WeldRecording
+    landed: list[dict[str, str]]  # maintenance-log entries (earlier welds' labels) written as it is made
+
+
 class SimulatedWelder:
     """Simulated welds exported into a watched folder on the real clock, with their maintenance log.
 
@@ -114,14 +143,42 @@ class SimulatedWelder:
         Seconds between welds (> 0).
     lead_s
         The first weld is exported this long after :meth:`start`, so the recorder is watching.
+    wear_from, wear_welds
+        A wearing tool (see the module docstring): new before weld ``wear_from``, worn for sure
+        ``wear_welds`` welds later; every weld is labelled.  ``None``: the four classes in turn.
+    label_lag_h, sim_weld_min
+        Labels land ``label_lag_h`` simulated hours after their weld; the simulated clock runs
+        ``sim_weld_min`` minutes per weld (default: ``weld_s``, the real spacing).
     """
 
     def __init__(
-        self, device: str, state_dir: Path, welds: int, weld_s: float, *, lead_s: float = 1.0
+        self,
+        device: str,
+        state_dir: Path,
+        welds: int,
+        weld_s: float,
+        *,
+        lead_s: float = 1.0,
+        wear_from: int | None = None,
+        wear_welds: int = 10,
+        label_lag_h: float = 0.0,
+        sim_weld_min: float | None = None,
     ) -> None:
         if welds < 1 or not weld_s > 0:
             raise RecorderError(f"--welds must be >= 1 and --weld-s > 0, got {welds} and {weld_s}")
+        if (wear_from is not None and wear_from < 0) or wear_welds < 1:
+            raise RecorderError(
+                f"--wear-from must be >= 0 and --wear-welds >= 1, got {wear_from} and {wear_welds}"
+            )
+        if not label_lag_h >= 0 or (sim_weld_min is not None and not sim_weld_min > 0):
+            raise RecorderError(
+                f"--label-lag-h must be >= 0 and --sim-weld-min > 0, got {label_lag_h} and {sim_weld_min}"
+            )
         self.device, self.welds, self.weld_s, self.lead_s = device, welds, weld_s, lead_s
+        self.wear_from, self.wear_welds = wear_from, wear_welds
+        self.label_lag = timedelta(hours=label_lag_h)
+        self.sim_step = timedelta(minutes=sim_weld_min) if sim_weld_min else timedelta(seconds=weld_s)
+        self.labels_written = 0
         self.inbox = Path(state_dir) / "weld-inbox"
         self.label_log = Path(state_dir) / "maintenance.jsonl"
         self.exported = 0
@@ -152,35 +209,60 @@ class SimulatedWelder:
     def start(self) -> None:
         self._thread.start()
 
-    def _export(self) -> None:
+    def weld_run(self, run: str, start: datetime) -> Iterator[SimulatedWeld]:
+        """The welds of one run, in order, with the log entries that land as each is made.
+
+        Off the real clock (the export thread paces them), so ``make demo`` can replay the same
+        wearing tool and lagging log in memory.  ``run`` names the run (its weld ids, its wear
+        draws); ``start`` is the first weld's simulated time.
+        """
         from sensors.sim.welder import GROUP_M_CLASSES, GROUP_M_DOMAINS, WeldCondition, simulate_weld
-        from sensors.welding.formats import write_weld_file
         from trainer_lite.client import derive_rng
 
         rng = derive_rng(0, self.device, "welds")
         material, weld_time = GROUP_M_DOMAINS[int(rng.integers(len(GROUP_M_DOMAINS)))]
-        start = datetime.now(UTC)
-        run = start.strftime("%Y%m%dT%H%M%S%f")  # each run's welds are new ones (the ledger skips repeats)
-        if self._stop.wait(self.lead_s):
-            return
+        wear_rng = derive_rng(0, self.device, "wear", run)
+        due: deque[tuple[datetime, dict[str, str]]] = deque()  # labels the log has not written yet
         for i in range(self.welds):
-            began = time.monotonic()
-            name, (horn, anvil) = GROUP_M_CLASSES[i % len(GROUP_M_CLASSES)]
+            if self.wear_from is None:
+                name, (horn, anvil) = GROUP_M_CLASSES[i % len(GROUP_M_CLASSES)]
+            else:
+                p_worn = min(1.0, max(0.0, (i - self.wear_from + 1) / self.wear_welds))
+                name, (horn, anvil) = GROUP_M_CLASSES[-1 if wear_rng.random() < p_worn else 0]
+            at = start + self.sim_step * i
             rec = simulate_weld(
                 WeldCondition(horn, anvil, "clean", material, weld_time),
                 derive_rng(0, self.device, "weld", run, i),
                 time_scale=0.3,
                 weld_id=f"{self.device}-{run}-{i:03d}",
-                started_at=start + timedelta(seconds=self.weld_s * i),
+                started_at=at,
             )
-            if i % 4 != 3:  # the log labels it at once; every fourth weld waits for a label forever
-                with open(self.label_log, "a") as f:
-                    f.write(json.dumps({"weld_id": rec.weld_id, "tool": name, "surface": "clean"}) + "\n")
-            path = write_weld_file(rec, self.inbox / f"{rec.weld_id}.npy")
+            if self.wear_from is not None or i % 4 != 3:  # else: waits for a label forever
+                due.append((at + self.label_lag, {"weld_id": rec.weld_id, "tool": name, "surface": "clean"}))
+            landed = []  # the labels whose (simulated) time has come
+            while due and due[0][0] <= at:
+                landed.append(due.popleft()[1])
+            yield SimulatedWeld(i, name, material, rec, landed)
+
+    def _export(self) -> None:
+        from sensors.welding.formats import write_weld_file
+
+        start = datetime.now(UTC)
+        run = start.strftime("%Y%m%dT%H%M%S%f")  # each run's welds are new ones (the ledger skips repeats)
+        if self._stop.wait(self.lead_s):
+            return
+        began = time.monotonic()
+        for weld in self.weld_run(run, start):
+            with open(self.label_log, "a") as f:
+                for entry in weld.landed:
+                    f.write(json.dumps(entry) + "\n")
+                    self.labels_written += 1
+            path = write_weld_file(weld.recording, self.inbox / f"{weld.recording.weld_id}.npy")
             path.with_name(path.name + ".done").touch()
             self.exported += 1
             if self._stop.wait(max(0.0, self.weld_s - (time.monotonic() - began))):
                 return
+            began = time.monotonic()
 
     def finished(self) -> bool:
         """Whether every weld was exported and the recorder has picked each one up."""

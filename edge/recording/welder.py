@@ -262,6 +262,7 @@ class WelderRecorder(RecorderLoop):
         return len(stored)
 
     def _add(self, weld_id: str, features: np.ndarray, k: int) -> None:
+        self.feed.put_label(weld_id, self.classes[k])  # scores the answer made to it (field accuracy)
         split = split_for(
             self.device, weld_id, self.cfg.test_fraction, train_empty=self.data.rows("train") == 0
         )

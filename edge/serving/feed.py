@@ -11,8 +11,10 @@ when it comes back, from where it stopped).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import socket
+import time
 from pathlib import Path
 
 from edge.serving.jsonlog import JsonLinesLog
@@ -48,8 +50,15 @@ class RowFeed:
 
     def put(self, row: Row) -> None:
         """Append ``row`` and wake the trainer; never raises (recording goes on regardless)."""
+        self._put(row.to_json())
+
+    def put_label(self, key: str, label: str) -> None:
+        """The label that arrived for the earlier row ``key`` (its answer is scored: ``edge.serving.field``)."""
+        self._put(json.dumps({"kind": "label", "key": key, "label": label, "time": time.time()}))
+
+    def _put(self, line: str) -> None:
         try:
-            self.log.append(row.to_json())
+            self.log.append(line)
         except OSError as exc:
             self.errors += 1
             if self.errors == 1:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,8 @@ class ServingModel:
     scale_std: np.ndarray | None = None
     metric: float | None = None
     metric_name: str = "none"
+    #: The figure field scores are held against: test accuracy (classes) or mean |error| in mm/s.
+    reference: float | None = None
     created_at: float = field(default_factory=time.time)
     _algo: ClientAlgorithm | None = field(default=None, repr=False, compare=False)
     _digest: str | None = field(default=None, repr=False, compare=False)
@@ -180,6 +183,15 @@ class ServingModel:
         sse = float(np.sum((y - out.reshape(len(y), -1)) ** 2))
         return (1.0 - sse / sst if sst > 0 else -sse / len(y)), "r2"
 
+    def test_error(self, test: Dataset, encoder=None) -> float | None:
+        """Mean absolute error in mm/s on ``test`` (speed targets), the field error's yardstick."""
+        if len(test) == 0 or self.classes is not None:
+            return None
+        out = self.outputs(test.x, encoder).reshape(len(test), -1)[:, 0]
+        y = np.asarray(test.y, dtype=np.float64).reshape(len(test), -1)[:, 0]
+        err = float(np.mean(np.abs(out - y))) * SPEED_SCALE
+        return err if math.isfinite(err) else None
+
     # -- on disk ---------------------------------------------------------------------
     def save(self, path: Path) -> None:
         arrays = {**with_prefix(self.shared, "shared"), **with_prefix(self.local, "local")}
@@ -197,6 +209,7 @@ class ServingModel:
             "encoder_version": self.encoder_version,
             "metric": self.metric,
             "metric_name": self.metric_name,
+            "reference": self.reference,
             "created_at": self.created_at,
         }
         save_arrays(path, arrays, meta)
@@ -231,5 +244,6 @@ class ServingModel:
             scale_std=std,
             metric=meta.get("metric"),
             metric_name=str(meta.get("metric_name", "none")),
+            reference=meta.get("reference"),
             created_at=float(meta.get("created_at", 0.0)),
         )

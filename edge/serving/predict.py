@@ -4,7 +4,8 @@ The input is a weld file (``.wav``, ``.npy`` or ``.csv`` with its optional sidec
 watched folder takes them: its 624 DWT features are extracted here) or a JSON-lines file of
 rows, one object a line: ``{"x": [...]}`` (features as the dataset stores them) or, for a
 printer, ``{"sigma_a": 0.8, "speed": 40}``; ``key``, ``kind`` and ``schema_hash`` are optional.
-Each answer is printed as one JSON line.  Bad input, or a row no serving model takes, is one
+Each answer is printed as one JSON line; ``--advice`` prints each printer task's speed advice
+under ``[serve] vibration_budget`` (or ``--budget``) instead, and needs no input.  Bad input, or a row no serving model takes, is one
 line on stderr and exit status 2.  The running daemon is not involved: the models are read
 from ``<state_dir>/serving/`` (written there after each round the gate let through).
 """
@@ -12,11 +13,13 @@ from ``<state_dir>/serving/`` (written there after each round the gate let throu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 from edge.config import DeviceConfig, resolve_relative_files
+from edge.serving.advice import speed_advice
 from edge.serving.model import Refused, ServingModel
 from edge.serving.records import Row
 from edge.serving.server import model_path
@@ -38,7 +41,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--task", action="append", help="answer for this task only (repeatable; default: every serving task)"
     )
-    p.add_argument("input", type=Path, help="a weld file (.wav/.npy/.csv) or a JSON-lines file of rows")
+    p.add_argument(
+        "--advice",
+        action="store_true",
+        help="print each printer task's speed advice (the highest speed its model keeps within the "
+        "vibration budget) instead of answering rows",
+    )
+    p.add_argument(
+        "--budget", type=float, help="with --advice: the budget (default: [serve] vibration_budget)"
+    )
+    p.add_argument(
+        "input", type=Path, nargs="?", help="a weld file (.wav/.npy/.csv) or a JSON-lines file of rows"
+    )
 
 
 def read_rows(path: Path) -> list[Row]:
@@ -148,6 +162,10 @@ def run(args: argparse.Namespace) -> int:
         raw["state_dir"] = args.state_dir
     raw.setdefault("state_dir", f"/var/lib/ioft/{device}")
     config = build(DeviceConfig, raw, str(args.config))
+    if args.advice:
+        return print_advice(config, args)
+    if args.input is None:
+        raise PredictError("give a weld file or a JSON-lines file of rows to answer (or --advice)")
     rows = read_rows(args.input)
     models = serving_models(config, args.task)
     encoder = encoder_lookup(config)
@@ -160,4 +178,26 @@ def run(args: argparse.Namespace) -> int:
                     f"row {row.key}: task {task} gives no answer ({exc.reason.value}): {exc}"
                 ) from None
             print(ans.encode().decode(), flush=True)
+    return 0
+
+
+def print_advice(config: DeviceConfig, args: argparse.Namespace) -> int:
+    """``--advice``: one JSON line per printer task with the speed its serving model advises."""
+    budget = args.budget if args.budget is not None else config.serve.vibration_budget
+    if budget is None or not budget > 0:
+        raise PredictError(
+            "no vibration budget: give --budget (in the units of sigma_a) or set [serve] vibration_budget"
+        )
+    printed = 0
+    for task, model in serving_models(config, args.task).items():
+        speed = speed_advice(model, budget)
+        if speed is None:
+            continue
+        ident = {k: v for k, v in dataclasses.asdict(model.identity).items() if v is not None}
+        body = {"device": config.device, "task": task, "model": ident,
+                "advice": {"speed": speed, "vibration_budget": budget}}  # fmt: skip
+        print(json.dumps(body, separators=(",", ":")), flush=True)
+        printed += 1
+    if not printed:
+        raise PredictError("no serving model here predicts a printer's speed: advice is for printers")
     return 0

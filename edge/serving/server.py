@@ -12,6 +12,7 @@ the task ``"*"``); the counts are in the trainer's retained status (``serving``)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -25,10 +26,14 @@ from typing import Any
 
 from edge.config import DeviceConfig
 from edge.onnx_model import no_worse
+from edge.serving.advice import MoonrakerApply, speed_advice
+from edge.serving.alerts import Alerts, Event
 from edge.serving.feed import SERVING_DIR, feed_path, wake_path
-from edge.serving.jsonlog import JsonLinesLog, Tail
+from edge.serving.field import MAX_PENDING, FieldScores
+from edge.serving.home_assistant import Discovery
+from edge.serving.jsonlog import JsonLinesLog, Tail, read_log
 from edge.serving.model import Refusal, Refused, ServingModel
-from edge.serving.records import Row
+from edge.serving.records import Answer, Row
 from ioft_protocol import topics
 from ioft_protocol.state import StateError, atomic_write_json
 from sensors.features.scaling import Standardizer
@@ -40,6 +45,8 @@ log = logging.getLogger(__name__)
 
 ANSWER_LOG = "answers.jsonl"
 POSITION_FILE = "feed.pos"
+#: A feed line that is not a row but a label for an earlier one (``edge.serving.field``).
+LABEL_KIND = "label"
 #: Without a wake-up the feed is still read this often (a recorder whose datagram was lost).
 POLL_S = 0.5
 
@@ -98,6 +105,18 @@ class Server:
             max_age_s=self.cfg.log_max_age_s,
             keep=self.cfg.log_keep,
         )
+        self.alerts = Alerts(self.device, self.cfg.alerts if self.enabled else [], self.dir)
+        self.field = FieldScores(self.cfg.field_window, self.cfg.drift_margin)
+        self.advice: dict[str, tuple[str, float | None]] = {}  # task -> (model digest, speed)
+        self.moonraker: MoonrakerApply | None = None
+        if self.cfg.apply == "moonraker":
+            sensors = config.sensors
+            url = self.cfg.moonraker_url or (sensors.moonraker_url if sensors is not None else None)
+            key = sensors.moonraker_api_key if sensors is not None else None
+            self.moonraker = MoonrakerApply(url or "http://127.0.0.1:7125", self.cfg.dry_run, key)
+        self._last_run: str | None = None
+        self.home_assistant = Discovery(config) if self.enabled and self.cfg.home_assistant else None
+        self._watch_lock = threading.Lock()  # field scores and alerts: the serving thread vs the status
 
     def serves(self, task: str) -> bool:
         """Whether ``task`` answers rows here (``[serve] tasks``; empty: every task the device trains)."""
@@ -122,10 +141,23 @@ class Server:
             if model is not None:
                 self.models[task] = model
                 log.info("%s: task %s serves its model of round %d", self.device, task, model.round)
+                self._announce(task, model)
+        self._reload_pending()
         self._tail = Tail(feed_path(self.state_dir), self._start_position())
         self._sock = self._bind()
         self._thread = threading.Thread(target=self._run, name="serving", daemon=True)
         self._thread.start()
+
+    def _reload_pending(self) -> None:
+        """Weld answers from the log, so that a label landing after a restart still scores its answer."""
+        records, _ = read_log(self.dir / ANSWER_LOG)
+        for record in records[-MAX_PENDING:]:
+            if record.get("kind") != "weld" or "label" not in record:
+                continue
+            try:
+                self.field.answered(Answer.from_dict(record))
+            except (ValueError, TypeError):
+                continue
 
     def _start_position(self) -> tuple[int, int] | None:
         """Where the last run stopped reading the feed; without one, its end (only new rows are answered)."""
@@ -220,6 +252,9 @@ class Server:
             return 0
         made = 0
         for record in self._tail.read():
+            if isinstance(record, dict) and record.get("kind") == LABEL_KIND:
+                self.label(record)
+                continue
             self.rows += 1
             try:
                 row = Row.from_dict(record)
@@ -249,6 +284,7 @@ class Server:
                             del self.models[task]
                 self._refuse(task, exc.reason, str(exc))
                 continue
+            ans = self._with_advice(task, model, ans)
             payload = ans.encode()
             try:
                 self.answers.append(payload.decode())
@@ -263,7 +299,81 @@ class Server:
             self._changed = True
             self.last_latency_s = ans.latency_s
             made += 1
+            with self._watch_lock:
+                self.field.answered(ans)
+                events = self.alerts.observe(ans)
+            for event in events:
+                self._publish_alert(event)
+            self._maybe_apply(ans)
         return made
+
+    # -- advice, alerts, field scores -----------------------------------------------------
+    def advice_for(self, task: str, model: ServingModel) -> float | None:
+        """The speed advice of ``model`` under ``[serve] vibration_budget`` (cached per model)."""
+        budget = self.cfg.vibration_budget
+        if budget is None:
+            return None
+        cached = self.advice.get(task)
+        if cached is None or cached[0] != model.digest:
+            try:
+                cached = (model.digest, speed_advice(model, budget))
+            except Refused:
+                cached = (model.digest, None)
+            self.advice[task] = cached
+        return cached[1]
+
+    def _with_advice(self, task: str, model: ServingModel, ans: Answer) -> Answer:
+        speed = self.advice_for(task, model) if ans.kind == "layer" else None
+        if speed is None:
+            return ans
+        advice = {"speed": speed, "vibration_budget": self.cfg.vibration_budget}
+        return dataclasses.replace(ans, extra={**ans.extra, "advice": advice})
+
+    def _maybe_apply(self, ans: Answer) -> None:
+        """The advice to Moonraker once per print run, at its first answered layer."""
+        advice = ans.extra.get("advice")
+        if self.moonraker is None or advice is None:
+            return
+        run = ans.key.rsplit("/", 1)[0]
+        if run == self._last_run:
+            return
+        self._last_run = run
+        self.moonraker.apply(self.device, run, float(advice["speed"]))
+        self._changed = True
+
+    def _publish_alert(self, event: Event) -> None:
+        log.warning(
+            "%s: alert %s %s (task %s: %d of the last %d rows %s %g; row %s read %g)",
+            self.device,
+            event.rule,
+            event.state,
+            event.task,
+            event.votes,
+            event.n,
+            "over" if event.state == "raised" else "at or below",
+            event.threshold,
+            event.key,
+            event.value,
+        )
+        self._changed = True
+        try:
+            self.publish(
+                topics.topic_alert(self.config.fleet, self.device, event.rule),
+                json.dumps(event.to_dict(), separators=(",", ":")).encode(),
+            )
+        except Exception as exc:  # the transport's errors: the open alert is in the status anyway
+            self.publish_errors += 1
+            self._say(event.task, "publish", f"could not publish an alert: {exc}")
+
+    def label(self, record: dict[str, Any]) -> None:
+        """A label the recorder fed for an earlier row: score the answers made to it."""
+        key, name = record.get("key"), record.get("label")
+        if not isinstance(key, str) or not isinstance(name, str):
+            self._refuse("*", Refusal.BAD_ROW, f"a label record needs a string key and label: {record!r}")
+            return
+        with self._watch_lock:
+            self.field.label(key, name)
+        self._changed = True
 
     def _refuse(self, task: str, reason: Refusal, message: str) -> None:
         self.refused.setdefault(task, Counter())[reason.value] += 1
@@ -335,6 +445,7 @@ class Server:
                     f"more than the margin {self.cfg.margin}; round {current.round} keeps serving",
                 )
         candidate.metric, candidate.metric_name = score, name
+        candidate.reference = score if candidate.classes is not None else candidate.test_error(test, enc)
         try:
             candidate.save(model_path(self.state_dir, task))
         except OSError as exc:
@@ -349,6 +460,8 @@ class Server:
             self.models[task] = candidate  # one assignment: a row is answered by the old model or the new
         self.gate.pop(task, None)
         self._changed = True
+        if current is None:
+            self._announce(task, candidate)
         log.info(
             "%s: task %s now serves its model of round %d, %s (test %s %s)",
             self.device,
@@ -366,6 +479,30 @@ class Server:
         log.warning("%s: task %s: the model of round %d does not serve: %s", self.device, task, round_, why)
         return False
 
+    # -- Home Assistant -------------------------------------------------------------------
+    def _task_discovery(self, ha: Discovery, task: str, model: ServingModel) -> list[tuple[str, bytes]]:
+        return ha.task(task, model.classes, self.cfg.vibration_budget is not None and model.classes is None)
+
+    def discovery(self) -> list[tuple[str, bytes]]:
+        """Every Home Assistant config message (published retained on each connect); none when off."""
+        if self.home_assistant is None:
+            return []
+        out = [self.home_assistant.alert(rule) for rule in self.cfg.alerts]
+        for task, model in list(self.models.items()):
+            out += self._task_discovery(self.home_assistant, task, model)
+        return out
+
+    def _announce(self, task: str, model: ServingModel) -> None:
+        """A task's first serving model: tell Home Assistant about its sensors now, not at the next connect."""
+        if self.home_assistant is None:
+            return
+        for topic, payload in self._task_discovery(self.home_assistant, task, model):
+            try:
+                self.publish(topic, payload)
+            except Exception as exc:  # the transport's errors: the next connect publishes them again
+                self.publish_errors += 1
+                self._say(task, "publish", f"could not publish a Home Assistant config: {exc}")
+
     # -- status -------------------------------------------------------------------------
     def take_changed(self) -> bool:
         """Whether answers, refusals or the serving model changed since the last call."""
@@ -376,6 +513,9 @@ class Server:
         """The serving part of the trainer's retained status."""
         if not self.enabled:
             return {"enabled": False}
+        with self._watch_lock:
+            field = self.field.status({t: m.reference for t, m in list(self.models.items())})
+            alerts, unknown = self.alerts.status(), self.field.unknown_labels
         return {
             "enabled": True,
             "rows": self.rows,
@@ -394,6 +534,15 @@ class Server:
                 for t, m in list(self.models.items())
             },
             "gate": dict(self.gate),
+            "field": field,
+            "unknown_labels": unknown,
+            "advice": {
+                t: {"speed": self.advice_for(t, m), "vibration_budget": self.cfg.vibration_budget}
+                for t, m in list(self.models.items())
+                if self.cfg.vibration_budget is not None and m.classes is None
+            },
+            **({"moonraker": self.moonraker.status()} if self.moonraker is not None else {}),
+            "alerts": alerts,
             "publish_errors": self.publish_errors,
             "skipped_lines": self._tail.skipped if self._tail is not None else 0,
             "last_latency_s": self.last_latency_s,

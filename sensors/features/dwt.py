@@ -50,34 +50,60 @@ zero-crossing rate 0; time centroid 0.5), and a band whose std is at most ``1e-9
 its rms (a constant) has skewness and kurtosis 0.
 
 The layout is channel-major: ``index = (channel * 13 + band) * 12 + stat``;
-:meth:`~sensors.features.schema.FeatureSchema.feature_names` spells it out.  All work
-is in float64.  Batches of equal-length welds go through one ``wavedec(..., axis=-1)``
-call, which matches a per-weld loop exactly.
+:meth:`~sensors.features.schema.FeatureSchema.feature_names` spells it out.  Every vector
+is returned in float64.  Batches of equal-length welds go through one
+``wavedec(..., axis=-1)`` call, which matches a per-weld loop exactly.
+
+**Precision.**  By default (``precision="auto"``) each channel is transformed in float32
+after its mean is removed in float64, which makes the transform about twice as fast; a
+channel whose estimated float32 error exceeds :data:`~sensors.features.precision.F32_TOLERANCE`
+(silent or near-silent bands, a slow ramp's quiet octaves) is redone in float64.  The
+features then stay within the contract of :mod:`sensors.features.precision` (``FEATURE_RTOL``
+= 2e-3 of the float64 value plus its scale); ``precision="float64"`` matches the plain-NumPy
+reference to rtol 1e-9.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import threading
 from collections.abc import Sequence
 
 import numpy as np
 import pywt
 
+from sensors.features.precision import PRECISIONS, float32_ok
 from sensors.features.schema import DEFAULT_SCHEMA, STATS, FeatureSchema
+from sensors.features.stats import (  # the reference imports the thresholds from here
+    CONSTANT_REL,
+    LOG_FLOOR,
+    SILENT_REL,
+    ZERO_CROSS_REL,
+    band_statistics,
+    band_statistics_and_energy,
+)
 from sensors.welding.recording import WeldDataError, WeldRecording
 
 log = logging.getLogger(__name__)
 
-LOG_FLOOR = 1e-30
-SILENT_REL = 1e-10
-CONSTANT_REL = 1e-9
-ZERO_CROSS_REL = 1e-6
-#: Samples (all channels) per wavedec call in batch mode.  Batching saves Python
-#: overhead on short welds; past ~1 M samples the arrays fall out of cache and a
-#: bigger batch is slower per weld (measured in benchmarks/dwt_features.py).
+#: Samples (all channels) per wavedec call in batch mode: bounds the scratch memory.  A
+#: batch is not reliably faster per weld than one weld at a time (benchmarks/dwt_features.py
+#: measures both in the same run).
 BATCH_SAMPLES = 1 << 20
+__all__ = [
+    "BATCH_SAMPLES",
+    "CONSTANT_REL",
+    "LOG_FLOOR",
+    "PRECISIONS",
+    "SILENT_REL",
+    "ZERO_CROSS_REL",
+    "FeatureInputError",
+    "band_statistics",
+    "check_input",
+    "extract_batch",
+    "extract_features",
+    "extract_many",
+]
 
 
 class FeatureInputError(WeldDataError):
@@ -99,118 +125,41 @@ def check_input(n_samples: int, sample_rate: float, schema: FeatureSchema) -> No
         )
 
 
-class _Workspace:
-    """Scratch buffers reused across bands (and across calls, when small).
-
-    Fresh multi-megabyte temporaries cost a page fault per 4 KiB on first touch, which
-    measured as most of the statistics' time here; reusing two float buffers and two
-    boolean masks keeps the work to a dozen passes over memory already mapped.
-    """
-
-    CACHE_BYTES = 16 << 20
-
-    def __init__(self, lead: tuple[int, ...], n_max: int) -> None:
-        self.key = (lead, n_max)
-        self.f1 = np.empty((*lead, n_max))
-        self.f2 = np.empty((*lead, n_max))
-        self.b1 = np.empty((*lead, n_max), dtype=bool)
-        self.b2 = np.empty((*lead, n_max), dtype=bool)
-        self.b3 = np.empty((*lead, n_max - 1), dtype=bool)
-        self.ramp = np.arange(n_max, dtype=np.float64)
-
-    @classmethod
-    def get(cls, lead: tuple[int, ...], n_max: int) -> _Workspace:
-        cached = getattr(_LOCAL, "ws", None)
-        if cached is not None and cached.key == (lead, n_max):
-            return cached
-        ws = cls(lead, n_max)
-        if 2 * 8 * n_max * math.prod(lead) <= cls.CACHE_BYTES:
-            _LOCAL.ws = ws
-        return ws
-
-
-_LOCAL = threading.local()
-
-
-def band_statistics(coeffs: Sequence[np.ndarray]) -> np.ndarray:
-    """The 12 statistics of every band, vectorised over leading axes.
-
-    Parameters
-    ----------
-    coeffs
-        ``wavedec`` output: float64 arrays shaped ``(..., n_b)``, all with the same
-        leading shape.
-
-    Returns
-    -------
-    numpy.ndarray
-        Shape ``(..., n_bands, 12)`` in :data:`~sensors.features.schema.STATS` order.
-    """
-    lead = coeffs[0].shape[:-1]
-    ws = _Workspace.get(lead, max(c.shape[-1] for c in coeffs))
-    out = np.empty((*lead, len(coeffs), 12), dtype=np.float64)
-    energy = np.empty((*lead, len(coeffs)), dtype=np.float64)
-    counts = np.array([c.shape[-1] for c in coeffs], dtype=np.float64)
-    dot = "...i,...i->..."
-    for b, c in enumerate(coeffs):
-        n = c.shape[-1]
-        f1, f2 = ws.f1[..., :n], ws.f2[..., :n]
-        mean = c.mean(axis=-1)
-        d = np.subtract(c, mean[..., None], out=f1)
-        d2 = np.multiply(d, d, out=f2)
-        var = d2.sum(axis=-1) / n
-        m3 = np.einsum(dot, d2, d) / n
-        m4 = np.einsum(dot, d2, d2) / n
-        e = np.multiply(c, c, out=f1)
-        E = e.sum(axis=-1)
-        ee = np.einsum(dot, e, e)
-        centroid = np.einsum(dot, e, ws.ramp[:n])
-        a = np.abs(c, out=f2)
-        ms = E / n
-        rms = np.sqrt(ms)
-        std = np.sqrt(var)
-        # Zero crossings: +t then -t or -t then +t, ignoring coefficients within t of 0.
-        t = (ZERO_CROSS_REL * rms)[..., None]
-        pos = np.greater(c, t, out=ws.b1[..., :n])
-        neg = np.less(c, -t, out=ws.b2[..., :n])
-        both = ws.b3[..., : n - 1]
-        crossings = np.count_nonzero(np.logical_and(pos[..., 1:], neg[..., :-1], out=both), axis=-1)
-        crossings += np.count_nonzero(np.logical_and(neg[..., 1:], pos[..., :-1], out=both), axis=-1)
-        safe_rms = np.where(rms > 0, rms, 1.0)
-        safe_std = np.where(std > 0, std, 1.0)
-        safe_E = np.where(E > 0, E, 1.0)
-        varying = std > CONSTANT_REL * rms
-        out[..., b, 0] = mean
-        out[..., b, 1] = std
-        out[..., b, 2] = a.sum(axis=-1) / n
-        out[..., b, 3] = a.max(axis=-1)
-        out[..., b, 4] = ms
-        energy[..., b] = E
-        out[..., b, 6] = out[..., b, 3] / safe_rms
-        out[..., b, 7] = np.where(varying, m3 / safe_std**3, 0.0)
-        out[..., b, 8] = np.where(varying, m4 / safe_std**4 - 3.0, 0.0)
-        out[..., b, 9] = safe_E * (safe_E / (n * np.where(ee > 0, ee, 1.0)))
-        out[..., b, 10] = crossings / (n - 1)
-        out[..., b, 11] = centroid / (safe_E * (n - 1))
-    total = energy.sum(axis=-1, keepdims=True)
-    out[..., 5] = energy / np.where(total > 0, total, 1.0)
-    # Silent bands (numerical dust of an empty channel): their power reads as the silence
-    # floor and their shape statistics are meaningless, so both get fixed values.
-    channel_rms = np.sqrt(total / counts.sum())
-    floor = np.maximum((SILENT_REL * channel_rms) ** 2, LOG_FLOOR)
-    out[..., 4] = np.log10(np.maximum(out[..., 4], floor))
-    silent = np.sqrt(energy / counts) <= SILENT_REL * channel_rms
-    for k, default in ((6, 0.0), (7, 0.0), (8, 0.0), (9, 0.0), (10, 0.0), (11, 0.5)):
-        out[..., k] = np.where(silent, default, out[..., k])
-    return out
-
-
 def _decompose(x: np.ndarray, schema: FeatureSchema) -> list[np.ndarray]:
     return pywt.wavedec(x, schema.wavelet, mode=schema.mode, level=schema.level, axis=-1)
 
 
+def _features(x: np.ndarray, schema: FeatureSchema, precision: str) -> np.ndarray:
+    """Band statistics ``(..., n_bands, 12)`` of signals ``(..., n_samples)`` of any real dtype."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
+    lead, n = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, n)
+    if precision == "float64":
+        out = band_statistics(_decompose(np.asarray(rows, dtype=np.float64), schema))
+        return out.reshape(*lead, *out.shape[-2:])
+    # Remove each channel's mean in float64 first: float32 then only has to hold the variation,
+    # and the approximation band gets the mean back exactly (the transform of a constant).
+    mean = rows.mean(axis=-1, dtype=np.float64)
+    y = np.empty(rows.shape, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        # a row beyond float32's range comes out non-finite and is redone in float64 below
+        np.subtract(rows, mean[:, None], out=y, casting="same_kind")
+        coeffs = _decompose(y, schema)
+        out, energy = band_statistics_and_energy(coeffs, mean)
+    counts = np.array([c.shape[-1] for c in coeffs], dtype=np.float64)
+    redo = ~(float32_ok(energy, counts) & np.isfinite(out).all(axis=(-2, -1)))
+    if redo.any():
+        out[redo] = band_statistics(_decompose(np.asarray(rows[redo], dtype=np.float64), schema))
+    return out.reshape(*lead, *out.shape[-2:])
+
+
 def extract_batch(
-    signals: np.ndarray, schema: FeatureSchema = DEFAULT_SCHEMA, *, sample_rate: float
+    signals: np.ndarray,
+    schema: FeatureSchema = DEFAULT_SCHEMA,
+    *,
+    sample_rate: float,
+    precision: str = "auto",
 ) -> np.ndarray:
     """Features of equal-length welds, one ``wavedec(axis=-1)`` per chunk.
 
@@ -222,6 +171,8 @@ def extract_batch(
         The recipe.
     sample_rate
         Rate of ``signals``; must equal the schema's.
+    precision
+        One of :data:`PRECISIONS`.
 
     Returns
     -------
@@ -238,13 +189,13 @@ def extract_batch(
     out = np.empty((x.shape[0], schema.n_features), dtype=np.float64)
     step = max(1, BATCH_SAMPLES // (x.shape[1] * x.shape[2]))
     for start in range(0, x.shape[0], step):
-        chunk = np.asarray(x[start : start + step], dtype=np.float64)
+        chunk = x[start : start + step]
         # A sum is NaN/inf if any element is (no temporary mask); confirm elementwise only then.
-        if not np.isfinite(chunk.sum()) and not np.isfinite(chunk).all():
+        if not np.isfinite(chunk.sum(dtype=np.float64)) and not np.isfinite(chunk).all():
             raise FeatureInputError(
                 f"signals contain NaN or inf (in welds {start}..{start + len(chunk) - 1})"
             )
-        stats = band_statistics(_decompose(chunk, schema))
+        stats = _features(chunk, schema, precision)
         out[start : start + chunk.shape[0]] = _select(stats, schema).reshape(chunk.shape[0], -1)
     return out
 
@@ -256,7 +207,9 @@ def _select(stats: np.ndarray, schema: FeatureSchema) -> np.ndarray:
     return stats[..., [STATS.index(s) for s in schema.stats]]
 
 
-def extract_features(recording: WeldRecording, schema: FeatureSchema = DEFAULT_SCHEMA) -> np.ndarray:
+def extract_features(
+    recording: WeldRecording, schema: FeatureSchema = DEFAULT_SCHEMA, *, precision: str = "auto"
+) -> np.ndarray:
     """The feature vector of one weld.
 
     Parameters
@@ -264,6 +217,8 @@ def extract_features(recording: WeldRecording, schema: FeatureSchema = DEFAULT_S
     recording
         Must have every schema channel (extra channels are ignored), the schema's
         sample rate and a length in ``schema.min_samples .. schema.max_samples``.
+    precision
+        One of :data:`PRECISIONS`.
 
     Returns
     -------
@@ -272,10 +227,12 @@ def extract_features(recording: WeldRecording, schema: FeatureSchema = DEFAULT_S
     """
     check_input(recording.n_samples, recording.sample_rate, schema)
     x = recording.select(schema.channels)
-    return _select(band_statistics(_decompose(x, schema)), schema).reshape(-1)
+    return _select(_features(x, schema, precision), schema).reshape(-1)
 
 
-def extract_many(recordings: Sequence[WeldRecording], schema: FeatureSchema = DEFAULT_SCHEMA) -> np.ndarray:
+def extract_many(
+    recordings: Sequence[WeldRecording], schema: FeatureSchema = DEFAULT_SCHEMA, *, precision: str = "auto"
+) -> np.ndarray:
     """Feature rows for welds of any lengths, batching those of equal length.
 
     Returns
@@ -290,5 +247,5 @@ def extract_many(recordings: Sequence[WeldRecording], schema: FeatureSchema = DE
         groups.setdefault(rec.n_samples, []).append(i)
     for idx in groups.values():
         stack = np.stack([recordings[i].select(schema.channels) for i in idx])
-        out[idx] = extract_batch(stack, schema, sample_rate=schema.sample_rate)
+        out[idx] = extract_batch(stack, schema, sample_rate=schema.sample_rate, precision=precision)
     return out

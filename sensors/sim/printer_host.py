@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import urllib.parse
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -57,10 +58,22 @@ class LoopbackHttp:
     or ``None`` to send nothing (after hanging as long as it likes).
     """
 
-    def __init__(self, answer: Callable[[str], tuple[int, bytes] | None]) -> None:
+    def __init__(
+        self,
+        answer: Callable[[str], tuple[int, bytes] | None],
+        answer_post: Callable[[str], tuple[int, bytes] | None] | None = None,
+    ) -> None:
         class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                if answer_post is None:
+                    self.send_error(405, "GET only")
+                    return
+                self._reply(answer_post(self.path))
+
             def do_GET(self) -> None:
-                result = answer(self.path)
+                self._reply(answer(self.path))
+
+            def _reply(self, result: tuple[int, bytes] | None) -> None:
                 if result is None:
                     return
                 status, body = result
@@ -90,14 +103,26 @@ class LoopbackHttp:
 class FakeMoonraker(LoopbackHttp):
     """Answers like Moonraker from a timeline played on ``clock``.
 
-    ``down`` makes it answer HTTP 500 ("klippy disconnected") until cleared.
+    ``down`` makes it answer HTTP 500 ("klippy disconnected") until cleared.  G-code sent to
+    ``POST /printer/gcode/script?script=...`` is kept in ``scripts`` (answered ``{"result": "ok"}``).
     """
 
     def __init__(self, timeline: Timeline, clock: Callable[[], float]) -> None:
         self.context = TimelineContext(timeline, clock)
         self.down = False
         self.requests = 0
-        super().__init__(self._answer)
+        self.scripts: list[str] = []
+        super().__init__(self._answer, self._post)
+
+    def _post(self, path: str) -> tuple[int, bytes]:
+        url = urllib.parse.urlsplit(path)
+        script = urllib.parse.parse_qs(url.query).get("script")
+        if url.path != "/printer/gcode/script" or not script:
+            return 404, b"not found"
+        if self.down:
+            return 500, b"klippy disconnected"
+        self.scripts.append(script[0])
+        return 200, json.dumps({"result": "ok"}).encode()
 
     def _answer(self, path: str) -> tuple[int, bytes]:
         self.requests += 1

@@ -333,6 +333,25 @@ def write_weld_file(
         "channels": list(recording.channels),
         "sample_rate": recording.sample_rate,
     }
+    if suffix not in WELD_SUFFIXES:
+        raise ValueError(f"unsupported weld file type {suffix!r}; use one of {WELD_SUFFIXES}")
+    try:
+        _write_weld(recording, path, side, sample_format, extensible)
+    except OSError as exc:  # a full disk: numpy says only "120000 requested and 16352 written"
+        for partial in (path, sidecar_path(path)):
+            partial.unlink(missing_ok=True)  # half a weld would fill the disk and read as a weld
+        raise OSError(
+            f"cannot write {path}: {exc.strerror or exc} (partial file removed); "
+            f"free space on the disk holding {path.parent}, then start again"
+        ) from None
+    return path
+
+
+def _write_weld(
+    recording: WeldRecording, path: Path, side: dict[str, Any], sample_format: str, extensible: bool
+) -> None:
+    """The data file, then the sidecar (:func:`write_weld_file`)."""
+    suffix = path.suffix.lower()
     data = recording.data
     if suffix == ".wav":
         if not float(recording.sample_rate).is_integer():
@@ -353,11 +372,8 @@ def write_weld_file(
         buf.write(",".join(recording.channels) + "\n")
         np.savetxt(buf, data.T, delimiter=",", fmt="%.9g")
         path.write_text(buf.getvalue(), encoding="utf-8")
-    else:
-        raise ValueError(f"unsupported weld file type {suffix!r}; use one of {WELD_SUFFIXES}")
     extra = {k: v for k, v in recording.meta.items() if k not in side and _jsonable(v)}
     sidecar_path(path).write_text(json.dumps({**extra, **side}, indent=1), encoding="utf-8")
-    return path
 
 
 def _jsonable(value: object) -> bool:

@@ -36,7 +36,47 @@ STATUS = {
     "data": {"train": 45, "test": 135, "sensor": {"state": "fault", "running": True}},
     "process": {"cpu_s_round": 0.012, "cpu_s_total": 3.0, "max_rss_bytes": 60_000_000},
     "paused": "maintenance until Friday",
+    "serving": {
+        "enabled": True,
+        "answered": {"speed": 7},
+        "refused": {"speed": {"width": 2}},
+        "models": {"speed": {"round": 2, "digest": "d" * 12}},
+        "field": {
+            "speed": {"metric": "error", "value": 3.5, "n": 7, "scored": 7, "reference": 3.0, "drift": False}
+        },
+        "advice": {"speed": {"speed": 62.0, "vibration_budget": 0.8}},
+        "alerts": [],
+    },
 }
+#: A welder at work: its serving block, its latest answer (retained) and an open alert.
+WELDER = {
+    "device": "welder1",
+    "state": "online",
+    "time": 1_700_000_000.0,
+    "kind": "welder",
+    "serving": {
+        "enabled": True,
+        "field": {
+            "tool": {
+                "metric": "accuracy",
+                "value": 0.6,
+                "n": 20,
+                "scored": 20,
+                "reference": 0.9,
+                "drift": True,
+            }
+        },
+        "models": {"tool": {"round": 4, "digest": "e" * 12}},
+    },
+}
+ANSWERS = {
+    ("printer1", "speed"): {"key": "a.gcode#1/3", "row_time": 10.0, "answered_at": 10.1, "latency_s": 0.003,
+                            "expected_speed": 70.0, "commanded": 40.0, "residual": 30.0, "model": {"round": 2}},
+    ("welder1", "tool"): {"key": "weld-9", "row_time": 20.0, "answered_at": 20.1, "latency_s": 0.02, "label": "TC4",
+                          "classes": ["TC1", "TC4"], "probabilities": [0.1, 0.9], "model": {"round": 4}},
+}  # fmt: skip
+ALERT = {"device": "welder1", "rule": "worn_tool", "task": "tool", "state": "raised", "at": 20.0, "key": "weld-9",
+         "value": 0.9, "votes": 4, "k": 4, "n": 5, "threshold": 0.8, "since": 20.0}  # fmt: skip
 
 
 def _store(state_dir: Path) -> None:
@@ -87,9 +127,14 @@ def test_metrics_endpoint_exports_what_the_dashboard_plots(tmp_path):
         pub.connect("127.0.0.1", port)
         pub.loop_start()
         offline = {"device": "printer2", "state": "offline", "time": 1.0, "data": "garbage"}
-        for body in (STATUS, offline):
+        for body in (STATUS, offline, WELDER):
             topic = topics.topic_status(FLEET, body["device"])
             pub.publish(topic, json.dumps(body), qos=1, retain=True).wait_for_publish(5)
+        for (device, task), body in ANSWERS.items():
+            topic = topics.topic_answer(FLEET, device, task)
+            pub.publish(topic, json.dumps(body), qos=1, retain=True).wait_for_publish(5)
+        topic = topics.topic_alert(FLEET, "welder1", "worn_tool")
+        pub.publish(topic, json.dumps(ALERT), qos=1, retain=True).wait_for_publish(5)
         pub.disconnect()
         pub.loop_stop()
         (tmp_path / "agg.toml").write_text(
@@ -103,6 +148,8 @@ def test_metrics_endpoint_exports_what_the_dashboard_plots(tmp_path):
             if (
                 value.get(("ioft_broker_bytes_sent_total", ()), 0) > 0
                 and ("ioft_device_online", (("device", "printer1"), ("kind", "printer"))) in value
+                and ("ioft_alerts_open", (("device", "welder1"), ("task", "tool"))) in value
+                and ("ioft_answer_expected_speed", (("device", "printer1"), ("task", "speed"))) in value
             ):
                 break
             assert time.monotonic() < deadline, sorted(value)
@@ -121,7 +168,7 @@ def test_metrics_endpoint_exports_what_the_dashboard_plots(tmp_path):
     assert value[("ioft_uploads_refused_total", (("reason", "replay"), ("task", "speed")))] == 1
     assert value[("ioft_uploads_resent_total", (("task", "speed"),))] == 2
     assert ("ioft_uploads_refused_total", (("reason", "resent"), ("task", "speed"))) not in value
-    assert value[("ioft_devices_online", ())] == 1
+    assert value[("ioft_devices_online", ())] == 2
     assert value[("ioft_device_sensor_fault", (("device", "printer1"),))] == 1
     assert value[("ioft_device_round_cpu_seconds", (("device", "printer1"),))] == 0.012
     assert value[("ioft_device_max_rss_bytes", (("device", "printer1"),))] == 60_000_000
@@ -131,6 +178,19 @@ def test_metrics_endpoint_exports_what_the_dashboard_plots(tmp_path):
     assert value[("ioft_device_paused", (("device", "printer2"),))] == 0
     assert value[("ioft_rollouts", (("state", "canary"),))] == 1
     assert ("ioft_device_rows", (("device", "printer2"), ("split", "train"))) not in value  # "garbage" data
+    # The machines at work, per device and task (cloud_aggregator.console.machines_metrics).
+    speed, tool = (("device", "printer1"), ("task", "speed")), (("device", "welder1"), ("task", "tool"))
+    assert value[("ioft_answer_expected_speed", speed)] == 70.0
+    assert value[("ioft_answer_residual", speed)] == 30.0
+    assert value[("ioft_answer_latency_seconds", speed)] == 0.003
+    assert value[("ioft_answer_probability", (("class", "TC4"), *tool))] == 0.9
+    assert value[("ioft_field_error", speed)] == 3.5 and value[("ioft_field_drift", speed)] == 0
+    assert value[("ioft_field_accuracy", tool)] == 0.6 and value[("ioft_field_drift", tool)] == 1
+    assert value[("ioft_speed_advice", speed)] == 62.0
+    assert value[("ioft_alerts_open", tool)] == 1 and value[("ioft_alerts_open", speed)] == 0
+    assert (
+        value[("ioft_answers_refused", (("device", "printer1"), ("reason", "width"), ("task", "speed")))] == 2
+    )
 
     # Every expression of the Grafana dashboard names only metrics the endpoint exported just now.
     dashboard = json.loads(DASHBOARD.read_text())

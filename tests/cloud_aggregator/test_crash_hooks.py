@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,6 +42,48 @@ def test_fault_point_kills_on_the_named_pass_only():
     assert proc.returncode == -9 and proc.stdout.split() == ["0", "1", "2"]
     unset = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert unset.returncode == 0 and unset.stdout.split() == ["0", "1", "2", "3", "4"]
+
+
+# A round loop's thread hits the point while the main thread sleeps at low priority on the same
+# CPU: the worst case for a process-wide SIGSTOP, which only the main thread took, when it ran.
+STOPPED_THREAD = """
+import os, sys, threading
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+from cloud_aggregator import faults
+go = threading.Event()
+def loop():
+    go.wait()
+    faults.point("after_save")
+    for i in range(100_000):
+        sys.stdout.write(f"went on {i}\\n")
+worker = threading.Thread(target=loop)
+worker.start()
+os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+go.set()
+worker.join()
+"""
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    states = [p.read_text().rsplit(")", 1)[1].split()[0] for p in Path(f"/proc/{pid}/task").glob("*/stat")]
+    return bool(states) and all(s == "T" for s in states)
+
+
+def test_a_stop_point_stops_the_thread_that_hits_it_there(tmp_path):
+    env = {**os.environ, "IOFT_FAULT": "after_save:1:stop", "PYTHONUNBUFFERED": "1"}
+    for attempt in range(3):  # before the fix, each went on past the point about 8 times in 10
+        out = tmp_path / f"out{attempt}.txt"
+        with out.open("w") as fh:
+            proc = subprocess.Popen([sys.executable, "-c", STOPPED_THREAD], env=env, stdout=fh, stderr=fh)
+        try:
+            deadline = time.monotonic() + 60  # only guards the suite against a hang
+            while not _all_threads_stopped(proc.pid):
+                assert proc.poll() is None and time.monotonic() < deadline, out.read_text()[-500:]
+                time.sleep(0.01)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert "went on" not in out.read_text(), f"attempt {attempt}: the thread went on past the stop"
 
 
 def test_late_upload_is_damped_counted_once_and_replaced_by_a_fresh_one():

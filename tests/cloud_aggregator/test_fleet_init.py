@@ -139,6 +139,8 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
         "pattern write ioft/v1/plant/task/+/up/%u",
         "pattern write ioft/v1/plant/status/%u",
         "pattern write ioft/v1/plant/answer/%u/+",  # its answers to its own rows (edge.serving)
+        "pattern write ioft/v1/plant/alert/%u/+",  # its alerts (edge.serving.alerts)
+        "pattern write homeassistant/+/%u/+/config",  # its Home Assistant discovery configs, no one else's
         "pattern write ioft/v1/plant/task/+/secagg/up/%u",
     ]
     assert "pattern read ioft/v1/plant/task/+/down/%u" in patterns
@@ -171,6 +173,9 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
     # The devices' answers (edge.serving): the aggregator (and its console) and the operator read them.
     assert "topic read ioft/v1/plant/answer/+/+" in aggregator
     assert "topic read ioft/v1/plant/answer/+/+" in block(OPERATOR)
+    # Their alerts too (edge.serving.alerts): the console shows them.
+    assert "topic read ioft/v1/plant/alert/+/+" in aggregator
+    assert "topic read ioft/v1/plant/alert/+/+" in block(OPERATOR)
 
 
 def test_a_device_folder_is_complete_and_works_where_it_is_copied(tmp_path):

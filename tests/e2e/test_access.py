@@ -259,6 +259,29 @@ def test_only_a_device_writes_its_answers_and_only_the_cloud_reads_them(fleet, r
             c.close()
 
 
+def test_the_cloud_reads_every_devices_alerts(cert_fleet):
+    """``alert/<device>/<rule>`` (edge.serving.alerts): the aggregator and the operator (whose
+    login the console uses) receive printer1's raise; printer2 neither reads it nor forges one."""
+    layout, _ = cert_fleet
+    agg, op = _connected(layout, AGGREGATOR), _connected(layout, OPERATOR)
+    p1, spy = _connected(layout, "printer1"), _connected(layout, "printer2")
+    try:
+        for client in (agg, op, spy):
+            client.subscribe(topics.topic_alert_all(FLEET))
+        forged = (topics.topic_alert(FLEET, "printer1", "worn_tool"), b"forged raise")
+        own = (topics.topic_alert(FLEET, "printer1", "worn_tool"), b"printer1's raise")
+        spy.publish(*forged)
+        p1.publish(*own)
+        _wait_for(agg, *own)
+        _wait_for(op, *own)
+        time.sleep(SETTLE_S)
+        assert forged not in agg.messages + op.messages
+        assert own not in spy.messages, spy.messages
+    finally:
+        for c in (agg, op, p1, spy):
+            c.close()
+
+
 def test_a_device_cannot_take_over_the_aggregators_client_id(cert_fleet):
     """With ``use_username_as_clientid`` the broker replaces the client id with the certificate's
     CN, so a device claiming the aggregator's id neither disconnects it nor inherits its session."""

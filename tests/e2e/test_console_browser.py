@@ -81,6 +81,7 @@ def test_console_shows_devices_and_a_new_point_arrives_live(fleet_procs, browser
     console, url = _console(config)
     try:
         page.goto(url)
+        page.click("#to-learning")  # the landing page is the machines view (test_console_machines)
         # Execute + assert: the devices appear from their retained statuses, online.
         for d in DEVICES:
             page.wait_for_selector(f'#devices tr[data-device="{d}"][data-online="true"]', timeout=20_000)
@@ -186,6 +187,7 @@ def test_console_as_a_newcomer_sees_it(mosquitto, browser_page, tmp_path):
     console, url = _console(config)
     try:
         page.goto(url)
+        page.click("#to-learning")  # the landing page is the machines view (test_console_machines)
         page.wait_for_selector('#devices tr[data-device="welder1"]', timeout=20_000)
         page.wait_for_selector('svg[data-task="speed"] path[data-series="printer1"]', timeout=20_000)
         page.screenshot(path=str(artifacts() / "console_newcomer.png"), full_page=True)

@@ -31,6 +31,43 @@ def fleet_means(out: str) -> tuple[float, float, float]:
     return pflda, indiv, fedavg
 
 
+def advice_table(out: str) -> dict[str, tuple[float, float, float]]:
+    """printer -> (PFL-DA, indiv, truth) from the speed advice table after the final one."""
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("Speed advice (mm/s)")) + 2
+    rows = {}
+    for ln in lines[start:]:
+        if not ln.strip():
+            break
+        name, *cells = ln.split()
+        rows[name] = tuple(float(c) for c in cells)
+    return rows
+
+
+def welder_table(out: str) -> dict[str, dict[str, int | None]]:
+    """welder -> its weld numbers (wear starts, first worn, alert raised, worn label lands; None: never)."""
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("Two simulated welders")) + 2
+    rows = {}
+    for ln in lines[start:]:
+        if not ln.strip():
+            break
+        name, _material, *welds, _accuracy = ln.split()
+        keys = ("wear", "first_worn", "alert", "worn_label")
+        rows[name] = {k: None if w == "-" else int(w) for k, w in zip(keys, welds, strict=True)}
+    return rows
+
+
+def check_welders(out: str) -> None:
+    """The wearing welder's alert is raised once wear starts and before the log's first worn label; the
+    other welder raises none."""
+    welders = welder_table(out)
+    wearing, steady = welders["welder1"], welders["welder2"]
+    assert wearing["wear"] is not None and wearing["alert"] is not None and wearing["worn_label"] is not None
+    assert wearing["wear"] <= wearing["first_worn"] <= wearing["alert"] < wearing["worn_label"], welders
+    assert steady == {"wear": None, "first_worn": None, "alert": None, "worn_label": None}, welders
+
+
 def test_default_demo_on_mosquitto_shows_pflda_beating_indiv(tmp_path):
     _require_mosquitto()
     out = run_demo_cli(tmp_path)
@@ -39,6 +76,7 @@ def test_default_demo_on_mosquitto_shows_pflda_beating_indiv(tmp_path):
     assert len(rows) >= 200 + 20  # every PFL-DA round, then indiv every 10th round
     pflda, indiv, _ = fleet_means(out)
     assert pflda < indiv, out[-1500:]
+    check_welders(out)
     # Every round got every printer's upload: nothing refused, no deadline extended.
     log = (tmp_path / "aggregator.log").read_text()
     assert "dropped update" not in log and "extending the deadline" not in log, log[-3000:]
@@ -50,6 +88,11 @@ def test_demo_on_the_embedded_amqtt_broker(tmp_path):
     out = run_demo_cli(tmp_path, "--prefer-broker", "amqtt", "--devices", "3", "--rounds", "30")
     assert "broker: amqtt" in out
     assert all(v == v for v in fleet_means(out))  # three numbers, none NaN: every task finished
+    # After the final table: each printer's speed advice from PFL-DA's and its alone-trained model.
+    advice = advice_table(out)
+    assert sorted(advice) == ["printer1", "printer2", "printer3"]
+    assert all(len(v) == 3 and min(v) > 0 and max(v) < 200 for v in advice.values()), advice
+    check_welders(out)  # the demo ends with the two welders
     log = (tmp_path / "aggregator.log").read_text()
     assert "abandoned" not in log and "extending the deadline" not in log, log[-3000:]
 

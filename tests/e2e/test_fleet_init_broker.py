@@ -19,14 +19,17 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cloud_aggregator.fleet.layout import open_fleet
 from cloud_aggregator.local.broker import find_mosquitto, free_port
 from ioft_protocol.config import load_toml
 from tests.e2e.test_access import Client
+from tests.e2e.watched import Watched
 
 pytestmark = pytest.mark.broker
 FLEET = "plant"
@@ -219,3 +222,43 @@ def test_password_fleet_revocation(fleet_dir, tmp_path):
         assert connects(root / "devices" / "printer1", "printer1", port)
     finally:
         broker.stop()
+
+
+def test_the_operators_console_shows_the_brokers_byte_counters(fleet_dir, tmp_path):
+    """``/metrics``' broker byte counters come from ``$SYS``, which the generated ACL must let the
+    operator read (the console logs in as the operator: the aggregator's login is refused)."""
+    port = free_port()
+    root = init(fleet_dir, port)
+    broker = Broker(root / "broker" / "mosquitto.conf", port, tmp_path / "mosquitto.log")
+    seen: dict[str, float | None] = {}
+    try:
+        for who in ("operator",):
+            console = Watched(
+                "cloud_aggregator.cli",
+                ["console", "--config", str(root / who / f"{who}.toml"), "--state-dir", str(tmp_path / who),
+                 "--port", "0", "--refresh", "0.2"],
+            )  # fmt: skip
+            try:
+                console.wait_until(lambda c=console: c.matching("console: http://"), 30, "the console's URL")
+                url = console.matching("console: http://")[0].split()[-1]
+                # mosquitto keeps its $SYS counters retained: they arrive as soon as the ACL lets them.
+                console.wait_until(
+                    lambda w=who, u=url: seen.update({w: _broker_bytes(u)}) or seen[w] is not None,
+                    30,
+                    f"broker byte counters in {who}'s /metrics",
+                )
+            finally:
+                console.stop()
+    finally:
+        broker.stop()
+    assert sorted(seen) == ["operator"] and None not in seen.values(), seen
+
+
+def _broker_bytes(url: str) -> float | None:
+    """``ioft_broker_bytes_sent_total`` from the console's ``/metrics``, ``None`` while it has no sample."""
+    text = urllib.request.urlopen(url + "metrics", timeout=5).read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "ioft_broker_bytes_sent_total":
+                return sample.value
+    return None

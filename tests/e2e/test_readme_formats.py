@@ -39,6 +39,14 @@ def test_the_serve_example_is_a_device_config():
     assert cfg.serve.tasks == ["tool"] and cfg.serve.margin == 0.05
 
 
+def test_the_alerts_example_is_a_device_config():
+    cfg = build(
+        DeviceConfig, {"device": "welder2", **tomllib.loads(example("alerts.toml"))}, "README alerts.toml"
+    )
+    assert [r.name for r in cfg.serve.alerts] == ["worn_tool", "shaky_layers"]
+    assert cfg.serve.vibration_budget == 0.8 and cfg.serve.alerts[0].clear_at == 0.5
+
+
 def test_the_head_task_example_validates_on_the_aggregator():
     text = 'fleet = "plant-a"\nallow_plaintext = true\n' + example("head-task.toml")
     cfg = build(AggregatorConfig, tomllib.loads(text), "README head task")

@@ -22,6 +22,13 @@ def _toml(fleet: LocalFleet, *tasks: dict[str, object]) -> str:
     return aggregator_toml(fleet.broker_url, fleet.work / "aggregator", list(tasks), expected=DEVICES)
 
 
+def _whole_line(fleet: LocalFleet, needle: str) -> str:
+    """The first finished line of the aggregator's log holding ``needle`` (``""``: none yet); the
+    last line may still be being written."""
+    text = fleet.log("aggregator")
+    return next((ln for ln in text[: text.rfind("\n") + 1].splitlines() if needle in ln), "")
+
+
 def _serve(fleet: LocalFleet, toml: str, *args: str) -> subprocess.Popen:
     """``serve --config`` with extra ``args``, as :attr:`LocalFleet.aggregator` (log: aggregator.log)."""
     cfg = fleet.work / "aggregator.toml"
@@ -108,10 +115,8 @@ def test_service_takes_tasks_on_sighup_refuses_bad_edits_and_exits_0_on_sigterm(
     cfg = fleet_procs.work / "aggregator.toml"
     cfg.write_text(_toml(fleet_procs, pflda_task(rounds=2) | {"model": "linear"}))
     proc.send_signal(signal.SIGHUP)
-    fleet_procs.wait_for(lambda: "SIGHUP: config refused" in fleet_procs.log("aggregator"), 60, "the refusal")
-    refusal = next(
-        line for line in fleet_procs.log("aggregator").splitlines() if "SIGHUP: config refused" in line
-    )
+    fleet_procs.wait_for(lambda: _whole_line(fleet_procs, "SIGHUP: config refused"), 60, "the refusal")
+    refusal = _whole_line(fleet_procs, "SIGHUP: config refused")
     assert "model changed" in refusal and "--restart speed" in refusal
     assert proc.poll() is None
 

@@ -142,3 +142,22 @@ def test_a_missing_folder_is_retried_not_fatal(welder):
     rec.run(until=lambda: rec.steps >= 3)
     assert rec.loop_errors == 0 and rec.status()["folder"]["ready"] is False
     assert load_dataset(state) is None
+
+
+def test_a_wearing_tool_and_its_lagging_log_off_the_real_clock(tmp_path):
+    """``SimulatedWelder.weld_run`` (what the export thread paces and the demo replays): new tool
+    before ``wear_from``, worn from it (``wear_welds=1``), each label landing ``lag`` welds later."""
+    from edge.recording.simulate import SimulatedWelder
+
+    sim = SimulatedWelder(
+        DEVICE, tmp_path, 7, 1.0, wear_from=3, wear_welds=1, label_lag_h=1.0, sim_weld_min=20
+    )
+    welds = list(sim.weld_run("r", START))
+    assert [w.tool for w in welds] == ["TC1"] * 3 + ["TC4"] * 4
+    assert [w.recording.weld_id for w in welds] == [f"{DEVICE}-r-{i:03d}" for i in range(7)]
+    # One simulated hour is 3 welds: weld i's label lands with weld i + 3, the last 3 not in this run.
+    assert [[e["weld_id"] for e in w.landed] for w in welds] == [[], [], []] + [
+        [f"{DEVICE}-r-{i:03d}"] for i in range(4)
+    ]
+    assert [e["tool"] for w in welds for e in w.landed] == ["TC1"] * 3 + ["TC4"]
+    assert not list(tmp_path.iterdir())  # nothing written: the thread exports, not the run

@@ -1,4 +1,8 @@
-"""Parity: PyWavelets features against the plain-NumPy reference (own filters, own DWT, own statistics)."""
+"""Parity: PyWavelets features against the plain-NumPy reference (own filters, own DWT, own statistics).
+
+Parity is the float64 path's contract (``precision="float64"``); the default path may use
+float32 within the tolerance that tests/sensors/test_dwt_precision.py pins.
+"""
 
 from __future__ import annotations
 
@@ -74,7 +78,9 @@ def test_default_features_match_the_numpy_reference(n):
     x = signals(n, n)
     rec = WeldRecording(x, CH, FS, "p", datetime(2024, 1, 1, tzinfo=UTC))
     assert_parity(
-        extract_features(rec), extract_features_reference(x, DEFAULT_SCHEMA, sample_rate=FS), DEFAULT_SCHEMA
+        extract_features(rec, precision="float64"),
+        extract_features_reference(x, DEFAULT_SCHEMA, sample_rate=FS),
+        DEFAULT_SCHEMA,
     )
 
 
@@ -84,7 +90,7 @@ def test_parity_on_degenerate_channels():
         [np.zeros(n), np.full(n, 3.5), np.r_[np.zeros(n // 2), np.ones(n - n // 2)], signals(n, 1)[3]]
     )
     rec = WeldRecording(x, CH, FS, "d", datetime(2024, 1, 1, tzinfo=UTC))
-    ours = extract_features(rec)
+    ours = extract_features(rec, precision="float64")
     assert np.isfinite(ours).all()
     assert_parity(ours, extract_features_reference(x, DEFAULT_SCHEMA, sample_rate=FS), DEFAULT_SCHEMA)
 
@@ -103,7 +109,7 @@ def test_parity_over_lengths_levels_wavelets_and_dtypes(n, level, order, dtype, 
         n = schema.min_samples
     x = signals(n, seed)
     x = (x / np.abs(x).max(axis=1, keepdims=True) * 30_000 if dtype == np.int16 else x).astype(dtype)
-    ours = extract_batch(x[None], schema, sample_rate=FS)[0]
+    ours = extract_batch(x[None], schema, sample_rate=FS, precision="float64")[0]
     assert_parity(ours, extract_features_reference(x, schema, sample_rate=FS), schema)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks import feddar_synthetic as study
+from benchmarks import quick_figures
 
 
 def test_synthetic_fleet_is_the_papers_setup():
@@ -25,7 +26,8 @@ def test_synthetic_fleet_is_the_papers_setup():
 
 
 def test_quick_study_orders_feddar_sa_far_below_the_baselines():
-    out = study.main(["--quick", "--no-write", "--seeds", "0", "--workers", "2"])
+    out = study.main(quick_figures.QUICK_ARGV)
+    quick_figures.assert_no_drift("feddar_synthetic", quick_figures.feddar_figures(out))
     finals = {r.job.method: r.final for r in out["results"]}
     assert set(finals) == {"Local-only", "FedAvg", "FedRep", "Separate FedAvg", "FedDAR-WA", "FedDAR-SA"}
     assert all(np.isfinite(v) for v in finals.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks import gifair as study
+from benchmarks import quick_figures
 
 
 def test_fleet_has_two_kinds_of_unequal_size_with_shifted_data():
@@ -19,7 +20,8 @@ def test_fleet_has_two_kinds_of_unequal_size_with_shifted_data():
 
 
 def test_quick_study_gifair_narrows_the_group_loss_spread():
-    out = study.main(["--quick", "--no-write", "--seeds", "0", "--workers", "2"])
+    out = study.main(quick_figures.QUICK_ARGV)
+    quick_figures.assert_no_drift("gifair", quick_figures.gifair_figures(out))
     by = {r["lam"]: r["scores"] for r in out["results"]}
     fedavg, fair = by[None], by[0.1]
     assert fedavg["L_B"] > fedavg["L_A"]  # the small, shifted group is served worse by FedAvg

@@ -4,19 +4,61 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.newcomer import INDIV, METHODS, run_fleet, simulated_fleet, targets
+from benchmarks import quick_figures
+from benchmarks.newcomer import (
+    INDIV,
+    LOPO_SPEEDS,
+    METHODS,
+    lopo_fleet,
+    lopo_targets,
+    run_fleet,
+    simulated_fleet,
+    targets,
+)
 
 
 def test_pflda_newcomer_is_not_worse_than_indiv_from_its_first_round() -> None:
     pflda = [m for m in METHODS if m[0] in ("PFL-DA", "PFL-DA (no cold start)")]
     losses: dict[str, list[np.ndarray]] = {}
-    for seed in (0, 1):
+    by_seed = {}
+    for seed in quick_figures.NEWCOMER_SEEDS:
         curves, _ = run_fleet(simulated_fleet(seed), seed, rounds_before=20, rounds_after=2, methods=pflda)
+        by_seed[seed] = curves
         for label, curve in curves.items():
             losses.setdefault(label, []).append(curve)
         # The cold-start ordering, per seed: the fitted encoder makes round 1 already good.
         assert curves["PFL-DA"][0] <= curves[INDIV][0], (seed, curves)
         # ... and better than the random start PFL-DA had before the cold start.
         assert curves["PFL-DA"][0] < curves["PFL-DA (no cold start)"][0], (seed, curves)
+    quick_figures.assert_no_drift("newcomer", quick_figures.newcomer_figures(by_seed))
     lines = targets({k: np.stack(v) for k, v in losses.items()})
     assert any("no worse than indiv from round 1: **met**" in line for line in lines), lines
+
+
+def test_lopo_fold_leaves_one_printer_out_and_scores_it_on_speed30() -> None:
+    speeds = (10, 20, 30, 40, 50, 60)
+    runs = {
+        p: {s: (np.full((3, 1), p + s / 100), np.full((3, 1), s / 50)) for s in speeds} for p in range(1, 7)
+    }
+    fleet = lopo_fleet(runs, 4)
+    assert sorted(fleet.established) == [f"printer{p}" for p in (1, 2, 3, 5, 6)]
+    train = fleet.established["printer1"].train
+    assert sorted(set(np.round(train.y[:, 0] * 50).astype(int))) == [10, 20, 40, 50, 60]
+    assert set(np.round(fleet.established["printer1"].test.y[:, 0] * 50).astype(int)) == {30}
+    new = fleet.newcomer
+    assert sorted(set(np.round(new.train.y[:, 0] * 50).astype(int))) == list(LOPO_SPEEDS)
+    assert set(np.round(new.test.y[:, 0] * 50).astype(int)) == {30}
+    np.testing.assert_allclose(new.train.x[:, 0].min(), 4.1)  # printer 4's own rows
+
+
+def test_lopo_targets_count_folds_against_alone() -> None:
+    alone = np.array([[1.0] * 5] * 18)
+    pflda = alone.copy()
+    pflda[:2, 0] = 2.0  # two folds worse at round 1
+    pflda[:, 4] = 0.5
+    fedper = alone * 1.5
+    lines = lopo_targets({"PFL-DA": pflda, "FedPer": fedper, "FedAvg": fedper, INDIV: alone})
+    assert "- PFL-DA: newcomer ≤ alone at round 1 in **16 of 18** folds (met; needs 16)" in lines
+    assert any(line.startswith("- FedPer") and "**0 of 18**" in line for line in lines)
+    assert not any(line.startswith("- FedAvg") for line in lines)
+    assert any("median ratio **0.50**" in line for line in lines)

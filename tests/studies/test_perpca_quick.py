@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks import perpca as study
+from benchmarks import quick_figures
 
 
 def test_generator_has_orthonormal_truth_and_theta_grows_with_the_angle():
@@ -22,7 +23,8 @@ def test_generator_has_orthonormal_truth_and_theta_grows_with_the_angle():
 
 
 def test_quick_study_perpca_recovers_below_pooled_and_local_pca():
-    out = study.main(["--quick", "--no-write", "--seeds", "0", "--workers", "2"])
+    out = study.main(quick_figures.QUICK_ARGV)
+    quick_figures.assert_no_drift("perpca", quick_figures.perpca_figures(out))
     moderate = next(r for r in out["synth"] if r["alpha"] == 60.0)
     assert 0.1 < moderate["theta"] < 0.3
     err = moderate["decoupled"]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from benchmarks import pflda_printers as printers
 from benchmarks import pflda_sine as sine
+from benchmarks import quick_figures
 from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet, simulate
 from trainer_lite.algorithms.base import loss_and_grads
 from trainer_lite.data import Dataset
@@ -139,6 +139,7 @@ def test_replica_mode_is_separate_runs_per_seed(method):
 def test_sine_quick_pflda_beats_ditto_and_indiv_by_a_wide_margin():
     cfg = sine.quick_config()
     runs = sine.run_study(cfg, sine.METHODS, [0], workers=1)
+    quick_figures.assert_no_drift("pflda_sine", quick_figures.sine_figures(runs))
     last5 = {r["method"]: float(np.mean(r["curve"][-5:])) for r in runs}
     assert last5["pflda"] < 0.01
     assert last5["pflda"] * 3 < last5["indiv"]
@@ -148,7 +149,7 @@ def test_sine_quick_pflda_beats_ditto_and_indiv_by_a_wide_margin():
 
 
 def test_printer_quick_pflda_at_most_indiv_on_the_sigmoid_glm():
-    root = Path(printers.DEFAULT_DATA)
+    root = quick_figures.printer_data()
     if not root.is_dir():
         (pytest.fail if os.environ.get("CI") else pytest.skip)(
             f"printer data not found at {root}: the six-printer CSVs (Zenodo 10.5281/zenodo.5747732, as "
@@ -156,4 +157,26 @@ def test_printer_quick_pflda_at_most_indiv_on_the_sigmoid_glm():
             "../shared/data/printers"
         )
     result = printers.quick(root)
+    quick_figures.assert_no_drift("pflda_printers", quick_figures.printer_figures(result))
     assert result["pflda"] <= result["indiv"]
+
+
+def _trace(level: float) -> printers.Trace:
+    """20 rounds, 2 printers, 2 replicas, 3 points, every prediction ``level`` off its target."""
+    target = np.zeros((2, 2, 3))
+    return printers.Trace(np.full((20, 2, 2, 3), level), target, 0.0)
+
+
+def test_nn_last10_note_names_pflda_once_when_it_is_the_lowest():
+    """Issue 26: with --no-cv the note read "ours PFL-DA 0.091, PFL-DA 0.091"."""
+    out = {"test": {("nn", "pflda"): _trace(0.01), ("nn", "indiv"): _trace(0.1)}, "best": {}, "choice": {}}
+    text = printers.summarize(out, ["nn"], ["pflda", "indiv"], 2)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("- Mean of the last 10 rounds")]
+    assert line.count("PFL-DA") == 1, line
+    out["test"][("nn", "indiv")] = _trace(0.001)
+    (line,) = [
+        ln
+        for ln in printers.summarize(out, ["nn"], ["pflda", "indiv"], 2).splitlines()
+        if ln.startswith("- Mean of the last 10 rounds")
+    ]
+    assert "ours indiv" in line and line.count("PFL-DA") == 1, line

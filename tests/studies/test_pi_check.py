@@ -57,14 +57,17 @@ def test_a_watched_process_reports_its_marks_and_wait4_usage(tmp_path):
     assert "other" in proc.tail()
 
 
-def test_the_report_lists_every_installed_package():
+def test_the_report_lists_every_installed_package(monkeypatch, tmp_path):
+    # Rendering formats the figures it is given: no program runs (make test installs no qemu).
+    monkeypatch.setenv("PATH", str(tmp_path))
     usage = Usage(0, 1.0, 50.0, 2.0)
     fig = figures(
         FakeDevice([Mark("x running (state /s", 101.0, 0.5), Mark(line(1, "train", 0.1), 102, 0.75)]), usage
     )
     freeze = ["numpy==2.4.6", "ioft @ file:///opt/ioft-dist/ioft-0.1.0-py3-none-any.whl", "paho-mqtt==2.2.0"]
     text = pi_report.render(
-        commit="abc1234", binfmt="/usr/libexec/qemu-binfmt/aarch64-binfmt-P (flags PF)", root_state="reused",
+        commit="abc1234", binfmt="/usr/libexec/qemu-binfmt/aarch64-binfmt-P (flags PF)",
+        emulator="qemu-aarch64 version 7.2.0", root_state="reused",
         python="Python 3.11.2", install=pi_root.Install(100.0, 180 * 2**20, freeze, ["pytest==9.2.0"]),
         imports={k: {"numpy": 0.2, "total": 0.9} for k in ("arm64", "host")},
         recorder={k: (usage, {"appended": 10, "rows": {"train": 7, "test": 3}}) for k in ("arm64", "host")},

@@ -16,7 +16,8 @@ def test_quick_round_overhead_measures_full_rounds():
         # Every measured round had all 3 uploads (run_case raises otherwise) and finished well
         # inside the 60 s deadline it would otherwise have waited for.
         assert 0 < r["round_s_max"] < 30
-        # Broker bytes are sampled at round boundaries every 50 ms: over 3 rounds that is too coarse
-        # for the ratio to the payload (the full run's 7 rounds report it); here only its order.
-        assert 0.5 < r["broker_bytes"] / r["raw_broker"] < 2.0
+        # Broker bytes are counted over whole rounds (idle broker to idle broker), so the payload
+        # the rounds must have carried is a floor: a window that cuts rounds can read below it.
+        assert r["broker_bytes"] >= r["raw_broker"]
+        assert r["broker_bytes"] / r["raw_broker"] < (1.05 if r["p"] >= 150_000 else 1.5)
         assert math.isfinite(r["device_rss"]) and r["device_rss"] > 0

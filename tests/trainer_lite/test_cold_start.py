@@ -141,3 +141,26 @@ def test_a_fedpp_newcomer_restarts_from_its_first_own_theta_hat() -> None:
     assert JOINED not in restarted and sorted(restarted) == sorted(fresh)
     for n in fresh:
         np.testing.assert_array_equal(restarted[n], fresh[n])
+
+
+@pytest.mark.parametrize("algorithm", ["fedper", "fedrep"])
+def test_cold_start_under_table5s_small_rate_still_fits_a_head_drawn_far_off(algorithm: str) -> None:
+    """Issue 26: at lr 3e-3 the 100-step head fit could not leave a far-off random head."""
+    algo = make_client(_spec(algorithm, lr=3e-3))
+    shared = {"encoder.scale": np.array([2.0]), "encoder.shift": np.array([-2.0])}
+    data = _curve(0, scale=2.0, shift=-2.0)  # the shared encoder is right; the head must become (2, -0.5)
+    far = {"decoder.weight": np.array([[-3.0]]), "decoder.bias": np.array([2.5])}
+    fitted = algo.cold_start(shared, far, data, rng=np.random.default_rng(0), phase="train")
+    assert algo.evaluate(shared, fitted, data)["loss"] < 0.05 * algo.evaluate(shared, far, data)["loss"]
+
+
+@pytest.mark.parametrize("algorithm", ["pflda", "simple_da"])
+def test_cold_start_keeps_the_seeded_start_when_no_encoder_fits_through_the_decoder(algorithm: str) -> None:
+    """Issue 26: a fleet 20 rounds into Table 5's schedule sent w with a negative slope and bias;
+    the fitted encoder scored 32.7 on the newcomer's rows, its seeded start 3.4."""
+    algo = make_client(_spec(algorithm, lr=3e-3))
+    bad = {"decoder.weight": np.array([[-0.33]]), "decoder.bias": np.array([-0.38])}  # outputs < 0
+    data = _curve(0)  # targets in (0.5, 1.5)
+    local = algorithm_state(initial_local(algo, "new"))
+    fitted = algo.cold_start(bad, local, data, rng=np.random.default_rng(0), phase="train")
+    assert algo.evaluate(bad, fitted, data)["loss"] <= algo.evaluate(bad, local, data)["loss"]

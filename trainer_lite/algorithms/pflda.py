@@ -156,6 +156,14 @@ class _EncoderDecoderClient(ClientAlgorithm):
             params = fit_personal(self, params, enc_names, data, rng)
         return {n: params[n] for n in enc_names}
 
+    def no_worse_than_start(self, shared: Params, start: Params, fitted: Params, data: Dataset) -> Params:
+        """``fitted`` unless the device's seeded start fits its own rows better: a fleet that joined
+        early may send a decoder no encoder can fit through (after 20 rounds at Table 5's rate the
+        printers' w had a negative slope: cold start 32.7 on the newcomer's rows, its start 3.4)."""
+        if self.evaluate(shared, start, data)["loss"] < self.evaluate(shared, fitted, data)["loss"]:
+            return start
+        return fitted
+
     def _shared_step(self, train: Params, names: list[str], batch: Dataset, opt) -> float:
         """One step of Algorithm 2 on ``(w_i, β_i)`` (in place); returns the loss before it."""
         cfg = self.config
@@ -216,7 +224,8 @@ class PFLDAClient(_EncoderDecoderClient):
     ) -> Params:
         """β fitted through the frozen w (module docstring); γ starts at w."""
         w = copy_params({n: np.asarray(shared[n]) for n in self.shared_names()})
-        return {**self.fit_encoder(shared, local, data, rng), **with_prefix(w, PERSONAL)}
+        fitted = {**self.fit_encoder(shared, local, data, rng), **with_prefix(w, PERSONAL)}
+        return self.no_worse_than_start(shared, local, fitted, data)
 
     def personal_params(self, shared: Params, local: Params) -> Params:
         enc = {n: local[n] for n in self.encoder_names()}
@@ -287,7 +296,7 @@ class SimpleDAClient(_EncoderDecoderClient):
         self, shared: Params, local: Params, data: Dataset, *, rng: np.random.Generator, phase: str
     ) -> Params:
         """β fitted through the frozen shared decoder (module docstring)."""
-        return self.fit_encoder(shared, local, data, rng)
+        return self.no_worse_than_start(shared, local, self.fit_encoder(shared, local, data, rng), data)
 
     def personal_params(self, shared: Params, local: Params) -> Params:
         return {**{n: local[n] for n in self.encoder_names()}, **{n: shared[n] for n in self.shared_names()}}

@@ -1,0 +1,286 @@
+"""Field accuracy of the serving personalized model against the same machine's model trained alone and
+the global model, round by round, on a simulated fleet of printers and welders; and the welds from a
+tool starting to wear to the alert.
+
+In process (``cloud_aggregator.rounds.simulation``: the clients run the ``trainer_lite`` code the
+devices run, the server the aggregator's round engine).  Per machine kind three fleets train
+the same model on the same rows: **personalized** (the algorithm a fleet serves with: PFL-DA
+for printers, FedRep for welders; each machine answers with its global shared parts and its
+own local parts), **alone** (``indiv``: each machine trains by itself) and **global**
+(FedAvg: every machine answers with the one global model).
+
+Field rows are rows the machines meet after training, answered by each round's model and
+scored when their truth lands (the score is credited to the round whose model answered, so
+the lag only delays it): a printer's layers at the speeds it did not train on (truth: the
+commanded speed, known with the layer; field **error**, mean |expected - commanded| mm/s, lower
+is better), a welder's next welds of each tool class (truth: the maintenance log, hours late;
+field **accuracy**).
+
+Time to alert: after the last round each welder's serving model answers a stream of welds from
+``edge.recording.simulate``'s wearing-tool rule (new tool TC1 for ``PRE`` welds, then each weld
+worn, TC4, with a probability rising linearly to 1 over ``WEAR_WELDS`` welds) and the device's
+alert rule (:mod:`edge.serving.alerts`, P(TC4) > 0.8 in 4 of the last 5 welds) raises; we count
+welds from the first wearing weld to the raise, and raises before it (false alerts).
+
+Target: the personalized answer at least as accurate as both others from round 5 on, on every
+machine kind.
+
+    python -m benchmarks.field_accuracy [--quick]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import markdown_table, study_parser, write_result
+from cloud_aggregator.local.fleet import pflda_task
+from cloud_aggregator.rounds.simulation import ClientData, Simulation
+from edge.config import AlertRule, DataConfig
+from edge.dataset import simulated_printer_dataset, simulated_welder_dataset
+from edge.serving.alerts import Alerts
+from edge.serving.model import softmax
+from edge.serving.records import Answer, ModelId
+from sensors.features.scaling import standardize_locally
+from sensors.layers import SPEED_SCALE
+from sensors.sim.welder import GROUP_M_CLASSES, GROUP_M_DOMAINS, WeldCondition, simulate_weld
+from sensors.welding.pipeline import labelled_rows
+from trainer_lite.client import derive_rng
+from trainer_lite.data import Dataset
+from trainer_lite.task import TaskSpec
+
+ARMS = ("personalized", "alone", "global")
+WELD_MODEL = {"model": "mlp", "model_args": {"sizes": [624, 16, 4], "init": "kaiming"}}
+WELD_HP = {"lr": 0.01, "loss": "cross_entropy", "local_steps": 5, "batch_size": 8, "scaling": "local"}
+RULE = AlertRule(name="worn_tool", task="tool", value="p:TC4", above=0.8, k=4, n=5, clear_below=0.5)
+PRE, WEAR_WELDS, POST = 20, 10, 20
+
+
+def printer_specs(rounds: int) -> dict[str, TaskSpec]:
+    base = pflda_task(rounds=rounds)
+    return {
+        "personalized": TaskSpec.from_json(json.dumps(base)),
+        "alone": TaskSpec.from_json(json.dumps(base | {"algorithm": "indiv"})),
+        "global": TaskSpec.from_json(json.dumps(base | {"algorithm": "fedavg"})),
+    }
+
+
+def welder_specs(rounds: int) -> dict[str, TaskSpec]:
+    base = {"name": "tool", "rounds": rounds, "seed": 0, **WELD_MODEL, "hparams": WELD_HP}
+    return {
+        "personalized": TaskSpec.from_json(json.dumps(base | {"algorithm": "fedrep"})),
+        "alone": TaskSpec.from_json(json.dumps(base | {"algorithm": "indiv"})),
+        "global": TaskSpec.from_json(json.dumps(base | {"algorithm": "fedavg"})),
+    }
+
+
+def weld_rows(device: str, conditions: list[tuple[int, str, str]], tag: str) -> np.ndarray:
+    """The 624 features of welds of ``device``'s material pair, one per ``(class index, horn, anvil)``."""
+    rng = derive_rng(0, device, "welds")  # the same draw as simulated_welder_dataset: its material pair
+    material, weld_time = GROUP_M_DOMAINS[int(rng.integers(len(GROUP_M_DOMAINS)))]
+    out = []
+    for i, (_, horn, anvil) in enumerate(conditions):
+        rec = simulate_weld(WeldCondition(horn, anvil, "clean", material, weld_time),
+                            derive_rng(1, device, tag, i), time_scale=0.3, weld_id=f"{device}-{tag}-{i}")  # fmt: skip
+        out.append(next(iter(labelled_rows([rec], None, on_error="raise"))).features)
+    return np.stack(out)
+
+
+def cycling(n: int) -> list[tuple[int, str, str]]:
+    return [(i % 4, *GROUP_M_CLASSES[i % 4][1]) for i in range(n)]
+
+
+def wearing(device: str) -> list[tuple[int, str, str]]:
+    rng = derive_rng(0, device, "wear")
+    out = []
+    for i in range(PRE + WEAR_WELDS + POST):
+        p_worn = min(1.0, max(0.0, (i - PRE + 1) / WEAR_WELDS))
+        k = 3 if rng.random() < p_worn else 0
+        out.append((k, *GROUP_M_CLASSES[k][1]))
+    return out
+
+
+@dataclass
+class Kind:
+    """One machine kind's fleet: each device's training rows and field rows (raw, as stored)."""
+
+    name: str
+    metric: str  # "error" (lower is better) or "accuracy"
+    specs: dict[str, TaskSpec]
+    clients: dict[str, ClientData]  # test = the field rows
+    per_round: dict[str, list[float]] = field(default_factory=dict)  # arm -> fleet mean per round
+    per_device: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # arm -> device -> rounds
+
+
+def printers(n: int, rounds: int) -> Kind:
+    clients = {}
+    for i in range(n):
+        train, test, _ = simulated_printer_dataset(f"printer{i}", DataConfig(source="simulate-printer"))
+        clients[f"printer{i}"] = ClientData(train, test)
+    return Kind("printer", "error", printer_specs(rounds), clients)
+
+
+def welders(n: int, rounds: int, field_welds: int) -> Kind:
+    clients = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(n):
+            d = f"welder{i}"
+            train, _, _ = simulated_welder_dataset(Path(tmp) / d, d, DataConfig(source="simulate-welder"))
+            conds = cycling(field_welds)
+            y = np.array([k for k, _, _ in conds], dtype=np.int64)
+            clients[d] = ClientData(train, Dataset(weld_rows(d, conds, "field"), y))
+    return Kind("welder", "accuracy", welder_specs(rounds), clients)
+
+
+def field_score(kind: Kind, algo, shared, local, data: ClientData) -> float:
+    pred = algo.predict(shared, local, data.test.x)
+    if kind.metric == "error":
+        return float(np.mean(np.abs(pred.reshape(-1) - data.test.y.reshape(-1)))) * SPEED_SCALE
+    return float(np.mean(np.argmax(pred, axis=1) == data.test.y))
+
+
+def run_kind(kind: Kind) -> dict[str, Simulation]:
+    sims = {}
+    for arm, spec in kind.specs.items():
+        per_dev: dict[str, list[float]] = {d: [] for d in kind.clients}
+
+        def on_record(rec, fleet, global_params, per_dev=per_dev) -> None:
+            for d, data in fleet.clients.items():
+                per_dev[d].append(field_score(kind, fleet.algo, global_params, fleet.local[d], data))
+
+        sim = Simulation(spec, kind.clients, on_record=on_record)
+        sim.run()
+        sims[arm] = sim
+        kind.per_device[arm] = per_dev
+        kind.per_round[arm] = [float(np.mean(v)) for v in zip(*per_dev.values(), strict=True)]
+    return sims
+
+
+def time_to_alert(kind: Kind, sims: dict[str, Simulation], work: Path) -> dict[str, dict[str, list]]:
+    """Per arm: per welder, welds from the first wearing weld to the raise (None: never), false raises."""
+    out: dict[str, dict[str, list]] = {arm: {"welds": [], "false": []} for arm in sims}
+    for d, data in kind.clients.items():
+        conds = wearing(d)
+        raw = weld_rows(d, conds, "wear")
+        stream = standardize_locally(np.asarray(data.train.x, np.float64), raw)[
+            1
+        ]  # the device's own scaling, as the serving model applies it
+        for arm, sim in sims.items():
+            fleet = sim.fleet
+            probs = softmax(
+                np.asarray(fleet.algo.predict(sim.global_params, fleet.local[d], stream), np.float64)
+            )
+            alerts = Alerts(d, [RULE], work / arm / d)
+            raised_at, false = None, 0
+            for i, p in enumerate(probs):
+                ans = Answer(d, "tool", "weld", f"{d}-{i}", float(i), float(i), 0.0, ModelId("tool", 0),
+                             classes=["TC1", "TC2", "TC3", "TC4"], probabilities=[float(v) for v in p])  # fmt: skip
+                for ev in alerts.observe(ans):
+                    if ev.state == "raised" and i < PRE:
+                        false += 1
+                    elif ev.state == "raised" and raised_at is None:
+                        raised_at = i - PRE + 1
+            out[arm]["welds"].append(raised_at)
+            out[arm]["false"].append(false)
+    return out
+
+
+def run(n_printers: int, n_welders: int, rounds: int, field_welds: int) -> tuple[list[Kind], dict]:
+    kinds = [printers(n_printers, rounds), welders(n_welders, rounds, field_welds)]
+    alerts = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in kinds:
+            sims = run_kind(kind)
+            if kind.name == "welder":
+                alerts = time_to_alert(kind, sims, Path(tmp))
+    return kinds, alerts
+
+
+def at_least_as_good(kind: Kind, from_round: int = 5, arm: str = "personalized") -> dict[str, bool]:
+    """Whether ``arm``'s fleet mean is at least as good as each other arm's in every round from ``from_round``."""
+    mine = kind.per_round[arm][from_round - 1 :]
+    out = {}
+    for other in ARMS:
+        if other == arm:
+            continue
+        theirs = kind.per_round[other][from_round - 1 :]
+        ok = (
+            [a <= b for a, b in zip(mine, theirs, strict=True)]
+            if kind.metric == "error"
+            else [a >= b for a, b in zip(mine, theirs, strict=True)]
+        )
+        out[other] = all(ok)
+    return out
+
+
+def per_machine_wins(kind: Kind, from_round: int = 5) -> str:
+    """How many machines' personalized answers are at least as good as both others in every round from ``from_round``."""
+    better = (lambda a, b: a <= b) if kind.metric == "error" else (lambda a, b: a >= b)
+    wins = 0
+    for d in kind.clients:
+        mine = kind.per_device["personalized"][d][from_round - 1 :]
+        wins += all(
+            better(m, kind.per_device[o][d][r])
+            for o in ("alone", "global")
+            for r, m in enumerate(mine, from_round - 1)
+        )
+    return f"{wins} of {len(kind.clients)}"
+
+
+def report(kinds: list[Kind], alerts: dict, rounds: int) -> str:
+    parts = []
+    for kind in kinds:
+        unit = (
+            "mean |error| mm/s, lower is better" if kind.metric == "error" else "accuracy, higher is better"
+        )
+        rows = [[r + 1, *(f"{kind.per_round[a][r]:.3f}" for a in ARMS)] for r in range(rounds)]
+        ok = at_least_as_good(kind)
+        parts.append(
+            f"### {kind.name}s ({len(kind.clients)} machines; field {unit}; fleet mean per round)\n\n"
+            + markdown_table(["round", *ARMS], rows)
+            + f"\n\nPersonalized at least as good as alone from round 5 on: {'yes' if ok['alone'] else 'NO'}; "
+            f"as global: {'yes' if ok['global'] else 'NO'}. Machines whose own personalized answer is at least "
+            f"as good as both of theirs in every round from 5: {per_machine_wins(kind)}.\n"
+        )
+    rows = []
+    for arm, got in alerts.items():
+        hit = [w for w in got["welds"] if w is not None]
+        rows.append([arm, " ".join("never" if w is None else str(w) for w in got["welds"]),
+                     f"{np.median(hit):.0f}" if hit else "n/a", sum(got["false"])])  # fmt: skip
+    parts.append(
+        f"### Time to alert (P(TC4) > {RULE.above} in {RULE.k} of the last {RULE.n} welds)\n\n"
+        f"{PRE} welds of a new tool, then wear rising to certain over {WEAR_WELDS} welds, then {POST} more; "
+        "welds from the first wearing weld to the raise, per welder:\n\n"
+        + markdown_table(["model", "welds to alert (per welder)", "median", "false alerts (new tool)"], rows)
+    )
+    return "\n\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = study_parser(__doc__.splitlines()[0], default_seeds=(0,))
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 15, quick 6)")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (6 if args.quick else 15)
+    n_p, n_w, field_welds = (3, 3, 16) if args.quick else (6, 4, 32)
+    began = time.monotonic()
+    kinds, alerts = run(n_p, n_w, rounds, field_welds)
+    body = report(kinds, alerts, rounds) + f"\n\n({time.monotonic() - began:.0f} s)\n"
+    print(body)
+    if not args.no_write:
+        path = write_result("field_accuracy" + ("_quick" if args.quick else ""), body)
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

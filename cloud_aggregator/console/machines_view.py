@@ -1,0 +1,147 @@
+"""The console's machines view: per device its condition now, recent answers, alerts, field accuracy
+and serving model, joined from its retained status (``serving``, ``alerts``) and the answers and
+alert events :class:`cloud_aggregator.console.machines_feed.MachineLog` keeps.
+
+Shaped once per change for the page (``machines`` in the view the page receives) and read by
+the metrics (:mod:`cloud_aggregator.console.machines_metrics`).  Every field taken from a status is
+type-checked here, as :mod:`cloud_aggregator.console.fleet_view` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from cloud_aggregator.console.feed import ViewSource
+from cloud_aggregator.console.fleet_status import number
+from cloud_aggregator.console.fleet_view import FleetView
+from cloud_aggregator.console.machines_feed import MAX_RULES, MAX_TEXT, MachineLog, Point, merged_alerts
+
+#: The fields of a status's ``serving.models.<task>`` shown as the serving model.
+MODEL_FIELDS = ("round", "digest", "metric", "metric_name", "encoder", "encoder_version", "since")
+#: The fields of ``serving.field.<task>``.
+FIELD_FIELDS = ("metric", "value", "n", "scored", "reference", "drift", "awaiting_labels")
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _plain(value: Any) -> Any:
+    """A number, a short string or a bool from a device (anything else: ``None``)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return value[:MAX_TEXT]
+    return number(value)
+
+
+def _first(*values: float | None) -> float | None:
+    return next((v for v in values if v is not None), None)
+
+
+def _counts(value: Any) -> dict[str, float]:
+    return {str(k)[:MAX_TEXT]: n for k, v in _dict(value).items() if (n := number(v)) is not None}
+
+
+def timeline(points: list[Point]) -> dict[str, Any]:
+    """One task's recent answers as the page plots them: ``[row_time, key, values...]`` each, oldest
+    first; a layer's values are (expected speed, commanded speed), a weld's one probability per class."""
+    classes = next((p.classes for p in reversed(points) if p.classes is not None), None)
+    rows: list[list[Any]] = []
+    for p in points:
+        if classes is not None:
+            if p.classes != classes:  # another model's classes: not on this chart
+                continue
+            rows.append([p.row_time, p.key, *(p.probabilities or ())])
+        else:
+            rows.append([p.row_time, p.key, p.expected_speed, p.commanded])
+    return {"classes": list(classes) if classes is not None else None, "points": rows}
+
+
+def machine_json(
+    device: str, status: Any, answers: list[Point], latest: dict[str, Point], events: dict[str, dict]
+) -> dict[str, Any]:
+    """One machine for the page and the metrics (see the module docstring)."""
+    body = _dict(status)
+    serving = _dict(body.get("serving"))
+    models, fields, advice = (
+        _dict(serving.get("models")),
+        _dict(serving.get("field")),
+        _dict(serving.get("advice")),
+    )
+    refused, gate, answered = (
+        _dict(serving.get("refused")),
+        _dict(serving.get("gate")),
+        _dict(serving.get("answered")),
+    )
+    names = sorted({*latest, *models, *fields, *(t for t in refused if t != "*")}, key=str)[:MAX_RULES]
+    tasks = []
+    for task in names:
+        model = {k: _plain(_dict(models.get(task)).get(k)) for k in MODEL_FIELDS}
+        last = latest.get(task)
+        if model["round"] is None and last is not None:  # no status yet: the answer names its model
+            model |= {
+                "round": last.model_round,
+                "digest": last.digest,
+                "encoder_version": last.encoder_version,
+            }
+        tasks.append(
+            {
+                "task": str(task)[:MAX_TEXT],
+                "model": model,
+                "latest": last.to_json() if last is not None else None,
+                "timeline": timeline([p for p in answers if p.task == task]),
+                "field": {k: _plain(_dict(fields.get(task)).get(k)) for k in FIELD_FIELDS}
+                if task in fields
+                else None,
+                "advice": _first(number(_dict(advice.get(task)).get("speed")), last.advice if last else None),
+                "vibration_budget": number(_dict(advice.get(task)).get("vibration_budget")),
+                "answered": number(answered.get(task)),
+                "refused": _counts(refused.get(task)),
+                "gate": str(gate[task])[:300] if isinstance(gate.get(task), str) else None,
+            }
+        )
+    alerts = merged_alerts(events, body.get("alerts"))
+    kind = body.get("kind")
+    return {
+        "device": device[:MAX_TEXT],
+        "online": body.get("state") == "online",
+        "last_seen": number(body.get("time")),
+        "kind": kind[:20] if isinstance(kind, str) else None,
+        "serving": serving.get("enabled") if isinstance(serving.get("enabled"), bool) else None,
+        "refused_rows": _counts(refused.get("*")),
+        "last_latency_s": number(serving.get("last_latency_s")),
+        "tasks": tasks,
+        "alerts": alerts,
+        "open_alerts": sum(a["state"] == "raised" for a in alerts),
+    }
+
+
+def machines_json(
+    statuses: dict[str, Any], machine_log: MachineLog | None, revoked: Collection[str] = ()
+) -> list[dict[str, Any]]:
+    """Every machine that wrote a status or an answer, by name (revoked devices left out)."""
+    answers, latest, events = machine_log.snapshot() if machine_log is not None else ({}, {}, {})
+    devices = sorted({*statuses, *latest, *events} - set(revoked))
+    return [
+        machine_json(d, statuses.get(d), answers.get(d, []), latest.get(d, {}), events.get(d, {}))
+        for d in devices
+    ]
+
+
+def _machines(source: ViewSource, view: FleetView) -> list[dict[str, Any]]:
+    return machines_json(
+        view.statuses, source.feed.machines if source.feed is not None else None, view.revoked
+    )
+
+
+def machines_of(source: ViewSource) -> list[dict[str, Any]]:
+    """The machines as ``source`` sees them now (the metrics' input)."""
+    return _machines(source, source.view())
+
+
+def view_json(source: ViewSource) -> dict[str, Any]:
+    """What both pages receive: the fleet's view (:meth:`FleetView.to_json`) and its ``machines``."""
+    view = source.view()
+    return {**view.to_json(), "machines": _machines(source, view)}

@@ -1,0 +1,147 @@
+"""Alert rules over a task's answers: k of the last n over a threshold, with hysteresis and a cooldown.
+
+Each rule (:class:`edge.config.AlertRule`, ``[[serve.alerts]]`` in ``device.toml``) keeps the
+values it read from its task's last ``n`` answers.  It **raises** when at least ``k`` of them
+are above ``above`` and **clears** when at least ``k`` are at or below ``clear_below``: between
+the two thresholds an open alert stays open and a closed one stays closed, so a value hovering
+at the threshold changes nothing.  After a clear, the rule does not raise again for
+``cooldown_s`` seconds of row time.  Each raise or clear starts the window afresh, so the
+opposite decision needs ``k`` new rows (with ``k <= n/2`` both could otherwise hold at once).  Each raise and each clear is one event
+(:class:`Event`): the server publishes it once, retained, on ``alert/<device>/<rule>``.
+
+Open alerts (and each rule's last clear, for the cooldown) are written atomically to
+``<state_dir>/serving/alerts.json`` on every raise and clear, so they survive a restart; the
+window of recent values does not (a restarted rule needs ``k`` new rows to clear).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from edge.config import AlertRule
+from edge.serving.records import Answer
+from ioft_protocol.state import atomic_write_json
+
+log = logging.getLogger(__name__)
+
+ALERTS_FILE = "alerts.json"
+
+
+def read_value(rule: AlertRule, answer: Answer) -> float | None:
+    """What ``rule`` reads from ``answer`` (``None``: the answer does not carry it)."""
+    if rule.value.startswith("p:"):
+        if answer.classes is None or answer.probabilities is None:
+            return None
+        name = rule.value[2:]
+        return answer.probabilities[answer.classes.index(name)] if name in answer.classes else None
+    if rule.value == "abs_residual":
+        return None if answer.residual is None else abs(answer.residual)
+    got = getattr(answer, rule.value, None)
+    return None if got is None else float(got)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One raise or clear of one rule: the payload of its (retained) alert message."""
+
+    device: str
+    rule: str
+    task: str
+    state: str  # "raised" or "cleared"
+    at: float  # the row time of the answer that tipped it
+    key: str  # that answer's row key
+    value: float  # what the rule read from it
+    votes: int  # how many of the last n were over (raised) or at/below (cleared) the threshold
+    k: int
+    n: int
+    threshold: float
+    since: float  # when the alert was raised (a clear: when the alert it ends was raised)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Alerts:
+    """Every rule's window and state on one device (see the module docstring)."""
+
+    def __init__(self, device: str, rules: list[AlertRule], folder: Path) -> None:
+        self.device = device
+        self.rules = {r.name: r for r in rules}
+        self.path = Path(folder) / ALERTS_FILE
+        self.windows: dict[str, deque[float]] = {r.name: deque(maxlen=r.n) for r in rules}
+        self.open: dict[str, dict[str, Any]] = {}  # rule -> the raise event, as a dict
+        self.cleared_at: dict[str, float] = {}
+        self.unreadable = self.unknown_values = 0
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            saved = json.loads(self.path.read_text())
+            open_, cleared = saved["open"], saved["cleared_at"]
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.error("%s: %s unreadable (%s); starting with no open alert", self.device, self.path, exc)
+            return
+        # A rule removed from device.toml since closes its alert silently (nothing reads it any more).
+        self.open = {name: ev for name, ev in open_.items() if name in self.rules}
+        self.cleared_at = {name: float(t) for name, t in cleared.items() if name in self.rules}
+        for name in self.open:
+            log.info("%s: alert %s still open from before the restart", self.device, name)
+
+    def _save(self) -> None:
+        try:
+            atomic_write_json(self.path, {"open": self.open, "cleared_at": self.cleared_at})
+        except OSError as exc:
+            log.error("%s: could not save the open alerts to %s: %s", self.device, self.path, exc)
+
+    def observe(self, answer: Answer) -> list[Event]:
+        """Feed one answer to its task's rules; the raises and clears it causes (usually none)."""
+        events = []
+        for rule in self.rules.values():
+            if rule.task != answer.task:
+                continue
+            value = read_value(rule, answer)
+            if value is None:
+                self.unknown_values += 1
+                continue
+            window = self.windows[rule.name]
+            window.append(value)
+            ev = self._decide(rule, window, answer, value)
+            if ev is not None:
+                events.append(ev)
+        if events:
+            self._save()
+        return events
+
+    def _decide(self, rule: AlertRule, window: deque[float], answer: Answer, value: float) -> Event | None:
+        at = answer.row_time
+        if rule.name in self.open:
+            votes = sum(v <= rule.clear_at for v in window)
+            if votes < rule.k:
+                return None
+            raised = self.open.pop(rule.name)
+            self.cleared_at[rule.name] = at
+            window.clear()  # the next raise needs k fresh rows over the threshold
+            return Event(self.device, rule.name, rule.task, "cleared", at, answer.key, value, votes,
+                         rule.k, rule.n, rule.clear_at, float(raised["since"]))  # fmt: skip
+        votes = sum(v > rule.above for v in window)
+        if votes < rule.k:
+            return None
+        last_clear = self.cleared_at.get(rule.name)
+        if last_clear is not None and at - last_clear < rule.cooldown_s:
+            return None
+        ev = Event(self.device, rule.name, rule.task, "raised", at, answer.key, value, votes,
+                   rule.k, rule.n, rule.above, at)  # fmt: skip
+        self.open[rule.name] = ev.to_dict()
+        window.clear()  # the clear needs k fresh rows at or below clear_below
+        return ev
+
+    def status(self) -> list[dict[str, Any]]:
+        """The open alerts (their raise events), oldest first: the status's ``alerts``."""
+        return sorted(self.open.values(), key=lambda e: (e["since"], e["rule"]))

@@ -1,0 +1,135 @@
+"""Home Assistant MQTT discovery: each machine shows up as a device with its condition and advice.
+
+Opt-in (``[serve] home_assistant = true``).  The device publishes one retained config message per
+entity under ``<discovery_prefix>/<component>/<device>/<object_id>/config`` (Home Assistant's
+single-component discovery; the ``<node_id>`` level is the device id, so the fleet's ACL can let
+each device write only its own).  The entities read the topics the device already publishes, with
+a ``value_template`` each, so nothing new goes on the wire per answer:
+
+- per printer task (answers carry ``expected_speed``): the expected speed and the residual of the
+  latest layer, the speed advice (with ``[serve] vibration_budget``), the field error;
+- per welder task (answers carry ``classes``): the top class of the latest weld and its
+  probability, the field accuracy;
+- per alert rule: a ``binary_sensor`` (device class ``problem``), on while the alert is open
+  (the retained ``alert/<device>/<rule>`` message; unknown until the rule first raises).
+
+Availability comes from the device's retained status (``online``; its Last Will says
+``offline``).  The configs go out when a task first gets a serving model and again on every
+(re)connect, so a broker that lost its retained messages learns them back.  Keys are spelled out
+in full (no abbreviations); ``tests/edge/test_home_assistant.py`` checks them against the keys
+Home Assistant documents.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from typing import Any
+
+from edge.config import AlertRule, DeviceConfig
+from ioft_protocol import topics
+
+MANUFACTURER = "ioft"
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("ioft")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
+
+def _field_template(task: str, scale: float) -> str:
+    """The status's ``serving.field.<task>.value`` times ``scale``; ``None`` (unknown) until scored."""
+    return (
+        "{% set f = ((value_json.serving or {}).get('field') or {}).get('" + task + "') or {} %}"
+        "{{ none if f.get('value') is none else (f.get('value') * " + repr(scale) + ") | round(2) }}"
+    )
+
+
+class Discovery:
+    """The discovery messages of one device (see the module docstring)."""
+
+    def __init__(self, config: DeviceConfig) -> None:
+        self.config = config
+        self.prefix = config.serve.discovery_prefix
+        self.fleet, self.device = config.fleet, config.device
+        version = _version()
+        self.device_block = {
+            "identifiers": [f"ioft_{self.fleet}_{self.device}"],
+            "name": self.device,
+            "model": config.machine_kind or "machine",  # printer or welder (kind, [sensors] kind)
+            "manufacturer": MANUFACTURER,
+            "sw_version": version,
+        }
+        self.origin = {"name": MANUFACTURER, "sw_version": version}
+        self.availability = [
+            {
+                "topic": topics.topic_status(self.fleet, self.device),
+                "value_template": "{{ value_json.state }}",
+                "payload_available": "online",
+                "payload_not_available": "offline",
+            }
+        ]
+
+    def topic(self, component: str, object_id: str) -> str:
+        return f"{self.prefix}/{component}/{self.device}/{object_id}/config"
+
+    def _entity(self, component: str, object_id: str, name: str, body: dict[str, Any]) -> tuple[str, bytes]:
+        payload = {
+            "name": name,
+            "unique_id": f"ioft_{self.fleet}_{self.device}_{object_id}",
+            "device": self.device_block,
+            "origin": self.origin,
+            "availability": self.availability,
+            "qos": 1,
+            **body,
+        }
+        return self.topic(component, object_id), json.dumps(payload, sort_keys=True).encode()
+
+    def task(self, task: str, classes: list[str] | None, advice: bool) -> list[tuple[str, bytes]]:
+        """The sensors of one serving task: a printer's (``classes`` None) or a welder's."""
+        answer = topics.topic_answer(self.fleet, self.device, task)
+        status = topics.topic_status(self.fleet, self.device)
+        speed = {"state_topic": answer, "unit_of_measurement": "mm/s", "state_class": "measurement",
+                 "suggested_display_precision": 1}  # fmt: skip
+        if classes is None:
+            out = [
+                self._entity("sensor", f"{task}_expected_speed", f"{task} expected speed",
+                             speed | {"value_template": "{{ value_json.expected_speed | round(2) }}"}),
+                self._entity("sensor", f"{task}_residual", f"{task} residual",
+                             speed | {"value_template": "{{ value_json.residual | round(2) }}"}),
+                self._entity("sensor", f"{task}_field_error", f"{task} field error",
+                             speed | {"state_topic": status, "value_template": _field_template(task, 1.0)}),
+            ]  # fmt: skip
+            if advice:
+                tpl = "{{ value_json.advice.speed if value_json.advice is defined else none }}"
+                out.append(self._entity("sensor", f"{task}_speed_advice", f"{task} speed advice",
+                                        speed | {"value_template": tpl}))  # fmt: skip
+            return out
+        percent = {"unit_of_measurement": "%", "state_class": "measurement", "suggested_display_precision": 1}
+        return [
+            self._entity("sensor", f"{task}_class", f"{task} class",
+                         {"state_topic": answer, "device_class": "enum", "options": list(classes),
+                          "value_template": "{{ value_json.label }}"}),
+            self._entity("sensor", f"{task}_probability", f"{task} probability",
+                         percent | {"state_topic": answer,
+                                    "value_template": "{{ (100 * (value_json.probabilities | max)) | round(2) }}"}),
+            self._entity("sensor", f"{task}_field_accuracy", f"{task} field accuracy",
+                         percent | {"state_topic": status, "value_template": _field_template(task, 100.0)}),
+        ]  # fmt: skip
+
+    def alert(self, rule: AlertRule) -> tuple[str, bytes]:
+        """A rule's ``binary_sensor``: on while its alert is open."""
+        return self._entity(
+            "binary_sensor",
+            f"alert_{rule.name}",
+            f"alert {rule.name}",
+            {
+                "state_topic": topics.topic_alert(self.fleet, self.device, rule.name),
+                "value_template": "{{ value_json.state }}",
+                "payload_on": "raised",
+                "payload_off": "cleared",
+                "device_class": "problem",
+            },
+        )

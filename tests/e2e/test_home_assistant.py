@@ -1,0 +1,59 @@
+"""Home Assistant MQTT discovery on real processes and a real mosquitto: a printer with
+``[serve] home_assistant = true`` leaves valid retained configs on the broker, and its answer and
+status topics carry values that the configs' templates render into numbers (as Home Assistant would)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cloud_aggregator.local.fleet import Sniffer, pflda_task
+from ioft_protocol import topics
+from tests.e2e.test_serving import answers, record, train
+from tests.edge.test_home_assistant import TOPIC, check_config, render
+
+
+@pytest.mark.broker
+def test_a_printer_announces_itself_to_home_assistant_and_its_states_render(fleet_procs):
+    work, dev = fleet_procs.work, "p1"
+    toml = work / "p1.toml"
+    toml.write_text('kind = "printer"\n[serve]\nhome_assistant = true\nvibration_budget = 1.0\n')
+    record(work, dev, "printer", "--layers", "6", "--layer-s", "0.3")
+    fleet_procs.start_device(dev, "--config", str(toml), "--log-level", "INFO", simulate=None)
+    train(fleet_procs, dev, pflda_task(rounds=2), 2)
+    sniffer = Sniffer(fleet_procs.broker_url)  # after the round: the configs must be retained
+    try:
+        fleet_procs.wait_for(
+            lambda: len([t for t, _ in list(sniffer.messages) if TOPIC.match(t)]) >= 4, 30, "the configs"
+        )
+        record(work, dev, "printer", "--layers", "4", "--layer-s", "0.3")
+        fleet_procs.wait_for(lambda: len(answers(sniffer, dev, "speed")) >= 3, 30, "answers")
+        status_topic = topics.topic_status(fleet_procs.fleet, dev)
+        fleet_procs.wait_for(
+            lambda: any(
+                t == status_topic and json.loads(p).get("serving", {}).get("field", {}).get("speed")
+                for t, p in list(sniffer.messages)
+            ),
+            60,
+            "a status with the field error",
+        )
+    finally:
+        sniffer.stop()
+    messages = list(sniffer.messages)
+    configs = {t: json.loads(p) for t, p in messages if TOPIC.match(t)}
+    assert {t.split("/")[3] for t in configs} == {
+        "speed_expected_speed", "speed_residual", "speed_field_error", "speed_speed_advice"
+    }  # fmt: skip
+    latest = {t: p for t, p in messages}  # the last message per topic, as Home Assistant keeps it
+    for topic, body in configs.items():
+        check_config(topic, body, fleet_procs.fleet)
+        state = latest[body["state_topic"]]
+        value = float(render(body["value_template"], state))  # a number, from a real payload
+        assert value == value
+        avail = body["availability"][0]
+        assert render(avail["value_template"], latest[avail["topic"]]) == "online"
+    answer = json.loads(latest[topics.topic_answer(fleet_procs.fleet, dev, "speed")])
+    tpl = configs[f"homeassistant/sensor/{dev}/speed_expected_speed/config"]["value_template"]
+    got = float(render(tpl, latest[topics.topic_answer(fleet_procs.fleet, dev, "speed")]))
+    assert got == pytest.approx(answer["expected_speed"], abs=0.01)

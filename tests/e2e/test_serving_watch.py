@@ -1,0 +1,117 @@
+"""Watching the machines on real processes and a real mosquitto: a simulated welder's tool wears, the
+trainer's alert rule raises one alert and clears it once a new tool is fitted, field accuracy moves
+as the lagging maintenance log lands; a printer's speed advice reaches a (simulated) Moonraker."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from cloud_aggregator.local.fleet import FLEET, Sniffer, pflda_task
+from ioft_protocol import topics
+from sensors.sim.printer_host import FakeMoonraker, short_timeline
+from tests.e2e.retained import retained_status
+from tests.e2e.test_serving import WELD_TASK, answers, record, train
+
+WELDER_TOML = """
+[serve]
+field_window = 8
+[[serve.alerts]]
+name = "worn_tool"
+task = "tool"
+value = "p:TC4"
+above = 0.6
+k = 3
+n = 4
+clear_below = 0.4
+"""
+
+
+def alert_events(sniffer: Sniffer, device: str, rule: str) -> list[dict]:
+    topic = topics.topic_alert(FLEET, device, rule)
+    return [json.loads(p) for t, p in list(sniffer.messages) if t == topic]
+
+
+def serving_status(fleet, device: str) -> dict:
+    return retained_status(fleet.broker_url, device).get("serving", {})
+
+
+@pytest.mark.broker
+def test_a_wearing_tool_raises_one_alert_and_a_new_tool_clears_it(fleet_procs):
+    work, dev = fleet_procs.work, "w1"
+    toml = work / "w1.toml"
+    toml.write_text(WELDER_TOML)
+    # The dataset: 12 welds of a new tool (TC1), then 12 of a worn one (TC4), every one labelled.
+    record(work, dev, "welder", "--welds", "24", "--weld-s", "0.05", "--wear-from", "12", "--wear-welds", "1")
+    fleet_procs.start_device(dev, "--config", str(toml), "--log-level", "INFO", simulate=None)
+    task = WELD_TASK | {"rounds": 4, "hparams": WELD_TASK["hparams"] | {"local_steps": 20}}
+    train(fleet_procs, dev, task, 4)
+    sniffer = Sniffer(fleet_procs.broker_url)
+    try:
+        # Worn from the first weld on; the log labels each weld one simulated hour (3 welds) late.
+        record(work, dev, "welder", "--welds", "10", "--weld-s", "0.1", "--wear-from", "0",
+               "--wear-welds", "1", "--label-lag-h", "1", "--sim-weld-min", "20")  # fmt: skip
+        fleet_procs.wait_for(lambda: len(answers(sniffer, dev, "tool")) >= 10, 30, "an answer per weld")
+        worn = [a["probabilities"][a["classes"].index("TC4")] for a in answers(sniffer, dev, "tool")]
+        fleet_procs.wait_for(
+            lambda: alert_events(sniffer, dev, "worn_tool"), 30, f"the alert (P(TC4) answered: {worn})"
+        )
+        fleet_procs.wait_for(
+            lambda: serving_status(fleet_procs, dev).get("field", {}).get("tool", {}).get("scored", 0) >= 7,
+            30,
+            "the lagging labels scoring the answers",
+        )
+        status = retained_status(fleet_procs.broker_url, dev)
+        assert [a["rule"] for a in status["alerts"]] == ["worn_tool"]
+        field = status["serving"]["field"]["tool"]
+        assert field["metric"] == "accuracy" and field["awaiting_labels"] >= 3  # the last 3 not labelled yet
+        # A new tool: the answers fall back under clear_below, the alert clears once.
+        record(work, dev, "welder", "--welds", "8", "--weld-s", "0.1", "--wear-from", "1000")
+        fleet_procs.wait_for(
+            lambda: len(alert_events(sniffer, dev, "worn_tool")) >= 2,
+            30,
+            f"the alert clearing (answers: {[a.get('label') for a in answers(sniffer, dev, 'tool')]})",
+        )
+        time.sleep(0.5)  # a flood would show here
+    finally:
+        sniffer.stop()
+    events = alert_events(sniffer, dev, "worn_tool")
+    assert [e["state"] for e in events] == ["raised", "cleared"]
+    assert events[0]["votes"] >= 3 and events[1]["since"] == events[0]["at"]
+    fleet_procs.wait_for(
+        lambda: retained_status(fleet_procs.broker_url, dev).get("alerts") == [], 30, "no open alert"
+    )
+
+
+@pytest.mark.broker
+def test_moonraker_receives_the_advised_speed_at_the_start_of_a_print(fleet_procs):
+    work, dev = fleet_procs.work, "p1"
+    timeline, _ = short_timeline(time.monotonic(), layers=1, dur=1.0, job="x.gcode")
+    moonraker = FakeMoonraker(timeline, time.monotonic)  # the recorder's simulated Moonraker, on its own
+    try:
+        toml = work / "p1.toml"
+        toml.write_text(
+            f'[serve]\nvibration_budget = 1.0\napply = "moonraker"\ndry_run = false\n'
+            f'moonraker_url = "{moonraker.url}"\n'
+        )
+        record(work, dev, "printer", "--layers", "6", "--layer-s", "0.3")
+        fleet_procs.start_device(dev, "--config", str(toml), "--log-level", "INFO", simulate=None)
+        train(fleet_procs, dev, pflda_task(rounds=2), 2)
+        sniffer = Sniffer(fleet_procs.broker_url)
+        try:
+            record(work, dev, "printer", "--layers", "4", "--layer-s", "0.3")
+            fleet_procs.wait_for(lambda: len(answers(sniffer, dev, "speed")) >= 3, 30, "answers")
+            fleet_procs.wait_for(lambda: moonraker.scripts, 30, "the advice at Moonraker")
+        finally:
+            sniffer.stop()
+        advised = {a["advice"]["speed"] for a in answers(sniffer, dev, "speed")}
+        assert len(advised) == 1  # one model served the whole print
+        assert moonraker.scripts == [f"SET_VELOCITY_LIMIT VELOCITY={advised.pop():.1f}"]  # once per print
+        fleet_procs.wait_for(
+            lambda: serving_status(fleet_procs, dev).get("moonraker", {}).get("sent") == 1, 30, "the status"
+        )
+        assert serving_status(fleet_procs, dev)["field"]["speed"]["metric"] == "error"
+    finally:
+        moonraker.close()

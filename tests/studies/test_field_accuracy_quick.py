@@ -1,0 +1,24 @@
+"""benchmarks.field_accuracy, small: every arm scores every round, the personalized printer models learn
+and beat the printers trained alone, and every welder's wearing tool is alerted on after it starts to
+wear, never before (orderings, not times)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks import field_accuracy
+
+
+@pytest.mark.slow
+def test_field_accuracy_orderings():
+    kinds, alerts = field_accuracy.run(n_printers=3, n_welders=2, rounds=6, field_welds=8)
+    for kind in kinds:
+        for arm in field_accuracy.ARMS:
+            assert len(kind.per_round[arm]) == 6 and all(math.isfinite(v) for v in kind.per_round[arm])
+    printers = kinds[0].per_round
+    assert printers["personalized"][-1] < printers["personalized"][0]
+    assert field_accuracy.at_least_as_good(kinds[0])["alone"]
+    assert all(w is not None and w > 0 for w in alerts["personalized"]["welds"])
+    assert sum(alerts["personalized"]["false"]) == 0
