@@ -25,7 +25,7 @@ from pathlib import Path
 
 from cloud_aggregator.local.broker import BrokerProcess, start_mosquitto
 from cloud_aggregator.local.fleet import FLEET, LocalFleet, Sniffer, aggregator_toml, pflda_task
-from cloud_aggregator.rounds.admission import Reason
+from cloud_aggregator.rounds.types import Reason
 from cloud_aggregator.store.sqlite import SqliteStore
 from edge.task_state import load_task_state
 from ioft_protocol import round_messages, topics

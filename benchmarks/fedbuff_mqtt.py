@@ -41,7 +41,7 @@ from benchmarks.fedbuff_sim import EXTRA, PAPER_SPEEDUP, Conditions, Curve, fedb
 from cloud_aggregator.local.broker import interrupt_on_sigterm
 from cloud_aggregator.local.demo import HPARAMS, LOSS_SCALE
 from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml
-from cloud_aggregator.rounds.engine import RoundRecord
+from cloud_aggregator.rounds.types import RoundRecord
 from edge.dataset import save_dataset
 
 TASK = "speed"

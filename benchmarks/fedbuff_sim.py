@@ -17,8 +17,9 @@ import numpy as np
 from cloud_aggregator.aggregation.fedbuff import Arrival, BufferConfig
 from cloud_aggregator.local.demo import HPARAMS, LOSS_SCALE
 from cloud_aggregator.rounds.buffered import BufferedServer
-from cloud_aggregator.rounds.engine import RoundEngine, RoundRecord
+from cloud_aggregator.rounds.engine import RoundEngine
 from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet
+from cloud_aggregator.rounds.types import RoundRecord
 from trainer_lite.client import derive_rng, participate
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params

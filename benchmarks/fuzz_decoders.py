@@ -241,7 +241,7 @@ def _transfer_target(work: Workdir) -> Target:
     """A fuzzed chunk through ``ModelChunk.decode`` and ``Transfer.accept`` (the device's path)."""
     from edge.model_transfer import RefusedError, Transfer
     from ioft_protocol import codec, model_push
-    from ioft_protocol.manifest import ModelManifest, TensorSpec
+    from ioft_protocol.manifest import ModelIOSpec, ModelManifest
 
     blob = bytes(range(256)) * 2
     size = 128
@@ -249,7 +249,7 @@ def _transfer_target(work: Workdir) -> Target:
     hashes = tuple(hashlib.sha256(p).hexdigest() for p in pieces)
     offer = model_push.ModelOffer("enc", "{}", "0a" * 64, size, hashes)
     manifest = ModelManifest(
-        "enc", 2, "embedding", TensorSpec("x", (None, 4)), TensorSpec("z", (None, 2)), "ab" * 32,
+        "enc", 2, "embedding", ModelIOSpec("x", (None, 4)), ModelIOSpec("z", (None, 2)), "ab" * 32,
         hashlib.sha256(blob).hexdigest(), len(blob), 17, 8, {}, "2026-01-01T00:00:00+00:00", "0" * 16,
     )  # fmt: skip
     seeds = [
@@ -272,10 +272,10 @@ def _transfer_target(work: Workdir) -> Target:
 def _manifest_targets() -> list[Target]:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from ioft_protocol.manifest import ManifestError, ModelManifest, TensorSpec, verify_manifest
+    from ioft_protocol.manifest import ManifestError, ModelIOSpec, ModelManifest, verify_manifest
 
     m = ModelManifest(
-        "weld-encoder", 3, "embedding", TensorSpec("x", (None, 624)), TensorSpec("z", (None, 50)), "ab" * 32,
+        "weld-encoder", 3, "embedding", ModelIOSpec("x", (None, 624)), ModelIOSpec("z", (None, 50)), "ab" * 32,
         "cd" * 32, 557_396, 17, 8, {"max_abs_diff": 1e-6}, "2026-01-01T00:00:00+00:00", "0" * 16,
         quantization="int8-dynamic", extra={"backbone": "cnn"},
     )  # fmt: skip
@@ -688,7 +688,7 @@ def _fleet_target() -> Target:
     """The aggregator's whole receive path (decode, then admission): it must never raise."""
     from safetensors.numpy import save as st_save
 
-    from cloud_aggregator.rounds.engine import CollectRequest
+    from cloud_aggregator.rounds.types import CollectRequest
     from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
     from ioft_protocol import codec, round_messages
     from trainer_lite.params import param_hash

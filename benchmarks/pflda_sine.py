@@ -40,8 +40,10 @@ import numpy as np
 
 from benchmarks.study_models import register_study_models
 from benchmarks.study_models import stacked_mse as stacked_mse  # the loss its fleets train with
-from cloud_aggregator.aggregation.strategies import Strategy, Update, make_strategy
-from cloud_aggregator.rounds.engine import CollectRequest, MemoryStore, RoundEngine, RoundRecord
+from cloud_aggregator.aggregation.strategies import Strategy, make_strategy
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.engine import MemoryStore, RoundEngine
+from cloud_aggregator.rounds.types import CollectRequest, RoundRecord
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import derive_rng
 from trainer_lite.data import Dataset

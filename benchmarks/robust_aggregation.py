@@ -40,9 +40,10 @@ from benchmarks.common import (
     study_parser,
     write_result,
 )
-from cloud_aggregator.aggregation.strategies import Update
-from cloud_aggregator.rounds.engine import CollectRequest, RoundEngine, RoundRecord
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.engine import RoundEngine
 from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet
+from cloud_aggregator.rounds.types import CollectRequest, RoundRecord
 from trainer_lite.client import derive_rng
 from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec

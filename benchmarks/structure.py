@@ -130,7 +130,7 @@ def upload_paths() -> dict[str, list[str]]:
     """One accepted and one refused upload through ``MqttFleet.collect``: the modules each runs through."""
     import numpy as np
 
-    from cloud_aggregator.rounds.engine import CollectRequest
+    from cloud_aggregator.rounds.types import CollectRequest
     from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
     from cloud_aggregator.store.sqlite import SqliteStore
     from ioft_protocol import codec, round_messages, topics

@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(func=_demo)
 
-    # Models (issue 6): each subcommand lives in its own module; only the wiring is here.
+    # Models: each subcommand lives in its own module; only the wiring is here.
     export_cli.add_parsers(sub)
     backbones_cli.add_parsers(sub)
     rollout_cli.add_canary_args(push.add_parser(sub))  # push --canary: a staged rollout

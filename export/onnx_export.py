@@ -28,7 +28,7 @@ import torch
 
 from export.package import PARITY_TOLERANCE, ExportError, graph_io, opset_of
 from export.runtime import ort_session
-from ioft_protocol.manifest import TensorSpec
+from ioft_protocol.manifest import ModelIOSpec
 
 log = logging.getLogger(__name__)
 #: onnxruntime 1.17 (the device extra's floor) runs opset <= 20 and IR <= 9; 17 is also what
@@ -41,8 +41,8 @@ class ExportResult:
     """An exported file and what was measured about it."""
 
     path: Path
-    input: TensorSpec
-    output: TensorSpec
+    input: ModelIOSpec
+    output: ModelIOSpec
     opset: int
     ir_version: int
     size: int

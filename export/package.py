@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from export.keys import sign, signing_key_id
-from ioft_protocol.manifest import ManifestError, ModelManifest, TensorSpec, file_sha256, verify_manifest
+from ioft_protocol.manifest import ManifestError, ModelIOSpec, ModelManifest, file_sha256, verify_manifest
 from ioft_protocol.state import atomic_write_json
 from sensors.features.schema import SCHEMA_HASH_KEY
 
@@ -32,7 +32,7 @@ class ExportError(RuntimeError):
     """The export failed a check; no file was left at the target path."""
 
 
-def _spec(value_info: onnx.ValueInfoProto) -> TensorSpec:
+def _spec(value_info: onnx.ValueInfoProto) -> ModelIOSpec:
     dims = value_info.type.tensor_type.shape.dim
     shape = tuple(
         None if d.HasField("dim_param") or not d.HasField("dim_value") else int(d.dim_value) for d in dims
@@ -45,10 +45,10 @@ def _spec(value_info: onnx.ValueInfoProto) -> TensorSpec:
         raise ExportError(
             f"{value_info.name!r} has ONNX element type {elem}; only float32/float64 are served"
         )
-    return TensorSpec(value_info.name, shape, dtype)
+    return ModelIOSpec(value_info.name, shape, dtype)
 
 
-def graph_io(model: onnx.ModelProto) -> tuple[TensorSpec, TensorSpec]:
+def graph_io(model: onnx.ModelProto) -> tuple[ModelIOSpec, ModelIOSpec]:
     """The single input and first output of a graph, as manifest tensor specs."""
     inits = {i.name for i in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in inits]

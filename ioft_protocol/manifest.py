@@ -36,7 +36,7 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class ModelIOSpec:
     """One model input or output: ``shape[0]`` is ``None`` (the dynamic batch axis)."""
 
     name: str
@@ -97,8 +97,8 @@ class ModelManifest:
     name: str
     version: int
     kind: str
-    input: TensorSpec
-    output: TensorSpec
+    input: ModelIOSpec
+    output: ModelIOSpec
     schema_hash: str
     sha256: str
     size: int
@@ -148,8 +148,8 @@ class ModelManifest:
             raise ManifestError("a manifest must be a JSON object")
         try:
             data = dict(raw)
-            data["input"] = TensorSpec(**data["input"])
-            data["output"] = TensorSpec(**data["output"])
+            data["input"] = ModelIOSpec(**data["input"])
+            data["output"] = ModelIOSpec(**data["output"])
             data["parity"] = {str(k): float(v) for k, v in data.get("parity", {}).items()}
             data["extra"] = {str(k): str(v) for k, v in data.get("extra", {}).items()}
             return cls(**data)

@@ -9,77 +9,121 @@ from ioft_protocol.codec import WireError, check_id
 
 PROTOCOL = "ioft/v1"
 _UINT = re.compile(r"^(0|[1-9][0-9]{0,8})$")
+#: Stand-ins a subscription or an ACL line holds in place of a task or device id: any one level, and
+#: (mosquitto's ``pattern`` lines) the logged-in client's own name.
+ANY, MINE = "+", "%u"
+
+
+def _id(what: str, value: str) -> str:
+    """``value`` checked as an id of ``what``, or one of the stand-ins :data:`ANY` and :data:`MINE`."""
+    return value if value in (ANY, MINE) else check_id(what, value)
+
+
+def fleet_root(fleet: str) -> str:
+    """``ioft/v1/<fleet>``: every topic of the fleet lies under it (``ANY``: of every fleet)."""
+    return f"{PROTOCOL}/{_id('fleet', fleet)}"
 
 
 def topic_down(fleet: str, task: str) -> str:
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/{check_id('task', task)}/down"
+    return f"{fleet_root(fleet)}/task/{_id('task', task)}/down"
 
 
 def topic_down_all(fleet: str) -> str:
     """Every task's round announcement (the devices and the aggregator workers follow them all)."""
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/+/down"
+    return topic_down(fleet, ANY)
 
 
 def topic_down_device(fleet: str, task: str, device: str) -> str:
-    return f"{topic_down(fleet, task)}/{check_id('device', device)}"
+    return f"{topic_down(fleet, task)}/{_id('device', device)}"
 
 
 def topic_up(fleet: str, task: str, device: str) -> str:
-    return (
-        f"{PROTOCOL}/{check_id('fleet', fleet)}/task/{check_id('task', task)}/up/{check_id('device', device)}"
-    )
+    return f"{fleet_root(fleet)}/task/{_id('task', task)}/up/{_id('device', device)}"
 
 
-def topic_up_all(fleet: str, task: str = "+") -> str:
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/{task}/up/+"
+def topic_up_all(fleet: str, task: str = ANY) -> str:
+    return topic_up(fleet, task, ANY)
+
+
+def topic_secagg_down(fleet: str, task: str, device: str) -> str:
+    """Secure aggregation: one device's SecAgg requests (``ioft_protocol.secagg.transport``)."""
+    return f"{fleet_root(fleet)}/task/{_id('task', task)}/secagg/down/{_id('device', device)}"
+
+
+def topic_secagg_up(fleet: str, task: str, device: str) -> str:
+    """Secure aggregation: one device's SecAgg answers."""
+    return f"{fleet_root(fleet)}/task/{_id('task', task)}/secagg/up/{_id('device', device)}"
 
 
 def topic_status(fleet: str, device: str) -> str:
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/status/{check_id('device', device)}"
+    return f"{fleet_root(fleet)}/status/{_id('device', device)}"
 
 
 def topic_status_all(fleet: str) -> str:
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/status/+"
+    return topic_status(fleet, ANY)
 
 
 def topic_answer(fleet: str, device: str, task: str) -> str:
     """A device's answers to its new rows for one task (``edge.serving``): QoS 1, the latest retained."""
-    return (
-        f"{PROTOCOL}/{check_id('fleet', fleet)}/answer/{check_id('device', device)}/{check_id('task', task)}"
-    )
+    return f"{fleet_root(fleet)}/answer/{_id('device', device)}/{_id('task', task)}"
 
 
-def topic_answer_all(fleet: str, device: str = "+") -> str:
+def topic_answer_all(fleet: str, device: str = ANY) -> str:
     """Every task's answers of ``device`` (default: of every device)."""
-    dev = device if device == "+" else check_id("device", device)
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/answer/{dev}/+"
+    return topic_answer(fleet, device, ANY)
 
 
 def topic_alert(fleet: str, device: str, rule: str) -> str:
     """One alert rule of a device (``edge.serving.alerts``): a message when it is raised and one
     when it clears, QoS 1, retained (the latest says whether it is open)."""
-    return (
-        f"{PROTOCOL}/{check_id('fleet', fleet)}/alert/{check_id('device', device)}/{check_id('alert', rule)}"
-    )
+    return f"{fleet_root(fleet)}/alert/{_id('device', device)}/{_id('alert', rule)}"
 
 
-def topic_alert_all(fleet: str, device: str = "+") -> str:
+def topic_alert_all(fleet: str, device: str = ANY) -> str:
     """Every alert rule of ``device`` (default: of every device)."""
-    dev = device if device == "+" else check_id("device", device)
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/alert/{dev}/+"
+    return topic_alert(fleet, device, ANY)
 
 
 def topic_roll_call(fleet: str) -> str:
     """The aggregator asks every device to publish its status again (``ioft_protocol.restate``)."""
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/rollcall"
+    return f"{fleet_root(fleet)}/rollcall"
+
+
+def topic_aggregator_lock(fleet: str) -> str:
+    """The retained topic on which the running aggregator of ``fleet`` holds its lock
+    (``cloud_aggregator.serve.singleton``)."""
+    return f"{fleet_root(fleet)}/aggregator"
+
+
+def topic_agg(fleet: str) -> str:
+    """Under it the aggregator's coordinator and its workers talk (``cloud_aggregator.serve.worker_wire``):
+    ``worker/<id>`` (a worker's state), ``batch/<task>/<id>`` (its batches), ``ctl`` (the coordinator's)."""
+    return f"{fleet_root(fleet)}/agg"
+
+
+def topic_agg_worker(fleet: str, worker: str) -> str:
+    return f"{topic_agg(fleet)}/worker/{_id('worker', worker)}"
+
+
+def topic_agg_batch(fleet: str, task: str, worker: str) -> str:
+    return f"{topic_agg(fleet)}/batch/{_id('task', task)}/{_id('worker', worker)}"
+
+
+def topic_agg_ctl(fleet: str) -> str:
+    return f"{topic_agg(fleet)}/ctl"
+
+
+def topic_models(fleet: str) -> str:
+    """Every model push of the fleet: offers and chunks (the operator's commands publish them)."""
+    return f"{fleet_root(fleet)}/model/#"
 
 
 def topic_model_offer(fleet: str, name: str) -> str:
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/model/{check_id('model', name)}/manifest"
+    return f"{fleet_root(fleet)}/model/{_id('model', name)}/manifest"
 
 
 def topic_model_offer_all(fleet: str) -> str:
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/model/+/manifest"
+    return topic_model_offer(fleet, ANY)
 
 
 def topic_model_chunk(fleet: str, name: str, version: int, index: int) -> str:
@@ -87,7 +131,12 @@ def topic_model_chunk(fleet: str, name: str, version: int, index: int) -> str:
         raise WireError(f"model version must be an int >= 1, got {version!r}")
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise WireError(f"chunk index must be an int >= 0, got {index!r}")
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/model/{check_id('model', name)}/{version}/chunk/{index}"
+    return f"{fleet_root(fleet)}/model/{check_id('model', name)}/{version}/chunk/{index}"
+
+
+def topic_model_chunk_all(fleet: str) -> str:
+    """Every chunk of every model version."""
+    return f"{fleet_root(fleet)}/model/{ANY}/{ANY}/chunk/{ANY}"
 
 
 @dataclass(frozen=True)

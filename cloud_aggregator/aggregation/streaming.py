@@ -21,15 +21,13 @@ What "identical" means when arrival order changes
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from cloud_aggregator.aggregation.update import Update
 from ioft_protocol.state import decode_arrays, encode_arrays
 from trainer_lite.params import Params
-
-if TYPE_CHECKING:  # annotation only: strategies import this module
-    from cloud_aggregator.aggregation.strategies.base import Update
 
 _SUM, _ERR = "sum.", "err."
 

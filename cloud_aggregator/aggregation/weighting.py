@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # strategies import this module; avoid the cycle at run time
-    from cloud_aggregator.aggregation.strategies.base import Update
+from cloud_aggregator.aggregation.update import Update
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ def collect_status(
     """
     restate.follow_statuses(session, fleet)
     if others is not None:
-        session.subscribe(f"{topics.PROTOCOL}/+/status/+")
+        session.subscribe(topics.topic_status_all(topics.ANY))
     statuses: dict[str, dict] = {}
     deadline = time.monotonic() + max_s
     last = time.monotonic()

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_aggregator.console.fleet_status import METRICS, number, summarize
-from cloud_aggregator.rounds.admission import Reason
-from cloud_aggregator.rounds.engine import RoundRecord
+from cloud_aggregator.rounds.types import Reason, RoundRecord
 from cloud_aggregator.store.sqlite import SqliteStore
 
 #: Round rows per task sent to the page (the curves hold every round).

@@ -173,7 +173,7 @@ class MachineLog:
         self._latest: dict[str, dict[str, Point]] = {}  # device -> task -> its latest answer
         self._alerts: dict[str, dict[str, dict[str, Any]]] = {}  # device -> rule -> latest event
         self._lock = threading.Lock()
-        base = f"{topics.PROTOCOL}/{fleet}/"
+        base = topics.fleet_root(fleet) + "/"
         self._prefixes = (base + "answer/", base + "alert/")
         #: Answer and alert messages taken, and those dropped (unparsable, or past a bound).
         self.taken = 0

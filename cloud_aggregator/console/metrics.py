@@ -21,7 +21,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from cloud_aggregator.console.fleet_view import FleetView, number
-from cloud_aggregator.rounds.admission import Reason
+from cloud_aggregator.rounds.types import Reason
 
 #: Round duration buckets, seconds (a simulated round takes ~0.1 s, a deadline wait tens).
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)

@@ -25,6 +25,7 @@ from cloud_aggregator.worker_login import WORKERS_DIR
 from ioft_protocol import codec, topics
 from ioft_protocol.config import ConfigError, load_toml
 from ioft_protocol.mqtt import BrokerAddress
+from ioft_protocol.topics import ANY, MINE
 
 OPERATOR = "operator"
 RESERVED = (AGGREGATOR, OPERATOR)
@@ -173,45 +174,43 @@ def worker_acl_text(fleet: str, worker: str, what: str) -> str:
     (``agg/batch/<task>/<id>``) and its own state (birth, Last Will, retained: ``agg/worker/<id>``)
     only.  ``what``: the comment line above the stanza.
     """
-    p = f"{topics.PROTOCOL}/{codec.check_id('fleet', fleet)}"
     w = codec.check_id("worker", worker)
     return f"""
 # {what}
 user {worker_identity(w)}
-topic read {p}/task/+/up/+
-topic read {p}/status/+
-topic read {p}/task/+/down
-topic read {p}/agg/ctl
-topic write {p}/agg/batch/+/{w}
-topic readwrite {p}/agg/worker/{w}
+topic read {topics.topic_up_all(fleet)}
+topic read {topics.topic_status_all(fleet)}
+topic read {topics.topic_down_all(fleet)}
+topic read {topics.topic_agg_ctl(fleet)}
+topic write {topics.topic_agg_batch(fleet, ANY, w)}
+topic readwrite {topics.topic_agg_worker(fleet, w)}
 """
 
 
 # -- access control --------------------------------------------------------------------------------
 def device_acl_text(fleet: str, devices: Sequence[str]) -> str:
     """The ACL's device part: each device's own topics (``pattern`` lines) and the broadcasts it reads."""
-    p = f"{topics.PROTOCOL}/{codec.check_id('fleet', fleet)}"
     device_reads = "".join(
         f"""
 user {codec.check_id("device", d)}
-topic read {p}/task/+/down
-topic read {p}/model/+/manifest
-topic read {p}/model/+/+/chunk/+
-topic read {p}/rollcall
+topic read {topics.topic_down_all(fleet)}
+topic read {topics.topic_model_offer_all(fleet)}
+topic read {topics.topic_model_chunk_all(fleet)}
+topic read {topics.topic_roll_call(fleet)}
 """
         for d in sorted(devices)
     )
-    return f"""pattern write {p}/task/+/up/%u
-pattern write {p}/status/%u
+    return f"""pattern write {topics.topic_up(fleet, ANY, MINE)}
+pattern write {topics.topic_status(fleet, MINE)}
 # Its answers to its own new rows (edge.serving): only the device writes them.
-pattern write {p}/answer/%u/+
-pattern write {p}/alert/%u/+
+pattern write {topics.topic_answer_all(fleet, MINE)}
+pattern write {topics.topic_alert_all(fleet, MINE)}
 # Home Assistant discovery ([serve] home_assistant): its own configs only (node id = device id).
 pattern write homeassistant/+/%u/+/config
-pattern read {p}/task/+/down/%u
+pattern read {topics.topic_down_device(fleet, ANY, MINE)}
 # Secure aggregation: each device writes its own SecAgg answers and reads only what is addressed to it.
-pattern write {p}/task/+/secagg/up/%u
-pattern read {p}/task/+/secagg/down/%u
+pattern write {topics.topic_secagg_up(fleet, ANY, MINE)}
+pattern read {topics.topic_secagg_down(fleet, ANY, MINE)}
 
 # Each device: the task broadcasts, the model pushes and the aggregator's roll call.
 {device_reads}"""
@@ -224,26 +223,26 @@ def bridge_acl_text(fleet: str, bridge: str, devices: Sequence[str], worker: str
     uploads stay at the plant: the bridge writes that worker's batches and state instead, and reads
     the coordinator's control messages (``cloud_aggregator.serve.worker_wire``).
     """
-    p = f"{topics.PROTOCOL}/{codec.check_id('fleet', fleet)}"
-    lines = [f"user {bridge}", f"topic read {p}/task/+/down", f"topic read {p}/model/+/manifest",
-             f"topic read {p}/model/+/+/chunk/+", f"topic read {p}/rollcall"]  # fmt: skip
+    lines = [f"user {bridge}", f"topic read {topics.topic_down_all(fleet)}",
+             f"topic read {topics.topic_model_offer_all(fleet)}",
+             f"topic read {topics.topic_model_chunk_all(fleet)}", f"topic read {topics.topic_roll_call(fleet)}"]  # fmt: skip
     if worker:
         w = codec.check_id("worker", worker)
         lines += [
-            f"topic write {p}/agg/batch/+/{w}",
-            f"topic write {p}/agg/worker/{w}",
-            f"topic read {p}/agg/ctl",
+            f"topic write {topics.topic_agg_batch(fleet, ANY, w)}",
+            f"topic write {topics.topic_agg_worker(fleet, w)}",
+            f"topic read {topics.topic_agg_ctl(fleet)}",
         ]
     for d in sorted(devices):
         codec.check_id("device", d)
         lines += [
-            *([] if worker else [f"topic write {p}/task/+/up/{d}"]),
-            f"topic write {p}/status/{d}",
-            f"topic write {p}/answer/{d}/+",
-            f"topic write {p}/alert/{d}/+",
-            f"topic write {p}/task/+/secagg/up/{d}",
-            f"topic read {p}/task/+/down/{d}",
-            f"topic read {p}/task/+/secagg/down/{d}",
+            *([] if worker else [f"topic write {topics.topic_up(fleet, ANY, d)}"]),
+            f"topic write {topics.topic_status(fleet, d)}",
+            f"topic write {topics.topic_answer_all(fleet, d)}",
+            f"topic write {topics.topic_alert_all(fleet, d)}",
+            f"topic write {topics.topic_secagg_up(fleet, ANY, d)}",
+            f"topic read {topics.topic_down_device(fleet, ANY, d)}",
+            f"topic read {topics.topic_secagg_down(fleet, ANY, d)}",
         ]
     return "\n".join(lines) + "\n"
 
@@ -277,7 +276,7 @@ def acl_text(
     ``worker.<id>`` (:func:`worker_acl_text`).
     """
     partial = plant_workers or {}
-    p = f"{topics.PROTOCOL}/{codec.check_id('fleet', fleet)}"
+    t = topics
     plants = "".join(
         f"\n# Plant bridge {b} (`fleet add-plant`): its devices' topics, nothing else.\n"
         + bridge_acl_text(fleet, b, ds, partial.get(b, ""))
@@ -293,31 +292,31 @@ def acl_text(
 
 # The aggregator: reads every uplink and status, publishes (and reads back) the downlinks.
 user {AGGREGATOR}
-topic read {p}/task/+/up/+
-topic read {p}/status/+
-topic read {p}/answer/+/+
-topic read {p}/alert/+/+
-topic readwrite {p}/task/+/down
-topic readwrite {p}/task/+/down/+
-topic read {p}/task/+/secagg/up/+
-topic write {p}/task/+/secagg/down/+
+topic read {t.topic_up_all(fleet)}
+topic read {t.topic_status_all(fleet)}
+topic read {t.topic_answer_all(fleet)}
+topic read {t.topic_alert_all(fleet)}
+topic readwrite {t.topic_down_all(fleet)}
+topic readwrite {t.topic_down_device(fleet, ANY, ANY)}
+topic read {t.topic_secagg_up(fleet, ANY, ANY)}
+topic write {t.topic_secagg_down(fleet, ANY, ANY)}
 # Its lock: one aggregator per fleet (cloud_aggregator.serve.singleton).
-topic readwrite {p}/aggregator
+topic readwrite {t.topic_aggregator_lock(fleet)}
 # Its roll call: every device re-publishes its status (ioft_protocol.restate).
-topic write {p}/rollcall
+topic write {t.topic_roll_call(fleet)}
 # As the coordinator of plant workers (`fleet add-plant --partial-aggregator`): their batches and
 # states in, its flushes and acknowledgements out (cloud_aggregator.serve.worker_wire).
-topic read {p}/agg/batch/+/+
-topic read {p}/agg/worker/+
-topic write {p}/agg/ctl
+topic read {t.topic_agg_batch(fleet, ANY, ANY)}
+topic read {t.topic_agg_worker(fleet, ANY)}
+topic write {t.topic_agg_ctl(fleet)}
 {BROKER_BYTES_ACL}{cloud_workers}
 # Operator commands (`push`, `fleet status`): model pushes and reading the fleet's status.
 user {OPERATOR}
-topic readwrite {p}/model/#
-topic read {p}/status/+
-topic read {p}/answer/+/+
-topic read {p}/alert/+/+
-topic write {p}/rollcall
+topic readwrite {t.topic_models(fleet)}
+topic read {t.topic_status_all(fleet)}
+topic read {t.topic_answer_all(fleet)}
+topic read {t.topic_alert_all(fleet)}
+topic write {t.topic_roll_call(fleet)}
 {BROKER_BYTES_ACL}{plants}"""
 
 

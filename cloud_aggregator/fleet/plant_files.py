@@ -18,7 +18,7 @@ With a plant worker (``fleet add-plant --partial-aggregator``: ``cloud-aggregato
 at the plant, logging in as ``worker.<plant>``, its worker id the plant id), the devices'
 uploads stay at the plant: ``task/+/up/+`` does not cross; the worker's batches
 (``agg/batch/+/<plant>``) and its state (``agg/worker/<plant>``) go out, the coordinator's
-``agg/ctl`` comes in (:data:`PARTIAL_OUT_TOPICS`, :data:`PARTIAL_IN_TOPICS`).
+``agg/ctl`` comes in (:func:`bridge_topics`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from cloud_aggregator.fleet.layout import (
     worker_identity,
 )
 from ioft_protocol import topics
+from ioft_protocol.topics import ANY
 
 #: The bridge protocols mosquitto 2 speaks; the wire is MQTT 3.1.1, so mqttv311 is the default.
 BRIDGE_PROTOCOLS = ("mqttv311", "mqttv50")
@@ -45,23 +46,30 @@ BRIDGE_PROTOCOLS = ("mqttv311", "mqttv50")
 #: it mosquitto drops QoS 1 messages silently).  As the cloud broker's (``mosquitto_conf_text``).
 PLANT_QUEUE = 100_000
 
-#: Topic patterns under ``ioft/v1/<fleet>/`` by direction, as bridge ``topic`` lines take them.
-OUT_TOPICS = ("task/+/up/+", "status/+", "task/+/secagg/up/+")
-IN_TOPICS = (
-    "task/+/down", "task/+/down/+", "task/+/secagg/down/+", "model/+/manifest", "model/+/+/chunk/+", "rollcall",
-)  # fmt: skip
-#: With a plant-level partial aggregator (``cloud-aggregator worker --plant``, issue 14): the
-#: devices' uploads stay at the plant; its one batch per round, its Last Will and the
-#: coordinator's flush requests and acknowledgements cross instead (``cloud_aggregator.serve.worker_wire``).
-PARTIAL_OUT_TOPICS = ("status/+", "task/+/secagg/up/+", "agg/batch/+/+", "agg/worker/+")
-PARTIAL_IN_TOPICS = (*IN_TOPICS, "agg/ctl")
+
+def bridge_topics(fleet: str, *, partial: bool = False) -> tuple[list[str], list[str]]:
+    """The topics a plant's bridge carries, ``(out, in)``: out (plant -> cloud) the devices' uploads,
+    statuses and SecAgg answers; in (cloud -> plant) the announcements, per-device downlinks, SecAgg
+    requests, model pushes and the roll call.  With a plant-level partial aggregator (``partial``:
+    ``cloud-aggregator worker --plant``) the devices' uploads stay at the plant; its one batch per
+    round, its Last Will and the coordinator's flush requests and acknowledgements cross instead
+    (``cloud_aggregator.serve.worker_wire``)."""
+    t = topics
+    into = [
+        t.topic_down_all(fleet), t.topic_down_device(fleet, ANY, ANY), t.topic_secagg_down(fleet, ANY, ANY),
+        t.topic_model_offer_all(fleet), t.topic_model_chunk_all(fleet), t.topic_roll_call(fleet),
+    ]  # fmt: skip
+    if partial:
+        out = [t.topic_status_all(fleet), t.topic_secagg_up(fleet, ANY, ANY),
+               t.topic_agg_batch(fleet, ANY, ANY), t.topic_agg_worker(fleet, ANY)]  # fmt: skip
+        return out, [*into, t.topic_agg_ctl(fleet)]
+    return [t.topic_up_all(fleet), t.topic_status_all(fleet), t.topic_secagg_up(fleet, ANY, ANY)], into
 
 
 def bridge_topic_lines(fleet: str, *, partial: bool = False) -> list[str]:
     """The bridge's ``topic`` lines: every device upload crosses, or (``partial``) only the plant's batches."""
-    out, into = (PARTIAL_OUT_TOPICS, PARTIAL_IN_TOPICS) if partial else (OUT_TOPICS, IN_TOPICS)
-    p = f"{topics.PROTOCOL}/{fleet}"
-    return [f"topic {p}/{t} out 1" for t in out] + [f"topic {p}/{t} in 1" for t in into]
+    out, into = bridge_topics(fleet, partial=partial)
+    return [f"topic {t} out 1" for t in out] + [f"topic {t} in 1" for t in into]
 
 
 def plant_dir(layout: FleetLayout, plant: str) -> Path:

@@ -34,7 +34,7 @@ from cloud_aggregator.local.broker import interrupt_on_sigterm
 from cloud_aggregator.local.demo_advice import print_advice
 from cloud_aggregator.local.demo_welders import print_welders, start_welders
 from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml
-from cloud_aggregator.rounds.engine import RoundRecord
+from cloud_aggregator.rounds.types import RoundRecord
 from cloud_aggregator.store.sqlite import SqliteStore
 
 #: Per-device test loss in the units of PFL-DA Table 5: 50 · MSE(s / 50).

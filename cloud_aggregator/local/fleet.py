@@ -40,7 +40,7 @@ import paho.mqtt.client as paho
 
 from cloud_aggregator import faults
 from cloud_aggregator.local.broker import BrokerProcess, start_embedded
-from cloud_aggregator.rounds.engine import RoundRecord
+from cloud_aggregator.rounds.types import RoundRecord
 from cloud_aggregator.store.sqlite import SqliteStore
 
 #: The fleet name of a local fleet unless the caller names another (the demo's is "demo").

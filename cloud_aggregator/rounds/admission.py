@@ -68,44 +68,14 @@ import hashlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cloud_aggregator.aggregation.strategies import Update
-from cloud_aggregator.rounds.engine import Rejection
-from cloud_aggregator.rounds.stragglers import LateUpdate
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.types import CollectRequest, LateUpdate, Reason, Refusal, Rejection
 from ioft_protocol import codec
 from ioft_protocol.codec import TensorSpec
 from ioft_protocol.round_messages import UpdateMessage
-
-if TYPE_CHECKING:
-    from cloud_aggregator.rounds.engine import CollectRequest
-
-
-class Reason(StrEnum):
-    """Why an upload was refused (see the module docstring for each step)."""
-
-    MALFORMED = "malformed"
-    NO_ROUND = "no_round"
-    IMPERSONATION = "impersonation"
-    WRONG_TASK = "wrong_task"
-    STALE_ROUND = "stale_round"
-    FUTURE_ROUND = "future_round"
-    WRONG_GLOBAL = "wrong_global"
-    NOT_SELECTED = "not_selected"
-    SHAPE_DTYPE = "shape_dtype"
-    NON_FINITE = "non_finite"
-    REPLAY = "replay"
-    NORM = "norm"
-    N_SAMPLES = "n_samples"
-    METRICS = "metrics"
-    #: A copy of an upload already counted: routine, not refused as an attack (see ``replay``).
-    RESENT = "resent"
-    #: Stored before reason codes had their own column, with no code in its text.
-    OTHER = "other"
-
 
 #: Refusals of an upload that is the device's answer to the open round: the round records the
 #: device as rejected (unless it has an admitted upload).  The others concern another round,
@@ -121,17 +91,6 @@ ROUND_ANSWERS = frozenset(
         Reason.METRICS,
     }
 )
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why an upload was not admitted: a :class:`Reason` and what exactly was wrong."""
-
-    reason: Reason
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.reason}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -343,6 +302,17 @@ class Admission:
         per = self.refused.setdefault(device, {})
         per[reason] = per.get(reason, 0) + 1
 
+    def screen(self, device: str, *, outside: str | None, held_out: bool) -> Refusal | None:
+        """The first step, before a payload is read: a held-out device (it scores the global and
+        uploads no update) or one outside the task's selection (``outside``: why, from its status)
+        is refused ``not_selected`` and counted; ``None``: read on (:meth:`receive`)."""
+        if held_out:
+            outside = "held out: it scores the global model and uploads no update"
+        if outside is None:
+            return None
+        self.count_refusal(device, Reason.NOT_SELECTED)
+        return Refusal(Reason.NOT_SELECTED, outside)
+
     def receive(
         self,
         device: str,
@@ -351,12 +321,19 @@ class Admission:
         inbox: Inbox,
         *,
         restored: bool = False,
+        outside: str | None = None,
+        held_out: bool = False,
     ) -> Update | LateUpdate | Refusal:
-        """Judge ``device``'s upload (see :meth:`judge`), file the verdict in ``inbox`` and count a refusal.
+        """Judge ``device``'s upload (:meth:`screen`, then :meth:`judge`), file the verdict in ``inbox``
+        and count a refusal.
 
         A refusal of the device's answer to the open round (``ROUND_ANSWERS``) is filed as a
-        ``Rejection`` unless the device has an admitted upload there; other refusals are only counted.
+        ``Rejection`` unless the device has an admitted upload there; other refusals, and a device
+        screened out (it sat the round out: the fleet says so in its ``SatOut``), are only counted.
         """
+        screened = self.screen(device, outside=outside, held_out=held_out)
+        if screened is not None:
+            return screened
         verdict = self.judge(device, upload, request, restored=restored)
         if isinstance(verdict, Refusal):
             self.count_refusal(device, verdict.reason)

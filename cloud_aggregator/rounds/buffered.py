@@ -30,10 +30,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cloud_aggregator.aggregation.fedbuff import Arrival, BufferConfig, UpdateBuffer
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
-from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox, Reason, Refusal
-from cloud_aggregator.rounds.engine import CollectRequest
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox
 from cloud_aggregator.rounds.task_rules import buffered_refusal
+from cloud_aggregator.rounds.types import CollectRequest, Reason, Refusal
 from ioft_protocol.round_messages import UpdateMessage
 from trainer_lite.params import Params, param_hash
 from trainer_lite.task import TaskSpec

@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from cloud_aggregator.aggregation.strategies import Update
-from cloud_aggregator.rounds.engine import CollectRequest, Rejection
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.rounds.task_rules import secagg_config
+from cloud_aggregator.rounds.types import CollectRequest, Rejection
 from ioft_protocol.secagg import Abandoned, SecAggResult
 from ioft_protocol.secagg.simulate import run_round
 from ioft_protocol.secagg.transport import change, device_weight, flatten, unflatten

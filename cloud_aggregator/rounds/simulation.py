@@ -14,11 +14,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cloud_aggregator.aggregation.strategies import Update
-from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox, Reason, Refusal
-from cloud_aggregator.rounds.engine import CollectRequest, Rejection, RoundEngine, RoundRecord
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox
+from cloud_aggregator.rounds.engine import RoundEngine
 from cloud_aggregator.rounds.secagg import collect_in_process
-from cloud_aggregator.rounds.stragglers import LateUpdate
+from cloud_aggregator.rounds.types import CollectRequest, LateUpdate, Reason, Refusal, Rejection, RoundRecord
 from ioft_protocol.round_messages import UpdateMessage
 from sensors.features.scaling import standardize_locally
 from trainer_lite.algorithms import ClientAlgorithm, make_client

@@ -18,39 +18,17 @@ round engine turns those into ordinary uploads with :func:`absorb_late`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
-from cloud_aggregator.aggregation.strategies import Update
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.types import LateUpdate, LateWindow, RoundStore
 from trainer_lite.params import Params, param_hash
-
-if TYPE_CHECKING:  # annotation only: rounds imports this module for LateWindow
-    from cloud_aggregator.rounds.engine import RoundStore
 
 STRAGGLER_MODES = ("drop", "next_round")
 
 R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class LateWindow:
-    """The round before the open one, whose stragglers may still count (``next_round``)."""
-
-    round: int
-    phase: str
-    global_hash: str  # the global that round started from: a late upload must quote it
-    global_params: Params
-    counted: frozenset[str]  # devices already aggregated in that round
-
-
-@dataclass(frozen=True)
-class LateUpdate:
-    """A straggler's upload for ``LateWindow.round``, delivered while the next round is open."""
-
-    update: Update
-    round: int
 
 
 def damp_late(current: Params, base: Params, params: Params, staleness_weight: float) -> Params:

@@ -71,7 +71,7 @@ def check_secagg_task(spec: TaskSpec) -> None:
         return
     strategy = make_strategy(spec)
     server = dict(spec.server)
-    if strategy.name != "fedavg":
+    if not strategy.secagg:
         raise ValueError(
             f"task {spec.name!r}: secagg needs a mean-family algorithm (server 'fedavg'); "
             f"{spec.algorithm!r} aggregates with {strategy.name!r}"

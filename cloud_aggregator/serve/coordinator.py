@@ -33,10 +33,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from cloud_aggregator.aggregation.strategies import Update
-from cloud_aggregator.rounds.admission import ROUND_ANSWERS, AdmissionPolicy, Reason, Refusal
-from cloud_aggregator.rounds.engine import CollectRequest, Rejection, RoundStore, SatOut
-from cloud_aggregator.rounds.stragglers import LateUpdate
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.admission import ROUND_ANSWERS, AdmissionPolicy
+from cloud_aggregator.rounds.types import (
+    CollectRequest,
+    LateUpdate,
+    Reason,
+    Refusal,
+    Rejection,
+    RoundStore,
+    SatOut,
+)
 from cloud_aggregator.serve import worker_wire as wire
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from ioft_protocol import codec, topics
@@ -243,6 +250,8 @@ class WorkerFleet(MqttFleet):
     ) -> None:
         """Count and store a worker's refusal as ``MqttFleet`` counts its own; a refused answer to
         the open round is filed in it (unless the device has an admitted upload there)."""
+        with self._admit:
+            self.admission.count_refusal(device, reason)
         self._record_refusal(device, None, Refusal(reason, detail), answering=(task, round_))
         if (
             request is not None

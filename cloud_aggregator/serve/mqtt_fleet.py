@@ -24,17 +24,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from cloud_aggregator import faults
-from cloud_aggregator.aggregation.strategies import Update
-from cloud_aggregator.rounds.admission import (
-    Admission,
-    AdmissionPolicy,
-    Inbox,
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox, reported_train_rows
+from cloud_aggregator.rounds.types import (
+    CollectRequest,
+    LateUpdate,
     Reason,
     Refusal,
-    reported_train_rows,
+    Rejection,
+    RoundStore,
+    SatOut,
 )
-from cloud_aggregator.rounds.engine import CollectRequest, Rejection, RoundStore, SatOut
-from cloud_aggregator.rounds.stragglers import LateUpdate
 from ioft_protocol import codec, restate, round_messages, topics
 from ioft_protocol.mqtt import Message, MqttError, MqttSession
 from ioft_protocol.round_messages import DeviceSelection, HoldoutScore
@@ -106,8 +106,9 @@ class _Inbox(dict):
 
 
 @dataclass
-class FleetView:
-    """What the aggregator knows of each device (from retained status messages)."""
+class DeviceRoster:
+    """What the aggregator knows of each device (from retained status messages); the console's picture
+    of the fleet is ``cloud_aggregator.console.fleet_view.FleetView``."""
 
     online: dict[str, bool] = field(default_factory=dict)
     #: device -> the fields of its status the aggregator reads (:data:`KEPT_STATUS`)
@@ -203,7 +204,7 @@ class MqttFleet:
             max_payload_bytes=policy.max_payload_bytes,
             reported_rows=lambda device: reported_train_rows(self.view.status.get(device)),
         )
-        self.view = FleetView(rejected_by_reason=self.admission.refused)
+        self.view = DeviceRoster(rejected_by_reason=self.admission.refused)
         self._announced: dict[str, list[tuple[str, bytes]]] = {}  # task -> its retained messages
         #: task -> uplinks waiting for that task's collecting thread (or its first round)
         self._queues: dict[str, queue.Queue[Message]] = {}
@@ -639,13 +640,11 @@ class MqttFleet:
         elif topic.kind == "up" and request is not None and received is not None:
             if topic.task != request.spec.name:
                 return
-            why = self.view.outside(topic.device, self.selections.get(topic.task))
-            if topic.device in self.holdouts.get(topic.task, ()):
-                why = "held out: it scores the global model and uploads no update"
-            if why is not None:  # counted and stored like any refusal
-                self._record_refusal(topic.device, request, Refusal(Reason.NOT_SELECTED, why))
-                return
-            self._accept(topic.device, msg.payload, request, received, persist=True)
+            outside = self.view.outside(topic.device, self.selections.get(topic.task))
+            held_out = topic.device in self.holdouts.get(topic.task, ())
+            self._accept(
+                topic.device, msg.payload, request, received, persist=True, outside=outside, held_out=held_out
+            )
         elif topic.kind == "up":
             self._accept(topic.device, msg.payload, None, {}, persist=True)
 
@@ -678,15 +677,10 @@ class MqttFleet:
         request: CollectRequest | None,
         verdict: Refusal,
         *,
-        counted: bool = False,
         answering: tuple[str, int | None] | None = None,
     ) -> None:
-        """Log and store a refused upload; count it unless admission already did (``counted``).
-        It is filed under ``answering`` (task, round) where given (a worker's batch says which),
-        else under ``request``'s round."""
-        if not counted:
-            with self._admit:
-                self.admission.count_refusal(device, verdict.reason)
+        """Log and store a refused upload (admission counted it).  It is filed under ``answering``
+        (task, round) where given (a worker's batch says which), else under ``request``'s round."""
         level = logging.INFO if verdict.reason in ROUTINE_REFUSALS else logging.WARNING
         log.log(level, "dropped update from %s: %s", device, verdict)
         if self.store is not None:
@@ -695,16 +689,27 @@ class MqttFleet:
             self.store.put_rejection(*answering, device, verdict.reason, verdict.detail)
 
     def _accept(
-        self, device: str, payload: bytes, request: CollectRequest | None, received: Inbox, *, persist: bool
+        self,
+        device: str,
+        payload: bytes,
+        request: CollectRequest | None,
+        received: Inbox,
+        *,
+        persist: bool,
+        outside: str | None = None,
+        held_out: bool = False,
     ) -> None:
         """Admit an uplink into ``received`` or record why not; never raises.
 
-        ``persist`` keeps an admitted upload in the store (``False``: it was read back from it).
+        ``persist`` keeps an admitted upload in the store (``False``: it was read back from it);
+        ``outside`` (why the device is outside the task's selection) and ``held_out`` go to admission.
         """
         with self._admit:
-            verdict = self.admission.receive(device, payload, request, received, restored=not persist)
+            verdict = self.admission.receive(
+                device, payload, request, received, restored=not persist, outside=outside, held_out=held_out
+            )
         if isinstance(verdict, Refusal):
-            self._record_refusal(device, request, verdict, counted=True)
+            self._record_refusal(device, request, verdict)
             return
         if isinstance(verdict, LateUpdate):
             log.info(

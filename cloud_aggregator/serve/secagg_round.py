@@ -29,10 +29,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from cloud_aggregator.aggregation.strategies import Update
-from cloud_aggregator.rounds.engine import CollectRequest
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.rounds.secagg import replies_from
 from cloud_aggregator.rounds.task_rules import secagg_config
+from cloud_aggregator.rounds.types import CollectRequest
 from cloud_aggregator.serve.mqtt_fleet import MqttFleet
 from ioft_protocol import codec, topics
 from ioft_protocol.mqtt import Message

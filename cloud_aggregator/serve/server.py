@@ -27,7 +27,8 @@ from pathlib import Path
 from cloud_aggregator import worker_login
 from cloud_aggregator.aggregation.strategies import make_strategy
 from cloud_aggregator.config import AggregatorConfig, TaskConfig
-from cloud_aggregator.rounds.engine import CollectRequest, RoundEngine, RoundRecord
+from cloud_aggregator.rounds.engine import RoundEngine
+from cloud_aggregator.rounds.types import CollectRequest, RoundRecord
 from cloud_aggregator.serve.buffered_mqtt import BufferedTask
 from cloud_aggregator.serve.coordinator import WorkerFleet
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet

@@ -52,7 +52,7 @@ class FleetTakenError(MqttError):
 
 def lock_topic(fleet: str) -> str:
     """The retained topic on which the running aggregator of ``fleet`` holds its lock."""
-    return f"{topics.PROTOCOL}/{fleet}/aggregator"
+    return topics.topic_aggregator_lock(fleet)
 
 
 def lock_will(fleet: str) -> tuple[str, bytes]:

@@ -31,33 +31,29 @@ GROUP = "ioft-agg"
 ONLINE, OFFLINE = b'{"state": "online"}', b'{"state": "offline"}'
 
 
-def _agg(fleet: str) -> str:
-    return f"{topics.PROTOCOL}/{check_id('fleet', fleet)}/agg"
-
-
 def topic_uplinks_shared(fleet: str) -> str:
     """Every task's uplinks, shared among the fleet's workers (each upload reaches one of them)."""
     return f"$share/{GROUP}/{topics.topic_up_all(fleet)}"
 
 
 def topic_worker(fleet: str, worker: str) -> str:
-    return f"{_agg(fleet)}/worker/{check_id('worker', worker)}"
+    return topics.topic_agg_worker(fleet, check_id("worker", worker))
 
 
 def topic_worker_all(fleet: str) -> str:
-    return f"{_agg(fleet)}/worker/+"
+    return topics.topic_agg_worker(fleet, topics.ANY)
 
 
 def topic_batch(fleet: str, task: str, worker: str) -> str:
-    return f"{_agg(fleet)}/batch/{check_id('task', task)}/{check_id('worker', worker)}"
+    return topics.topic_agg_batch(fleet, check_id("task", task), check_id("worker", worker))
 
 
 def topic_batch_all(fleet: str) -> str:
-    return f"{_agg(fleet)}/batch/+/+"
+    return topics.topic_agg_batch(fleet, topics.ANY, topics.ANY)
 
 
 def topic_ctl(fleet: str) -> str:
-    return f"{_agg(fleet)}/ctl"
+    return topics.topic_agg_ctl(fleet)
 
 
 @dataclass(frozen=True)
@@ -71,7 +67,7 @@ class AggTopic:
 
 def parse(topic: str, fleet: str) -> AggTopic | None:
     """The ``agg/`` topic of ``fleet`` that ``topic`` is, or ``None`` (another kind of topic)."""
-    prefix = _agg(fleet) + "/"
+    prefix = topics.topic_agg(fleet) + "/"
     if not topic.startswith(prefix):
         return None
     rest = topic[len(prefix) :].split("/")

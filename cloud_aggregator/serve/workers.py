@@ -32,11 +32,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cloud_aggregator import faults, worker_login
-from cloud_aggregator.aggregation.strategies import Strategy, Update, make_strategy
+from cloud_aggregator.aggregation.strategies import Strategy, make_strategy
 from cloud_aggregator.aggregation.streaming import RoundFold
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.rounds.admission import AdmissionPolicy, Inbox, Reason
-from cloud_aggregator.rounds.engine import CollectRequest
+from cloud_aggregator.rounds.admission import AdmissionPolicy, Inbox
+from cloud_aggregator.rounds.types import CollectRequest, Reason
 from cloud_aggregator.serve import worker_wire as wire
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from ioft_protocol import codec, topics

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_aggregator import faults
-from cloud_aggregator.rounds.admission import Reason
-from cloud_aggregator.rounds.engine import RoundRecord
+from cloud_aggregator.rounds.types import Reason, RoundRecord
 from cloud_aggregator.store.backup import Backups
 from cloud_aggregator.store.upload_log import MIN_BYTES, UploadLog
 from ioft_protocol.state import atomic_write_bytes, decode_arrays, encode_arrays

@@ -33,7 +33,6 @@ from ioft_protocol.secagg.messages import (
     UnmaskAnswer,
     UnmaskRequest,
 )
-from ioft_protocol.topics import PROTOCOL
 
 #: server -> device message classes by stage, and the device's answer to each
 REQUESTS: dict[str, type[Message]] = {
@@ -51,19 +50,19 @@ ANSWERS: dict[str, type[Message]] = {
 
 
 def topic_down(fleet: str, task: str, device: str) -> str:
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/{check_id('task', task)}/secagg/down/{check_id('device', device)}"
+    return topics.topic_secagg_down(fleet, check_id("task", task), check_id("device", device))
 
 
 def topic_up(fleet: str, task: str, device: str) -> str:
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/{check_id('task', task)}/secagg/up/{check_id('device', device)}"
+    return topics.topic_secagg_up(fleet, check_id("task", task), check_id("device", device))
 
 
 def topic_up_all(fleet: str) -> str:
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/+/secagg/up/+"
+    return topics.topic_secagg_up(fleet, topics.ANY, topics.ANY)
 
 
 def topic_down_mine(fleet: str, device: str) -> str:
-    return f"{PROTOCOL}/{check_id('fleet', fleet)}/task/+/secagg/down/{check_id('device', device)}"
+    return topics.topic_secagg_down(fleet, topics.ANY, check_id("device", device))
 
 
 def key_scope(fleet: str, task: str, round_: int, phase: str) -> str:

@@ -14,9 +14,9 @@ from collections import deque
 import numpy as np
 import pytest
 
-from cloud_aggregator.aggregation.strategies import Update
-from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Reason, change_norm, check_tensors
-from cloud_aggregator.rounds.engine import CollectRequest, Rejection
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, change_norm, check_tensors
+from cloud_aggregator.rounds.types import CollectRequest, Reason, Rejection
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import codec, round_messages, topics
@@ -323,3 +323,18 @@ def test_rejections_stored_as_text_get_their_code_once(tmp_path):
         assert reopened.rejection_counts(TASK) == {"d0": 2, "d1": 2}
     finally:
         reopened.close()
+
+
+def test_admission_screens_out_held_out_and_unselected_devices_before_reading_the_payload():
+    # One place judges every refusal: a held-out device, or one outside the task's selection, is
+    # refused not_selected and counted once, its payload never read, and it is not a round answer.
+    adm = Admission(FLEET)
+    g = global_params()
+    req = request(1, g)
+    inbox: dict = {}
+    held = adm.receive("d1", b"not even a payload", req, inbox, held_out=True)
+    outside = adm.receive("d2", b"", req, inbox, outside="its tags do not match the task's selection")
+    assert (held.reason, outside.reason) == (Reason.NOT_SELECTED, Reason.NOT_SELECTED)
+    assert "held out" in held.detail and "selection" in outside.detail
+    assert adm.refused == {"d1": {Reason.NOT_SELECTED: 1}, "d2": {Reason.NOT_SELECTED: 1}}
+    assert inbox == {}

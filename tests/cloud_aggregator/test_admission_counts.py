@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from cloud_aggregator.config import AdmissionConfig
-from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Reason
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy
 from cloud_aggregator.rounds.engine import MemoryStore, RoundEngine
 from cloud_aggregator.rounds.simulation import SimulatedFleet
+from cloud_aggregator.rounds.types import Reason
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from ioft_protocol import codec, topics
 from ioft_protocol.mqtt import Message

@@ -13,8 +13,8 @@ import pytest
 
 from cloud_aggregator.aggregation.fedbuff import Arrival, BufferConfig
 from cloud_aggregator.config import MAX_STALENESS, AggregatorConfig, TaskConfig
-from cloud_aggregator.rounds.admission import Reason, Refusal
 from cloud_aggregator.rounds.buffered import BufferedServer
+from cloud_aggregator.rounds.types import Reason, Refusal
 from ioft_protocol import codec
 from ioft_protocol.config import ConfigError, build
 from ioft_protocol.round_messages import Announcement, UpdateMessage

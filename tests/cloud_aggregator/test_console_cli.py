@@ -34,7 +34,7 @@ def test_url_names_the_token_and_brackets_ipv6():
 
 def test_a_rounds_held_out_scores_reach_the_page_by_the_curves_metric():
     from cloud_aggregator.console.fleet_view import _round_json
-    from cloud_aggregator.rounds.engine import RoundRecord
+    from cloud_aggregator.rounds.types import RoundRecord
 
     rec = RoundRecord("speed", 2, "train", "completed", ["p1"], {"p1": 9}, {"p1": {"test_loss": 0.2}}, {},
                       "h", 0.0, 1.0, {"holdout": {"p3": {"loss": 0.25, "accuracy": 1.0}, "p4": "junk"}})  # fmt: skip

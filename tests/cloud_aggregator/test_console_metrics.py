@@ -17,8 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cloud_aggregator.console import cli as console
 from cloud_aggregator.console.fleet_view import DeviceFigures, FleetView, StoreData
 from cloud_aggregator.local.broker import free_port, start_mosquitto
-from cloud_aggregator.rounds.admission import Reason
-from cloud_aggregator.rounds.engine import RoundRecord
+from cloud_aggregator.rounds.types import Reason, RoundRecord
 from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import topics
 from tests.conftest import _require_mosquitto

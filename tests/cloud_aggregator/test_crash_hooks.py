@@ -12,15 +12,12 @@ import numpy as np
 import pytest
 
 from cloud_aggregator import faults
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
-from cloud_aggregator.rounds.engine import RoundEngine, RoundRecord
-from cloud_aggregator.rounds.stragglers import (
-    LateUpdate,
-    LateWindow,
-    absorb_late,
-    damp_late,
-)
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.engine import RoundEngine
+from cloud_aggregator.rounds.stragglers import absorb_late, damp_late
 from cloud_aggregator.rounds.task_rules import check_next_round
+from cloud_aggregator.rounds.types import LateUpdate, LateWindow, RoundRecord
 from cloud_aggregator.store.sqlite import SqliteStore
 from trainer_lite.task import TaskSpec
 

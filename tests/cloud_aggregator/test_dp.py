@@ -16,7 +16,8 @@ from dp_accounting.rdp import RdpAccountant
 
 from cloud_aggregator import cli
 from cloud_aggregator.aggregation.accountant import calibrate, epsilon
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.rounds.engine import RoundEngine
 from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet

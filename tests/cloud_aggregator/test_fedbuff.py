@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cloud_aggregator.aggregation.fedbuff import Arrival, BufferConfig, UpdateBuffer, staleness_weight
-from cloud_aggregator.rounds.admission import Reason, Refusal
 from cloud_aggregator.rounds.buffered import BufferedServer
+from cloud_aggregator.rounds.types import Reason, Refusal
 from ioft_protocol.round_messages import UpdateMessage
 from tests.budget import examples
 from trainer_lite.task import TaskSpec

@@ -93,7 +93,7 @@ def test_client_configs_load_against_the_schemas(tmp_path):
         raw.pop("model", None)  # the operator's key for push's check (operator_session drops it)
         cfg = build(AggregatorConfig, raw)
         assert cfg.tls.cert_file == str(layout.cert(name))
-        # The operator's own listener wants its password too (issue 22); the aggregator has none.
+        # The operator's own listener wants its password too; the aggregator has none.
         assert cfg.username == (None if name == AGGREGATOR else OPERATOR)
     assert str(layout.signing_key) in layout.toml(OPERATOR).read_text()
     assert load_toml(layout.toml(OPERATOR))["broker"] == "mqtts://localhost:8884"  # --port + 1
@@ -121,7 +121,7 @@ def test_devices_trust_the_fleets_model_signing_key_and_no_other(tmp_path):
         f"acl_file {layout.acl}",
         f"crlfile {layout.crl}",
         "listener 8883",
-        "listener 8884",  # the operator's own (issue 22)
+        "listener 8884",  # the operator's own
     ):
         assert f"\n{line}\n" in conf, line
     # Certificate auth: the password file holds the operator's password only (its listener's login).

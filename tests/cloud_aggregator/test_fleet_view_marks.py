@@ -1,4 +1,4 @@
-"""What the console's JSON says of a revoked device and of re-sent uploads (issue 22, items 5 and 8)."""
+"""What the console's JSON says of a revoked device and of re-sent uploads."""
 
 from __future__ import annotations
 

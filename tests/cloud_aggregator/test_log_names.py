@@ -1,4 +1,4 @@
-"""Each `cloud-aggregator` command logs under its own name (issue 22, item 10): the operator's
+"""Each `cloud-aggregator` command logs under its own name: the operator's
 tools beside `serve` are told apart from the aggregator in a shared log."""
 
 from __future__ import annotations

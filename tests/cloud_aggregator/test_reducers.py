@@ -13,7 +13,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cloud_aggregator.aggregation.reducers import get_reducer, krum_scores
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.aggregation.update import Update
 from tests.budget import examples
 from trainer_lite.task import TaskSpec
 

@@ -7,10 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cloud_aggregator.aggregation.strategies import Update
-from cloud_aggregator.rounds.admission import Reason
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.rounds.engine import MemoryStore, RoundEngine
 from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet, simulate
+from cloud_aggregator.rounds.types import Reason
 from cloud_aggregator.store.sqlite import SqliteStore
 from edge.config import DataConfig
 from edge.dataset import simulated_printer_dataset

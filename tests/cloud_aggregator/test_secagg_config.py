@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cloud_aggregator.aggregation.strategies.fedavg import FedAvg
 from cloud_aggregator.config import AggregatorConfig
 from ioft_protocol.config import ConfigError, build
 from ioft_protocol.secagg import SecAggConfig
@@ -47,6 +48,14 @@ def test_a_strategy_that_is_not_a_mean_is_refused():
     task = {"name": "w", "algorithm": "pfedme", "model": "mlp", "model_args": {"sizes": [8, 4, 2]}}
     with pytest.raises((ValueError, ConfigError), match="mean-family"):
         _config({**task, "secagg": {"clip": 1.0}})
+
+
+def test_the_strategy_declares_whether_secagg_can_serve_it(monkeypatch):
+    # Its capability decides, not its name: FedAvg declared without it is refused like pfedme.
+    _config(readme_secagg_task())
+    monkeypatch.setattr(FedAvg, "secagg", False)
+    with pytest.raises((ValueError, ConfigError), match="mean-family"):
+        _config(readme_secagg_task())
 
 
 def test_late_uploads_are_refused_with_secagg():

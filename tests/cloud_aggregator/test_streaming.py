@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from cloud_aggregator.aggregation.mean import weighted_mean
-from cloud_aggregator.aggregation.strategies import Strategy, Update, make_strategy
+from cloud_aggregator.aggregation.strategies import Strategy, make_strategy
 from cloud_aggregator.aggregation.strategies.base import _STRATEGIES
 from cloud_aggregator.aggregation.streaming import RoundFold, StreamingMean
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.rounds.engine import MemoryStore, RoundEngine
 from cloud_aggregator.rounds.simulation import SimulatedFleet
 from cloud_aggregator.store.sqlite import SqliteStore

@@ -1,4 +1,4 @@
-"""A task's spec against its stored history (issue 13, item 1): what keeps it, what is refused,
+"""A task's spec against its stored history: what keeps it, what is refused,
 and that `serve` refuses a bad or changed config in one line, exit 2, before connecting."""
 
 from __future__ import annotations

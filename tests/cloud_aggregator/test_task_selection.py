@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cloud_aggregator.config import TaskConfig
-from cloud_aggregator.serve.mqtt_fleet import FleetView
+from cloud_aggregator.serve.mqtt_fleet import DeviceRoster
 from ioft_protocol.round_messages import Announcement, DeviceSelection
 
 TASK = {"name": "tool", "algorithm": "fedavg", "model": "mlp", "model_args": {"sizes": [624, 4]}}
@@ -54,7 +54,7 @@ def test_the_selection_travels_in_the_announcement_and_is_left_out_when_none():
 
 
 def test_the_fleet_view_judges_from_the_status():
-    view = FleetView()
+    view = DeviceRoster()
     view.status = {
         "p1": {"state": "online", "kind": "printer", "tags": []},
         "w1": {"state": "online", "kind": "welder", "refused": {"speed": "624 features"}},
@@ -86,21 +86,21 @@ def test_held_out_devices_travel_in_the_announcement_and_never_take_part():
     "junk", [None, [], "x", {"round": "3"}, {"round": 3, "phase": "train", "global_hash": "h", "metrics": 1}]
 )
 def test_a_malformed_holdout_score_in_a_status_is_no_score(junk):
-    from cloud_aggregator.rounds.engine import CollectRequest
+    from cloud_aggregator.rounds.types import CollectRequest
     from trainer_lite.task import TaskSpec
 
-    view = FleetView(status={"w2": {"state": "online", "holdout": {"tool": junk}}})
+    view = DeviceRoster(status={"w2": {"state": "online", "holdout": {"tool": junk}}})
     req = CollectRequest(TaskSpec("tool", "fedavg", "mlp"), 3, "train", {}, "h", {}, {})
     assert view.holdout_score("w2", "tool", req) is None
 
 
 def test_only_a_score_of_the_rounds_own_global_counts():
-    from cloud_aggregator.rounds.engine import CollectRequest
+    from cloud_aggregator.rounds.types import CollectRequest
     from ioft_protocol.round_messages import HoldoutScore
     from trainer_lite.task import TaskSpec
 
     score = HoldoutScore(3, "train", "h", {"loss": 0.5, "note": "x"}).to_json()  # type: ignore[dict-item]
-    view = FleetView(status={"w2": {"state": "online", "holdout": {"tool": score}}})
+    view = DeviceRoster(status={"w2": {"state": "online", "holdout": {"tool": score}}})
     spec = TaskSpec("tool", "fedavg", "mlp")
     assert view.holdout_score("w2", "tool", CollectRequest(spec, 3, "train", {}, "h", {}, {})) == {
         "loss": 0.5

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cloud_aggregator.rounds.engine import RoundRecord
+from cloud_aggregator.rounds.types import RoundRecord
 from cloud_aggregator.store.sqlite import SqliteStore
 from cloud_aggregator.store.upload_log import MIN_BYTES
 

@@ -15,11 +15,12 @@ from collections import defaultdict, deque
 import numpy as np
 import pytest
 
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
 from cloud_aggregator.aggregation.streaming import StreamingMean
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.rounds.admission import AdmissionPolicy
-from cloud_aggregator.rounds.engine import CollectRequest, Rejection
+from cloud_aggregator.rounds.types import CollectRequest, Rejection
 from cloud_aggregator.serve import worker_wire as wire
 from cloud_aggregator.serve.coordinator import WorkerFleet
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from cloud_aggregator.aggregation.strategies import Update
-from cloud_aggregator.rounds.engine import CollectRequest, Rejection, RoundEngine
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.engine import RoundEngine
 from cloud_aggregator.rounds.simulation import SimulatedFleet, Uplink
-from cloud_aggregator.rounds.stragglers import LateUpdate
+from cloud_aggregator.rounds.types import CollectRequest, LateUpdate, Rejection
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import topics

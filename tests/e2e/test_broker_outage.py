@@ -1,4 +1,4 @@
-"""A broker away for longer than a round's deadline (issue 23, item 1): ``serve`` rides it out and
+"""A broker away for longer than a round's deadline: ``serve`` rides it out and
 the rounds go on once the broker is back.  Real processes, a real mosquitto killed and restarted
 on the same port."""
 

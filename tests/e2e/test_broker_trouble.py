@@ -1,5 +1,5 @@
 """A broker that is down or mistyped: daemons say why at INFO on every attempt and keep retrying;
-one-shot commands fail in one line (issue 13, item 4).  Real processes, a real mosquitto."""
+one-shot commands fail in one line.  Real processes, a real mosquitto."""
 
 from __future__ import annotations
 

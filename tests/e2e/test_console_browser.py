@@ -139,8 +139,7 @@ SAT_OUT = "the task's model takes 6 input features per row, but the local data (
 def _newcomer_store(state_dir: Path) -> None:
     """What a newcomer's first fleet leaves: one printer trains (accuracy near 1), a welder sits
     every round out, and a restarted printer's re-sent uploads."""
-    from cloud_aggregator.rounds.admission import Reason
-    from cloud_aggregator.rounds.engine import RoundRecord
+    from cloud_aggregator.rounds.types import Reason, RoundRecord
     from cloud_aggregator.store.sqlite import SqliteStore
 
     store = SqliteStore(state_dir / "aggregator.sqlite")

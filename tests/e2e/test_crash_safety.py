@@ -19,7 +19,8 @@ from benchmarks import fault_scenarios
 from benchmarks.fault_scenarios import DEVICES, global_of, kill, wait_stopped
 from benchmarks.reliability import CrashBench, state_trial
 from cloud_aggregator import faults
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.local.broker import start_mosquitto
 from cloud_aggregator.local.fleet import aggregator_toml, pflda_task
 from cloud_aggregator.rounds.stragglers import damp_late

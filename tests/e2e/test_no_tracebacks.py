@@ -1,4 +1,4 @@
-"""No argv and no TOML document makes a console script print a traceback (issue 13, item 5).
+"""No argv and no TOML document makes a console script print a traceback.
 
 Each script's ``main(argv)`` runs in-process with stderr captured: only ``SystemExit`` (argparse)
 may escape, and stderr never holds "Traceback".  Nothing long-running starts: the daemons'

@@ -1,4 +1,4 @@
-"""The operator guide (``docs/operator-guide.md``) runs as written (issue 22).
+"""The operator guide (``docs/operator-guide.md``) runs as written.
 
 Every fenced ``sh`` block of the page runs in order, in bash with ``set -euo pipefail``, on
 loopback: fleet init with TLS → mosquitto from the written config → ``serve`` with the guide's
@@ -175,7 +175,7 @@ def test_every_block_of_the_operator_guide_runs_as_written(enterable_dir):
         assert "Traceback" not in logs, logs
         assert "abandoned" not in logs and "extending the deadline" not in logs, logs
         # The console and the operator's commands ran beside serve and each other: nobody's
-        # connection was taken over by another holding the same identity (issue 22, item 1).
+        # connection was taken over by another holding the same identity.
         broker_log = next(log for _, log, script in services.procs if script.startswith("mosquitto"))
         assert "already connected" not in broker_log.read_text(), broker_log.read_text()[-4000:]
     finally:

@@ -1,4 +1,4 @@
-"""The README's "Running a real fleet" path, run as written on loopback (issue 13's "Done when").
+"""The README's "Running a real fleet" path, run as written on loopback.
 
 One operator's walk, every step a real process: ``cloud-aggregator fleet init`` for two
 printers (certificate auth, the default) → ``mosquitto -c <fleet>/broker/mosquitto.conf``

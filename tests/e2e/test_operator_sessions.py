@@ -1,4 +1,4 @@
-"""Any number of operator sessions beside ``serve``, on the broker ``fleet init`` writes (issue 22, item 1).
+"""Any number of operator sessions beside ``serve``, on the broker ``fleet init`` writes.
 
 The devices' listener makes every login's name its client id (no device can take another's),
 so two sessions of one login knock each other off.  README's ``console --config aggregator.toml``

@@ -1,4 +1,4 @@
-"""A device owner pauses and resumes taking part, the daemon running throughout (issue 15, item 6).
+"""A device owner pauses and resumes taking part, the daemon running throughout.
 
 Three real ``edge-trainer`` processes and ``cloud-aggregator serve`` over mosquitto.
 ``edge-trainer pause`` on printer3: its retained status refuses the task ("paused by its

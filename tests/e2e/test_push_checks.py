@@ -84,7 +84,7 @@ def test_push_verifies_before_publishing_and_wait_reports_each_device(fleet_proc
         watcher.wait(lambda: watcher.model("printer2").get("active") == 1, 30, "v1 on printer2", fleet_procs)
 
         # A model for another feature schema, or a device id nobody answers to: refused at once, before
-        # anything is published (issue 22, item 6; they used to go out, be refused by every device and
+        # anything is published (they used to go out, be refused by every device and
         # wait out --wait-timeout for printer9).  The refused/pending answers: test_push_devices.
         dwt = signed(
             window_encoder(tmp_path / "s.onnx", schema_hash=schema_hash()), tmp_path / "s", key, version=5

@@ -1,5 +1,5 @@
-"""Whom a plain push offers a model to, and ``push --devices`` naming a device that is not there
-(issue 22, item 6).  Real mosquitto, real ``edge-trainer`` processes, the ``push`` command.
+"""Whom a plain push offers a model to, and ``push --devices`` naming a device that is not there.
+Real mosquitto, real ``edge-trainer`` processes, the ``push`` command.
 
 A plain push offered a raw-window encoder to every device; the ones whose data follow another
 schema refused it and ``push --wait`` exited 1.  ``push --devices welder9`` (never enrolled) was

@@ -1,4 +1,4 @@
-"""A fleet on a two-node RabbitMQ cluster on loopback (issue 14, item 4): the devices on node A,
+"""A fleet on a two-node RabbitMQ cluster on loopback: the devices on node A,
 ``cloud-aggregator serve`` on node B.
 
 RabbitMQ 3.10 keeps a retained message on the node it was published through and hands it only to

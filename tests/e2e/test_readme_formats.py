@@ -1,4 +1,4 @@
-"""The README's format and task-option examples work as written (issue 13, item 11): each
+"""The README's format and task-option examples work as written: each
 fenced block headed ``# README example: NAME`` is read by the code that reads it on a device
 or on the aggregator."""
 

@@ -1,4 +1,4 @@
-"""The README's example aggregator config validates, and its tasks learn (issue 13, item 10).
+"""The README's example aggregator config validates, and its tasks learn.
 
 The weld task `tool` once ended worse than chance (test loss 3.05 against ln 4 = 1.39 for a
 uniform guess over 4 classes; accuracy 0.33): its MLP trained on raw DWT features, whose

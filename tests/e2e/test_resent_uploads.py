@@ -1,5 +1,5 @@
 """A device restarted mid-round re-sends the upload already counted: routine, ``resent``, never
-a refusal (issue 22, item 8), and the ledger adds up: counted + refused + resent == seen."""
+a refusal, and the ledger adds up: counted + refused + resent == seen."""
 
 from __future__ import annotations
 

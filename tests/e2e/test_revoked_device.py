@@ -1,4 +1,4 @@
-"""A revoked device, on the ``fleet init`` TLS broker (issue 22, item 5): ``fleet status`` shows it
+"""A revoked device, on the ``fleet init`` TLS broker: ``fleet status`` shows it
 ``revoked`` (not ``offline``), and when it restarts it says its certificate was revoked and how
 to enrol it again, not "it must be signed by the fleet CA"."""
 

@@ -1,4 +1,4 @@
-"""A revoked certificate loses its live session, and no round waits for it (issue 23, item 4).
+"""A revoked certificate loses its live session, and no round waits for it.
 
 ``fleet init``'s TLS fleet as written (mosquitto 2.0.11 on its generated config, ``serve`` on
 its aggregator TOML, ``edge-trainer`` from copied device folders).  Before: after ``fleet

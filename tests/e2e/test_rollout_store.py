@@ -1,4 +1,4 @@
-"""Where ``push --canary`` records its rollout (issue 22, item 3).
+"""Where ``push --canary`` records its rollout.
 
 ``push --canary 1 --config operator.toml`` had no ``state_dir`` in the operator's TOML, so it
 created ``/var/lib/ioft-aggregator/aggregator.sqlite`` (even for a push it then refused) and

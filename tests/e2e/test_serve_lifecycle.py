@@ -1,6 +1,6 @@
 """`cloud-aggregator serve` as an operator runs it: edits of a task between runs, `--restart TASK`,
 and `serve --service` (SIGHUP takes new or extended tasks, SIGTERM exits 0), with mosquitto and
-real `edge-trainer` processes (issue 13, items 1 and 9)."""
+real `edge-trainer` processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A task whose rounds cannot reach ``min_participants`` says so at once (issue 22, item 2).
+"""A task whose rounds cannot reach ``min_participants`` says so at once.
 
 The README's old sample: printer1, printer2 and welder1 with ``[collect] min_participants = 3``
 and a printer task that selects no kind.  The welder refuses it (its 624 features are not the

@@ -1,5 +1,5 @@
-"""One enrolled device floods retained statuses, each claiming a new connection (issue 23,
-item 2): ``serve`` keeps running, restates the announcement to it at most once per announcement,
+"""One enrolled device floods retained statuses, each claiming a new connection:
+``serve`` keeps running, restates the announcement to it at most once per announcement,
 and the other devices' rounds go on.  Real processes, a real mosquitto (the benchmark's
 ``--quick`` case: a 10 s flood)."""
 

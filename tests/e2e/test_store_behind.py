@@ -1,4 +1,4 @@
-"""A store behind its devices says so, and ``serve --resume-from-devices`` goes on (issue 23, item 5).
+"""A store behind its devices says so, and ``serve --resume-from-devices`` goes on.
 
 Before: with a fresh (or an older) ``aggregator.sqlite`` for a task its devices had trained,
 the devices ignored every announcement below their round, ``serve`` logged "0 valid

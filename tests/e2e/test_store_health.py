@@ -1,4 +1,4 @@
-"""A damaged ``aggregator.sqlite`` is refused, and a backup brings ``serve`` back (issue 23, item 6).
+"""A damaged ``aggregator.sqlite`` is refused, and a backup brings ``serve`` back.
 
 Before: ``serve`` ran hundreds of rounds on a store with three overwritten pages (``PRAGMA
 integrity_check``: malformed), and one cut to half its size ended in an uncaught
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml, pflda_task
-from cloud_aggregator.rounds.engine import RoundRecord
+from cloud_aggregator.rounds.types import RoundRecord
 from cloud_aggregator.store.backup import Backups, StoreDamagedError, list_backups
 from cloud_aggregator.store.sqlite import SqliteStore
 

@@ -1,5 +1,5 @@
-"""Twin identities (issue 13, item 3): a device id that is not its certificate's, two daemons with
-one identity, a stolen certificate in use beside its daemon (issue 23, item 11), and a second
+"""Twin identities: a device id that is not its certificate's, two daemons with
+one identity, a stolen certificate in use beside its daemon, and a second
 aggregator for a fleet.  Real processes, a real mosquitto with the
 config `fleet init` writes (the broker takes the certificate's CN as client id)."""
 

@@ -1,5 +1,5 @@
-"""Each console script answers an operator's mistake with one line saying what to fix, and exit 2
-(issue 13, item 5): the real scripts, run as processes."""
+"""Each console script answers an operator's mistake with one line saying what to fix, and exit 2:
+the real scripts, run as processes."""
 
 from __future__ import annotations
 

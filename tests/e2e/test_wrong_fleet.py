@@ -1,4 +1,4 @@
-"""A device with a wrong ``fleet =`` (issue 22, item 4), on a real mosquitto: within seconds it
+"""A device with a wrong ``fleet =``, on a real mosquitto: within seconds it
 says that no aggregator of its fleet answers (log and retained status), and ``fleet status``
 names it as a device speaking for another fleet."""
 

@@ -168,7 +168,7 @@ def test_a_trained_backbone_exports_signed_with_an_int8_report_and_loads_on_a_de
 def test_cli_exports_a_finished_tasks_shared_base_from_the_aggregator_store(tmp_path):
     """FTL-TP style: the first layer of a 624-feature MLP, shared fleet-wide, becomes a pushed encoder."""
     from cloud_aggregator.cli import main
-    from cloud_aggregator.rounds.engine import RoundRecord
+    from cloud_aggregator.rounds.types import RoundRecord
     from cloud_aggregator.store.sqlite import SqliteStore
     from export.keys import generate_keypair
     from trainer_lite.task import TaskSpec
@@ -201,7 +201,7 @@ def test_cli_exports_a_finished_tasks_shared_base_from_the_aggregator_store(tmp_
 
 def test_cli_task_export_checks_parity_on_the_rows_it_is_given(tmp_path, capsys):
     from cloud_aggregator.cli import main
-    from cloud_aggregator.rounds.engine import RoundRecord
+    from cloud_aggregator.rounds.types import RoundRecord
     from cloud_aggregator.store.sqlite import SqliteStore
     from export.keys import generate_keypair
     from trainer_lite.task import TaskSpec
@@ -252,7 +252,7 @@ def test_the_readmes_weld_task_exports_its_shared_layers_within_a_settable_toler
     fc0 relu0` example: float32 parity at the outputs' scale passes by default (an absolute 1e-5 once
     failed it at 2.48e-5); `--parity-tolerance` tightens it, and a miss is one line and exit 1."""
     from cloud_aggregator.cli import main
-    from cloud_aggregator.rounds.engine import RoundRecord
+    from cloud_aggregator.rounds.types import RoundRecord
     from cloud_aggregator.store.sqlite import SqliteStore
     from trainer_lite.task import TaskSpec
 

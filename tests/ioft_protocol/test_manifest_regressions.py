@@ -7,12 +7,12 @@ import json
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ioft_protocol.manifest import ManifestError, ModelManifest, TensorSpec, verify_manifest
+from ioft_protocol.manifest import ManifestError, ModelIOSpec, ModelManifest, verify_manifest
 
 
 def manifest_dict() -> dict:
     m = ModelManifest(
-        "enc", 1, "embedding", TensorSpec("x", (None, 4)), TensorSpec("z", (None, 2)), "ab" * 32, "cd" * 32,
+        "enc", 1, "embedding", ModelIOSpec("x", (None, 4)), ModelIOSpec("z", (None, 2)), "ab" * 32, "cd" * 32,
         10, 17, 8, {}, "2026-01-01T00:00:00+00:00", "0" * 16,
     )  # fmt: skip
     return json.loads(m.to_json())

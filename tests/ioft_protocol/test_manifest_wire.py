@@ -13,8 +13,8 @@ from export.keys import generate_keypair, load_private_key, sign
 from ioft_protocol import codec, model_push, topics
 from ioft_protocol.manifest import (
     ManifestError,
+    ModelIOSpec,
     ModelManifest,
-    TensorSpec,
     key_id,
     load_public_key,
     verify_manifest,
@@ -28,8 +28,8 @@ def manifest(**changes) -> ModelManifest:
         name="weld-encoder",
         version=3,
         kind="embedding",
-        input=TensorSpec("x", (None, 624)),
-        output=TensorSpec("z", (None, 50)),
+        input=ModelIOSpec("x", (None, 624)),
+        output=ModelIOSpec("z", (None, 50)),
         schema_hash=SHA,
         sha256="cd" * 32,
         size=557_396,
@@ -77,7 +77,7 @@ def test_key_files_refuse_to_be_overwritten_and_are_private(keypair):
 
 def test_manifests_that_cannot_be_served_are_malformed():
     with pytest.raises(ManifestError, match="dynamic batch"):
-        TensorSpec("x", (1, 624))
+        ModelIOSpec("x", (1, 624))
     with pytest.raises(ManifestError, match="version"):
         manifest(version=0)
     with pytest.raises(ManifestError, match="sha256"):

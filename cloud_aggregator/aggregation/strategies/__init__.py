@@ -15,9 +15,9 @@ from cloud_aggregator.aggregation.strategies import separate as _separate  # noq
 from cloud_aggregator.aggregation.strategies.base import (
     Strategy,
     TensorSpec,
-    Update,
     make_strategy,
     register_strategy,
 )
+from cloud_aggregator.aggregation.update import Update
 
 __all__ = ["Strategy", "TensorSpec", "Update", "make_strategy", "register_strategy"]

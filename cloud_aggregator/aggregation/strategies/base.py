@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -17,6 +16,7 @@ import numpy as np
 from cloud_aggregator.aggregation.reducers import ReducerChoice
 from cloud_aggregator.aggregation.strategies.privacy import PrivateMean, dp_refusal
 from cloud_aggregator.aggregation.streaming import RoundFold
+from cloud_aggregator.aggregation.update import Update
 from ioft_protocol.codec import TensorSpec
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.algorithms.base import build_config, client_class
@@ -24,16 +24,6 @@ from trainer_lite.client import cast_params
 from trainer_lite.params import Params
 from trainer_lite.privacy import DPConfig
 from trainer_lite.task import TaskSpec
-
-
-@dataclass(frozen=True)
-class Update:
-    """One device's validated upload for a round and phase."""
-
-    device: str
-    params: Params
-    n_samples: int
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class Strategy(ABC):
@@ -46,6 +36,9 @@ class Strategy(ABC):
     accepts_late_updates: ClassVar[bool] = False
     #: The DP modes its means support (``strategies.privacy``); empty: a task with ``dp`` is refused.
     dp_modes: ClassVar[tuple[str, ...]] = ()
+    #: Whether a SecAgg round can serve it (``cloud_aggregator.serve.secagg_round``): its global is the
+    #: plain weighted mean of the uploads, which is all a masked sum reveals.
+    secagg: ClassVar[bool] = False
 
     def __init__(self, spec: TaskSpec, client: ClientAlgorithm | None = None) -> None:
         self.spec = spec

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cloud_aggregator.aggregation.reducers import ReducerChoice
-from cloud_aggregator.aggregation.strategies.base import Strategy, Update, register_strategy
+from cloud_aggregator.aggregation.strategies.base import Strategy, register_strategy
 from cloud_aggregator.aggregation.strategies.privacy import PrivateMean
 from cloud_aggregator.aggregation.streaming import RoundFold
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.aggregation.weighting import get_weighting
 from trainer_lite.params import Params
 
@@ -54,6 +55,7 @@ class FedAvg(Strategy):
     config_cls = FedAvgConfig
     accepts_late_updates = True
     dp_modes = ("central", "distributed")
+    secagg = True
 
     def __init__(self, spec, client=None) -> None:
         super().__init__(spec, client)

@@ -34,8 +34,9 @@ import numpy as np
 
 from cloud_aggregator.aggregation.reducers import ReducerChoice
 from cloud_aggregator.aggregation.second_order import SecondOrderMean, psd_solve
-from cloud_aggregator.aggregation.strategies.base import Strategy, TensorSpec, Update, register_strategy
+from cloud_aggregator.aggregation.strategies.base import Strategy, TensorSpec, register_strategy
 from cloud_aggregator.aggregation.strategies.separate import per_domain_mean, upload_counts
+from cloud_aggregator.aggregation.update import Update
 from trainer_lite.algorithms.feddar import COUNTS, DOMAIN_WEIGHT, FedDARClient, head_key, hessian_key
 from trainer_lite.algorithms.feddar_linear import FedDARLinearClient
 from trainer_lite.params import Params

@@ -50,7 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from cloud_aggregator.aggregation.strategies.base import Strategy, TensorSpec, Update, register_strategy
+from cloud_aggregator.aggregation.strategies.base import Strategy, TensorSpec, register_strategy
+from cloud_aggregator.aggregation.update import Update
 from trainer_lite.algorithms import ClientAlgorithm
 from trainer_lite.algorithms.fedpp import BASIS, SEND_BASIS, FedPPClient
 from trainer_lite.params import Params

@@ -25,8 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cloud_aggregator.aggregation.reducers import Reducer, ReducerChoice, get_reducer
-from cloud_aggregator.aggregation.strategies.base import Strategy, TensorSpec, Update, register_strategy
+from cloud_aggregator.aggregation.strategies.base import Strategy, TensorSpec, register_strategy
 from cloud_aggregator.aggregation.strategies.privacy import PrivateMean
+from cloud_aggregator.aggregation.update import Update
 from trainer_lite.algorithms import ClientAlgorithm
 from trainer_lite.algorithms.ftltp import FTLTPClient
 from trainer_lite.client import derive_rng

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from cloud_aggregator.aggregation.reducers import ReducerChoice
-from cloud_aggregator.aggregation.strategies.base import Strategy, Update, register_strategy
+from cloud_aggregator.aggregation.strategies.base import Strategy, register_strategy
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.aggregation.weighting import get_weighting
 from trainer_lite.algorithms.perpca import polar
 from trainer_lite.params import Params

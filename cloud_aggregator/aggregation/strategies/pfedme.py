@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cloud_aggregator.aggregation.strategies.base import Update, register_strategy
+from cloud_aggregator.aggregation.strategies.base import register_strategy
 from cloud_aggregator.aggregation.strategies.fedavg import FedAvg, FedAvgConfig
 from cloud_aggregator.aggregation.streaming import RoundFold
+from cloud_aggregator.aggregation.update import Update
 from trainer_lite.params import Params
 
 
@@ -30,6 +31,7 @@ class PFedMeServerConfig(FedAvgConfig):
 @register_strategy
 class PFedMe(FedAvg):
     name = "pfedme"
+    secagg = False  # its global moves by beta toward the mean: not the mean a masked sum gives
     config_cls = PFedMeServerConfig
 
     def aggregate(

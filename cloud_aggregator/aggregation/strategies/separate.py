@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cloud_aggregator.aggregation.reducers import Reducer, ReducerChoice, get_reducer
-from cloud_aggregator.aggregation.strategies.base import Strategy, TensorSpec, Update, register_strategy
+from cloud_aggregator.aggregation.strategies.base import Strategy, TensorSpec, register_strategy
+from cloud_aggregator.aggregation.update import Update
 from trainer_lite.algorithms.feddar import COUNTS
 from trainer_lite.algorithms.separate import domain_key
 from trainer_lite.params import Params

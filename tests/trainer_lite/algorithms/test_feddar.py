@@ -8,8 +8,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cloud_aggregator.aggregation.second_order import SecondOrderMean, psd_solve, second_order_mean
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
 from cloud_aggregator.aggregation.strategies.feddar import domain_weights
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.rounds.admission import check_tensors
 from cloud_aggregator.rounds.simulation import ClientData, simulate
 from ioft_protocol import codec

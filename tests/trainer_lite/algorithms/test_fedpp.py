@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
 from cloud_aggregator.aggregation.strategies.fedpp import (
     orthonormalize,
     principal_cosines,
@@ -18,8 +18,10 @@ from cloud_aggregator.aggregation.strategies.fedpp import (
     top_k,
     transition,
 )
-from cloud_aggregator.rounds.engine import CollectRequest, MemoryStore, RoundEngine
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.engine import MemoryStore, RoundEngine
 from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet
+from cloud_aggregator.rounds.types import CollectRequest
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.base import run_local_steps
 from trainer_lite.algorithms.fedpp import (

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.rounds.simulation import ClientData, simulate
 from tests.budget import examples
 from trainer_lite.algorithms import make_client

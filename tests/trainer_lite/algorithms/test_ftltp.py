@@ -7,10 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
-from cloud_aggregator.rounds.admission import Admission, Reason, check_tensors
-from cloud_aggregator.rounds.engine import CollectRequest, RoundEngine
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.rounds.admission import Admission, check_tensors
+from cloud_aggregator.rounds.engine import RoundEngine
 from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet, simulate
+from cloud_aggregator.rounds.types import CollectRequest, Reason
 from ioft_protocol.round_messages import UpdateMessage
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.base import algorithm_state, get_loss

@@ -7,7 +7,8 @@ import logging
 import numpy as np
 import pytest
 
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.aggregation.weighting import GifairWeighting, get_weighting
 from cloud_aggregator.rounds.simulation import ClientData, simulate
 from trainer_lite.data import Dataset

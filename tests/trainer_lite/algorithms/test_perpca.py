@@ -7,7 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.rounds.simulation import ClientData, simulate
 from trainer_lite.algorithms import make_client
 from trainer_lite.algorithms.perpca import (

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.aggregation.update import Update
 from trainer_lite.algorithms import make_client
 from trainer_lite.data import Dataset
 from trainer_lite.task import TaskSpec

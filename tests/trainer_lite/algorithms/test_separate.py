@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloud_aggregator.aggregation.strategies import Update, make_strategy
+from cloud_aggregator.aggregation.strategies import make_strategy
 from cloud_aggregator.aggregation.strategies.separate import per_domain_mean
+from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.rounds.admission import check_tensors
 from cloud_aggregator.rounds.simulation import ClientData, simulate
 from tests.budget import examples
