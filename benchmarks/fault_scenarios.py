@@ -338,7 +338,10 @@ def thin_round(fleet: LocalFleet, seed: int = 8) -> ScenarioRun:
         freeze(fleet.devices[P3])  # still online (no will yet), but silent
         thaw(agg)
         wait_until(
-            lambda: "round 2: 2 valid uploads < 3; extending the deadline (1/3)" in fleet.log("aggregator"),
+            lambda: (
+                f"task {TASK} round 2: 2 valid uploads < min_participants 3; extending the deadline (1/3)"
+                in fleet.log("aggregator")
+            ),
             60,
             "round 2's first extension",
         )
