@@ -94,6 +94,8 @@ function conditionNow(task) {
 function facts(task) {
   const out = [];
   if (task.advice != null) out.push(el("span", { class: "advice" }, `speed advice: ≤ ${fmt(task.advice, 3)} mm/s (vibration budget ${fmt(task.vibration_budget, 3)})`));
+  // A budget and no advice: the model expects no usable speed (under 5 mm/s) within it yet.
+  else if (task.vibration_budget != null) out.push(el("span", { class: "advice none" }, `no speed advice yet: the model expects no usable speed within vibration budget ${fmt(task.vibration_budget, 3)}`));
   const f = task.field;
   if (f) {
     const what = f.metric === "accuracy" ? "field accuracy" : "field error";
