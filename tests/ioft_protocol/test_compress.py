@@ -78,7 +78,7 @@ def test_bad_codes_are_refused_by_name():
     cfg = CompressConfig(bits=2, block=256)
     arrays = compress.encode(upload, sent, cfg, seed=1)
     dtypes = dict.fromkeys(sent, "float32")
-    with pytest.raises(compress.CompressError, match="compress.codes must be uint8"):
+    with pytest.raises(compress.CompressError, match=r"compress\.codes must be uint8"):
         compress.decode({**arrays, compress.CODES: arrays[compress.CODES][:-1]}, sent, dtypes, cfg, 1)
     with pytest.raises(compress.CompressError, match="NaN"):
         compress.decode({**arrays, compress.SCALES: arrays[compress.SCALES] * np.nan}, sent, dtypes, cfg, 1)
