@@ -622,7 +622,6 @@ class EdgeTrainer:
                 result.shared,
                 ann.params,
                 None if algo.spec.secagg is not None else algo.spec.compress,
-                fleet=self.config.fleet,
                 task=ann.task,
                 round_=ann.round,
                 phase=ann.phase,

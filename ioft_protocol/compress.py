@@ -7,11 +7,11 @@ The estimator (Vargaftik et al., "EDEN", ICML 2022; its 1-bit case is DRIVE, Neu
    block is one block of the next power of two, :func:`block_size`).
 2. Rotation (``rotation = true``): each block is multiplied by random signs and by the
    orthonormal Walsh–Hadamard matrix, ``z = H D x / √B``.  The signs come from a seed every
-   party derives from ``(fleet, task, round, phase, device, global_hash)``
+   party derives from ``(task, round, phase, device, global_hash)``
    (:func:`derive_seed`), so the aggregator inverts the rotation with nothing sent for it.
 3. Each block is normalized to unit RMS, ``ẑ = z · √B / ‖z‖``, and every coordinate is
-   rounded to the nearest of the ``2^bits`` Lloyd–Max centroids of N(0, 1) (deterministic,
-   nearest; EDEN's quantizer), packed ``bits`` to a coordinate.
+   rounded to the nearest of ``2^bits`` levels of N(0, 1) (:func:`centroids`: Lloyd–Max up to
+   4 bits, as EDEN; companding levels at 8), deterministically, packed ``bits`` to a coordinate.
 4. One float32 scale per block, ``S = ‖z‖² / ⟨z, q⟩`` (EDEN's unbiasing scale); the decoder
    returns ``x̂ = D Hᵀ (S q) / √B`` per block.
 
@@ -75,26 +75,42 @@ class CompressConfig:
         return cls(**value)
 
 
-def derive_seed(fleet: str, task: str, round_: int, phase: str, device: str, global_hash: str) -> int:
-    """The upload's 64-bit seed: device and aggregator derive the same from the round's fields."""
-    text = f"ioft-compress|{fleet}|{task}|{round_}|{phase}|{device}|{global_hash}"
+def derive_seed(task: str, round_: int, phase: str, device: str, global_hash: str) -> int:
+    """The upload's 64-bit seed: device and aggregator derive the same from the round's fields.
+
+    The global's hash makes it new for every global a device trains from; the fleet id is left
+    out so that the in-process simulator (fleet ``"sim"``) draws what a real fleet draws.
+    """
+    text = f"ioft-compress|{task}|{round_}|{phase}|{device}|{global_hash}"
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 @functools.cache
 def centroids(bits: int) -> np.ndarray:
-    """The ``2^bits`` Lloyd–Max centroids of N(0, 1), ascending, rounded to 6 decimals so every
-    platform computes the same table (it is not sent)."""
-    grid = np.linspace(-8.0, 8.0, 320_001)
-    pdf = np.exp(-0.5 * grid * grid)
+    """The ``2^bits`` quantization levels of N(0, 1), ascending, rounded to 6 decimals so every
+    platform computes the same table (it is not sent).
+
+    Up to 4 bits, Lloyd–Max (Lloyd's iteration on a grid, ≤ ~0.1 s once per process); at 8
+    bits, Panter–Dite's companding levels (quantiles of the density ∝ pdf^⅓, i.e. of
+    N(0, 3)), which 256 levels approach within a fraction of a percent of MSE, with no iteration.
+    """
+    grid = np.linspace(-8.0, 8.0, 32_001)
     levels = 2**bits
-    c = np.quantile(np.random.default_rng(0).standard_normal(200_000), (np.arange(levels) + 0.5) / levels)
-    c = np.sort(c)
-    for _ in range(300 if bits < 8 else 80):
-        cell = np.searchsorted((c[1:] + c[:-1]) / 2, grid)
-        mass = np.bincount(cell, pdf, levels)
-        mean = np.bincount(cell, pdf * grid, levels)
-        c = np.where(mass > 0, mean / np.maximum(mass, 1e-300), c)
+    targets = (np.arange(levels) + 0.5) / levels
+    if bits == 8:
+        dens = np.exp(-grid * grid / 6.0)
+        c = np.interp(targets, np.cumsum(dens) / dens.sum(), grid)
+    else:
+        pdf = np.exp(-0.5 * grid * grid)
+        c = np.interp(targets, np.cumsum(pdf) / pdf.sum(), grid)
+        for _ in range(500):
+            cell = np.searchsorted((c[1:] + c[:-1]) / 2, grid)
+            mass = np.bincount(cell, pdf, levels)
+            new = np.bincount(cell, pdf * grid, levels) / np.maximum(mass, 1e-300)
+            done = np.max(np.abs(new - c)) < 1e-7
+            c = new
+            if done:
+                break
     c = (c - c[::-1]) / 2  # exactly symmetric
     return np.round(c, 6).astype(np.float32)
 
@@ -278,7 +294,6 @@ def encode_upload(
     sent: Mapping[str, np.ndarray],
     how: Mapping[str, Any] | None,
     *,
-    fleet: str,
     task: str,
     round_: int,
     phase: str,
@@ -290,5 +305,5 @@ def encode_upload(
     send the same bytes.  ``sent`` is the downlink the device trained from."""
     if how is None:
         return dict(params)
-    seed = derive_seed(fleet, task, round_, phase, device, global_hash)
+    seed = derive_seed(task, round_, phase, device, global_hash)
     return encode(params, sent, CompressConfig.from_json(dict(how)), seed)

@@ -470,7 +470,7 @@ class Admission:
         sent = self._sent(device, request)
         if sorted(sent) != sorted(expected):
             return Refusal(Reason.SHAPE_DTYPE, f"round tensors {sorted(expected)} differ from the downlink's")
-        seed = compress.derive_seed(self.fleet, msg.task, msg.round, msg.phase, device, msg.global_hash)
+        seed = compress.derive_seed(msg.task, msg.round, msg.phase, device, msg.global_hash)
         try:
             return compress.decode(
                 msg.params,

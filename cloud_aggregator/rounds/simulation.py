@@ -149,7 +149,6 @@ class SimulatedFleet:
                 result.shared,
                 shared,
                 self.spec.compress,
-                fleet=self.admission.fleet,
                 task=self.spec.name,
                 round_=round_,
                 phase=phase,

@@ -76,12 +76,12 @@ def test_admission_decodes_what_the_device_encoded_and_refuses_the_wrong_form():
     u = {k: v + 0.1 * rng.standard_normal(v.shape).astype(np.float32) for k, v in g.items()}
     req = _request(spec, g)
     codes = compress.encode_upload(
-        u, g, how, fleet="f", task="t", round_=1, phase="train", device="d1", global_hash=req.global_hash
+        u, g, how, task="t", round_=1, phase="train", device="d1", global_hash=req.global_hash
     )
     msg = UpdateMessage("f", "t", "d1", 1, "train", 10, req.global_hash, {}, codes, how)
     admission = Admission("f")
     verdict = admission.judge("d1", msg.encode(), req)
-    seed = compress.derive_seed("f", "t", 1, "train", "d1", req.global_hash)
+    seed = compress.derive_seed("t", 1, "train", "d1", req.global_hash)
     want = compress.decode(codes, g, {"w": "float32", "b": "float32"}, compress.CompressConfig(), seed)
     assert not isinstance(verdict, Refusal), verdict
     assert param_hash(verdict.params) == param_hash(want)
