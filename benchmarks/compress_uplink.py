@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import study_parser, write_result
+from benchmarks.pflda_printers import DEFAULT_DATA, load_runs
 from ioft_protocol import compress
 from ioft_protocol.round_messages import UpdateMessage
 
@@ -144,15 +145,13 @@ def weld_accuracy(bits_list: Sequence[int | None], seeds: Sequence[int], rounds:
     return out
 
 
-def printer_loss(bits_list: Sequence[int | None], seeds: Sequence[int], rounds: int) -> dict:
+def printer_loss(bits_list: Sequence[int | None], seeds: Sequence[int], rounds: int, runs: dict) -> dict:
     """The demo's PFL-DA task on the six printers: 50·MSE on Speed30 over the personal models."""
-    from benchmarks.pflda_printers import DEFAULT_DATA, load_runs
     from cloud_aggregator.local.demo import HPARAMS, TASKS
     from cloud_aggregator.rounds.simulation import ClientData, simulate
     from trainer_lite.data import Dataset
     from trainer_lite.task import TaskSpec
 
-    runs = load_runs(DEFAULT_DATA)
     clients = {}
     for p, by in runs.items():
         tr = [xy for s, xy in by.items() if s != 30]
@@ -196,6 +195,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=20, help="rounds of the accuracy runs")
     parser.add_argument("--welds", type=int, default=120, help="welds per domain of the M group")
     parser.add_argument("--printer-rounds", type=int, default=100, help="rounds of the printer task")
+    parser.add_argument(
+        "--printers", default=str(DEFAULT_DATA), help="folder of FL_Dataset_Printer*_Speed*.csv"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.rounds < 1 or args.welds < 8:
         raise SystemExit("--repeats and --rounds must be >= 1, --welds >= 8")
@@ -225,11 +227,17 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:
         return out
 
+    try:
+        runs = load_runs(args.printers)
+    except (FileNotFoundError, ValueError) as exc:
+        raise SystemExit(str(exc)) from None
     load0 = os.getloadavg()
     cpu = codec_cpu(sent, up, args.repeats)
     load1 = os.getloadavg()
+    print(cpu, load0, load1, flush=True)  # each part as it comes: the accuracy runs take minutes
+    printers = printer_loss([None, 1, 4, 8], args.seeds, args.printer_rounds, runs)
+    print("printers", printers, flush=True)
     welds = weld_accuracy([None, 1, 2, 4, 8], args.seeds, args.rounds, args.welds)
-    printers = printer_loss([None, 1, 4, 8], args.seeds, args.printer_rounds)
     out |= {"cpu": cpu, "load": (load0, load1), "welds": welds, "printers": printers}
 
     lines = [

@@ -11,7 +11,8 @@ The estimator (Vargaftik et al., "EDEN", ICML 2022; its 1-bit case is DRIVE, Neu
    (:func:`derive_seed`), so the aggregator inverts the rotation with nothing sent for it.
 3. Each block is normalized to unit RMS, ``ẑ = z · √B / ‖z‖``, and every coordinate is
    rounded to the nearest of ``2^bits`` levels of N(0, 1) (:func:`centroids`: Lloyd–Max up to
-   4 bits, as EDEN; companding levels at 8), deterministically, packed ``bits`` to a coordinate.
+   4 bits, as EDEN; companding levels at 8), deterministically (by a table, :func:`_nearest`),
+   packed ``bits`` to a coordinate.
 4. One float32 scale per block, ``S = ‖z‖² / ⟨z, q⟩`` (EDEN's unbiasing scale); the decoder
    returns ``x̂ = D Hᵀ (S q) / √B`` per block.
 
@@ -113,6 +114,19 @@ def centroids(bits: int) -> np.ndarray:
                 break
     c = (c - c[::-1]) / 2  # exactly symmetric
     return np.round(c, 6).astype(np.float32)
+
+
+_CELLS, _SPAN = 1 << 14, 8.0
+
+
+@functools.cache
+def _nearest(bits: int) -> np.ndarray:
+    """For each of the ``_CELLS`` cells over ``[-_SPAN, _SPAN]``, the index of the level nearest
+    its centre: the encoder's nearest-level search as one table lookup (exact but within half a
+    cell, 1/2048 of a unit, of a boundary between two levels)."""
+    c = centroids(bits)
+    centres = -_SPAN + (np.arange(_CELLS) + 0.5) * (2 * _SPAN / _CELLS)
+    return np.searchsorted((c[1:] + c[:-1]) / 2, centres).astype(np.uint8)
 
 
 def fwht(x: np.ndarray) -> np.ndarray:
@@ -232,8 +246,13 @@ def encode(
         idx = (z > 0).reshape(-1).view(np.uint8)
         dot = float(c[1]) * np.abs(z).sum(axis=1, dtype=np.float64)
     else:
-        eta = np.where(sq > 0, np.sqrt(bsize / np.where(sq > 0, sq, 1.0)), 0.0).astype(np.float32)
-        idx = np.searchsorted((c[1:] + c[:-1]) / 2, (z * eta[:, None]).ravel()).astype(np.uint8)
+        # Nearest level by table: ẑ on a grid of _CELLS cells over ±_SPAN, each cell mapped to the
+        # level nearest its centre (a searchsorted over 255 boundaries cost ~9 ms for P = 150k).
+        eta = np.where(sq > 0, np.sqrt(bsize / np.where(sq > 0, sq, 1.0)), 0.0)
+        t = z * (eta * (_CELLS / (2 * _SPAN))).astype(np.float32)[:, None]
+        t += np.float32(_CELLS / 2)
+        np.clip(t, 0, _CELLS - 1, out=t)
+        idx = _nearest(config.bits)[t.astype(np.int32).ravel()]
         dot = np.einsum("ij,ij->i", z, c[idx].reshape(nb, bsize), dtype=np.float64)
     scale = np.where(dot > 0, sq / np.where(dot > 0, dot, 1.0), 0.0).astype(np.float32)
     return {CODES: _pack(idx, config.bits), SCALES: scale}
