@@ -120,7 +120,7 @@ def codec_cpu(sent: dict, up: dict, repeats: int) -> dict[str, tuple[float, floa
 
 
 def weld_accuracy(bits_list: Sequence[int | None], seeds: Sequence[int], rounds: int, n_m: int) -> dict:
-    """FedAvg on the weld MLP: pooled test accuracy of the global after ``rounds``, per seed."""
+    """FedAvg on the weld MLP: pooled test accuracy and loss of the global after ``rounds``, per seed."""
     from benchmarks.ftltp_welding import Config, _fl_spec, load_groups, make_split
     from cloud_aggregator.rounds.simulation import ClientData, simulate
     from trainer_lite.data import Dataset
@@ -128,6 +128,7 @@ def weld_accuracy(bits_list: Sequence[int | None], seeds: Sequence[int], rounds:
     cfg = Config(n_m=n_m, workers=1, rounds=rounds)
     group = load_groups(cfg)["M"]
     out: dict[Any, list[float]] = {b: [] for b in bits_list}
+    losses: dict[Any, list[float]] = {b: [] for b in bits_list}
     for seed in seeds:
         split = make_split(group, 0, seed, cfg)
         clients, tests = {}, []
@@ -141,8 +142,10 @@ def weld_accuracy(bits_list: Sequence[int | None], seeds: Sequence[int], rounds:
         for b in bits_list:
             spec = base if b is None else _with_compress(base, b)
             final, fleet, _ = simulate(spec, clients)
-            out[b].append(float(fleet.algo.evaluate(final, {}, test)["accuracy"]))
-    return out
+            scores = fleet.algo.evaluate(final, {}, test)
+            out[b].append(float(scores["accuracy"]))
+            losses[b].append(float(scores["loss"]))
+    return out, losses
 
 
 def printer_loss(bits_list: Sequence[int | None], seeds: Sequence[int], rounds: int, runs: dict) -> dict:
@@ -237,8 +240,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(cpu, load0, load1, flush=True)  # each part as it comes: the accuracy runs take minutes
     printers = printer_loss([None, 1, 4, 8], args.seeds, args.printer_rounds, runs)
     print("printers", printers, flush=True)
-    welds = weld_accuracy([None, 1, 2, 4, 8], args.seeds, args.rounds, args.welds)
-    out |= {"cpu": cpu, "load": (load0, load1), "welds": welds, "printers": printers}
+    welds, weld_loss = weld_accuracy([None, 1, 2, 4, 8], args.seeds, args.rounds, args.welds)
+    out |= {"cpu": cpu, "load": (load0, load1), "welds": welds, "weld_loss": weld_loss, "printers": printers}
 
     lines = [
         f"P = {p:,} parameters (the weld MLP's ~137k plus a 13k layer), synthetic heavy-tailed change.",
@@ -268,13 +271,15 @@ def main(argv: list[str] | None = None) -> dict:
         f"| 1 bit, no rotation | {unrotated['nmse']:.4f} | {unrotated['bias']:.2e} | "
         f"{unrotated['nmse'] / unrotated['k']:.2e} |",
         "",
-        f"Weld MLP, FedAvg, {args.rounds} rounds, 9 clients, seeds {args.seeds}: pooled test accuracy, mean (min, max)",
+        f"Weld MLP, FedAvg, {args.rounds} rounds, 9 clients, seeds {args.seeds}: pooled test accuracy "
+        "and cross-entropy, mean (min, max)",
         "",
-        "| upload | accuracy | vs float32 (points) |",
-        "|---|---:|---:|",
+        "| upload | accuracy | vs float32 (points) | loss | vs float32 |",
+        "|---|---:|---:|---:|---:|",
         *(
             f"| {'float32' if b is None else f'{b} bit'} | {_spread(v)} | "
-            f"{100 * (np.mean(v) - np.mean(welds[None])):+.2f} |"
+            f"{100 * (np.mean(v) - np.mean(welds[None])):+.2f} | {_spread(weld_loss[b])} | "
+            f"{100 * (np.mean(weld_loss[b]) / np.mean(weld_loss[None]) - 1):+.1f}% |"
             for b, v in welds.items()
         ),
         "",
