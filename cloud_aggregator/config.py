@@ -13,9 +13,11 @@ from cloud_aggregator.rounds.task_rules import (
     buffered_refusal,
     check_next_round,
     check_secagg_task,
+    compress_refusal,
     workers_refusal,
 )
 from ioft_protocol.codec import MAX_PAYLOAD_BYTES, check_id
+from ioft_protocol.compress import CompressConfig
 from ioft_protocol.config import ConfigError, build
 from ioft_protocol.mqtt import TlsConfig
 from ioft_protocol.round_messages import ROUND_MODES, DeviceSelection
@@ -169,6 +171,9 @@ class TaskConfig:
     #: Secure aggregation (``[task.secagg]``: threshold, degree, clip, bits, max_weight;
     #: ``ioft_protocol.secagg.SecAggConfig``), for mean-family tasks: the aggregator learns only sums.
     secagg: SecAggConfig | None = None
+    #: Compressed uplinks (``[task.compress]``: bits = 1 | 2 | 4 | 8, rotation, block;
+    #: ``ioft_protocol.compress.CompressConfig``), for tasks whose server step is a streaming mean.
+    compress: CompressConfig | None = None
     #: ``"sync"`` (rounds) or ``"buffered"`` (FedBuff: ``cloud_aggregator.serve.buffered_mqtt``; then
     #: ``rounds`` counts server updates).  Not part of the spec.
     mode: str = "sync"
@@ -219,6 +224,10 @@ class TaskConfig:
                 raise ValueError(f"task {self.name!r} {what}: {'; '.join(exc.errors)}") from None
         check_secagg_task(spec)
         self._check_mode(spec, strategy)
+        if self.compress is not None:
+            why = compress_refusal(spec, self.mode)
+            if why is not None:
+                raise ValueError(f"task {self.name!r}: [task.compress]: {why}")
 
     def _check_mode(self, spec: TaskSpec, strategy: object) -> None:
         if self.mode not in ROUND_MODES:
@@ -249,6 +258,7 @@ class TaskConfig:
             feature_schema=self._schema_hash(),
             dp=None if self.dp is None else self.dp.to_spec(),
             secagg=None if self.secagg is None else self.secagg.to_json(),
+            compress=None if self.compress is None else self.compress.to_json(),
         )
 
     def _schema_hash(self) -> str | None:
@@ -300,12 +310,16 @@ class AggregatorConfig:
                     raise ValueError(f"task {t.name!r}: dp needs [collect] straggler = 'drop'")
                 if t.secagg is not None:  # a late upload carries no parameters, only a sum counts
                     raise ValueError(f"task {t.name!r}: secagg needs [collect] straggler = 'drop'")
+                if t.compress is not None:  # its codes stand for a change from last round's global
+                    raise ValueError(f"task {t.name!r}: [task.compress] needs [collect] straggler = 'drop'")
         # Workers (the cloud's or the plants') fold partial sums: only the mean family splits.
         if self.collect.workers > 1 or self.collect.plant_workers:
             what = (f"workers = {self.collect.workers}" if self.collect.workers > 1
                     else f"plant_workers = {self.collect.plant_workers}")  # fmt: skip
             for t in self.task:
                 why = workers_refusal(t.spec(), self.collect.straggler, t.mode)
+                if why is None and t.compress is not None:
+                    why = "workers do not decode compressed uploads yet; leave out [task.compress]"
                 if why is not None:
                     raise ValueError(f"task {t.name!r}: [collect] {what}: {why}")
         if isinstance(self.restart, list):

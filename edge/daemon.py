@@ -49,6 +49,7 @@ from edge.segments import DatasetReader
 from edge.serving.server import Server
 from edge.task_state import TaskState, load_task_state, save_task_state
 from ioft_protocol import codec, restate, round_messages, topics
+from ioft_protocol.compress import encode_upload
 from ioft_protocol.manifest import load_public_key
 from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
 from ioft_protocol.secagg import transport as secagg_wire
@@ -617,8 +618,18 @@ class EdgeTrainer:
             spec_json=ann.spec,
             local=new_local,
             answered=key,
-            upload=result.shared,
-            upload_meta={"n_samples": result.n_samples, "global_hash": ann.global_hash},
+            upload=encode_upload(  # compressed once, kept as sent: a re-send is the same bytes
+                result.shared,
+                ann.params,
+                None if algo.spec.secagg is not None else algo.spec.compress,
+                task=ann.task,
+                round_=ann.round,
+                phase=ann.phase,
+                device=self.device,
+                global_hash=ann.global_hash,
+            ),
+            upload_meta={"n_samples": result.n_samples, "global_hash": ann.global_hash}
+            | ({} if algo.spec.compress is None else {"compress": algo.spec.compress}),
             metrics=metrics,
         )
         if algo.spec.secagg is not None:  # the change leaves masked, the upload carries none
@@ -729,6 +740,7 @@ class EdgeTrainer:
             global_hash=state.upload_meta["global_hash"],
             metrics=state.metrics,
             params={} if self._masked(state.spec_json) else state.upload,
+            compress=state.upload_meta.get("compress"),
         )
         self.session.publish(
             topics.topic_up(self.config.fleet, task, self.device), msg.encode(), timeout=None

@@ -18,6 +18,9 @@ VERSION = 1
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 _ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _FLOATS = ("float32", "float64")
+#: What a tensor on the wire may be: floats, and the bytes of a compressed upload's codes
+#: (``ioft_protocol.compress``); ``validate_tensors`` still holds each to the round's dtype.
+_WIRE_DTYPES = (*_FLOATS, "uint8")
 
 
 class WireError(ValueError):
@@ -48,13 +51,13 @@ class TensorSpec:
 
 
 def encode(kind: str, fields: dict[str, Any], tensors: dict[str, np.ndarray] | None = None) -> bytes:
-    """Serialize a message: ``fields`` must be JSON-able; tensors must be float arrays."""
+    """Serialize a message: ``fields`` must be JSON-able; tensors float arrays (or uint8 codes)."""
     meta = {"v": VERSION, "kind": kind, **fields}
     arrays = {}
     for name, value in (tensors or {}).items():
         arr = np.ascontiguousarray(value)
-        if arr.dtype.name not in _FLOATS:
-            raise WireError(f"tensor {name!r} has dtype {arr.dtype}; the wire carries {_FLOATS}")
+        if arr.dtype.name not in _WIRE_DTYPES:
+            raise WireError(f"tensor {name!r} has dtype {arr.dtype}; the wire carries {_WIRE_DTYPES}")
         arrays[name] = arr
     return st_save(arrays, metadata={"ioft": json.dumps(meta, separators=(",", ":"), sort_keys=True)})
 
@@ -87,8 +90,8 @@ def decode(
     if not isinstance(meta, dict) or meta.get("v") != VERSION or not isinstance(meta.get("kind"), str):
         raise WireError(f"unsupported message header {str(meta)[:200]!r}; expected version {VERSION}")
     for name, arr in tensors.items():
-        if arr.dtype.name not in _FLOATS:
-            raise WireError(f"tensor {name!r} has dtype {arr.dtype}; the wire carries {_FLOATS}")
+        if arr.dtype.name not in _WIRE_DTYPES:
+            raise WireError(f"tensor {name!r} has dtype {arr.dtype}; the wire carries {_WIRE_DTYPES}")
     return meta, tensors
 
 

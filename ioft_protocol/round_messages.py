@@ -245,7 +245,12 @@ def _device_list(meta: dict[str, Any], key: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class UpdateMessage:
-    """A device's upload: only the algorithm's shared parameters, a sample count and scalar metrics."""
+    """A device's upload: only the algorithm's shared parameters, a sample count and scalar metrics.
+
+    ``compress`` (``ioft_protocol.compress.CompressConfig.to_json()``) marks a compressed upload:
+    ``params`` then holds the codes of the change from the downlink, which admission decodes
+    against what it sent the device; ``None`` (left out of the message): the parameters as they are.
+    """
 
     fleet: str
     task: str
@@ -256,6 +261,7 @@ class UpdateMessage:
     global_hash: str
     metrics: dict[str, float] = field(default_factory=dict)
     params: dict[str, np.ndarray] = field(default_factory=dict)
+    compress: dict[str, Any] | None = None
 
     def encode(self) -> bytes:
         fields = {
@@ -263,6 +269,8 @@ class UpdateMessage:
             for k in ("fleet", "task", "device", "round", "phase", "n_samples", "global_hash")
         }
         fields["metrics"] = {k: float(v) for k, v in self.metrics.items()}
+        if self.compress is not None:
+            fields["compress"] = self.compress
         return encode("update", fields, self.params)
 
     @classmethod
@@ -293,4 +301,5 @@ class UpdateMessage:
             global_hash=_field(meta, "global_hash", str),
             metrics=metrics,
             params=tensors,
+            compress=None if meta.get("compress") is None else _field(meta, "compress", dict),
         )

@@ -50,6 +50,9 @@ class TaskSpec:
         Secure aggregation (``ioft_protocol.secagg.SecAggConfig.to_json()``: threshold, degree,
         clip, bits, max_weight): devices upload their masked change and the aggregator learns
         only the survivors' sum.  ``None``: off, and left out of :meth:`to_json`.
+    compress
+        Compressed uplinks (``ioft_protocol.compress.CompressConfig.to_json()``: bits, rotation,
+        block): devices upload their change quantized.  ``None``: off, and left out of :meth:`to_json`.
     """
 
     name: str
@@ -64,6 +67,7 @@ class TaskSpec:
     feature_schema: str | None = None
     dp: dict[str, Any] | None = None
     secagg: dict[str, Any] | None = None
+    compress: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -83,6 +87,8 @@ class TaskSpec:
         DPConfig.from_spec(self.dp)  # refuses a bad dp table by field
         if self.secagg is not None and not isinstance(self.secagg, dict):
             raise ValueError(f"secagg must be a table of settings, got {self.secagg!r}")
+        if self.compress is not None and not isinstance(self.compress, dict):
+            raise ValueError(f"compress must be a table of settings, got {self.compress!r}")
 
     def to_json(self) -> str:
         body = asdict(self)
@@ -92,6 +98,8 @@ class TaskSpec:
             del body["dp"]
         if self.secagg is None:
             del body["secagg"]
+        if self.compress is None:
+            del body["compress"]
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
     @classmethod

@@ -23,6 +23,10 @@ task, round and phase: ``wrong_task``, ``stale_round``, ``future_round``, ``wron
     tensor and replay steps as a ``LateUpdate``.
 selection: ``not_selected``
     The server selected the round's participants and this device is not one of them.
+compression: ``malformed``
+    A task with ``[task.compress]`` takes only uploads compressed as it says, and a task
+    without it none; the codes are decoded against what the device was sent
+    (``ioft_protocol.compress``) into the parameters every later step judges.
 tensors: ``shape_dtype``, ``non_finite``
     Names, shapes or dtypes differ from what the round expects, or a tensor holds NaN or
     Inf (``ioft_protocol.codec.validate_tensors``, the one tensor check).
@@ -73,7 +77,7 @@ import numpy as np
 
 from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.rounds.types import CollectRequest, LateUpdate, Reason, Refusal, Rejection
-from ioft_protocol import codec
+from ioft_protocol import codec, compress
 from ioft_protocol.codec import TensorSpec
 from ioft_protocol.round_messages import UpdateMessage
 
@@ -401,7 +405,11 @@ class Admission:
             return self._judge_late(device, msg, request)
         if request.participants is not None and device not in request.participants:
             return Refusal(Reason.NOT_SELECTED, "device was not selected for this round")
-        bad = check_tensors(msg.params, request.expected_by_device.get(device, request.expected))
+        expected = request.expected_by_device.get(device, request.expected)
+        params = self._decompressed(device, msg, request, expected)
+        if isinstance(params, Refusal):
+            return params
+        bad = check_tensors(params, expected)
         if bad is None:
             bad = self.check_counts(device, msg, task)
         if bad is not None:
@@ -411,22 +419,51 @@ class Admission:
             return self._resent(device, msg, key) or Refusal(
                 Reason.REPLAY, f"device already answered round {request.round}/{request.phase}"
             )
-        delta = change_norm(msg.params, self._sent64(device, request))
+        delta = change_norm(params, self._sent64(device, request))
         if not restored:
-            bad = self.check_norm(device, delta, msg.params, request)
+            bad = self.check_norm(device, delta, params, request)
             if bad is not None:
                 return bad
-        self._answer(key, device, fingerprint(msg))
+        self._answer(key, device, fingerprint(msg))  # of the upload as sent: copies match copies
         if np.isfinite(delta):
             norms = self._norms.get((task, request.phase))
             if norms is None:
                 norms = self._norms[(task, request.phase)] = _Window(self.policy.history)
             norms.append(delta)
-        return Update(device, msg.params, msg.n_samples, msg.metrics)
+        return Update(device, params, msg.n_samples, msg.metrics)
+
+    def _decompressed(
+        self, device: str, msg: UpdateMessage, request: CollectRequest, expected: Mapping[str, TensorSpec]
+    ) -> Mapping[str, np.ndarray] | Refusal:
+        """The upload's parameters: as sent, or decoded from the task's compressed form."""
+        want = request.spec.compress
+        if msg.compress != want:
+            return Refusal(
+                Reason.MALFORMED,
+                f"upload compressed as {msg.compress}, task {request.spec.name!r} takes {want}",
+            )
+        if want is None:
+            return msg.params
+        sent = self._sent(device, request)
+        if sorted(sent) != sorted(expected):
+            return Refusal(Reason.SHAPE_DTYPE, f"round tensors {sorted(expected)} differ from the downlink's")
+        seed = compress.derive_seed(msg.task, msg.round, msg.phase, device, msg.global_hash)
+        try:
+            return compress.decode(
+                msg.params,
+                sent,
+                {n: spec.dtype for n, spec in expected.items()},
+                compress.CompressConfig.from_json(want),
+                seed,
+            )
+        except ValueError as exc:  # CompressError, or a task's compress table this code cannot read
+            return Refusal(Reason.MALFORMED, f"compressed upload: {exc}")
 
     def _judge_late(self, device: str, msg: UpdateMessage, request: CollectRequest) -> LateUpdate | Refusal:
         """A straggler for ``request.late``: tensors against the open round's, then replay."""
         late = request.late
+        if msg.compress is not None:  # configs refuse compress with straggler = 'next_round'
+            return Refusal(Reason.MALFORMED, "late update: compressed uploads are not taken late")
         bad = check_tensors(msg.params, request.expected)
         if bad is None:
             bad = self.check_counts(device, msg, request.spec.name)

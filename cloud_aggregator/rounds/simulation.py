@@ -19,6 +19,7 @@ from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox
 from cloud_aggregator.rounds.engine import RoundEngine
 from cloud_aggregator.rounds.secagg import collect_in_process
 from cloud_aggregator.rounds.types import CollectRequest, LateUpdate, Reason, Refusal, Rejection, RoundRecord
+from ioft_protocol.compress import encode_upload
 from ioft_protocol.round_messages import UpdateMessage
 from sensors.features.scaling import standardize_locally
 from trainer_lite.algorithms import ClientAlgorithm, make_client
@@ -144,7 +145,17 @@ class SimulatedFleet:
             result.n_samples,
             global_hash,
             result.metrics,
-            result.shared,
+            encode_upload(
+                result.shared,
+                shared,
+                self.spec.compress,
+                task=self.spec.name,
+                round_=round_,
+                phase=phase,
+                device=device,
+                global_hash=global_hash,
+            ),
+            self.spec.compress,
         )
 
     def evaluate(self, global_params: Params, split: str = "test") -> dict[str, dict[str, float]]:

@@ -60,6 +60,30 @@ def workers_refusal(spec: TaskSpec, straggler: str, mode: str = "sync") -> str |
     return None
 
 
+def compress_refusal(spec: TaskSpec, mode: str = "sync") -> str | None:
+    """Why ``spec``'s uploads cannot be compressed (one line), or ``None``: they can.
+
+    A compressed upload is decoded into the round's streaming mean, so every phase's server
+    step must be a mean that folds (``Strategy.fold``); SecAgg (the aggregator never sees one
+    upload to decode), DP (its clip and noise are calibrated on the uncompressed change) and
+    buffered rounds (uploads quote older globals) do not compose with it yet.
+    """
+    if spec.secagg is not None:
+        return "secagg masks the uncompressed change; leave out [task.compress] or [task.secagg]"
+    if spec.dp is not None:
+        return "dp clips and noises the uncompressed change; leave out [task.compress] or [task.dp]"
+    if mode != "sync":
+        return f"mode = {mode!r}: uploads quote older globals; compressed uplinks need mode = 'sync'"
+    strategy = make_strategy(spec)
+    for phase in strategy.phases():
+        if strategy.fold(phase) is None:
+            return (
+                f"its {strategy.name} server is not a streaming mean (phase {phase!r}): compressed "
+                "uploads decode into a mean; use a fedavg-served algorithm or server.reducer = 'mean'"
+            )
+    return None
+
+
 def secagg_config(spec: TaskSpec) -> SecAggConfig | None:
     """The task's SecAgg settings, or ``None`` when it has none."""
     return None if spec.secagg is None else SecAggConfig.from_json(spec.secagg)

@@ -1,0 +1,304 @@
+"""Compressed uplinks (``[task.compress]``): bytes, device encode and aggregator decode CPU, and accuracy.
+
+``python -m benchmarks.compress_uplink [--quick] [--seeds 0 1 2] [--repeats 41] [--rounds 20]``
+
+The estimator is ``ioft_protocol.compress`` (EDEN: randomized Hadamard rotation per block of
+1024, Lloyd–Max levels, one float32 scale per block; see its module docstring for what is
+unbiased).  Measured here:
+
+* **bytes per upload**: the whole ``UpdateMessage`` payload (safetensors header and metadata
+  included) at each ``bits`` against the float32 upload of the same parameters;
+* **encode CPU** (device: ``compress.encode_upload`` from ``u`` and the downlink ``g``) and
+  **decode CPU** (aggregator: ``compress.decode`` to the parameters admission folds), process
+  CPU time, median of ``--repeats`` interleaved calls, for P = 150k parameters (the load
+  average is printed with it: the machine is shared);
+* **unbiasedness**: ``‖mean of K decodings − x‖² / ‖x‖²`` over K seeds against ``NMSE / K``,
+  the value an unbiased estimator with independent draws would show;
+* **accuracy at the same rounds** in the in-process simulator (the same admission and fold
+  as over MQTT): FedAvg on the weld MLP (624-175-125-50-4, ~137k parameters; nine clients of
+  the M group, 3/4 of each client's welds to train, the rest pooled to test), and the demo's
+  PFL-DA printer task (``cloud_aggregator.local.demo``'s hyperparameters on the six real
+  printers: Speed30 held out, 50·MSE over every printer's personal model).
+
+``--quick`` (the test suite's run) checks bytes ratios, round-trip shapes and unbiasedness with
+a fixed seed, and times nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import study_parser, write_result
+from benchmarks.pflda_printers import DEFAULT_DATA, load_runs
+from ioft_protocol import compress
+from ioft_protocol.round_messages import UpdateMessage
+
+BITS = compress.BITS
+#: The weld MLP's shared tensors (benchmarks.ftltp_welding.HIDDEN + 4 classes): ~137k parameters.
+WELD_SHAPES = [(624, 175), (175,), (175, 125), (125,), (125, 50), (50,), (50, 4), (4,)]
+#: P = 150k for the CPU targets: the weld MLP plus a 13k-parameter extra layer.
+P150K_SHAPES = [*WELD_SHAPES, (100, 130), (130,)]
+
+
+def synthetic_upload(shapes: Sequence[tuple[int, ...]], seed: int) -> tuple[dict, dict]:
+    """A downlink and an upload whose change is heavy-tailed and differs in scale per tensor,
+    as a trained network's does (a Gaussian change would flatter the unrotated codec)."""
+    rng = np.random.default_rng(seed)
+    sent, up = {}, {}
+    for i, shape in enumerate(shapes):
+        name = f"t{i:02d}"
+        g = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+        step = rng.standard_t(3, size=shape) * 10.0 ** rng.uniform(-4, -2)
+        sent[name], up[name] = g, (g + step).astype(np.float32)
+    return sent, up
+
+
+def _payload(params: dict, how: dict | None) -> bytes:
+    return UpdateMessage("plant-a", "weld", "welder-07", 12, "train", 96, "0" * 64, {}, params, how).encode()
+
+
+def bytes_table(sent: dict, up: dict, bits_list: Sequence[int]) -> dict[int, dict[str, float]]:
+    """Payload bytes at each ``bits`` (0: float32) and the ratio float32 / compressed."""
+    base = len(_payload(up, None))
+    rows = {0: {"bytes": base, "ratio": 1.0}}
+    for b in bits_list:
+        how = {"bits": b}
+        codes = compress.encode_upload(
+            up, sent, how, task="weld", round_=12, phase="train", device="d", global_hash="h"
+        )
+        size = len(_payload(codes, how))
+        rows[b] = {"bytes": size, "ratio": base / size}
+    return rows
+
+
+def _decode_all(codes: dict, sent: dict, cfg: compress.CompressConfig, seed: int) -> np.ndarray:
+    back = compress.decode(codes, sent, dict.fromkeys(sent, "float32"), cfg, seed)
+    return np.concatenate([(back[n] - sent[n]).ravel() for n in sorted(sent)]).astype(np.float64)
+
+
+def unbiasedness(sent: dict, up: dict, bits: int, k: int, rotation: bool = True) -> dict[str, float]:
+    """NMSE of one decoding and ``‖mean of k decodings − x‖² / ‖x‖²`` (seeds 0 … k−1)."""
+    cfg = compress.CompressConfig(bits=bits, rotation=rotation)
+    x = np.concatenate([(up[n] - sent[n]).ravel() for n in sorted(sent)]).astype(np.float64)
+    acc, nmse = np.zeros_like(x), []
+    for seed in range(k):
+        xh = _decode_all(compress.encode(up, sent, cfg, seed), sent, cfg, seed)
+        nmse.append(np.sum((xh - x) ** 2) / np.sum(x**2))
+        acc += xh
+    return {"nmse": float(np.mean(nmse)), "bias": float(np.sum((acc / k - x) ** 2) / np.sum(x**2)), "k": k}
+
+
+def cpu_ms(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple[float, float, float]]:
+    """Process CPU per call in ms, interleaved: ``{name: (median, min, max)}``."""
+    times: dict[str, list[float]] = {n: [] for n in calls}
+    for _ in range(repeats):
+        for name, f in calls.items():
+            t0 = time.process_time()
+            f()
+            times[name].append(1e3 * (time.process_time() - t0))
+    return {n: (float(np.median(v)), float(np.min(v)), float(np.max(v))) for n, v in times.items()}
+
+
+def codec_cpu(sent: dict, up: dict, repeats: int) -> dict[str, tuple[float, float, float]]:
+    calls: dict[str, Callable[[], object]] = {}
+    for b in BITS:
+        cfg = compress.CompressConfig(bits=b)
+        codes = compress.encode(up, sent, cfg, 7)
+        calls[f"encode {b} bit"] = lambda cfg=cfg: compress.encode(up, sent, cfg, 7)
+        calls[f"decode {b} bit"] = lambda cfg=cfg, codes=codes: compress.decode(
+            codes, sent, dict.fromkeys(sent, "float32"), cfg, 7
+        )
+    return cpu_ms(calls, repeats)
+
+
+# -- accuracy in the simulator ------------------------------------------------------------------
+
+
+def weld_accuracy(bits_list: Sequence[int | None], seeds: Sequence[int], rounds: int, n_m: int) -> dict:
+    """FedAvg on the weld MLP: pooled test accuracy and loss of the global after ``rounds``, per seed."""
+    from benchmarks.ftltp_welding import Config, _fl_spec, load_groups, make_split
+    from cloud_aggregator.rounds.simulation import ClientData, simulate
+    from trainer_lite.data import Dataset
+
+    cfg = Config(n_m=n_m, workers=1, rounds=rounds)
+    group = load_groups(cfg)["M"]
+    out: dict[Any, list[float]] = {b: [] for b in bits_list}
+    losses: dict[Any, list[float]] = {b: [] for b in bits_list}
+    for seed in seeds:
+        split = make_split(group, 0, seed, cfg)
+        clients, tests = {}, []
+        for c, d in split.clients.items():
+            cut = (3 * len(d)) // 4
+            clients[c] = ClientData(Dataset(d.x[:cut], d.y[:cut]), Dataset(d.x[cut:], d.y[cut:]))
+            tests.append(d.x[cut:]), tests.append(d.y[cut:])
+        test = Dataset(np.concatenate(tests[0::2]), np.concatenate(tests[1::2]))
+        steps = max(-(-len(d.train) // cfg.batch) for d in clients.values())
+        base = _fl_spec("fedavg", split.n_classes, seed, cfg, local_steps=steps)
+        for b in bits_list:
+            spec = base if b is None else _with_compress(base, b)
+            final, fleet, _ = simulate(spec, clients)
+            scores = fleet.algo.evaluate(final, {}, test)
+            out[b].append(float(scores["accuracy"]))
+            losses[b].append(float(scores["loss"]))
+    return out, losses
+
+
+def printer_loss(bits_list: Sequence[int | None], seeds: Sequence[int], rounds: int, runs: dict) -> dict:
+    """The demo's PFL-DA task on the six printers: 50·MSE on Speed30 over the personal models."""
+    from cloud_aggregator.local.demo import HPARAMS, TASKS
+    from cloud_aggregator.rounds.simulation import ClientData, simulate
+    from trainer_lite.data import Dataset
+    from trainer_lite.task import TaskSpec
+
+    clients = {}
+    for p, by in runs.items():
+        tr = [xy for s, xy in by.items() if s != 30]
+        x, y = np.concatenate([a for a, _ in tr]), np.concatenate([b for _, b in tr])
+        clients[f"printer{p}"] = ClientData(
+            Dataset(x.reshape(len(x), -1), y.reshape(len(y), -1)),
+            Dataset(by[30][0].reshape(len(by[30][0]), -1), by[30][1].reshape(len(by[30][1]), -1)),
+        )
+    out: dict[Any, list[float]] = {b: [] for b in bits_list}
+    for seed in seeds:
+        for b in bits_list:
+            spec = TaskSpec(
+                name="speed-pflda",
+                algorithm="pflda",
+                model="sigmoid_glm",
+                hparams=HPARAMS | dict(TASKS[0][2]),
+                server={"weighting": "uniform"},
+                rounds=rounds,
+                seed=seed,
+                compress=None if b is None else {"bits": b},
+            )
+            final, fleet, _ = simulate(spec, clients)
+            losses = [m["loss"] if "loss" in m else m["test_loss"] for m in fleet.evaluate(final).values()]
+            out[b].append(50.0 * float(np.mean(losses)))
+    return out
+
+
+def _with_compress(spec: Any, bits: int) -> Any:
+    from dataclasses import replace
+
+    return replace(spec, compress={"bits": bits})
+
+
+def _spread(v: Sequence[float]) -> str:
+    return f"{np.mean(v):.4f} (min {np.min(v):.4f}, max {np.max(v):.4f})"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = study_parser(__doc__.splitlines()[0], default_seeds=(0, 1, 2))
+    parser.add_argument("--repeats", type=int, default=41, help="interleaved CPU repeats (medians reported)")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds of the accuracy runs")
+    parser.add_argument("--welds", type=int, default=120, help="welds per domain of the M group")
+    parser.add_argument("--printer-rounds", type=int, default=100, help="rounds of the printer task")
+    parser.add_argument(
+        "--printers", default=str(DEFAULT_DATA), help="folder of FL_Dataset_Printer*_Speed*.csv"
+    )
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.rounds < 1 or args.welds < 8:
+        raise SystemExit("--repeats and --rounds must be >= 1, --welds >= 8")
+    sent, up = synthetic_upload(P150K_SHAPES, 0)
+    p = sum(v.size for v in up.values())
+    table = bytes_table(sent, up, BITS)
+    # Round trips: names, shapes and dtypes kept at every width, with and without the rotation.
+    for b in BITS:
+        for rot in (True, False):
+            cfg = compress.CompressConfig(bits=b, rotation=rot)
+            back = compress.decode(
+                compress.encode(up, sent, cfg, 3), sent, dict.fromkeys(sent, "float32"), cfg, 3
+            )
+            assert {n: (v.shape, v.dtype) for n, v in back.items()} == {
+                n: (v.shape, v.dtype) for n, v in up.items()
+            }
+    k = 64 if args.quick else 256
+    small_sent, small_up = synthetic_upload([(64, 48), (48,), (48, 4)], 1)
+    unbiased = {b: unbiasedness(small_sent, small_up, b, k) for b in (1, 4)}
+    unrotated = unbiasedness(small_sent, small_up, 1, k, rotation=False)
+    out: dict[str, Any] = {"bytes": table, "unbiased": unbiased, "unrotated": unrotated, "p": p}
+    # Checks that hold on any machine: 1 bit within 1/25 of float32, the mean of K decodings as
+    # close to x as an unbiased estimator's (3 × NMSE / K: a fixed seed, no flakiness).
+    assert table[1]["ratio"] >= 25, table
+    for b, r in unbiased.items():
+        assert r["bias"] < 3 * r["nmse"] / r["k"], (b, r)
+    if args.quick:
+        return out
+
+    try:
+        runs = load_runs(args.printers)
+    except (FileNotFoundError, ValueError) as exc:
+        raise SystemExit(str(exc)) from None
+    load0 = os.getloadavg()
+    cpu = codec_cpu(sent, up, args.repeats)
+    load1 = os.getloadavg()
+    print(cpu, load0, load1, flush=True)  # each part as it comes: the accuracy runs take minutes
+    printers = printer_loss([None, 1, 4, 8], args.seeds, args.printer_rounds, runs)
+    print("printers", printers, flush=True)
+    welds, weld_loss = weld_accuracy([None, 1, 2, 4, 8], args.seeds, args.rounds, args.welds)
+    out |= {"cpu": cpu, "load": (load0, load1), "welds": welds, "weld_loss": weld_loss, "printers": printers}
+
+    lines = [
+        f"P = {p:,} parameters (the weld MLP's ~137k plus a 13k layer), synthetic heavy-tailed change.",
+        "",
+        "| upload | payload bytes | float32 / this |",
+        "|---|---:|---:|",
+        *(
+            f"| {'float32' if b == 0 else f'{b} bit'} | {r['bytes']:,} | {r['ratio']:.1f}× |"
+            for b, r in table.items()
+        ),
+        "",
+        f"CPU per call, ms, median (min–max) of {args.repeats} interleaved repeats; "
+        f"load average {load0[0]:.1f} before, {load1[0]:.1f} after (2 cores, shared):",
+        "",
+        "| call | median | min | max |",
+        "|---|---:|---:|---:|",
+        *(f"| {n} | {m:.2f} | {lo:.2f} | {hi:.2f} |" for n, (m, lo, hi) in cpu.items()),
+        "",
+        f"Unbiasedness (2,548 parameters, K = {k} seeds): ‖mean − x‖²/‖x‖² against NMSE/K",
+        "",
+        "| estimator | NMSE of one | bias | NMSE / K |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {b} bit, rotated | {r['nmse']:.4f} | {r['bias']:.2e} | {r['nmse'] / r['k']:.2e} |"
+            for b, r in unbiased.items()
+        ),
+        f"| 1 bit, no rotation | {unrotated['nmse']:.4f} | {unrotated['bias']:.2e} | "
+        f"{unrotated['nmse'] / unrotated['k']:.2e} |",
+        "",
+        f"Weld MLP, FedAvg, {args.rounds} rounds, 9 clients, seeds {args.seeds}: pooled test accuracy "
+        "and cross-entropy, mean (min, max)",
+        "",
+        "| upload | accuracy | vs float32 (points) | loss | vs float32 |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| {'float32' if b is None else f'{b} bit'} | {_spread(v)} | "
+            f"{100 * (np.mean(v) - np.mean(welds[None])):+.2f} | {_spread(weld_loss[b])} | "
+            f"{100 * (np.mean(weld_loss[b]) / np.mean(weld_loss[None]) - 1):+.1f}% |"
+            for b, v in welds.items()
+        ),
+        "",
+        f"Printers, the demo's PFL-DA task, {args.printer_rounds} rounds, seeds {args.seeds}: 50·MSE on Speed30",
+        "",
+        "| upload | loss | vs float32 |",
+        "|---|---:|---:|",
+        *(
+            f"| {'float32' if b is None else f'{b} bit'} | {_spread(v)} | "
+            f"{100 * (np.mean(v) / np.mean(printers[None]) - 1):+.2f}% |"
+            for b, v in printers.items()
+        ),
+    ]
+    body = "\n".join(lines)
+    print(body)
+    if not args.no_write:
+        write_result("compress_uplink", body)
+    return out
+
+
+if __name__ == "__main__":
+    main()
