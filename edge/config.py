@@ -5,6 +5,7 @@ The reader (``ioft_protocol.config.build``) checks it and lists every failing fi
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,6 +318,10 @@ class ServeConfig:
     vibration_budget
         Printers: the vibration (σ_a, the units the rows store) the speed advice keeps within;
         unset: no advice.
+    min_advice
+        The slowest speed (mm/s) ever advised (default 5): below it the model says nothing (an
+        untrained model can expect 0 or a negative speed, and a velocity limit of that stalls a
+        printer).  Only a test of the plumbing sets it lower.
     apply
         ``"moonraker"``: send the advice to the printer's Moonraker when a print run's first
         layer is answered (``SET_VELOCITY_LIMIT VELOCITY=<advice>``); ``"none"`` (default):
@@ -347,6 +352,7 @@ class ServeConfig:
     log_keep: int = 4
     log_max_age_s: float = 86400.0
     vibration_budget: float | None = None
+    min_advice: float = 5.0
     apply: str = "none"
     dry_run: bool = True
     moonraker_url: str | None = None
@@ -370,6 +376,8 @@ class ServeConfig:
             problems.append(
                 f"serve.vibration_budget must be > 0 (units of sigma_a), got {self.vibration_budget}"
             )
+        if not math.isfinite(self.min_advice):
+            problems.append(f"serve.min_advice must be a number of mm/s, got {self.min_advice}")
         if self.apply not in APPLY_CHOICES:
             problems.append(f"serve.apply must be one of {list(APPLY_CHOICES)}, got {self.apply!r}")
         if self.apply != "none" and self.vibration_budget is None:

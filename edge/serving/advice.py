@@ -31,21 +31,21 @@ log = logging.getLogger(__name__)
 
 #: Vibration levels the advice tries between 0 and the budget.
 GRID_POINTS = 101
-#: The slowest speed (mm/s) ever advised: an untrained model can expect 0 or a negative speed,
-#: and a velocity limit of that would stall the printer.  Below it the model says nothing.
+#: The slowest speed (mm/s) advised by default (``[serve] min_advice``): an untrained model can
+#: expect 0 or a negative speed, and a velocity limit of that would stall the printer.
 MIN_ADVICE = 5.0
 MOONRAKER_TIMEOUT_S = 3.0
 
 
-def speed_advice(model: ServingModel, budget: float) -> float | None:
+def speed_advice(model: ServingModel, budget: float, min_advice: float = MIN_ADVICE) -> float | None:
     """The highest speed (mm/s) ``model`` expects at a vibration within ``budget``; ``None`` when it
     cannot say (a welder's model, rows of more than one feature, an answer that is not finite, or
-    an expected speed below :data:`MIN_ADVICE`, which no printer should be capped at)."""
+    an expected speed below ``min_advice``, which no printer should be capped at)."""
     if model.classes is not None or model.width != 1 or model.encoder is not None:
         return None
     grid = np.linspace(0.0, budget, GRID_POINTS).reshape(-1, 1)
     speeds = model.outputs(grid)[:, 0] * SPEED_SCALE
-    if not np.isfinite(speeds).all() or speeds.max() < MIN_ADVICE:
+    if not np.isfinite(speeds).all() or speeds.max() < min_advice:
         return None
     return round(float(speeds.max()), 3)
 

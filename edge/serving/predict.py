@@ -190,7 +190,7 @@ def print_advice(config: DeviceConfig, args: argparse.Namespace) -> int:
         )
     printed = 0
     for task, model in serving_models(config, args.task).items():
-        speed = speed_advice(model, budget)
+        speed = speed_advice(model, budget, config.serve.min_advice)
         if speed is None:
             continue
         ident = {k: v for k, v in dataclasses.asdict(model.identity).items() if v is not None}

@@ -316,7 +316,7 @@ class Server:
         cached = self.advice.get(task)
         if cached is None or cached[0] != model.digest:
             try:
-                cached = (model.digest, speed_advice(model, budget))
+                cached = (model.digest, speed_advice(model, budget, self.cfg.min_advice))
             except Refused:
                 cached = (model.digest, None)
             self.advice[task] = cached

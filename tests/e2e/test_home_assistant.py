@@ -18,7 +18,11 @@ from tests.edge.test_home_assistant import TOPIC, check_config, render
 def test_a_printer_announces_itself_to_home_assistant_and_its_states_render(fleet_procs):
     work, dev = fleet_procs.work, "p1"
     toml = work / "p1.toml"
-    toml.write_text('kind = "printer"\n[serve]\nhome_assistant = true\nvibration_budget = 1.0\n')
+    # No advice floor: a model of a few rounds expects no real speed yet, and the advice sensor's
+    # template needs a value to render (the floor has its unit test).
+    toml.write_text(
+        'kind = "printer"\n[serve]\nhome_assistant = true\nvibration_budget = 1.0\nmin_advice = -1000.0\n'
+    )
     record(work, dev, "printer", "--layers", "6", "--layer-s", "0.3")
     fleet_procs.start_device(dev, "--config", str(toml), "--log-level", "INFO", simulate=None)
     train(fleet_procs, dev, pflda_task(rounds=2), 2)

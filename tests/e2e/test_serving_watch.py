@@ -93,7 +93,9 @@ def test_moonraker_receives_the_advised_speed_at_the_start_of_a_print(fleet_proc
     try:
         toml = work / "p1.toml"
         toml.write_text(
-            f'[serve]\nvibration_budget = 1.0\napply = "moonraker"\ndry_run = false\n'
+            # A model of a few rounds expects no real speed yet (even a negative one): no floor, so
+            # the plumbing to Moonraker is what this test checks (the floor has its unit test).
+            f'[serve]\nvibration_budget = 1.0\nmin_advice = -1000.0\napply = "moonraker"\ndry_run = false\n'
             f'moonraker_url = "{moonraker.url}"\n'
         )
         record(work, dev, "printer", "--layers", "6", "--layer-s", "0.3")
