@@ -40,7 +40,8 @@ from edge.buffered import Pacer
 from edge.config import DeviceConfig
 from edge.dataset import DIR as DATASET_DIR
 from edge.dataset import prepare_dataset
-from edge.models import ModelManager, embed_rows
+from edge.models.manager import ModelManager
+from edge.models.onnx import embed_rows
 from edge.optout import REASON as PAUSED
 from edge.optout import PauseWatch
 from edge.recording.base import STATUS_FILE as RECORDER_STATUS

@@ -16,7 +16,7 @@ from cloud_aggregator.models.backbones.data import BackboneData, printer_windows
 from cloud_aggregator.models.backbones.nets import FeatureMLP  # noqa: E402
 from cloud_aggregator.models.backbones.packaging import export_params, export_run  # noqa: E402
 from cloud_aggregator.models.backbones.train import CHECKPOINT, TrainSettings, load_run, train_backbone  # noqa: E402
-from edge.onnx_model import LoadedModel, holdout_score  # noqa: E402
+from edge.models.onnx import LoadedModel, holdout_score  # noqa: E402
 from export.keys import generate_keypair, load_private_key  # noqa: E402
 from export.onnx_export import export_onnx  # noqa: E402
 from export.package import ExportError  # noqa: E402
