@@ -156,7 +156,7 @@ def test_a_trained_backbone_exports_signed_with_an_int8_report_and_loads_on_a_de
 
     # The device path (onnxruntime only) loads the int8 file and scores it on its own data.
     from edge.config import DataConfig
-    from edge.dataset import simulated_printer_raw_dataset
+    from edge.simulated import simulated_printer_raw_dataset
 
     train, test, meta = simulated_printer_raw_dataset("printer3", DataConfig(source="simulate-printer-raw"))
     assert meta["schema_hash"] == m.schema_hash
