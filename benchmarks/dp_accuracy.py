@@ -46,7 +46,7 @@ from cloud_aggregator.local.demo import HPARAMS, LOSS_SCALE, TASKS
 from cloud_aggregator.rounds.engine import MemoryStore, RoundEngine
 from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet
 from edge.config import DataConfig
-from edge.dataset import simulated_printer_dataset
+from edge.simulated import simulated_printer_dataset
 from trainer_lite.privacy import l2_norm
 from trainer_lite.task import TaskSpec
 

@@ -10,7 +10,7 @@ Table 4 on simulated printers, Adam lr 0.1, 30 full-batch local steps, uniform s
 mean (``--algorithm fedavg`` runs the demo's FedAvg reference instead).  Each printer's
 rows are the simulator's planned layer tables (``sensors.sim.printer.simulate_layers``, the
 values the demo's sensor path recovers) at one speed from each of three bands, chosen as
-``edge.dataset.simulated_printer_dataset`` chooses them; its test split is every other speed.
+``edge.simulated.simulated_printer_dataset`` chooses them; its test split is every other speed.
 
 Both runs drive the real code: the clients' ``trainer_lite.client.participate``, every
 upload through ``cloud_aggregator.rounds.admission``; the synchronous run is the ``RoundEngine``

@@ -47,10 +47,10 @@ from benchmarks.common import markdown_table, study_parser, write_result
 from cloud_aggregator.local.fleet import pflda_task
 from cloud_aggregator.rounds.simulation import ClientData, Simulation
 from edge.config import AlertRule, DataConfig
-from edge.dataset import simulated_printer_dataset, simulated_welder_dataset
 from edge.serving.alerts import Alerts
 from edge.serving.model import softmax
 from edge.serving.records import Answer, ModelId
+from edge.simulated import simulated_printer_dataset, simulated_welder_dataset
 from sensors.features.scaling import standardize_locally
 from sensors.layers import SPEED_SCALE
 from sensors.sim.welder import GROUP_M_CLASSES, GROUP_M_DOMAINS, WeldCondition, simulate_weld

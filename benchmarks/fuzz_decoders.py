@@ -239,7 +239,7 @@ def _wire_targets() -> list[Target]:
 
 def _transfer_target(work: Workdir) -> Target:
     """A fuzzed chunk through ``ModelChunk.decode`` and ``Transfer.accept`` (the device's path)."""
-    from edge.model_transfer import RefusedError, Transfer
+    from edge.models.transfer import RefusedError, Transfer
     from ioft_protocol import codec, model_push
     from ioft_protocol.manifest import ModelIOSpec, ModelManifest
 

@@ -143,7 +143,7 @@ t = [time.perf_counter()]
 import numpy; t.append(time.perf_counter())
 import onnxruntime; t.append(time.perf_counter())
 import pywt; t.append(time.perf_counter())
-import edge.cli, edge.recording.cli, edge.onnx_model; t.append(time.perf_counter())
+import edge.cli, edge.recording.cli, edge.models.onnx; t.append(time.perf_counter())
 print(json.dumps({"numpy": t[1] - t[0], "onnxruntime": t[2] - t[1], "pywt": t[3] - t[2],
   "edge (rest)": t[4] - t[3], "total": t[4] - t[0],
   "torch_imported": any(m == "torch" or m.startswith("torch.") for m in sys.modules)}))

@@ -152,7 +152,7 @@ def render(
             [[k, _ms(arm[k]), _ms(host[k])] for k in arm],
         ),
         "",
-        "`edge (rest)`: `edge.cli`, `edge.recording.cli`, `edge.onnx_model` and what they pull in beyond",
+        "`edge (rest)`: `edge.cli`, `edge.recording.cli`, `edge.models.onnx` and what they pull in beyond",
         "numpy, onnxruntime and pywt. torch was imported by none of them.",
         "",
         f"## `edge-recorder --simulate printer --layers {layers} --layer-s 0.5`",

@@ -91,7 +91,7 @@ def simulated_hashes(task: dict) -> list[str]:
     """Every round's global hash of the same task in the in-process simulator (same code, no MQTT)."""
     from cloud_aggregator.rounds.simulation import ClientData, simulate
     from edge.config import DataConfig
-    from edge.dataset import simulated_printer_dataset
+    from edge.simulated import simulated_printer_dataset
     from trainer_lite.task import TaskSpec
 
     clients = {}

@@ -74,9 +74,9 @@ class Run:
 
 
 def printers(n: int, *, cache: bool = True) -> dict[str, ClientData]:
-    """``n`` simulated printers (``edge.dataset``), cached on disk: generating one takes ~3 s."""
+    """``n`` simulated printers (``edge.simulated``), cached on disk: generating one takes ~3 s."""
     from edge.config import DataConfig
-    from edge.dataset import simulated_printer_dataset
+    from edge.simulated import simulated_printer_dataset
 
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ioft"
     path = root / f"robust_printers_{n}.pkl"

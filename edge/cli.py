@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 from pathlib import Path
@@ -12,7 +11,8 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from edge import optout
-from edge.config import DeviceConfig, resolve_relative_files
+from edge.cli_common import device_toml, setup_logging
+from edge.config import DeviceConfig
 from edge.daemon import EdgeTrainer
 from edge.serving import predict
 from edge.swarm import Swarm
@@ -55,24 +55,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--swarm-first", type=int, default=0, metavar="K", help="number of the swarm's first device"
     )
     return p.parse_args(argv)
-
-
-def device_toml(path: Path | None, device: str, state_dir: str | None) -> dict:
-    """The device's TOML as a dict, with the command line's device and state folder
-    (default ``/var/lib/ioft/<device>``); shared by ``edge-trainer`` and ``edge-recorder``."""
-    raw = resolve_relative_files(load_toml(path), Path(path).parent) if path else {}
-    raw["device"] = device
-    if state_dir:
-        raw["state_dir"] = state_dir
-    elif "state_dir" not in raw:
-        raw["state_dir"] = f"/var/lib/ioft/{device}"
-    return raw
-
-
-def setup_logging(level: str, device: str) -> None:
-    logging.basicConfig(
-        level=level, format=f"%(asctime)s {device} %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
 
 
 def config_from_args(args: argparse.Namespace) -> DeviceConfig:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import resource
 import threading
 import time
 from collections.abc import Callable
@@ -40,13 +39,15 @@ from edge.buffered import Pacer
 from edge.config import DeviceConfig
 from edge.dataset import DIR as DATASET_DIR
 from edge.dataset import prepare_dataset
-from edge.models import ModelManager, embed_rows
+from edge.device_status import status_body
+from edge.models.manager import ModelManager
+from edge.models.onnx import LoadedModel
 from edge.optout import REASON as PAUSED
 from edge.optout import PauseWatch
-from edge.recording.base import STATUS_FILE as RECORDER_STATUS
 from edge.secagg_client import SecAggDevice, secagg_identity
 from edge.segments import DatasetReader
 from edge.serving.server import Server
+from edge.task_inputs import Rows, TaskInputs
 from edge.task_state import TaskState, load_task_state, save_task_state
 from ioft_protocol import codec, restate, round_messages, topics
 from ioft_protocol.compress import encode_upload
@@ -55,7 +56,6 @@ from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
 from ioft_protocol.secagg import transport as secagg_wire
 from ioft_protocol.service import Notifier
 from ioft_protocol.state import StateError
-from sensors.features.scaling import standardize_locally
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import initial_local, participate
 from trainer_lite.data import Dataset
@@ -64,8 +64,6 @@ from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec, training_changes
 
 log = logging.getLogger(__name__)
-#: Prefix of the ``features`` task hyperparameter naming a pushed ONNX encoder.
-ONNX_FEATURES = "onnx:"
 
 
 class TaskRefused(ValueError):  # noqa: N818 -- a reported refusal, not a program error
@@ -133,16 +131,14 @@ class EdgeTrainer:
             self.train = self.test = Dataset(np.empty((0, 1)), np.empty((0, 1)))
             self.data_meta = {}
         self.models: ModelManager | None = None
-        # Embeddings of the local splits per model name, for the version they were computed with.
-        self._embedded: dict[str, tuple[int, Dataset, Dataset]] = {}
-        # spec -> (rows it was fitted on, the same rows scaled) for tasks with scaling = "local"
-        self._scaled: dict[str, tuple[Dataset, Dataset, Dataset, Dataset]] = {}
+        # the rows each task trains on: raw, embedded by a pushed encoder, scaled locally
+        self.inputs = TaskInputs(self.device, self._active_model)
         # answers for every new row the recorder feeds (edge.serving), on their own thread
         self.serving = Server(
             config,
             self.state_dir,
             lambda topic, payload: self.session.publish(topic, payload, retain=True, timeout=None),
-            lambda name: self.models.active(name) if self.models is not None else None,
+            self._active_model,
         )
         self.session = session_factory(self._session_options())
         # tasks with secagg: the update leaves masked, through the SecAgg stages (edge/secagg_client.py)
@@ -172,6 +168,10 @@ class EdgeTrainer:
             self.device, config.simulate, self._run_paced, self._answered_round, self._presence
         )
 
+    def _active_model(self, name: str) -> LoadedModel | None:
+        """The pushed model serving under ``name`` here, if any."""
+        return self.models.active(name) if self.models is not None else None
+
     # -- local dataset ---------------------------------------------------------------
     def refresh_dataset(self) -> bool:
         """Take in the segments edge-recorder appended since the last read; ``True`` if the data changed.
@@ -182,7 +182,7 @@ class EdgeTrainer:
         if not self._data.refresh():
             return False
         self.train, self.test, self.data_meta = self._data.train, self._data.test, self._data.meta
-        self._embedded.clear()  # embeddings were of the old rows
+        self.inputs.forget_embeddings()
         if self.models is not None:
             self.models.holdout = (self.train, self.test)
             self.models.data_schema_hash = self.data_meta.get("schema_hash")
@@ -196,56 +196,8 @@ class EdgeTrainer:
 
     # -- MQTT ------------------------------------------------------------------------
     def _status(self, state: str) -> tuple[str, bytes]:
-        body = {
-            "device": self.device,
-            "state": state,
-            "time": time.time(),
-            "kind": self.config.machine_kind,
-            "tags": list(self.config.tags),
-            restate.CONNECTED_AT: self.connected_at,
-            "tasks": {
-                name: {"round": ts.answered[0] if ts.answered else None, "metrics": ts.metrics}
-                for name, ts in self.tasks.items()
-            },
-        }
-        if self.models is not None:
-            body["models"] = self.models.status()
-        if self.refused:
-            body["refused"] = dict(self.refused)
-        if self.holdout:
-            body["holdout"] = {task: score.to_json() for task, score in self.holdout.items()}
-        if self.pause.reason is not None:
-            body["paused"] = self.pause.reason
-        if self.ahead:  # task -> {task, device_round, announced_round}: the aggregator's store is behind
-            body["ahead_of_aggregator"] = dict(self.ahead)
-        if self.unheard is not None:
-            body["aggregator"] = self.unheard
-        session = getattr(self, "session", None)  # the Last Will is built before the session
-        if session is not None and session.takeovers:  # another client holds our identity (stolen?)
-            body["takeovers"] = {"count": session.takeovers, "last": session.last_takeover}
-        if self.serving.enabled:
-            body["serving"] = self.serving.status()
-            body["alerts"] = body["serving"]["alerts"]  # open alerts, for the console and Home Assistant
-        body["data"] = self._data_status()
-        body["process"] = {  # for the console and its metrics: what a round costs this device
-            "cpu_s_round": self.round_cpu_s,
-            "cpu_s_total": time.process_time(),
-            "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
-        }
+        body = status_body(self, state)
         return topics.topic_status(self.config.fleet, self.device), json.dumps(body, sort_keys=True).encode()
-
-    def _data_status(self) -> dict:
-        """Rows on hand and, where edge-recorder runs beside this daemon, the state of its sensors."""
-        out: dict = {"train": len(self.train), "test": len(self.test), "source": self.data_meta.get("source"),
-                     # push offers a model only to devices whose data follow its feature schema
-                     "schema": self.data_meta.get("schema_hash")}  # fmt: skip
-        try:
-            rec = json.loads((self.state_dir / RECORDER_STATUS).read_text())
-        except (OSError, ValueError, RecursionError):
-            return out  # no recorder here (simulated data), or a status being replaced: skip it
-        if isinstance(rec, dict):
-            out["sensor"] = {k: rec.get(k) for k in ("state", "running", "updated_at", "appended")}
-        return out
 
     def _session_options(self) -> SessionOptions:
         c = self.config
@@ -437,49 +389,13 @@ class EdgeTrainer:
         else:
             self._status_due = True
 
-    def task_data(self, spec_json: str) -> tuple[Dataset, Dataset, int | None] | None:
-        """The local splits a task trains on: raw rows, or a pushed encoder's embeddings of them.
+    def task_data(self, spec_json: str) -> Rows | None:
+        """The local splits a task trains on (:meth:`edge.task_inputs.TaskInputs.for_task`)."""
+        return self.inputs.for_task(spec_json, self._client(spec_json), self.train, self.test)
 
-        Returns ``None`` when the task names an encoder this device has no active version of.
-        """
-        algo = self._client(spec_json)
-        rows = self._rows(algo)
-        if rows is None or algo.scaling != "local":
-            return rows
-        train, test, version = rows
-        cached = self._scaled.get(spec_json)
-        if cached is None or cached[0] is not train or cached[1] is not test:  # refit on new rows only
-            tx, ex = standardize_locally(train.x, test.x)
-            cached = (train, test, Dataset(tx, train.y, train.domain), Dataset(ex, test.y, test.domain))
-            self._scaled[spec_json] = cached
-        return cached[2], cached[3], version
-
-    def _rows(self, algo: ClientAlgorithm) -> tuple[Dataset, Dataset, int | None] | None:
-        """The task's rows before scaling: the dataset's, or a pushed encoder's embeddings of them."""
-        source = algo.spec.hparams.get("features")
-        if source is None:
-            return self.train, self.test, None
-        if not isinstance(source, str) or not source.startswith(ONNX_FEATURES):
-            raise ValueError(f"task hparam features={source!r}: expected '{ONNX_FEATURES}<model name>'")
-        name = source[len(ONNX_FEATURES) :]
-        model = self.models.active(name) if self.models is not None else None
-        if model is None:
-            return None
-        cached = self._embedded.get(name)
-        if cached is None or cached[0] != model.version:
-            started = time.perf_counter()
-            train = Dataset(embed_rows(model, self.train.x), self.train.y, self.train.domain)
-            test = Dataset(embed_rows(model, self.test.x), self.test.y, self.test.domain)
-            cached = self._embedded[name] = (model.version, train, test)
-            log.info(
-                "%s: embedded %d rows with %s v%d in %.3f s",
-                self.device,
-                len(train) + len(test),
-                name,
-                model.version,
-                time.perf_counter() - started,
-            )
-        return cached[1], cached[2], cached[0]
+    def _rows(self, algo: ClientAlgorithm) -> Rows | None:
+        """The task's rows before scaling (:meth:`edge.task_inputs.TaskInputs.rows`)."""
+        return self.inputs.rows(algo, self.train, self.test)
 
     def _client(self, spec_json: str) -> ClientAlgorithm:
         algo = self.clients.get(spec_json)
@@ -785,10 +701,4 @@ class EdgeTrainer:
         """The personalized model's output for raw rows ``x`` (embedded first if the task says so)."""
         state = self.tasks[task]
         algo = self._client(state.spec_json)
-        source = algo.spec.hparams.get("features")
-        if source is not None:
-            model = self.models.active(source[len(ONNX_FEATURES) :]) if self.models is not None else None
-            if model is None:
-                raise ValueError(f"task {task} needs encoder {source}, which is not active on this device")
-            x = embed_rows(model, x)
-        return algo.predict(shared, state.local, x)
+        return algo.predict(shared, state.local, self.inputs.encode(task, algo, x))

@@ -166,7 +166,7 @@ class ModelChunk:
         With ``verify`` its own sha256 must match its bytes, and ``data`` is a copy.
         Without, ``sha256`` is the one the chunk claims and ``data`` a zero-copy view of
         ``payload``: the device's path, where the bytes go once through the whole file's
-        running sha256 and that signed hash decides (``edge.model_transfer``).
+        running sha256 and that signed hash decides (``edge.models.transfer``).
         """
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise WireError(f"payload must be bytes, got {type(payload).__name__}")

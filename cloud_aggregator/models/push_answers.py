@@ -1,7 +1,7 @@
 """``push --wait``: each addressed device's answer to a push, read from its retained status.
 
 A device reports model installs in its retained ``status/<device>`` message
-(``edge.models.ModelStore.status``: each model's active version and recent refusals
+(``edge.models.manager.ModelManager.status``: each model's active version and recent refusals
 with their reasons); this follows those messages after a push until every device
 answered or the time is up.
 """

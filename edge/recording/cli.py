@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from edge.cli import device_toml, setup_logging
+from edge.cli_common import device_toml, setup_logging
 from edge.config import DeviceConfig
 from edge.recording.base import RecorderError
 from edge.recording.printer import PrinterRecorder

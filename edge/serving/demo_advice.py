@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from edge.config import DataConfig
-from edge.dataset import simulated_printer_dataset
 from edge.serving.advice import speed_advice
 from edge.serving.model import ServingModel
+from edge.simulated import simulated_printer_dataset
 from edge.task_state import load_task_state
 from ioft_protocol.state import StateError
 from sensors.layers import SPEED_SCALE

@@ -2,7 +2,7 @@
 watched weld by weld, for ``make demo`` (``cloud_aggregator.local.demo``, which may not import
 ``edge`` and so runs this).
 
-Each welder records its dataset through the real intake path (:func:`edge.dataset.simulated_welder_dataset`:
+Each welder records its dataset through the real intake path (:func:`edge.simulated.simulated_welder_dataset`:
 48 welds of the four tool classes, labelled), trains its own model alone on it with the device's
 NumPy trainer (``indiv``: :func:`trainer_lite.client.participate`, the call a round makes) and serves
 it as the device does (:class:`edge.serving.model.ServingModel`: its own scaling, its answer per
@@ -29,12 +29,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from edge.config import AlertRule, DataConfig
-from edge.dataset import simulated_welder_dataset
 from edge.recording.simulate import SimulatedWelder
 from edge.serving.alerts import Alerts
 from edge.serving.field import FieldScores
 from edge.serving.model import ServingModel
 from edge.serving.records import Row
+from edge.simulated import simulated_welder_dataset
 from sensors.features.scaling import Standardizer
 from sensors.welding.pipeline import labelled_rows
 from trainer_lite.algorithms import make_client

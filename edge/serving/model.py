@@ -8,7 +8,7 @@ task that embeds rows, the name and version of the ONNX encoder.  It is written 
 half-written, the previous copy kept as ``.prev``) and swapped into the server by one
 reference assignment, so a row is answered by the old model or the new one, whole.
 
-The gate (:func:`edge.onnx_model.no_worse`, the rule that rolls back an ONNX push):
+The gate (:func:`edge.models.onnx.no_worse`, the rule that rolls back an ONNX push):
 a candidate serves only if its score on the device's own test split is no lower than
 the serving model's score on the same rows by more than the margin.
 """

@@ -134,7 +134,7 @@ def encoder_lookup(config: DeviceConfig):
     """``name -> active ONNX model`` from the device's model folder (``None`` without ``[model]``)."""
     if not config.model.public_key:
         return lambda _name: None
-    from edge.models import ModelManager
+    from edge.models.manager import ModelManager
     from ioft_protocol.manifest import load_public_key
 
     manager = ModelManager(

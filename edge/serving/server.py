@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from edge.config import DeviceConfig
-from edge.onnx_model import no_worse
+from edge.models.onnx import no_worse
 from edge.serving.advice import MoonrakerApply, speed_advice
 from edge.serving.alerts import Alerts, Event
 from edge.serving.feed import SERVING_DIR, feed_path, wake_path

@@ -13,7 +13,7 @@ from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet, simul
 from cloud_aggregator.rounds.types import Reason
 from cloud_aggregator.store.sqlite import SqliteStore
 from edge.config import DataConfig
-from edge.dataset import simulated_printer_dataset
+from edge.simulated import simulated_printer_dataset
 from trainer_lite.params import param_hash
 from trainer_lite.task import TaskSpec
 

@@ -27,7 +27,7 @@ from cloud_aggregator.rounds.engine import RoundEngine
 from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet
 from cloud_aggregator.store.sqlite import SqliteStore
 from edge.config import DataConfig
-from edge.dataset import simulated_printer_dataset
+from edge.simulated import simulated_printer_dataset
 from trainer_lite.task import TaskSpec
 
 PRINTERS = [f"printer{i}" for i in range(1, 5)]

@@ -21,7 +21,7 @@ from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.rounds.engine import MemoryStore, RoundEngine
 from cloud_aggregator.rounds.simulation import ClientData, SimulatedFleet
 from edge.config import DataConfig
-from edge.dataset import simulated_printer_dataset, simulated_welder_dataset
+from edge.simulated import simulated_printer_dataset, simulated_welder_dataset
 from ioft_protocol.config import build
 
 README = Path(__file__).resolve().parents[2] / "docs" / "fleet.md"  # moved from README.md

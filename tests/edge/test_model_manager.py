@@ -16,8 +16,8 @@ import pytest
 
 from cloud_aggregator.models.push import push_messages
 from edge.config import DataConfig, ModelConfig
-from edge.dataset import simulated_printer_raw_dataset
-from edge.models import ModelManager
+from edge.models.manager import ModelManager
+from edge.simulated import simulated_printer_raw_dataset
 from export.keys import generate_keypair, load_private_key, sign
 from export.synthetic import signed, window_encoder
 from ioft_protocol import model_push, topics

@@ -1,4 +1,4 @@
-"""``edge.model_transfer.Transfer``: the window, and the file's sha256 computed once per byte whatever the
+"""``edge.models.transfer.Transfer``: the window, and the file's sha256 computed once per byte whatever the
 order the chunks land in (out of order, or partly on disk after a restart), with no re-read of the file."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from cloud_aggregator.models.push import push_messages
-from edge import model_transfer
+from edge.models import transfer as model_transfer
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from ioft_protocol import model_push

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from edge.config import DataConfig, DeviceConfig, SensorsConfig
-from edge.dataset import load_dataset, prepare_dataset, save_dataset, simulated_printer_dataset
+from edge.dataset import load_dataset, prepare_dataset, save_dataset
 from edge.recording.base import STATUS_FILE, RecorderError, split_for
 from edge.recording.cli import make_recorder
 from edge.recording.printer import PrinterRecorder
+from edge.simulated import simulated_printer_dataset
 from ioft_protocol.config import ConfigError, build
 from sensors.layers import to_xy
 from sensors.sim.printer import VirtualClock, plan_fleet_member, timeline_for

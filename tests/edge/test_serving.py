@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from edge.config import DeviceConfig, ServeConfig
-from edge.onnx_model import no_worse
+from edge.models.onnx import no_worse
 from edge.serving import jsonlog
 from edge.serving.feed import RowFeed
 from edge.serving.jsonlog import JsonLinesLog, Tail, read_log
@@ -291,7 +291,7 @@ def test_predict_prints_an_answer_per_row_and_refuses_bad_input_in_one_line(tmp_
 
 
 class Encoder:
-    """Stands in for an active ONNX encoder (:class:`edge.onnx_model.LoadedModel`): version and run."""
+    """Stands in for an active ONNX encoder (:class:`edge.models.onnx.LoadedModel`): version and run."""
 
     def __init__(self, version: int) -> None:
         self.version = version

@@ -16,7 +16,7 @@ from cloud_aggregator.models.backbones.data import BackboneData, printer_windows
 from cloud_aggregator.models.backbones.nets import FeatureMLP  # noqa: E402
 from cloud_aggregator.models.backbones.packaging import export_params, export_run  # noqa: E402
 from cloud_aggregator.models.backbones.train import CHECKPOINT, TrainSettings, load_run, train_backbone  # noqa: E402
-from edge.onnx_model import LoadedModel, holdout_score  # noqa: E402
+from edge.models.onnx import LoadedModel, holdout_score  # noqa: E402
 from export.keys import generate_keypair, load_private_key  # noqa: E402
 from export.onnx_export import export_onnx  # noqa: E402
 from export.package import ExportError  # noqa: E402
@@ -156,7 +156,7 @@ def test_a_trained_backbone_exports_signed_with_an_int8_report_and_loads_on_a_de
 
     # The device path (onnxruntime only) loads the int8 file and scores it on its own data.
     from edge.config import DataConfig
-    from edge.dataset import simulated_printer_raw_dataset
+    from edge.simulated import simulated_printer_raw_dataset
 
     train, test, meta = simulated_printer_raw_dataset("printer3", DataConfig(source="simulate-printer-raw"))
     assert meta["schema_hash"] == m.schema_hash

@@ -130,7 +130,7 @@ def test_offers_validate_their_fields():
 
 DEVICE_SIDE = """
 import json, sys
-import edge.daemon, edge.models, edge.onnx_model, ioft_protocol.manifest
+import edge.daemon, edge.models.manager, edge.models.onnx, ioft_protocol.manifest
 import export.keys, export.package, export.quantize, export.runtime, export.cli
 import cloud_aggregator.models.push, cloud_aggregator.console.fleet_status, cloud_aggregator.cli, cloud_aggregator.models.backbones.cli
 import cloud_aggregator.models.backbones.data

@@ -207,7 +207,7 @@ def test_record_runs_in_virtual_time_with_a_faulty_stretch():
 def test_the_simulate_printer_data_source_runs_the_driver_path():
     """edge's ``simulate-printer`` source: fake ADXL345 on a fake bus -> real driver -> recorder."""
     from edge.config import DataConfig
-    from edge.dataset import simulated_printer_dataset
+    from edge.simulated import simulated_printer_dataset
     from sensors.layers import to_xy
 
     train, test, meta = simulated_printer_dataset("printer5", DataConfig(source="simulate-printer"))

@@ -166,3 +166,8 @@ def _check_output(model: LoadedModel, out: np.ndarray, n: int) -> None:
         raise ModelLoadError(f"output has shape {out.shape}, the manifest promises {want}")
     if not np.isfinite(out).all():
         raise ModelLoadError("output holds NaN or Inf on the holdout")
+
+
+def embed_rows(model: LoadedModel, x: np.ndarray) -> np.ndarray:
+    """The model's output rows for ``x``, as float32 (the head's input)."""
+    return model.run(x).astype(np.float32, copy=False)

@@ -6,7 +6,7 @@ byte is hashed once, into the whole file's running sha256 as the prefix grows, a
 that signed hash decides; a chunk is matched to the offer's table by the hash it
 claims, and only when the file's hash is wrong are the chunks on disk hashed one by
 one to name the one altered in transit.  A restarted device re-hashes the chunks
-already in the file and keeps those that match, so it fetches only what it lacks.  ``edge.models`` decides what to fetch and
+already in the file and keeps those that match, so it fetches only what it lacks.  ``edge.models.fetch`` decides what to fetch and
 what to do with the finished file; this module only assembles and checks bytes.
 """
 
@@ -45,7 +45,7 @@ class Transfer:
     #: The push's ``model_push.transfer_id``, computed once (chunks are checked against it).
     transfer_id: str = ""
     #: The version's chunk-topic filter while the chunks stream in on one subscription to it
-    #: (``edge.models``); empty once the fetch asks for the missing chunks one window at a time.
+    #: (``edge.models.fetch``); empty once the fetch asks for the missing chunks one window at a time.
     stream: str = ""
     started: float = 0.0
     #: The process's CPU time at the start (``last_transfer.cpu_s``: what fetching cost this device).
