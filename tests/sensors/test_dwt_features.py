@@ -200,6 +200,16 @@ def test_inputs_that_do_not_fit_are_refused():
 SMALL = FeatureSchema(level=6)  # min_samples 448: keeps the property tests fast
 
 
+def property_signals(n: int, dtype, offset: float, amplitude: float, seed: int) -> np.ndarray:
+    """Two 4-channel recordings of ``n`` samples: noise at ``offset`` and ``amplitude``, in ``dtype``
+    (rounded and clipped to its range for integers); the property tests' inputs."""
+    raw = offset + amplitude * np.random.default_rng(seed).standard_normal((2, 4, n))
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        raw = np.clip(np.round(raw), info.min, info.max)
+    return raw.astype(dtype)
+
+
 @settings(max_examples=examples(30), deadline=None)
 @given(
     n=st.integers(SMALL.min_samples, 6000),
@@ -209,12 +219,7 @@ SMALL = FeatureSchema(level=6)  # min_samples 448: keeps the property tests fast
     seed=st.integers(0, 2**16),
 )
 def test_any_length_and_dtype_gives_finite_consistent_features(n, dtype, offset, amplitude, seed):
-    rng = np.random.default_rng(seed)
-    raw = offset + amplitude * rng.standard_normal((2, 4, n))
-    if np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        raw = np.clip(np.round(raw), info.min, info.max)
-    x = raw.astype(dtype)
+    x = property_signals(n, dtype, offset, amplitude, seed)
     rows = extract_batch(x, SMALL, sample_rate=FS)
     assert rows.shape == (2, SMALL.n_features) and np.isfinite(rows).all()
     rec = WeldRecording(x[1], CH, FS, "h", datetime(2024, 1, 1, tzinfo=UTC))

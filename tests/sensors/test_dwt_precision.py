@@ -21,6 +21,7 @@ from sensors.features.reference import extract_features_reference
 from sensors.sim.welder import WeldCondition, simulate_weld
 from sensors.welding import WeldRecording
 from tests.budget import examples
+from tests.sensors.test_dwt_features import property_signals
 from tests.sensors.test_dwt_reference import signals
 
 FS = 200_000.0
@@ -106,12 +107,7 @@ SMALL = FeatureSchema(level=6)
     seed=st.integers(0, 2**16),
 )
 def test_property_inputs_within_tolerance(n, dtype, offset, amplitude, seed):
-    rng = np.random.default_rng(seed)
-    raw = offset + amplitude * rng.standard_normal((2, 4, n))
-    if np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        raw = np.clip(np.round(raw), info.min, info.max)
-    x = raw.astype(dtype)
+    x = property_signals(n, dtype, offset, amplitude, seed)
     fast = extract_batch(x, SMALL, sample_rate=FS)
     assert np.isfinite(fast).all()
     assert_within_tolerance(fast, extract_batch(x, SMALL, sample_rate=FS, precision="float64"), n, SMALL)
