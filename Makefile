@@ -82,17 +82,17 @@ debs = @missing=""; for pair in $(1); do command -v $${pair%%:*} >/dev/null || m
   DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 
 # The device side on Debian bookworm arm64 (Raspberry Pi OS's base) under qemu-user-static, as root;
-# not part of `make test`.  Builds /var/tmp/ioft-pi-root once; writes benchmarks/results/pi_check.md.
+# not part of `make test`.  Builds /var/tmp/ioft-pi-root once; writes deploy/results/pi_check.md.
 # PI_CHECK_ARGS="--skip-tests" for a quicker pass (the tests take most of the time under qemu).
 pi-check: $(STAMP)
 	$(call debs,qemu-aarch64-static:qemu-user-static debootstrap:debootstrap update-binfmts:binfmt-support)
-	$(BIN)/python -m benchmarks.pi_check $(PI_CHECK_ARGS)
+	$(BIN)/python -m deploy.pi_check $(PI_CHECK_ARGS)
 
 # The systemd units and the README's install steps under a real systemd (a Debian bookworm root
 # booted by systemd-nspawn, as root; needs debootstrap and systemd-container); not part of `make test`.
 services-check: $(STAMP)
 	$(call debs,debootstrap:debootstrap systemd-nspawn:systemd-container)
-	$(BIN)/python -m benchmarks.services_check
+	$(BIN)/python -m deploy.services_check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -23,6 +23,9 @@ from typing import TypeVar
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: The packages whose ``results/`` folders hold results files: the studies, the checks the suite
+#: drives (``checks/``) and the deployment checks (``deploy/``).
+RESULT_PACKAGES = ("benchmarks", "checks", "deploy")
 T = TypeVar("T")
 
 
@@ -93,7 +96,14 @@ def _read_commit() -> str:
     if not sha:
         return "unknown (not a git checkout)"
     # Results files are outputs, not the code that produced them.
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    dirty = git(
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        *(f":!{p}/results" for p in RESULT_PACKAGES),
+    )
     return f"{sha}" + (" + uncommitted changes" if dirty else "")
 
 
@@ -106,10 +116,11 @@ def header(name: str, command: str | None = None) -> str:
     return f"# {name}\n\nCommand: `{cmd.strip()}`  \nCommit: {commit_line()}  \nMachine: {machine_line()}\n"
 
 
-def write_result(name: str, body: str, *, command: str | None = None) -> Path:
-    """Write ``benchmarks/results/<name>.md`` with the command, commit and machine on top."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.md"
+def write_result(name: str, body: str, *, command: str | None = None, folder: Path = RESULTS) -> Path:
+    """Write ``<folder>/<name>.md`` (``benchmarks/results/`` unless a check names its own) with the
+    command, commit and machine on top."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.md"
     path.write_text(f"{header(name, command)}\n{body.strip()}\n")
     return path
 

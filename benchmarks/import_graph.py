@@ -21,6 +21,8 @@ PACKAGES = (
     "cloud_aggregator",
     "export",
     "benchmarks",
+    "checks",
+    "deploy",
     "tests",
 )
 

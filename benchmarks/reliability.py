@@ -17,7 +17,7 @@ simulation's.  The devices' updates are deterministic in (seed, device, round,
 phase) and the aggregator sums them in device order, which is what makes that
 comparison exact.
 
-Fleet fault scenarios: each of ``benchmarks.fault_scenarios.SCENARIOS``, ``--scenario-trials``
+Fleet fault scenarios: each of ``checks.fault_scenarios.SCENARIOS``, ``--scenario-trials``
 times, on a fresh broker and fleet; every upload on the wire must be counted or refused
 with a recorded reason, none lost.
 
@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import markdown_table, progress, write_result
-from benchmarks.fault_scenarios import DEVICES, SCENARIOS, ScenarioRun
+from checks.fault_scenarios import DEVICES, SCENARIOS, ScenarioRun
 from cloud_aggregator import faults
 from cloud_aggregator.local.broker import interrupt_on_sigterm, start_mosquitto
 from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml, pflda_task
@@ -310,7 +310,7 @@ def state_trial(work: Path, rng: np.random.Generator) -> str:
 
 # -- fleet fault scenarios -----------------------------------------------------------------------------
 def scenario_trial(work: Path, name: str) -> ScenarioRun | str:
-    """One run of a ``benchmarks.fault_scenarios`` scenario on a fresh broker and fleet;
+    """One run of a ``checks.fault_scenarios`` scenario on a fresh broker and fleet;
     the error text when it could not finish."""
     work.mkdir(parents=True)
     broker = start_mosquitto(log_file=work / "mosquitto.log")  # a scenario may restart it: mosquitto only
@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         + "\n\n"
         + "".join(f"- did not finish: {e}\n" for e in scenario_errors)
         + "\nEach run: a fresh mosquitto, three `edge-trainer` daemons and `cloud-aggregator serve` "
-        "(`benchmarks/fault_scenarios.py`, the same functions the e2e tests assert on). An upload on the "
+        "(`checks/fault_scenarios.py`, the same functions the e2e tests assert on). An upload on the "
         "wire (one per device and round, seen by a subscriber to `#`) is *counted* when its round (or, "
         "late, the next) lists its device, *refused late* when the aggregator recorded why it could not use "
         "it (its round had closed, none was open, a duplicate), and *lost* otherwise. Uploads of abandoned "

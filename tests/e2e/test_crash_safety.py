@@ -15,9 +15,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from benchmarks import fault_scenarios
-from benchmarks.fault_scenarios import DEVICES, global_of, kill, wait_stopped
 from benchmarks.reliability import CrashBench, state_trial
+from checks import fault_scenarios
+from checks.fault_scenarios import DEVICES, global_of, kill, wait_stopped
 from cloud_aggregator import faults
 from cloud_aggregator.aggregation.strategies import make_strategy
 from cloud_aggregator.aggregation.update import Update

@@ -1,5 +1,5 @@
 """Faults against real processes: a device killed mid-run, the broker restarted
-(``benchmarks.fault_scenarios``, which the reliability study repeats and counts), and
+(``checks.fault_scenarios``, which the reliability study repeats and counts), and
 garbage, oversized and NaN-filled updates on the uplink.
 
 The aggregator freezes itself at an exact step (``IOFT_FAULT=<point>:<n>:stop``) while the
@@ -13,7 +13,7 @@ import numpy as np
 import paho.mqtt.client as paho
 import pytest
 
-from benchmarks import fault_scenarios
+from checks import fault_scenarios
 from cloud_aggregator.local.fleet import FLEET, aggregator_toml, pflda_task
 from ioft_protocol import round_messages, topics
 

@@ -1,4 +1,4 @@
-"""Inputs the fuzzer (benchmarks.fuzz_decoders) found that once escaped their decoder's documented error type."""
+"""Inputs the fuzzer (checks.fuzz_decoders) found that once escaped their decoder's documented error type."""
 
 from __future__ import annotations
 

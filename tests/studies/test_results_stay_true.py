@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from benchmarks import quick_figures
-from benchmarks.common import RESULTS, commit_line, header
+from benchmarks.common import RESULT_PACKAGES, commit_line, header
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMIT = re.compile(r"^Commit: ([0-9a-f]{7,40})(.*)$", re.M)
-MODULE = re.compile(r"python3? -m benchmarks\.([a-z_0-9]+)")
-FILES = sorted(RESULTS.glob("*.md"))
+MODULE = re.compile(rf"python3? -m ({'|'.join(RESULT_PACKAGES)})\.([a-z_0-9]+)")
+FILES = sorted(p for pkg in RESULT_PACKAGES for p in (ROOT / pkg / "results").glob("*.md"))
 
 
 def _git(*args: str) -> subprocess.CompletedProcess:
@@ -32,16 +32,16 @@ def _has_history() -> bool:
     return done.returncode == 0 and int(done.stdout.strip() or 0) > 1
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
 def test_every_results_file_names_its_command_and_commit(path: Path) -> None:
     head = "\n".join(path.read_text().split("\n")[:12])
     assert COMMIT.search(head), (
         f"{path.name}: no 'Commit: <sha>' line near the top (benchmarks.common.header)"
     )
-    assert MODULE.search(path.read_text()), f"{path.name}: names no `python -m benchmarks.<study>` command"
+    assert MODULE.search(path.read_text()), f"{path.name}: names no `python -m <package>.<module>` command"
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
 def test_a_recorded_commit_is_not_older_than_its_study(path: Path) -> None:
     """A run that recorded its commit (not a backfilled one): its study's module is unchanged since."""
     if not _has_history():
@@ -57,7 +57,7 @@ def test_a_recorded_commit_is_not_older_than_its_study(path: Path) -> None:
     )
     if _git("cat-file", "-e", f"{sha}^{{commit}}").returncode != 0:
         pytest.skip(f"{path.name}: commit {sha} is not in this history (a rebase or a shallow clone)")
-    module = ROOT / "benchmarks" / f"{MODULE.search(text).group(1)}.py"
+    module = ROOT.joinpath(*MODULE.search(text).groups()).with_suffix(".py")
     changed = _git("log", "--format=%h %s", f"{sha}..HEAD", "--", str(module.relative_to(ROOT)))
     assert changed.returncode == 0, changed.stderr
     stale = [c for c in changed.stdout.splitlines() if not _imports_only(c.split()[0], module)]

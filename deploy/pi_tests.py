@@ -12,8 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.pi_measure import Watched, host_env
-from benchmarks.pi_root import ROOT_ENV, VENV, in_root
+from deploy.pi_measure import Watched, host_env
+from deploy.pi_root import ROOT_ENV, VENV, in_root
 
 #: The device-side tests: the packages a Pi runs (less the gold tests against torch, marked
 #: ``torch``).  Some import cloud_aggregator's pure-NumPy parts (strategies, simulation) or

@@ -8,9 +8,9 @@ import re
 import sys
 from pathlib import Path
 
-from benchmarks import pi_check, pi_report, pi_root, pi_tests
-from benchmarks.pi_fleet import MARK, FleetRun, figures
-from benchmarks.pi_measure import Mark, Usage, Watched, host_env
+from deploy import pi_check, pi_report, pi_root, pi_tests
+from deploy.pi_fleet import MARK, FleetRun, figures
+from deploy.pi_measure import Mark, Usage, Watched, host_env
 
 
 def test_without_root_it_says_so_in_one_line(monkeypatch, capsys):

@@ -13,10 +13,10 @@ Inputs come from two generators that share one mutator:
   document with random values for known keys, JSON sidecars and label rows with
   random values), so inputs pass the outer format and reach field validation.
 
-``tests/studies/test_fuzz_decoders_quick.py`` runs both through hypothesis (``st.randoms`` drives the mutator) with
-a budget of seconds; ``python -m benchmarks.fuzz_decoders --examples N`` runs N inputs
+``tests/checks/test_fuzz_decoders_quick.py`` runs both through hypothesis (``st.randoms`` drives the mutator) with
+a budget of seconds; ``python -m checks.fuzz_decoders --examples N`` runs N inputs
 per decoder with a seeded ``random.Random`` (hypothesis' per-example overhead is
-larger than most decoders' cost) and writes ``benchmarks/results/fuzz_decoders.md``.
+larger than most decoders' cost) and writes ``checks/results/fuzz_decoders.md``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import markdown_table, peak_rss_mb, progress, study_parser, write_result
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 INTERESTING_BYTES = (0x00, 0x01, 0x7F, 0x80, 0xFF, ord("{"), ord("}"), ord('"'), ord(","), ord("\n"))
 INTERESTING_INTS = (
@@ -864,7 +866,7 @@ def main(argv: list[str] | None = None) -> int:
     body += (
         "\nInputs come from a seeded `random.Random` mutator (byte mutations of valid seeds plus "
         "structured generators), not a coverage-guided fuzzer; hypothesis drives the same generators "
-        "in `tests/studies/test_fuzz_decoders_quick.py` on a budget of seconds.\n"
+        "in `tests/checks/test_fuzz_decoders_quick.py` on a budget of seconds.\n"
     )
     for f in found[:20]:
         body += f"\n### {f.kind} in {f.target}\n\n`{f.error}`\n\ninput (hex, first 200 bytes): `{f.data[:200].hex()}`\n"
@@ -872,7 +874,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         if not args.quick and not args.only:
             body += "\n" + HISTORY
-        path = write_result("fuzz_decoders" + ("_quick" if args.quick else ""), body)
+        name = "fuzz_decoders" + ("_quick" if args.quick else "")
+        command = "python -m checks.fuzz_decoders " + " ".join(argv if argv is not None else sys.argv[1:])
+        path = write_result(name, body, command=command, folder=RESULTS)
         print(f"wrote {path}", file=sys.stderr)
     return 1 if found else 0
 

@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.pi_measure import Usage, Watched, host_env
-from benchmarks.pi_root import ROOT_ENV, VENV, PiCheckError, in_root
 from cloud_aggregator.local.broker import find_mosquitto, free_port
 from cloud_aggregator.store.sqlite import SqliteStore
+from deploy.pi_measure import Usage, Watched, host_env
+from deploy.pi_root import ROOT_ENV, VENV, PiCheckError, in_root
 
 FLEET = "pi-check"
 PI, HOST = "pi1", "host1"

@@ -1,16 +1,16 @@
 """``make pi-check``: the device side on Raspberry Pi OS's base, Debian bookworm arm64, under qemu.
 
-As root on an x86_64 Debian host: build (or reuse) the arm64 root (:mod:`benchmarks.pi_root`),
+As root on an x86_64 Debian host: build (or reuse) the arm64 root (:mod:`deploy.pi_root`),
 build the project's wheel on the host from the committed tree (``git archive HEAD``), install
 its device extra in a fresh venv in the root with ``pip --only-binary=:all:`` (aarch64 wheels
 from PyPI; no compiler, no torch), then inside the root: time the device modules' imports, run
 ``edge-recorder --simulate printer``, run ``edge-trainer --simulate printer`` for a few rounds
-against a fleet on the host (:mod:`benchmarks.pi_fleet`), and run the device-side tests.
+against a fleet on the host (:mod:`deploy.pi_fleet`), and run the device-side tests.
 Every figure has the host's (x86_64, the project's venv) beside it, measured in the same run.
 
-    sudo .venv/bin/python -m benchmarks.pi_check [--root /var/tmp/ioft-pi-root] [--rounds 10]
+    sudo .venv/bin/python -m deploy.pi_check [--root /var/tmp/ioft-pi-root] [--rounds 10]
 
-Writes ``benchmarks/results/pi_check.md``.  A failing step is one line and exit 1; not root,
+Writes ``deploy/results/pi_check.md``.  A failing step is one line and exit 1; not root,
 exit 2.
 """
 
@@ -28,10 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import pi_report
-from benchmarks.pi_fleet import FleetRun, run_fleet
-from benchmarks.pi_measure import IMPORT_PROBE, Usage, Watched, host_env
-from benchmarks.pi_root import (
+from deploy import pi_report
+from deploy.pi_fleet import FleetRun, run_fleet
+from deploy.pi_measure import IMPORT_PROBE, Usage, Watched, host_env
+from deploy.pi_root import (
     ROOT_ENV,
     VENV,
     Install,
@@ -45,7 +45,7 @@ from benchmarks.pi_root import (
     mounted,
     run_logged,
 )
-from benchmarks.pi_tests import DEVICE_TESTS, rerun_on_host, run_tests
+from deploy.pi_tests import DEVICE_TESTS, rerun_on_host, run_tests
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_TOOLS = ("pytest", "pytest-timeout", "hypothesis", "onnx")  # at the host venv's versions
@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tests-timeout", type=float, default=5400, help="seconds for the device-side tests")
     p.add_argument("--skip-tests", action="store_true", help="skip the device-side tests (quicker)")
     p.add_argument("--render-from", type=Path, help="only render the report from a run's figures.pickle")
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "pi_check.md")
+    p.add_argument("--out", type=Path, default=REPO / "deploy" / "results" / "pi_check.md")
     return p.parse_args(argv)
 
 

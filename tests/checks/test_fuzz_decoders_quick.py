@@ -1,7 +1,7 @@
 """Every decoder of untrusted bytes, fuzzed with hypothesis on a CI budget (seconds).
 
-The contract (see ``benchmarks.fuzz_decoders``): return a valid object or raise the
-documented error type; nothing else, no hangs.  ``python -m benchmarks.fuzz_decoders``
+The contract (see ``checks.fuzz_decoders``): return a valid object or raise the
+documented error type; nothing else, no hangs.  ``python -m checks.fuzz_decoders``
 runs the large budget.
 """
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.fuzz_decoders import Target, Workdir, all_targets, check_one, fuzz, mutate
+from checks.fuzz_decoders import Target, Workdir, all_targets, check_one, fuzz, mutate
 from tests.budget import examples
 
 

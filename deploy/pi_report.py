@@ -1,4 +1,4 @@
-"""``benchmarks/results/pi_check.md`` from one Pi check's figures (arm64 emulated beside the x86_64 host)."""
+"""``deploy/results/pi_check.md`` from one Pi check's figures (arm64 emulated beside the x86_64 host)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from benchmarks.common import markdown_table
 
 if TYPE_CHECKING:
-    from benchmarks.pi_fleet import DeviceFigures, FleetRun
-    from benchmarks.pi_measure import Usage
-    from benchmarks.pi_root import Install
-    from benchmarks.pi_tests import TestRun
+    from deploy.pi_fleet import DeviceFigures, FleetRun
+    from deploy.pi_measure import Usage
+    from deploy.pi_root import Install
+    from deploy.pi_tests import TestRun
 
 MIB = 1024 * 1024
 
@@ -118,7 +118,7 @@ def render(
     parts = [
         "# pi_check",
         "",
-        f"Command: `sudo make pi-check` (`python -m benchmarks.pi_check`), wheel built from commit `{commit}`.  ",
+        f"Command: `sudo make pi-check` (`python -m deploy.pi_check`), wheel built from commit `{commit}`.  ",
         f"Host: x86_64, {_host_cpu()}, {os.cpu_count()} CPUs, Python {platform.python_version()} (the project's venv, "
         "the tree installed editable).  ",
         f"arm64: Debian bookworm arm64 root ({root_state} this run) from `debootstrap --arch=arm64 --foreign`, "

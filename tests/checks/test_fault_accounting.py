@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from benchmarks.fault_scenarios import ScenarioRun
+from checks.fault_scenarios import ScenarioRun
 
 
 def rec(round_: int, participants: list[str], status: str = "completed", late: list[str] | None = None):

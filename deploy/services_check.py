@@ -13,9 +13,9 @@ with systemd 252 as its PID 1, sharing the host's network:
 * the watchdog: with ``WatchdogSec=6`` (a drop-in), a SIGSTOPped trainer and serve are
   killed and restarted, while an idle ``serve --service`` is not.
 
-As root on the host, not part of ``make test``: ``python -m benchmarks.services_check``
+As root on the host, not part of ``make test``: ``python -m deploy.services_check``
 (``apt-get install debootstrap systemd-container`` first).  Writes
-``benchmarks/results/services_check.md``.  Serve needs the cloud extra less torch here
+``deploy/results/services_check.md``.  Serve needs the cloud extra less torch here
 (onnx, starlette, uvicorn, prometheus-client, dp-accounting, tqdm), from PyPI.
 """
 
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| {s.get('StatusText')} |\n"
         for u, s in rows
     )
-    RESULTS.write_text(f"""# The systemd units under a real systemd (`python -m benchmarks.services_check`)
+    RESULTS.write_text(f"""# The systemd units under a real systemd (`python -m deploy.services_check`)
 
 x86_64 Debian bookworm (debootstrap minbase) booted by systemd-nspawn on the host; {version}.
 Not a Raspberry Pi: the units and the README's commands are what is checked here, not arm64.
