@@ -1,4 +1,4 @@
-"""Why Ditto's Table 5 sigmoid-GLM figure depends on the seed (issue 16, item 6).
+"""Why Ditto's Table 5 sigmoid-GLM figure depends on the seed.
 
 ``python -m benchmarks.ditto_diagnose [--seeds 0 1 2 3 4] [--variant authors] [--show 1 10 50 200] [--summary] [--trace]``
 

@@ -1,4 +1,4 @@
-"""What DP-FedAvg costs in accuracy (issue 17, item 4): ε ∈ {8, 4, 1} at δ = 1e-5 against no DP.
+"""What DP-FedAvg costs in accuracy: ε ∈ {8, 4, 1} at δ = 1e-5 against no DP.
 
 ``python -m benchmarks.dp_accuracy [--quick] [--seeds 0 1 2] [--larger-fleet 40]``
 

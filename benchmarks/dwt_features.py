@@ -1,7 +1,7 @@
 """DWT feature extraction time per weld, against PyWavelets' own ``wavedec`` in the same run.
 
 One weld is 4 channels x 1 s at 200 kHz (a simulated Cu-Cu weld), turned into the
-624-feature vector of ``sensors.features.DEFAULT_SCHEMA``.  Target (issue 27): the whole
+624-feature vector of ``sensors.features.DEFAULT_SCHEMA``.  Target: the whole
 extraction within 1.3x ``pywt.wavedec`` of the same float64 signal; budget 50 ms per weld.
 
 Every repeat runs each row once, in a fresh random order (interleaved: a back-to-back loop

@@ -1,4 +1,4 @@
-"""FedBuff vs synchronous rounds on the demo's task, in simulated time (issue 14, item 6).
+"""FedBuff vs synchronous rounds on the demo's task, in simulated time.
 
 ``python -m benchmarks.fedbuff_vs_sync [--quick] [--seeds 0 1 2] [--devices 40] [--rounds 40] [--jobs 3]``
 

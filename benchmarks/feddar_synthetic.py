@@ -1,4 +1,4 @@
-"""FedDAR §5.1: domain-mixed linear regression over 100 clients (reproductions 3 and 4 of issue 3).
+"""FedDAR §5.1: domain-mixed linear regression over 100 clients.
 
 ``python -m benchmarks.feddar_synthetic [--quick] [--seeds 0 1 2] [--samples 5 10 20] [--alpha 0.4]``
 ``python -m benchmarks.feddar_synthetic --alpha-sweep [--alphas 0.1 0.5 1 100] [--samples 10]``

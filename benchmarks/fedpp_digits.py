@@ -193,7 +193,7 @@ def with_validation(
     ``aligned`` places the validation images at the rows the client's
     :func:`~trainer_lite.algorithms.fedpp.validation_split` holds out (task seed
     ``seed``), so FedPP trains on exactly LOCAL's images and reads λ from exactly the
-    study's validation images.  Unaligned (the study before issue 26), the client held
+    study's validation images.  Unaligned (as the study first ran), the client held
     out a random third of the pooled images: it trained on other images than LOCAL,
     which alone put single clients several points below LOCAL (results file).
     """
@@ -565,7 +565,7 @@ def build_parser():
     parser.add_argument(
         "--shuffled-split",
         action="store_true",
-        help="FedPP holds out a random third of its pooled images (the study before issue 26) instead of "
+        help="FedPP holds out a random third of its pooled images (as the study first ran) instead of "
         "the study's validation images, so it trains on other images than LOCAL",
     )
     parser.add_argument("--rounds", type=int, default=None, help=f"rounds (default {Config.rounds})")

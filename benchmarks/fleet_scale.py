@@ -17,7 +17,7 @@ strategy that holds every upload) for the memory comparison.
 swarm process, no raw floor; it returns the figures so a test can check the memory property
 (never times).
 
-Issue 14's targets on this 2-core machine: 10,000 devices × 1k parameters: a round ≤ 2 s;
+The targets on this 2-core machine: 10,000 devices × 1k parameters: a round ≤ 2 s;
 1,000 devices × 150k parameters: a round ≤ 1.5× the raw floor; aggregator peak RSS at
 N = 10,000 ≤ 1.2× its N = 100 figure for the mean family; where the aggregator is the bottleneck,
 K = 2 workers (``--workers 1 2 4``: ``[collect] workers = K``) sustain ≥ 1.6× the uploads per

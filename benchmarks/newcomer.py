@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.newcomer [--quick] [--seeds 0 1 2 3 4] [--data ../shared/data/printers]``
 
-Protocol (issue 16).  An established fleet trains the sigmoid GLM of PFL-DA Table 4 for
+Protocol.  An established fleet trains the sigmoid GLM of PFL-DA Table 4 for
 ``rounds_before`` rounds with the demo's settings (Adam lr 0.1, no weight decay, 30
 full-batch local steps, lr × 0.95 every 5 of the device's own rounds, uniform server
 mean); then a newcomer joins (``Simulation.add_device``) with a few layers at a few speeds,
@@ -22,7 +22,7 @@ Table 5 units, 50·MSE(s/50), at each round since it joined.
 
 ``indiv`` is the newcomer alone (the same model, local steps and schedule, starting
 from its seeded random model); ``PFL-DA (no cold start)`` is PFL-DA's newcomer as it was
-before issue 16 (random personal encoder and decoder, lr at the fleet's round).
+before cold start (random personal encoder and decoder, lr at the fleet's round).
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def run_fleet(
             trained[key] = copy.deepcopy(sim)
         sim.add_device(NEWCOMER, fleet.newcomer)
         if label == BEFORE:
-            # The state a newcomer had before issue 16: no progress kept, so no cold start
+            # The state a newcomer had before cold start: no progress kept, so no cold start
             # and the lr schedule at the fleet's round.
             sim.fleet.local[NEWCOMER] = algorithm_state(initial_local(sim.fleet.algo, NEWCOMER))
         out[label] = newcomer_curve(sim, rounds_after)
@@ -333,7 +333,7 @@ def run_lopo(
 
 
 def lopo_targets(losses: dict[str, np.ndarray]) -> list[str]:
-    """Issue 26's targets: every personalized newcomer ≤ alone at round 1 in ≥ 16 of 18 folds
+    """The leave-one-printer-out targets: every personalized newcomer ≤ alone at round 1 in ≥ 16 of 18 folds
     (scaled to the folds run), and PFL-DA ≤ 0.8× alone by round 5."""
     alone = losses[INDIV]
     n = len(alone)
@@ -392,7 +392,7 @@ def table(losses: dict[str, np.ndarray], rounds: Sequence[int]) -> list[str]:
 
 
 def targets(losses: dict[str, np.ndarray]) -> list[str]:
-    """The two targets of issue 16, each met or not, on medians and on means."""
+    """The study's two targets, each met or not, on medians and on means."""
     rounds = next(iter(losses.values())).shape[1]
     lines = []
     fed = {m: v for m, v in losses.items() if m not in (INDIV, BEFORE)}

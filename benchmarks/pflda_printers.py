@@ -77,7 +77,7 @@ PAPER = {
     "gaussian": {"ditto": (0.26, 0.04), "indiv": (0.25, 0.01), "pflda": (0.25, 0.01)},
     "nn": {"ditto": (0.48, 0.04), "indiv": (0.25, 0.02), "pflda": (0.23, 0.02)},
 }
-#: The authors' code on a 2-core CPU over 5 seeds (issue 3 and the data README): last round.
+#: The authors' code on a 2-core CPU over 5 seeds (the data README): last round.
 AUTHORS = {
     "sigmoid": {"ditto": (0.290, 0.063), "indiv": (0.267, 0.006), "pflda": (0.229, 0.018)},
     "gaussian": {"ditto": (0.275, 0.108), "indiv": (0.232, 0.035), "pflda": (0.272, 0.033)},
@@ -91,7 +91,7 @@ AUTHORS_LAST10 = {"nn": {"ditto": (0.22, 0.03), "indiv": (0.49, 0.06), "pflda": 
 SPREAD_SEEDS = 50
 #: A Ditto seed whose final test loss exceeds this is "far off" (the others end at 0.06-0.42).
 FAR_OFF = 0.5
-#: The authors' printer.py (CPU, Ditto, sigmoid) over its own torch seeds, measured for issue 16
+#: The authors' printer.py (CPU, Ditto, sigmoid) over its own torch seeds, measured for the Ditto diagnosis
 #: (benchmarks/results/ditto_table5.md): seeds, far-off seeds, final losses' mean, sd, median.
 AUTHORS_SPREAD = {"seeds": 30, "far_off": (12, 15), "mean": 0.291, "sd": 0.291, "median": 0.232}
 

@@ -241,7 +241,7 @@ def run_stacked(
 
 METHODS = ("pflda", "ditto", "indiv")
 LABELS = {"pflda": "PFL-DA", "ditto": "Ditto", "indiv": "indiv"}
-#: The authors' code on this kind of machine (seed 0, 50 rounds, mean of rounds 46-50), from issue 3.
+#: The authors' code on this kind of machine (seed 0, 50 rounds, mean of rounds 46-50), run once for reference.
 AUTHORS = {"pflda": 0.0091, "ditto": 0.278, "indiv": 0.235}
 
 

@@ -1,4 +1,4 @@
-"""Tasks over disjoint devices side by side against one after another (issue 13, item 2).
+"""Tasks over disjoint devices side by side against one after another.
 
 The same fleet twice over, alternating: 2 simulated printers and 2 simulated welders, a
 PFL-DA printer task and a FedAvg weld task of ``--rounds`` rounds each.  "side by side": the

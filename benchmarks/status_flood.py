@@ -1,4 +1,4 @@
-"""One device floods retained statuses; the others' rounds go on (issue 23, item 2).
+"""One device floods retained statuses; the others' rounds go on.
 
 N ``edge-trainer`` processes run the zero-compute ``echo`` task as fast as rounds go; a
 ``flooder`` client, enrolled as one more device, publishes retained QoS 1 statuses as fast as

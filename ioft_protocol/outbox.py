@@ -1,6 +1,6 @@
 """What a session publishes: bounded, kept across a lost connection, stale copies dropped.
 
-paho alone fails the owner in three ways (issue 23): a QoS 1 publish made while disconnected
+paho alone fails the owner in three ways: a QoS 1 publish made while disconnected
 returns a message info whose wait raises ``RuntimeError``; every message handed to it stays in
 memory until acked, without bound; and past 65,535 unacknowledged messages its 16-bit ids wrap
 and a publish fails with "Message queue full".  So a session hands paho at most ``in_flight``

@@ -52,7 +52,7 @@ TASK = {
     "model_args": {"sizes": [624, 16, 4], "init": "kaiming"},
     "hparams": {"lr": 0.01, "loss": "cross_entropy", "local_steps": 5, "batch_size": 8, "scaling": "local"},
 }
-#: Issue 25's example rule: P(worn) > 0.8 in 4 of the last 5 welds.
+#: The demo's alert rule: P(worn) > 0.8 in 4 of the last 5 welds.
 RULE = AlertRule(name="worn_tool", task="tool", value="p:TC4", above=0.8, k=4, n=5, clear_below=0.5)
 #: The wearing tool: new until weld WEAR_FROM, then worn for sure WEAR_WELDS welds later.
 WEAR_FROM, WEAR_WELDS = 12, 6

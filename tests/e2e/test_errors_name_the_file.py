@@ -1,4 +1,4 @@
-"""Errors that name the file and say what to do (issue 22, item 9): one line, a non-zero exit, no
+"""Errors that name the file and say what to do: one line, a non-zero exit, no
 traceback, from the real scripts run as processes."""
 
 from __future__ import annotations

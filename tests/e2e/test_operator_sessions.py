@@ -95,7 +95,7 @@ def test_serve_two_consoles_fleet_status_and_a_push_share_the_broker(enterable_d
             time.sleep(0.5)
 
         # fleet status and a push beside them.  The simulated printers' rows carry no feature
-        # schema, so the push connects, reads their statuses and offers to nobody (item 6).
+        # schema, so the push connects, reads their statuses and offers to nobody (a push targets devices by schema).
         package = signed(
             window_encoder(work / "enc.onnx"), work / "pkg",
             load_private_key(fleet / "model" / "fleet.key"), version=1,

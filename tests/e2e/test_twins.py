@@ -56,7 +56,7 @@ def test_a_device_id_that_is_not_its_certificates_exits_2_in_one_line(fleet, tmp
 
 
 def test_two_daemons_with_one_identity_back_off_and_say_so_instead_of_exiting(fleet, tmp_path):
-    """Issue 23, item 11: giving up would leave the real device silent until someone notices."""
+    """Backing off, not exiting: giving up would leave the real device silent until someone notices."""
     layout, broker = fleet
     twins = [
         Watched("edge.cli", _trainer_args(layout, broker, "printer1", "printer1", tmp_path / f"p{i}"))

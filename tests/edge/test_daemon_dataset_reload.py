@@ -128,7 +128,7 @@ def test_the_device_status_reports_its_rows_and_the_recorders_sensor_state(tmp_p
     )
     trainer = EdgeTrainer(cfg)
     body = json.loads(trainer._status("online")[1])
-    # "schema": the feature schema push targets by (issue 22, item 6); none without a dataset.
+    # "schema": the feature schema a model push picks its devices by; none without a dataset.
     assert body["data"] == {"train": 0, "test": 0, "source": None, "schema": None}
     save_dataset(state, rows(5, 0), rows(2, 1), {"source": "record-printer"})
     (state / "recorder-status.json").write_text(

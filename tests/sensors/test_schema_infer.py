@@ -1,4 +1,4 @@
-"""A feature schema inferred from a new sensor's recordings (issue 26 item 5)."""
+"""A feature schema inferred from a new sensor's recordings: names, kinds and ranges of its columns."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 16, item 6: why Table 5's Ditto (sigmoid GLM) ends far off for some seeds.
+"""Why Table 5's Ditto (sigmoid GLM) ends far off for some seeds.
 
 The study's Ditto is the PFL-DA authors' baseline, which their own code runs the same way
 from the same start (benchmarks/results/ditto_table5.md).  These tests pin the mechanism

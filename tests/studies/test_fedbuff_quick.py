@@ -1,5 +1,5 @@
 """Quick mode of ``benchmarks.fedbuff_vs_sync``: with 10% of the printers 10× slower and 5% churn,
-FedBuff reaches the synchronous run's fleet loss in less simulated time (issue 14, item 6)."""
+FedBuff reaches the synchronous run's fleet loss in less simulated time."""
 
 from __future__ import annotations
 

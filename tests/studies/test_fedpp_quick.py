@@ -89,7 +89,7 @@ def test_kernel_and_top_k_flags_reach_the_fedpp_rows_and_the_ablations_keep_thei
 
 
 def test_fedpp_trains_on_exactly_locals_images_and_reads_lambda_from_the_validation_images():
-    # Issue 26: with a random held-out third of the pooled images FedPP trained on other images
+    # With a random held-out third of the pooled images FedPP once trained on other images
     # than LOCAL, which alone put single clients several points below LOCAL.
     from trainer_lite.algorithms.fedpp import validation_split
 

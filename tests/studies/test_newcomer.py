@@ -1,4 +1,4 @@
-"""Quick mode of ``benchmarks.newcomer``: a printer that joins a trained simulated fleet (issue 16)."""
+"""Quick mode of ``benchmarks.newcomer``: a printer that joins a trained simulated fleet."""
 
 from __future__ import annotations
 

@@ -168,7 +168,7 @@ def _trace(level: float) -> printers.Trace:
 
 
 def test_nn_last10_note_names_pflda_once_when_it_is_the_lowest():
-    """Issue 26: with --no-cv the note read "ours PFL-DA 0.091, PFL-DA 0.091"."""
+    """The note names PFL-DA once (with --no-cv it once read "ours PFL-DA 0.091, PFL-DA 0.091")."""
     out = {"test": {("nn", "pflda"): _trace(0.01), ("nn", "indiv"): _trace(0.1)}, "best": {}, "choice": {}}
     text = printers.summarize(out, ["nn"], ["pflda", "indiv"], 2)
     (line,) = [ln for ln in text.splitlines() if ln.startswith("- Mean of the last 10 rounds")]

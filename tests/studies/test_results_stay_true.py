@@ -1,4 +1,4 @@
-"""Results files say what produced them, and are regenerated when that code changes (issue 26 item 1).
+"""Results files say what produced them, and are regenerated when that code changes.
 
 The quick figures themselves are compared in each study's own quick test
 (``benchmarks.quick_figures.drift``, one run serves both); here: every results file
@@ -8,6 +8,7 @@ study's module is stale, and the drift check itself finds a changed figure.
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -60,7 +61,11 @@ def test_a_recorded_commit_is_not_older_than_its_study(path: Path) -> None:
     module = ROOT.joinpath(*MODULE.search(text).groups()).with_suffix(".py")
     changed = _git("log", "--format=%h %s", f"{sha}..HEAD", "--", str(module.relative_to(ROOT)))
     assert changed.returncode == 0, changed.stderr
-    stale = [c for c in changed.stdout.splitlines() if not _imports_only(c.split()[0], module)]
+    stale = [
+        c
+        for c in changed.stdout.splitlines()
+        if not (_imports_only(c.split()[0], module) or _docstrings_only(c.split()[0], module))
+    ]
     assert not stale, (
         f"{path.name} is stale: {module.name} changed after {sha} ({'; '.join(stale)}); "
         f"rerun `{command and command[1]}`"
@@ -84,6 +89,38 @@ def _imports_only(commit: str, module: Path) -> bool:
             if not _NO_FIGURE.match(text):
                 sides[line[0]].append(_PATH.sub("MODULE", text))
     return sorted(sides["-"]) == sorted(sides["+"])
+
+
+def _code(source: str) -> str:
+    """The module's syntax tree without its docstrings (module, class and function)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def _docstrings_only(commit: str, module: Path) -> bool:
+    """Whether ``commit`` changed only docstrings (and comments) of ``module``: its code, and so
+    every figure, is the same on both sides."""
+    rel = module.relative_to(ROOT).as_posix()
+    before, after = _git("show", f"{commit}^:{rel}"), _git("show", f"{commit}:{rel}")
+    if before.returncode != 0 or after.returncode != 0:
+        return False
+    return _code(before.stdout) == _code(after.stdout)
+
+
+def test_docstring_edits_leave_results_fresh_and_code_edits_do_not() -> None:
+    doc = '"""Study (issue 3)."""\nX = 1\n\n\ndef f():\n    """Once."""\n    return X\n'
+    assert _code(doc) == _code(doc.replace("(issue 3)", "").replace("Once.", "Twice."))
+    assert _code(doc) != _code(doc.replace("X = 1", "X = 2"))
 
 
 def test_header_names_command_commit_and_machine() -> None:

@@ -1,4 +1,4 @@
-"""Cold start (issue 16): a device whose personal state is new starts from what the fleet knows."""
+"""Cold start: a device whose personal state is new starts from what the fleet knows."""
 
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def test_a_fedpp_newcomer_restarts_from_its_first_own_theta_hat() -> None:
 
 @pytest.mark.parametrize("algorithm", ["fedper", "fedrep"])
 def test_cold_start_under_table5s_small_rate_still_fits_a_head_drawn_far_off(algorithm: str) -> None:
-    """Issue 26: at lr 3e-3 the 100-step head fit could not leave a far-off random head."""
+    """At Table 5's lr 3e-3 the head fit still leaves a far-off random head (100 steps once could not)."""
     algo = make_client(_spec(algorithm, lr=3e-3))
     shared = {"encoder.scale": np.array([2.0]), "encoder.shift": np.array([-2.0])}
     data = _curve(0, scale=2.0, shift=-2.0)  # the shared encoder is right; the head must become (2, -0.5)
@@ -156,7 +156,7 @@ def test_cold_start_under_table5s_small_rate_still_fits_a_head_drawn_far_off(alg
 
 @pytest.mark.parametrize("algorithm", ["pflda", "simple_da"])
 def test_cold_start_keeps_the_seeded_start_when_no_encoder_fits_through_the_decoder(algorithm: str) -> None:
-    """Issue 26: a fleet 20 rounds into Table 5's schedule sent w with a negative slope and bias;
+    """A fleet 20 rounds into Table 5's schedule once sent w with a negative slope and bias;
     the fitted encoder scored 32.7 on the newcomer's rows, its seeded start 3.4."""
     algo = make_client(_spec(algorithm, lr=3e-3))
     bad = {"decoder.weight": np.array([[-0.33]]), "decoder.bias": np.array([-0.38])}  # outputs < 0
