@@ -174,8 +174,9 @@ def test_ftltp_refuses_distributed_noise_in_one_line():
         server={"device_groups": {"m1": "M", "s1": "S"}},
         dp={"mode": "distributed", "devices_per_round": 2},
     )
-    with pytest.raises(ValueError, match="dp mode 'distributed' is not supported by the ftltp server"):
+    with pytest.raises(ValueError) as err:
         make_strategy(spec)
+    assert all(noun in str(err.value) for noun in ("dp", "'distributed'", "ftltp")), err.value
 
 
 def _clients(n: int = 3) -> dict[str, ClientData]:

@@ -133,7 +133,7 @@ def test_a_plant_is_not_rewritten_nor_a_device_shared_without_asking(fleet):
     add_plant(fleet, "plant-a", ["printer1"])
     with pytest.raises(FleetInitError, match="plant plant-a exists"):
         add_plant(fleet, "plant-a", ["printer1"])
-    with pytest.raises(FleetInitError, match="printer1 already belongs to plant plant-a"):
+    with pytest.raises(FleetInitError, match=r"printer1 .*plant-a"):
         add_plant(fleet, "plant-b", ["printer1"])
 
 

@@ -148,7 +148,7 @@ def test_bad_workers_are_refused_with_what_to_fix(tmp_path, ids, says):
 def test_a_partial_plant_cannot_take_a_cloud_workers_id(tmp_path):
     root = init_fleet(tmp_path / "f", "plant", DEVICES, workers=1).root
     add_workers(root, ["plant-b"])
-    with pytest.raises(FleetInitError, match="worker id plant-b is an aggregator worker's"):
+    with pytest.raises(FleetInitError, match=r"plant-b .*aggregator worker"):
         add_plant(root, "plant-b", ["printer1"], partial=True)
 
 
@@ -175,11 +175,16 @@ def test_serve_refuses_workers_without_their_own_login_in_one_line(tmp_path, cap
     cfg = build(AggregatorConfig, load_toml(agg), str(agg))
     with pytest.raises(ServeRefusedError) as exc:
         _check_worker_logins(cfg, ["--config", str(agg)])
-    assert str(exc.value) == (
-        f"[collect] workers = 2: worker w2 has no login of its own ({root}/aggregator/workers/<id>.toml) and "
-        f"would log in as the certificate {root}/aggregator/aggregator.crt, which the broker makes one client "
-        f"with serve's: run `cloud-aggregator fleet add-worker --dir {root} --id w2` and reload the broker"
-    )
+    message = str(exc.value)
+    assert "\n" not in message
+    for noun in (
+        "[collect] workers = 2",  # the setting
+        "worker w2",  # the worker without a login
+        f"{root}/aggregator/workers/<id>.toml",  # where its login would be
+        f"{root}/aggregator/aggregator.crt",  # the certificate it would share with serve
+        f"cloud-aggregator fleet add-worker --dir {root} --id w2",  # the fix
+    ):
+        assert noun in message, (noun, message)
     # The command line: one line, exit 2, before anything connects (no broker runs here).
     assert cli_main(["serve", "--config", str(agg), "--state-dir", str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err

@@ -34,8 +34,9 @@ def test_a_password_device_neither_signs_nor_demands(tmp_path):
 
 
 def test_demanding_signed_keys_without_a_certificate_is_a_config_error():
-    with pytest.raises(ValueError, match="secagg_signed_keys = true needs this device's certificate"):
+    with pytest.raises(ValueError) as err:
         DeviceConfig(device="printer1", secagg_signed_keys=True)
+    assert all(noun in str(err.value) for noun in ("secagg_signed_keys", "certificate")), err.value
 
 
 def test_a_key_that_does_not_load_is_one_config_error(tmp_path):
@@ -43,5 +44,8 @@ def test_a_key_that_does_not_load_is_one_config_error(tmp_path):
     (tmp_path / "junk.key").write_text("not a key")
     assert cfg.tls is not None
     bad = replace(cfg, tls=TlsConfig(cfg.tls.ca_file, cfg.tls.cert_file, str(tmp_path / "junk.key")))
-    with pytest.raises(ConfigError, match=r"tls\.key_file .*junk\.key: not a readable, unencrypted PEM key"):
+    with pytest.raises(ConfigError) as err:
         secagg_identity(bad)
+    assert all(noun in str(err.value) for noun in ("tls.key_file", str(tmp_path / "junk.key"), "PEM")), (
+        err.value
+    )

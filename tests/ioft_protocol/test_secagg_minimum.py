@@ -38,8 +38,9 @@ def test_a_round_that_shrinks_below_the_minimum_is_abandoned_before_anything_is_
 
 
 def test_the_task_minimum_is_checked_and_kept_out_of_specs_at_its_default():
-    with pytest.raises(ValueError, match="min_participants 1 must be an integer >= 2"):
+    with pytest.raises(ValueError) as err:
         SecAggConfig(min_participants=1)
+    assert all(noun in str(err.value) for noun in ("min_participants 1", ">= 2")), err.value
     assert "min_participants" not in SecAggConfig().to_json()
     assert SecAggConfig.from_json({"min_participants": 5}).min_participants == 5
     assert CFG.round_params(4, 3).min_participants == 3

@@ -164,10 +164,9 @@ def test_the_aggregators_own_certificate_is_no_neighbour(pki):
 def test_a_device_without_a_certificate_refuses_a_signed_round(pki):
     alone = ClientSecAgg(VICTIM, scope=SCOPE)
     p = CFG.round_params(4, 3, certificates=True).to_json()
-    with pytest.raises(
-        SecAggRefusedError, match="needs signed SecAgg keys but this device has no certificate"
-    ):
+    with pytest.raises(SecAggRefusedError) as err:
         alone.setup(Setup("s1", p, DEVICES))
+    assert all(noun in str(err.value) for noun in ("signed SecAgg keys", "certificate")), err.value
 
 
 def test_the_devices_own_floor_demands_signatures_whatever_the_task_says(pki):

@@ -185,8 +185,9 @@ def test_inputs_that_do_not_fit_are_refused():
     with pytest.raises(FeatureInputError, match="28672"):
         extract_features(weld(20_000))
     slow = WeldRecording(np.zeros((4, 40_000)), CH, 192_000, "s", datetime.now(UTC), min_sample_rate=100)
-    with pytest.raises(FeatureInputError, match="192000 Hz but the feature schema expects 200000 Hz"):
+    with pytest.raises(FeatureInputError) as err:
         extract_features(slow)
+    assert all(noun in str(err.value) for noun in ("192000 Hz", "feature schema", "200000 Hz")), err.value
     with pytest.raises(ValueError, match=r"lacks channel\(s\) \['mic'\]"):
         extract_features(weld(40_000, channels=CH[:3]))
     with pytest.raises(FeatureInputError, match="shaped"):

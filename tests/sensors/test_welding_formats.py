@@ -139,8 +139,9 @@ def test_unsupported_wav_is_bad(tmp_path):
     raw = bytearray(path.read_bytes())
     struct.pack_into("<H", raw, 20, 0x0055)  # MPEG layer 3 tag
     path.write_bytes(bytes(raw))
-    with pytest.raises(WeldDataError, match=r"format tag 0x0055 is not supported; export PCM"):
+    with pytest.raises(WeldDataError) as err:
         read_wav(path)
+    assert all(noun in str(err.value) for noun in ("0x0055", "PCM")), err.value
     path.write_bytes(b"JUNK" + bytes(100))
     with pytest.raises(WeldDataError, match="not a RIFF/WAVE"):
         read_wav(path)
