@@ -12,7 +12,7 @@ from sensors.welding.labels import LabelLog, LabelLogError, WeldLabel
 from sensors.welding.recording import (
     MIN_SAMPLE_RATE,
     WELD_CHANNELS,
-    ConfigError,
+    SourceConfigError,
     WeldDataError,
     WeldRecording,
 )
@@ -25,7 +25,6 @@ __all__ = [
     "AlsaCaptureError",
     "AlsaConfig",
     "AlsaWeldSource",
-    "ConfigError",
     "EnergySegmenter",
     "FolderSourceConfig",
     "IncompleteWeldFileError",
@@ -33,6 +32,7 @@ __all__ = [
     "LabelLogError",
     "Segment",
     "SegmenterConfig",
+    "SourceConfigError",
     "WatchedFolderSource",
     "WeldDataError",
     "WeldLabel",

@@ -35,7 +35,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
-from sensors.welding.recording import MIN_SAMPLE_RATE, ConfigError, WeldRecording
+from sensors.welding.recording import MIN_SAMPLE_RATE, SourceConfigError, WeldRecording
 from sensors.welding.segment import EnergySegmenter, Segment, SegmenterConfig
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class AlsaConfig:
             errors.append(f"sample_limit must be >= 1 (got {self.sample_limit})")
         errors += self.segmenter_config().errors()
         if errors:
-            raise ConfigError("invalid AlsaConfig: " + "; ".join(errors))
+            raise SourceConfigError("invalid AlsaConfig: " + "; ".join(errors))
 
     def segmenter_config(self) -> SegmenterConfig:
         """The segmentation part of this config."""

@@ -38,7 +38,7 @@ from sensors.welding.ledger import LedgerEntry, WeldLedger, atomic_write_text
 from sensors.welding.recording import (
     MIN_SAMPLE_RATE,
     WELD_CHANNELS,
-    ConfigError,
+    SourceConfigError,
     WeldDataError,
     WeldRecording,
 )
@@ -112,7 +112,7 @@ class FolderSourceConfig:
         if not self.min_sample_rate > 0:
             errors.append(f"min_sample_rate must be > 0 (got {self.min_sample_rate})")
         if errors:
-            raise ConfigError("invalid FolderSourceConfig: " + "; ".join(errors))
+            raise SourceConfigError("invalid FolderSourceConfig: " + "; ".join(errors))
 
     @property
     def ledger_path(self) -> Path:

@@ -34,8 +34,10 @@ class WeldDataError(ValueError):
     """A weld recording (or the file it came from) is malformed; the message says how."""
 
 
-class ConfigError(ValueError):
-    """A source configuration is invalid; the message lists every failing field."""
+class SourceConfigError(ValueError):
+    """A weld source's settings (``AlsaConfig``, ``FolderSourceConfig``) are invalid; the message lists
+    every failing field.  Not ``ioft_protocol.config.ConfigError`` (a TOML file's fields): sensors
+    imports no other package, and these settings come from Python, not from a file."""
 
 
 @dataclass(frozen=True, eq=False)

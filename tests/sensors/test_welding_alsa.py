@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sensors.welding import AlsaCaptureError, AlsaConfig, AlsaWeldSource, ConfigError
+from sensors.welding import AlsaCaptureError, AlsaConfig, AlsaWeldSource, SourceConfigError
 from sensors.welding.segment import EnergySegmenter, SegmenterConfig
 
 FS = 200_000
@@ -82,7 +82,7 @@ def test_segmenter_weld_at_stream_start_has_no_pre_samples():
 def test_segmenter_config_errors():
     with pytest.raises(ValueError, match="off_rms <= on_rms"):
         EnergySegmenter(SegmenterConfig(FS, on_rms=0.01, off_rms=0.1))
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(SourceConfigError) as err:
         AlsaConfig(channels=("mic", "mic"), sample_format="S24_3LE", trigger_channel="ae", sample_rate=48_000)
     for text in ("unique", "sample_format", "trigger_channel", "below min_sample_rate"):
         assert text in str(err.value)

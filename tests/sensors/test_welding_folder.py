@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from sensors.welding import (
-    ConfigError,
     FolderSourceConfig,
+    SourceConfigError,
     WatchedFolderSource,
     WeldRecording,
     write_weld_file,
@@ -217,7 +217,7 @@ def test_ledger_compacts_and_caps(tmp_path):
 
 
 def test_config_errors_list_every_field(tmp_path):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(SourceConfigError) as err:
         FolderSourceConfig(tmp_path, settle_s=-1, on_done="archive", done_dir="../x", marker_suffix="done")
     text = str(err.value)
     for field in ("settle_s", "on_done", "done_dir", "marker_suffix"):
