@@ -246,7 +246,7 @@ class EdgeTrainer:
         """Subscribe to the fleet's downlinks and connect (in the background, retrying forever)."""
         fleet = self.config.fleet
         self.session.subscribe(topics.topic_down_all(fleet))
-        self.session.subscribe(f"{topics.PROTOCOL}/{fleet}/task/+/down/{self.device}")
+        self.session.subscribe(topics.topic_down_device(fleet, topics.ANY, self.device))
         self.session.subscribe(secagg_wire.topic_down_mine(fleet, self.device))
         self.session.subscribe(topics.topic_roll_call(fleet))
         if self.models is not None:
