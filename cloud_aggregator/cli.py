@@ -24,23 +24,14 @@ from cloud_aggregator.store import cli as store_cli
 from cloud_aggregator.store.backup import StoreDamagedError, restore_hint
 from export import cli as export_cli
 from export.package import ExportError
-from ioft_protocol.cli import check_broker_login, entry_point
+from ioft_protocol.cli import check_broker_login, entry_point, flags_over_toml
 from ioft_protocol.config import ConfigError, build, load_toml
 
 
 def _serve_config(args: argparse.Namespace) -> AggregatorConfig:
     """The config file with the command line's overrides, validated (``ConfigError`` if not)."""
     raw = load_toml(args.config) if args.config else {}
-    if args.broker:
-        raw["broker"] = args.broker
-    if args.state_dir:
-        raw["state_dir"] = args.state_dir
-    if args.allow_plaintext:
-        raw["allow_plaintext"] = True
-    if args.restart:
-        raw["restart"] = list(args.restart)
-    if getattr(args, "resume_from_devices", False):
-        raw["resume_from_devices"] = True
+    flags_over_toml(raw, args, "broker", "state_dir", "allow_plaintext", "restart", "resume_from_devices")
     return build(AggregatorConfig, raw, str(args.config or "command line"))
 
 

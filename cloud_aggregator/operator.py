@@ -19,6 +19,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from cloud_aggregator.config import AggregatorConfig
+from ioft_protocol.cli import flags_over_toml
 from ioft_protocol.config import ConfigError, build, load_toml
 from ioft_protocol.mqtt import MqttSession, SessionOptions
 
@@ -83,14 +84,7 @@ def operator_config(args: argparse.Namespace, *, connects: bool = True) -> Aggre
     raw = load_toml(args.config) if args.config else {}
     raw.pop("task", None)  # the specs are the aggregator's business (and in its store)
     raw.pop("model", None)  # the operator's [model] public_key: read by push.fleet_public_key
-    if args.broker:
-        raw["broker"] = args.broker
-    if args.fleet:
-        raw["fleet"] = args.fleet
-    if args.allow_plaintext:
-        raw["allow_plaintext"] = True
-    if getattr(args, "state_dir", None):
-        raw["state_dir"] = str(args.state_dir)
+    flags_over_toml(raw, args, "broker", "fleet", "allow_plaintext", "state_dir")
     cfg = build(AggregatorConfig, raw, source)
     if connects:
         refuse_aggregator_login(cfg, source)

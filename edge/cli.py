@@ -16,7 +16,7 @@ from edge.config import DeviceConfig
 from edge.daemon import EdgeTrainer
 from edge.serving import predict
 from edge.swarm import Swarm
-from ioft_protocol.cli import check_broker_login, entry_point
+from ioft_protocol.cli import check_broker_login, entry_point, flags_over_toml
 from ioft_protocol.config import ConfigError, build, load_toml
 
 
@@ -58,13 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def config_from_args(args: argparse.Namespace) -> DeviceConfig:
-    raw = device_toml(args.config, args.device, args.state_dir)
-    if args.broker:
-        raw["broker"] = args.broker
-    if args.fleet:
-        raw["fleet"] = args.fleet
-    if args.allow_plaintext:
-        raw["allow_plaintext"] = True
+    raw = flags_over_toml(
+        device_toml(args.config, args.device, args.state_dir), args, "broker", "fleet", "allow_plaintext"
+    )
     if args.simulate:
         raw.setdefault("data", {})["source"] = f"simulate-{args.simulate}"
     if args.model_key:

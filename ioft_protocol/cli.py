@@ -10,11 +10,13 @@ not be written) exits :data:`FAILURE` (1).  Anything else is a bug and keeps its
 
 from __future__ import annotations
 
+import argparse
 import functools
 import io
 import sys
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from pathlib import PurePath
+from typing import Any, TextIO
 
 from ioft_protocol.config import ConfigError
 from ioft_protocol.manifest import ManifestError
@@ -170,3 +172,23 @@ def check_broker_login(login: BrokerLogin, client_id: str, source: str) -> None:
         check_options(SessionOptions.for_login(login, client_id))
     except (ValueError, MqttError) as exc:
         raise ConfigError(source, [f"broker: {exc}"]) from None
+
+
+def flags_over_toml(raw: dict[str, Any], args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """``raw`` (a config file's table, changed in place and returned) with each of ``names`` given on
+    the command line in place of the file's field of the same name: flags win over the TOML.
+
+    A flag left out (``None``, an unset switch, an empty list), or one this command's parser lacks,
+    leaves the file's value; a switch (``--allow-plaintext``) sets its field true, a path is written
+    as text and a repeated flag as a list, as a TOML file would hold them.
+    """
+    for name in names:
+        value = getattr(args, name, None)
+        if not value:
+            continue
+        if isinstance(value, PurePath):
+            value = str(value)
+        elif isinstance(value, tuple | list):
+            value = list(value)
+        raw[name] = value
+    return raw
