@@ -326,3 +326,77 @@ def encode_upload(
         return dict(params)
     seed = derive_seed(task, round_, phase, device, global_hash)
     return encode(params, sent, CompressConfig.from_json(dict(how)), seed)
+
+
+# -- composed with SecAgg: integer codes the masked ring can sum ---------------------------------
+#
+# SecAgg reveals only the sum of the devices' ring vectors, so the aggregator can invert neither
+# a per-device rotation nor a per-device scale.  Under SecAgg every device therefore rotates with
+# the round's shared seed (:func:`shared_seed`) and quantizes on one grid the whole round shares:
+# ``2^bits`` evenly spaced levels over ``[-clip, clip]`` (``clip``: the task's ``[task.secagg]``
+# clip, a bound on each *rotated* coordinate), with stochastic rounding, unbiased wherever the
+# coordinate lies within the clip.  The codes are integers in ``[0, 2^bits - 1]``: their ring sum
+# over the survivors is exactly the sum the aggregator would get from the codes in the clear, and
+# decodes (:func:`decode_ring`) to the survivors' mean change.  EDEN's per-block scale and Lloyd–Max
+# levels do not survive the sum, hence this uniform grid; the ring is ``bits + ceil(log2 n)`` bits.
+
+
+def shared_seed(task: str, round_: int, phase: str, global_hash: str) -> int:
+    """The rotation seed every device of a SecAgg round uses (no device in it: the sum is inverted once)."""
+    return derive_seed(task, round_, phase, "", global_hash)
+
+
+def ring_length(config: CompressConfig, total: int) -> int:
+    """Coordinates of the ring vector for ``total`` parameters: whole rotation blocks."""
+    bsize = block_size(config, total)
+    return max(1, -(-total // bsize)) * bsize
+
+
+def _rotate(z: np.ndarray, config: CompressConfig, seed: int, inverse: bool) -> np.ndarray:
+    bsize = z.shape[1]
+    if not config.rotation:
+        return z
+    if not inverse:
+        _flip_signs(z, seed)
+    z = hadamard_rows(z)
+    z *= np.float32(1.0 / np.sqrt(bsize))
+    if inverse:
+        _flip_signs(z, seed)
+    return z
+
+
+def encode_ring(x: np.ndarray, config: CompressConfig, clip: float, seed: int, dither: int) -> np.ndarray:
+    """The change ``x`` (flat, sorted-name order) as integer codes in ``[0, 2^bits - 1]`` (uint64,
+    :func:`ring_length` of them): rotated with the round's ``seed``, clipped to ``±clip`` and rounded
+    stochastically (``dither`` seeds the rounding: the device's own, a re-send is the same codes)."""
+    x = np.asarray(x, dtype=np.float32).ravel()
+    if not np.isfinite(x).all():
+        raise ValueError("update holds NaN or Inf")
+    length = ring_length(config, x.size)
+    bsize = block_size(config, x.size)
+    blocks = np.zeros(length, dtype=np.float32)
+    blocks[: x.size] = x
+    z = _rotate(blocks.reshape(-1, bsize), config, seed, inverse=False).reshape(-1)
+    top = (1 << config.bits) - 1
+    t = (np.clip(z.astype(np.float64), -clip, clip) + clip) * (top / (2 * clip))
+    t += np.random.Generator(np.random.PCG64(dither)).random(t.size)
+    return np.clip(np.floor(t), 0, top).astype(np.uint64)
+
+
+def decode_ring(
+    total: np.ndarray, count: int, config: CompressConfig, clip: float, seed: int, size: int
+) -> np.ndarray:
+    """The survivors' mean change (float64, ``size`` coordinates) from the exact sum of ``count``
+    devices' :func:`encode_ring` codes: each code ``k`` stands for ``clip·(2k/(2^bits - 1) - 1)``."""
+    if count <= 0:
+        raise ValueError("no device's codes are in the sum")
+    top = (1 << config.bits) - 1
+    total = np.asarray(total, dtype=np.float64).ravel()
+    if total.size != ring_length(config, size):
+        raise ValueError(
+            f"a ring sum of {total.size} codes; {size} parameters need {ring_length(config, size)}"
+        )
+    z = ((2.0 * total - count * top) * (clip / (top * count))).astype(np.float32)
+    bsize = block_size(config, size)
+    z = _rotate(z.reshape(-1, bsize), config, seed, inverse=True).reshape(-1)
+    return z[:size].astype(np.float64)
