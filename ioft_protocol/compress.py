@@ -204,8 +204,9 @@ def _unpack(codes: np.ndarray, bits: int, size: int) -> np.ndarray:
     return ((codes[:, None] >> shifts) & mask).reshape(-1)[:size]
 
 
-def _names(params: Mapping[str, np.ndarray]) -> list[str]:
-    return sorted(params)
+def _coded(names: Mapping[str, Any], sent: Mapping[str, np.ndarray]) -> list[str]:
+    """The names whose change is coded: those of ``names`` the downlink holds, sorted."""
+    return sorted(n for n in names if n in sent)
 
 
 def block_size(config: CompressConfig, total: int) -> int:
@@ -217,13 +218,13 @@ def block_size(config: CompressConfig, total: int) -> int:
 def encode(
     params: Mapping[str, np.ndarray], sent: Mapping[str, np.ndarray], config: CompressConfig, seed: int
 ) -> dict[str, np.ndarray]:
-    """``params − sent`` compressed: ``{CODES: uint8, SCALES: float32}`` (see the module docstring).
+    """``params − sent`` compressed: ``{CODES: uint8, SCALES: float32}`` (see the module docstring),
+    over the names the downlink holds; an uploaded tensor it does not hold (a count, a curvature
+    statistic: not a change of anything sent) travels as it is beside them.
 
-    Raises ``ValueError`` when ``params`` and ``sent`` differ in names or shapes.
+    Raises ``ValueError`` when a name of both differs in shape.
     """
-    names = _names(params)
-    if names != _names(sent):
-        raise ValueError(f"upload names {names} differ from the downlink's {_names(sent)}")
+    names = _coded(params, sent)
     parts = []
     for n in names:
         u, g = np.asarray(params[n]), np.asarray(sent[n])
@@ -255,7 +256,8 @@ def encode(
         idx = _nearest(config.bits)[t.astype(np.int32).ravel()]
         dot = np.einsum("ij,ij->i", z, c[idx].reshape(nb, bsize), dtype=np.float64)
     scale = np.where(dot > 0, sq / np.where(dot > 0, dot, 1.0), 0.0).astype(np.float32)
-    return {CODES: _pack(idx, config.bits), SCALES: scale}
+    extras = {n: params[n] for n in params if n not in sent}
+    return {CODES: _pack(idx, config.bits), SCALES: scale, **extras}
 
 
 def decode(
@@ -265,17 +267,19 @@ def decode(
     config: CompressConfig,
     seed: int,
 ) -> dict[str, np.ndarray]:
-    """The parameters ``sent + x̂`` an :func:`encode` output stands for, each in ``dtypes[name]``.
+    """The parameters ``sent + x̂`` an :func:`encode` output stands for, each in ``dtypes[name]``
+    (the round's tensors: those ``sent`` holds are decoded, the others taken as they came).
 
     Raises
     ------
     CompressError
         Naming what is missing or of the wrong size.
     """
-    if set(arrays) != {CODES, SCALES}:
-        raise CompressError(f"a compressed upload carries {[CODES, SCALES]}, got {sorted(arrays)}")
+    names = _coded(dtypes, sent)
+    extras = sorted(set(dtypes) - set(names))
+    if set(arrays) != {CODES, SCALES, *extras}:
+        raise CompressError(f"a compressed upload carries {[CODES, SCALES, *extras]}, got {sorted(arrays)}")
     codes, scale = np.asarray(arrays[CODES]), np.asarray(arrays[SCALES])
-    names = _names(sent)
     sizes = [int(np.size(sent[n])) for n in names]
     total = sum(sizes)
     bsize = block_size(config, total)
@@ -300,7 +304,7 @@ def decode(
         g = np.asarray(sent[n])
         out[n] = np.add(g, flat[at : at + size].reshape(g.shape), dtype=np.float64).astype(dtypes[n])
         at += size
-    return out
+    return out | {n: arrays[n] for n in extras}
 
 
 def wire_bytes(arrays: Mapping[str, np.ndarray]) -> int:

@@ -64,7 +64,9 @@ def compress_refusal(spec: TaskSpec, mode: str = "sync") -> str | None:
     """Why ``spec``'s uploads cannot be compressed (one line), or ``None``: they can.
 
     A compressed upload is decoded into the round's streaming mean, so every phase's server
-    step must be a mean that folds (``Strategy.fold``), with two exceptions that compose:
+    step must be a mean that folds (``Strategy.fold``) or, with the ``mean`` reducer, a server
+    whose own means take decoded uploads (``Strategy.compressible``: FTL-TP, FedDAR); these
+    compose too:
 
     * ``[task.dp]`` (no SecAgg): the aggregator decodes each upload first, so central mode clips
       the *decoded* change and calibrates its noise on that clip (the quantized update's own
@@ -94,6 +96,8 @@ def compress_refusal(spec: TaskSpec, mode: str = "sync") -> str | None:
     if spec.secagg is not None or spec.dp is not None:
         return None  # their means (the ring's, the noisy one) take the decoded changes
     strategy = make_strategy(spec)
+    if strategy.compressible and dict(spec.server).get("reducer", "mean") == "mean":
+        return None  # its own means (FTL-TP's groups, FedDAR's heads) take the decoded uploads
     for phase in strategy.phases():
         if strategy.fold(phase) is None:
             return (
