@@ -12,6 +12,7 @@ from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.rounds.admission import Admission, Reason, Refusal
 from cloud_aggregator.rounds.engine import CollectRequest
 from cloud_aggregator.rounds.simulation import ClientData, mean_test_loss, simulate
+from cloud_aggregator.rounds.task_rules import compress_refusal
 from ioft_protocol import codec, compress
 from ioft_protocol.config import ConfigError, build
 from ioft_protocol.round_messages import UpdateMessage
@@ -170,3 +171,29 @@ def test_central_dp_clips_the_decoded_change_so_its_noise_covers_the_quantized_u
     g = initial["g"]
     moved = np.sqrt(sum(np.sum((final[n].astype(np.float64) - g[n]) ** 2) for n in final))
     assert moved <= clip * (1 + 1e-5)  # ... and the aggregator's clip held it to the clip
+
+
+def test_feddar_compresses_its_changes_and_sends_counts_and_curvatures_uncoded():
+    """FedDAR's server takes means of decoded uploads (``Strategy.compressible``): its heads and
+    encoder go as codes, its counts and curvatures (not changes of anything sent) as they are."""
+    rng = np.random.default_rng(0)
+    b, w = rng.standard_normal((6, 2)), rng.standard_normal((3, 2))
+    clients = {}
+    for i in range(6):
+        z = rng.integers(0, 3, 12)
+        x = rng.standard_normal((12, 6))
+        y = np.einsum("nd,dk,nk->n", x, b, w[z])[:, None]
+        clients[f"c{i}"] = ClientData(Dataset(x, y, z))
+    hp = {"optimizer": "sgd", "lr": 0.1, "local_steps": 1, "head_steps": 2, "head_lr": 0.1, "n_domains": 3}
+    common = {"model": "linear_rep", "model_args": {"d_in": 6, "k": 2, "d_out": 1}, "dtype": "float64"}
+    plain = TaskSpec("dar", "feddar", hparams={**hp, "aggregation": "sa"}, rounds=3, **common)
+    packed = dataclasses.replace(plain, compress={"bits": 8})
+    assert compress_refusal(packed) is None
+    alg2 = TaskSpec("dar", "feddar_linear", hparams={"n_domains": 3}, compress={"bits": 8}, **common)
+    assert "not a streaming mean" in compress_refusal(alg2)
+    want, _, _ = simulate(plain, clients)
+    got, _, records = simulate(packed, clients)
+    assert all(len(r.participants) == 6 and not r.rejected for r in records)
+    for name in want:  # 8 bits: close to float32's model, not equal to it
+        assert np.abs(got[name] - want[name]).max() < 0.02
+    assert param_hash(got) != param_hash(want)
