@@ -107,3 +107,15 @@ def test_a_compressed_secagg_task_trains_in_the_simulator_near_its_uncompressed_
     assert param_hash(got) != param_hash(plain)  # the codes, not the fixed-point floats, were summed
     assert records[-1].mean_metric("test_loss") < records[0].mean_metric("test_loss")
     assert fleet_loss(fleet, got) == pytest.approx(fleet_loss(plain_fleet, plain), rel=0.05)
+
+
+def test_round_params_carry_codes_only_when_the_ring_holds_them():
+    from ioft_protocol.secagg.config import RoundParams
+
+    cfg = SecAggConfig(**SECAGG)
+    plain, coded = cfg.round_params(20, 100), cfg.round_params(20, 128, codes=1)
+    assert "codes" not in plain.to_json()  # a fixed-point round's setup is as before
+    assert (plain.ring_bits, coded.ring_bits) == (16 + 5, 1 + 5)
+    assert RoundParams.from_json(coded.to_json()) == coded
+    with pytest.raises(ValueError, match="codes must be 0, 1, 2, 4 or 8"):
+        RoundParams.from_json({**coded.to_json(), "codes": 3})
