@@ -1,6 +1,7 @@
 """Compressed uplinks (``[task.compress]``): bytes, device encode and aggregator decode CPU, and accuracy.
 
 ``python -m benchmarks.compress_uplink [--quick] [--seeds 0 1 2] [--repeats 41] [--rounds 20]``
+``[--feddar-rounds 50] [--loopback-repeats 3]``
 
 The estimator is ``ioft_protocol.compress`` (EDEN: randomized Hadamard rotation per block of
 1024, Lloyd–Max levels, one float32 scale per block; see its module docstring for what is
@@ -18,7 +19,11 @@ unbiased).  Measured here:
   as over MQTT): FedAvg on the weld MLP (624-175-125-50-4, ~137k parameters; nine clients of
   the M group, 3/4 of each client's welds to train, the rest pooled to test), and the demo's
   PFL-DA printer task (``cloud_aggregator.local.demo``'s hyperparameters on the six real
-  printers: Speed30 held out, 50·MSE over every printer's personal model).
+  printers: Speed30 held out, 50·MSE over every printer's personal model), FTL-TP on the weld
+  MLP (:func:`ftltp_accuracy`) and FedDAR-WA/-SA on the §5.1 fleet (:func:`feddar_loss`);
+* **a round over loopback mosquitto** at N = 20, P = 150k (:func:`loopback_round`: the
+  ``fleet_scale`` harness and swarm, whose devices run the daemon's encoder): float32 against
+  1 bit, payload and broker bytes, round time, aggregator CPU per upload.
 
 ``--quick`` (the test suite's run) checks bytes ratios, round-trip shapes and unbiasedness with
 a fixed seed, and times nothing.
@@ -182,6 +187,180 @@ def printer_loss(bits_list: Sequence[int | None], seeds: Sequence[int], rounds: 
     return out
 
 
+def ftltp_accuracy(
+    bits_list: Sequence[int | None], seeds: Sequence[int], rounds: int, n_m: int, n_s: int
+) -> tuple[dict, dict]:
+    """FTL-TP (``benchmarks.ftltp_welding``'s task: M and S groups, the first domain of each held
+    out, 3 clients per source domain) with 3/4 of each client's welds to train: mean over the
+    two groups of each group's model's pooled held-out accuracy, and of its unseen target's."""
+    from benchmarks.ftltp_welding import HIDDEN, Config, load_groups, make_split
+    from cloud_aggregator.rounds.simulation import ClientData, simulate
+    from trainer_lite.data import Dataset
+    from trainer_lite.task import TaskSpec
+
+    cfg = Config(n_m=n_m, n_s=n_s, workers=1, rounds=rounds)
+    groups = load_groups(cfg)
+    held: dict[Any, list[float]] = {b: [] for b in bits_list}
+    target: dict[Any, list[float]] = {b: [] for b in bits_list}
+    for seed in seeds:
+        splits = {g: make_split(groups[g], 0, seed, cfg) for g in ("M", "S")}
+        clients, tests = {}, {}
+        for g, split in splits.items():
+            parts = []
+            for c, d in split.clients.items():
+                cut = (3 * len(d)) // 4
+                clients[c] = ClientData(Dataset(d.x[:cut], d.y[:cut]), Dataset(d.x[cut:], d.y[cut:]))
+                parts.append((d.x[cut:], d.y[cut:]))
+            tests[g] = Dataset(np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts]))
+        base = TaskSpec(
+            name="weld",
+            algorithm="ftltp",
+            model="mlp",
+            model_args={"sizes": [*HIDDEN, splits["M"].n_classes], "init": "kaiming"},
+            hparams={
+                "groups": {g: s.n_classes for g, s in splits.items()},
+                "base_layers": cfg.base_layers,
+                "alpha_l2r": cfg.alpha_ftltp,
+                "mu": cfg.mu_ftltp,
+                "epochs": 1,
+                "lr": cfg.lr,
+                "batch_size": cfg.batch,
+            },
+            server={"device_groups": {c: g for g, s in splits.items() for c in s.clients}},
+            rounds=rounds,
+            seed=seed,
+        )
+        for b in bits_list:
+            final, fleet, _ = simulate(base if b is None else _with_compress(base, b), clients)
+            algo = fleet.algo
+            for out, data in ((held, tests), (target, {g: s.target for g, s in splits.items()})):
+                scores = [
+                    algo.evaluate({n: final[n] for n in algo.names_for(g)}, {}, data[g])["accuracy"]
+                    for g in splits
+                ]
+                out[b].append(float(np.mean(scores)))
+    return held, target
+
+
+def feddar_loss(bits_list: Sequence[int | None], seeds: Sequence[int], rounds: int) -> dict[str, dict]:
+    """FedDAR-WA and -SA on ``benchmarks.feddar_synthetic``'s §5.1 fleet (100 clients, 10 samples,
+    α = 0.4): mean client test MSE after ``rounds``, per seed."""
+    from dataclasses import replace
+
+    from benchmarks.feddar_synthetic import StudyConfig, synthetic_fleet, task_spec
+    from cloud_aggregator.rounds.simulation import simulate
+
+    cfg = replace(StudyConfig(), rounds=rounds)
+    out: dict[str, dict[Any, list[float]]] = {m: {b: [] for b in bits_list} for m in FEDDAR}
+    for seed in seeds:
+        clients, tests, _ = synthetic_fleet(cfg, 10, 0.4, seed)
+        for method in FEDDAR:
+            base = task_spec(method, cfg, seed)
+            for b in bits_list:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    final, fleet, _ = simulate(base if b is None else _with_compress(base, b), clients)
+                    losses = [fleet.algo.evaluate(final, fleet.local[d], tests[d])["loss"] for d in tests]
+                out[method][b].append(float(np.mean(losses)))
+    return out
+
+
+FEDDAR = ("FedDAR-WA", "FedDAR-SA")
+
+
+# -- a round over loopback mosquitto -----------------------------------------------------------
+
+
+def loopback_round(n: int, p: int, bits: int | None, rounds: int, warmup: int) -> dict[str, float]:
+    """N swarm devices (``edge-trainer --swarm``: the daemon's own upload path, so its encoder)
+    and ``serve`` on one mosquitto, ``benchmarks.fleet_scale``'s harness and ``echo`` task (P
+    float32 parameters, each device uploading the global back: a zero change, which costs the
+    codec what any change costs); compressed at ``bits`` or not (``None``).  Median round time
+    of ``rounds`` after ``warmup``, the aggregator's CPU per upload (decode, admission, fold,
+    store), the broker's bytes per round and one upload's payload bytes."""
+    import shutil
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    from benchmarks.fleet_scale import broker_for, snapshot, split, start_swarms, stop, swarm_root
+    from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml
+    from cloud_aggregator.store.sqlite import SqliteStore
+
+    work = Path(tempfile.mkdtemp(prefix="ioft-compress-"))
+    root = swarm_root()
+    fleet = LocalFleet.start(work, broker=broker_for(work, n))
+    swarms = []
+    try:
+        swarms = start_swarms(fleet.broker_url, root, split(n, 1), work / "swarm.log")
+        task: dict[str, Any] = {
+            "name": "bench",
+            "algorithm": "echo",
+            "model": "vector",
+            "rounds": warmup + rounds + 1,  # one more: the aggregator still runs at the last snapshot
+            "model_args": {"size": p},
+        }
+        if bits is not None:
+            task["compress"] = {"bits": bits}
+        toml = aggregator_toml(
+            fleet.broker_url,
+            work / "aggregator",
+            [task],
+            expected=[f"dev{i:05d}" for i in range(n)],
+            deadline_s=600,
+            startup_wait_s=600,
+            settings={"max_payload_bytes": 16777216},
+        )
+        agg = fleet.start_aggregator(toml, log_level="WARNING")
+        db = work / "aggregator" / "aggregator.sqlite"
+        start = end = None
+        monitor = None
+        while agg.poll() is None:
+            if monitor is None and db.exists():
+                monitor = SqliteStore(db, readonly=True)
+            done = monitor.round_count("bench") if monitor is not None else 0
+            if start is None and done >= warmup:
+                start = snapshot(agg.pid, fleet.broker.proc.pid, swarms, done)
+            if end is None and done >= warmup + rounds:
+                end = snapshot(agg.pid, fleet.broker.proc.pid, swarms, done)
+            time.sleep(0.005)
+        if monitor is not None:
+            monitor.close()
+        if agg.returncode != 0 or start is None or end is None:
+            raise RuntimeError(f"aggregator failed ({agg.returncode}): {fleet.log('aggregator')[-2000:]}")
+        store = SqliteStore(db, readonly=True)
+        recs = [r for r in store.rounds("bench") if warmup < r.round <= warmup + rounds]
+        store.close()
+        if any(len(r.participants) != n for r in recs):
+            raise RuntimeError("a round lacked uploads: the figures would measure a deadline")
+        k = end["done"] - start["done"]
+        zeros = {"w": np.zeros(p, np.float32)}
+        how = None if bits is None else {"bits": bits}
+        upload = compress.encode_upload(
+            zeros, zeros, how, task="bench", round_=1, phase="train", device="dev00000", global_hash="h"
+        )
+        return {
+            "round_s": statistics.median(r.finished - r.started for r in recs),
+            "agg_cpu_upload_ms": (end["agg_cpu"] - start["agg_cpu"]) / (k * n) * 1e3,
+            "broker_bytes_round": (end["broker_io"] - start["broker_io"]) / k,
+            "upload_bytes": len(_payload(upload, how)),
+        }
+    finally:
+        stop(swarms)
+        fleet.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def loopback_table(n: int, p: int, repeats: int, rounds: int) -> dict[Any, list[dict[str, float]]]:
+    """:func:`loopback_round` for float32 and 1 bit, interleaved ``repeats`` times."""
+    out: dict[Any, list[dict[str, float]]] = {None: [], 1: []}
+    for _ in range(repeats):
+        for bits in out:
+            out[bits].append(loopback_round(n, p, bits, rounds, warmup=2))
+            print("loopback", bits, out[bits][-1], flush=True)
+    return out
+
+
 def _with_compress(spec: Any, bits: int) -> Any:
     from dataclasses import replace
 
@@ -201,9 +380,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--printers", default=str(DEFAULT_DATA), help="folder of FL_Dataset_Printer*_Speed*.csv"
     )
+    parser.add_argument(
+        "--ftltp-welds", type=int, default=60, help="welds per domain of the S group (FTL-TP)"
+    )
+    parser.add_argument("--feddar-rounds", type=int, default=50, help="rounds of the FedDAR runs")
+    parser.add_argument(
+        "--loopback-repeats", type=int, default=3, help="interleaved repeats of the MQTT round"
+    )
+    parser.add_argument("--loopback-rounds", type=int, default=10, help="rounds measured per MQTT run")
     args = parser.parse_args(argv)
-    if args.repeats < 1 or args.rounds < 1 or args.welds < 8:
-        raise SystemExit("--repeats and --rounds must be >= 1, --welds >= 8")
+    if args.repeats < 1 or args.rounds < 1 or args.welds < 8 or args.ftltp_welds < 8:
+        raise SystemExit("--repeats and --rounds must be >= 1, --welds and --ftltp-welds >= 8")
+    if min(args.feddar_rounds, args.loopback_repeats, args.loopback_rounds) < 1:
+        raise SystemExit("--feddar-rounds, --loopback-repeats and --loopback-rounds must be >= 1")
     sent, up = synthetic_upload(P150K_SHAPES, 0)
     p = sum(v.size for v in up.values())
     table = bytes_table(sent, up, BITS)
@@ -241,7 +430,55 @@ def main(argv: list[str] | None = None) -> dict:
     printers = printer_loss([None, 1, 4, 8], args.seeds, args.printer_rounds, runs)
     print("printers", printers, flush=True)
     welds, weld_loss = weld_accuracy([None, 1, 2, 4, 8], args.seeds, args.rounds, args.welds)
-    out |= {"cpu": cpu, "load": (load0, load1), "welds": welds, "weld_loss": weld_loss, "printers": printers}
+    print("welds", welds, flush=True)
+    widths = [None, 1, 4, 8]
+    ftltp, ftltp_target = ftltp_accuracy(widths, args.seeds, args.rounds, args.welds, args.ftltp_welds)
+    print("ftltp", ftltp, ftltp_target, flush=True)
+    feddar = feddar_loss(widths, args.seeds, args.feddar_rounds)
+    print("feddar", feddar, flush=True)
+    loop = loopback_table(20, p, args.loopback_repeats, args.loopback_rounds)
+    out |= {
+        "cpu": cpu,
+        "load": (load0, load1),
+        "welds": welds,
+        "weld_loss": weld_loss,
+        "printers": printers,
+        "ftltp": ftltp,
+        "ftltp_target": ftltp_target,
+        "feddar": feddar,
+        "loopback": loop,
+    }
+
+    def med(bits: Any, key: str) -> float:
+        return float(np.median([r[key] for r in loop[bits]]))
+
+    def span(bits: Any, key: str, fmt: str) -> str:
+        v = [r[key] for r in loop[bits]]
+        return f"{format(med(bits, key), fmt)} ({format(min(v), fmt)}–{format(max(v), fmt)})"
+
+    def points(table: dict, b: Any) -> float:
+        return 100 * (float(np.mean(table[b])) - float(np.mean(table[None])))
+
+    def rel(table: dict, b: Any) -> float:
+        return 100 * (float(np.mean(table[b])) / float(np.mean(table[None])) - 1)
+
+    enc_1 = cpu["encode 1 bit"][0]
+    worst_enc = max(m for n, (m, _, _) in cpu.items() if n.startswith("encode"))
+    targets = [
+        f"- Bytes: 1 bit ≤ 1/25 of float32's payload: {'met' if table[1]['ratio'] >= 25 else 'missed'} "
+        f"({table[1]['ratio']:.1f}×; over MQTT {med(None, 'upload_bytes') / med(1, 'upload_bytes'):.1f}×).",
+        f"- Encode ≤ 5 ms at P = {p:,}: {'met' if worst_enc <= 5 else 'missed'} (1 bit {enc_1:.2f} ms, "
+        f"slowest width {worst_enc:.2f} ms, medians).",
+        f"- Weld FedAvg, 1 bit within 1 point: {'met' if points(welds, 1) >= -1 else 'missed'} "
+        f"({points(welds, 1):+.2f} points).",
+        f"- Weld FTL-TP, 1 bit within 1 point (held-out welds): {'met' if points(ftltp, 1) >= -1 else 'missed'} "
+        f"({points(ftltp, 1):+.2f} points; unseen target {points(ftltp_target, 1):+.2f}).",
+        f"- Printers PFL-DA, 1 bit within 2 % of the loss: {'met' if rel(printers, 1) <= 2 else 'missed'} "
+        f"({rel(printers, 1):+.2f} %).",
+        "- FedDAR (no target set): 1 bit "
+        + ", ".join(f"{m} {rel(feddar[m], 1):+.1f} % MSE" for m in FEDDAR)
+        + " (models of 50 parameters: nothing to save in bytes; counts and curvatures travel uncoded).",
+    ]
 
     lines = [
         f"P = {p:,} parameters (the weld MLP's ~137k plus a 13k layer), synthetic heavy-tailed change.",
@@ -292,6 +529,47 @@ def main(argv: list[str] | None = None) -> dict:
             f"{100 * (np.mean(v) / np.mean(printers[None]) - 1):+.2f}% |"
             for b, v in printers.items()
         ),
+        "",
+        f"Weld MLP, FTL-TP (M and S groups, first domain of each unseen; {args.welds} / "
+        f"{args.ftltp_welds} welds per domain), {args.rounds} rounds, seeds {args.seeds}: accuracy "
+        "of each group's model, averaged over the two groups, mean (min, max)",
+        "",
+        "| upload | held-out welds | vs float32 (points) | unseen target | vs float32 (points) |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| {'float32' if b is None else f'{b} bit'} | {_spread(v)} | {points(ftltp, b):+.2f} | "
+            f"{_spread(ftltp_target[b])} | {points(ftltp_target, b):+.2f} |"
+            for b, v in ftltp.items()
+        ),
+        "",
+        f"FedDAR (`benchmarks.feddar_synthetic`'s §5.1 fleet: 100 clients, 10 samples, α = 0.4), "
+        f"{args.feddar_rounds} rounds, seeds {args.seeds}: mean client test MSE",
+        "",
+        "| upload | " + " | ".join(f"{m} | vs float32" for m in FEDDAR) + " |",
+        "|---|" + "---:|---:|" * len(FEDDAR),
+        *(
+            f"| {'float32' if b is None else f'{b} bit'} | "
+            + " | ".join(f"{np.mean(feddar[m][b]):.3e} | {rel(feddar[m], b):+.1f}%" for m in FEDDAR)
+            + " |"
+            for b in widths
+        ),
+        "",
+        f"One round over loopback mosquitto, N = 20 swarm devices, P = {p:,} (`echo` task), "
+        f"{args.loopback_rounds} rounds after 2 of warm-up, median (min–max) over "
+        f"{args.loopback_repeats} interleaved runs:",
+        "",
+        "| upload | payload bytes | broker bytes per round | round time, s | aggregator CPU per upload, ms |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| {'float32' if b is None else f'{b} bit'} | {med(b, 'upload_bytes'):,.0f} | "
+            f"{span(b, 'broker_bytes_round', ',.0f')} | {span(b, 'round_s', '.3f')} | "
+            f"{span(b, 'agg_cpu_upload_ms', '.2f')} |"
+            for b in loop
+        ),
+        "",
+        "Targets (computed from the tables above):",
+        "",
+        *targets,
     ]
     body = "\n".join(lines)
     print(body)

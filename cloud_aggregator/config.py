@@ -318,8 +318,6 @@ class AggregatorConfig:
                     else f"plant_workers = {self.collect.plant_workers}")  # fmt: skip
             for t in self.task:
                 why = workers_refusal(t.spec(), self.collect.straggler, t.mode)
-                if why is None and t.compress is not None:
-                    why = "workers do not decode compressed uploads yet; leave out [task.compress]"
                 if why is not None:
                     raise ValueError(f"task {t.name!r}: [collect] {what}: {why}")
         if isinstance(self.restart, list):

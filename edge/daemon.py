@@ -550,9 +550,18 @@ class EdgeTrainer:
         )
         if algo.spec.secagg is not None:  # the change leaves masked, the upload carries none
             weight = secagg_wire.device_weight(algo.spec.server, result.n_samples)
-            self.secagg.arm(
-                ann.task, ann.round, ann.phase, secagg_wire.change(result.shared, ann.params), weight
+            update = secagg_wire.secagg_input(  # the change, or its codes when compressed
+                result.shared,
+                ann.params,
+                algo.spec.secagg,
+                algo.spec.compress,
+                task=ann.task,
+                round_=ann.round,
+                phase=ann.phase,
+                device=self.device,
+                global_hash=ann.global_hash,
             )
+            self.secagg.arm(ann.task, ann.round, ann.phase, update, weight)
         self._save(ann.task, new_state)  # durable before it is announced to anyone
         self.tasks[ann.task] = new_state
         self._publish_upload(ann.task, new_state)

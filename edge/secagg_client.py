@@ -110,8 +110,11 @@ class SecAggDevice:
         self._sessions: dict[tuple[str, int, str], str] = {}
 
     def arm(self, task: str, round_: int, phase: str, update: np.ndarray, weight: float) -> None:
-        """Hold ``update`` (the change from the global) for ``task``'s round until the server asks."""
-        self._pending[task] = _Pending(round_, phase, np.asarray(update, dtype=np.float64), weight)
+        """Hold ``update`` (the change from the global, or its compressed codes) for ``task``'s round until the server asks."""
+        # integer codes (a compressed task) stay integers; a change is float64
+        update = np.asarray(update)
+        update = update if update.dtype.kind in "ui" else update.astype(np.float64)
+        self._pending[task] = _Pending(round_, phase, update, weight)
 
     def handle(self, topic: SecAggTopic, payload: bytes) -> None:
         """Answer one request of the server; a bad or unexpected one is logged and dropped."""

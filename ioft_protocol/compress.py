@@ -204,8 +204,9 @@ def _unpack(codes: np.ndarray, bits: int, size: int) -> np.ndarray:
     return ((codes[:, None] >> shifts) & mask).reshape(-1)[:size]
 
 
-def _names(params: Mapping[str, np.ndarray]) -> list[str]:
-    return sorted(params)
+def _coded(names: Mapping[str, Any], sent: Mapping[str, np.ndarray]) -> list[str]:
+    """The names whose change is coded: those of ``names`` the downlink holds, sorted."""
+    return sorted(n for n in names if n in sent)
 
 
 def block_size(config: CompressConfig, total: int) -> int:
@@ -217,13 +218,13 @@ def block_size(config: CompressConfig, total: int) -> int:
 def encode(
     params: Mapping[str, np.ndarray], sent: Mapping[str, np.ndarray], config: CompressConfig, seed: int
 ) -> dict[str, np.ndarray]:
-    """``params − sent`` compressed: ``{CODES: uint8, SCALES: float32}`` (see the module docstring).
+    """``params − sent`` compressed: ``{CODES: uint8, SCALES: float32}`` (see the module docstring),
+    over the names the downlink holds; an uploaded tensor it does not hold (a count, a curvature
+    statistic: not a change of anything sent) travels as it is beside them.
 
-    Raises ``ValueError`` when ``params`` and ``sent`` differ in names or shapes.
+    Raises ``ValueError`` when a name of both differs in shape.
     """
-    names = _names(params)
-    if names != _names(sent):
-        raise ValueError(f"upload names {names} differ from the downlink's {_names(sent)}")
+    names = _coded(params, sent)
     parts = []
     for n in names:
         u, g = np.asarray(params[n]), np.asarray(sent[n])
@@ -255,7 +256,8 @@ def encode(
         idx = _nearest(config.bits)[t.astype(np.int32).ravel()]
         dot = np.einsum("ij,ij->i", z, c[idx].reshape(nb, bsize), dtype=np.float64)
     scale = np.where(dot > 0, sq / np.where(dot > 0, dot, 1.0), 0.0).astype(np.float32)
-    return {CODES: _pack(idx, config.bits), SCALES: scale}
+    extras = {n: params[n] for n in params if n not in sent}
+    return {CODES: _pack(idx, config.bits), SCALES: scale, **extras}
 
 
 def decode(
@@ -265,17 +267,19 @@ def decode(
     config: CompressConfig,
     seed: int,
 ) -> dict[str, np.ndarray]:
-    """The parameters ``sent + x̂`` an :func:`encode` output stands for, each in ``dtypes[name]``.
+    """The parameters ``sent + x̂`` an :func:`encode` output stands for, each in ``dtypes[name]``
+    (the round's tensors: those ``sent`` holds are decoded, the others taken as they came).
 
     Raises
     ------
     CompressError
         Naming what is missing or of the wrong size.
     """
-    if set(arrays) != {CODES, SCALES}:
-        raise CompressError(f"a compressed upload carries {[CODES, SCALES]}, got {sorted(arrays)}")
+    names = _coded(dtypes, sent)
+    extras = sorted(set(dtypes) - set(names))
+    if set(arrays) != {CODES, SCALES, *extras}:
+        raise CompressError(f"a compressed upload carries {[CODES, SCALES, *extras]}, got {sorted(arrays)}")
     codes, scale = np.asarray(arrays[CODES]), np.asarray(arrays[SCALES])
-    names = _names(sent)
     sizes = [int(np.size(sent[n])) for n in names]
     total = sum(sizes)
     bsize = block_size(config, total)
@@ -300,7 +304,7 @@ def decode(
         g = np.asarray(sent[n])
         out[n] = np.add(g, flat[at : at + size].reshape(g.shape), dtype=np.float64).astype(dtypes[n])
         at += size
-    return out
+    return out | {n: arrays[n] for n in extras}
 
 
 def wire_bytes(arrays: Mapping[str, np.ndarray]) -> int:
@@ -326,3 +330,77 @@ def encode_upload(
         return dict(params)
     seed = derive_seed(task, round_, phase, device, global_hash)
     return encode(params, sent, CompressConfig.from_json(dict(how)), seed)
+
+
+# -- composed with SecAgg: integer codes the masked ring can sum ---------------------------------
+#
+# SecAgg reveals only the sum of the devices' ring vectors, so the aggregator can invert neither
+# a per-device rotation nor a per-device scale.  Under SecAgg every device therefore rotates with
+# the round's shared seed (:func:`shared_seed`) and quantizes on one grid the whole round shares:
+# ``2^bits`` evenly spaced levels over ``[-clip, clip]`` (``clip``: the task's ``[task.secagg]``
+# clip, a bound on each *rotated* coordinate), with stochastic rounding, unbiased wherever the
+# coordinate lies within the clip.  The codes are integers in ``[0, 2^bits - 1]``: their ring sum
+# over the survivors is exactly the sum the aggregator would get from the codes in the clear, and
+# decodes (:func:`decode_ring`) to the survivors' mean change.  EDEN's per-block scale and Lloyd–Max
+# levels do not survive the sum, hence this uniform grid; the ring is ``bits + ceil(log2 n)`` bits.
+
+
+def shared_seed(task: str, round_: int, phase: str, global_hash: str) -> int:
+    """The rotation seed every device of a SecAgg round uses (no device in it: the sum is inverted once)."""
+    return derive_seed(task, round_, phase, "", global_hash)
+
+
+def ring_length(config: CompressConfig, total: int) -> int:
+    """Coordinates of the ring vector for ``total`` parameters: whole rotation blocks."""
+    bsize = block_size(config, total)
+    return max(1, -(-total // bsize)) * bsize
+
+
+def _rotate(z: np.ndarray, config: CompressConfig, seed: int, inverse: bool) -> np.ndarray:
+    bsize = z.shape[1]
+    if not config.rotation:
+        return z
+    if not inverse:
+        _flip_signs(z, seed)
+    z = hadamard_rows(z)
+    z *= np.float32(1.0 / np.sqrt(bsize))
+    if inverse:
+        _flip_signs(z, seed)
+    return z
+
+
+def encode_ring(x: np.ndarray, config: CompressConfig, clip: float, seed: int, dither: int) -> np.ndarray:
+    """The change ``x`` (flat, sorted-name order) as integer codes in ``[0, 2^bits - 1]`` (uint64,
+    :func:`ring_length` of them): rotated with the round's ``seed``, clipped to ``±clip`` and rounded
+    stochastically (``dither`` seeds the rounding: the device's own, a re-send is the same codes)."""
+    x = np.asarray(x, dtype=np.float32).ravel()
+    if not np.isfinite(x).all():
+        raise ValueError("update holds NaN or Inf")
+    length = ring_length(config, x.size)
+    bsize = block_size(config, x.size)
+    blocks = np.zeros(length, dtype=np.float32)
+    blocks[: x.size] = x
+    z = _rotate(blocks.reshape(-1, bsize), config, seed, inverse=False).reshape(-1)
+    top = (1 << config.bits) - 1
+    t = (np.clip(z.astype(np.float64), -clip, clip) + clip) * (top / (2 * clip))
+    t += np.random.Generator(np.random.PCG64(dither)).random(t.size)
+    return np.clip(np.floor(t), 0, top).astype(np.uint64)
+
+
+def decode_ring(
+    total: np.ndarray, count: int, config: CompressConfig, clip: float, seed: int, size: int
+) -> np.ndarray:
+    """The survivors' mean change (float64, ``size`` coordinates) from the exact sum of ``count``
+    devices' :func:`encode_ring` codes: each code ``k`` stands for ``clip·(2k/(2^bits - 1) - 1)``."""
+    if count <= 0:
+        raise ValueError("no device's codes are in the sum")
+    top = (1 << config.bits) - 1
+    total = np.asarray(total, dtype=np.float64).ravel()
+    if total.size != ring_length(config, size):
+        raise ValueError(
+            f"a ring sum of {total.size} codes; {size} parameters need {ring_length(config, size)}"
+        )
+    z = ((2.0 * total - count * top) * (clip / (top * count))).astype(np.float32)
+    bsize = block_size(config, size)
+    z = _rotate(z.reshape(-1, bsize), config, seed, inverse=True).reshape(-1)
+    return z[:size].astype(np.float64)

@@ -442,11 +442,9 @@ class Admission:
                 Reason.MALFORMED,
                 f"upload compressed as {msg.compress}, task {request.spec.name!r} takes {want}",
             )
-        if want is None:
+        if want is None or request.spec.secagg is not None:  # masked: the codes travel in the ring
             return msg.params
         sent = self._sent(device, request)
-        if sorted(sent) != sorted(expected):
-            return Refusal(Reason.SHAPE_DTYPE, f"round tensors {sorted(expected)} differ from the downlink's")
         seed = compress.derive_seed(msg.task, msg.round, msg.phase, device, msg.global_hash)
         try:
             return compress.decode(

@@ -145,10 +145,10 @@ class SimulatedFleet:
             result.n_samples,
             global_hash,
             result.metrics,
-            encode_upload(
+            encode_upload(  # under SecAgg the codes go masked (``collect_in_process``), as on a device
                 result.shared,
                 shared,
-                self.spec.compress,
+                None if self.spec.secagg is not None else self.spec.compress,
                 task=self.spec.name,
                 round_=round_,
                 phase=phase,

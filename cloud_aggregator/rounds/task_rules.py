@@ -64,17 +64,40 @@ def compress_refusal(spec: TaskSpec, mode: str = "sync") -> str | None:
     """Why ``spec``'s uploads cannot be compressed (one line), or ``None``: they can.
 
     A compressed upload is decoded into the round's streaming mean, so every phase's server
-    step must be a mean that folds (``Strategy.fold``); SecAgg (the aggregator never sees one
-    upload to decode), DP (its clip and noise are calibrated on the uncompressed change) and
-    buffered rounds (uploads quote older globals) do not compose with it yet.
+    step must be a mean that folds (``Strategy.fold``) or, with the ``mean`` reducer, a server
+    whose own means take decoded uploads (``Strategy.compressible``: FTL-TP, FedDAR); these
+    compose too:
+
+    * ``[task.dp]`` (no SecAgg): the aggregator decodes each upload first, so central mode clips
+      the *decoded* change and calibrates its noise on that clip (the quantized update's own
+      sensitivity); a distributed-mode device noises its change before compressing it, which
+      is post-processing and costs no privacy.
+    * ``[task.secagg]``: the masked ring carries the quantized integers on a grid the round
+      shares (``ioft_protocol.compress.encode_ring``; its span is ``secagg.clip``), and the
+      aggregator decodes the survivors' sum once.  Every device counts once there, so
+      ``server.weighting`` must be ``'uniform'``.
+
+    SecAgg with DP does not compose: the ring would sum quantized noisy changes, each device's
+    with a fraction of the noise, and integer noise calibrated on the codes is not built.
+    Buffered rounds (uploads quote older globals) do not either.
     """
-    if spec.secagg is not None:
-        return "secagg masks the uncompressed change; leave out [task.compress] or [task.secagg]"
-    if spec.dp is not None:
-        return "dp clips and noises the uncompressed change; leave out [task.compress] or [task.dp]"
+    if spec.secagg is not None and spec.dp is not None:
+        return (
+            "[task.secagg] with [task.dp] sums quantized shares of the noise, which no calibration "
+            "here covers; leave out [task.compress], or [task.secagg] (dp then composes)"
+        )
+    if spec.secagg is not None and dict(spec.server).get("weighting", "samples") != "uniform":
+        return (
+            "[task.secagg] sums codes on one grid, one count per device; set server.weighting = "
+            "'uniform' or leave out [task.compress]"
+        )
     if mode != "sync":
         return f"mode = {mode!r}: uploads quote older globals; compressed uplinks need mode = 'sync'"
+    if spec.secagg is not None or spec.dp is not None:
+        return None  # their means (the ring's, the noisy one) take the decoded changes
     strategy = make_strategy(spec)
+    if strategy.compressible and dict(spec.server).get("reducer", "mean") == "mean":
+        return None  # its own means (FTL-TP's groups, FedDAR's heads) take the decoded uploads
     for phase in strategy.phases():
         if strategy.fold(phase) is None:
             return (

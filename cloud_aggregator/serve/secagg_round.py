@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from cloud_aggregator.aggregation.update import Update
-from cloud_aggregator.rounds.secagg import replies_from
+from cloud_aggregator.rounds.secagg import replies_from, ring_codes, ring_length
 from cloud_aggregator.rounds.task_rules import secagg_config
 from cloud_aggregator.rounds.types import CollectRequest
 from cloud_aggregator.serve.mqtt_fleet import MqttFleet
@@ -85,9 +85,15 @@ class SecAggFleet:
         self, request: CollectRequest, cfg: SecAggConfig, devices: list[str]
     ) -> SecAggResult | Abandoned:
         task = request.spec.name
-        length = sum(int(v.size) for v in request.global_params.values())
         session = f"{task}-{request.round}-{request.phase}-{secrets.token_hex(4)}"
-        server = ServerSecAgg(cfg, devices, session=session, length=length, certificates=self.certificates)
+        server = ServerSecAgg(
+            cfg,
+            devices,
+            session=session,
+            length=ring_length(request),
+            certificates=self.certificates,
+            codes=ring_codes(request),
+        )
         receive = {
             "setup": server.receive_keys,
             "neighbour_keys": server.receive_shares,

@@ -95,9 +95,11 @@ class SecAggConfig:
             raise ValueError(f"secagg settings must be a table with keys {sorted(keys)}")
         return cls(**value)
 
-    def round_params(self, n: int, length: int, *, certificates: bool = False) -> RoundParams:
+    def round_params(self, n: int, length: int, *, certificates: bool = False, codes: int = 0) -> RoundParams:
         """The parameters of a round with ``n`` devices and ``length`` coordinates; ``certificates``:
-        whether the fleet logs in with certificates (what an unset ``signed_keys`` follows)."""
+        whether the fleet logs in with certificates (what an unset ``signed_keys`` follows);
+        ``codes``: the devices send ``codes``-bit compressed integers (``ioft_protocol.compress``),
+        not fixed-point floats, so the ring needs only ``codes + ceil(log2 n)`` bits."""
         degree = min(n - 1, self.degree) if self.degree else default_degree(n)
         degree += degree % 2 if degree < n - 1 else 0  # the Harary graph is built for even k
         holders = degree + 1
@@ -108,7 +110,8 @@ class SecAggConfig:
                 f"threshold {self.threshold} needs {t} share holders but each device has {holders}; "
                 "raise degree or lower threshold"
             )
-        ring_bits = self.bits + math.ceil(math.log2(max(n, 1)))  # n inputs sum without wrapping
+        # n inputs sum without wrapping
+        ring_bits = (codes or self.bits) + math.ceil(math.log2(max(n, 1)))
         if ring_bits > 64:
             raise ValueError(f"{n} devices with bits = {self.bits} need a {ring_bits}-bit ring; lower bits")
         signed = certificates if self.signed_keys is None else self.signed_keys
@@ -123,6 +126,7 @@ class SecAggConfig:
             length,
             self.min_participants,
             signed,
+            codes,
         )
 
 
@@ -140,17 +144,25 @@ class RoundParams:
     length: int  # coordinates of the update, the weight coordinate not counted
     min_participants: int = 2  # the task's; a device also applies its own floor
     signed_keys: bool = False  # devices sign their keys and check their neighbours'
+    #: 0: fixed-point floats (``quantize``); 1, 2, 4, 8: compressed codes of that many bits, summed
+    #: as unsigned integers (``ioft_protocol.compress.encode_ring``); left out of the wire form at 0
+    codes: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        if not self.codes:
+            del out["codes"]
+        return out
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> RoundParams:
         """Parameters from a setup message; ``ValueError`` naming the first bad field."""
         names = [f.name for f in fields(cls)]
-        if not isinstance(value, dict) or sorted(value) != sorted(names):
-            raise ValueError(f"round parameters must have exactly {names}")
-        for name in ("n", "degree", "threshold", "ring_bits", "bits", "length", "min_participants"):
+        if not isinstance(value, dict) or sorted({"codes": 0, **value}) != sorted(names):
+            raise ValueError(f"round parameters must have exactly {names} (codes optional)")
+        for name in ("n", "degree", "threshold", "ring_bits", "bits", "length", "min_participants", "codes"):
+            if name == "codes" and name not in value:
+                continue
             v = value[name]
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"round parameter {name} must be an integer >= 0, got {v!r}")
@@ -162,6 +174,11 @@ class RoundParams:
             v = value[name]
             if not isinstance(v, int | float) or isinstance(v, bool) or not (math.isfinite(v) and v > 0):
                 raise ValueError(f"round parameter {name} must be a positive number, got {v!r}")
-        if not (1 <= value["ring_bits"] <= 64 and 2 <= value["bits"] <= value["ring_bits"]):
-            raise ValueError(f"round parameters need 2 <= bits <= ring_bits <= 64, got {value}")
+        codes = value.get("codes", 0)
+        if codes not in (0, 1, 2, 4, 8):
+            raise ValueError(f"round parameter codes must be 0, 1, 2, 4 or 8, got {codes!r}")
+        if not (1 <= value["ring_bits"] <= 64 and value["bits"] >= 2 and codes <= value["ring_bits"]):
+            raise ValueError(f"round parameters need 2 <= bits, codes <= ring_bits <= 64, got {value}")
+        if not codes and value["bits"] > value["ring_bits"]:
+            raise ValueError(f"round parameters need bits <= ring_bits, got {value}")
         return cls(**value)

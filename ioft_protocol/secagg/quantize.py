@@ -55,7 +55,17 @@ def quantized_weight(p: RoundParams, weight: float) -> float:
 
 
 def encode(p: RoundParams, update: np.ndarray, weight: float) -> np.ndarray:
-    """The ring vector of length ``p.length + 1`` (last coordinate: the weight)."""
+    """The ring vector of length ``p.length + 1`` (last coordinate: the weight).
+
+    With ``p.codes``, ``update`` holds compressed integer codes in ``[0, 2^codes - 1]``, summed
+    as they are, and the last coordinate counts the device once (such rounds weigh uniformly)."""
+    if p.codes:
+        k = np.asarray(update).ravel()
+        if k.shape != (p.length,):
+            raise ValueError(f"update has {k.size} codes, the round expects {p.length}")
+        if k.dtype.kind not in "ui" or (k.size and (k.min() < 0 or k.max() >= 1 << p.codes)):
+            raise ValueError(f"codes must be integers in [0, {(1 << p.codes) - 1}]")
+        return reduce(p, np.append(k.astype(RING_DTYPE), RING_DTYPE.type(1)))
     x = np.asarray(update, dtype=np.float64).ravel()
     if x.shape != (p.length,):
         raise ValueError(f"update has {x.size} coordinates, the round expects {p.length}")
@@ -69,8 +79,11 @@ def encode(p: RoundParams, update: np.ndarray, weight: float) -> np.ndarray:
 
 
 def decode_sum(p: RoundParams, total: np.ndarray) -> tuple[np.ndarray, float]:
-    """``(Σ w·clip(x), Σ w)`` from the ring sum of encoded vectors."""
+    """``(Σ w·clip(x), Σ w)`` from the ring sum of encoded vectors; with ``p.codes``, ``(Σ codes,
+    count)``: the sum never reaches 2^r, so it is read unsigned."""
     t = reduce(p, total)
+    if p.codes:
+        return t[:-1].astype(np.float64), float(t[-1])
     signed = t.view(np.int64).copy()
     if p.ring_bits < 64:
         signed[t >= np.uint64(1 << (p.ring_bits - 1))] -= np.int64(1 << (p.ring_bits - 1)) * 2

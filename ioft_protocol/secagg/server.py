@@ -80,10 +80,13 @@ class ServerSecAgg:
         length: int,
         rng: random.Random | None = None,
         certificates: bool = False,
+        codes: int = 0,
     ) -> None:
         self.devices = tuple(sorted(set(devices)))
         self.session = session
-        self.params: RoundParams = config.round_params(len(self.devices), length, certificates=certificates)
+        self.params: RoundParams = config.round_params(
+            len(self.devices), length, certificates=certificates, codes=codes
+        )
         self.neighbours = graph.harary(self.devices, self.params.degree, rng or random.SystemRandom())
         self.stage = "setup"
         self.outcome: SecAggResult | Abandoned | None = None

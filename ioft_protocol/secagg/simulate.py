@@ -63,17 +63,25 @@ def run_round(
     keep_view: bool = True,
     make_client: Callable[[str], ClientSecAgg] = ClientSecAgg,
     certificates: bool = False,
+    codes: int = 0,
 ) -> RoundRun:
     """One round over the wire form; devices that refuse a request are counted as dropped.
 
     ``make_client`` builds each device's state machine (e.g. with its signing certificate);
-    ``certificates``: the fleet logs in with them (an unset ``signed_keys`` then means true)."""
+    ``certificates``: the fleet logs in with them (an unset ``signed_keys`` then means true);
+    ``codes``: the updates are compressed integer codes of that many bits (``RoundParams.codes``)."""
     drop = drop or {}
     devices = sorted(updates)
     length = int(np.asarray(updates[devices[0]]).size)
     t0 = time.thread_time()
     server = ServerSecAgg(
-        config, devices, session=session, length=length, rng=random.Random(seed), certificates=certificates
+        config,
+        devices,
+        session=session,
+        length=length,
+        rng=random.Random(seed),
+        certificates=certificates,
+        codes=codes,
     )
     clients = {d: make_client(d) for d in devices}
     run = RoundRun(outcome=None, server=server, clients=clients)  # type: ignore[arg-type]

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
-from ioft_protocol import topics
+from ioft_protocol import compress, topics
 from ioft_protocol.codec import WireError, check_id
+from ioft_protocol.compress import CompressConfig
+from ioft_protocol.secagg.config import SecAggConfig
 from ioft_protocol.secagg.messages import (
     AdvertiseKeys,
     Inbox,
@@ -131,6 +133,30 @@ def change(shared: Mapping[str, np.ndarray], global_params: Mapping[str, np.ndar
     if sorted(shared) != sorted(global_params):
         raise ValueError(f"shared names {sorted(shared)} differ from the global's {sorted(global_params)}")
     return flatten(shared) - flatten(global_params)
+
+
+def secagg_input(
+    shared: Mapping[str, np.ndarray],
+    global_params: Mapping[str, np.ndarray],
+    secagg: Mapping[str, Any],
+    how: Mapping[str, Any] | None,
+    *,
+    task: str,
+    round_: int,
+    phase: str,
+    device: str,
+    global_hash: str,
+) -> np.ndarray:
+    """What a device feeds its SecAgg round (the task's ``secagg`` and ``compress`` tables): its
+    change, or with ``how`` that change's integer codes on the round's shared rotation and grid
+    (``ioft_protocol.compress.encode_ring``; the grid spans the task's ``secagg.clip``)."""
+    x = change(shared, global_params)
+    if how is None:
+        return x
+    cfg, clip = CompressConfig.from_json(dict(how)), SecAggConfig.from_json(dict(secagg)).clip
+    rotation = compress.shared_seed(task, round_, phase, global_hash)
+    dither = compress.derive_seed(task, round_, phase, device, global_hash)
+    return compress.encode_ring(x, cfg, clip, rotation, dither)
 
 
 def device_weight(server: Mapping[str, object], n_samples: int) -> float:

@@ -12,6 +12,7 @@ from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.rounds.admission import Admission, Reason, Refusal
 from cloud_aggregator.rounds.engine import CollectRequest
 from cloud_aggregator.rounds.simulation import ClientData, mean_test_loss, simulate
+from cloud_aggregator.rounds.task_rules import compress_refusal
 from ioft_protocol import codec, compress
 from ioft_protocol.config import ConfigError, build
 from ioft_protocol.round_messages import UpdateMessage
@@ -38,8 +39,16 @@ def test_the_table_reaches_the_spec_devices_get():
     ("change", "top", "why"),
     [
         ({"compress": {"bits": 3}}, {}, "bits must be one of"),
-        ({"secagg": {"clip": 1.0}}, {}, "secagg masks the uncompressed change"),
-        ({"dp": {"mode": "central", "devices_per_round": 4}}, {}, "dp clips and noises"),
+        ({"secagg": {"clip": 1.0}}, {}, r"\[task.secagg\] sums codes on one grid.*weighting = 'uniform'"),
+        (
+            {
+                "secagg": {"clip": 1.0},
+                "server": {"weighting": "uniform"},
+                "dp": {"mode": "distributed", "devices_per_round": 4},
+            },
+            {},
+            r"\[task.secagg\] with \[task.dp\] sums quantized shares of the noise",
+        ),
         ({"server": {"reducer": "median"}}, {}, "not a streaming mean"),
         ({"mode": "buffered"}, {}, "mode = 'buffered'"),
         (
@@ -47,13 +56,26 @@ def test_the_table_reaches_the_spec_devices_get():
             {"collect": {"straggler": "next_round"}},
             r"\[task.compress\] needs \[collect\] straggler = 'drop'",
         ),
-        ({}, {"collect": {"workers": 2}}, "workers do not decode compressed uploads"),
     ],
 )
 def test_tasks_compression_cannot_serve_are_refused_naming_the_fix(change, top, why):
     task = {**MLP, "compress": {"bits": 1}, **change}
     with pytest.raises((ValueError, ConfigError), match=why):
         _config(task, **top)
+
+
+@pytest.mark.parametrize(
+    ("change", "top"),
+    [
+        ({"secagg": {"clip": 1.0}, "server": {"weighting": "uniform"}}, {}),
+        ({"dp": {"mode": "central", "devices_per_round": 4}}, {}),
+        ({"dp": {"mode": "distributed", "devices_per_round": 4}}, {}),
+        ({}, {"collect": {"workers": 2}}),
+    ],
+)
+def test_compression_composes_with_secagg_dp_and_workers(change, top):
+    (task,) = _config({**MLP, "compress": {"bits": 1}, **change}, **top).task
+    assert task.compress == compress.CompressConfig(bits=1)
 
 
 def _request(spec: TaskSpec, g: dict[str, np.ndarray]) -> CollectRequest:
@@ -120,3 +142,58 @@ def test_a_compressed_task_trains_in_the_simulator_close_to_float32():
     gap = np.sqrt(sum(np.sum((packed[n] - plain[n]) ** 2) for n in plain))
     assert gap < 0.05  # ... and 8 bits lose little (measured 0.017; plain training is chaotic later)
     assert mean_test_loss(packed_fleet, packed) == pytest.approx(mean_test_loss(fleet, plain), rel=0.05)
+
+
+def test_central_dp_clips_the_decoded_change_so_its_noise_covers_the_quantized_update():
+    """A 1-bit upload decodes to a change longer than the one the device clipped (EDEN's unbiasing
+    scale makes ‖x̂‖ ≥ ‖x‖), so the aggregator clips what it decoded: the clip the noise is
+    calibrated on bounds the quantized update, whatever the quantization added."""
+    clip = 0.05
+    dp = {"mode": "central", "clip": clip, "noise_multiplier": 1e-9, "devices_per_round": 1}
+    base = {**MLP, "hparams": {"lr": 0.5, "local_steps": 5}, "rounds": 1, "seed": 2}
+    spec = TaskSpec(**base, compress={"bits": 1}, dp=dp)
+    seen: list[float] = []
+    initial: dict[str, np.ndarray] = {}
+    judge = Admission.judge
+
+    def spy(self, device, payload, request, **kw):  # the decoded change of every upload admitted
+        verdict = judge(self, device, payload, request, **kw)
+        if not isinstance(verdict, Refusal):
+            g = initial.setdefault("g", request.global_params)
+            seen.append(float(np.sqrt(sum(np.sum((verdict.params[n] - g[n]) ** 2.0) for n in g))))
+        return verdict
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Admission, "judge", spy)
+        final, _, records = simulate(spec, {"d0": _clients()["d0"]})  # one device: the mean is its change
+    assert records[0].status == "completed" and len(seen) == 1
+    assert max(seen) > clip * 1.01  # quantization lengthened the device-clipped change ...
+    g = initial["g"]
+    moved = np.sqrt(sum(np.sum((final[n].astype(np.float64) - g[n]) ** 2) for n in final))
+    assert moved <= clip * (1 + 1e-5)  # ... and the aggregator's clip held it to the clip
+
+
+def test_feddar_compresses_its_changes_and_sends_counts_and_curvatures_uncoded():
+    """FedDAR's server takes means of decoded uploads (``Strategy.compressible``): its heads and
+    encoder go as codes, its counts and curvatures (not changes of anything sent) as they are."""
+    rng = np.random.default_rng(0)
+    b, w = rng.standard_normal((6, 2)), rng.standard_normal((3, 2))
+    clients = {}
+    for i in range(6):
+        z = rng.integers(0, 3, 12)
+        x = rng.standard_normal((12, 6))
+        y = np.einsum("nd,dk,nk->n", x, b, w[z])[:, None]
+        clients[f"c{i}"] = ClientData(Dataset(x, y, z))
+    hp = {"optimizer": "sgd", "lr": 0.1, "local_steps": 1, "head_steps": 2, "head_lr": 0.1, "n_domains": 3}
+    common = {"model": "linear_rep", "model_args": {"d_in": 6, "k": 2, "d_out": 1}, "dtype": "float64"}
+    plain = TaskSpec("dar", "feddar", hparams={**hp, "aggregation": "sa"}, rounds=3, **common)
+    packed = dataclasses.replace(plain, compress={"bits": 8})
+    assert compress_refusal(packed) is None
+    alg2 = TaskSpec("dar", "feddar_linear", hparams={"n_domains": 3}, compress={"bits": 8}, **common)
+    assert "not a streaming mean" in compress_refusal(alg2)
+    want, _, _ = simulate(plain, clients)
+    got, _, records = simulate(packed, clients)
+    assert all(len(r.participants) == 6 and not r.rejected for r in records)
+    for name in want:  # 8 bits: close to float32's model, not equal to it
+        assert np.abs(got[name] - want[name]).max() < 0.02
+    assert param_hash(got) != param_hash(want)

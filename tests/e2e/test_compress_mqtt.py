@@ -6,6 +6,8 @@ seed derives from fleet, task, round, phase, device and global, so both sides dr
 from __future__ import annotations
 
 import json
+import re
+import signal
 
 import numpy as np
 import pytest
@@ -68,3 +70,79 @@ def test_one_bit_uploads_over_mqtt_match_the_in_process_simulation(fleet_procs):
     assert [r.global_hash for r in records] == [r.global_hash for r in sim_records]
     uncompressed, _, _ = simulate(TaskSpec.from_json(json.dumps({**TASK, "compress": None})), clients)
     assert param_hash(uncompressed) != param_hash(over_mqtt)  # the codes, not the floats, were summed
+
+
+def _final(fleet_procs, task: str):
+    store = SqliteStore(fleet_procs.db, readonly=True)
+    try:
+        return store.resume_point(task)[2]
+    finally:
+        store.close()
+
+
+@pytest.mark.broker
+def test_one_bit_uploads_folded_by_two_workers_match_the_in_process_simulation(fleet_procs):
+    """``[collect] workers = 2``: each worker's admission decodes the codes it is handed straight
+    into its partial sum; the coordinator's merge is the simulator's one fold, bit for bit."""
+    from tests.e2e.test_aggregator_workers import start_worker
+
+    clients = _clients()
+    for device, data in clients.items():
+        save_dataset(fleet_procs.work / device, data.train, data.test, {"source": "test"})
+        fleet_procs.start_device(device, simulate=None)
+    toml = aggregator_toml(
+        fleet_procs.broker_url, fleet_procs.work / "aggregator", [TASK], expected=DEVICES, deadline_s=120
+    ).replace("[collect]\n", "[collect]\nworkers = 2\nspawn_workers = false\n")
+    fleet_procs.start_aggregator(toml)
+    workers = [start_worker(fleet_procs, fleet_procs.work / "aggregator.toml", w) for w in ("w1", "w2")]
+    try:
+        assert fleet_procs.wait_aggregator(120) == 0, fleet_procs.log("aggregator")[-3000:]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+                w.wait(10)
+    records = fleet_procs.rounds("packed")
+    assert [(r.round, r.status, sorted(r.participants)) for r in records] == [
+        (r, "completed", DEVICES) for r in (1, 2, 3)
+    ], records
+    in_process, _, _ = simulate(TaskSpec.from_json(json.dumps(TASK)), clients)
+    assert param_hash(_final(fleet_procs, "packed")) == param_hash(in_process)
+    admitted = [
+        int(n)
+        for w in ("w1", "w2")
+        for n in re.findall(r"stopped: (\d+) uploads admitted", fleet_procs.log(f"worker-{w}"))
+    ]
+    assert sum(admitted) == 3 * len(DEVICES), admitted  # the workers, not serve, decoded every upload
+
+
+SECAGG_TASK = {
+    **TASK,
+    "name": "maskedpacked",
+    "server": {"weighting": "uniform"},
+    "secagg": {"threshold": 0.6, "clip": 0.05},
+}
+
+
+@pytest.mark.broker
+def test_secagg_rounds_of_one_bit_codes_over_mqtt_match_the_in_process_simulation(fleet_procs):
+    """``[task.secagg]`` with ``[task.compress] bits = 1``: each device's masked ring vector holds
+    its codes on the round's shared rotation and grid; the aggregator unmasks their exact sum, so
+    the global is the simulator's (whose SecAgg round runs the same state machines in-process)."""
+    clients = _clients()
+    for device, data in clients.items():
+        save_dataset(fleet_procs.work / device, data.train, data.test, {"source": "test"})
+        fleet_procs.start_device(device, simulate=None)
+    fleet_procs.start_aggregator(
+        aggregator_toml(
+            fleet_procs.broker_url, fleet_procs.work / "aggregator", [SECAGG_TASK], expected=DEVICES
+        )
+    )
+    assert fleet_procs.wait_aggregator(120) == 0, fleet_procs.log("aggregator")[-3000:]
+    records = fleet_procs.rounds("maskedpacked")
+    assert [(r.round, r.status, sorted(r.participants)) for r in records] == [
+        (r, "completed", DEVICES) for r in (1, 2, 3)
+    ], records
+    in_process, _, sim_records = simulate(TaskSpec.from_json(json.dumps(SECAGG_TASK)), clients)
+    assert param_hash(_final(fleet_procs, "maskedpacked")) == param_hash(in_process)
+    assert [r.global_hash for r in records] == [r.global_hash for r in sim_records]

@@ -39,6 +39,10 @@ class Strategy(ABC):
     #: Whether a SecAgg round can serve it (``cloud_aggregator.serve.secagg_round``): its global is the
     #: plain weighted mean of the uploads, which is all a masked sum reveals.
     secagg: ClassVar[bool] = False
+    #: Whether compressed uploads (``[task.compress]``) suit it where it does not fold: its server
+    #: combines the decoded parameters by means, as FTL-TP's group means and FedDAR's heads do
+    #: (``cloud_aggregator.rounds.task_rules.compress_refusal``).
+    compressible: ClassVar[bool] = False
 
     def __init__(self, spec: TaskSpec, client: ClientAlgorithm | None = None) -> None:
         self.spec = spec

@@ -70,6 +70,9 @@ class FedDAR(Strategy):
 
     name = "feddar"
     config_cls = FedDARServerConfig
+    #: the encoder and the heads are (weighted, or curvature-weighted) means of decoded uploads;
+    #: counts and curvatures travel uncoded beside the codes (``ioft_protocol.compress.encode``)
+    compressible = True
     client: FedDARClient
 
     def _spec(self, shape: tuple[int, ...]) -> TensorSpec:
@@ -162,6 +165,7 @@ class FedDARLinear(FedDAR):
 
     name = "feddar_linear"
     config_cls = FedDARLinearServerConfig
+    compressible = False  # it uploads statistics and gradients, not changes of its downlink
     client: FedDARLinearClient
 
     def expected(self, global_params: Params, phase: str) -> dict[str, TensorSpec]:

@@ -100,6 +100,7 @@ class FTLTP(Strategy):
     #: Distributed noise would need each device to add a share per mean it joins (base and its
     #: group's blocks, each over its own count); only central noise is offered.
     dp_modes = ("central",)
+    compressible = True  # the base and each group's blocks are means of the decoded uploads
 
     def __init__(self, spec: TaskSpec, client: ClientAlgorithm | None = None) -> None:
         super().__init__(spec, client)
