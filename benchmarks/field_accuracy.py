@@ -9,12 +9,18 @@ for printers, FedRep for welders; each machine answers with its global shared pa
 own local parts), **alone** (``indiv``: each machine trains by itself) and **global**
 (FedAvg: every machine answers with the one global model).
 
-Field rows are rows the machines meet after training, answered by each round's model and
+Field rows are rows the machines meet after training, answered by each round's serving model and
 scored when their truth lands (the score is credited to the round whose model answered, so
 the lag only delays it): a printer's layers at the speeds it did not train on (truth: the
 commanded speed, known with the layer; field **error**, mean |expected - commanded| mm/s, lower
 is better), a welder's next welds of each tool class (truth: the maintenance log, hours late;
 field **accuracy**).
+
+Each round's serving model is the one ``edge-trainer`` swaps in after the round
+(``Server.offer``): the global the device trained from (its downlink) with the device's own
+parts after the round, for every arm alike -- not the global aggregated at the end of that round,
+which no device holds until the next round's downlink (and which a FedRep head, fitted on the
+old body, was never fitted to).
 
 Time to alert: after the last round each welder's serving model answers a stream of welds from
 ``edge.recording.simulate``'s wearing-tool rule (new tool TC1 for ``PRE`` welds, then each weld
@@ -120,6 +126,7 @@ class Kind:
     clients: dict[str, ClientData]  # test = the field rows
     per_round: dict[str, list[float]] = field(default_factory=dict)  # arm -> fleet mean per round
     per_device: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # arm -> device -> rounds
+    downlink: dict[str, dict[str, dict]] = field(default_factory=dict)  # arm -> device -> last downlink
 
 
 def printers(n: int, rounds: int) -> Kind:
@@ -153,14 +160,23 @@ def run_kind(kind: Kind) -> dict[str, Simulation]:
     sims = {}
     for arm, spec in kind.specs.items():
         per_dev: dict[str, list[float]] = {d: [] for d in kind.clients}
+        downlink: dict[str, dict] = {}  # device -> the global it trained from this round
 
-        def on_record(rec, fleet, global_params, per_dev=per_dev) -> None:
+        def on_record(rec, fleet, global_params, per_dev=per_dev, downlink=downlink) -> None:
             for d, data in fleet.clients.items():
-                per_dev[d].append(field_score(kind, fleet.algo, global_params, fleet.local[d], data))
+                per_dev[d].append(field_score(kind, fleet.algo, downlink[d], fleet.local[d], data))
 
         sim = Simulation(spec, kind.clients, on_record=on_record)
+        train = sim.fleet.train
+
+        def trained_from(device, shared, *args, train=train, downlink=downlink):
+            downlink[device] = shared
+            return train(device, shared, *args)
+
+        sim.fleet.train = trained_from  # type: ignore[method-assign] -- sees each device's downlink
         sim.run()
         sims[arm] = sim
+        kind.downlink[arm] = downlink
         kind.per_device[arm] = per_dev
         kind.per_round[arm] = [float(np.mean(v)) for v in zip(*per_dev.values(), strict=True)]
     return sims
@@ -178,7 +194,7 @@ def time_to_alert(kind: Kind, sims: dict[str, Simulation], work: Path) -> dict[s
         for arm, sim in sims.items():
             fleet = sim.fleet
             probs = softmax(
-                np.asarray(fleet.algo.predict(sim.global_params, fleet.local[d], stream), np.float64)
+                np.asarray(fleet.algo.predict(kind.downlink[arm][d], fleet.local[d], stream), np.float64)
             )
             alerts = Alerts(d, [RULE], work / arm / d)
             raised_at, false = None, 0
@@ -237,6 +253,29 @@ def per_machine_wins(kind: Kind, from_round: int = 5) -> str:
     return f"{wins} of {len(kind.clients)}"
 
 
+def behind(kind: Kind, device: str, other: str, from_round: int = 5) -> tuple[list[int], float]:
+    """The rounds from ``from_round`` where ``device``'s personalized answer is worse than its ``other``
+    one, and the largest gap (in the metric's units; 0 when never behind)."""
+    mine, theirs = kind.per_device["personalized"][device], kind.per_device[other][device]
+    sign = 1.0 if kind.metric == "error" else -1.0  # gap > 0: personalized worse
+    gaps = [(r + 1, sign * (mine[r] - theirs[r])) for r in range(from_round - 1, len(mine))]
+    worse = [(r, g) for r, g in gaps if g > 1e-12]
+    return [r for r, _ in worse], max((g for _, g in worse), default=0.0)
+
+
+def per_machine_table(kind: Kind, from_round: int = 5) -> str:
+    rows = []
+    for d in kind.clients:
+        row: list = [d]
+        for other in ("alone", "global"):
+            rs, gap = behind(kind, d, other, from_round)
+            row += [" ".join(map(str, rs)) or "none", f"{gap:.3f}"]
+        rows.append(row)
+    return markdown_table(
+        ["machine", "rounds behind alone", "worst gap", "rounds behind global", "worst gap"], rows
+    )
+
+
 def report(kinds: list[Kind], alerts: dict, rounds: int) -> str:
     parts = []
     for kind in kinds:
@@ -250,7 +289,10 @@ def report(kinds: list[Kind], alerts: dict, rounds: int) -> str:
             + markdown_table(["round", *ARMS], rows)
             + f"\n\nPersonalized at least as good as alone from round 5 on: {'yes' if ok['alone'] else 'NO'}; "
             f"as global: {'yes' if ok['global'] else 'NO'}. Machines whose own personalized answer is at least "
-            f"as good as both of theirs in every round from 5: {per_machine_wins(kind)}.\n"
+            f"as good as both of theirs in every round from 5: {per_machine_wins(kind)}.\n\n"
+            f"Per machine, rounds from 5 where its personalized answer is behind (gap in the metric's units):\n\n"
+            + per_machine_table(kind)
+            + "\n"
         )
     rows = []
     for arm, got in alerts.items():

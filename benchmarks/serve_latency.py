@@ -17,7 +17,18 @@ includes its folder polling while idle, the DWT and the dataset appends). Added 
 serving trainer's resident set minus that of the same trainer with ``[serve] enabled = false``
 running beside it on the same rows.  Targets: weld p99 <= 50 ms, layer p99 <= 5 ms, RSS +10 MB.
 
-    python -m benchmarks.serve_latency [--quick]
+Several runs (``--runs``, default 3): the table gives each figure's median over the runs and
+the spread of their p99, with the load average of each run (this machine is shared).
+
+``--arm64`` (as root, on an x86_64 Debian host) runs the same measurement a second time with
+``edge-trainer`` and ``edge-recorder`` inside ``make pi-check``'s arm64 bookworm root under
+qemu-user-static (:mod:`benchmarks.pi_root`; built once, ~10 min), the project installed there
+from ``git HEAD`` as ``make pi-check`` installs it; mosquitto and the subscriber stay on the
+host.  Its table is labelled **emulated**: qemu translates every instruction on this x86_64
+CPU, so its times are neither this machine's nor a Raspberry Pi's.
+
+    python -m benchmarks.serve_latency [--quick] [--runs N]
+    sudo .venv/bin/python -m benchmarks.serve_latency --arm64
 """
 
 from __future__ import annotations
@@ -26,17 +37,22 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import paho.mqtt.client as paho
 
+from benchmarks import pi_root
 from benchmarks.common import markdown_table, study_parser, write_result
+from benchmarks.pi_check import build_wheel, install_device
 from cloud_aggregator.local.broker import BrokerProcess, start_mosquitto
 from cloud_aggregator.local.fleet import pflda_task
 from edge.serving.feed import feed_path
@@ -105,10 +121,33 @@ class Answers:
         self.c.loop_stop()
 
 
-def spawn(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+@dataclass(frozen=True)
+class Launcher:
+    """How a device process starts: on this host, or in the arm64 root under qemu (``root``)."""
+
+    root: Path | None = None
+    python: str = sys.executable
+    #: Seconds a process may take to start (imports under qemu are slow) or to drain its rows.
+    startup_s: float = 60.0
+    env: dict[str, str] = field(default_factory=lambda: {**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def argv(self, module_args: Sequence[str]) -> list[str]:
+        cmd = [self.python, "-m", *module_args]
+        return cmd if self.root is None else ["chroot", str(self.root), *cmd]
+
+    def path(self, host_path: Path) -> str:
+        """``host_path`` as the device process sees it (inside the root: relative to it)."""
+        if self.root is None:
+            return str(host_path)
+        return "/" + str(Path(host_path).resolve().relative_to(self.root.resolve()))
+
+
+HOST = Launcher()
+
+
+def spawn(args: list[str], log: Path, launcher: Launcher = HOST) -> subprocess.Popen:
     with log.open("ab") as f:
-        return subprocess.Popen([sys.executable, "-m", *args], stdout=f, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(launcher.argv(args), stdout=f, stderr=subprocess.STDOUT, env=launcher.env)
 
 
 def stop(*procs: subprocess.Popen) -> None:
@@ -122,13 +161,15 @@ def stop(*procs: subprocess.Popen) -> None:
             p.kill()
 
 
-def trainer(work: Path, device: str, broker: BrokerProcess, serve: bool) -> subprocess.Popen:
+def trainer(
+    work: Path, device: str, broker: BrokerProcess, serve: bool, launcher: Launcher = HOST
+) -> subprocess.Popen:
     state = work / device
     toml = work / f"{device}.toml"
     toml.write_text(f"[serve]\nenabled = {'true' if serve else 'false'}\n")
     args = ["edge.cli", "--device", device, "--fleet", FLEET, "--broker", broker.url, "--allow-plaintext",
-            "--state-dir", str(state), "--config", str(toml), "--log-level", "WARNING"]  # fmt: skip
-    return spawn(args, work / f"{device}.log")
+            "--state-dir", launcher.path(state), "--config", launcher.path(toml), "--log-level", "WARNING"]  # fmt: skip
+    return spawn(args, work / f"{device}.log", launcher)
 
 
 def wait_serving(work: Path, device: str, timeout: float = 60) -> None:
@@ -173,7 +214,7 @@ def summary(lat_s: list[float]) -> tuple[float, float, float]:
     return float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.max())
 
 
-def bench_welds(work: Path, broker: BrokerProcess, n: int, gap_s: float) -> dict:
+def bench_welds(work: Path, broker: BrokerProcess, n: int, gap_s: float, launcher: Launcher = HOST) -> dict:
     from sensors.features.schema import DEFAULT_SCHEMA
     from sensors.sim.welder import GROUP_M_CLASSES, WeldCondition, simulate_weld
     from sensors.welding.formats import write_weld_file
@@ -201,17 +242,18 @@ def bench_welds(work: Path, broker: BrokerProcess, n: int, gap_s: float) -> dict
         )
     rec_toml = work / "recorder.toml"
     rec_toml.write_text(
-        f'[sensors]\nkind = "welder"\nweld_folder = "{inbox}"\nlabel_log = "{work / "maintenance.jsonl"}"\n'
+        f'[sensors]\nkind = "welder"\nweld_folder = "{launcher.path(inbox)}"\n'
+        f'label_log = "{launcher.path(work / "maintenance.jsonl")}"\n'
         "poll_s = 0.005\nsettle_s = 60\n"
     )
-    on, idle = trainer(work, dev, broker, True), trainer(work, off, broker, False)
+    on, idle = trainer(work, dev, broker, True, launcher), trainer(work, off, broker, False, launcher)
     recorder = None
     sub = Answers(broker.url, dev)
     try:
-        wait_serving(work, dev)
-        recorder = spawn(["edge.recording.cli", "--device", dev, "--config", str(rec_toml), "--state-dir",
-                          str(work / dev), "--log-level", "WARNING"], work / "recorder.log")  # fmt: skip
-        time.sleep(2.0)  # the recorder's imports and first folder scan
+        wait_serving(work, dev, launcher.startup_s)
+        recorder = spawn(["edge.recording.cli", "--device", dev, "--config", launcher.path(rec_toml), "--state-dir",
+                          launcher.path(work / dev), "--log-level", "WARNING"], work / "recorder.log", launcher)  # fmt: skip
+        time.sleep(2.0 if launcher.root is None else 30.0)  # the recorder's imports and first folder scan
         cpu0 = {p.pid: cpu_s(p.pid) for p in (on, recorder)}
         appeared: dict[str, float] = {}
         for path in files:
@@ -223,7 +265,7 @@ def bench_welds(work: Path, broker: BrokerProcess, n: int, gap_s: float) -> dict
             (inbox / (path.name + ".done")).touch()
             appeared[path.stem] = t0
             time.sleep(gap_s)
-        sub.wait(n, 60)
+        sub.wait(n, launcher.startup_s)
         cpu = {p.pid: cpu_s(p.pid) - cpu0[p.pid] for p in (on, recorder)}
         rss_on, rss_off = rss_kib(on.pid), rss_kib(idle.pid)
     finally:
@@ -247,26 +289,28 @@ def bench_welds(work: Path, broker: BrokerProcess, n: int, gap_s: float) -> dict
     }
 
 
-def bench_layers(work: Path, broker: BrokerProcess, n: int, layer_s: float) -> dict:
+def bench_layers(
+    work: Path, broker: BrokerProcess, n: int, layer_s: float, launcher: Launcher = HOST
+) -> dict:
     """``layer_s`` stays above the recorder's Moonraker poll (0.25 s), or layers pass unseen."""
     dev, off = "p1", "p1off"
     spec = pflda_task("speed")
     for d in (dev, off):
         (work / d).mkdir(parents=True, exist_ok=True)
         save_model(work / d, d, spec, width=1)
-    on, idle = trainer(work, dev, broker, True), trainer(work, off, broker, False)
+    on, idle = trainer(work, dev, broker, True, launcher), trainer(work, off, broker, False, launcher)
     sub = Answers(broker.url, dev)
     try:
-        wait_serving(work, dev)
+        wait_serving(work, dev, launcher.startup_s)
         cpu0 = cpu_s(on.pid)
         rec = subprocess.run(
-            [sys.executable, "-m", "edge.recording.cli", "--simulate", "printer", "--device", dev, "--state-dir",
-             str(work / dev), "--layers", str(n), "--layer-s", str(layer_s), "--log-level", "WARNING"],
-            capture_output=True, text=True, timeout=600,
+            launcher.argv(["edge.recording.cli", "--simulate", "printer", "--device", dev, "--state-dir",
+                           launcher.path(work / dev), "--layers", str(n), "--layer-s", str(layer_s), "--log-level", "WARNING"]),
+            capture_output=True, text=True, timeout=1800, env=launcher.env,
         )  # fmt: skip
         if rec.returncode != 0:
             raise RuntimeError(f"edge-recorder --simulate printer failed:\n{rec.stderr[-3000:]}")
-        sub.wait(len(read_log(feed_path(work / dev))[0]), 30)
+        sub.wait(len(read_log(feed_path(work / dev))[0]), launcher.startup_s / 2)
         cpu = cpu_s(on.pid) - cpu0
         rss_on, rss_off = rss_kib(on.pid), rss_kib(idle.pid)
     finally:
@@ -289,19 +333,90 @@ def bench_layers(work: Path, broker: BrokerProcess, n: int, layer_s: float) -> d
     }
 
 
-def run(welds: int, layers: int, work: Path | None = None) -> list[dict]:
-    """Both measurements on one mosquitto; ``work`` keeps the folders and logs (default: a temp folder)."""
-    with tempfile.TemporaryDirectory(prefix="ioft-serve-bench-") as tmp:
+def run(
+    welds: int,
+    layers: int,
+    work: Path | None = None,
+    launcher: Launcher = HOST,
+    weld_gap_s: float = 0.1,
+    layer_s: float = 0.5,
+) -> list[dict]:
+    """Both measurements on one mosquitto; ``work`` keeps the folders and logs (default: a temp folder;
+    inside the arm64 root for a root ``launcher``)."""
+    base = None if launcher.root is None else launcher.root / "var" / "tmp"
+    if base is not None:
+        base.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ioft-serve-bench-", dir=base) as tmp:
         work = work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         broker = start_mosquitto(log_file=work / "mosquitto.log")
         try:
-            return [
-                bench_welds(work / "welder", broker, welds, 0.1),
-                bench_layers(work / "printer", broker, layers, 0.5),
+            load0 = os.getloadavg()[0]
+            rows = [
+                bench_welds(work / "welder", broker, welds, weld_gap_s, launcher),
+                bench_layers(work / "printer", broker, layers, layer_s, launcher),
             ]
         finally:
             broker.stop()
+        for r in rows:
+            r["load"] = (load0 + os.getloadavg()[0]) / 2
+        return rows
+
+
+def median_of(runs: list[dict], pick) -> float:
+    vals = [pick(r) for r in runs if r["answered"]]
+    return float(statistics.median(vals)) if vals else float("nan")
+
+
+def table(runs: list[list[dict]]) -> str:
+    """One row per kind of row: each figure's median over the runs, and the spread of the runs' p99."""
+    out = []
+    for i, kind in enumerate(runs[0]):
+        rs = [run[i] for run in runs]
+        p99s = [r["e2e"][1] for r in rs]
+        p99 = median_of(rs, lambda r: r["e2e"][1])
+        out.append([
+            kind["kind"], sum(r["rows"] for r in rs), sum(r["answered"] for r in rs),
+            f"{median_of(rs, lambda r: r['e2e'][0]):.2f}", f"{p99:.2f}", f"{min(p99s):.2f}-{max(p99s):.2f}",
+            f"<= {kind['target_ms']:.0f} ms", "yes" if p99 <= kind["target_ms"] else "NO",
+            "n/a" if kind["found"][0] != kind["found"][0] else
+            f"{median_of(rs, lambda r: r['found'][0]):.2f} / {median_of(rs, lambda r: r['found'][1]):.2f}",
+            f"{median_of(rs, lambda r: r['serve'][0]):.2f} / {median_of(rs, lambda r: r['serve'][1]):.2f}",
+            f"{median_of(rs, lambda r: r['cpu_trainer_ms']):.2f}",
+            "n/a" if kind["cpu_recorder_ms"] != kind["cpu_recorder_ms"] else f"{median_of(rs, lambda r: r['cpu_recorder_ms']):.2f}",
+            f"{median_of(rs, lambda r: r['rss_added_mib']):+.1f}",
+            " ".join(f"{r['e2e'][1]:.2f}@{r['load']:.1f}" for r in rs),
+        ])  # fmt: skip
+    return markdown_table(
+        ["row", "rows", "answered", "p50 (ms)", "p99 (ms)", "p99 spread (ms)", "target p99", "met",
+         "recorder: file to row p50/p99 (ms)", "trainer: row to answer p50/p99 (ms)", "trainer CPU/answer (ms)",
+         "recorder CPU/answer (ms)", "RSS added (MiB)", "each run: p99 @ load"],
+        out,
+    )  # fmt: skip
+
+
+def measure_arm64(root: Path, work: Path, welds: int, layers: int) -> tuple[list[dict], str]:
+    """Both measurements with the device processes in the arm64 root (built once, reused), the
+    project from ``git HEAD`` installed there as ``make pi-check`` installs it; the figures and a
+    line saying what ran."""
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "serve-arm64.log"
+    log.write_text("")
+    pi_root.ensure_host_tools(log)
+    binfmt = pi_root.ensure_binfmt(log)
+    pi_root.ensure_root(root, log)
+    with pi_root.mounted(root, log):  # /proc and /dev/shm, never /sys (see pi_root.mounted)
+        pi_root.configure_root(root, log)
+        _, wheel, commit = build_wheel(work, log)
+        install_device(root, wheel, log)
+        python = f"{pi_root.VENV}/bin/python"
+        version = pi_root.run_logged(
+            "python -V (root)", pi_root.in_root(root, [python, "-V"]), log, env=pi_root.ROOT_ENV
+        ).strip()
+        env = {**pi_root.ROOT_ENV, "PYTHONUNBUFFERED": "1"}
+        launcher = Launcher(root=root, python=python, env=env, startup_s=600.0)
+        rows = run(welds, layers, None, launcher, weld_gap_s=1.0, layer_s=1.0)
+    return rows, f"aarch64 {version} in {root} (Debian bookworm) under qemu-aarch64 ({binfmt}), ioft {commit}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,31 +426,50 @@ def main(argv: list[str] | None = None) -> int:
         "--layers", type=int, default=None, help="printer layers to time (default 100, quick 15)"
     )
     parser.add_argument(
+        "--runs", type=int, default=None, help="runs of both measurements (default 3, quick 1)"
+    )
+    parser.add_argument(
         "--work", type=Path, help="keep the processes' folders and logs here (default: a temp folder)"
     )
+    parser.add_argument(
+        "--arm64", action="store_true", help="also measure in the arm64 root under qemu (emulated; as root)"
+    )
+    parser.add_argument("--root", type=Path, default=Path("/var/tmp/ioft-pi-root"), help="the arm64 root")
     args = parser.parse_args(argv)
     welds = args.welds or (20 if args.quick else 200)
     layers = args.layers or (15 if args.quick else 100)
-    rows = run(welds, layers, args.work)
-    load = os.getloadavg()
-    table = markdown_table(
-        ["row", "rows", "answered", "p50 (ms)", "p99 (ms)", "max (ms)", "target p99", "met",
-         "recorder: file to row p50/p99 (ms)", "trainer: row to answer p50/p99 (ms)", "trainer CPU/answer (ms)", "recorder CPU/answer (ms)", "RSS added (MiB)"],
-        [[r["kind"], r["rows"], r["answered"], f"{r['e2e'][0]:.2f}", f"{r['e2e'][1]:.2f}", f"{r['e2e'][2]:.2f}",
-          f"<= {r['target_ms']:.0f} ms", "yes" if r["e2e"][1] <= r["target_ms"] else "NO",
-          "n/a" if r["found"][0] != r["found"][0] else f"{r['found'][0]:.2f} / {r['found'][1]:.2f}",
-          f"{r['serve'][0]:.2f} / {r['serve'][1]:.2f}", f"{r['cpu_trainer_ms']:.2f}",
-          "n/a" if r["cpu_recorder_ms"] != r["cpu_recorder_ms"] else f"{r['cpu_recorder_ms']:.2f}",
-          f"{r['rss_added_mib']:+.1f}"] for r in rows],
-    )  # fmt: skip
+    n_runs = args.runs or (1 if args.quick else 3)
+    if args.arm64 and os.geteuid() != 0:
+        print(
+            "serve_latency: --arm64 needs root (debootstrap, chroot, mount): run it with sudo",
+            file=sys.stderr,
+        )
+        return 2
+    runs = [run(welds, layers, args.work) for _ in range(n_runs)]
     body = (
-        f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
-        f"{load[0]:.1f} while measuring (other work shares this machine). p50/p99/max: from the weld file "
-        "renamed into the watched folder (weld) or the row's time (layer) to the answer at the subscriber; "
-        "'recorder': from the file to the row handed to the trainer (poll, ledger, read, DWT); 'trainer': "
-        "row to answer inside edge-trainer (the answer's latency_s). RSS added: serving trainer "
-        "minus the same trainer with [serve] enabled = false.\n\n" + table + "\n"
+        f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; {n_runs} runs, "
+        "other work shares this machine (load average of each run in the last column). p50/p99/max: from the "
+        "weld file renamed into the watched folder (weld) or the row's time (layer) to the answer at the "
+        "subscriber, median over the runs; 'p99 spread': the runs' lowest and highest p99; 'recorder': from "
+        "the file to the row handed to the trainer (poll, ledger, read, DWT); 'trainer': row to answer inside "
+        "edge-trainer (the answer's latency_s). RSS added: serving trainer minus the same trainer with "
+        "[serve] enabled = false.\n\n" + table(runs) + "\n"
     )
+    if args.arm64:
+        w, n = max(10, welds // 10), max(10, layers // 5)
+        try:
+            emulated, what = measure_arm64(args.root, Path("/var/tmp/ioft-serve-arm64"), w, n)
+        except pi_root.PiCheckError as exc:
+            print(f"serve_latency: {exc}", file=sys.stderr)
+            return 1
+        body += (
+            f"\n### arm64, emulated (qemu-user-static on this x86_64 host: not a Raspberry Pi's timings)\n\n"
+            f"{what}: edge-trainer and edge-recorder in the root, mosquitto and the subscriber on the host; "
+            f"{w} welds 1 s apart, {n} layers of 1 s (fewer and slower than above: the emulated DWT takes "
+            "longer than the host's gap). Every instruction of the device processes is translated by qemu "
+            "on this CPU: these times say that the path works on arm64 and how it scales under emulation, "
+            "not what a Pi measures.\n\n" + table([emulated]) + "\n"
+        )
     print(body)
     if not args.no_write:
         path = write_result("serve_latency" + ("_quick" if args.quick else ""), body)

@@ -59,8 +59,12 @@ class JsonLinesLog:
 
     def append(self, record: dict[str, Any] | str) -> None:
         """Write one record (a dict, or a JSON object already encoded) as one line."""
-        line = (record if isinstance(record, str) else json.dumps(record, separators=(",", ":"))) + "\n"
-        data = line.encode()
+        line = record if isinstance(record, str) else json.dumps(record, separators=(",", ":"))
+        self.append_line(line.encode())
+
+    def append_line(self, encoded: bytes) -> None:
+        """Write one JSON object already encoded as UTF-8 bytes (no newline) as one line."""
+        data = encoded + b"\n"
         fd = self._fd if self._fd is not None else self._open()
         if self._size and (
             self._size + len(data) > self.max_bytes or time.time() - self._opened_at > self.max_age_s

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 #: What a row is: a completed printer layer or a weld.
@@ -117,8 +117,14 @@ class Answer:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        body = {k: v for k, v in asdict(self).items() if v is not None and k != "extra"}
-        body["model"] = {k: v for k, v in asdict(self.model).items() if v is not None}
+        # Field by field, not dataclasses.asdict: its recursive deep copy was half an answer's CPU.
+        body: dict[str, Any] = {}
+        for name in _ANSWER_FIELDS:
+            v = getattr(self, name)
+            if name == "model":
+                body[name] = {k: getattr(v, k) for k in _MODEL_FIELDS if getattr(v, k) is not None}
+            elif v is not None:
+                body[name] = list(v) if isinstance(v, list) else v
         return body | self.extra
 
     def encode(self) -> bytes:
@@ -142,3 +148,7 @@ class Answer:
         )
         known = {f for f in cls.__dataclass_fields__ if f not in ("model", "extra")}
         return cls(**{k: v for k, v in d.items() if k in known}, model=model)
+
+
+_ANSWER_FIELDS = tuple(f.name for f in fields(Answer) if f.name != "extra")
+_MODEL_FIELDS = tuple(f.name for f in fields(ModelId))

@@ -12,7 +12,6 @@ the task ``"*"``); the counts are in the trainer's retained status (``serving``)
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -49,6 +48,10 @@ POSITION_FILE = "feed.pos"
 LABEL_KIND = "label"
 #: Without a wake-up the feed is still read this often (a recorder whose datagram was lost).
 POLL_S = 0.5
+#: The feed position is saved when no row came for ``POLL_S`` (never between a row and the next),
+#: and at least this often under an unbroken stream: a killed trainer answers again at most the
+#: rows of the last ``SAVE_MAX_S`` seconds, and loses none.
+SAVE_MAX_S = 5.0
 
 
 def model_path(state_dir: Path, task: str) -> Path:
@@ -99,6 +102,7 @@ class Server:
         self._sock: socket.socket | None = None
         self._tail: Tail | None = None
         self._saved_pos: tuple[int, int] | None = None
+        self._topics: dict[str, str] = {}  # task -> its answer topic
         self.answers = JsonLinesLog(
             self.dir / ANSWER_LOG,
             max_bytes=self.cfg.log_max_bytes,
@@ -209,21 +213,23 @@ class Server:
         self.answers.close()
 
     def _run(self) -> None:
-        next_save = time.monotonic() + 1.0
+        saved_at = time.monotonic()
         while not self._stop.is_set():
-            self._wait()
+            woken = self._wait()
             try:
                 self.process()
             except Exception:  # a bug here must not stop the serving thread, nor the trainer
                 log.exception("%s: serving failed on a row; going on", self.device)
-            if time.monotonic() >= next_save:
-                next_save = time.monotonic() + 1.0
+            # The save (an fsync) waits for a quiet moment: after a row it would hold up the next one.
+            if not woken or time.monotonic() - saved_at >= SAVE_MAX_S:
+                saved_at = time.monotonic()
                 self._save_position()
 
-    def _wait(self) -> None:
+    def _wait(self) -> bool:
+        """Until the recorder wakes us or ``POLL_S`` passes; whether it woke us."""
         if self._sock is None:
             self._stop.wait(POLL_S)
-            return
+            return False
         with contextlib.suppress(TimeoutError, OSError):
             self._sock.recv(64)
             self._sock.setblocking(False)
@@ -234,6 +240,8 @@ class Server:
                 pass
             finally:
                 self._sock.settimeout(POLL_S)
+            return True
+        return False
 
     def _save_position(self) -> None:
         pos = self._tail.position if self._tail is not None else None
@@ -285,13 +293,13 @@ class Server:
                 self._refuse(task, exc.reason, str(exc))
                 continue
             ans = self._with_advice(task, model, ans)
-            payload = ans.encode()
+            payload = ans.encode()  # once: the log line and the message are the same bytes
             try:
-                self.answers.append(payload.decode())
+                self.answers.append_line(payload)
             except OSError as exc:
                 self._say(task, "log", f"could not write the answer log: {exc}")
             try:
-                self.publish(topics.topic_answer(self.config.fleet, self.device, task), payload)
+                self.publish(self._answer_topic(task), payload)
             except Exception as exc:  # the transport's errors: the answer is in the log anyway
                 self.publish_errors += 1
                 self._say(task, "publish", f"could not publish an answer: {exc}")
@@ -306,6 +314,12 @@ class Server:
                 self._publish_alert(event)
             self._maybe_apply(ans)
         return made
+
+    def _answer_topic(self, task: str) -> str:
+        topic = self._topics.get(task)
+        if topic is None:
+            topic = self._topics[task] = topics.topic_answer(self.config.fleet, self.device, task)
+        return topic
 
     # -- advice, alerts, field scores -----------------------------------------------------
     def advice_for(self, task: str, model: ServingModel) -> float | None:
@@ -326,8 +340,8 @@ class Server:
         speed = self.advice_for(task, model) if ans.kind == "layer" else None
         if speed is None:
             return ans
-        advice = {"speed": speed, "vibration_budget": self.cfg.vibration_budget}
-        return dataclasses.replace(ans, extra={**ans.extra, "advice": advice})
+        ans.extra["advice"] = {"speed": speed, "vibration_budget": self.cfg.vibration_budget}
+        return ans  # its extra is its own: ServingModel.answer made it
 
     def _maybe_apply(self, ans: Answer) -> None:
         """The advice to Moonraker once per print run, at its first answered layer."""

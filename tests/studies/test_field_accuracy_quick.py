@@ -22,3 +22,16 @@ def test_field_accuracy_orderings():
     assert field_accuracy.at_least_as_good(kinds[0])["alone"]
     assert all(w is not None and w > 0 for w in alerts["personalized"]["welds"])
     assert sum(alerts["personalized"]["false"]) == 0
+
+
+@pytest.mark.slow
+def test_each_round_scores_the_model_each_device_serves():
+    """The score of a round is that of the model ``edge-trainer`` swaps in after it: the global the
+    device trained from with its own parts after the round -- the pair the device itself scores on
+    the same rows (its ``test_accuracy``), not the global aggregated at the round's end."""
+    kind = field_accuracy.welders(2, rounds=3, field_welds=8)
+    sims = field_accuracy.run_kind(kind)
+    for arm, sim in sims.items():
+        for r, rec in enumerate(sim.records):
+            for device in kind.clients:
+                assert kind.per_device[arm][device][r] == pytest.approx(rec.metrics[device]["test_accuracy"])
