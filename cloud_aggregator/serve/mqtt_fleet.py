@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -59,9 +58,6 @@ RECHECK_S = 0.05
 #: Uploads ingested together at most (:meth:`MqttFleet._ingest`: one transaction, one fold), and
 #: their payload bytes at most: a batch is whatever waited in the queue, up to these.
 INGEST_MAX, INGEST_BYTES = 512, 32 * 1024 * 1024
-#: Seconds an upload waits for others to share its transaction once the queue ran dry: a round's
-#: uploads come in bursts; taken one by one each costs a commit and a thread wake-up of its own.
-LINGER_S = float(os.environ.get("IOFT_LINGER", "0.005"))
 #: A topic is parsed once per device, not three times per message (routing, the task's queue, handling).
 parse_topic = functools.lru_cache(maxsize=1 << 15)(topics.parse_topic)
 #: Seconds an announcement waits for the broker's ack (a crash right after it must not lose it);
@@ -567,9 +563,6 @@ class MqttFleet:
                     if len(received) + len(received.batch) >= len(expected) or left <= 0:
                         break
                     msg = self.next_message(task, 0.0)
-                    if msg is None and received.batch:  # let a burst gather, then take it in one go
-                        time.sleep(min(LINGER_S, left))
-                        msg = self.next_message(task, 0.0)
                     if msg is None:  # nothing waits: what came is stored and counted before waiting on
                         self._flush(request, received)
                         if len(received) >= len(expected):
