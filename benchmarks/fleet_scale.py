@@ -13,7 +13,7 @@ on one disk would measure 10,000 fsyncs per round of that disk, which real devic
 each) do in parallel.  ``--strategy median`` runs the same with the coordinate-wise median (a
 strategy that holds every upload) for the memory comparison.
 
-Each case runs ``--repeats`` times (default 3), each run with fresh processes and its own raw
+Each case runs ``--repeats`` times (default 3), each run with fresh processes and (K = 1) its own raw
 floor; the table gives the median of each figure and, for the round, the raw floor, their ratio and
 the aggregator's CPU per upload, the spread (min–max), with the 1-minute load average over the
 case's runs: a single noisy run cannot be read as a target met or missed.
@@ -534,7 +534,7 @@ def main(argv: list[str] | None = None) -> dict:
         load = [os.getloadavg()[0]]
         try:
             for _ in range(args.repeats):
-                runs.append(run_case(n, p, args.rounds, args.warmup, s, args.processes, raw, k))
+                runs.append(run_case(n, p, args.rounds, args.warmup, s, args.processes, raw and k == 1, k))
                 load.append(os.getloadavg()[0])
         except RuntimeError as exc:  # a case that fails says why in its row; the others stand
             if args.quick:
