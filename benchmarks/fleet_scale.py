@@ -501,6 +501,13 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--processes", type=int, help="swarm processes (default: ≤ 2,500 devices each)")
     parser.add_argument(
+        "--cases",
+        nargs="+",
+        metavar="NxP[xK]",
+        help="exactly these cases (e.g. 1000x1000x2: N = 1,000, P = 1,000, K = 2 workers) instead of "
+        "every combination of --devices, --params and --workers",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=3, help="runs of each case (fresh processes, its own raw floor each)"
     )
     parser.add_argument("--raw-devices", type=int, help=argparse.SUPPRESS)
@@ -521,6 +528,14 @@ def main(argv: list[str] | None = None) -> dict:
     cases = [
         (s, n, p, k) for s in args.strategy for p in args.params for n in args.devices for k in args.workers
     ]
+    if args.cases:
+        try:
+            picked = [[int(x) for x in c.split("x")] for c in args.cases]
+        except ValueError:
+            picked = [[]]
+        if any(len(c) not in (2, 3) or min(c) < 1 for c in picked):
+            parser.error(f"--cases takes NxP or NxPxK with positive integers, got {' '.join(args.cases)}")
+        cases = [(s, c[0], c[1], c[2] if len(c) == 3 else 1) for s in args.strategy for c in picked]
     cases = [c for c in cases if c[0] == "mean" or c[3] == 1]  # only the mean family splits over workers
     if args.quick:  # the median at the larger N only: the memory a strategy holding every upload adds
         cases = [("mean", 4, 50_000, 1), ("mean", 40, 50_000, 1), ("median", 40, 50_000, 1)]
