@@ -1,9 +1,9 @@
 """Streaming aggregation: each admitted upload folded into a running weighted sum as it arrives.
 
 A mean-family strategy (:meth:`cloud_aggregator.aggregation.strategies.Strategy.fold`) hands the round a
-:class:`RoundFold`; admission folds every admitted upload into it and keeps only the device's
-sample count and metrics, so the aggregator holds O(P) numbers per round, flat in the number of
-devices N.  Strategies that need every upload at once (median, trimmed mean, Krum, FedDAR-SA,
+:class:`RoundFold`; the fleet folds every upload admission admitted into it (a batch at a time:
+:meth:`RoundFold.add_many`) and keeps only the device's sample count and metrics, so the aggregator
+holds O(P) numbers per round, flat in the number of devices N.  Strategies that need every upload at once (median, trimmed mean, Krum, FedDAR-SA,
 FedPP, PerPCA, DP means) return no fold and keep the whole round, O(N × P).
 
 What "identical" means when arrival order changes
