@@ -10,7 +10,8 @@ and the modules one upload passes through in ``MqttFleet.collect``.
 - ``layers``: the longest chain of imports inside the package (a cycle counts as one layer);
 - ``upload``: for ``cloud_aggregator``, the project modules one upload's handling runs through in
   ``MqttFleet.collect`` (a traced run with an in-memory session, no broker), in order, and how
-  often it comes back to a module it already left; one accepted upload and one refused upload.
+  often it comes back to a module it already left: an accepted upload, one accepted into a
+  streaming round (folded into the running sum), and two refused ones.
 
 The graph is import-linter's own (grimp), so the figures agree with ``lint-imports``.
 """
@@ -128,8 +129,11 @@ def traced_modules(run: Callable[[], object]) -> list[str]:
 
 def upload_paths() -> dict[str, list[str]]:
     """One accepted and one refused upload through ``MqttFleet.collect``: the modules each runs through."""
+    from dataclasses import replace
+
     import numpy as np
 
+    from cloud_aggregator.aggregation.streaming import RoundFold
     from cloud_aggregator.rounds.types import CollectRequest
     from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
     from cloud_aggregator.store.sqlite import SqliteStore
@@ -172,18 +176,36 @@ def upload_paths() -> dict[str, list[str]]:
             downlinks={},
             expected={n: codec.TensorSpec(tuple(v.shape), v.dtype.name) for n, v in g.items()},
         )
-        handle = fleet.handle
         fleet.holdouts["t"] = ("d1",)
-        cases = (("accepted", "d0", 1), ("refused by admission (a stale round)", "d0", 0))
-        for case, device, round_ in (*cases, ("refused as held out", "d1", 1)):
+        # Its handling starts in ``handle`` (the message read) and, where uploads are ingested in
+        # batches, goes on in ``_ingest`` (judged, stored, folded, filed): both are traced.
+        steps = [name for name in ("handle", "_ingest") if hasattr(fleet, name)]
+        cases = (
+            ("accepted", "d0", 1, False),
+            ("accepted into a streaming round (folded)", "d0", 1, True),
+            ("refused by admission (a stale round)", "d0", 0, False),
+            ("refused as held out", "d1", 1, False),
+        )
+        for r, (case, device, round_, streams) in enumerate(cases):
+            # Each case its own round (a stale upload quotes the one before it).
+            fold = RoundFold(lambda u: float(u.n_samples)) if streams else None
+            opened = replace(request, round=request.round + r, fold=fold)
             up = round_messages.UpdateMessage(
-                "f", "t", device, round_, "train", 10, request.global_hash, {}, g
+                "f", "t", device, opened.round + round_ - 1, "train", 10, opened.global_hash, {}, g
             )
             session.queue.append(Message(topics.topic_up("f", "t", device), up.encode(), False))
-            fleet.handle = lambda *a, case=case, **k: paths.setdefault(
-                case, traced_modules(lambda: handle(*a, **k))
-            )
-            fleet.collect(request)
+            path: list[str] = []
+            for name in steps:
+                step = getattr(fleet, name)
+                setattr(
+                    fleet,
+                    name,
+                    lambda *a, step=step, path=path, **k: path.extend(traced_modules(lambda: step(*a, **k))),
+                )
+            fleet.collect(opened)
+            for name in steps:
+                delattr(fleet, name)
+            paths[case] = [m for i, m in enumerate(path) if i == 0 or path[i - 1] != m]
         store.close()
     return paths
 

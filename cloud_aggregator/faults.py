@@ -22,7 +22,7 @@ ENV = "IOFT_FAULT"
 #: Where the aggregator calls ``point``; anything else in ``IOFT_FAULT`` is a typo.
 POINTS = {
     "after_announce": "a round was announced (retained), before any upload is read",
-    "after_store_update": "an upload was committed to SQLite, before it is counted in memory",
+    "after_store_update": "an upload was committed to SQLite (one pass per upload of a batch), before it is counted in memory",
     "before_aggregate": "uploads were collected and validated, before the strategy runs",
     "after_aggregate": "new global computed in memory, nothing of it written yet",
     "after_artifact": "new global's artifact file written, its transaction not begun",
@@ -69,11 +69,18 @@ _PLAN = parse(os.environ.get(ENV))
 _PASSES: dict[str, int] = {}
 
 
-def point(name: str) -> None:
-    """Mark a crash point; acts only when ``IOFT_FAULT`` names it (see the module docstring)."""
+def point(name: str, passes: int = 1) -> None:
+    """Mark a crash point, passed ``passes`` times in a row (e.g. once per upload of a batch);
+    acts only when ``IOFT_FAULT`` names it (see the module docstring)."""
     if _PLAN is None:
         return
-    _hit(name)
+    for _ in range(passes):
+        _hit(name)
+
+
+def armed(name: str) -> bool:
+    """Whether ``IOFT_FAULT`` acts at ``name`` (a caller that batches passes may then take them one by one)."""
+    return _PLAN is not None and name in _PLAN
 
 
 def _hit(name: str) -> None:

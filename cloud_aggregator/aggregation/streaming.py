@@ -1,9 +1,9 @@
 """Streaming aggregation: each admitted upload folded into a running weighted sum as it arrives.
 
 A mean-family strategy (:meth:`cloud_aggregator.aggregation.strategies.Strategy.fold`) hands the round a
-:class:`RoundFold`; admission folds every admitted upload into it and keeps only the device's
-sample count and metrics, so the aggregator holds O(P) numbers per round, flat in the number of
-devices N.  Strategies that need every upload at once (median, trimmed mean, Krum, FedDAR-SA,
+:class:`RoundFold`; the fleet folds every upload admission admitted into it (a batch at a time:
+:meth:`RoundFold.add_many`) and keeps only the device's sample count and metrics, so the aggregator
+holds O(P) numbers per round, flat in the number of devices N.  Strategies that need every upload at once (median, trimmed mean, Krum, FedDAR-SA,
 FedPP, PerPCA, DP means) return no fold and keep the whole round, O(N × P).
 
 What "identical" means when arrival order changes
@@ -20,7 +20,7 @@ What "identical" means when arrival order changes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,9 +38,12 @@ def _two_sum(s: np.ndarray, x: np.ndarray, err: np.ndarray) -> None:
     _two_sum_into(s, x, err, np.empty_like(s), np.empty_like(s))
 
 
-def _two_sum_into(s: np.ndarray, x: np.ndarray, err: np.ndarray, total: np.ndarray, back: np.ndarray) -> None:
+def _two_sum_into(
+    s: np.ndarray, x: np.ndarray, err: np.ndarray, total: np.ndarray, back: np.ndarray, *, assign: bool = True
+) -> None:
     """:func:`_two_sum` with no temporary array: ``x`` (the caller's scratch), ``total`` and ``back``
-    are overwritten.  ``err += (s - (total - back)) + (x - back)``, operation by operation."""
+    are overwritten.  ``err += (s - (total - back)) + (x - back)``, operation by operation; the new
+    sum is left in ``total`` and, with ``assign``, copied into ``s``."""
     np.add(s, x, out=total)
     np.subtract(total, s, out=back)
     np.subtract(x, back, out=x)  # x - back
@@ -48,7 +51,8 @@ def _two_sum_into(s: np.ndarray, x: np.ndarray, err: np.ndarray, total: np.ndarr
     np.subtract(s, back, out=back)  # s - (total - back)
     back += x
     err += back
-    s[...] = total
+    if assign:
+        s[...] = total
 
 
 class StreamingMean:
@@ -72,27 +76,53 @@ class StreamingMean:
 
     def add(self, params: Mapping[str, np.ndarray], weight: float) -> None:
         """Fold ``weight × params`` in; raises ``ValueError`` naming a bad weight, name or shape."""
-        if not np.isfinite(weight) or weight < 0:
-            raise ValueError(f"weight must be finite and >= 0, got {weight}")
-        if self.count and sorted(params) != sorted(self._sum):
-            raise ValueError(f"update names {sorted(params)} differ from {sorted(self._sum)}")
-        for n, v in params.items():
-            v = np.asarray(v)
+        self.add_many([(params, weight)])
+
+    def add_many(self, batch: Sequence[tuple[Mapping[str, np.ndarray], float]]) -> None:
+        """Fold ``(params, weight)`` pairs in, in order: the bits of :meth:`add` on each in turn, with
+        the checks, scratch arrays and the weight's TwoSum (plain float arithmetic, the same IEEE
+        operations) paid once per batch.  All are checked first: a bad one leaves the sum as it was.
+        """
+        if not batch:
+            return
+        first = batch[0][0]
+        names = sorted(self._sum) if self.count else sorted(first)
+        for params, weight in batch:
+            if not np.isfinite(weight) or weight < 0:
+                raise ValueError(f"weight must be finite and >= 0, got {weight}")
+            if len(params) != len(names) or sorted(params) != names:
+                raise ValueError(f"update names {sorted(params)} differ from {names}")
+            for n, v in params.items():
+                want = self._sum[n].shape if n in self._sum else np.shape(first[n])
+                if np.shape(v) != want:
+                    raise ValueError(f"{n!r} has shape {np.shape(v)}, expected {want}")
+        for n in names:
             if n not in self._sum:
+                v = np.asarray(first[n])
                 self._sum[n] = np.zeros(v.shape, dtype=np.float64)
                 self._err[n] = np.zeros(v.shape, dtype=np.float64)
                 self._dtypes[n] = v.dtype.name
-            elif self._sum[n].shape != v.shape:
-                raise ValueError(f"{n!r} has shape {v.shape}, expected {self._sum[n].shape}")
-        for n, v in params.items():  # all checked first: a refused upload leaves the sum as it was
+        weights = [float(w) for _, w in batch]
+        for n in names:
             scratch = self._scratch.get(n)
             if scratch is None:
                 scratch = self._scratch[n] = tuple(np.empty_like(self._sum[n]) for _ in range(3))
             x, total, back = scratch
-            np.multiply(v, float(weight), out=x, dtype=np.float64)  # weight × θ in float64, as before
-            _two_sum_into(self._sum[n], x, self._err[n], total, back)
-        _two_sum(self._weight, np.array([float(weight)]), self._weight_err)
-        self.count += 1
+            s, err = self._sum[n], self._err[n]
+            for (params, _), w in zip(batch, weights, strict=True):
+                np.multiply(params[n], w, out=x, dtype=np.float64)  # weight × θ in float64, as before
+                _two_sum_into(s, x, err, total, back, assign=False)
+                s, total = total, s  # the new sum is in ``total``: swap instead of copying it back
+            self._sum[n] = s
+            self._scratch[n] = (x, total, back)
+        w_sum, w_err = float(self._weight[0]), float(self._weight_err[0])
+        for w in weights:  # _two_sum on one element, in Python floats: the same IEEE operations
+            total = w_sum + w
+            back = total - w_sum
+            w_err += (w_sum - (total - back)) + (w - back)
+            w_sum = total
+        self._weight[0], self._weight_err[0] = w_sum, w_err
+        self.count += len(batch)
 
     def result(self) -> Params:
         if self.count == 0:
@@ -172,6 +202,19 @@ class RoundFold:
         self.mean.add(update.params, float(self.weight(update)))
         self.devices.add(update.device)
         self.pending[update.device] = (update.n_samples, dict(update.metrics))
+
+    def add_many(self, updates: Sequence[Update]) -> None:
+        """Fold ``updates`` in, in order (:meth:`StreamingMean.add_many`: the bits of :meth:`add` on
+        each); raises ``ValueError`` for a device folded already, or twice in ``updates``, before any is."""
+        seen = set(self.devices)
+        for u in updates:
+            if u.device in seen:
+                raise ValueError(f"{u.device!r} is folded into this round already")
+            seen.add(u.device)
+        self.mean.add_many([(u.params, float(self.weight(u))) for u in updates])
+        for u in updates:
+            self.devices.add(u.device)
+            self.pending[u.device] = (u.n_samples, dict(u.metrics))
 
     def checkpoint(self) -> bytes:
         """The running sums, exactly, as bytes (``ioft_protocol.state.encode_arrays``); clears ``pending``."""

@@ -1,6 +1,6 @@
 """Update admission: the one pipeline every upload passes, in simulation and over MQTT alike.
 
-:meth:`Admission.receive` judges a device's upload for the open round and files the verdict
+:meth:`Admission.verdict` judges a device's upload for the open round, :meth:`Admission.file` files the verdict
 (an ``Update``, a straggler's ``LateUpdate``, or a :class:`Refusal`) in the round's inbox.
 ``cloud_aggregator.rounds.simulation.SimulatedFleet`` hands it ``UpdateMessage`` objects,
 ``cloud_aggregator.serve.mqtt_fleet.MqttFleet`` the payload bytes that came with a topic; every
@@ -71,7 +71,7 @@ import bisect
 import hashlib
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -239,6 +239,25 @@ def check_round(round_: int, phase: str, global_hash: str, request: CollectReque
 Inbox = dict
 
 
+def filing(
+    device: str, verdict: Update | LateUpdate | Refusal, filed: object
+) -> tuple[str | tuple[str, str], Update | LateUpdate | Rejection] | None:
+    """Where a verdict goes in the round's inbox, ``(key, entry)``, given what ``device`` has there
+    (``filed``); ``None``: it is only counted.
+
+    A refusal of the device's answer to the open round (``ROUND_ANSWERS``) is filed as a
+    ``Rejection`` unless the device has an admitted upload there; other refusals, and a device
+    screened out (it sat the round out: the fleet says so in its ``SatOut``), are only counted.
+    """
+    if isinstance(verdict, Refusal):
+        if verdict.reason in ROUND_ANSWERS and not verdict.sat_out and not isinstance(filed, Update):
+            return device, Rejection(device, str(verdict))
+        return None
+    if isinstance(verdict, LateUpdate):
+        return ("late", device), verdict
+    return device, verdict
+
+
 class _Window:
     """The last ``size`` values, also kept sorted: the median in O(1) per upload, not a sort of
     ``size`` values (``np.median``) for every upload admitted; the same float as ``np.median``."""
@@ -276,6 +295,9 @@ class Admission:
     reported_rows
         A device's training rows as it last reported them (its status), ``None`` when unknown:
         the ``samples`` step's per-device bound.
+    statuses
+        Instead of ``reported_rows``: the devices' statuses as the fleet keeps them (device ->
+        status), read here (:func:`reported_train_rows`) without a call back into the fleet.
     """
 
     def __init__(
@@ -285,11 +307,13 @@ class Admission:
         *,
         max_payload_bytes: int = codec.MAX_PAYLOAD_BYTES,
         reported_rows: Callable[[str], int | None] | None = None,
+        statuses: Mapping[str, Mapping] | None = None,
     ) -> None:
         self.fleet = fleet
         self.policy = policy or AdmissionPolicy()
         self.max_payload_bytes = max_payload_bytes
         self.reported_rows = reported_rows
+        self.statuses = statuses
         #: device -> reason -> refusals
         self.refused: dict[str, dict[Reason, int]] = {}
         # (task, round, phase) -> device admitted (fresh or late) -> its upload's fingerprint
@@ -315,7 +339,7 @@ class Admission:
         if outside is None:
             return None
         self.count_refusal(device, Reason.NOT_SELECTED)
-        return Refusal(Reason.NOT_SELECTED, outside)
+        return Refusal(Reason.NOT_SELECTED, outside, sat_out=True)
 
     def receive(
         self,
@@ -328,31 +352,40 @@ class Admission:
         outside: str | None = None,
         held_out: bool = False,
     ) -> Update | LateUpdate | Refusal:
-        """Judge ``device``'s upload (:meth:`screen`, then :meth:`judge`), file the verdict in ``inbox``
-        and count a refusal.
+        """:meth:`verdict` on ``device``'s upload, then :meth:`file` it in ``inbox``."""
+        verdict = self.verdict(device, upload, request, restored=restored, outside=outside, held_out=held_out)
+        self.file(device, verdict, inbox)
+        return verdict
 
-        A refusal of the device's answer to the open round (``ROUND_ANSWERS``) is filed as a
-        ``Rejection`` unless the device has an admitted upload there; other refusals, and a device
-        screened out (it sat the round out: the fleet says so in its ``SatOut``), are only counted.
+    def verdict(
+        self,
+        device: str,
+        upload: bytes | UpdateMessage,
+        request: CollectRequest | None,
+        *,
+        restored: bool = False,
+        outside: str | None = None,
+        held_out: bool = False,
+    ) -> Update | LateUpdate | Refusal:
+        """Judge ``device``'s upload (:meth:`screen`, then :meth:`judge`) and count a refusal.
+
+        The caller files the verdict (:meth:`file`) once the upload is durable; a streaming round
+        folds an admitted one first (``cloud_aggregator.aggregation.streaming.RoundFold``).
         """
-        screened = self.screen(device, outside=outside, held_out=held_out)
+        screened = self.screen(device, outside=outside, held_out=held_out)  # counted there
         if screened is not None:
             return screened
         verdict = self.judge(device, upload, request, restored=restored)
         if isinstance(verdict, Refusal):
             self.count_refusal(device, verdict.reason)
-            if verdict.reason in ROUND_ANSWERS and not isinstance(inbox.get(device), Update):
-                inbox[device] = Rejection(device, str(verdict))
-        elif isinstance(verdict, LateUpdate):
-            inbox[("late", device)] = verdict
-        elif request is not None and request.fold is not None:
-            # Streaming: the sum takes the params now; the inbox keeps the count and metrics.
-            request.fold.add(verdict)
-            verdict = replace(verdict, params={})
-            inbox[device] = verdict
-        else:
-            inbox[device] = verdict
         return verdict
+
+    @staticmethod
+    def file(device: str, verdict: Update | LateUpdate | Refusal, inbox: Inbox) -> None:
+        """File a verdict in the round's inbox (:func:`filing`)."""
+        entry = filing(device, verdict, inbox.get(device))
+        if entry is not None:
+            inbox[entry[0]] = entry[1]
 
     def restore_folded(self, request: CollectRequest, devices: list[str]) -> None:
         """Mark ``devices`` as having answered ``request``'s round: a checkpointed fold holds
@@ -478,7 +511,10 @@ class Admission:
     def check_counts(self, device: str, msg: UpdateMessage, task: str) -> Refusal | None:
         """The ``samples`` and ``metrics`` steps."""
         p = self.policy
-        rows = self.reported_rows(device) if self.reported_rows is not None else None
+        if self.reported_rows is not None:
+            rows = self.reported_rows(device)
+        else:
+            rows = reported_train_rows(self.statuses.get(device)) if self.statuses is not None else None
         bad = check_samples(msg.n_samples, p.task_max_samples.get(task, p.max_samples), rows)
         return bad if bad is not None else check_metrics(msg.metrics, p)
 

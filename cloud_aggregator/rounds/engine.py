@@ -29,6 +29,8 @@ from cloud_aggregator.rounds.types import (
     RoundRecord,
     RoundStore,
     SatOut,
+    StoredRefusal,
+    StoredUpload,
 )
 from trainer_lite.params import Params, param_hash
 from trainer_lite.task import TaskSpec
@@ -90,6 +92,12 @@ class MemoryStore:
             return False
         self._updates[key] = (global_hash, payload)
         return True
+
+    def put_batch(self, updates: Sequence[StoredUpload], rejections: Sequence[StoredRefusal]) -> None:
+        for row in updates:
+            self.put_update(*row)
+        for row in rejections:
+            self.put_rejection(*row)
 
     def stored_updates(self, task: str, round_: int, phase: str, global_hash: str) -> list[tuple[str, bytes]]:
         return [

@@ -122,7 +122,12 @@ class SimulatedFleet:
         delivered = sent if self.uplinks is None else self.uplinks(request, sent)
         inbox: Inbox = {}
         for device, upload in delivered:
-            verdict = self.admission.receive(device, upload, request, inbox)
+            verdict = self.admission.verdict(device, upload, request)
+            if isinstance(verdict, Update) and request.fold is not None:
+                # Streaming, as MqttFleet does it: the sum takes the params, the inbox the count.
+                request.fold.add_many([verdict])
+                verdict = replace(verdict, params={})
+            self.admission.file(device, verdict, inbox)
             if isinstance(verdict, Refusal):  # a copy of a counted upload is routine
                 level = logging.INFO if verdict.reason is Reason.RESENT else logging.WARNING
                 log.log(level, "dropped update from %s: %s", device, verdict)

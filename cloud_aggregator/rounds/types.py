@@ -47,6 +47,9 @@ class Refusal:
 
     reason: Reason
     detail: str
+    #: Screened out before its payload was read (held out, or outside the task's selection): the
+    #: device sat the round out, which the fleet's ``SatOut`` says; counted, not filed as a rejection.
+    sat_out: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.detail}"
@@ -85,8 +88,9 @@ class CollectRequest:
     participants: tuple[str, ...] | None = None  # the server's selection; None: the fleet samples
     expected_by_device: dict[str, dict[str, TensorSpec]] = field(default_factory=dict)
     late: LateWindow | None = None  # set only when stragglers count in the next round
-    #: Set where the strategy streams (``cloud_aggregator.aggregation.streaming``): admission folds each
-    #: admitted upload into it and files the ``Update`` without its params.
+    #: Set where the strategy streams (``cloud_aggregator.aggregation.streaming``): the fleet folds each
+    #: upload admission admitted into it once the upload is durable, and files the ``Update`` without
+    #: its params.
     fold: RoundFold | None = field(default=None, compare=False)
 
 
@@ -132,6 +136,12 @@ class SatOut:
     holdout: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+#: An admitted upload to keep: ``(task, round, phase, device, global_hash, payload)``.
+StoredUpload = tuple[str, int, str, str, str, bytes]
+#: A refused upload to record: ``(task, round, device, reason, detail)``.
+StoredRefusal = tuple[str, "int | None", str, Reason, str]
+
+
 class Fleet(Protocol):
     """Delivers a round to devices and returns what admission made of their uploads.
 
@@ -162,6 +172,9 @@ class RoundStore(Protocol):
         self, task: str, round_: int, phase: str, device: str, global_hash: str, payload: bytes
     ) -> bool:
         """Keep an admitted upload until its round is saved; ``False`` if that device's is kept already."""
+
+    def put_batch(self, updates: Sequence[StoredUpload], rejections: Sequence[StoredRefusal]) -> None:
+        """:meth:`put_update` and :meth:`put_rejection` for a drained batch, durable together on return."""
 
     def stored_updates(self, task: str, round_: int, phase: str, global_hash: str) -> list[tuple[str, bytes]]:
         """``(device, payload)`` of the uploads kept for a round that has not been saved."""

@@ -78,6 +78,7 @@ class BufferedTask:
             admission,
             max_payload_bytes=fleet.admission.max_payload_bytes,
             reported_rows=fleet.admission.reported_rows,
+            statuses=fleet.admission.statuses,
         )
         pipeline.refused = fleet.admission.refused  # one per-device count of refusals for the fleet's view
         self.server = BufferedServer(

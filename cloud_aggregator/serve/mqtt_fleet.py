@@ -15,6 +15,7 @@ the device id, counted per reason and stored: a malformed payload never stops a 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import queue
@@ -22,10 +23,11 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from cloud_aggregator import faults
 from cloud_aggregator.aggregation.update import Update
-from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox, reported_train_rows
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox, filing
 from cloud_aggregator.rounds.types import (
     CollectRequest,
     LateUpdate,
@@ -34,6 +36,8 @@ from cloud_aggregator.rounds.types import (
     Rejection,
     RoundStore,
     SatOut,
+    StoredRefusal,
+    StoredUpload,
 )
 from ioft_protocol import codec, restate, round_messages, topics
 from ioft_protocol.mqtt import Message, MqttError, MqttSession
@@ -51,6 +55,11 @@ ROUTINE_REFUSALS = frozenset({Reason.REPLAY, Reason.STALE_ROUND, Reason.RESENT})
 BATCH = 2000
 #: Seconds of messages a round handles between two looks at who is still awaited.
 RECHECK_S = 0.05
+#: Uploads ingested together at most (:meth:`MqttFleet._ingest`: one transaction, one fold), and
+#: their payload bytes at most: a batch is whatever waited in the queue, up to these.
+INGEST_MAX, INGEST_BYTES = 512, 32 * 1024 * 1024
+#: A topic is parsed once per device, not three times per message (routing, the task's queue, handling).
+parse_topic = functools.lru_cache(maxsize=1 << 15)(topics.parse_topic)
 #: Seconds an announcement waits for the broker's ack (a crash right after it must not lose it);
 #: without one the round goes on: the broker gets it once the connection is back.
 ANNOUNCE_ACK_S = 10.0
@@ -96,6 +105,8 @@ class _Inbox(dict):
     def __init__(self) -> None:
         super().__init__()
         self.answered: set[str] = set()
+        #: Uploads read but not yet ingested (``None``: each is ingested as it is handled).
+        self.batch: list[tuple[str, bytes, str | None, bool]] | None = None
 
     def __setitem__(self, key, value) -> None:
         super().__setitem__(key, value)
@@ -198,13 +209,14 @@ class MqttFleet:
         self.fleet = codec.check_id("fleet", fleet)
         self.policy = policy
         self.store = store
+        statuses: dict[str, dict] = {}  # the roster's, read by admission (reported training rows)
         self.admission = Admission(
             self.fleet,
             admission,
             max_payload_bytes=policy.max_payload_bytes,
-            reported_rows=lambda device: reported_train_rows(self.view.status.get(device)),
+            statuses=statuses,
         )
-        self.view = DeviceRoster(rejected_by_reason=self.admission.refused)
+        self.view = DeviceRoster(status=statuses, rejected_by_reason=self.admission.refused)
         self._announced: dict[str, list[tuple[str, bytes]]] = {}  # task -> its retained messages
         #: task -> uplinks waiting for that task's collecting thread (or its first round)
         self._queues: dict[str, queue.Queue[Message]] = {}
@@ -384,7 +396,7 @@ class MqttFleet:
     @staticmethod
     def _is_uplink(topic: str) -> bool:
         try:
-            return topics.parse_topic(topic).kind in ("up", "secagg_up")  # routed to the task's queue
+            return parse_topic(topic).kind in ("up", "secagg_up")  # routed to the task's queue
         except codec.WireError:
             return False
 
@@ -398,7 +410,7 @@ class MqttFleet:
     def _route(self, msg: Message) -> None:
         """Queue an uplink for its task's thread; one for a task this aggregator does not run is dropped."""
         try:
-            topic = topics.parse_topic(msg.topic)
+            topic = parse_topic(msg.topic)
         except codec.WireError:
             return
         if self.selections and topic.task not in self.selections:
@@ -449,8 +461,8 @@ class MqttFleet:
             late = request.late
             if late is not None:
                 stored += self.store.stored_updates(name, late.round, late.phase, late.global_hash)
-            for device, payload in stored:
-                self._accept(device, payload, request, received, persist=False)
+            for chunk in _chunks([(device, payload, None, False) for device, payload in stored]):
+                self._ingest(request, received, chunk, persist=False)
             if stored:
                 log.info(
                     "round %d/%s: %d uploads restored from the store",
@@ -541,13 +553,24 @@ class MqttFleet:
             msg = self.next_message(task, min(0.2, max(0.0, deadline - time.time())))
             # Messages are handled for up to RECHECK_S before the O(N) looks below (once per message
             # they cost O(N²) per round at thousands of devices), or until the last awaited may be in.
+            # Uploads are ingested in batches: whatever waited in the queue (``_ingest``).
             until = time.monotonic() + RECHECK_S
-            while msg is not None:
-                self.handle(msg, request, received)
-                left = min(until - time.monotonic(), deadline - time.time())
-                if len(received) >= len(expected) or left <= 0:
-                    break
-                msg = self.next_message(task, left)
+            received.batch = []
+            try:
+                while msg is not None:
+                    self.handle(msg, request, received)
+                    left = min(until - time.monotonic(), deadline - time.time())
+                    if len(received) + len(received.batch) >= len(expected) or left <= 0:
+                        break
+                    msg = self.next_message(task, 0.0)
+                    if msg is None:  # nothing waits: what came is stored and counted before waiting on
+                        self._flush(request, received)
+                        if len(received) >= len(expected):
+                            break
+                        msg = self.next_message(task, left)
+            finally:
+                self._flush(request, received)
+                received.batch = None
             # Statuses may have come through another task's thread: look at the view whenever one
             # came (an O(N) look: not on turns that brought only uploads).
             # Without a fixed list, a device that comes online mid-round is awaited (it gets the
@@ -629,24 +652,31 @@ class MqttFleet:
     def handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
         msg = self._latest(msg)
         try:
-            topic = topics.parse_topic(msg.topic)
+            topic = parse_topic(msg.topic)
         except codec.WireError as exc:
             log.warning("ignored message on unexpected topic %r: %s", msg.topic, exc)
             return
         if topic.fleet != self.fleet:
             return
         if topic.kind == "status":
+            if isinstance(received, _Inbox):  # uploads read before it are judged on the status they saw
+                self._flush(request, received)
             self._status(topic.device, msg.payload)
         elif topic.kind == "up" and request is not None and received is not None:
             if topic.task != request.spec.name:
                 return
             outside = self.view.outside(topic.device, self.selections.get(topic.task))
             held_out = topic.device in self.holdouts.get(topic.task, ())
-            self._accept(
-                topic.device, msg.payload, request, received, persist=True, outside=outside, held_out=held_out
-            )
+            upload = (topic.device, msg.payload, outside, held_out)
+            batch = getattr(received, "batch", None)
+            if batch is None:
+                self._ingest(request, received, [upload])
+                return
+            batch.append(upload)
+            if len(batch) >= min(INGEST_MAX, max(1, INGEST_BYTES // max(1, len(msg.payload)))):
+                self._flush(request, received)
         elif topic.kind == "up":
-            self._accept(topic.device, msg.payload, None, {}, persist=True)
+            self._ingest(None, {}, [(topic.device, msg.payload, None, False)])
 
     def _status(self, device: str, payload: bytes) -> None:
         try:
@@ -671,6 +701,21 @@ class MqttFleet:
         self.view.online[device] = status.get("state") == "online"
         self.view.changes += 1
 
+    def _refusal_row(
+        self,
+        device: str,
+        request: CollectRequest | None,
+        verdict: Refusal,
+        answering: tuple[str, int | None] | None = None,
+    ) -> StoredRefusal:
+        """Log a refused upload (admission counted it); the row that stores it, filed under
+        ``answering`` (task, round) where given (a worker's batch says which), else ``request``'s round."""
+        level = logging.INFO if verdict.reason in ROUTINE_REFUSALS else logging.WARNING
+        log.log(level, "dropped update from %s: %s", device, verdict)
+        if answering is None:
+            answering = (request.spec.name, request.round) if request is not None else ("", None)
+        return (*answering, device, verdict.reason, verdict.detail)
+
     def _record_refusal(
         self,
         device: str,
@@ -679,14 +724,10 @@ class MqttFleet:
         *,
         answering: tuple[str, int | None] | None = None,
     ) -> None:
-        """Log and store a refused upload (admission counted it).  It is filed under ``answering``
-        (task, round) where given (a worker's batch says which), else under ``request``'s round."""
-        level = logging.INFO if verdict.reason in ROUTINE_REFUSALS else logging.WARNING
-        log.log(level, "dropped update from %s: %s", device, verdict)
+        """Log and store a refused upload (admission counted it)."""
+        row = self._refusal_row(device, request, verdict, answering)
         if self.store is not None:
-            if answering is None:
-                answering = (request.spec.name, request.round) if request is not None else ("", None)
-            self.store.put_rejection(*answering, device, verdict.reason, verdict.detail)
+            self.store.put_rejection(*row)
 
     def _accept(
         self,
@@ -699,33 +740,85 @@ class MqttFleet:
         outside: str | None = None,
         held_out: bool = False,
     ) -> None:
-        """Admit an uplink into ``received`` or record why not; never raises.
+        """:meth:`_ingest` of one upload."""
+        self._ingest(request, received, [(device, payload, outside, held_out)], persist=persist)
 
-        ``persist`` keeps an admitted upload in the store (``False``: it was read back from it);
-        ``outside`` (why the device is outside the task's selection) and ``held_out`` go to admission.
+    def _flush(self, request: CollectRequest | None, received: Any) -> None:
+        """Ingest the uploads ``received`` holds back (:attr:`_Inbox.batch`), if any."""
+        batch = getattr(received, "batch", None)
+        if batch:
+            received.batch = []
+            self._ingest(request, received, batch)
+
+    def _ingest(
+        self,
+        request: CollectRequest | None,
+        received: Inbox,
+        uploads: list[tuple[str, bytes, str | None, bool]],
+        *,
+        persist: bool = True,
+    ) -> None:
+        """Admit a batch of uplinks ``(device, payload, outside, held_out)`` into ``received``; never raises.
+
+        Admission judges each in arrival order (one decode, one tensor check); the admitted ones
+        and the refusals are stored in one transaction; only then is each admitted upload folded
+        (a streaming round: one NumPy pass over the batch) and filed: an upload counts once it is
+        durable, so a kill at any instant leaves it stored or uncounted (its device re-sends it).
+        ``persist`` ``False``: they were read back from the store.  ``outside`` (why the device is
+        outside the task's selection) and ``held_out`` go to admission.
         """
         with self._admit:
-            verdict = self.admission.receive(
-                device, payload, request, received, restored=not persist, outside=outside, held_out=held_out
-            )
-        if isinstance(verdict, Refusal):
-            self._record_refusal(device, request, verdict)
-            return
-        if isinstance(verdict, LateUpdate):
-            log.info(
-                "late update from %s for round %d counts in round %d", device, verdict.round, request.round
-            )
-        if persist and self.store is not None:  # durable like any upload: a restart keeps it
-            late = request.late
-            r, phase, gh = (
-                (late.round, late.phase, late.global_hash)
-                if isinstance(verdict, LateUpdate)
-                else (request.round, request.phase, request.global_hash)
-            )
-            self.store.put_update(request.spec.name, r, phase, device, gh, payload)
-        fold = request.fold if request is not None else None
-        if fold is not None and self.store is not None and len(fold.pending) >= self.policy.checkpoint_every:
-            self._checkpoint(request)
+            verdicts = [
+                self.admission.verdict(d, p, request, restored=not persist, outside=o, held_out=h)
+                for d, p, o, h in uploads
+            ]
+        keep: list[StoredUpload] = []
+        refusals: list[StoredRefusal] = []
+        for (device, payload, _, _), verdict in zip(uploads, verdicts, strict=True):
+            if isinstance(verdict, Refusal):
+                refusals.append(self._refusal_row(device, request, verdict))
+                continue
+            if isinstance(verdict, LateUpdate):
+                log.info(
+                    "late update from %s for round %d counts in round %d",
+                    device,
+                    verdict.round,
+                    request.round,
+                )
+            if persist:  # durable like any upload: a restart keeps it
+                late = request.late
+                r, phase, gh = (
+                    (late.round, late.phase, late.global_hash)
+                    if isinstance(verdict, LateUpdate)
+                    else (request.round, request.phase, request.global_hash)
+                )
+                keep.append((request.spec.name, r, phase, device, gh, payload))
+        if self.store is not None:
+            self.store.put_batch(keep, refusals)
+        if request is not None and request.fold is not None:
+            verdicts = self._fold(request, verdicts)
+        for (device, *_), verdict in zip(uploads, verdicts, strict=True):
+            entry = filing(device, verdict, received.get(device))
+            if entry is not None:
+                received[entry[0]] = entry[1]
+
+    def _fold(
+        self, request: CollectRequest, verdicts: list[Update | LateUpdate | Refusal]
+    ) -> list[Update | LateUpdate | Refusal]:
+        """Fold the admitted uploads among ``verdicts`` into the round's running sum, checkpointing
+        every ``checkpoint_every``; the verdicts to file (admitted ones without their params)."""
+        fold, every = request.fold, self.policy.checkpoint_every
+        out = list(verdicts)
+        fresh = [i for i, v in enumerate(verdicts) if isinstance(v, Update)]
+        while fresh:
+            room = max(1, every - len(fold.pending)) if self.store is not None else len(fresh)
+            chunk, fresh = fresh[:room], fresh[room:]
+            fold.add_many([verdicts[i] for i in chunk])
+            for i in chunk:
+                out[i] = replace(verdicts[i], params={})
+            if self.store is not None and len(fold.pending) >= every:
+                self._checkpoint(request)
+        return out
 
     def _checkpoint(self, request: CollectRequest) -> None:
         """Store the round's partial sum; the uploads it covers leave the store."""
@@ -753,3 +846,18 @@ class MqttFleet:
             request.phase,
             len(folded),
         )
+
+
+def _chunks(
+    uploads: list[tuple[str, bytes, str | None, bool]],
+) -> list[list[tuple[str, bytes, str | None, bool]]]:
+    """``uploads`` in batches of at most ``INGEST_MAX`` uploads and about ``INGEST_BYTES`` bytes."""
+    out: list[list[tuple[str, bytes, str | None, bool]]] = []
+    size = INGEST_BYTES
+    for upload in uploads:
+        if not out or size + len(upload[1]) > INGEST_BYTES or len(out[-1]) >= INGEST_MAX:
+            out.append([])
+            size = 0
+        out[-1].append(upload)
+        size += len(upload[1])
+    return out

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from cloud_aggregator.aggregation.streaming import RoundFold
 from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.rounds.admission import AdmissionPolicy, Inbox
-from cloud_aggregator.rounds.types import CollectRequest, Reason
+from cloud_aggregator.rounds.types import CollectRequest, Reason, StoredRefusal, StoredUpload
 from cloud_aggregator.serve import worker_wire as wire
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from ioft_protocol import codec, topics
@@ -73,6 +74,10 @@ class _Refusals:
 
     def put_update(self, *args: object) -> bool:
         return True
+
+    def put_batch(self, updates: Sequence[StoredUpload], rejections: Sequence[StoredRefusal]) -> None:
+        for row in rejections:
+            self.put_rejection(*row)
 
     def take(self) -> list[tuple[str, int | None, str, str, str]]:
         out, self.items = self.items, []

@@ -20,12 +20,13 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cloud_aggregator import faults
-from cloud_aggregator.rounds.types import Reason, RoundRecord
+from cloud_aggregator.rounds.types import Reason, RoundRecord, StoredRefusal, StoredUpload
 from cloud_aggregator.store.backup import Backups
 from cloud_aggregator.store.upload_log import MIN_BYTES, UploadLog
 from ioft_protocol.state import atomic_write_bytes, decode_arrays, encode_arrays
@@ -154,6 +155,8 @@ class SqliteStore:
         self.backups = backups
         self.artifacts = self.path.parent / "artifacts"
         self.uploads = UploadLog(self.path.parent / "uploads")
+        #: A fault plan kills at the n-th stored upload: :meth:`put_batch` then commits each alone.
+        self._uploads_one_by_one = faults.armed("after_store_update")
         self._lock = threading.Lock()
         self.readonly = readonly
         if readonly:
@@ -351,6 +354,46 @@ class SqliteStore:
             )
         faults.point("after_store_update")
         return cur.rowcount == 1
+
+    def put_batch(self, updates: Sequence[StoredUpload], rejections: Sequence[StoredRefusal]) -> None:
+        """Store a drained batch's admitted uploads (as :meth:`put_update`) and refusals (as
+        :meth:`put_rejection`) in one transaction: one commit, not one per upload.
+
+        ``after_store_update`` passes once per upload, after the commit.  While a fault plan names
+        that point, each upload commits on its own, so a planned kill lands between two uploads
+        as the plan counts them.
+        """
+        if self._uploads_one_by_one:
+            for row in updates:
+                self.put_update(*row)
+            updates = ()
+        if not updates and not rejections:
+            return
+        now = time.time()
+        with self._lock:
+            rows = []
+            for task, round_, phase, device, global_hash, payload in updates:
+                at = self.uploads.append(task, round_, phase, payload) if len(payload) >= MIN_BYTES else None
+                size = None if at is None else len(payload)
+                kept = b"" if at is not None else payload
+                rows.append((task, round_, phase, device, global_hash, kept, now, at, size))
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT OR IGNORE INTO updates (task, round, phase, device, global_hash, payload, "
+                    "received, log_at, log_len) VALUES (?,?,?,?,?,?,?,?,?)",
+                    rows,
+                )
+                self._db.executemany(
+                    "INSERT INTO rejections (task, round, device, reason, at, code) VALUES (?,?,?,?,?,?)",
+                    [(t, r, d, detail[:500], now, str(why)) for t, r, d, why, detail in rejections],
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        if updates:
+            faults.point("after_store_update", passes=len(updates))
 
     def stored_updates(self, task: str, round_: int, phase: str, global_hash: str) -> list[tuple[str, bytes]]:
         with self._lock:
