@@ -41,11 +41,13 @@ MLP (Kaiming-normal, ReLU, Adam, cross-entropy, B = 8, η = 5e-4, E = 1):
   the proximal term only).
 
 Every method trains ``--rounds`` rounds (federated) or epochs (centralised; CTL as
-many again to fine-tune).  The paper uses 150; the default, 30, fits the whole study
-in under 10 minutes on 2 cores.  By round 30 the baselines' target accuracy has
-settled, while FTL-TP's in group M peaks near round 10 and keeps falling (the
+many again to fine-tune).  The paper uses 150; the default, 30, fits the main study of
+two repeats in about 12 minutes on 2 loaded cores.  By round 30 the baselines' target
+accuracy has settled, while FTL-TP's in group M peaks near round 16 and then falls (the
 ``_curves.png`` plot); ``--rounds 150`` runs the paper's length and writes
-``ftltp_welding_r150.*``.  Partner targets: the
+``ftltp_welding_r150.*``.  The welds' domain shift includes a physical one (the tool's
+wear signature changes DWT band with material and surface, :mod:`sensors.sim.welder`;
+``benchmarks.welder_bands`` tabulates it), besides per-feature offsets and gains.  Partner targets: the
 paper runs every partner target for every target (3-4 runs per target per repeat); we
 rotate the partner with the repeat (target i of M meets target (i + repeat) mod 3 of
 S/T), so each repeat costs 4 FTL-TP runs per pairing.
