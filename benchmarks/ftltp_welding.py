@@ -14,17 +14,20 @@ source domain is split at random over 3 clients (9 clients in M, 6 in S or T).
 Pairings M+S and M+T.  Features are standardised (``--standardize``, the same
 transform for every method, :class:`sensors.features.scaling.Standardizer`):
 
-* ``group`` (default): per group, with the mean and standard deviation of that group's
-  source clients pooled (what one round of federated sums n, Σx, Σx² gives); the
-  unseen target domain goes through the same transform.
+* ``fleet`` (default): what a device can do, the task's ``scaling = "fleet"`` through the
+  same code: each client of the task sends ``(n, Σx, Σx²)``, the transform is pooled by
+  :func:`sensors.features.scaling.pool_feature_sums` (the aggregator's call; the federated
+  methods run it inside :class:`~cloud_aggregator.rounds.simulation.SimulatedFleet`), and the
+  unseen target domain, a device that joins later, goes through the published transform.
+  The task's clients are FTL-TP's both groups (one task) and a baseline's one group; the
+  centralised references (IL, CL, CTL) pool their group's clients the same way.
+* ``group``: per group, with the mean and standard deviation of that group's source clients
+  pooled centrally, whatever the method (for FTL-TP not what its one task could pool).
 * ``client``: every client with its own rows' statistics (local, nothing shared),
   and the target domain with its own (unlabelled) statistics, as a new welder would
-  standardise its own welds.  This removes most of the simulated domain shift (a
-  per-feature offset and gain), so every method is near 100 %: a labelled variant,
-  not the paper's protocol.
-* ``none``: raw DWT features (what the edge daemon trains on for a task without
-  ``scaling``; ``scaling = "local"`` makes each device z-score its own rows, since
-  047f69d, as ``client`` does here): per-feature scales from ~1e-8 to ~100, ‖x‖² ~ 1e5.  Methods on the same 624-175-125-50-C
+  standardise its own welds; a labelled variant, not the paper's protocol.
+* ``none``: raw DWT features (a task without ``scaling``; ``scaling = "local"`` makes each
+  device z-score its own rows, as ``client`` does here): per-feature scales from ~1e-8 to ~100, ‖x‖² ~ 1e5.  Methods on the same 624-175-125-50-C
 MLP (Kaiming-normal, ReLU, Adam, cross-entropy, B = 8, η = 5e-4, E = 1):
 
 * **FTL-TP**: K_B = 1 shared by both groups, upper blocks per group, α_L2R = 0.001,
@@ -38,11 +41,13 @@ MLP (Kaiming-normal, ReLU, Adam, cross-entropy, B = 8, η = 5e-4, E = 1):
   the proximal term only).
 
 Every method trains ``--rounds`` rounds (federated) or epochs (centralised; CTL as
-many again to fine-tune).  The paper uses 150; the default, 30, fits the whole study
-in under 10 minutes on 2 cores.  By round 30 the baselines' target accuracy has
-settled, while FTL-TP's in group M peaks near round 10 and keeps falling (the
+many again to fine-tune).  The paper uses 150; the default, 30, fits the main study of
+two repeats in about 12 minutes on 2 loaded cores.  By round 30 the baselines' target
+accuracy has settled, while FTL-TP's in group M peaks near round 16 and then falls (the
 ``_curves.png`` plot); ``--rounds 150`` runs the paper's length and writes
-``ftltp_welding_r150.*``.  Partner targets: the
+``ftltp_welding_r150.*``.  The welds' domain shift includes a physical one (the tool's
+wear signature changes DWT band with material and surface, :mod:`sensors.sim.welder`;
+``benchmarks.welder_bands`` tabulates it), besides per-feature offsets and gains.  Partner targets: the
 paper runs every partner target for every target (3-4 runs per target per repeat); we
 rotate the partner with the repeat (target i of M meets target (i + repeat) mod 3 of
 S/T), so each repeat costs 4 FTL-TP runs per pairing.
@@ -81,9 +86,9 @@ from benchmarks.common import (
     write_result,
 )
 from cloud_aggregator.rounds.simulation import ClientData, simulate
-from sensors.features.scaling import Standardizer
+from sensors.features.scaling import Standardizer, feature_sums, pool_feature_sums
 from sensors.sim.welder import SURFACES, simulate_domain_group
-from trainer_lite.algorithms.base import get_loss
+from trainer_lite.algorithms.base import MIN_POOL_DEVICES, get_loss
 from trainer_lite.algorithms.centralised import centralised_transfer, train_centralised
 from trainer_lite.data import Dataset
 from trainer_lite.models import mlp
@@ -95,7 +100,7 @@ METHODS = ("IL", "CL", "CTL", "FedAvg", "FedProx", "FedL2R", NO_L2R, "FTL-TP")
 FL_ALGOS = {"FedAvg": "fedavg", "FedProx": "fedprox", "FedL2R": "fedl2r"}
 PAIRINGS = (("M", "S"), ("M", "T"))
 STUDIES = ("main", "unbalanced", "fraction")
-STANDARDIZE = ("group", "client", "none")
+STANDARDIZE = ("fleet", "group", "client", "none")
 FRACTIONS = {"C=1/3": 1 / 3, "C=2/3": 2 / 3}
 DOMAIN_ABBREV = {"Al-Cu": "AC", "Cu-Cu": "CC", "Cu-Al": "CA", "Al-Al": "AA"}
 #: §5.2-5.3 and abstract: FTL-TP's average accuracy gain over each method (percentage points).
@@ -138,7 +143,7 @@ class Config:
     studies: tuple[str, ...] = STUDIES
     methods: tuple[str, ...] = METHODS
     workers: int = 2
-    standardize: str = "group"
+    standardize: str = "fleet"
 
 
 def quick_config() -> Config:
@@ -151,6 +156,7 @@ def quick_config() -> Config:
         seeds=(0, 1),
         unbalanced_m=(6, 12, 22),
         unbalanced_s=(4, 7, 13),
+        workers=1,  # the test runs it in its own process: no pool (a forked one hung under load)
     )
 
 
@@ -182,7 +188,7 @@ def load_groups(cfg: Config) -> dict[str, GroupData]:
     """M and S from the simulator (in parallel), T as the S welds relabelled (same signals)."""
     jobs = [("M", cfg.n_m, cfg.data_seed, cfg.time_scale), ("S", cfg.n_s, cfg.data_seed + 1, cfg.time_scale)]
     if cfg.workers > 1:
-        with mp.get_context("fork").Pool(2, initializer=single_blas_thread) as pool:
+        with mp.get_context("spawn").Pool(2, initializer=single_blas_thread) as pool:
             sims = dict(pool.map(_simulate, jobs))
     else:
         sims = dict(map(_simulate, jobs))
@@ -232,7 +238,7 @@ def make_split(
     src = data.domain != target
     if cfg.standardize == "group":
         Z = Standardizer.fit(data.X[src]).transform(data.X)
-    else:
+    else:  # fleet: raw here, scaled by the task's pooled transform (fleet_scaled, SimulatedFleet)
         Z = data.X.astype(np.float32)
 
     def rows(part: np.ndarray) -> Dataset:
@@ -249,6 +255,27 @@ def make_split(
     return Split(clients, rows(np.flatnonzero(~src)), len(data.classes))
 
 
+def fleet_scaled(split: Split, cfg: Config) -> Split:
+    """``split`` through its clients' pooled transform where ``cfg.standardize == "fleet"`` (the
+    centralised references: their group's clients are the fleet); otherwise unchanged."""
+    if cfg.standardize != "fleet":
+        return split
+    scaler = pool_feature_sums({c: feature_sums(d.x) for c, d in split.clients.items()}, MIN_POOL_DEVICES)
+    clients = {c: Dataset(scaler.transform(d.x), d.y) for c, d in split.clients.items()}
+    return Split(clients, Dataset(scaler.transform(split.target.x), split.target.y), split.n_classes)
+
+
+def fleet_hparams(cfg: Config) -> dict[str, Any]:
+    """The task hyperparameter that makes the simulated fleet pool and apply the transform."""
+    return {"scaling": "fleet"} if cfg.standardize == "fleet" else {}
+
+
+def target_transform(fleet: Any) -> Any:
+    """Rows as the task's model takes them: through the fleet's published transform, if any."""
+    scaler = getattr(fleet, "fleet_scaler", None)
+    return (lambda x: x) if scaler is None else scaler.transform
+
+
 def unbalanced_sizes(group: str, cfg: Config, n_source_domains: int) -> dict[int, Sequence[int]]:
     """§5.4: every M source domain 30/60/110; the first S source domain 15/25/50, the rest even."""
     if group == "M":
@@ -260,7 +287,7 @@ def unbalanced_sizes(group: str, cfg: Config, n_source_domains: int) -> dict[int
 # Methods: each returns target accuracy (and a curve of it for the federated ones)
 # ---------------------------------------------------------------------------------------
 
-_GROUPS: dict[str, GroupData] = {}  # set before forking the workers
+_GROUPS: dict[str, GroupData] = {}  # set in each worker (run_study, _init_worker)
 
 
 def _fl_spec(algorithm: str, n_classes: int, seed: int, cfg: Config, **extra: Any) -> TaskSpec:
@@ -304,6 +331,7 @@ def run_ftltp(
             "epochs": 1,
             "lr": cfg.lr,
             "batch_size": cfg.batch,
+            **fleet_hparams(cfg),
         },
         server={
             "device_groups": {c: g for g in pairing for c in splits[g].clients},
@@ -315,11 +343,13 @@ def run_ftltp(
     curves: dict[str, list[float]] = {g: [] for g in pairing}
 
     def score(fleet, global_params) -> dict[str, float]:
-        algo = fleet.algo
+        algo, tx = fleet.algo, target_transform(fleet)
         return {
-            g: algo.evaluate({n: global_params[n] for n in algo.names_for(g)}, {}, splits[g].target)[
-                "accuracy"
-            ]
+            g: algo.evaluate(
+                {n: global_params[n] for n in algo.names_for(g)},
+                {},
+                Dataset(tx(splits[g].target.x), splits[g].target.y),
+            )["accuracy"]
             for g in pairing
         }
 
@@ -339,11 +369,12 @@ def run_ftltp(
         }
         for g in pairing
     }
+    tx = target_transform(fleet)
     for g in pairing:
         base = fleet.algo.splits[g][0]
         params = {n: final[n] for n in fleet.algo.base_names}
-        train[g]["z_sq_source"] = _mean_sq(base(params, splits[g].pooled().x))
-        train[g]["z_sq_target"] = _mean_sq(base(params, splits[g].target.x))
+        train[g]["z_sq_source"] = _mean_sq(base(params, tx(splits[g].pooled().x)))
+        train[g]["z_sq_target"] = _mean_sq(base(params, tx(splits[g].target.x)))
     return {"acc": score(fleet, final), "curves": curves, "train": train}
 
 
@@ -362,20 +393,21 @@ def run_fl(method: str, group: str, target: int, seed: int, cfg: Config) -> dict
         extra["mu"] = cfg.mu_fedprox
     elif method == "FedL2R":
         extra = {"epochs": 1, "alpha_l2r": cfg.alpha_fedl2r}
-    spec = _fl_spec(FL_ALGOS[method], split.n_classes, seed, cfg, **extra)
+    spec = _fl_spec(FL_ALGOS[method], split.n_classes, seed, cfg, **extra, **fleet_hparams(cfg))
     curve: list[float] = []
+
+    def accuracy(fleet, global_params) -> float:
+        target = Dataset(target_transform(fleet)(split.target.x), split.target.y)
+        return fleet.algo.evaluate(global_params, {}, target)["accuracy"]
 
     def on_record(rec, fleet, global_params) -> None:
         if rec.round % cfg.eval_every == 0:
-            curve.append(fleet.algo.evaluate(global_params, {}, split.target)["accuracy"])
+            curve.append(accuracy(fleet, global_params))
 
     final, fleet, _ = simulate(
         spec, {c: ClientData(d) for c, d in split.clients.items()}, on_record=on_record
     )
-    return {
-        "acc": {group: fleet.algo.evaluate(final, {}, split.target)["accuracy"]},
-        "curves": {group: curve},
-    }
+    return {"acc": {group: accuracy(fleet, final)}, "curves": {group: curve}}
 
 
 def _accuracy(model, params, data: Dataset) -> float:
@@ -384,7 +416,7 @@ def _accuracy(model, params, data: Dataset) -> float:
 
 def run_central(method: str, group: str, target: int, seed: int, cfg: Config) -> dict[str, Any]:
     """IL (mean accuracy of the group's clients, each trained alone) or CL (pooled)."""
-    split = make_split(_GROUPS[group], target, seed, cfg)
+    split = fleet_scaled(make_split(_GROUPS[group], target, seed, cfg), cfg)
     model = mlp([*HIDDEN, split.n_classes], init="kaiming")
     rng = np.random.default_rng([seed, target, 7])
     kw = {"epochs": cfg.rounds, "batch_size": cfg.batch, "lr": cfg.lr, "rng": rng}
@@ -399,8 +431,8 @@ def run_central(method: str, group: str, target: int, seed: int, cfg: Config) ->
 
 def run_ctl(source: tuple[str, int], target: tuple[str, int], seed: int, cfg: Config) -> dict[str, Any]:
     """CTL: pooled source group, base frozen, fine-tuned on the target group's pooled sources."""
-    src = make_split(_GROUPS[source[0]], source[1], seed, cfg)
-    tgt = make_split(_GROUPS[target[0]], target[1], seed, cfg)
+    src = fleet_scaled(make_split(_GROUPS[source[0]], source[1], seed, cfg), cfg)
+    tgt = fleet_scaled(make_split(_GROUPS[target[0]], target[1], seed, cfg), cfg)
     tgt_model = mlp([*HIDDEN, tgt.n_classes], init="kaiming")
     params = centralised_transfer(
         mlp([*HIDDEN, src.n_classes], init="kaiming"),
@@ -521,10 +553,19 @@ def run_job(job: Job) -> tuple[Job, dict[str, Any], float]:
 _CFG = Config()
 
 
+def _init_worker(cfg: Config, groups: dict[str, GroupData]) -> None:
+    """A spawned worker: the study's config and data (a forked one inherited them)."""
+    global _CFG
+    _CFG = cfg
+    _GROUPS.clear()
+    _GROUPS.update(groups)
+    single_blas_thread()
+
+
 def run_study(
     cfg: Config, groups: dict[str, GroupData] | None = None
 ) -> list[tuple[Job, dict[str, Any], float]]:
-    """Run every job of ``cfg`` in ``cfg.workers`` forked processes; returns ``(job, output, seconds)``."""
+    """Run every job of ``cfg`` in ``cfg.workers`` spawned processes; returns ``(job, output, seconds)``."""
     global _CFG
     _CFG = cfg
     _GROUPS.clear()
@@ -533,7 +574,10 @@ def run_study(
     if cfg.workers <= 1:
         single_blas_thread()
         return [run_job(j) for j in progress(jobs, "ftltp runs", total=len(jobs))]
-    with mp.get_context("fork").Pool(cfg.workers, initializer=single_blas_thread) as pool:
+    # spawn, not fork (a forked pool deadlocked under load): each worker gets the data once
+    with mp.get_context("spawn").Pool(
+        cfg.workers, initializer=_init_worker, initargs=(cfg, dict(_GROUPS))
+    ) as pool:
         return list(progress(pool.imap_unordered(run_job, jobs), "ftltp runs", total=len(jobs)))
 
 
@@ -785,8 +829,8 @@ def build_parser():
     parser.add_argument(
         "--standardize",
         choices=STANDARDIZE,
-        default="group",
-        help="feature standardisation (default group: source clients' pooled statistics; see the docstring)",
+        default="fleet",
+        help="feature standardisation (default fleet: the task's pooled n, Σx, Σx², as devices do; see the docstring)",
     )
     parser.add_argument(
         "--alpha-ftltp",

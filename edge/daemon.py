@@ -49,13 +49,14 @@ from edge.segments import DatasetReader
 from edge.serving.server import Server
 from edge.task_inputs import Rows, TaskInputs
 from edge.task_state import TaskState, load_task_state, save_task_state
-from ioft_protocol import codec, restate, round_messages, topics
+from ioft_protocol import codec, feature_stats, restate, round_messages, topics
 from ioft_protocol.compress import encode_upload
 from ioft_protocol.manifest import load_public_key
 from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
 from ioft_protocol.secagg import transport as secagg_wire
 from ioft_protocol.service import Notifier
 from ioft_protocol.state import StateError
+from sensors.features.scaling import feature_sums
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import initial_local, participate
 from trainer_lite.data import Dataset
@@ -107,6 +108,8 @@ class EdgeTrainer:
         self.tasks: dict[str, TaskState] = {}
         self.clients: dict[str, ClientAlgorithm] = {}
         self.refused: dict[str, str] = {}  # task -> why this device does not take part
+        #: task -> the (round, phase) whose announcement this device sent its feature statistics on
+        self._stats_sent: dict[str, tuple[int, str]] = {}
         #: task -> this device's score of the task's latest global, where the task holds it out
         self.holdout: dict[str, round_messages.HoldoutScore] = {}
         #: task -> the round this device trained and the (lower) one announced (``_note_ahead``)
@@ -249,6 +252,7 @@ class EdgeTrainer:
         self.session.subscribe(topics.topic_down_device(fleet, topics.ANY, self.device))
         self.session.subscribe(secagg_wire.topic_down_mine(fleet, self.device))
         self.session.subscribe(topics.topic_roll_call(fleet))
+        self.session.subscribe(topics.topic_scaling_all(fleet))  # tasks with scaling = "fleet"
         if self.models is not None:
             self.session.subscribe(topics.topic_model_offer_all(fleet))
         self.session.start(timeout=None)  # paho keeps retrying until the broker is there
@@ -353,6 +357,9 @@ class EdgeTrainer:
                 return
             if parsed.kind in ("model_offer", "model_chunk"):
                 self._handle_model(parsed, payload)
+                return
+            if parsed.kind == "scaling":
+                self._fleet_scaling(str(parsed.task), payload)
                 return
             if parsed.kind not in ("down", "down_device"):
                 return
@@ -505,6 +512,9 @@ class EdgeTrainer:
             )
             return
         data = self.task_data(ann.spec)
+        if data is None and algo.scaling == "fleet" and ann.task not in self.inputs.fleet:
+            self._send_stats(ann, algo)
+            return
         if data is None:
             log.warning(
                 "%s: task %s round %d needs encoder %s, which is not active here yet; skipping the round",
@@ -566,7 +576,9 @@ class EdgeTrainer:
         self.tasks[ann.task] = new_state
         self._publish_upload(ann.task, new_state)
         raw = (self.train, self.test, self.data_meta)  # the round's model answers rows if the gate lets it
-        self.serving.offer(ann.task, algo, ann.params, new_local, self._rows(algo), raw, ann.round)
+        rows = self._rows(algo)
+        scaler = None if rows is None else self.inputs.scaler(ann.spec, algo, rows[0])
+        self.serving.offer(ann.task, algo, ann.params, new_local, rows, raw, ann.round, scaler)
         self.rounds_done += 1
         shown = [k for k in ("test_accuracy", "test_loss", "train_loss") if k in metrics]
         log.info(
@@ -580,6 +592,65 @@ class EdgeTrainer:
         )
         self._round_status()
         self.notifier.status(f"task {ann.task}: answered round {ann.round} {ann.phase}")
+
+    def _send_stats(self, ann: round_messages.Announcement, algo: ClientAlgorithm) -> None:
+        """A ``scaling = "fleet"`` task with no pooled transform here yet: send this device's
+        ``(n, Σx, Σx²)`` (once per announced round) and answer the round when the transform comes."""
+        if self._stats_sent.get(ann.task) == (ann.round, ann.phase):
+            return
+        rows = self._rows(algo)
+        if rows is None:
+            return  # waits for its encoder: the statistics are of the embedded rows
+        train = rows[0]
+        if len(train) < feature_stats.MIN_STATS_ROWS:
+            log.warning(
+                "%s: task %s: %d training rows; fleet scaling takes the statistics of at least %d, "
+                "so this device waits for more",
+                self.device,
+                ann.task,
+                len(train),
+                feature_stats.MIN_STATS_ROWS,
+            )
+            return
+        n, total, sumsq = feature_sums(train.x)
+        msg = feature_stats.FeatureStats(ann.task, self.device, n, total, sumsq)
+        self.session.publish(
+            topics.topic_stats(self.config.fleet, ann.task, self.device), msg.encode(), timeout=None
+        )
+        self._stats_sent[ann.task] = (ann.round, ann.phase)
+        log.info(
+            "%s: task %s: sent the feature statistics of %d rows (fleet scaling); round %d waits for "
+            "the pooled transform",
+            self.device,
+            ann.task,
+            n,
+            ann.round,
+        )
+
+    def _fleet_scaling(self, task: str, payload: bytes) -> None:
+        """The aggregator's pooled transform for ``task``: apply it from now on, and answer the
+        round that waited for it."""
+        pooled = feature_stats.FleetScaling.decode(payload)
+        if pooled.task != task:
+            raise codec.WireError(f"fleet scaling for task {pooled.task} on the topic of task {task}")
+        known = self.inputs.fleet.get(task)
+        if (
+            known is not None
+            and np.array_equal(known.mean, pooled.mean)
+            and np.array_equal(known.std, pooled.std)
+        ):
+            return  # the retained copy again (a reconnect)
+        self.inputs.fleet[task] = pooled
+        log.info(
+            "%s: task %s: fleet scaling pooled from %d devices (%d rows) applied to training and serving",
+            self.device,
+            task,
+            len(pooled.devices),
+            pooled.rows,
+        )
+        ann = self._last_ann.get(task)
+        if ann is not None:
+            self.on_announcement(ann)
 
     def _note_ahead(self, ann: round_messages.Announcement, device_round: int) -> None:
         """An announcement below the round this device trained last: its status says so (once per

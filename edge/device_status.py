@@ -44,6 +44,19 @@ class StatusSource(Protocol):
     round_cpu_s: float | None
 
 
+def fleet_scaling_status(d: Any) -> dict[str, dict[str, Any]]:
+    """Per ``scaling = "fleet"`` task: the pooled transform applied (from which devices, how many
+    rows), or ``waiting`` once this device sent its statistics and none has come yet."""
+    inputs, sent = getattr(d, "inputs", None), getattr(d, "_stats_sent", {})
+    applied = {} if inputs is None else inputs.fleet
+    out: dict[str, dict[str, Any]] = {
+        task: {"state": "applied", "devices": list(p.devices), "rows": p.rows} for task, p in applied.items()
+    }
+    for task in sent:
+        out.setdefault(task, {"state": "waiting for the pooled transform (statistics sent)"})
+    return out
+
+
 def status_body(d: StatusSource, state: str) -> dict[str, Any]:
     """The status of ``d`` as ``state`` (``"online"``, or ``"offline"`` for the Last Will)."""
     body: dict[str, Any] = {
@@ -70,6 +83,9 @@ def status_body(d: StatusSource, state: str) -> dict[str, Any]:
         body["ahead_of_aggregator"] = dict(d.ahead)
     if d.unheard is not None:
         body["aggregator"] = d.unheard
+    scaling = fleet_scaling_status(d)
+    if scaling:  # tasks with scaling = "fleet": the transform applied, or that it is awaited
+        body["fleet_scaling"] = scaling
     session = getattr(d, "session", None)  # the Last Will is built before the session
     if session is not None and session.takeovers:  # another client holds our identity (stolen?)
         body["takeovers"] = {"count": session.takeovers, "last": session.last_takeover}

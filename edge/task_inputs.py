@@ -1,7 +1,9 @@
 """The rows a task trains on here: the local dataset's, or a pushed ONNX encoder's embeddings of
 them (task hyperparameter ``"features": "onnx:<model>"``), scaled on this device where the task
-says ``scaling = "local"``.  Embeddings and scaled copies are cached until the rows or the
-encoder's version change."""
+says ``scaling = "local"`` (its own training rows' statistics) or ``scaling = "fleet"`` (the
+transform the aggregator pooled from every device's feature sums: until it has come, the task
+has no rows here).  Embeddings and scaled copies are cached until the rows, the encoder's version
+or the fleet's transform change."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from collections.abc import Callable
 import numpy as np
 
 from edge.models.onnx import LoadedModel, embed_rows
-from sensors.features.scaling import standardize_locally
+from ioft_protocol.feature_stats import FleetScaling
+from sensors.features.scaling import Standardizer
 from trainer_lite.algorithms import ClientAlgorithm
 from trainer_lite.data import Dataset
 
@@ -32,8 +35,11 @@ class TaskInputs:
         self._active = active
         # Embeddings of the local splits per model name, for the version they were computed with.
         self._embedded: dict[str, tuple[int, Dataset, Dataset]] = {}
-        # spec -> (rows it was fitted on, the same rows scaled) for tasks with scaling = "local"
-        self._scaled: dict[str, tuple[Dataset, Dataset, Dataset, Dataset]] = {}
+        # spec -> (rows it was fitted on, their scaler, the same rows scaled) for scaled tasks
+        self._scaled: dict[str, tuple[Dataset, Dataset, Standardizer, Dataset, Dataset]] = {}
+        #: task -> the pooled transform its aggregator published (tasks with scaling = "fleet")
+        self.fleet: dict[str, FleetScaling] = {}
+        self._fleet_scalers: dict[str, tuple[FleetScaling, Standardizer]] = {}
 
     def forget_embeddings(self) -> None:
         """The local rows changed: embeddings of the old ones are stale."""
@@ -42,18 +48,49 @@ class TaskInputs:
     def for_task(self, spec_json: str, algo: ClientAlgorithm, train: Dataset, test: Dataset) -> Rows | None:
         """The local splits a task trains on: raw rows, or a pushed encoder's embeddings of them.
 
-        Returns ``None`` when the task names an encoder this device has no active version of.
+        Returns ``None`` when the task names an encoder this device has no active version of, or
+        scales with the fleet's transform and none has come yet.
         """
         rows = self.rows(algo, train, test)
-        if rows is None or algo.scaling != "local":
+        if rows is None or algo.scaling == "none":
             return rows
         train, test, version = rows
+        scaler = self.scaler(spec_json, algo, train)
+        if scaler is None:
+            return None if algo.scaling == "fleet" else rows  # local: no training rows to fit yet
         cached = self._scaled.get(spec_json)
-        if cached is None or cached[0] is not train or cached[1] is not test:  # refit on new rows only
-            tx, ex = standardize_locally(train.x, test.x)
-            cached = (train, test, Dataset(tx, train.y, train.domain), Dataset(ex, test.y, test.domain))
+        if cached is None or cached[0] is not train or cached[1] is not test or cached[2] is not scaler:
+            dtype = np.result_type(train.x.dtype, np.float32)
+            tx, ex = scaler.transform(train.x, dtype), scaler.transform(test.x, dtype)
+            cached = (
+                train,
+                test,
+                scaler,
+                Dataset(tx, train.y, train.domain),
+                Dataset(ex, test.y, test.domain),
+            )
             self._scaled[spec_json] = cached
-        return cached[2], cached[3], version
+        return cached[3], cached[4], version
+
+    def scaler(self, spec_json: str, algo: ClientAlgorithm, train: Dataset) -> Standardizer | None:
+        """The transform the task's model takes its rows through (``train``: its rows before scaling).
+
+        ``scaling = "local"``: fitted on ``train`` (refitted only on new rows); ``"fleet"``: the
+        pooled one, if it has come; ``"none"``: ``None``.  Training and serving both take it from here.
+        """
+        if algo.scaling == "fleet":
+            pooled = self.fleet.get(algo.spec.name)
+            return None if pooled is None else self._fleet_scaler(pooled)
+        if algo.scaling == "local" and len(train):
+            cached = self._scaled.get(spec_json)
+            return cached[2] if cached is not None and cached[0] is train else Standardizer.fit(train.x)
+        return None
+
+    def _fleet_scaler(self, pooled: FleetScaling) -> Standardizer:
+        scaler = self._fleet_scalers.get(pooled.task)
+        if scaler is None or scaler[0] is not pooled:
+            scaler = self._fleet_scalers[pooled.task] = (pooled, Standardizer(pooled.mean, pooled.std))
+        return scaler[1]
 
     def rows(self, algo: ClientAlgorithm, train: Dataset, test: Dataset) -> Rows | None:
         """The task's rows before scaling: the dataset's, or a pushed encoder's embeddings of them."""

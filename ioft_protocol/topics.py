@@ -55,6 +55,24 @@ def topic_secagg_up(fleet: str, task: str, device: str) -> str:
     return f"{fleet_root(fleet)}/task/{_id('task', task)}/secagg/up/{_id('device', device)}"
 
 
+def topic_stats(fleet: str, task: str, device: str) -> str:
+    """A device's feature statistics for a task with ``scaling = "fleet"`` (``ioft_protocol.feature_stats``)."""
+    return f"{fleet_root(fleet)}/task/{_id('task', task)}/stats/{_id('device', device)}"
+
+
+def topic_stats_all(fleet: str) -> str:
+    return topic_stats(fleet, ANY, ANY)
+
+
+def topic_scaling(fleet: str, task: str) -> str:
+    """The pooled feature scaling of a ``scaling = "fleet"`` task: the aggregator's, retained."""
+    return f"{fleet_root(fleet)}/task/{_id('task', task)}/scaling"
+
+
+def topic_scaling_all(fleet: str) -> str:
+    return topic_scaling(fleet, ANY)
+
+
 def topic_status(fleet: str, device: str) -> str:
     return f"{fleet_root(fleet)}/status/{_id('device', device)}"
 
@@ -142,7 +160,7 @@ def topic_model_chunk_all(fleet: str) -> str:
 @dataclass(frozen=True)
 class Topic:
     """A parsed topic: ``kind`` is ``down``, ``down_device``, ``up``, ``secagg_up``, ``secagg_down``,
-    ``status``, ``answer``, ``alert`` (then ``rule`` says which), ``roll_call``, ``model_offer`` or ``model_chunk`` (then ``model``, ``version`` and ``index`` say which)."""
+    ``status``, ``stats``, ``scaling``, ``answer``, ``alert`` (then ``rule`` says which), ``roll_call``, ``model_offer`` or ``model_chunk`` (then ``model``, ``version`` and ``index`` say which)."""
 
     kind: str
     fleet: str
@@ -182,6 +200,10 @@ def parse_topic(topic: str) -> Topic:
             return Topic("down_device", fleet, task, check_id("device", rest[3]))
         if rest[2] == "up" and len(rest) == 4:
             return Topic("up", fleet, task, check_id("device", rest[3]))
+        if rest[2] == "stats" and len(rest) == 4:
+            return Topic("stats", fleet, task, check_id("device", rest[3]))
+        if rest[2] == "scaling" and len(rest) == 3:
+            return Topic("scaling", fleet, task)
         if rest[2] == "secagg" and len(rest) == 5 and rest[3] in ("up", "down"):
             # secure aggregation (ioft_protocol.secagg.transport): one device's stage messages
             return Topic(f"secagg_{rest[3]}", fleet, task, check_id("device", rest[4]))

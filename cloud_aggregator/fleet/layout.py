@@ -197,10 +197,13 @@ topic read {topics.topic_down_all(fleet)}
 topic read {topics.topic_model_offer_all(fleet)}
 topic read {topics.topic_model_chunk_all(fleet)}
 topic read {topics.topic_roll_call(fleet)}
+topic read {topics.topic_scaling_all(fleet)}
 """
         for d in sorted(devices)
     )
     return f"""pattern write {topics.topic_up(fleet, ANY, MINE)}
+# A task with scaling = "fleet": its feature sums, once (ioft_protocol.feature_stats).
+pattern write {topics.topic_stats(fleet, ANY, MINE)}
 pattern write {topics.topic_status(fleet, MINE)}
 # Its answers to its own new rows (edge.serving): only the device writes them.
 pattern write {topics.topic_answer_all(fleet, MINE)}
@@ -225,7 +228,8 @@ def bridge_acl_text(fleet: str, bridge: str, devices: Sequence[str], worker: str
     """
     lines = [f"user {bridge}", f"topic read {topics.topic_down_all(fleet)}",
              f"topic read {topics.topic_model_offer_all(fleet)}",
-             f"topic read {topics.topic_model_chunk_all(fleet)}", f"topic read {topics.topic_roll_call(fleet)}"]  # fmt: skip
+             f"topic read {topics.topic_model_chunk_all(fleet)}", f"topic read {topics.topic_roll_call(fleet)}",
+             f"topic read {topics.topic_scaling_all(fleet)}"]  # fmt: skip
     if worker:
         w = codec.check_id("worker", worker)
         lines += [
@@ -238,6 +242,7 @@ def bridge_acl_text(fleet: str, bridge: str, devices: Sequence[str], worker: str
         lines += [
             *([] if worker else [f"topic write {topics.topic_up(fleet, ANY, d)}"]),
             f"topic write {topics.topic_status(fleet, d)}",
+            f"topic write {topics.topic_stats(fleet, ANY, d)}",
             f"topic write {topics.topic_answer_all(fleet, d)}",
             f"topic write {topics.topic_alert_all(fleet, d)}",
             f"topic write {topics.topic_secagg_up(fleet, ANY, d)}",
@@ -293,6 +298,8 @@ def acl_text(
 # The aggregator: reads every uplink and status, publishes (and reads back) the downlinks.
 user {AGGREGATOR}
 topic read {t.topic_up_all(fleet)}
+topic read {t.topic_stats_all(fleet)}
+topic readwrite {t.topic_scaling_all(fleet)}
 topic read {t.topic_status_all(fleet)}
 topic read {t.topic_answer_all(fleet)}
 topic read {t.topic_alert_all(fleet)}

@@ -49,8 +49,9 @@ PLANT_QUEUE = 100_000
 
 def bridge_topics(fleet: str, *, partial: bool = False) -> tuple[list[str], list[str]]:
     """The topics a plant's bridge carries, ``(out, in)``: out (plant -> cloud) the devices' uploads,
-    statuses and SecAgg answers; in (cloud -> plant) the announcements, per-device downlinks, SecAgg
-    requests, model pushes and the roll call.  With a plant-level partial aggregator (``partial``:
+    statuses, SecAgg answers and feature sums (``scaling = "fleet"``); in (cloud -> plant) the
+    announcements, per-device downlinks, SecAgg requests, model pushes, the roll call and the pooled
+    feature scaling.  With a plant-level partial aggregator (``partial``:
     ``cloud-aggregator worker --plant``) the devices' uploads stay at the plant; its one batch per
     round, its Last Will and the coordinator's flush requests and acknowledgements cross instead
     (``cloud_aggregator.serve.worker_wire``)."""
@@ -58,12 +59,19 @@ def bridge_topics(fleet: str, *, partial: bool = False) -> tuple[list[str], list
     into = [
         t.topic_down_all(fleet), t.topic_down_device(fleet, ANY, ANY), t.topic_secagg_down(fleet, ANY, ANY),
         t.topic_model_offer_all(fleet), t.topic_model_chunk_all(fleet), t.topic_roll_call(fleet),
+        t.topic_scaling_all(fleet),
     ]  # fmt: skip
     if partial:
-        out = [t.topic_status_all(fleet), t.topic_secagg_up(fleet, ANY, ANY),
+        out = [t.topic_status_all(fleet), t.topic_secagg_up(fleet, ANY, ANY), t.topic_stats_all(fleet),
                t.topic_agg_batch(fleet, ANY, ANY), t.topic_agg_worker(fleet, ANY)]  # fmt: skip
         return out, [*into, t.topic_agg_ctl(fleet)]
-    return [t.topic_up_all(fleet), t.topic_status_all(fleet), t.topic_secagg_up(fleet, ANY, ANY)], into
+    out = [
+        t.topic_up_all(fleet),
+        t.topic_status_all(fleet),
+        t.topic_secagg_up(fleet, ANY, ANY),
+        t.topic_stats_all(fleet),
+    ]
+    return out, into
 
 
 def bridge_topic_lines(fleet: str, *, partial: bool = False) -> list[str]:

@@ -21,7 +21,7 @@ from cloud_aggregator.rounds.secagg import collect_in_process
 from cloud_aggregator.rounds.types import CollectRequest, LateUpdate, Reason, Refusal, Rejection, RoundRecord
 from ioft_protocol.compress import encode_upload
 from ioft_protocol.round_messages import UpdateMessage
-from sensors.features.scaling import standardize_locally
+from sensors.features.scaling import Standardizer, feature_sums, pool_feature_sums, standardize_locally
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.client import derive_rng, initial_local, participate
 from trainer_lite.data import Dataset
@@ -79,7 +79,15 @@ class SimulatedFleet:
             raise ValueError(f"participation must be in (0, 1], got {participation}")
         self.spec = spec
         self.algo: ClientAlgorithm = make_client(spec)
-        self.clients = {d: _scaled(c, self.algo.scaling) for d, c in clients.items()}
+        # scaling = "fleet": pooled once from the first clients' sums, as the aggregator does
+        self.fleet_scaler = (
+            pool_feature_sums(
+                {d: feature_sums(c.train.x) for d, c in clients.items()}, self.algo.scaling_min_devices
+            )
+            if self.algo.scaling == "fleet"
+            else None
+        )
+        self.clients = {d: _scaled(c, self.algo.scaling, self.fleet_scaler) for d, c in clients.items()}
         self.participation = participation
         self.local: dict[str, Params] = {d: initial_local(self.algo, d) for d in self.clients}
         # A simulated device's status would report its training rows: the samples bound.
@@ -98,7 +106,9 @@ class SimulatedFleet:
         """
         if device in self.clients:
             raise ValueError(f"device {device!r} is in the fleet already; pick another id")
-        self.clients[device] = _scaled(data, self.algo.scaling)
+        self.clients[device] = _scaled(
+            data, self.algo.scaling, self.fleet_scaler
+        )  # a joiner takes it as published
         self.local[device] = initial_local(self.algo, device)
 
     def sample(self, round_: int) -> list[str]:
@@ -261,12 +271,17 @@ def mean_test_loss(fleet: SimulatedFleet, global_params: Params, metric: str = "
     return float(np.mean(values))
 
 
-def _scaled(data: ClientData, scaling: str) -> ClientData:
-    """``data`` as the device would train on it under the task's ``scaling`` (see ``edge.daemon``)."""
-    if scaling != "local":
+def _scaled(data: ClientData, scaling: str, pooled: Standardizer | None = None) -> ClientData:
+    """``data`` as the device would train on it under the task's ``scaling`` (see ``edge.task_inputs``):
+    ``pooled`` is the fleet's transform where ``scaling = "fleet"``."""
+    if scaling not in ("local", "fleet"):
         return data
     train, test = data.train, data.test
     test_x = test.x if test is not None else train.x[:0]
-    tx, ex = standardize_locally(train.x, test_x)
+    if pooled is not None:
+        dtype = np.result_type(train.x.dtype, np.float32)
+        tx, ex = pooled.transform(train.x, dtype), pooled.transform(test_x, dtype)
+    else:
+        tx, ex = standardize_locally(train.x, test_x)
     scaled_test = None if test is None else Dataset(ex, test.y, test.domain)
     return replace(data, train=Dataset(tx, train.y, train.domain), test=scaled_test)

@@ -39,6 +39,7 @@ from cloud_aggregator.rounds.types import (
     StoredRefusal,
     StoredUpload,
 )
+from cloud_aggregator.serve.fleet_scaling import ScalingPool
 from ioft_protocol import codec, restate, round_messages, topics
 from ioft_protocol.mqtt import Message, MqttError, MqttSession
 from ioft_protocol.round_messages import DeviceSelection, HoldoutScore
@@ -235,6 +236,14 @@ class MqttFleet:
         # per status either.
         session.subscribe(topics.topic_status_all(self.fleet), qos=0)
         session.subscribe(topics.topic_up_all(self.fleet))
+        # Tasks with scaling = "fleet": the devices' feature statistics, pooled once (fleet_scaling).
+        self.scaling = ScalingPool(
+            self.fleet,
+            lambda topic, payload: self.session.publish(topic, payload, retain=True, timeout=None),
+            self._scaling_refusal,
+        )
+        session.subscribe(topics.topic_stats_all(self.fleet))
+        session.on_connect_hooks.append(self.scaling.republish)
         # After a broker restart the retained announcement may be gone: publish it again.
         session.on_connect_hooks.append(self._republish)
         # Retained statuses may not reach us (ioft_protocol.restate): ask every device for its own.
@@ -257,6 +266,12 @@ class MqttFleet:
         for published in list(self._announced.values()):
             for topic, payload in published:
                 self.session.publish(topic, payload, retain=True, timeout=None)
+
+    def _scaling_refusal(self, task: str, device: str) -> str | None:
+        """Why ``device`` may not add its statistics to ``task``'s fleet scaling (``None``: it may)."""
+        if device in self.holdouts.get(task, ()):
+            return "the device is held out of the task"
+        return self.view.outside(device, self.selections.get(task))
 
     def _roll_call(self) -> None:
         self.session.publish(topics.topic_roll_call(self.fleet), b"", timeout=None)
@@ -318,6 +333,7 @@ class MqttFleet:
         """Publish (retained) ``request``'s announcement; ``mode = "buffered"``: a FedBuff version
         (``cloud_aggregator.serve.buffered_mqtt``), not a round to answer once."""
         spec = request.spec
+        self.scaling.task(spec)
         ann = round_messages.Announcement(
             fleet=self.fleet,
             task=spec.name,
@@ -662,6 +678,8 @@ class MqttFleet:
             if isinstance(received, _Inbox):  # uploads read before it are judged on the status they saw
                 self._flush(request, received)
             self._status(topic.device, msg.payload)
+        elif topic.kind == "stats":
+            self.scaling.handle(str(topic.task), str(topic.device), msg.payload)
         elif topic.kind == "up" and request is not None and received is not None:
             if topic.task != request.spec.name:
                 return

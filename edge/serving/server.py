@@ -410,18 +410,24 @@ class Server:
         rows: tuple[Dataset, Dataset, int | None] | None,
         raw: tuple[Dataset, Dataset, dict],
         round_: int,
+        scaler: Standardizer | None = None,
     ) -> bool:
         """The round's personalized model as a candidate; ``True`` if it now serves ``task``.
 
         ``rows``: the task's rows before scaling (embedded, where the task embeds) and the
-        encoder version; ``raw``: the dataset's splits as stored and its metadata.
+        encoder version; ``raw``: the dataset's splits as stored and its metadata; ``scaler``: the
+        transform the round trained through (the daemon's; a ``scaling = "local"`` task without one
+        is fitted here on ``rows``), kept with the model so that its answers see rows as training did.
         """
         if not self.serves(task) or rows is None:
             return False
         train, _, encoder_version = rows
         raw_train, test, meta = raw
         source = algo.spec.hparams.get("features")
-        scaler = Standardizer.fit(train.x) if algo.scaling == "local" and len(train) else None
+        if scaler is None and algo.scaling == "local" and len(train):
+            scaler = Standardizer.fit(train.x)
+        if scaler is None and algo.scaling == "fleet":
+            return False  # trained through no transform yet: nothing to serve
         candidate = ServingModel(
             device=self.device,
             task=task,

@@ -11,13 +11,15 @@ standardised before training:
 
 :meth:`Standardizer.fit` fits on one array (a device's own training rows: local,
 nothing leaves the device).  Statistics over several devices need only each
-device's ``n``, ``Σx`` and ``Σx²`` (:func:`feature_sums`, one federated round);
-:meth:`Standardizer.from_sums` combines them.  Both are deterministic.
+device's ``n``, ``Σx`` and ``Σx²`` (:func:`feature_sums`, one message per device);
+:meth:`Standardizer.from_sums` combines them and :func:`pool_feature_sums` does so only over
+enough devices (a task's ``scaling = "fleet"``: the aggregator and the studies call it).  All
+are deterministic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +72,26 @@ class Standardizer:
         if x.ndim != 2 or x.shape[1] != len(self.mean):
             raise ValueError(f"expected rows of {len(self.mean)} features, got shape {x.shape}")
         return ((x - self.mean) / self.std).astype(dtype)
+
+
+def pool_feature_sums(
+    sums: Mapping[str, tuple[int, np.ndarray, np.ndarray]], min_devices: int
+) -> Standardizer:
+    """The fleet's transform from ``device -> (n, Σx, Σx²)``, pooled in sorted device order.
+
+    Raises ``ValueError`` for fewer than ``min_devices`` devices (pooled statistics of one
+    device are its own; of two, each device can subtract its sums and hold the other's) or for
+    devices whose widths differ.
+    """
+    if len(sums) < min_devices:
+        raise ValueError(
+            f"fleet scaling pools at least {min_devices} devices' statistics; have {len(sums)} "
+            f"({', '.join(sorted(sums)) or 'none'})"
+        )
+    widths = {d: len(s[1]) for d, s in sums.items()}
+    if len(set(widths.values())) > 1:
+        raise ValueError(f"devices sent statistics of different widths: {dict(sorted(widths.items()))}")
+    return Standardizer.from_sums(sums[d] for d in sorted(sums))  # fixed order: the same bits everywhere
 
 
 def standardize_locally(train_x: np.ndarray, test_x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

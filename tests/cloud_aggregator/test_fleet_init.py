@@ -137,6 +137,7 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
     assert patterns and all("%u" in r for r in patterns)
     assert [r for r in patterns if r.startswith(("pattern write", "pattern readwrite"))] == [
         "pattern write ioft/v1/plant/task/+/up/%u",
+        "pattern write ioft/v1/plant/task/+/stats/%u",  # its feature sums (scaling = "fleet")
         "pattern write ioft/v1/plant/status/%u",
         "pattern write ioft/v1/plant/answer/%u/+",  # its answers to its own rows (edge.serving)
         "pattern write ioft/v1/plant/alert/%u/+",  # its alerts (edge.serving.alerts)
@@ -159,8 +160,9 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
     assert "user printer2" not in rules  # not enrolled: no reads
     aggregator = block(AGGREGATOR)
     assert "topic read ioft/v1/plant/task/+/up/+" in aggregator
-    # Its writes: the downlinks, its own one-aggregator lock, its roll call (ioft_protocol.restate)
-    # and, coordinating plant workers, their control topic.
+    # Its writes: the downlinks, its own one-aggregator lock, its roll call (ioft_protocol.restate),
+    # the pooled feature scaling of scaling = "fleet" tasks and, coordinating plant workers, their
+    # control topic.
     assert not [
         r
         for r in aggregator
@@ -168,6 +170,7 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
         and "/down" not in r
         and "/aggregator" not in r
         and "/rollcall" not in r
+        and not r.endswith("/scaling")
         and not r.endswith("/agg/ctl")
     ]
     # The devices' answers (edge.serving): the aggregator (and its console) and the operator read them.

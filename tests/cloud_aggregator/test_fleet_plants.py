@@ -80,11 +80,13 @@ def test_the_cloud_acl_grants_the_bridge_exactly_its_devices_topics(fleet):
         f"topic read {P}/model/+/manifest",
         f"topic read {P}/model/+/+/chunk/+",
         f"topic read {P}/rollcall",  # the aggregator's roll call (ioft_protocol.restate)
+        f"topic read {P}/task/+/scaling",  # the pooled feature scaling (scaling = "fleet")
         f"topic write {P}/task/+/up/printer1",
         f"topic write {P}/status/printer1",
         f"topic write {P}/answer/printer1/+",  # its answers to its own rows (edge.serving)
         f"topic write {P}/alert/printer1/+",  # and its alerts (the console shows them)
         f"topic write {P}/task/+/secagg/up/printer1",
+        f"topic write {P}/task/+/stats/printer1",
         f"topic read {P}/task/+/down/printer1",
         f"topic read {P}/task/+/secagg/down/printer1",
     }
@@ -195,6 +197,7 @@ def test_a_partial_plant_writes_its_worker_and_bridges_batches_not_uploads(fleet
         f"topic read {P}/model/+/manifest",
         f"topic read {P}/model/+/+/chunk/+",
         f"topic read {P}/rollcall",
+        f"topic read {P}/task/+/scaling",
         f"topic write {P}/agg/batch/+/plant-a",
         f"topic write {P}/agg/worker/plant-a",
         f"topic read {P}/agg/ctl",
@@ -202,12 +205,14 @@ def test_a_partial_plant_writes_its_worker_and_bridges_batches_not_uploads(fleet
         f"topic write {P}/answer/printer1/+",
         f"topic write {P}/alert/printer1/+",
         f"topic write {P}/task/+/secagg/up/printer1",
+        f"topic write {P}/task/+/stats/printer1",
         f"topic read {P}/task/+/down/printer1",
         f"topic read {P}/task/+/secagg/down/printer1",
         f"topic write {P}/status/printer2",
         f"topic write {P}/answer/printer2/+",
         f"topic write {P}/alert/printer2/+",
         f"topic write {P}/task/+/secagg/up/printer2",
+        f"topic write {P}/task/+/stats/printer2",
         f"topic read {P}/task/+/down/printer2",
         f"topic read {P}/task/+/secagg/down/printer2",
     }

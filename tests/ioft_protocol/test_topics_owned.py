@@ -44,6 +44,10 @@ def test_the_acl_grants_the_topics_the_builders_make():
     any_, mine = topics.ANY, topics.MINE
     for line in (
         f"pattern write {topics.topic_up('f', any_, mine)}",
+        f"pattern write {topics.topic_stats('f', any_, mine)}",
+        f"topic read {topics.topic_scaling_all('f')}",
+        f"topic read {topics.topic_stats_all('f')}",
+        f"topic readwrite {topics.topic_scaling_all('f')}",
         f"pattern read {topics.topic_secagg_down('f', any_, mine)}",
         f"topic read {topics.topic_model_chunk_all('f')}",
         f"topic readwrite {topics.topic_aggregator_lock('f')}",

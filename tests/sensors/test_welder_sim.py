@@ -104,3 +104,18 @@ def test_lower_sample_rate_and_bad_conditions():
         WeldCondition(horn="blunt")
     with pytest.raises(ValueError, match="unknown domain group 'X'"):
         simulate_domain_group("X")
+
+
+def test_the_wear_signature_moves_between_dwt_bands_with_material_and_surface():
+    """Knurl chatter rings at the contact resonance: 6-12 kHz (d4) under an aluminium top sheet or
+    a cutting-fluid film, up beside the carrier (d3) under sanded copper, where d4 no longer shows it."""
+    from benchmarks.welder_bands import band_energy
+
+    def d4_ratio(material: str, surface: str) -> float:
+        worn = np.mean([band_energy("worn", material, surface, s) for s in range(3)], axis=0)
+        new = np.mean([band_energy("new", material, surface, s) for s in range(3)], axis=0)
+        return float(worn[3] / new[3])
+
+    assert d4_ratio("Al-Al", "clean") > 2.5
+    assert d4_ratio("Cu-Cu", "contaminated") > 2.5
+    assert d4_ratio("Cu-Cu", "polished") < 1.5

@@ -101,9 +101,15 @@ class TrainConfig:
 #: Task hyperparameters that the device daemon reads, not the algorithm: ``"features":
 #: "onnx:<model>"`` says the task trains on that pushed ONNX encoder's embeddings;
 #: ``"scaling": "local"`` that each device standardises its rows with its own training
-#: rows' per-feature mean and deviation (weld DWT features span ten decades).
-DEVICE_HPARAMS = ("features", "scaling")
-SCALINGS = ("none", "local")
+#: rows' per-feature mean and deviation (weld DWT features span ten decades); ``"fleet"``
+#: that every device applies one transform pooled from the devices' feature sums
+#: (``ioft_protocol.feature_stats``), over at least ``scaling_min_devices`` devices.
+DEVICE_HPARAMS = ("features", "scaling", "scaling_min_devices")
+SCALINGS = ("none", "local", "fleet")
+#: The fewest devices whose feature sums a fleet scaling pools.  With two, each device could
+#: subtract its own sums from the pooled ones and hold the other's exactly; with three it holds
+#: only the sum of the other two.
+MIN_POOL_DEVICES = 3
 #: Local-state names under this prefix are the device's bookkeeping, not the algorithm's:
 #: ``trainer_lite.client`` keeps them and algorithms never see them.
 PROGRESS_PREFIX = "progress."
@@ -206,13 +212,25 @@ class ClientAlgorithm(ABC):
         self.config = build_config(self.config_cls, algorithm_hparams(spec.hparams))
         self.loss: LossFn = get_loss(self.config.loss)
         self.scaling  # noqa: B018 -- checked with the other hyperparameters, at construction
+        self.scaling_min_devices  # noqa: B018
 
     @property
     def scaling(self) -> str:
-        """The task's ``scaling`` device hyperparameter (:data:`DEVICE_HPARAMS`): ``"none"`` or ``"local"``."""
+        """The task's ``scaling`` device hyperparameter (:data:`DEVICE_HPARAMS`): one of :data:`SCALINGS`."""
         value = self.spec.hparams.get("scaling", "none")
         if value not in SCALINGS:
             raise ValueError(f"hyperparameter scaling={value!r}: choose one of {list(SCALINGS)}")
+        return value
+
+    @property
+    def scaling_min_devices(self) -> int:
+        """How many devices' statistics a ``scaling = "fleet"`` transform pools at least."""
+        value = self.spec.hparams.get("scaling_min_devices", MIN_POOL_DEVICES)
+        if isinstance(value, bool) or not isinstance(value, int) or value < MIN_POOL_DEVICES:
+            raise ValueError(
+                f"hyperparameter scaling_min_devices={value!r}: an integer >= {MIN_POOL_DEVICES} "
+                "(pooled statistics of fewer devices give a device the others' sums)"
+            )
         return value
 
     def input_width(self) -> int | None:

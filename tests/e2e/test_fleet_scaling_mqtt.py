@@ -1,0 +1,82 @@
+"""``scaling = "fleet"`` on real processes and a real mosquitto: three recorded welders send their
+feature sums once, ``cloud-aggregator serve`` pools them and publishes one transform (retained),
+and every device trains and serves through exactly that transform."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cloud_aggregator.local.fleet import FLEET, Sniffer, aggregator_toml
+from edge.segments import DatasetReader
+from edge.serving.server import model_path
+from ioft_protocol import topics
+from ioft_protocol.feature_stats import FeatureStats, FleetScaling
+from ioft_protocol.state import load_arrays
+from sensors.features.scaling import feature_sums, pool_feature_sums
+from tests.e2e.test_serving import WELD_TASK, record
+
+DEVICES = ("w1", "w2", "w3")
+TASK = WELD_TASK | {"hparams": WELD_TASK["hparams"] | {"scaling": "fleet"}}
+
+
+@pytest.mark.broker
+def test_devices_pool_their_feature_sums_and_all_apply_one_transform(fleet_procs):
+    work = fleet_procs.work
+    for dev in DEVICES:
+        record(work, dev, "welder", "--welds", "30", "--weld-s", "0.02")
+        fleet_procs.start_device(dev, "--log-level", "INFO", simulate=None)
+    sniffer = Sniffer(fleet_procs.broker_url)
+    try:
+        toml = aggregator_toml(
+            fleet_procs.broker_url,
+            work / "aggregator",
+            [TASK],
+            expected=list(DEVICES),
+            startup_wait_s=30,
+            deadline_s=60,  # closes once all three answered; a loaded machine must not abandon round 1
+        )
+        fleet_procs.start_aggregator(toml)
+        assert fleet_procs.wait_aggregator(180) == 0, fleet_procs.log("aggregator")[-3000:]
+        for dev in DEVICES:
+            fleet_procs.wait_for(
+                lambda d=dev: "serves its model of round" in fleet_procs.log(d), 60, f"{dev} serving a model"
+            )
+    finally:
+        sniffer.stop()
+    assert [r.status for r in fleet_procs.rounds("tool")] == ["completed"] * 2
+
+    # Each device sent its sums (once per round announced before the transform came: on a loaded
+    # machine that may be more than once), over its own training rows, and no row.
+    stats = [
+        FeatureStats.decode(p)
+        for t, p in sniffer.messages
+        if t.startswith(f"ioft/v1/{FLEET}/task/tool/stats/")
+    ]
+    assert sorted({s.device for s in stats}) == sorted(DEVICES)
+    train = {d: DatasetReader(work / d) for d in DEVICES}
+    for r in train.values():
+        r.refresh()
+    for s in stats:
+        n, total, sumsq = feature_sums(train[s.device].train.x)
+        assert s.n == n and np.array_equal(s.sum, total) and np.array_equal(s.sumsq, sumsq)
+
+    # One transform, published once, pooled from all three: the same bits as pooling in process.
+    published = [p for t, p in sniffer.messages if t == topics.topic_scaling(FLEET, "tool")]
+    assert len(set(published)) == 1
+    pooled = FleetScaling.decode(published[0])
+    want = pool_feature_sums({d: feature_sums(r.train.x) for d, r in train.items()}, 3)
+    assert (
+        pooled.devices == DEVICES
+        and np.array_equal(pooled.mean, want.mean)
+        and np.array_equal(pooled.std, want.std)
+    )
+    assert "fleet scaling published, pooled from 3 devices" in fleet_procs.log("aggregator")
+
+    # Every device applied it, and its serving model answers through the same transform.
+    for dev in DEVICES:
+        assert "fleet scaling pooled from 3 devices" in fleet_procs.log(dev)
+        arrays, _ = load_arrays(model_path(work / dev, "tool"))
+        assert np.array_equal(arrays["scale.mean"], pooled.mean) and np.array_equal(
+            arrays["scale.std"], pooled.std
+        )
