@@ -116,9 +116,10 @@ def header(name: str, command: str | None = None) -> str:
     return f"# {name}\n\nCommand: `{cmd.strip()}`  \nCommit: {commit_line()}  \nMachine: {machine_line()}\n"
 
 
-def write_result(name: str, body: str, *, command: str | None = None, folder: Path = RESULTS) -> Path:
+def write_result(name: str, body: str, *, command: str | None = None, folder: Path | None = None) -> Path:
     """Write ``<folder>/<name>.md`` (``benchmarks/results/`` unless a check names its own) with the
     command, commit and machine on top."""
+    folder = folder or RESULTS  # read at call time: tests point RESULTS at a scratch folder
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.md"
     path.write_text(f"{header(name, command)}\n{body.strip()}\n")
