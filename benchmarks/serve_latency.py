@@ -22,7 +22,7 @@ the spread of their p99, with the load average of each run (this machine is shar
 
 ``--arm64`` (as root, on an x86_64 Debian host) runs the same measurement a second time with
 ``edge-trainer`` and ``edge-recorder`` inside ``make pi-check``'s arm64 bookworm root under
-qemu-user-static (:mod:`benchmarks.pi_root`; built once, ~10 min), the project installed there
+qemu-user-static (:mod:`deploy.pi_root`; built once, ~10 min), the project installed there
 from ``git HEAD`` as ``make pi-check`` installs it; mosquitto and the subscriber stay on the
 host.  Its table is labelled **emulated**: qemu translates every instruction on this x86_64
 CPU, so its times are neither this machine's nor a Raspberry Pi's.
@@ -50,9 +50,7 @@ from pathlib import Path
 import numpy as np
 import paho.mqtt.client as paho
 
-from benchmarks import pi_root
 from benchmarks.common import markdown_table, study_parser, write_result
-from benchmarks.pi_check import build_wheel, install_device
 from cloud_aggregator.local.broker import BrokerProcess, start_mosquitto
 from cloud_aggregator.local.fleet import pflda_task
 from edge.serving.feed import feed_path
@@ -399,6 +397,10 @@ def measure_arm64(root: Path, work: Path, welds: int, layers: int) -> tuple[list
     """Both measurements with the device processes in the arm64 root (built once, reused), the
     project from ``git HEAD`` installed there as ``make pi-check`` installs it; the figures and a
     line saying what ran."""
+    # The arm64 root is the deployment check's (deploy/ sits above the benchmarks): borrowed only here.
+    from deploy import pi_root
+    from deploy.pi_check import build_wheel, install_device
+
     work.mkdir(parents=True, exist_ok=True)
     log = work / "serve-arm64.log"
     log.write_text("")
@@ -456,10 +458,12 @@ def main(argv: list[str] | None = None) -> int:
         "[serve] enabled = false.\n\n" + table(runs) + "\n"
     )
     if args.arm64:
+        from deploy.pi_root import PiCheckError
+
         w, n = max(10, welds // 10), max(10, layers // 5)
         try:
             emulated, what = measure_arm64(args.root, Path("/var/tmp/ioft-serve-arm64"), w, n)
-        except pi_root.PiCheckError as exc:
+        except PiCheckError as exc:
             print(f"serve_latency: {exc}", file=sys.stderr)
             return 1
         body += (
