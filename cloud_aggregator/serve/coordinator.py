@@ -136,6 +136,12 @@ class WorkerFleet(MqttFleet):
         except queue.Full:  # the worker re-sends nothing, the barrier finds the devices
             log.error("task %s: batch queue full; dropped a batch from %s", agg.task, agg.worker)
 
+    def _routes_to(self, topic: str) -> str | None:  # type: ignore[override]
+        agg = wire.parse(topic, self.fleet)
+        if agg is None or agg.kind != "batch" or (self.selections and agg.task not in self.selections):
+            return None
+        return agg.task
+
     def next_message(self, task: str, timeout: float) -> Message | None:
         self._reconcile(task)
         return super().next_message(task, min(timeout, BARRIER_POLL_S))

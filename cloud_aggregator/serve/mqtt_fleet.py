@@ -436,18 +436,26 @@ class MqttFleet:
         except queue.Full:
             log.error("task %s: uplink queue full; dropped an upload from %s", topic.task, topic.device)
 
+    def _routes_to(self, topic: str) -> str | None:
+        """The task whose queue :meth:`_route` puts an uplink on ``topic`` in (``None``: none)."""
+        try:
+            task = parse_topic(topic).task
+        except codec.WireError:
+            return None
+        return task if not self.selections or task in self.selections else None
+
     def next_message(self, task: str, timeout: float) -> Message | None:
         """The next message for ``task``'s round: an uplink of the task, or a status (already kept).
 
         The thread that gets the pump reads the session for every task; the others wait on their queue.
+        An uplink of the pump holder's own task goes straight to it, in arrival order: its queue is
+        empty then (looked at once the pump is held: only the pump holder fills the queues).
         """
         mine = self._queue(task)
         deadline = time.monotonic() + timeout
         while True:
-            try:
+            if mine.queue:  # a look without its lock: only this task's thread takes from it
                 return mine.get_nowait()
-            except queue.Empty:
-                pass
             left = deadline - time.monotonic()
             if not self._pump.acquire(blocking=False):
                 try:
@@ -457,6 +465,8 @@ class MqttFleet:
                         return None
                     continue
             try:
+                if mine.queue:  # routed by the previous pump holder before we took the pump: those came first
+                    return mine.get_nowait()
                 msg = self.session.get(max(0.0, left))
             finally:
                 self._pump.release()
@@ -464,6 +474,8 @@ class MqttFleet:
                 return None
             if not self._is_uplink(msg.topic):
                 return msg  # a status (or stray topic): the caller's handle() keeps it
+            if self._routes_to(msg.topic) == task:
+                return msg
             self._route(msg)
 
     def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate | SatOut]:
