@@ -130,7 +130,9 @@ def weld_accuracy(bits_list: Sequence[int | None], seeds: Sequence[int], rounds:
     from cloud_aggregator.rounds.simulation import ClientData, simulate
     from trainer_lite.data import Dataset
 
-    cfg = Config(n_m=n_m, workers=1, rounds=rounds)
+    # standardize="group": these runs train on the split's features as they are; under the weld
+    # study's default ("fleet") make_split hands out raw features for a fleet transform we never apply
+    cfg = Config(n_m=n_m, workers=1, rounds=rounds, standardize="group")
     group = load_groups(cfg)["M"]
     out: dict[Any, list[float]] = {b: [] for b in bits_list}
     losses: dict[Any, list[float]] = {b: [] for b in bits_list}
@@ -198,7 +200,7 @@ def ftltp_accuracy(
     from trainer_lite.data import Dataset
     from trainer_lite.task import TaskSpec
 
-    cfg = Config(n_m=n_m, n_s=n_s, workers=1, rounds=rounds)
+    cfg = Config(n_m=n_m, n_s=n_s, workers=1, rounds=rounds, standardize="group")  # as weld_accuracy
     groups = load_groups(cfg)
     held: dict[Any, list[float]] = {b: [] for b in bits_list}
     target: dict[Any, list[float]] = {b: [] for b in bits_list}
