@@ -228,6 +228,7 @@ def build_app(
         middleware.append(Middleware(TokenGate, token=token))
     routes = [
         Route("/", static("machines.html", "text/html")),
+        Route("/common.js", static("common.js", "text/javascript")),
         Route("/machines.js", static("machines.js", "text/javascript")),
         Route("/learning", static("index.html", "text/html")),
         Route("/console.js", static("console.js", "text/javascript")),

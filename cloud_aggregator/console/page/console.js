@@ -1,28 +1,9 @@
 // The fleet console: renders each view the server sends on /events. No third-party code;
 // every device-written string goes in as text (textContent), never as markup.
 "use strict";
+// SVG, el, svg, age and connect come from common.js, loaded first.
 
 const COLORS = ["#0969da", "#bf3989", "#1a7f37", "#bc4c00", "#8250df", "#0a7480", "#cf222e", "#6e7781"];
-const SVG = "http://www.w3.org/2000/svg";
-
-function el(tag, attrs, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(c ?? ""));
-  return node;
-}
-
-function svg(tag, attrs) {
-  const node = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-  return node;
-}
-
-function age(t, now) {
-  if (t == null) return "?";
-  const s = Math.max(0, now - t);
-  return s < 90 ? `${s.toFixed(0)} s ago` : s < 5400 ? `${(s / 60).toFixed(0)} min ago` : `${(s / 3600).toFixed(1)} h ago`;
-}
 
 function fmt(v, digits = 4) { return v == null ? "-" : Number(v).toPrecision(digits); }
 function bytes(n) { return n == null ? "-" : n >= 1 << 20 ? `${(n / (1 << 20)).toFixed(1)} MiB` : `${(n / 1024).toFixed(0)} KiB`; }
@@ -173,12 +154,4 @@ function render(view) {
   renderModels(view);
 }
 
-function connect() {
-  const conn = document.getElementById("conn");
-  const source = new EventSource("events");
-  source.addEventListener("view", (e) => { render(JSON.parse(e.data)); });
-  source.onopen = () => { conn.textContent = "live"; conn.className = "live"; };
-  source.onerror = () => { conn.textContent = "reconnecting…"; conn.className = "down"; };  // EventSource retries
-}
-
-connect();
+connect(render);  // common.js
