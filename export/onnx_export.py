@@ -50,13 +50,29 @@ class ExportResult:
     parity_n_inputs: int
     parity_tolerance: float
     seconds: float
+    #: The largest |torch output| on the held-out inputs: the relative tolerance scales with it.
+    parity_scale: float = 1.0
+
+    @property
+    def parity_allowed(self) -> float:
+        """The absolute difference the check allowed: ``tolerance`` × max(1, output scale)."""
+        return self.parity_tolerance * max(1.0, self.parity_scale)
 
     def parity(self) -> dict[str, float]:
         return {
             "max_abs_diff": self.parity_max_abs_diff,
             "n_inputs": float(self.parity_n_inputs),
             "tolerance": self.parity_tolerance,
+            "allowed": self.parity_allowed,
         }
+
+    def parity_line(self) -> str:
+        """One line a reader takes as the pass it is: the difference measured against the bound it met."""
+        return (
+            f"parity passed: max |Δ| {self.parity_max_abs_diff:.3g} <= allowed {self.parity_allowed:.3g} on "
+            f"{self.parity_n_inputs} held-out inputs (relative tolerance {self.parity_tolerance:g} "
+            f"x max(1, output scale {self.parity_scale:.3g}))"
+        )
 
 
 def parity_check(
@@ -169,6 +185,7 @@ def export_onnx(
         parity_n_inputs=n,
         parity_tolerance=tolerance,
         seconds=time.perf_counter() - started,
+        parity_scale=scale,
     )
     log.info(
         "exported %s: opset %d, IR %d, %d bytes, parity %.2g on %d inputs",

@@ -109,9 +109,8 @@ def export_module(
             extra=extra,
         )
     report = (
-        f"{name} v{version} ({kind}): opset {result.opset}, IR {result.ir_version}, parity max |Δ| "
-        f"{result.parity_max_abs_diff:.3g} on {result.parity_n_inputs} held-out inputs "
-        f"(tolerance {result.parity_tolerance:g})\n\n{report_table(variants)}\n"
+        f"{name} v{version} ({kind}): opset {result.opset}, IR {result.ir_version}, "
+        f"{result.parity_line()}\n\n{report_table(variants)}\n"
     )
     package.onnx_path.with_name(package.onnx_path.name.removesuffix(".onnx") + ".report.md").write_text(
         report
