@@ -147,9 +147,23 @@ def summarize(
     return rows
 
 
+#: A reason (a refusal, a rejected model) is a sentence: it gets room, and is cut between words.
+REASON_LIMIT = 200
+
+
 def _text(value: Any, limit: int = 60) -> str:
-    """``value`` as printable text, cut to ``limit`` characters (control characters as ``?``)."""
-    return "".join(c if c.isprintable() else "?" for c in str(value)[:limit])
+    """``value`` as printable text (control characters as ``?``), at most ``limit`` characters.
+
+    A longer text is cut at its last space within the limit (inside a word only when it has no
+    space in the limit's second half) and ends with ``…``, so a reader never takes a cut word
+    for the whole one.
+    """
+    text = "".join(c if c.isprintable() else "?" for c in str(value))
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    space = head.rfind(" ")
+    return (head[:space] if space >= limit // 2 else head).rstrip() + "…"
 
 
 def number(value: Any) -> float | None:
@@ -191,7 +205,7 @@ def _models_cell(models: Any) -> str:
             r = rejected[-1] if isinstance(rejected, list) else None
             if isinstance(r, dict):
                 reason = r.get("reason", "")
-                reason = _text(reason) if isinstance(reason, str) else "?"
+                reason = _text(reason, REASON_LIMIT) if isinstance(reason, str) else "?"
                 cell += f" [refused v{_version(r.get('version'))}: {reason}]"
             else:
                 cell += " [refused ?]"
@@ -230,7 +244,9 @@ def _tasks_cell(tasks: Any, refused: Any = None) -> str:
     cells = []
     if isinstance(refused, dict):
         for name, why in sorted(refused.items()):
-            cells.append(f"{_text(name)}: refused ({_text(why) if isinstance(why, str) else '?'})")
+            cells.append(
+                f"{_text(name)}: refused ({_text(why, REASON_LIMIT) if isinstance(why, str) else '?'})"
+            )
     elif refused:
         cells.append("refused ?")
     if tasks is None or tasks == {}:

@@ -114,3 +114,16 @@ def test_local_data_and_refused_tasks_are_shown():
     stopped = summarize({"p": {"data": {"train": 3, "test": 1, "sensor": {"state": "ok", "running": False}}}})
     assert stopped[0]["data"] == "3/1 rows, sensor ok (recorder stopped)"
     assert "local data" in format_table([row], now=1010.0)
+
+
+def test_a_long_reason_is_shown_whole_or_cut_between_words():
+    """A refusal reason once came out cut mid-word at 60 characters ("...the mod"): a sentence gets
+    room, and anything cut ends at a word boundary with an ellipsis."""
+    reason = "feature schema 0123abcd differs from this device's 89ef4567; re-record with the task's schema"
+    (row,) = summarize({"welder2": {**GOOD, "refused": {"tool": reason}}})
+    assert f"tool: refused ({reason})" in row["tasks"]
+    long = " ".join(["word"] * 80)  # 399 characters
+    (row,) = summarize({"welder2": {**GOOD, "refused": {"tool": long}}})
+    shown = row["tasks"].split("refused (", 1)[1].split(")", 1)[0]
+    assert shown.endswith("…") and len(shown) <= 200
+    assert all(w == "word" for w in shown.removesuffix("…").split())
