@@ -161,6 +161,10 @@ def run_newcomer(fleet: LocalFleet, devices: list[str], rounds: int, more: int) 
     return 0
 
 
+#: The live table shows every this-many-th round (and the first and the last).
+SHOW_EVERY = 10
+
+
 def _table(records: list[RoundRecord], devices: list[str]) -> list[str]:
     head = f"{'round':>5} {'took part':>9} " + " ".join(f"{d:>9}" for d in devices) + f" {'fleet mean':>10}"
     lines = [head, "-" * len(head)]
@@ -238,8 +242,10 @@ def run_demo(
         indiv_rounds = store.rounds("speed-indiv")
         final = {name: _final(store, name) for name, _, _ in TASKS}
         store.close()
-        print("\nEach printer alone (indiv: same model and rounds, nothing shared), every 10th round:")
-        print("\n".join(_table(indiv_rounds[9::10], names)))
+        print(
+            f"\nEach printer alone (indiv: same model and rounds, nothing shared), every {SHOW_EVERY}th round:"
+        )
+        print("\n".join(_table(indiv_rounds[SHOW_EVERY - 1 :: SHOW_EVERY], names)))
         pflda, indiv, fedavg = (final[name] for name, _, _ in TASKS)
         print("\nFinal test loss per printer (lower is better; FedAvg: one global model for all printers):")
         print(f"{'printer':>10} {'PFL-DA':>8} {'indiv':>8} {'FedAvg':>8} {'PFL-DA vs indiv':>16}")
@@ -290,7 +296,8 @@ def _start_console(work: Path) -> subprocess.Popen | None:
 def _follow(
     agg: subprocess.Popen, db: Path, devices: list[str], rounds: int, timeout: float, after: int = 0
 ) -> int:
-    """Print each PFL-DA round after round ``after`` as the aggregator records it; return the
+    """Print PFL-DA's rounds after round ``after`` as the aggregator records them: the first, every
+    ``SHOW_EVERY``-th and the last (a summary a reader takes in, not one row a round); return the
     aggregator's exit code."""
     deadline = time.monotonic() + timeout
     shown = after
@@ -306,7 +313,8 @@ def _follow(
                 print("\n".join(_table([], devices)))
                 printed_head = True
             for rec in records[shown:]:
-                print(_row(rec, devices), flush=True)
+                if rec.round in (after + 1, rounds) or rec.round % SHOW_EVERY == 0:
+                    print(_row(rec, devices), flush=True)
             shown = len(records)
         if done:
             return agg.returncode

@@ -73,7 +73,9 @@ def test_default_demo_on_mosquitto_shows_pflda_beating_indiv(tmp_path):
     out = run_demo_cli(tmp_path)
     assert "broker: mosquitto" in out
     rows = [ln for ln in out.splitlines() if ln.split()[:2] and ln.split()[1:2] == ["4"]]
-    assert len(rows) >= 200 + 20  # every PFL-DA round, then indiv every 10th round
+    # A summary, not a 200-row table: PFL-DA's first, every 10th and last round, then indiv every 10th.
+    assert len(rows) == 21 + 20, "\n".join(rows)
+    assert [int(r.split()[0]) for r in rows[:21]] == [1, *range(10, 201, 10)]
     pflda, indiv, _ = fleet_means(out)
     assert pflda < indiv, out[-1500:]
     check_welders(out)
