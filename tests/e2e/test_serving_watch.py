@@ -55,9 +55,8 @@ def test_a_wearing_tool_raises_one_alert_and_a_new_tool_clears_it(fleet_procs):
                "--wear-welds", "1", "--label-lag-h", "1", "--sim-weld-min", "20")  # fmt: skip
         fleet_procs.wait_for(lambda: len(answers(sniffer, dev, "tool")) >= 10, 30, "an answer per weld")
         worn = [a["probabilities"][a["classes"].index("TC4")] for a in answers(sniffer, dev, "tool")]
-        for a in answers(
-            sniffer, dev, "tool"
-        ):  # a prediction set on every answer: all classes until calibrated
+        # A prediction set on every answer (all classes until calibrated) and whether its row is in range.
+        for a in answers(sniffer, dev, "tool"):
             assert set(a["conformal"]["set"]) <= set(a["classes"]) and isinstance(a["in_range"], bool)
         fleet_procs.wait_for(
             lambda: alert_events(sniffer, dev, "worn_tool"), 30, f"the alert (P(TC4) answered: {worn})"
