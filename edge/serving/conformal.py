@@ -98,7 +98,9 @@ class Calibration:
             self.scores.append(float(value))
 
     def array(self) -> np.ndarray:
-        return np.fromiter(self.scores, dtype=np.float64, count=len(self.scores))
+        return np.asarray(
+            list(self.scores), dtype=np.float64
+        )  # list(): one C-level copy, never torn by an append
 
     def quantile(self, level: float) -> float | None:
         return quantile(self.array(), level)

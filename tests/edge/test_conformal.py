@@ -203,3 +203,19 @@ def test_a_weld_set_is_scored_when_its_label_arrives():
         "scored": 4,
     }
     assert field.status({})["tool"]["n"] == 4  # window 4 of the 5 scored
+
+
+def test_a_weld_label_adds_its_score_to_the_serving_models_calibration(tmp_path):
+    srv = server(tmp_path)
+    model = ServingModel("p1", "tool", WELD_SPEC, 1, linear_2x2(), {}, width=2, classes=["TC1", "TC4"])
+    x = np.array([[3.0, 0.0], [0.0, 3.0]] * 5)
+    model.calibrate(Dataset(x, np.array([[0], [1]] * 5)), Dataset(x, np.array([[0], [1]] * 5)))
+    srv.models["tool"] = model
+    srv.answer(Row("weld", "w1", 0.0, (0.0, 3.0)))  # says TC4, sure
+    srv.answer(Row("weld", "w2", 0.0, (1.0, 0.0)))  # says TC1, unsure: an empty set
+    srv.label({"kind": "label", "key": "w1", "label": "TC4"})
+    srv.label({"kind": "label", "key": "w2", "label": "TC4"})  # wrong, and outside its set
+    assert len(model.calibration) == 12
+    assert model.calibration.scores[-1] == pytest.approx(1 - 1 / (1 + math.e))  # 1 - p(TC4) at (1, 0)
+    want = {"level": 0.9, "value": 0.5, "n": 2, "all": 0.5, "scored": 2}
+    assert srv.status()["field"]["tool"]["coverage"] == want
