@@ -28,8 +28,15 @@ worn, TC4, with a probability rising linearly to 1 over ``WEAR_WELDS`` welds) an
 alert rule (:mod:`edge.serving.alerts`, P(TC4) > 0.8 in 4 of the last 5 welds) raises; we count
 welds from the first wearing weld to the raise, and raises before it (false alerts).
 
+Interval coverage (:mod:`edge.serving.conformal`): after the last round each machine's serving
+model answers a stream of labelled rows (a printer: its field layers; a welder: ``COVER_WELDS``
+new welds of random tool classes), each answer carrying its split-conformal interval or set at
+``[serve] coverage``'s 0.9, the calibration fed by every label as it arrives (as ``edge-trainer``
+does in the field); coverage is the fraction of answers from the ``AFTER``-th label on whose
+interval or set held the truth, averaged over ``ORDERS`` random orders of the stream.
+
 Target: the personalized answer at least as accurate as both others from round 5 on, on every
-machine kind.
+machine kind; each machine's interval coverage within ±3 points of the nominal level.
 
     python -m benchmarks.field_accuracy [--quick]
 """
@@ -54,6 +61,7 @@ from cloud_aggregator.local.fleet import pflda_task
 from cloud_aggregator.rounds.simulation import ClientData, Simulation
 from edge.config import AlertRule, DataConfig
 from edge.serving.alerts import Alerts
+from edge.serving.conformal import Calibration, in_range
 from edge.serving.model import softmax
 from edge.serving.records import Answer, ModelId
 from edge.simulated import simulated_printer_dataset, simulated_welder_dataset
@@ -127,6 +135,7 @@ class Kind:
     per_round: dict[str, list[float]] = field(default_factory=dict)  # arm -> fleet mean per round
     per_device: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # arm -> device -> rounds
     downlink: dict[str, dict[str, dict]] = field(default_factory=dict)  # arm -> device -> last downlink
+    coverage: dict[str, dict] = field(default_factory=dict)  # device -> interval coverage (interval_coverage)
 
 
 def printers(n: int, rounds: int) -> Kind:
@@ -217,6 +226,7 @@ def run(n_printers: int, n_welders: int, rounds: int, field_welds: int) -> tuple
     with tempfile.TemporaryDirectory() as tmp:
         for kind in kinds:
             sims = run_kind(kind)
+            kind.coverage = interval_coverage(kind, sims)
             if kind.name == "welder":
                 alerts = time_to_alert(kind, sims, Path(tmp))
     return kinds, alerts
@@ -305,7 +315,90 @@ def report(kinds: list[Kind], alerts: dict, rounds: int) -> str:
         "welds from the first wearing weld to the raise, per welder:\n\n"
         + markdown_table(["model", "welds to alert (per welder)", "median", "false alerts (new tool)"], rows)
     )
+    parts.append(coverage_report(kinds))
     return "\n\n".join(parts)
+
+
+# -- interval coverage (edge.serving.conformal) -------------------------------------------------
+LEVEL = 0.9  # [serve] coverage's default
+AFTER = 50  # coverage counts once this many labelled rows have arrived
+ORDERS = 20  # random orders of each machine's stream, averaged
+COVER_WELDS = 200
+
+
+def coverage_stream(kind: Kind, device: str, data: ClientData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The labelled rows ``device``'s serving model answers after the last round: as it takes them,
+    their truths, and as stored (what the trained range is checked on)."""
+    if kind.name == "printer":
+        x = np.asarray(data.test.x)
+        return x, np.asarray(data.test.y).reshape(-1), x
+    rng = derive_rng(0, device, "cover")
+    conds = [(int(k), *GROUP_M_CLASSES[int(k)][1]) for k in rng.integers(0, 4, COVER_WELDS)]
+    raw = weld_rows(device, conds, "cover")
+    x = standardize_locally(np.asarray(data.train.x, np.float64), raw)[1]
+    return x, np.array([k for k, _, _ in conds]), raw
+
+
+def interval_coverage(kind: Kind, sims: dict[str, Simulation], arm: str = "personalized") -> dict[str, dict]:
+    """Per machine: coverage from the ``AFTER``-th label on per stream order, the mean interval
+    half-width (mm/s) or set size, and the fraction of rows within the trained range."""
+    out = {}
+    classes = ["TC1", "TC2", "TC3", "TC4"]
+    for d, data in kind.clients.items():
+        fleet = sims[arm].fleet
+        x, y, stored = coverage_stream(kind, d, data)
+        out_ = np.asarray(fleet.algo.predict(kind.downlink[arm][d], fleet.local[d], x), np.float64)
+        train_x = np.asarray(data.train.x, np.float64)
+        lo, hi = train_x.min(axis=0), train_x.max(axis=0)
+        inside = float(np.mean([bool(in_range(row, lo, hi)) for row in stored]))
+        covered, sizes = [], []
+        for order in range(ORDERS):
+            perm = derive_rng(order, d, "cover-order").permutation(len(y))
+            cal, held = Calibration(), []
+            for i in perm:
+                if kind.name == "printer":
+                    expected, truth = out_[i, 0] * SPEED_SCALE, y[i] * SPEED_SCALE
+                    c = cal.interval(expected, LEVEL)
+                    if len(cal) >= AFTER:
+                        lo_i, hi_i = c["interval"]
+                        held.append(lo_i <= truth <= hi_i)
+                        sizes.append((hi_i - lo_i) / 2)
+                    cal.add(abs(expected - truth))
+                else:
+                    p = softmax(out_[i])
+                    c = cal.prediction_set(classes, p.tolist(), LEVEL)
+                    if len(cal) >= AFTER:
+                        held.append(classes[y[i]] in c["set"])
+                        sizes.append(len(c["set"]))
+                    cal.add(1.0 - float(p[y[i]]))
+            covered.append(float(np.mean(held)))
+        out[d] = {
+            "coverage": covered,
+            "counted": len(held),
+            "size": float(np.mean(sizes)),
+            "in_range": inside,
+        }
+    return out
+
+
+COVERAGE_COLUMNS = ["machine", "coverage (mean)", "over orders", "rows counted", "interval / set",
+                    "rows in range", "within ±3 points"]  # fmt: skip
+
+
+def coverage_report(kinds: list[Kind]) -> str:
+    rows = []
+    for kind in kinds:
+        for d, c in kind.coverage.items():
+            mean = float(np.mean(c["coverage"]))
+            size = f"±{c['size']:.2f} mm/s" if kind.name == "printer" else f"{c['size']:.2f} classes"
+            ok = abs(mean - LEVEL) <= 0.03
+            rows.append([d, f"{100 * mean:.1f}%", f"{100 * min(c['coverage']):.1f}-{100 * max(c['coverage']):.1f}%",
+                         c["counted"], size, f"{100 * c['in_range']:.0f}%", "yes" if ok else "NO"])  # fmt: skip
+    return (
+        f"### Interval coverage (nominal {100 * LEVEL:.0f}%, personalized serving models after the last round)\n\n"
+        f"Each machine's labelled stream answered in {ORDERS} random orders; the calibration grows with "
+        f"every label; counted from the {AFTER}th label on:\n\n" + markdown_table(COVERAGE_COLUMNS, rows)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

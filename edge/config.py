@@ -267,6 +267,11 @@ class AlertRule:
         at or below this (default: ``above``; must not exceed it).
     cooldown_s
         After a clear, the rule does not raise again for this long (seconds of row time).
+    require_in_range
+        Only answers to rows within the range the serving model was trained on vote (a model
+        asked far outside it, e.g. a saturating one, reads off by construction).
+    require_confident
+        Only answers whose conformal prediction set is one class vote (welds).
     """
 
     name: str
@@ -277,6 +282,8 @@ class AlertRule:
     n: int = 3
     clear_below: float | None = None
     cooldown_s: float = 0.0
+    require_in_range: bool = False
+    require_confident: bool = False
 
     def __post_init__(self) -> None:
         check_id("alert name", self.name)
@@ -336,6 +343,9 @@ class ServeConfig:
         Drift: field accuracy below the model's test-split accuracy by more than this, or field
         error above its test-split error by more than this fraction, once ``field_window // 2``
         answers are scored.
+    coverage
+        The level of the conformal interval (layers) or prediction set (welds) on every answer:
+        it holds the truth for this fraction of rows (:mod:`edge.serving.conformal`).
     alerts
         The alert rules (:class:`AlertRule`, ``[[serve.alerts]]``).
     home_assistant
@@ -358,6 +368,7 @@ class ServeConfig:
     moonraker_url: str | None = None
     field_window: int = 50
     drift_margin: float = 0.1
+    coverage: float = 0.90
     alerts: list[AlertRule] = field(default_factory=list)
     home_assistant: bool = False
     discovery_prefix: str = "homeassistant"
@@ -388,6 +399,8 @@ class ServeConfig:
             problems.append(f"serve.field_window must be >= 2, got {self.field_window}")
         if not 0.0 <= self.drift_margin <= 1.0:
             problems.append(f"serve.drift_margin must be in [0, 1], got {self.drift_margin}")
+        if not 0.0 < self.coverage < 1.0:
+            problems.append(f"serve.coverage must be in (0, 1), such as 0.9, got {self.coverage}")
         if not _DISCOVERY_PREFIX.fullmatch(self.discovery_prefix):
             problems.append(
                 f"serve.discovery_prefix must be a topic without wildcards or empty levels, such as "

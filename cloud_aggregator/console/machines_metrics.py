@@ -42,6 +42,7 @@ class MachinesCollector(Collector):
             "reference": _gauge("ioft_field_reference", "The serving model's own test-split figure the field one is held against"),
             "drift": _gauge("ioft_field_drift", "1 while the field figure is worse than the model's test-split one by the margin"),
             "awaiting": _gauge("ioft_field_awaiting_labels", "Answers waiting for their label"),
+            "coverage": _gauge("ioft_field_coverage", "Fraction of the last scored answers whose conformal interval or set held the truth"),
             "alerts": _gauge("ioft_alerts_open", "Open alerts (raised, not yet cleared)"),
             "answered": _gauge("ioft_answers", "Rows answered since the device's trainer started"),
             "refused": _gauge("ioft_answers_refused", "Rows refused an answer since the trainer started, by reason", "reason"),
@@ -81,6 +82,7 @@ def _task(g: dict[str, GaugeMetricFamily], labels: list[str], t: dict[str, Any])
     if isinstance(field.get("drift"), bool):
         put("drift", float(field["drift"]))
     put("awaiting", field.get("awaiting_labels"))
+    put("coverage", field.get("coverage_value"))
     put("answered", t["answered"])
     for reason, n in sorted(t["refused"].items()):
         put("refused", n, reason)

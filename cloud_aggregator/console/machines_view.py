@@ -21,6 +21,8 @@ from cloud_aggregator.console.machines_feed import MAX_RULES, MAX_TEXT, MachineL
 MODEL_FIELDS = ("round", "digest", "metric", "metric_name", "encoder", "encoder_version", "since")
 #: The fields of ``serving.field.<task>``.
 FIELD_FIELDS = ("metric", "value", "n", "scored", "reference", "drift", "awaiting_labels")
+#: ``serving.field.<task>.coverage`` (edge.serving.conformal), shown as ``coverage_<name>``.
+COVERAGE_FIELDS = ("level", "value", "n")
 
 
 def _dict(value: Any) -> dict:
@@ -42,6 +44,14 @@ def _first(*values: float | None) -> float | None:
 
 def _counts(value: Any) -> dict[str, float]:
     return {str(k)[:MAX_TEXT]: n for k, v in _dict(value).items() if (n := number(v)) is not None}
+
+
+def field_json(field: dict) -> dict[str, Any]:
+    """A task's field figures, its interval coverage flattened in (``coverage_value``, ...)."""
+    coverage = _dict(field.get("coverage"))
+    return {k: _plain(field.get(k)) for k in FIELD_FIELDS} | {
+        f"coverage_{k}": _plain(coverage.get(k)) for k in COVERAGE_FIELDS
+    }
 
 
 def timeline(points: list[Point]) -> dict[str, Any]:
@@ -92,9 +102,7 @@ def machine_json(
                 "model": model,
                 "latest": last.to_json() if last is not None else None,
                 "timeline": timeline([p for p in answers if p.task == task]),
-                "field": {k: _plain(_dict(fields.get(task)).get(k)) for k in FIELD_FIELDS}
-                if task in fields
-                else None,
+                "field": field_json(_dict(fields.get(task))) if task in fields else None,
                 "advice": _first(number(_dict(advice.get(task)).get("speed")), last.advice if last else None),
                 "vibration_budget": number(_dict(advice.get(task)).get("vibration_budget")),
                 "answered": number(answered.get(task)),

@@ -5,8 +5,11 @@ values it read from its task's last ``n`` answers.  It **raises** when at least 
 are above ``above`` and **clears** when at least ``k`` are at or below ``clear_below``: between
 the two thresholds an open alert stays open and a closed one stays closed, so a value hovering
 at the threshold changes nothing.  After a clear, the rule does not raise again for
-``cooldown_s`` seconds of row time.  Each raise or clear starts the window afresh, so the
-opposite decision needs ``k`` new rows (with ``k <= n/2`` both could otherwise hold at once).  Each raise and each clear is one event
+``cooldown_s`` seconds of row time.  A rule with ``require_in_range`` (``require_confident``)
+takes no vote from an answer whose row lies outside the serving model's trained range (whose
+conformal prediction set is not one class): such answers are counted, not read.  Each raise
+or clear starts the window afresh, so the opposite decision needs ``k`` new rows (with
+``k <= n/2`` both could otherwise hold at once).  Each raise and each clear is one event
 (:class:`Event`): the server publishes it once, retained, on ``alert/<device>/<rule>``.
 
 Open alerts (and each rule's last clear, for the cooldown) are written atomically to
@@ -45,6 +48,16 @@ def read_value(rule: AlertRule, answer: Answer) -> float | None:
     return None if got is None else float(got)
 
 
+def votes(rule: AlertRule, answer: Answer) -> bool:
+    """Whether ``answer`` meets ``rule``'s requirements on how far it can be trusted."""
+    if rule.require_in_range and answer.in_range is not True:
+        return False
+    if rule.require_confident:
+        c = answer.conformal
+        return isinstance(c, dict) and bool(c.get("calibrated")) and len(c.get("set") or ()) == 1
+    return True
+
+
 @dataclass(frozen=True)
 class Event:
     """One raise or clear of one rule: the payload of its (retained) alert message."""
@@ -77,6 +90,7 @@ class Alerts:
         self.open: dict[str, dict[str, Any]] = {}  # rule -> the raise event, as a dict
         self.cleared_at: dict[str, float] = {}
         self.unreadable = self.unknown_values = 0
+        self.untrusted = 0  # answers a rule's require_in_range / require_confident kept from voting
         self._load()
 
     def _load(self) -> None:
@@ -105,6 +119,9 @@ class Alerts:
         events = []
         for rule in self.rules.values():
             if rule.task != answer.task:
+                continue
+            if not votes(rule, answer):
+                self.untrusted += 1
                 continue
             value = read_value(rule, answer)
             if value is None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.serving.conformal import DEFAULT_COVERAGE, Calibration, in_range
 from edge.serving.records import Answer, ModelId, Row
 from ioft_protocol.state import load_arrays, save_arrays
 from sensors.features.scaling import Standardizer
@@ -81,6 +82,12 @@ class ServingModel:
     #: The figure field scores are held against: test accuracy (classes) or mean |error| in mm/s.
     reference: float | None = None
     created_at: float = field(default_factory=time.time)
+    # -- conformal intervals and the trained range (edge.serving.conformal) ---------------
+    #: Per-feature min and max of the training rows as stored: an answer says if its row lies within.
+    x_low: np.ndarray | None = None
+    x_high: np.ndarray | None = None
+    #: Scores of labelled rows this model did not train on (test split, then the field's labels).
+    calibration: Calibration = field(default_factory=Calibration, repr=False, compare=False)
     _algo: ClientAlgorithm | None = field(default=None, repr=False, compare=False)
     _digest: str | None = field(default=None, repr=False, compare=False)
 
@@ -128,8 +135,11 @@ class ServingModel:
         x = x.astype(self.algo.spec.dtype, copy=False)
         return np.asarray(self.algo.predict(self.shared, self.local, x), dtype=np.float64)
 
-    def answer(self, row: Row, encoder=None, *, now: float | None = None) -> Answer:
-        """This model's answer to ``row``; raises :class:`Refused` when it gives none."""
+    def answer(
+        self, row: Row, encoder=None, *, now: float | None = None, coverage: float = DEFAULT_COVERAGE
+    ) -> Answer:
+        """This model's answer to ``row`` with its interval or set at ``coverage``; raises
+        :class:`Refused` when it gives none."""
         if row.schema_hash != self.schema_hash:
             raise Refused(
                 Refusal.SCHEMA,
@@ -148,6 +158,7 @@ class ServingModel:
             answered_at=done,
             latency_s=max(0.0, done - row.time),
             model=self.identity,
+            in_range=in_range(row.x, self.x_low, self.x_high),
         )
         if self.classes is not None:
             p = softmax(out.reshape(-1))
@@ -160,10 +171,12 @@ class ServingModel:
                 classes=list(self.classes),
                 probabilities=[round(float(v), 6) for v in p],
                 label=self.classes[int(np.argmax(p))],
+                conformal=self.calibration.prediction_set(self.classes, p.tolist(), coverage),
             )
         expected = float(out.reshape(-1)[0]) * SPEED_SCALE
         residual = None if row.commanded is None else expected - row.commanded
-        return Answer(**common, expected_speed=expected, commanded=row.commanded, residual=residual)
+        return Answer(**common, expected_speed=expected, commanded=row.commanded, residual=residual,
+                      conformal=self.calibration.interval(expected, coverage))  # fmt: skip
 
     # -- scoring (the gate) ----------------------------------------------------------
     def score(self, test: Dataset, encoder=None) -> tuple[float | None, str]:
@@ -192,11 +205,38 @@ class ServingModel:
         err = float(np.mean(np.abs(out - y))) * SPEED_SCALE
         return err if math.isfinite(err) else None
 
+    # -- conformal intervals and the trained range (edge.serving.conformal) ---------------
+    def calibrate(self, train: Dataset, test: Dataset, encoder=None) -> None:
+        """The trained range from ``train`` and the first calibration scores from ``test`` (rows as
+        stored, the model's held-out split): ``|expected − true|`` in mm/s, or ``1 − p(true class)``."""
+        if len(train):
+            x = np.asarray(train.x, dtype=np.float64)
+            self.x_low, self.x_high = x.min(axis=0), x.max(axis=0)
+        if len(test) == 0:
+            return
+        out = self.outputs(test.x, encoder)
+        y = np.asarray(test.y).reshape(len(test), -1)
+        if self.classes is not None:
+            p = softmax(out.reshape(len(test), -1))
+            scores = 1.0 - p[np.arange(len(test)), y[:, 0].astype(np.int64)]
+        else:
+            scores = np.abs(out.reshape(len(test), -1)[:, 0] - y[:, 0].astype(np.float64)) * SPEED_SCALE
+        self.calibration = Calibration(scores.tolist())
+
+    def speed_margin(self, level: float = DEFAULT_COVERAGE) -> float | None:
+        """The conformal half-width in mm/s of this printer model's interval at ``level`` (``None``:
+        a welder's model, or too few calibration rows for a finite one)."""
+        return None if self.classes is not None else self.calibration.quantile(level)
+
     # -- on disk ---------------------------------------------------------------------
     def save(self, path: Path) -> None:
         arrays = {**with_prefix(self.shared, "shared"), **with_prefix(self.local, "local")}
         if self.scale_mean is not None and self.scale_std is not None:
             arrays |= {"scale.mean": self.scale_mean, "scale.std": self.scale_std}
+        # The trained range and the calibration scores (edge.serving.conformal).
+        if self.x_low is not None and self.x_high is not None:
+            arrays |= {"range.low": self.x_low, "range.high": self.x_high}
+        arrays["conformal.scores"] = self.calibration.array()
         meta = {
             "device": self.device,
             "task": self.task,
@@ -246,4 +286,7 @@ class ServingModel:
             metric_name=str(meta.get("metric_name", "none")),
             reference=meta.get("reference"),
             created_at=float(meta.get("created_at", 0.0)),
+            x_low=arrays.get("range.low"),
+            x_high=arrays.get("range.high"),
+            calibration=Calibration(arrays.get("conformal.scores", np.zeros(0)).tolist()),
         )

@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     for row in rows:
         for task, model in models.items():
             try:
-                ans = model.answer(row, encoder(model.encoder) if model.encoder else None)
+                enc = encoder(model.encoder) if model.encoder else None
+                ans = model.answer(row, enc, coverage=config.serve.coverage)
             except Refused as exc:
                 raise PredictError(
                     f"row {row.key}: task {task} gives no answer ({exc.reason.value}): {exc}"

@@ -98,6 +98,7 @@ class Answer:
     commanded (large: the layer vibrates like a much faster or slower one).  Welder:
     ``probabilities`` per class of the task's target (``classes``) and the most likely
     ``label``.  ``latency_s``: from ``row_time`` (features existed) to the answer.
+    ``conformal`` and ``in_range``: how far to trust it (see the fields).
     """
 
     device: str
@@ -114,6 +115,12 @@ class Answer:
     classes: list[str] | None = None
     probabilities: list[float] | None = None
     label: str | None = None
+    # An interval on every answer (edge.serving.conformal): ``conformal`` holds the coverage
+    # ``level``, the ``n`` calibration rows, ``calibrated`` and the ``interval`` [lo, hi] in mm/s
+    # (layers) or the prediction ``set`` (welds); ``in_range``: the row lies within the per-feature
+    # range of the rows the model was trained on.
+    conformal: dict[str, Any] | None = None
+    in_range: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,6 +152,14 @@ class Answer:
         _check(isinstance(m.get("round"), int), "answer model must name its round")
         model = ModelId(
             m["task"], m["round"], str(m.get("digest", "")), m.get("encoder"), m.get("encoder_version")
+        )
+        _check(
+            d.get("conformal") is None or isinstance(d["conformal"], dict),
+            "answer conformal must be an object",
+        )
+        _check(
+            d.get("in_range") is None or isinstance(d["in_range"], bool),
+            "answer in_range must be true or false",
         )
         known = {f for f in cls.__dataclass_fields__ if f not in ("model", "extra")}
         return cls(**{k: v for k, v in d.items() if k in known}, model=model)

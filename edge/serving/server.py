@@ -27,6 +27,7 @@ from edge.config import DeviceConfig
 from edge.models.onnx import no_worse
 from edge.serving.advice import MoonrakerApply, speed_advice
 from edge.serving.alerts import Alerts, Event
+from edge.serving.conformal import score as conformal_score
 from edge.serving.feed import SERVING_DIR, feed_path, wake_path
 from edge.serving.field import MAX_PENDING, FieldScores
 from edge.serving.home_assistant import Discovery
@@ -110,7 +111,7 @@ class Server:
             keep=self.cfg.log_keep,
         )
         self.alerts = Alerts(self.device, self.cfg.alerts if self.enabled else [], self.dir)
-        self.field = FieldScores(self.cfg.field_window, self.cfg.drift_margin)
+        self.field = FieldScores(self.cfg.field_window, self.cfg.drift_margin, self._calibrate)
         self.advice: dict[str, tuple[str, float | None]] = {}  # task -> (model digest, speed)
         self.moonraker: MoonrakerApply | None = None
         if self.cfg.apply == "moonraker":
@@ -284,7 +285,7 @@ class Server:
         for task, model in serving:
             try:
                 enc = self.encoder(model.encoder) if model.encoder is not None else None
-                ans = model.answer(row, enc)
+                ans = model.answer(row, enc, coverage=self.cfg.coverage)
             except Refused as exc:
                 if exc.reason is Refusal.NOT_FINITE:
                     with self._lock:  # not served again until a round brings a finite one
@@ -379,6 +380,12 @@ class Server:
             self.publish_errors += 1
             self._say(event.task, "publish", f"could not publish an alert: {exc}")
 
+    def _calibrate(self, answer: Answer, truth: float | str) -> None:
+        """A labelled answer's score joins its model's calibration while that model serves."""
+        model = self.models.get(answer.task)
+        if model is not None and model.digest == answer.model.digest:
+            model.calibration.add(conformal_score(answer, truth))
+
     def label(self, record: dict[str, Any]) -> None:
         """A label the recorder fed for an earlier row: score the answers made to it."""
         key, name = record.get("key"), record.get("label")
@@ -466,6 +473,7 @@ class Server:
                 )
         candidate.metric, candidate.metric_name = score, name
         candidate.reference = score if candidate.classes is not None else candidate.test_error(test, enc)
+        candidate.calibrate(raw_train, test, enc)  # the trained range, the first interval's rows
         try:
             candidate.save(model_path(self.state_dir, task))
         except OSError as exc:
@@ -550,6 +558,7 @@ class Server:
                     "encoder": m.encoder,
                     "encoder_version": m.encoder_version,
                     "since": m.created_at,
+                    "calibration_rows": len(m.calibration),
                 }
                 for t, m in list(self.models.items())
             },
@@ -563,6 +572,7 @@ class Server:
             },
             **({"moonraker": self.moonraker.status()} if self.moonraker is not None else {}),
             "alerts": alerts,
+            "alerts_untrusted": self.alerts.untrusted,
             "publish_errors": self.publish_errors,
             "skipped_lines": self._tail.skipped if self._tail is not None else 0,
             "last_latency_s": self.last_latency_s,

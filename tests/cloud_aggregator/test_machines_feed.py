@@ -125,7 +125,8 @@ def test_the_view_and_gauges_per_device_and_task():
     serving = {"enabled": True, "answered": {"tool": 6}, "refused": {"tool": {"schema": 2}, "*": {"bad_row": 1}},
                "models": {"tool": {"round": 4, "digest": "e" * 12, "encoder": "dwt", "encoder_version": 2}},
                "field": {"tool": {"metric": "accuracy", "value": 0.5, "n": 10, "scored": 10, "reference": 0.9,
-                                  "drift": True, "awaiting_labels": 3}}}  # fmt: skip
+                                  "drift": True, "awaiting_labels": 3,
+                                  "coverage": {"level": 0.9, "value": 0.875, "n": 8, "all": 0.9, "scored": 20}}}}  # fmt: skip
     statuses = {"w1": {"state": "online", "kind": "welder", "serving": serving}, "p1": {"state": "offline"}}
     p1, w1 = machines_json(statuses, log)
     (tool,) = w1["tasks"]
@@ -134,6 +135,11 @@ def test_the_view_and_gauges_per_device_and_task():
     )
     assert tool["timeline"]["points"][-1][5] == 0.2 + 0.15 * 5  # [row_time, key, P(TC1)..P(TC4)]
     assert tool["field"]["drift"] is True and tool["model"]["encoder_version"] == 2
+    assert (
+        tool["field"]["coverage_value"],
+        tool["field"]["coverage_level"],
+        tool["field"]["coverage_n"],
+    ) == (0.875, 0.9, 8)
     assert w1["refused_rows"] == {"bad_row": 1}
     (speed,) = p1["tasks"]
     assert speed["model"]["round"] == 3  # no serving block: the answer names its model
@@ -148,6 +154,7 @@ def test_the_view_and_gauges_per_device_and_task():
     assert value[("ioft_answer_probability", (("class", "TC4"), ("device", "w1"), ("task", "tool")))] == 0.95
     assert value[("ioft_field_accuracy", (("device", "w1"), ("task", "tool")))] == 0.5
     assert value[("ioft_field_drift", (("device", "w1"), ("task", "tool")))] == 1.0
+    assert value[("ioft_field_coverage", (("device", "w1"), ("task", "tool")))] == 0.875
     assert value[("ioft_alerts_open", (("device", "w1"), ("task", "tool")))] == 1
     assert value[("ioft_alerts_open", (("device", "p1"), ("task", "speed")))] == 0
     assert value[("ioft_answers_refused", (("device", "w1"), ("reason", "schema"), ("task", "tool")))] == 2

@@ -55,6 +55,9 @@ def test_a_wearing_tool_raises_one_alert_and_a_new_tool_clears_it(fleet_procs):
                "--wear-welds", "1", "--label-lag-h", "1", "--sim-weld-min", "20")  # fmt: skip
         fleet_procs.wait_for(lambda: len(answers(sniffer, dev, "tool")) >= 10, 30, "an answer per weld")
         worn = [a["probabilities"][a["classes"].index("TC4")] for a in answers(sniffer, dev, "tool")]
+        # A prediction set on every answer (all classes until calibrated) and whether its row is in range.
+        for a in answers(sniffer, dev, "tool"):
+            assert set(a["conformal"]["set"]) <= set(a["classes"]) and isinstance(a["in_range"], bool)
         fleet_procs.wait_for(
             lambda: alert_events(sniffer, dev, "worn_tool"), 30, f"the alert (P(TC4) answered: {worn})"
         )
@@ -109,6 +112,10 @@ def test_moonraker_receives_the_advised_speed_at_the_start_of_a_print(fleet_proc
         finally:
             sniffer.stop()
         advised = {a["advice"]["speed"] for a in answers(sniffer, dev, "speed")}
+        for a in answers(sniffer, dev, "speed"):  # an interval on every answer, unbounded until calibrated
+            c = a["conformal"]
+            assert c["level"] == 0.9 and isinstance(a["in_range"], bool) and c["calibrated"] == (c["n"] >= 9)
+            assert c["interval"] is None if not c["calibrated"] else c["interval"][0] <= a["expected_speed"]
         assert len(advised) == 1  # one model served the whole print
         assert moonraker.scripts == [f"SET_VELOCITY_LIMIT VELOCITY={advised.pop():.1f}"]  # once per print
         fleet_procs.wait_for(

@@ -83,6 +83,7 @@ function facts(task) {
     const ref = f.reference == null ? "" : ` (its test split: ${f.metric === "accuracy" ? `${(100 * f.reference).toFixed(0)}%` : `${fmt(f.reference, 3)} mm/s`})`;
     const span = el("span", { class: "field", "data-drift": String(!!f.drift) }, `${what} ${value} over ${f.n ?? 0} scored${ref}`);
     if (f.awaiting_labels) span.append(`, ${f.awaiting_labels} awaiting labels`);
+    if (f.coverage_value != null) span.append(`; interval coverage ${(100 * f.coverage_value).toFixed(0)}% over ${f.coverage_n ?? 0} (nominal ${(100 * (f.coverage_level ?? 0)).toFixed(0)}%)`);
     if (f.drift) span.append(" ", el("span", { class: "drift" }, "DRIFT"));
     out.push(span);
   }
