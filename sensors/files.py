@@ -61,7 +61,9 @@ def printable(text: object) -> str:
     s = str(text)
     if s.isprintable():
         return s
-    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode() for c in s)
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode() for c in s
+    )
 
 
 def kind_of(mode: int) -> str:
