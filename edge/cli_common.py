@@ -10,6 +10,7 @@ from pathlib import Path
 
 from edge.config import resolve_relative_files
 from ioft_protocol.config import load_toml
+from sensors.files import printable
 
 
 def device_toml(path: Path | None, device: str, state_dir: str | None) -> dict:
@@ -24,8 +25,18 @@ def device_toml(path: Path | None, device: str, state_dir: str | None) -> dict:
     return raw
 
 
+class OneLineFormatter(logging.Formatter):
+    """A record's message always one line: a file name holding a newline (or a terminal escape)
+    cannot add a forged line to the log.  A traceback, added after the message, keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+
 def setup_logging(level: str, device: str) -> None:
-    """Log to stderr, each line naming the device (a swarm's or a fleet's logs interleave)."""
-    logging.basicConfig(
-        level=level, format=f"%(asctime)s {device} %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    """Log to stderr, each line naming the device (a swarm's or a fleet's logs interleave), each
+    message escaped to one line (:class:`OneLineFormatter`)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter(f"%(asctime)s {device} %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])

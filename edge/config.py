@@ -16,6 +16,7 @@ from ioft_protocol.mqtt import TlsConfig
 from ioft_protocol.round_messages import MACHINE_KINDS
 from ioft_protocol.secagg.config import MIN_PARTICIPANTS
 from sensors.accel import adxl345, mpu6050
+from sensors.files import DEFAULT_MAX_FILE_BYTES
 
 #: Files ``device.toml`` may name relative to its own folder: ``(table, key)``.
 RELATIVE_FILES = (("tls", "ca_file"), ("tls", "cert_file"), ("tls", "key_file"), ("model", "public_key"))
@@ -95,7 +96,8 @@ class SensorsConfig:
     ``test_fraction`` (the rule is in :mod:`edge.recording`).  At most ``max_rows``
     rows are kept per split (the oldest go first); its default is 100,000 for a printer
     (4-byte rows) and 20,000 for a welder (624 features: every append rewrites the file,
-    ~50 MB per split at that size).
+    ~50 MB per split at that size).  ``max_file_bytes`` (default 32 MiB) caps a weld file: one
+    larger on disk, or whose header declares more, is set aside in ``rejected/`` unread.
     """
 
     kind: str
@@ -121,6 +123,7 @@ class SensorsConfig:
     max_rows: int | None = None
     max_pending_welds: int = 2000
     status_every_s: float = 10.0
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -157,6 +160,8 @@ class SensorsConfig:
             value = getattr(self, name)
             if value is not None and not 0 < value <= 3600:
                 problems.append(f"sensors.{name} must be in (0, 3600] seconds, got {value}")
+        if not self.max_file_bytes >= 1024:
+            problems.append(f"sensors.max_file_bytes must be >= 1024, got {self.max_file_bytes}")
         if not 0 <= self.settle_s <= 300:
             problems.append(f"sensors.settle_s must be in [0, 300] seconds, got {self.settle_s}")
         if not 0.0 <= self.test_fraction < 1.0:
@@ -353,6 +358,9 @@ class ServeConfig:
         ``<discovery_prefix>/<component>/<device>/<object>/config``, :mod:`edge.serving.home_assistant`).
     discovery_prefix
         Home Assistant's discovery prefix (its MQTT integration's setting; default ``homeassistant``).
+    max_file_bytes
+        ``edge-trainer predict``: the largest input file it reads (default 32 MiB), checked against
+        the file's size and what a weld file's header declares before anything is allocated.
     """
 
     enabled: bool = True
@@ -372,9 +380,12 @@ class ServeConfig:
     alerts: list[AlertRule] = field(default_factory=list)
     home_assistant: bool = False
     discovery_prefix: str = "homeassistant"
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
     def __post_init__(self) -> None:
         problems = []
+        if not self.max_file_bytes >= 1024:
+            problems.append(f"serve.max_file_bytes must be >= 1024, got {self.max_file_bytes}")
         if not 0.0 <= self.margin <= 1.0:
             problems.append(f"serve.margin must be in [0, 1], got {self.margin}")
         if self.log_max_bytes < 4096 or self.log_keep < 1:

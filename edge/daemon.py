@@ -44,7 +44,7 @@ from edge.models.manager import ModelManager
 from edge.models.onnx import LoadedModel
 from edge.optout import REASON as PAUSED
 from edge.optout import PauseWatch
-from edge.secagg_client import SecAggDevice, secagg_identity
+from edge.secagg_client import ANSWERED_FILE, SecAggDevice, secagg_identity
 from edge.segments import DatasetReader
 from edge.serving.server import Server
 from edge.task_inputs import Rows, TaskInputs
@@ -150,6 +150,7 @@ class EdgeTrainer:
             self.device,
             lambda t, p: self.session.publish(t, p, timeout=None),
             min_participants=config.secagg_min_participants,
+            answered=self.state_dir / ANSWERED_FILE,
             **secagg_identity(config),
         )
         if config.model.public_key:

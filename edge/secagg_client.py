@@ -9,15 +9,23 @@ round's :class:`~ioft_protocol.secagg.ClientSecAgg`.
 ``IOFT_SECAGG_FAULT=<stage>[@<task>]`` (``setup``, ``neighbour_keys``, ``inbox`` or
 ``unmask``) makes the process kill itself (SIGKILL) when that stage's request (of that task)
 arrives: a device lost mid-round, for the end-to-end tests.  Unset, it costs one lookup.
+
+A session id is answered once.  A lying aggregator that sends the setup of a session this
+device already answered (to have it re-key and send a second masked input of the same update)
+is refused in one line, and so is any stage it repeats within a session.  The answered ids are
+kept in ``<state_dir>/secagg-answered.json`` (the newest :data:`MAX_ANSWERED`), written before
+the keys leave, so a restarted daemon does not answer one again.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypedDict
 
 import numpy as np
@@ -29,9 +37,50 @@ from ioft_protocol.secagg.config import MIN_PARTICIPANTS
 from ioft_protocol.secagg.identity import FleetTrust, KeySigner
 from ioft_protocol.secagg.messages import SecAggWireError
 from ioft_protocol.secagg.transport import ANSWERS, REQUESTS, Envelope, SecAggTopic, key_scope, topic_up
+from ioft_protocol.state import atomic_write_json
 
 log = logging.getLogger(__name__)
 FAULT_ENV = "IOFT_SECAGG_FAULT"
+ANSWERED_FILE = "secagg-answered.json"
+MAX_ANSWERED = 1024
+"""Session ids remembered: a few per round, so months of rounds; an id older than these belongs
+to a round the device no longer holds an update for, and it answers nothing for that."""
+
+
+class AnsweredSessions:
+    """The SecAgg session ids this device sent keys for, newest last, bounded, kept on disk.
+
+    Parameters
+    ----------
+    path
+        The file (``None``: in memory only, as in unit tests).
+    limit
+        How many ids are kept.
+    """
+
+    def __init__(self, path: Path | None, limit: int = MAX_ANSWERED) -> None:
+        self.path, self.limit = path, limit
+        self._ids: list[str] = []
+        if path is None or not path.exists():
+            return
+        try:
+            ids = json.loads(path.read_text(encoding="utf-8"))["answered"]
+            if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                raise ValueError("answered is not a list of session ids")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.error("%s unreadable (%s); starting without the answered SecAgg sessions", path, exc)
+            return
+        self._ids = ids[-limit:]
+
+    def __contains__(self, session: str) -> bool:
+        return session in self._ids
+
+    def add(self, session: str) -> None:
+        """Remember ``session``, on disk before returning (an ``OSError`` means: do not answer)."""
+        ids = [*self._ids, session][-self.limit :]
+        if self.path is not None:
+            atomic_write_json(self.path, {"answered": ids})
+        self._ids = ids
 
 
 class SecAggIdentity(TypedDict):
@@ -72,6 +121,7 @@ class _Pending:
     weight: float
     client: ClientSecAgg | None = None
     session: str | None = None
+    stages: set[str] = field(default_factory=set)  # the stages of the session answered
 
 
 class SecAggDevice:
@@ -97,6 +147,7 @@ class SecAggDevice:
         signer: KeySigner | None = None,
         trust: FleetTrust | None = None,
         require_signed: bool = False,
+        answered: Path | None = None,
     ) -> None:
         self.fleet = fleet
         self.device = device
@@ -108,6 +159,8 @@ class SecAggDevice:
         self._pending: dict[str, _Pending] = {}
         #: (task, round, phase) -> the one session this device answered for it
         self._sessions: dict[tuple[str, int, str], str] = {}
+        #: every session id it sent keys for (``answered``: the file that keeps them over restarts)
+        self._answered = AnsweredSessions(answered)
 
     def arm(self, task: str, round_: int, phase: str, update: np.ndarray, weight: float) -> None:
         """Hold ``update`` (the change from the global, or its compressed codes) for ``task``'s round until the server asks."""
@@ -140,6 +193,8 @@ class SecAggDevice:
             return
         if env.stage == "setup" and not self._first_session(topic.task, env):
             return
+        if env.stage == "setup" and not self._new_session(topic.task, env):
+            return
         if env.stage == "setup":
             pending.client = ClientSecAgg(
                 self.device,
@@ -152,6 +207,17 @@ class SecAggDevice:
             pending.session = env.session
         if pending.client is None or env.session != pending.session:
             log.info("%s: SecAgg %s of an unknown session %s", self.device, env.stage, env.session)
+            return
+        if env.stage in pending.stages:
+            log.warning(
+                "%s: task %s round %d: refused SecAgg %s of session %s: already answered (each stage "
+                "is answered once)",
+                self.device,
+                topic.task,
+                env.round,
+                env.stage,
+                env.session,
+            )
             return
         c = pending.client
         try:
@@ -184,9 +250,31 @@ class SecAggDevice:
         if not isinstance(answer, ANSWERS[env.stage]):
             raise TypeError(f"stage {env.stage} answered with {type(answer).__name__}")
         reply = Envelope(env.session, env.round, env.phase, env.stage, answer.encode())
+        pending.stages.add(env.stage)
         self._publish(topic_up(self.fleet, topic.task, self.device), reply.encode())
         if env.stage == "unmask":
             del self._pending[topic.task]  # answered once; the update is forgotten
+
+    def _new_session(self, task: str, env: Envelope) -> bool:
+        """Whether ``env`` (a setup) is of a session never answered; remembered (on disk) if so."""
+        if env.session in self._answered:
+            log.warning(
+                "%s: task %s round %d: refused SecAgg session %s: it answered that session already "
+                "(a repeated session would have it re-key and mask its update a second time)",
+                self.device,
+                task,
+                env.round,
+                env.session,
+            )
+            return False
+        try:
+            self._answered.add(env.session)
+        except OSError as exc:  # unrecorded, it could be answered again after a restart: not at all
+            log.error(
+                "%s: SecAgg session %s not answered: cannot record it (%s)", self.device, env.session, exc
+            )
+            return False
+        return True
 
     def _first_session(self, task: str, env: Envelope) -> bool:
         """Whether ``env`` (a setup) opens the round's first session; a second is refused, logged."""

@@ -16,6 +16,7 @@ from edge.dataset import DIR as DATASET_DIR
 from edge.recording.base import DatasetAppender, RecorderLoop, split_for
 from edge.serving.records import Row
 from ioft_protocol.state import StateError, load_arrays, save_arrays
+from sensors.files import printable
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,10 @@ class WelderRecorder(RecorderLoop):
         self.interval_s = cfg.poll_s
         self.source = WatchedFolderSource(
             FolderSourceConfig(
-                Path(cfg.weld_folder), state_dir=self.state_dir / "weld-ledger", settle_s=cfg.settle_s
+                Path(cfg.weld_folder),
+                state_dir=self.state_dir / "weld-ledger",
+                settle_s=cfg.settle_s,
+                max_file_bytes=cfg.max_file_bytes,
             ),
             clock=clock,
         )
@@ -218,7 +222,18 @@ class WelderRecorder(RecorderLoop):
                     break
                 if rec is None:
                     break
-                rows = list(labelled_rows([rec], self.labels, self.schema))
+                try:
+                    rows = list(labelled_rows([rec], self.labels, self.schema))
+                except (ValueError, ArithmeticError, MemoryError) as exc:
+                    # a weld that passed the reader but not the features: one line, the folder goes on
+                    self.skipped += 1
+                    log.warning(
+                        "weld %s from %s: features failed (%s), not stored",
+                        rec.weld_id,
+                        printable(Path(rec.source).name),
+                        type(exc).__name__,
+                    )
+                    continue
                 if not rows:
                     self.skipped += 1  # logged by labelled_rows: does not fit the schema
                     continue

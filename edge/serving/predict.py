@@ -8,6 +8,13 @@ Each answer is printed as one JSON line; ``--advice`` prints each printer task's
 under ``[serve] vibration_budget`` (or ``--budget``) instead, and needs no input.  Bad input, or a row no serving model takes, is one
 line on stderr and exit status 2.  The running daemon is not involved: the models are read
 from ``<state_dir>/serving/`` (written there after each round the gate let through).
+
+The input may be a file someone else wrote, so it is read as :mod:`sensors.files` reads
+untrusted files: a symbolic link is refused, not followed (a link could point at the device's
+keys, which are regular files, so resolving it and checking the target would not do); a
+directory, ``/dev/null`` or a pipe is named as what it is; a file over ``[serve] max_file_bytes``
+(or a weld whose header declares more) is refused before anything is allocated; and no error
+quotes the file's contents (a line that is not JSON is named by its number only).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from edge.serving.model import Refused, ServingModel
 from edge.serving.records import Row
 from edge.serving.server import model_path
 from ioft_protocol.config import build, load_toml
+from sensors.files import FileRefusedError, printable, read_capped
 from sensors.welding.formats import WELD_SUFFIXES
 
 
@@ -55,52 +63,69 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def read_rows(path: Path) -> list[Row]:
+def read_rows(path: Path, max_bytes: int) -> list[Row]:
     """The rows of ``path`` (see the module docstring); ``PredictError`` names the first bad line."""
-    if not path.is_file():
-        raise PredictError(f"{path}: no such file")
     if path.suffix.lower() in WELD_SUFFIXES:
-        return [weld_row(path)]
+        return [weld_row(path, max_bytes)]  # read as untrusted by the weld readers
+    try:
+        data = read_capped(path, max_bytes, setting="[serve] max_file_bytes")
+    except FileRefusedError as exc:
+        raise PredictError(str(exc)) from None
     rows = []
     now = time.time()
-    with open(path, "rb") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                if not isinstance(d, dict):
-                    raise ValueError("not a JSON object")
-                if "x" not in d and "sigma_a" in d:
-                    d = {**d, "x": [d["sigma_a"]], "commanded": d.get("speed")}
-                schema = d.get("schema_hash")
-                d = {
-                    "kind": d.get("kind", "weld" if schema else "layer"),
-                    "key": str(d.get("key", f"{path.name}:{n}")),
-                    "time": now,
-                    **{k: d[k] for k in ("x", "commanded", "schema_hash") if d.get(k) is not None},
-                }
-                rows.append(Row.from_json(json.dumps(d)))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise PredictError(
-                    f'{path} line {n}: {exc}; each line must be a JSON object with "x": [features] '
-                    'or, for a printer, "sigma_a" and "speed"'
-                ) from None
+    shown = printable(path)
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            if not isinstance(d, dict):
+                raise ValueError("not a JSON object")
+            if "x" not in d and "sigma_a" in d:
+                d = {**d, "x": [d["sigma_a"]], "commanded": d.get("speed")}
+            schema = d.get("schema_hash")
+            d = {
+                "kind": d.get("kind", "weld" if schema else "layer"),
+                "key": str(d.get("key", f"{path.name}:{n}")),
+                "time": now,
+                **{k: d[k] for k in ("x", "commanded", "schema_hash") if d.get(k) is not None},
+            }
+            rows.append(Row.from_json(json.dumps(d)))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PredictError(
+                f'{shown} line {n}: {_what_is_wrong(exc)}; each line must be a JSON object with "x": '
+                '[features] or, for a printer, "sigma_a" and "speed"'
+            ) from None
     if not rows:
-        raise PredictError(f"{path}: no rows in it")
+        raise PredictError(f"{shown}: no rows in it")
     return rows
 
 
-def weld_row(path: Path) -> Row:
+def _what_is_wrong(exc: Exception) -> str:
+    """What is wrong with a line, without quoting it (the file may hold anything: a key, a password)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not JSON ({exc.msg} at column {exc.colno})"
+    if isinstance(exc, ValueError):  # the row checks name the field; a ", got <value>" is cut off
+        return str(exc).split(", got")[0]
+    return f"not a row this device takes ({type(exc).__name__})"
+
+
+def weld_row(path: Path, max_bytes: int) -> Row:
     """One weld file's features, extracted as the recorder extracts them."""
     from sensors.welding.formats import read_weld_file
     from sensors.welding.pipeline import labelled_rows
     from sensors.welding.recording import WeldDataError
 
     try:
-        rows = list(labelled_rows([read_weld_file(path)], None, on_error="raise"))
+        rows = list(labelled_rows([read_weld_file(path, max_bytes=max_bytes)], None, on_error="raise"))
     except (WeldDataError, OSError) as exc:
-        raise PredictError(f"{path}: not a weld this device can read: {exc}") from None
+        # the reader's messages name the file, never its contents; printable keeps them one line
+        raise PredictError(printable(f"not a weld this device can read: {exc}")) from None
+    except MemoryError:
+        raise PredictError(
+            f"{printable(path)}: too large to decode in this device's free memory; "
+            "lower [serve] max_file_bytes"
+        ) from None
     r = rows[0]
     return Row("weld", r.weld_id, time.time(), tuple(r.features.tolist()), schema_hash=r.schema_hash)
 
@@ -166,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         return print_advice(config, args)
     if args.input is None:
         raise PredictError("give a weld file or a JSON-lines file of rows to answer (or --advice)")
-    rows = read_rows(args.input)
+    rows = read_rows(args.input, config.serve.max_file_bytes)
     models = serving_models(config, args.task)
     encoder = encoder_lookup(config)
     for row in rows:

@@ -14,8 +14,10 @@ restarted daemon never delivers a weld twice: files are matched by name, size an
 mtime, then by content digest, then by weld id.  Delivery is therefore at most once; a
 crash between :meth:`WatchedFolderSource.read` returning and the caller storing the
 row loses that weld (its file stays on disk).  Unreadable files are moved to
-``rejected/`` beside a ``<name>.reason.json`` saying why; the source never raises on
-a bad file.
+``rejected/`` beside a ``<name>.reason.json`` saying why, with one log line; the source never
+raises on a bad file, so one hostile file never stops the rest of the folder.  A file over
+``max_file_bytes`` is rejected from its size alone, before it is read; a symbolic link is
+never followed (one line the first time it is seen, then left alone).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from sensors.welding.formats import WELD_SUFFIXES, read_weld_file, sidecar_path
+from sensors.files import DEFAULT_MAX_FILE_BYTES, printable
+from sensors.welding.formats import MAX_FILE_SETTING, WELD_SUFFIXES, read_weld_file, sidecar_path
 from sensors.welding.ledger import LedgerEntry, WeldLedger, atomic_write_text
 from sensors.welding.recording import (
     MIN_SAMPLE_RATE,
@@ -77,6 +80,9 @@ class FolderSourceConfig:
         Channel order for WAV files without a sidecar naming them.
     min_sample_rate
         Lowest acceptable sample rate.
+    max_file_bytes
+        Largest weld file read (its size, and the data its header declares); larger ones are
+        rejected before anything is allocated.
     """
 
     folder: Path
@@ -90,6 +96,7 @@ class FolderSourceConfig:
     rejected_dir: str = "rejected"
     default_channels: tuple[str, ...] = WELD_CHANNELS
     min_sample_rate: float = MIN_SAMPLE_RATE
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "folder", Path(self.folder))
@@ -111,6 +118,8 @@ class FolderSourceConfig:
                 errors.append(f"{name} must be a plain sub-folder name (got {value!r})")
         if not self.min_sample_rate > 0:
             errors.append(f"min_sample_rate must be > 0 (got {self.min_sample_rate})")
+        if not self.max_file_bytes >= 1024:
+            errors.append(f"max_file_bytes must be >= 1024 (got {self.max_file_bytes})")
         if errors:
             raise SourceConfigError("invalid FolderSourceConfig: " + "; ".join(errors))
 
@@ -157,6 +166,7 @@ class WatchedFolderSource:
         self._seen: dict[str, _Seen] = {}
         self._ledger: WeldLedger | None = None
         self._unmovable: set[str] = set()
+        self._links: set[str] = set()  # links already named in the log
         self.stats = FolderStats()
 
     def setup(self) -> None:
@@ -222,7 +232,14 @@ class WatchedFolderSource:
         with os.scandir(self.config.folder) as it:
             for entry in it:
                 name = entry.name
-                if name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                if name.startswith("."):
+                    continue
+                if entry.is_symlink():
+                    if name not in self._links and Path(name).suffix.lower() in WELD_SUFFIXES:
+                        self._links.add(name)
+                        log.warning("ignored %s: a symbolic link (links are never followed)", printable(name))
+                    continue
+                if not entry.is_file(follow_symlinks=False):
                     continue
                 if Path(name).suffix.lower() in WELD_SUFFIXES:
                     out.append(Path(entry.path))
@@ -282,6 +299,13 @@ class WatchedFolderSource:
         sig = self._signature(path)
         if sig is None:
             return None
+        if sig[0] > self.config.max_file_bytes:  # neither hashed nor read: it may be a sparse giant
+            reason = (
+                f"{sig[0]} bytes, more than the {self.config.max_file_bytes} this device reads "
+                f"(raise {MAX_FILE_SETTING} if such welds are real)"
+            )
+            self._decide(path, sig, "", "rejected", "", reason)
+            return None
         try:
             digest = _sha256(path)
         except OSError as exc:
@@ -297,6 +321,7 @@ class WatchedFolderSource:
                 path,
                 default_channels=self.config.default_channels,
                 min_sample_rate=self.config.min_sample_rate,
+                max_bytes=self.config.max_file_bytes,
             )
         except IncompleteWeldFileError as exc:
             seen = self._seen[path.name]
@@ -312,6 +337,10 @@ class WatchedFolderSource:
             return None
         except (WeldDataError, OSError, UnicodeDecodeError) as exc:
             self._decide(path, sig, digest, "rejected", "", str(exc))
+            return None
+        except MemoryError:  # within the cap, yet more than this device has free
+            reason = f"too large to decode in this device's free memory ({sig[0]} bytes)"
+            self._decide(path, sig, digest, "rejected", "", reason)
             return None
         if self._signature(path) != sig:  # the writer resumed while we read: look again later
             return None
@@ -336,10 +365,10 @@ class WatchedFolderSource:
         if status == "rejected":
             self.stats.rejected += 1
             self.stats.rejections.append((path.name, reason))
-            log.warning("rejected weld file %s: %s", path.name, reason)
+            log.warning("rejected weld file %s: %s", printable(path.name), printable(reason))
         elif status == "duplicate":
             self.stats.duplicates += 1
-            log.info("skipped %s: %s", path.name, reason)
+            log.info("skipped %s: %s", printable(path.name), printable(reason))
         else:
             self.stats.delivered += 1
         self._finish_known(path, entry)

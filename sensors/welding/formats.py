@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -36,6 +37,14 @@ from typing import Any
 
 import numpy as np
 
+from sensors.files import (
+    DEFAULT_MAX_FILE_BYTES,
+    SIDECAR_MAX_BYTES,
+    FileRefusedError,
+    check_size,
+    printable,
+    read_capped,
+)
 from sensors.welding.recording import (
     MIN_SAMPLE_RATE,
     WELD_CHANNELS,
@@ -48,9 +57,11 @@ from sensors.welding.wavfile import IncompleteWeldFileError, read_wav, write_wav
 log = logging.getLogger(__name__)
 
 WELD_SUFFIXES = (".wav", ".npy", ".csv")
+MAX_FILE_SETTING = "max_file_bytes"  # named in a refusal: the setting that raises the cap
 TIME_COLUMNS = ("time", "time_s", "t")
 _SIDECAR_KEYS = ("weld_id", "started_at", "channels", "sample_rate", "scale")
 _COMMENT_KV = re.compile(r"^#\s*([A-Za-z_]+)\s*[:=]\s*(.+?)\s*$")
+_AT_ROW = re.compile(r"at row (\d+), column (\d+)")
 
 
 def sidecar_path(path: str | Path) -> Path:
@@ -60,14 +71,16 @@ def sidecar_path(path: str | Path) -> Path:
 
 
 def read_sidecar(path: str | Path) -> dict[str, Any]:
-    """The weld file's JSON sidecar as a dict (empty when there is none)."""
+    """The weld file's JSON sidecar as a dict (empty when there is none; a link to one is refused)."""
     side = sidecar_path(path)
-    if not side.exists():
+    if not os.path.lexists(side):
         return {}
     try:
-        text = side.read_text(encoding="utf-8")
+        text = read_capped(side, SIDECAR_MAX_BYTES).decode("utf-8")
+    except FileRefusedError as exc:
+        raise WeldDataError(str(exc)) from None
     except UnicodeDecodeError as exc:
-        raise WeldDataError(f"{side}: not UTF-8 ({exc})") from None
+        raise WeldDataError(f"{side}: not UTF-8 (byte {exc.start})") from None
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -86,8 +99,12 @@ def read_weld_file(
     *,
     default_channels: Sequence[str] = WELD_CHANNELS,
     min_sample_rate: float = MIN_SAMPLE_RATE,
+    max_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> WeldRecording:
     """Read one exported weld (WAV, NPY or CSV plus optional sidecar).
+
+    A link, a file of another kind, or one over ``max_bytes`` (on disk, or as its header
+    declares) is refused before anything is allocated; no message quotes the file's contents.
 
     Parameters
     ----------
@@ -97,6 +114,8 @@ def read_weld_file(
         Channel order assumed for a WAV without a sidecar naming its channels.
     min_sample_rate
         Passed to :class:`WeldRecording`.
+    max_bytes
+        The cap on the file's size and on the data its header declares.
 
     Raises
     ------
@@ -107,30 +126,35 @@ def read_weld_file(
     """
     path = Path(path)
     try:
-        return _read_weld_file(path, default_channels, min_sample_rate)
+        return _read_weld_file(path, default_channels, min_sample_rate, max_bytes)
     except WeldDataError:
         raise
+    except FileRefusedError as exc:
+        raise WeldDataError(str(exc)) from None
     except (TypeError, ValueError, AttributeError) as exc:  # a sidecar field of the wrong type, say
-        raise WeldDataError(f"{path}: {type(exc).__name__}: {exc}") from None
+        # the exception's text is not passed on: float('<a line of the file>') would quote it
+        raise WeldDataError(
+            f"{printable(path)}: a sidecar field or value of the wrong type ({type(exc).__name__})"
+        ) from None
 
 
-def _read_weld_file(path: Path, default_channels: Sequence[str], min_sample_rate: float) -> WeldRecording:
+def _read_weld_file(
+    path: Path, default_channels: Sequence[str], min_sample_rate: float, max_bytes: int
+) -> WeldRecording:
     suffix = path.suffix.lower()
     side = read_sidecar(path)
     if suffix == ".wav":
-        data, info = read_wav(path)
+        data, info = read_wav(path, max_bytes=max_bytes)
         rate: float = float(info.sample_rate)
         if "sample_rate" in side and not np.isclose(float(side["sample_rate"]), rate):
-            raise WeldDataError(
-                f"{path}: sidecar sample_rate {side['sample_rate']} disagrees with the WAV header {rate:g}"
-            )
+            raise WeldDataError(f"{path}: sidecar sample_rate disagrees with the WAV header {rate:g}")
         channels = side.get("channels") or _default_channels(default_channels, data.shape[0], path)
         meta: dict[str, Any] = {"format": f"wav/{info.sample_format}"}
     elif suffix == ".npy":
-        data, channels, rate = _read_npy(path, side)
+        data, channels, rate = _read_npy(path, side, max_bytes)
         meta = {"format": "npy"}
     elif suffix == ".csv":
-        data, channels, rate, comments = _read_csv(path, side)
+        data, channels, rate, comments = _read_csv(path, side, max_bytes)
         side = {**comments, **side}
         meta = {"format": "csv"}
     else:
@@ -142,7 +166,12 @@ def _read_weld_file(path: Path, default_channels: Sequence[str], min_sample_rate
         meta["weld_id_source"] = "file name"
     duration = data.shape[-1] / rate if rate > 0 else 0.0
     if "started_at" in side:
-        started = parse_timestamp(side["started_at"], what=f"{path} started_at")
+        try:
+            started = parse_timestamp(side["started_at"])
+        except WeldDataError:  # its message quotes the value
+            raise WeldDataError(
+                f"{path}: sidecar started_at is not an ISO 8601 time such as 2024-05-01T08:30:00Z"
+            ) from None
     else:
         mtime = datetime.fromtimestamp(path.stat().st_mtime, UTC)
         started = mtime - timedelta(seconds=duration)
@@ -173,7 +202,7 @@ def _default_channels(default: Sequence[str], n: int, path: Path) -> list[str]:
 
 def _channel_list(channels: object, path: Path) -> list[str]:
     if not isinstance(channels, list | tuple) or not all(isinstance(c, str) for c in channels):
-        raise WeldDataError(f"{path}: channels must be a list of names, got {channels!r}")
+        raise WeldDataError(f"{path}: channels must be a list of names, got {type(channels).__name__}")
     return [c.strip().lower() for c in channels]
 
 
@@ -181,26 +210,28 @@ def _apply_scale(data: np.ndarray, channels: list[str], scale: object, path: Pat
     if scale is None:
         return data
     if isinstance(scale, Mapping):
-        unknown = sorted(set(scale) - set(channels))
-        if unknown:
-            raise WeldDataError(f"{path}: scale names unknown channel(s) {unknown}; channels are {channels}")
+        unknown = set(scale) - set(channels)
+        if unknown:  # counted, not quoted: the names come from the files
+            raise WeldDataError(f"{path}: scale names {len(unknown)} channel(s) the data does not have")
         factors = [float(scale.get(c, 1.0)) for c in channels]
     elif isinstance(scale, list | tuple) and len(scale) == len(channels):
         factors = [float(s) for s in scale]
     else:
         raise WeldDataError(
-            f"{path}: scale must map channel -> factor or list one factor per channel; got {scale!r}"
+            f"{path}: scale must map channel -> factor or list one factor per channel; "
+            f"got {type(scale).__name__}"
         )
     if not all(np.isfinite(f) and f != 0 for f in factors):
-        raise WeldDataError(f"{path}: scale factors must be finite and non-zero; got {factors}")
+        raise WeldDataError(f"{path}: scale factors must be finite and non-zero")
     return data * np.asarray(factors)[:, None]
 
 
-def _read_npy(path: Path, side: Mapping[str, Any]) -> tuple[np.ndarray, list[str], float]:
+def _read_npy(path: Path, side: Mapping[str, Any], max_bytes: int) -> tuple[np.ndarray, list[str], float]:
     if "channels" not in side or "sample_rate" not in side:
         missing = [k for k in ("channels", "sample_rate") if k not in side]
         raise WeldDataError(f"{path}: NPY welds need a sidecar {sidecar_path(path).name} with {missing}")
-    with path.open("rb") as fh:
+    raw = read_capped(path, max_bytes, setting=MAX_FILE_SETTING)
+    with io.BytesIO(raw) as fh:
         try:
             version = np.lib.format.read_magic(fh)
             if version == (1, 0):
@@ -214,19 +245,21 @@ def _read_npy(path: Path, side: Mapping[str, Any]) -> tuple[np.ndarray, list[str
         except WeldDataError:
             raise
         except (ValueError, SyntaxError, TokenError) as exc:  # numpy parses the header with tokenize
-            if path.stat().st_size < 128:
+            if len(raw) < 128:
                 raise IncompleteWeldFileError(f"{path}: NPY header incomplete") from exc
-            raise WeldDataError(f"{path}: not a NumPy .npy file ({exc})") from exc
+            raise WeldDataError(f"{path}: not a NumPy .npy file") from None  # numpy's text quotes it
         header_end = fh.tell()
     if dtype.hasobject or dtype.kind not in "biuf":  # complex, strings, dates: not samples
         raise WeldDataError(f"{path}: {dtype} arrays are not weld data")
-    expected = header_end + int(np.prod(shape)) * dtype.itemsize
-    size = path.stat().st_size
+    declared = int(np.prod(shape, dtype=object)) * dtype.itemsize  # Python ints: no overflow
+    check_size(path, declared, max_bytes, what="its header declares", setting=MAX_FILE_SETTING)
+    expected = header_end + declared
+    size = len(raw)
     if size < expected:
         raise IncompleteWeldFileError(f"{path}: {size} of {expected} bytes present")
     if size > expected:
         raise WeldDataError(f"{path}: {size - expected} trailing bytes after the array")
-    arr = np.load(path, allow_pickle=False)
+    arr = np.load(io.BytesIO(raw), allow_pickle=False)
     channels = list(side["channels"])
     if arr.ndim != 2:
         raise WeldDataError(f"{path}: array must be 2-D (channels x samples); got shape {arr.shape}")
@@ -242,11 +275,13 @@ def _read_npy(path: Path, side: Mapping[str, Any]) -> tuple[np.ndarray, list[str
     return np.asarray(data, dtype=np.float64), channels, float(side["sample_rate"])
 
 
-def _read_csv(path: Path, side: Mapping[str, Any]) -> tuple[np.ndarray, list[str], float, dict[str, Any]]:
+def _read_csv(
+    path: Path, side: Mapping[str, Any], max_bytes: int
+) -> tuple[np.ndarray, list[str], float, dict[str, Any]]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_capped(path, max_bytes, setting=MAX_FILE_SETTING).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise WeldDataError(f"{path}: not UTF-8 text ({exc})") from None
+        raise WeldDataError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     if text and not text.endswith("\n"):
         raise IncompleteWeldFileError(f"{path}: last line has no newline (still being written?)")
     comments: dict[str, Any] = {}
@@ -271,8 +306,10 @@ def _read_csv(path: Path, side: Mapping[str, Any]) -> tuple[np.ndarray, list[str
         raise WeldDataError(f"{path}: no header row of channel names")
     try:
         table = np.loadtxt(io.StringIO(text[body_start:]), delimiter=",", ndmin=2, dtype=np.float64)
-    except ValueError as exc:
-        raise WeldDataError(f"{path}: unreadable CSV body ({exc})") from exc
+    except ValueError as exc:  # numpy's text quotes the value; only where it is is passed on
+        where = _AT_ROW.search(str(exc))
+        at = f" at data row {int(where[1]) + 1}, column {int(where[2]) + 1}" if where else ""
+        raise WeldDataError(f"{path}: unreadable CSV body (not a number{at})") from None
     if table.shape[1] != len(header):
         raise WeldDataError(f"{path}: {table.shape[1]} columns of data but header has {len(header)}")
     time_idx = [i for i, h in enumerate(header) if h in TIME_COLUMNS]
@@ -281,7 +318,7 @@ def _read_csv(path: Path, side: Mapping[str, Any]) -> tuple[np.ndarray, list[str
         try:
             rate = float(rate_text)
         except ValueError:
-            raise WeldDataError(f"{path}: sample_rate {rate_text!r} is not a number") from None
+            raise WeldDataError(f"{path}: sample_rate is not a number") from None
     elif time_idx and table.shape[0] > 2:
         step = float(np.median(np.diff(table[:, time_idx[0]])))
         if not step > 0:

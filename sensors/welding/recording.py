@@ -83,21 +83,22 @@ class WeldRecording:
 
     def __post_init__(self) -> None:
         channels = tuple(self.channels)
-        bad = [c for c in channels if not isinstance(c, str) or not _CHANNEL_NAME.match(c)]
+        # Names are counted by position, not quoted: they may come from any file's first line.
+        bad = [i for i, c in enumerate(channels) if not isinstance(c, str) or not _CHANNEL_NAME.match(c)]
         if bad:
             raise WeldDataError(
-                f"invalid channel name(s) {bad!r}: use lowercase letters, digits and '_' "
+                f"invalid channel name(s) at position(s) {bad}: use lowercase letters, digits and '_' "
                 f"(the standard names are {', '.join(WELD_CHANNELS)})"
             )
         if len(set(channels)) != len(channels):
-            raise WeldDataError(f"duplicate channel names in {channels!r}")
+            raise WeldDataError(f"duplicate channel names among the {len(channels)}")
         data = np.asarray(self.data)
         if data.ndim != 2:
             raise WeldDataError(f"weld data must be 2-D (n_channels, n_samples); got shape {data.shape}")
         if data.shape[0] != len(channels):
             raise WeldDataError(
                 f"weld data has {data.shape[0]} channel row(s) but {len(channels)} channel "
-                f"name(s) {channels!r}; data must be shaped (n_channels, n_samples)"
+                "name(s); data must be shaped (n_channels, n_samples)"
             )
         if data.shape[1] < 2:
             raise WeldDataError(f"weld has {data.shape[1]} sample(s) per channel; need at least 2")
@@ -122,7 +123,7 @@ class WeldRecording:
             )
         if not isinstance(self.weld_id, str) or not _WELD_ID.match(self.weld_id):
             raise WeldDataError(
-                f"invalid weld_id {self.weld_id!r}: 1-128 characters of letters, digits and '._:-', "
+                "invalid weld_id: 1-128 characters of letters, digits and '._:-', "
                 "starting with a letter or digit"
             )
         started = self.started_at
@@ -198,9 +199,9 @@ def _positive_float(value: object, name: str) -> float:
     try:
         out = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise WeldDataError(f"{name} must be a number; got {value!r}") from None
+        raise WeldDataError(f"{name} must be a number; got {type(value).__name__}") from None
     if not math.isfinite(out) or out <= 0:
-        raise WeldDataError(f"{name} must be a positive finite number; got {value!r}")
+        raise WeldDataError(f"{name} must be a positive finite number; got {out:g}")
     return out
 
 

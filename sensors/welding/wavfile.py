@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sensors.files import DEFAULT_MAX_FILE_BYTES, FileRefusedError, check_size, read_capped
 from sensors.welding.recording import WeldDataError
 
 WAVE_FORMAT_PCM = 0x0001
@@ -60,7 +61,7 @@ def _chunks(raw: bytes, path: Path) -> dict[bytes, tuple[int, int]]:
     if len(raw) < 12:
         raise IncompleteWeldFileError(f"{path}: {len(raw)} bytes, shorter than a WAV header")
     if raw[:4] != b"RIFF" or raw[8:12] != b"WAVE":
-        raise WeldDataError(f"{path}: not a RIFF/WAVE file (starts with {raw[:12]!r})")
+        raise WeldDataError(f"{path}: not a RIFF/WAVE file")  # its bytes are not quoted: it may be anything
     chunks: dict[bytes, tuple[int, int]] = {}
     pos = 12
     while pos + 8 <= len(raw):
@@ -72,7 +73,7 @@ def _chunks(raw: bytes, path: Path) -> dict[bytes, tuple[int, int]]:
     return chunks
 
 
-def read_wav_info(path: str | Path) -> WavInfo:
+def read_wav_info(path: str | Path, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> WavInfo:
     """Parse and check the header of a WAV file.
 
     Raises
@@ -83,10 +84,18 @@ def read_wav_info(path: str | Path) -> WavInfo:
         If the file is not a WAV this module can decode.
     """
     path = Path(path)
-    return _parse(path.read_bytes(), path)[0]
+    return _parse(_read(path, max_bytes), path, max_bytes)[0]
 
 
-def _parse(raw: bytes, path: Path) -> tuple[WavInfo, int, int]:
+def _read(path: Path, max_bytes: int) -> bytes:
+    """The file's bytes: no link followed, nothing read past the cap (:mod:`sensors.files`)."""
+    try:
+        return read_capped(path, max_bytes, setting="max_file_bytes")
+    except FileRefusedError as exc:
+        raise WeldDataError(str(exc)) from None
+
+
+def _parse(raw: bytes, path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> tuple[WavInfo, int, int]:
     """``(info, data_offset, data_bytes)`` from the whole file's bytes."""
     chunks = _chunks(raw, path)
     if b"fmt " not in chunks or b"data" not in chunks:
@@ -121,6 +130,11 @@ def _parse(raw: bytes, path: Path) -> tuple[WavInfo, int, int]:
             f"block_align={align}); supported bit depths for this format: {ok_bits}"
         )
     data_off, data_size = chunks[b"data"]
+    if data_size != 0xFFFFFFFF:  # a header promising more than the cap is refused, not waited for
+        try:
+            check_size(path, data_size, max_bytes, what="its header declares", setting="max_file_bytes")
+        except FileRefusedError as exc:
+            raise WeldDataError(str(exc)) from None
     available = len(raw) - data_off
     if data_size in (0, 0xFFFFFFFF) or data_size > available:
         raise IncompleteWeldFileError(
@@ -132,14 +146,15 @@ def _parse(raw: bytes, path: Path) -> tuple[WavInfo, int, int]:
     return info, data_off, data_size
 
 
-def read_wav(path: str | Path) -> tuple[np.ndarray, WavInfo]:
+def read_wav(path: str | Path, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> tuple[np.ndarray, WavInfo]:
     """Read a WAV file into ``(samples (n_channels, n_frames) float64, info)``.
 
-    Integer PCM is scaled to full-scale units; plain PCM is decoded by :mod:`wave`.
+    Integer PCM is scaled to full-scale units; plain PCM is decoded by :mod:`wave`.  A link, a
+    file over ``max_bytes`` or a header declaring more is refused before anything is decoded.
     """
     path = Path(path)
-    whole = path.read_bytes()
-    info, data_off, data_size = _parse(whole, path)
+    whole = _read(path, max_bytes)
+    info, data_off, data_size = _parse(whole, path, max_bytes)
     if info.format_tag == WAVE_FORMAT_PCM and not info.extensible:
         try:
             with wave.open(io.BytesIO(whole), "rb") as w:

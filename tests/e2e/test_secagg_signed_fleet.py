@@ -6,11 +6,13 @@ lying one (``tests/e2e/secagg_liar.py``: the real ``serve`` that swaps a neighbo
 own when it relays them) gets nothing: every device refuses the substituted key in one log line
 naming that neighbour and shares nothing, so the round is abandoned at the shares stage.  Before
 the signatures, the devices sealed their shares to the liar's key and the round died later,
-at the masked inputs.
+at the masked inputs.  A liar that re-sends a session id it already ran up to the masked inputs
+(``IOFT_LIAR=rekey``) gets no second masked input: each device refuses the repeat in one line.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.broker
 DEVICES = ("printer1", "printer2", "printer3")
 HONEST = {**TASK, "name": "speed", "rounds": 2, "devices": {"ids": list(DEVICES)}}
 FORGED = {**TASK, "name": "forged", "rounds": 1, "devices": {"ids": list(DEVICES)}}
+REKEYED = {**TASK, "name": "rekeyed", "rounds": 1, "devices": {"ids": list(DEVICES)}}
 
 
 @pytest.fixture(scope="module")
@@ -85,17 +88,23 @@ def test_secagg_rounds_complete_with_signed_keys(signed_fleet):
         assert "refused" not in log, log
 
 
-def test_a_substituted_key_makes_every_device_abort_the_round(signed_fleet):
-    procs, tls = signed_fleet
-    cfg = procs.work / "liar.toml"
-    cfg.write_text(_toml(procs, tls, "liar", FORGED))
-    with (procs.work / "liar.log").open("ab") as out:
+def _liar(procs: LocalFleet, tls: str, state: str, task: dict, lie: str) -> None:
+    """``serve`` as the liar (``tests/e2e/secagg_liar.py``) telling ``lie``, until its task ends."""
+    cfg = procs.work / f"{state}.toml"
+    cfg.write_text(_toml(procs, tls, state, task))
+    with (procs.work / f"{state}.log").open("ab") as out:
         procs.aggregator = subprocess.Popen(
             [sys.executable, "-m", "tests.e2e.secagg_liar", "serve", "--config", str(cfg)],
             stdout=out,
             stderr=subprocess.STDOUT,
+            env={**os.environ, "IOFT_LIAR": lie},
         )
-    assert procs.wait_aggregator(150) == 0, procs.log("liar")
+    assert procs.wait_aggregator(150) == 0, procs.log(state)
+
+
+def test_a_substituted_key_makes_every_device_abort_the_round(signed_fleet):
+    procs, tls = signed_fleet
+    _liar(procs, tls, "liar", FORGED, "swap")
     (record,) = _records(procs, "liar", "forged")
     assert record.status == "abandoned" and record.participants == []
     # nobody shared: before the signatures, all three sealed their shares to the liar's key
@@ -106,3 +115,18 @@ def test_a_substituted_key_makes_every_device_abort_the_round(signed_fleet):
         assert re.search(
             r"refused the SecAgg keys of printer\d: the signature over its keys does not verify", lines[0]
         )
+
+
+def test_a_resent_session_id_gets_no_second_masked_input(signed_fleet):
+    procs, tls = signed_fleet
+    _liar(procs, tls, "rekey", REKEYED, "rekey")
+    liar = procs.log("rekey")
+    assert "liar pass 1: 3 masked inputs" in liar, liar
+    # before: every device re-keyed and masked its update again, and the second pass completed
+    assert "liar pass 2: 0 masked inputs" in liar, liar
+    (record,) = _records(procs, "rekey", "rekeyed")
+    assert record.status == "abandoned" and record.participants == [], record
+    for d in DEVICES:
+        lines = [line for line in procs.log(d).splitlines() if "task rekeyed" in line and "refused" in line]
+        assert len(lines) == 1, lines
+        assert "it answered that session already" in lines[0], lines

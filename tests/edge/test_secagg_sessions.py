@@ -7,7 +7,7 @@ import logging
 
 import numpy as np
 
-from edge.secagg_client import SecAggDevice
+from edge.secagg_client import AnsweredSessions, SecAggDevice
 from ioft_protocol.secagg import SecAggConfig
 from ioft_protocol.secagg.messages import Setup
 from ioft_protocol.secagg.transport import Envelope, SecAggTopic, parse_topic, topic_down
@@ -61,3 +61,28 @@ def test_a_device_with_too_few_neighbours_advertises_nothing(caplog):
     with caplog.at_level(logging.WARNING, logger="edge.secagg_client"):
         dev.handle(topic(), Envelope("s1", 1, "train", "setup", alone.encode()).encode())
     assert wire.sent == [] and "fewer than its minimum of 3 participants" in caplog.text
+
+
+def test_a_session_id_is_answered_once_even_after_a_restart(tmp_path, caplog):
+    answered = tmp_path / "secagg-answered.json"
+    wire = Wire()
+    dev = SecAggDevice("f", "d0", wire, answered=answered)
+    dev.arm("speed", 5, "train", np.ones(3), 1.0)
+    dev.handle(topic(), setup("s1"))
+    with caplog.at_level(logging.WARNING, logger="edge.secagg_client"):
+        dev.handle(topic(), setup("s1"))  # the same session again: no second set of keys
+    assert [e.session for e in wire.sent] == ["s1"]
+    assert caplog.text.count("refused SecAgg session s1: it answered that session already") == 1
+    # a restarted daemon (a new object on the same state) re-armed for that round: still refused
+    again = SecAggDevice("f", "d0", wire, answered=answered)
+    again.arm("speed", 5, "train", np.ones(3), 1.0)
+    again.handle(topic(), setup("s1"))
+    assert [e.session for e in wire.sent] == ["s1"]
+
+
+def test_the_answered_sessions_are_bounded(tmp_path):
+    answered = AnsweredSessions(tmp_path / "a.json", limit=3)
+    for i in range(5):
+        answered.add(f"s{i}")
+    kept = AnsweredSessions(tmp_path / "a.json", limit=3)
+    assert [s in kept for s in ("s0", "s1", "s2", "s3", "s4")] == [False, False, True, True, True]

@@ -245,3 +245,35 @@ def test_wav_without_sidecar_uses_default_channel_order_only_if_counts_match(tmp
     (tmp_path / "m.json").write_text(json.dumps({"sample_rate": 48000}))
     with pytest.raises(WeldDataError, match="disagrees with the WAV header"):
         read_weld_file(tmp_path / "m.wav", default_channels=("ae", "mic"))
+
+
+def test_a_header_declaring_more_than_the_cap_is_refused_before_it_is_read(tmp_path):
+    """A header's promise is checked against the cap before any sample is allocated (and is no
+    "incomplete" file to wait for); the file's own size is checked before it is read."""
+    cap = 1 << 20
+    npy = tmp_path / "big.npy"
+    header = {"descr": "<f8", "fortran_order": False, "shape": (4, 1 << 40)}  # 32 TiB declared
+    with npy.open("wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(b"\0" * 64)
+    npy.with_suffix(".json").write_text(json.dumps({"channels": ["a", "b", "c", "d"], "sample_rate": 2e5}))
+    with pytest.raises(WeldDataError, match="its header declares 35184372088832 bytes, more than"):
+        read_weld_file(npy, max_bytes=cap)
+    wav = tmp_path / "big.wav"
+    write_wav(wav, np.zeros((4, 1 << 17)), 200_000)  # 1 MiB of int16 data, 1 MiB + 44 on disk
+    with pytest.raises(WeldDataError, match=r"big.wav: is 1048620 bytes, more than the 1048576"):
+        read_weld_file(wav, max_bytes=cap)
+    short = tmp_path / "short.wav"  # 4 KB on disk, a header promising 1 GiB: refused, not waited for
+    short.write_bytes(wav.read_bytes()[:40] + struct.pack("<I", 1 << 30) + b"\0" * 4096)
+    with pytest.raises(WeldDataError, match="its header declares 1073741824 bytes") as err:
+        read_weld_file(short, max_bytes=cap)
+    assert not isinstance(err.value, IncompleteWeldFileError)
+
+
+def test_printable_keeps_a_name_on_one_line_and_escaping_twice_changes_nothing():
+    from sensors.files import printable
+
+    name = "bad\nFORGED ERROR\r\x1b[2J é\\x.csv"
+    once = printable(name)
+    assert "\n" not in once and "\r" not in once and "\x1b" not in once and "é" in once
+    assert once == "bad\\nFORGED ERROR\\r\\x1b[2J é\\x.csv" and printable(once) == once
