@@ -80,6 +80,10 @@ class ServingModel:
     metric_name: str = "none"
     #: The figure field scores are held against: test accuracy (classes) or mean |error| in mm/s.
     reference: float | None = None
+    #: Printers: the fastest speed (mm/s) and the least vibration (sigma_a) of the training rows,
+    #: the speed advice's bounds (edge.serving.advice).
+    speed_max: float | None = None
+    sigma_min: float | None = None
     created_at: float = field(default_factory=time.time)
     _algo: ClientAlgorithm | None = field(default=None, repr=False, compare=False)
     _digest: str | None = field(default=None, repr=False, compare=False)
@@ -210,6 +214,8 @@ class ServingModel:
             "metric": self.metric,
             "metric_name": self.metric_name,
             "reference": self.reference,
+            "speed_max": self.speed_max,
+            "sigma_min": self.sigma_min,
             "created_at": self.created_at,
         }
         save_arrays(path, arrays, meta)
@@ -245,5 +251,7 @@ class ServingModel:
             metric=meta.get("metric"),
             metric_name=str(meta.get("metric_name", "none")),
             reference=meta.get("reference"),
+            speed_max=meta.get("speed_max"),
+            sigma_min=meta.get("sigma_min"),
             created_at=float(meta.get("created_at", 0.0)),
         )
