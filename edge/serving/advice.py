@@ -91,6 +91,11 @@ def speed_advice(
     return Advice(round(best, 3), capped_by=capped_by)
 
 
+def tenths_down(speed: float) -> float:
+    """``speed`` rounded down to 0.1 mm/s, as it is sent: rounding up could pass a ceiling."""
+    return math.floor(speed * 10 + 1e-9) / 10
+
+
 def velocity_script(speed: float) -> str:
-    """The G-code line that caps the toolhead at ``speed`` mm/s (Klipper)."""
-    return f"SET_VELOCITY_LIMIT VELOCITY={speed:.1f}"
+    """The G-code line that caps the toolhead at ``speed`` mm/s (Klipper), rounded down to 0.1."""
+    return f"SET_VELOCITY_LIMIT VELOCITY={tenths_down(speed):.1f}"

@@ -32,7 +32,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from edge.serving.advice import velocity_script
+from edge.serving.advice import tenths_down, velocity_script
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,9 @@ class MoonrakerApply:
         """Restore the printer's own limit and stop the worker (waits at most ``wait_s``)."""
         if self._thread is None:
             return
+        with contextlib.suppress(queue.Empty):  # advice not sent yet is moot now: only the restore counts
+            while True:
+                self._queue.get_nowait()
         self.restore("the daemon stops")
         with contextlib.suppress(queue.Full):  # a worker stuck on a hung Moonraker: the join below ends it
             self._queue.put(("stop", None), timeout=1.0)
@@ -156,6 +159,7 @@ class MoonrakerApply:
         self.refused = None
         if self.printer_max is not None:
             speed = min(speed, self.printer_max)
+        speed = tenths_down(speed)
         if self._set(speed):
             self.sent += 1
             self.in_effect = speed
@@ -196,7 +200,7 @@ class MoonrakerApply:
             self.mismatch += 1
             log.warning("%s: could not read back %r: %s", self.device, script, exc)
             return True
-        if abs(got - round(speed, 1)) > READBACK_TOLERANCE:
+        if abs(got - tenths_down(speed)) > READBACK_TOLERANCE:
             self.mismatch += 1
             log.warning("%s: sent %r but the toolhead reads max_velocity %g", self.device, script, got)
         self.last_error = None
