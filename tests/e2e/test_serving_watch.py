@@ -31,6 +31,10 @@ clear_below = 0.4
 """
 
 
+#: PFL-DA with enough steps in 3 rounds to expect real speeds on the recorder's printer (not ~0 mm/s).
+ADVISING_TASK = pflda_task(rounds=3) | {"hparams": {"lr": 0.5, "weight_decay": 0.0, "local_steps": 200}}
+
+
 def alert_events(sniffer: Sniffer, device: str, rule: str) -> list[dict]:
     topic = topics.topic_alert(FLEET, device, rule)
     return [json.loads(p) for t, p in list(sniffer.messages) if t == topic]
@@ -104,8 +108,7 @@ def test_moonraker_receives_the_advised_speed_at_the_start_of_a_print_and_gets_i
         )
         record(work, dev, "printer", "--layers", "6", "--layer-s", "0.3")
         fleet_procs.start_device(dev, "--config", str(toml), "--log-level", "INFO", simulate=None)
-        task = pflda_task(rounds=3) | {"hparams": {"lr": 0.5, "weight_decay": 0.0, "local_steps": 200}}
-        train(fleet_procs, dev, task, 3)  # enough steps to expect real speeds (25-35 mm/s)
+        train(fleet_procs, dev, ADVISING_TASK, 3)
         sniffer = Sniffer(fleet_procs.broker_url)
         try:
             record(work, dev, "printer", "--layers", "4", "--layer-s", "0.3")
