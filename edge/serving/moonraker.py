@@ -110,6 +110,7 @@ class MoonrakerApply:
         self.restore("the daemon stops")
         with contextlib.suppress(queue.Full):  # a worker stuck on a hung Moonraker: the join below ends it
             self._queue.put(("stop", None), timeout=1.0)
+        # Time for a call in flight to time out and the restore to go; a hung Moonraker is left to the thread.
         budget = wait_s if wait_s is not None else 2 * self.timeout_s * (self.retries + 1) + 1.0
         self._thread.join(budget)
 
