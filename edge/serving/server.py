@@ -126,6 +126,7 @@ class Server:
                 url or "http://127.0.0.1:7125", self.cfg.dry_run, key, self.cfg.max_advice, device=self.device
             )
         self._last_run: str | None = None
+        self._applied_task: str | None = None  # the task whose advice was last sent
         self.home_assistant = Discovery(config) if self.enabled and self.cfg.home_assistant else None
         self._watch_lock = threading.Lock()  # field scores and alerts: the serving thread vs the status
 
@@ -383,13 +384,13 @@ class Server:
         run = ans.key.rsplit("/", 1)[0]
         if run == self._last_run:
             return
-        self._last_run = run
+        self._last_run, self._applied_task = run, ans.task
         self.moonraker.apply(run, float(advice["speed"]))
         self._changed = True
 
     def _advice_changed(self, task: str) -> None:
         """``task``'s serving model changed: if the applied task no longer advises, restore the printer."""
-        if self.moonraker is None or task != self.advice_task():
+        if self.moonraker is None or task != self._applied_task:
             return
         model = self.models.get(task)
         advice = self.advice_for(task, model) if model is not None else None

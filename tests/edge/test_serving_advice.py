@@ -148,6 +148,18 @@ def test_the_limit_is_restored_when_the_serving_model_stops_advising(tmp_path, k
     srv.close()
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_the_limit_is_restored_when_the_serving_model_answers_inf_and_is_taken_out(tmp_path, klipper):
+    srv = printer(tmp_path, klipper.url)
+    offer(srv, linear(3e38, 0.0))  # finite on its rows (sigma_a <= 1), Inf at 10; advice capped at ~125
+    srv.answer(layer("job#1/0", 0.5))
+    wait_for(lambda: srv.moonraker.sent == 1, "the advice sent")
+    assert srv.answer(layer("job#1/1", 10.0)) == 0 and "speed" not in srv.models  # not finite: out
+    wait_for(lambda: srv.moonraker.restored == 1, "the restore")
+    assert klipper.max_velocity == 300.0
+    srv.close()
+
+
 def test_max_advice_above_the_printer_limit_applies_nothing_and_says_so(tmp_path, klipper):
     klipper.config_max_velocity = 200.0
     srv = printer(tmp_path, klipper.url, max_advice=250.0)
