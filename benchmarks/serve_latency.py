@@ -27,7 +27,13 @@ from ``git HEAD`` as ``make pi-check`` installs it; mosquitto and the subscriber
 host.  Its table is labelled **emulated**: qemu translates every instruction on this x86_64
 CPU, so its times are neither this machine's nor a Raspberry Pi's.
 
+``--hung-moonraker`` times printer layers only, twice on one mosquitto: a serving model that
+advises a speed (``[serve] vibration_budget``), first publishing it only, then applying it
+(``apply = "moonraker"``, ``dry_run = false``) to a Moonraker that accepts every connection and
+never answers (:class:`sensors.sim.printer_host.HungMoonraker`); the two rows' p99 side by side.
+
     python -m benchmarks.serve_latency [--quick] [--runs N]
+    python -m benchmarks.serve_latency --hung-moonraker [--layers N] --no-write
     sudo .venv/bin/python -m benchmarks.serve_latency --arm64
 """
 
@@ -160,11 +166,11 @@ def stop(*procs: subprocess.Popen) -> None:
 
 
 def trainer(
-    work: Path, device: str, broker: BrokerProcess, serve: bool, launcher: Launcher = HOST
+    work: Path, device: str, broker: BrokerProcess, serve: bool, launcher: Launcher = HOST, extra: str = ""
 ) -> subprocess.Popen:
     state = work / device
     toml = work / f"{device}.toml"
-    toml.write_text(f"[serve]\nenabled = {'true' if serve else 'false'}\n")
+    toml.write_text(f"[serve]\nenabled = {'true' if serve else 'false'}\n{extra}")
     args = ["edge.cli", "--device", device, "--fleet", FLEET, "--broker", broker.url, "--allow-plaintext",
             "--state-dir", launcher.path(state), "--config", launcher.path(toml), "--log-level", "WARNING"]  # fmt: skip
     return spawn(args, work / f"{device}.log", launcher)
@@ -182,8 +188,13 @@ def wait_serving(work: Path, device: str, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+#: A printer model that advises: speed/50 = 2 sigma_a + 0.5 (85 mm/s at sigma_a 0.6).
+ADVISING_TASK = {"name": "speed", "algorithm": "fedavg", "model": "mlp", "model_args": {"sizes": [1, 1]}}
+ADVISING_PARAMS = {"fc0.weight": np.array([[2.0]], np.float32), "fc0.bias": np.array([0.5], np.float32)}
+
+
 def save_model(
-    state: Path, device: str, spec: dict, *, width: int, classes=None, schema=None, x=None
+    state: Path, device: str, spec: dict, *, width: int, classes=None, schema=None, x=None, shared=None
 ) -> None:
     algo = make_client(TaskSpec.from_json(json.dumps({**spec, "name": spec["name"]})))
     rng = np.random.default_rng(0)
@@ -195,7 +206,7 @@ def save_model(
         task=spec["name"],
         spec_json=algo.spec.to_json(),
         round=1,
-        shared=algo.init_global(rng),
+        shared=algo.init_global(rng) if shared is None else shared,
         local=algo.init_local(rng),
         width=width,
         schema_hash=schema,
@@ -288,15 +299,28 @@ def bench_welds(work: Path, broker: BrokerProcess, n: int, gap_s: float, launche
 
 
 def bench_layers(
-    work: Path, broker: BrokerProcess, n: int, layer_s: float, launcher: Launcher = HOST
+    work: Path,
+    broker: BrokerProcess,
+    n: int,
+    layer_s: float,
+    launcher: Launcher = HOST,
+    advice: str | None = None,
 ) -> dict:
-    """``layer_s`` stays above the recorder's Moonraker poll (0.25 s), or layers pass unseen."""
+    """``layer_s`` stays above the recorder's Moonraker poll (0.25 s), or layers pass unseen.
+
+    ``advice``: ``None``, the fleet's PFL-DA model as initialized; else a model that advises, whose
+    advice goes to the Moonraker at that URL (``""``: published only)."""
     dev, off = "p1", "p1off"
-    spec = pflda_task("speed")
+    spec = pflda_task("speed") if advice is None else ADVISING_TASK
+    shared = None if advice is None else ADVISING_PARAMS
     for d in (dev, off):
         (work / d).mkdir(parents=True, exist_ok=True)
-        save_model(work / d, d, spec, width=1)
-    on, idle = trainer(work, dev, broker, True, launcher), trainer(work, off, broker, False, launcher)
+        save_model(work / d, d, spec, width=1, shared=shared)
+    extra = "" if advice is None else "vibration_budget = 0.6\n"
+    if advice:
+        extra += f'apply = "moonraker"\ndry_run = false\nmoonraker_url = "{advice}"\n'
+    on = trainer(work, dev, broker, True, launcher, extra)
+    idle = trainer(work, off, broker, False, launcher)
     sub = Answers(broker.url, dev)
     try:
         wait_serving(work, dev, launcher.startup_s)
@@ -317,8 +341,11 @@ def bench_layers(
     fed = len(read_log(feed_path(work / dev))[0])  # layers the recorder stored (a layer cut short is dropped)
     lat = [t - body["row_time"] for t, body in sub.got.values()]
     served = [body["latency_s"] for _, body in sub.got.values()]
+    kind = "printer layer"
+    if advice is not None:
+        kind += ", advice to a Moonraker that never answers" if advice else ", advice published only"
     return {
-        "kind": "printer layer",
+        "kind": kind,
         "rows": fed,
         "answered": len(lat),
         "e2e": summary(lat) if lat else (float("nan"),) * 3,
@@ -355,6 +382,29 @@ def run(
                 bench_layers(work / "printer", broker, layers, layer_s, launcher),
             ]
         finally:
+            broker.stop()
+        for r in rows:
+            r["load"] = (load0 + os.getloadavg()[0]) / 2
+        return rows
+
+
+def run_hung(layers: int, work: Path | None = None, layer_s: float = 0.5) -> list[dict]:
+    """Printer layers answered by an advising model, without and with a hung Moonraker, on one mosquitto."""
+    from sensors.sim.printer_host import HungMoonraker
+
+    with tempfile.TemporaryDirectory(prefix="ioft-serve-bench-") as tmp:
+        work = work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        broker = start_mosquitto(log_file=work / "mosquitto.log")
+        hung = HungMoonraker()
+        try:
+            load0 = os.getloadavg()[0]
+            rows = [
+                bench_layers(work / "advice", broker, layers, layer_s, advice=""),
+                bench_layers(work / "hung", broker, layers, layer_s, advice=hung.url),
+            ]
+        finally:
+            hung.close()
             broker.stop()
         for r in rows:
             r["load"] = (load0 + os.getloadavg()[0]) / 2
@@ -437,6 +487,11 @@ def main(argv: list[str] | None = None) -> int:
         "--arm64", action="store_true", help="also measure in the arm64 root under qemu (emulated; as root)"
     )
     parser.add_argument("--root", type=Path, default=Path("/var/tmp/ioft-pi-root"), help="the arm64 root")
+    parser.add_argument(
+        "--hung-moonraker",
+        action="store_true",
+        help="printer layers only: an advising model, without and with a Moonraker that never answers",
+    )
     args = parser.parse_args(argv)
     welds = args.welds or (20 if args.quick else 200)
     layers = args.layers or (15 if args.quick else 100)
@@ -447,6 +502,18 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.hung_moonraker:
+        runs = [run_hung(args.layers or 30, args.work) for _ in range(n_runs)]
+        body = (
+            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; {n_runs} runs. "
+            "Printer layers answered by a model that advises a speed: published only, then applied "
+            "(apply = 'moonraker', dry_run = false) to a Moonraker that accepts connections and never "
+            "answers. p50/p99: the row's time to the answer at the subscriber.\n\n" + table(runs) + "\n"
+        )
+        print(body)
+        if not args.no_write:
+            print(f"wrote {write_result('serve_latency_hung_moonraker', body)}", file=sys.stderr)
+        return 0
     runs = [run(welds, layers, args.work) for _ in range(n_runs)]
     body = (
         f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; {n_runs} runs, "

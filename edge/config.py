@@ -334,9 +334,16 @@ class ServeConfig:
         The slowest speed (mm/s) ever advised (default 5): below it the model says nothing (an
         untrained model can expect 0 or a negative speed, and a velocity limit of that stalls a
         printer).  Only a test of the plumbing sets it lower.
+    max_advice
+        The operator's ceiling (mm/s, > 0): no advice is above it, nor above the fastest speed the
+        model was trained on, nor above the printer's own ``max_velocity`` (read from Moonraker;
+        a ``max_advice`` above that is refused there, in one line).
+    advice_task
+        With several printer tasks: the one whose advice is applied (unset with several: refused).
     apply
         ``"moonraker"``: send the advice to the printer's Moonraker when a print run's first
-        layer is answered (``SET_VELOCITY_LIMIT VELOCITY=<advice>``); ``"none"`` (default):
+        layer is answered (``SET_VELOCITY_LIMIT VELOCITY=<advice>``, off the answer path, read back,
+        and the printer's own limit restored when the print ends); ``"none"`` (default):
         publish it only.
     dry_run
         With ``apply = "moonraker"``: log (and count) what would be sent, send nothing (default).
@@ -371,6 +378,8 @@ class ServeConfig:
     log_max_age_s: float = 86400.0
     vibration_budget: float | None = None
     min_advice: float = 5.0
+    max_advice: float | None = None
+    advice_task: str | None = None
     apply: str = "none"
     dry_run: bool = True
     moonraker_url: str | None = None
@@ -398,8 +407,16 @@ class ServeConfig:
             problems.append(
                 f"serve.vibration_budget must be > 0 (units of sigma_a), got {self.vibration_budget}"
             )
-        if not math.isfinite(self.min_advice):
-            problems.append(f"serve.min_advice must be a number of mm/s, got {self.min_advice}")
+        if not (math.isfinite(self.min_advice) and self.min_advice >= 0):
+            problems.append(f"serve.min_advice must be a speed >= 0 mm/s, got {self.min_advice}")
+        if self.max_advice is not None and not (math.isfinite(self.max_advice) and self.max_advice > 0):
+            problems.append(f"serve.max_advice must be a speed > 0 mm/s, got {self.max_advice}")
+        if self.advice_task is not None:
+            check_id("task", self.advice_task)
+        if self.moonraker_url is not None and not self.moonraker_url.startswith(("http://", "https://")):
+            problems.append(
+                f"serve.moonraker_url must start with http:// or https://, got {self.moonraker_url!r}"
+            )
         if self.apply not in APPLY_CHOICES:
             problems.append(f"serve.apply must be one of {list(APPLY_CHOICES)}, got {self.apply!r}")
         if self.apply != "none" and self.vibration_budget is None:
@@ -514,6 +531,16 @@ class DeviceConfig:
             raise ValueError(
                 f"secagg_min_participants must be >= 2 (a sum of one is this device's update), "
                 f"got {self.secagg_min_participants}"
+            )
+        advising = self.serve.tasks or self.tasks
+        if self.serve.apply != "none" and self.serve.advice_task is None and len(advising) > 1:
+            raise ValueError(
+                f"serve.apply = {self.serve.apply!r} with several tasks ({', '.join(advising)}) needs "
+                'serve.advice_task = "<task>": the one whose advice the printer takes'
+            )
+        if self.serve.advice_task is not None and advising and self.serve.advice_task not in advising:
+            raise ValueError(
+                f"serve.advice_task = {self.serve.advice_task!r} is not one of the tasks here ({', '.join(advising)})"
             )
         if self.secagg_signed_keys and (self.tls is None or self.tls.cert_file is None):
             raise ValueError(

@@ -4,7 +4,9 @@ From the machines view (:func:`cloud_aggregator.console.machines_view.machines_j
 answer's values (a layer's expected and commanded speed and residual, a weld's class
 probabilities), its latency, the speed advice, field accuracy or error and the drift flag,
 open alerts, and the answers and refusals the device counts.  Gauges, not counters: a
-device's own counts start again when it restarts.
+device's own counts start again when it restarts.  The exception: the speed advice's Moonraker
+calls (sent, failed, restored, read back wrong, dropped) are ``_total`` counters, whose rates
+Prometheus takes across such restarts.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from cloud_aggregator.console.fleet_status import number
@@ -48,8 +50,24 @@ class MachinesCollector(Collector):
             "refused": _gauge("ioft_answers_refused", "Rows refused an answer since the trainer started, by reason", "reason"),
             "round": _gauge("ioft_serving_model_round", "The round of the model that serves the task"),
         }  # fmt: skip
+        moonraker = {
+            k: CounterMetricFamily(f"ioft_moonraker_{k}", doc, labels=["device"])
+            for k, doc in (
+                ("sent", "Speed advice the printer's Moonraker took (read back after)"),
+                ("failed", "Moonraker calls that failed after their retries"),
+                ("restored", "Times the printer's own max_velocity was put back"),
+                ("readback_mismatch", "Changes the toolhead's max_velocity did not show when read back"),
+                ("dropped", "Moonraker requests dropped because the worker was behind"),
+            )
+        }
+        refused = GaugeMetricFamily("ioft_moonraker_apply_refused", "1 while the advice is not applied (see the status)", labels=["device"])  # fmt: skip
         for m in self.machines():
             d = m["device"]
+            for k, family in moonraker.items():
+                if (v := number((m.get("moonraker") or {}).get(k))) is not None:
+                    family.add_metric([d], v)
+            if m.get("moonraker") is not None:
+                refused.add_metric([d], float(m["moonraker"]["refused"] is not None))
             open_by_task: dict[str, int] = {t["task"]: 0 for t in m["tasks"]}
             for a in m["alerts"]:
                 if a["state"] == "raised":
@@ -61,6 +79,8 @@ class MachinesCollector(Collector):
                 labels = [d, t["task"]]
                 _task(g, labels, t)
         yield from g.values()
+        yield from moonraker.values()
+        yield refused
 
 
 def _task(g: dict[str, GaugeMetricFamily], labels: list[str], t: dict[str, Any]) -> None:

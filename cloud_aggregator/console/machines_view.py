@@ -19,6 +19,8 @@ from cloud_aggregator.console.machines_feed import MAX_RULES, MAX_TEXT, MachineL
 
 #: The fields of a status's ``serving.models.<task>`` shown as the serving model.
 MODEL_FIELDS = ("round", "digest", "metric", "metric_name", "encoder", "encoder_version", "since")
+#: The counts of ``serving.moonraker`` (the speed advice applied to a printer through Moonraker).
+MOONRAKER_COUNTS = ("sent", "failed", "restored", "readback_mismatch", "dropped")
 #: The fields of ``serving.field.<task>``.
 FIELD_FIELDS = ("metric", "value", "n", "scored", "reference", "drift", "awaiting_labels")
 #: ``serving.field.<task>.coverage`` (edge.serving.conformal), shown as ``coverage_<name>``.
@@ -52,6 +54,15 @@ def field_json(field: dict) -> dict[str, Any]:
     return {k: _plain(field.get(k)) for k in FIELD_FIELDS} | {
         f"coverage_{k}": _plain(coverage.get(k)) for k in COVERAGE_FIELDS
     }
+
+
+def _moonraker(value: Any) -> dict[str, Any] | None:
+    """The advice's Moonraker counts and whether applying is refused (``None``: it applies nothing)."""
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, Any] = {k: number(value.get(k)) for k in MOONRAKER_COUNTS}
+    out["refused"] = str(value["refused"])[:300] if isinstance(value.get("refused"), str) else None
+    return out
 
 
 def timeline(points: list[Point]) -> dict[str, Any]:
@@ -120,6 +131,7 @@ def machine_json(
         "serving": serving.get("enabled") if isinstance(serving.get("enabled"), bool) else None,
         "refused_rows": _counts(refused.get("*")),
         "last_latency_s": number(serving.get("last_latency_s")),
+        "moonraker": _moonraker(serving.get("moonraker")),
         "tasks": tasks,
         "alerts": alerts,
         "open_alerts": sum(a["state"] == "raised" for a in alerts),

@@ -4,7 +4,8 @@ for ``make demo`` (``cloud_aggregator.local.demo``, which may not import ``edge`
 A simulated printer (``edge-trainer --simulate printer``) has no row feed and so no serving model;
 its model is what the device holds after its last round of each task (``tasks/<task>/local.safetensors``:
 its trained shared part and its own local part).  The advice is :func:`edge.serving.advice.speed_advice`
-of that model, as a serving model would give it.  ``truth`` is what the simulated printer really
+of that model, as a serving model would give it (bounded by its training rows: no advice when every
+row it trained on vibrated above the budget).  ``truth`` is what the simulated printer really
 does: the highest speed setting it was recorded at (train and test rows together) whose mean
 vibration is within the budget.  One JSON object per device on stdout.
 """
@@ -35,9 +36,11 @@ def advice(state_dir: Path, task: str, budget: float) -> float | None:
         return None
     if state is None:
         return None
+    train, _, _ = simulated_printer_dataset(state_dir.name, DataConfig(source="simulate-printer"))
     model = ServingModel(state_dir.name, task, state.spec_json, state.answered[0] if state.answered else 0,
-                         dict(state.upload), dict(state.local), width=1)  # fmt: skip
-    return speed_advice(model, budget)
+                         dict(state.upload), dict(state.local), width=1,
+                         speed_max=float(train.y.max()) * SPEED_SCALE, sigma_min=float(train.x[:, 0].min()))  # fmt: skip
+    return speed_advice(model, budget).speed
 
 
 def truth(device: str, budget: float) -> float | None:

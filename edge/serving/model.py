@@ -81,6 +81,10 @@ class ServingModel:
     metric_name: str = "none"
     #: The figure field scores are held against: test accuracy (classes) or mean |error| in mm/s.
     reference: float | None = None
+    #: Printers: the fastest speed (mm/s) and the least vibration (sigma_a) of the training rows,
+    #: the speed advice's bounds (edge.serving.advice).
+    speed_max: float | None = None
+    sigma_min: float | None = None
     created_at: float = field(default_factory=time.time)
     # -- conformal intervals and the trained range (edge.serving.conformal) ---------------
     #: Per-feature min and max of the training rows as stored: an answer says if its row lies within.
@@ -250,6 +254,8 @@ class ServingModel:
             "metric": self.metric,
             "metric_name": self.metric_name,
             "reference": self.reference,
+            "speed_max": self.speed_max,
+            "sigma_min": self.sigma_min,
             "created_at": self.created_at,
         }
         save_arrays(path, arrays, meta)
@@ -285,6 +291,8 @@ class ServingModel:
             metric=meta.get("metric"),
             metric_name=str(meta.get("metric_name", "none")),
             reference=meta.get("reference"),
+            speed_max=meta.get("speed_max"),
+            sigma_min=meta.get("sigma_min"),
             created_at=float(meta.get("created_at", 0.0)),
             x_low=arrays.get("range.low"),
             x_high=arrays.get("range.high"),

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from edge.config import DeviceConfig, resolve_relative_files
-from edge.serving.advice import speed_advice
+from edge.serving.advice import ceilings, speed_advice
 from edge.serving.model import Refused, ServingModel
 from edge.serving.records import Row
 from edge.serving.server import model_path
@@ -216,12 +216,13 @@ def print_advice(config: DeviceConfig, args: argparse.Namespace) -> int:
         )
     printed = 0
     for task, model in serving_models(config, args.task).items():
-        speed = speed_advice(model, budget, config.serve.min_advice)
-        if speed is None:
+        if model.classes is not None:
             continue
+        advice = speed_advice(model, budget, config.serve.min_advice,
+                              ceiling=ceilings(model, config.serve.max_advice, None))  # fmt: skip
         ident = {k: v for k, v in dataclasses.asdict(model.identity).items() if v is not None}
         body = {"device": config.device, "task": task, "model": ident,
-                "advice": {"speed": speed, "vibration_budget": budget}}  # fmt: skip
+                "advice": {**advice.to_dict(), "vibration_budget": budget}}  # fmt: skip
         print(json.dumps(body, separators=(",", ":")), flush=True)
         printed += 1
     if not printed:

@@ -23,9 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edge.config import DeviceConfig
 from edge.models.onnx import no_worse
-from edge.serving.advice import MoonrakerApply, speed_advice
+from edge.serving.advice import Advice, ceilings, speed_advice
 from edge.serving.alerts import Alerts, Event
 from edge.serving.conformal import score as conformal_score
 from edge.serving.feed import SERVING_DIR, feed_path, wake_path
@@ -33,10 +35,12 @@ from edge.serving.field import MAX_PENDING, FieldScores
 from edge.serving.home_assistant import Discovery
 from edge.serving.jsonlog import JsonLinesLog, Tail, read_log
 from edge.serving.model import Refusal, Refused, ServingModel
+from edge.serving.moonraker import MoonrakerApply
 from edge.serving.records import Answer, Row
 from ioft_protocol import topics
 from ioft_protocol.state import StateError, atomic_write_json
 from sensors.features.scaling import Standardizer
+from sensors.layers import SPEED_SCALE
 from trainer_lite.algorithms import ClientAlgorithm
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params
@@ -112,14 +116,18 @@ class Server:
         )
         self.alerts = Alerts(self.device, self.cfg.alerts if self.enabled else [], self.dir)
         self.field = FieldScores(self.cfg.field_window, self.cfg.drift_margin, self._calibrate)
-        self.advice: dict[str, tuple[str, float | None]] = {}  # task -> (model digest, speed)
+        self.advice: dict[str, tuple[tuple, Advice]] = {}  # task -> ((model digest, ceilings), advice)
+        self._apply_refused: str | None = None  # several tasks advise and none is the advice_task
         self.moonraker: MoonrakerApply | None = None
         if self.cfg.apply == "moonraker":
             sensors = config.sensors
             url = self.cfg.moonraker_url or (sensors.moonraker_url if sensors is not None else None)
             key = sensors.moonraker_api_key if sensors is not None else None
-            self.moonraker = MoonrakerApply(url or "http://127.0.0.1:7125", self.cfg.dry_run, key)
+            self.moonraker = MoonrakerApply(
+                url or "http://127.0.0.1:7125", self.cfg.dry_run, key, self.cfg.max_advice, device=self.device
+            )
         self._last_run: str | None = None
+        self._applied_task: str | None = None  # the task whose advice was last sent
         self.home_assistant = Discovery(config) if self.enabled and self.cfg.home_assistant else None
         self._watch_lock = threading.Lock()  # field scores and alerts: the serving thread vs the status
 
@@ -211,6 +219,8 @@ class Server:
                 wake_path(self.state_dir).unlink()
         if self._tail is not None:
             self._tail.close()
+        if self.moonraker is not None:
+            self.moonraker.close()  # puts the printer's own limit back
         self.answers.close()
 
     def _run(self) -> None:
@@ -291,6 +301,7 @@ class Server:
                     with self._lock:  # not served again until a round brings a finite one
                         if self.models.get(task) is model:
                             del self.models[task]
+                    self._advice_changed(task)
                 self._refuse(task, exc.reason, str(exc))
                 continue
             ans = self._with_advice(task, model, ans)
@@ -323,38 +334,79 @@ class Server:
         return topic
 
     # -- advice, alerts, field scores -----------------------------------------------------
-    def advice_for(self, task: str, model: ServingModel) -> float | None:
-        """The speed advice of ``model`` under ``[serve] vibration_budget`` (cached per model)."""
+    def advice_for(self, task: str, model: ServingModel) -> Advice | None:
+        """The speed advice of ``model`` under ``[serve] vibration_budget`` (``None``: no budget), under
+        the least of its ceilings known now (cached per model and ceilings)."""
         budget = self.cfg.vibration_budget
         if budget is None:
             return None
+        printer_max = self.moonraker.printer_max if self.moonraker is not None else None
+        limits = ceilings(model, self.cfg.max_advice, printer_max)
+        # The conservative edge: the interval's lower end at this coverage (it narrows as labels come).
+        margin = model.speed_margin(self.cfg.coverage)
+        key = (model.digest, tuple(sorted(limits.items())), margin)
         cached = self.advice.get(task)
-        if cached is None or cached[0] != model.digest:
-            try:
-                cached = (model.digest, speed_advice(model, budget, self.cfg.min_advice))
-            except Refused:
-                cached = (model.digest, None)
-            self.advice[task] = cached
+        if cached is None or cached[0] != key:
+            if margin is None:
+                advice = Advice(
+                    None,
+                    f"too few labelled layers to bound its answers at {self.cfg.coverage:.0%} coverage "
+                    f"(its interval is not calibrated yet)",
+                )
+            else:
+                try:
+                    advice = speed_advice(model, budget, self.cfg.min_advice, margin=margin, ceiling=limits)
+                except Refused as exc:
+                    advice = Advice(None, f"the model cannot answer: {exc}")
+            cached = self.advice[task] = (key, advice)
         return cached[1]
 
     def _with_advice(self, task: str, model: ServingModel, ans: Answer) -> Answer:
-        speed = self.advice_for(task, model) if ans.kind == "layer" else None
-        if speed is None:
+        advice = self.advice_for(task, model) if ans.kind == "layer" else None
+        if advice is None or advice.speed is None:
             return ans
-        ans.extra["advice"] = {"speed": speed, "vibration_budget": self.cfg.vibration_budget}
+        ans.extra["advice"] = {"speed": advice.speed, "vibration_budget": self.cfg.vibration_budget}
         return ans  # its extra is its own: ServingModel.answer made it
 
+    def advice_task(self) -> str | None:
+        """The task whose advice goes to the printer: ``[serve] advice_task``, else the only printer
+        task serving here (several and none configured: none, and the status says so)."""
+        if self.cfg.advice_task is not None:
+            return self.cfg.advice_task
+        printers = sorted(t for t, m in list(self.models.items()) if m.classes is None and self.serves(t))
+        if len(printers) > 1:
+            if self._apply_refused is None:
+                self._apply_refused = (
+                    f"tasks {', '.join(printers)} all advise and serve.advice_task is unset: nothing is "
+                    "applied until it names one"
+                )
+                log.error("%s: %s", self.device, self._apply_refused)
+            return None
+        self._apply_refused = None
+        return printers[0] if printers else None
+
     def _maybe_apply(self, ans: Answer) -> None:
-        """The advice to Moonraker once per print run, at its first answered layer."""
+        """The advice to Moonraker once per print run, at its first answered layer (queued: the
+        worker thread talks to Moonraker, never this one)."""
         advice = ans.extra.get("advice")
-        if self.moonraker is None or advice is None:
+        if self.moonraker is None or advice is None or ans.task != self.advice_task():
             return
         run = ans.key.rsplit("/", 1)[0]
         if run == self._last_run:
             return
-        self._last_run = run
-        self.moonraker.apply(self.device, run, float(advice["speed"]))
+        self._last_run, self._applied_task = run, ans.task
+        self.moonraker.apply(run, float(advice["speed"]))
         self._changed = True
+
+    def _advice_changed(self, task: str) -> None:
+        """``task``'s serving model changed: if the applied task no longer advises, restore the printer."""
+        if self.moonraker is None or task != self._applied_task:
+            return
+        model = self.models.get(task)
+        advice = self.advice_for(task, model) if model is not None else None
+        if advice is None or advice.speed is None:
+            self._last_run = None  # the next print run gets the advice again, if any comes back
+            self.moonraker.restore(f"task {task}'s serving model stopped advising")
 
     def _publish_alert(self, event: Event) -> None:
         log.warning(
@@ -451,6 +503,9 @@ class Server:
             scale_std=None if scaler is None else scaler.std,
             _algo=algo,
         )
+        if candidate.classes is None and len(raw_train):  # the speed advice's bounds (edge.serving.advice)
+            candidate.speed_max = float(np.max(raw_train.y)) * SPEED_SCALE
+            candidate.sigma_min = float(np.min(raw_train.x[:, 0])) if candidate.width == 1 else None
         enc = self.encoder(candidate.encoder) if candidate.encoder is not None else None
         try:
             score, name = candidate.score(test, enc)
@@ -488,6 +543,7 @@ class Server:
             self.models[task] = candidate  # one assignment: a row is answered by the old model or the new
         self.gate.pop(task, None)
         self._changed = True
+        self._advice_changed(task)
         if current is None:
             self._announce(task, candidate)
         log.info(
@@ -537,6 +593,13 @@ class Server:
         changed, self._changed = self._changed, False
         return changed
 
+    def _moonraker_status(self) -> dict[str, Any]:
+        assert self.moonraker is not None
+        out = self.moonraker.status() | {"advice_task": self.advice_task()}
+        if self._apply_refused is not None and out["refused"] is None:
+            out["refused"] = self._apply_refused
+        return out
+
     def status(self) -> dict[str, Any]:
         """The serving part of the trainer's retained status."""
         if not self.enabled:
@@ -566,11 +629,11 @@ class Server:
             "field": field,
             "unknown_labels": unknown,
             "advice": {
-                t: {"speed": self.advice_for(t, m), "vibration_budget": self.cfg.vibration_budget}
+                t: {**a.to_dict(), "vibration_budget": self.cfg.vibration_budget}
                 for t, m in list(self.models.items())
-                if self.cfg.vibration_budget is not None and m.classes is None
+                if m.classes is None and (a := self.advice_for(t, m)) is not None
             },
-            **({"moonraker": self.moonraker.status()} if self.moonraker is not None else {}),
+            **({"moonraker": self._moonraker_status()} if self.moonraker is not None else {}),
             "alerts": alerts,
             "alerts_untrusted": self.alerts.untrusted,
             "publish_errors": self.publish_errors,

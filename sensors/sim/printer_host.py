@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -101,17 +102,24 @@ class LoopbackHttp:
 
 
 class FakeMoonraker(LoopbackHttp):
-    """Answers like Moonraker from a timeline played on ``clock``.
+    """Answers like Moonraker from a timeline played on ``clock``, keeping Klipper's limits as Klipper does.
 
     ``down`` makes it answer HTTP 500 ("klippy disconnected") until cleared.  G-code sent to
     ``POST /printer/gcode/script?script=...`` is kept in ``scripts`` (answered ``{"result": "ok"}``).
+    ``SET_VELOCITY_LIMIT VELOCITY=<v>`` sets the live ``toolhead.max_velocity`` to ``v`` uncapped, as
+    current Klipper does (``stuck``: answered ok and not applied); ``config_max_velocity`` is the
+    ``[printer]`` section's (``configfile.settings.printer.max_velocity``); ``print_state``, when set,
+    replaces the timeline's ``print_stats.state``.
     """
 
-    def __init__(self, timeline: Timeline, clock: Callable[[], float]) -> None:
+    def __init__(self, timeline: Timeline, clock: Callable[[], float], max_velocity: float = 300.0) -> None:
         self.context = TimelineContext(timeline, clock)
         self.down = False
+        self.stuck = False
         self.requests = 0
         self.scripts: list[str] = []
+        self.max_velocity = self.config_max_velocity = max_velocity
+        self.print_state: str | None = None
         super().__init__(self._answer, self._post)
 
     def _post(self, path: str) -> tuple[int, bytes]:
@@ -122,13 +130,39 @@ class FakeMoonraker(LoopbackHttp):
         if self.down:
             return 500, b"klippy disconnected"
         self.scripts.append(script[0])
+        words = script[0].split()
+        if words and words[0].upper() == "SET_VELOCITY_LIMIT" and not self.stuck:
+            for word in words[1:]:
+                name, _, value = word.partition("=")
+                if name.upper() == "VELOCITY":
+                    self.max_velocity = float(value)  # no cap at the config's max_velocity
         return 200, json.dumps({"result": "ok"}).encode()
 
     def _answer(self, path: str) -> tuple[int, bytes]:
         self.requests += 1
         if self.down:
             return 500, b"klippy disconnected"
-        return 200, moonraker_body(self.context.poll())
+        body = json.loads(moonraker_body(self.context.poll()))
+        status = body["result"]["status"]
+        status["toolhead"]["max_velocity"] = self.max_velocity
+        status["configfile"] = {"settings": {"printer": {"max_velocity": self.config_max_velocity}}}
+        if self.print_state is not None:
+            status["print_stats"]["state"] = self.print_state
+        return 200, json.dumps(body).encode()
+
+
+class HungMoonraker:
+    """A Moonraker that accepts connections and never answers (a wedged host): the kernel completes
+    each connection from the listen backlog; nothing ever reads or writes it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def fake_printer_bus(

@@ -45,6 +45,14 @@ STATUS = {
             "speed": {"metric": "error", "value": 3.5, "n": 7, "scored": 7, "reference": 3.0, "drift": False}
         },
         "advice": {"speed": {"speed": 62.0, "vibration_budget": 0.8}},
+        "moonraker": {
+            "sent": 3,
+            "failed": 1,
+            "restored": 2,
+            "readback_mismatch": 0,
+            "dropped": 0,
+            "refused": None,
+        },
         "alerts": [],
     },
 }
@@ -187,6 +195,12 @@ def test_metrics_endpoint_exports_what_the_dashboard_plots(tmp_path):
     assert value[("ioft_field_error", speed)] == 3.5 and value[("ioft_field_drift", speed)] == 0
     assert value[("ioft_field_accuracy", tool)] == 0.6 and value[("ioft_field_drift", tool)] == 1
     assert value[("ioft_speed_advice", speed)] == 62.0
+    p1 = (("device", "printer1"),)
+    assert value[("ioft_moonraker_sent_total", p1)] == 3 and value[("ioft_moonraker_restored_total", p1)] == 2
+    assert (
+        value[("ioft_moonraker_failed_total", p1)] == 1 and value[("ioft_moonraker_apply_refused", p1)] == 0
+    )
+    assert ("ioft_moonraker_sent_total", (("device", "welder1"),)) not in value  # it applies nothing
     assert value[("ioft_alerts_open", tool)] == 1 and value[("ioft_alerts_open", speed)] == 0
     assert (
         value[("ioft_answers_refused", (("device", "printer1"), ("reason", "width"), ("task", "speed")))] == 2

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from cloud_aggregator.local.fleet import Sniffer, pflda_task
+from cloud_aggregator.local.fleet import Sniffer
 from ioft_protocol import topics
 from tests.e2e.test_serving import answers, record, train
+from tests.e2e.test_serving_watch import ADVISING_TASK
 from tests.edge.test_home_assistant import TOPIC, check_config, render
 
 
@@ -18,14 +19,14 @@ from tests.edge.test_home_assistant import TOPIC, check_config, render
 def test_a_printer_announces_itself_to_home_assistant_and_its_states_render(fleet_procs):
     work, dev = fleet_procs.work, "p1"
     toml = work / "p1.toml"
-    # No advice floor: a model of a few rounds expects no real speed yet, and the advice sensor's
-    # template needs a value to render (the floor has its unit test).
+    # A floor of 0 and enough steps for a real speed: the advice sensor's template needs a value to
+    # render (the 5 mm/s floor has its unit test; a negative min_advice is refused at start).
     toml.write_text(
-        'kind = "printer"\n[serve]\nhome_assistant = true\nvibration_budget = 1.0\nmin_advice = -1000.0\n'
+        'kind = "printer"\n[serve]\nhome_assistant = true\nvibration_budget = 1.0\nmin_advice = 0.0\n'
     )
     record(work, dev, "printer", "--layers", "6", "--layer-s", "0.3")
     fleet_procs.start_device(dev, "--config", str(toml), "--log-level", "INFO", simulate=None)
-    train(fleet_procs, dev, pflda_task(rounds=2), 2)
+    train(fleet_procs, dev, ADVISING_TASK, 3)
     sniffer = Sniffer(fleet_procs.broker_url)  # after the round: the configs must be retained
     try:
         fleet_procs.wait_for(

@@ -5,11 +5,13 @@ as the lagging maintenance log lands; a printer's speed advice reaches a (simula
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
 
 from cloud_aggregator.local.fleet import FLEET, Sniffer, pflda_task
+from edge.serving.advice import velocity_script
 from ioft_protocol import topics
 from sensors.sim.printer_host import FakeMoonraker, short_timeline
 from tests.e2e.retained import retained_status
@@ -27,6 +29,10 @@ k = 3
 n = 4
 clear_below = 0.4
 """
+
+
+#: PFL-DA with enough steps in 3 rounds to expect real speeds on the recorder's printer (not ~0 mm/s).
+ADVISING_TASK = pflda_task(rounds=3) | {"hparams": {"lr": 0.5, "weight_decay": 0.0, "local_steps": 200}}
 
 
 def alert_events(sniffer: Sniffer, device: str, rule: str) -> list[dict]:
@@ -89,21 +95,23 @@ def test_a_wearing_tool_raises_one_alert_and_a_new_tool_clears_it(fleet_procs):
 
 
 @pytest.mark.broker
-def test_moonraker_receives_the_advised_speed_at_the_start_of_a_print(fleet_procs):
+def test_moonraker_receives_the_advised_speed_at_the_start_of_a_print_and_gets_its_limit_back(fleet_procs):
     work, dev = fleet_procs.work, "p1"
     timeline, _ = short_timeline(time.monotonic(), layers=1, dur=1.0, job="x.gcode")
-    moonraker = FakeMoonraker(timeline, time.monotonic)  # the recorder's simulated Moonraker, on its own
+    # The stand-in keeps Klipper's limits (the recorder plays its own simulated Moonraker): printing.
+    moonraker = FakeMoonraker(timeline, time.monotonic, max_velocity=300.0)
+    moonraker.print_state = "printing"
     try:
         toml = work / "p1.toml"
         toml.write_text(
-            # A model of a few rounds expects no real speed yet (even a negative one): no floor, so
-            # the plumbing to Moonraker is what this test checks (the floor has its unit test).
-            f'[serve]\nvibration_budget = 1.0\nmin_advice = -1000.0\napply = "moonraker"\ndry_run = false\n'
-            f'moonraker_url = "{moonraker.url}"\n'
+            # A model of a few rounds expects slow speeds: a floor of 0 lets the plumbing show (the
+            # 5 mm/s floor has its unit test); 17,550 mm/s never reaches the printer whatever it is.
+            f'[serve]\nvibration_budget = 1.0\nmin_advice = 0.0\nmax_advice = 200.0\napply = "moonraker"\n'
+            f'dry_run = false\nmoonraker_url = "{moonraker.url}"\n'
         )
         record(work, dev, "printer", "--layers", "6", "--layer-s", "0.3")
         fleet_procs.start_device(dev, "--config", str(toml), "--log-level", "INFO", simulate=None)
-        train(fleet_procs, dev, pflda_task(rounds=2), 2)
+        train(fleet_procs, dev, ADVISING_TASK, 3)
         sniffer = Sniffer(fleet_procs.broker_url)
         try:
             record(work, dev, "printer", "--layers", "4", "--layer-s", "0.3")
@@ -117,10 +125,30 @@ def test_moonraker_receives_the_advised_speed_at_the_start_of_a_print(fleet_proc
             assert c["level"] == 0.9 and isinstance(a["in_range"], bool) and c["calibrated"] == (c["n"] >= 9)
             assert c["interval"] is None if not c["calibrated"] else c["interval"][0] <= a["expected_speed"]
         assert len(advised) == 1  # one model served the whole print
-        assert moonraker.scripts == [f"SET_VELOCITY_LIMIT VELOCITY={advised.pop():.1f}"]  # once per print
+        speed = advised.pop()
+        assert moonraker.scripts == [velocity_script(speed)]  # once per print
+        assert moonraker.max_velocity == float(velocity_script(speed).split("=")[1]) <= 200.0
+        # The print ends: the trainer puts the printer's own limit back and reads it back.
+        moonraker.print_state = "complete"
+        fleet_procs.wait_for(lambda: moonraker.max_velocity == 300.0, 30, "the printer's own limit back")
         fleet_procs.wait_for(
-            lambda: serving_status(fleet_procs, dev).get("moonraker", {}).get("sent") == 1, 30, "the status"
+            lambda: serving_status(fleet_procs, dev).get("moonraker", {}).get("restored") == 1,
+            30,
+            "the status",
         )
-        assert serving_status(fleet_procs, dev)["field"]["speed"]["metric"] == "error"
+        status = serving_status(fleet_procs, dev)
+        assert status["moonraker"] | {"last": None} == status["moonraker"] | {
+            "sent": 1, "failed": 0, "restored": 1, "readback_mismatch": 0, "own_limit": 300.0,
+            "in_effect": None, "last": None}  # fmt: skip
+        assert status["field"]["speed"]["metric"] == "error"
+        # The next print: the limit is read again, sent again, and put back when the trainer stops.
+        moonraker.print_state = "printing"
+        record(work, dev, "printer", "--layers", "2", "--layer-s", "0.3")
+        fleet_procs.wait_for(lambda: len(moonraker.scripts) == 3, 30, "the next print's advice")
+        proc = fleet_procs.devices[dev]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert moonraker.max_velocity == 300.0 and len(moonraker.scripts) == 4
+        assert "restored the printer's own max_velocity 300 (the daemon stops)" in fleet_procs.log(dev)
     finally:
         moonraker.close()
