@@ -68,8 +68,11 @@ from cloud_aggregator.fleet.ca import FleetCA, pem_cert, pem_key
 from cloud_aggregator.fleet.layout import (
     AGGREGATOR,
     AUTH_MODES,
+    BIND_ALL,
     BROKER_USER,
+    DEFAULT_BIND,
     DEFAULT_HOSTS,
+    HOME_ASSISTANT,
     OPERATOR,
     RESERVED,
     FleetInitError,
@@ -83,11 +86,13 @@ from cloud_aggregator.fleet.layout import (
     issue,
     mosquitto_conf_text,
     mosquitto_password_hash,
+    passwd_lines,
     print_device_lines,
     split_ids,
     unreachable_folder,
     worker_identity,
     write_file,
+    write_home_assistant,
     write_identity,
     write_worker_identity,
 )
@@ -139,7 +144,7 @@ def init_fleet(
     auth: str = "certs",
     hosts: Sequence[str] = DEFAULT_HOSTS,
     port: int = 8883,
-    bind: str | None = None,
+    bind: str | None = DEFAULT_BIND,
     force: bool = False,
     days: int = 825,
     ca_days: int = 3650,
@@ -154,8 +159,8 @@ def init_fleet(
     keep their own client ids (``mosquitto_conf_text``); the operator logs in with a certificate and a password.
 
     ``hosts`` are the names and addresses devices use to reach the broker (the server
-    certificate's SANs; the first one goes into the client configs).  ``bind`` limits
-    the listener to one address (all interfaces by default).  The systemd units run ioft's
+    certificate's SANs; the first one goes into the client configs).  ``bind``: the
+    listeners' address (loopback by default; ``"all"`` or ``None``: every interface).  The systemd units run ioft's
     commands from ``venv``.  Raises ``FleetInitError`` if ``out`` exists and is not empty,
     unless ``force``.
     """
@@ -178,7 +183,7 @@ def init_fleet(
         raise FleetInitError(f"{root} exists and is not empty; pass --force to replace it")
     host = hosts[0]
     url_host = f"[{host}]" if ":" in host else host
-    identities = (*devices, AGGREGATOR, OPERATOR, *(worker_identity(w) for w in worker_ids))
+    identities = (*devices, AGGREGATOR, OPERATOR, HOME_ASSISTANT, *(worker_identity(w) for w in worker_ids))
     # The operator logs in with a password in both modes (its own listener wants one).
     logins = identities if auth == "passwords" else (OPERATOR,)
     passwords = {n: secrets.token_urlsafe(24) for n in logins}
@@ -206,12 +211,13 @@ def init_fleet(
             write_file(staged.crl, ca.crl((), days=ca_days))
         (tmp / "broker" / "data").mkdir()
         generate_keypair(staged.signing_key)  # 0600 from creation, like every private key here
-        lines = "".join(f"{n}:{mosquitto_password_hash(passwords[n])}\n" for n in logins)
+        lines = "".join(passwd_lines(n, passwords[n]) for n in logins)
         write_file(staged.passwd if auth == "passwords" else staged.operator_passwd, lines, private=True)
         for name in (*devices, AGGREGATOR, OPERATOR):
             # The operator's listener wants its certificate in both modes.
             issuer = ca if auth == "certs" or name == OPERATOR else None
             write_identity(issuer, layout, name, days=days, staged=staged)
+        write_home_assistant(ca if auth == "certs" else None, layout, days=days, staged=staged)
         for w in worker_ids:
             write_worker_identity(ca if auth == "certs" else None, layout, w, days=days, staged=staged)
         for name in devices:
@@ -369,6 +375,15 @@ def main(args: argparse.Namespace) -> int:
     _broker_lines(layout)
     print(f"  aggregator: cloud-aggregator serve --config {layout.toml(AGGREGATOR)}  (add [[task]] tables)")
     fleet_workers.print_worker_lines(layout, layout.workers)
+    if args.bind in (None, "", BIND_ALL):
+        print("  listens on every interface")
+    else:
+        print(
+            f"  listens on {args.bind} only: devices on other machines need --bind {BIND_ALL} (or an address)"
+        )
+    print(
+        f"  Home Assistant: {layout.identity_dir(HOME_ASSISTANT) / 'home-assistant.txt'} (its MQTT settings)"
+    )
     print(
         f"  operator:   {layout.toml(OPERATOR)}  (console, fleet status, push, rollout --config; "
         f"its own listener, {layout.operator_url})"
