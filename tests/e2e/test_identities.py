@@ -1,0 +1,141 @@
+"""Each connection's rights follow the identity it proves (issue 32 item 3, issue 33 item 2), on a
+real mosquitto running the config and ACL `cloud-aggregator fleet init` writes.
+
+- The operator's certificate alone (no password) gets nothing on the devices' listener: its rights
+  are its listener's logins' (certificate AND password).
+- The operator's listener makes each login its client id, so the operator cannot connect as
+  ``printer1`` and knock the device off (client ids are one namespace across listeners).
+- Home Assistant's ``ha`` login reads the discovery configs and the state topics, nothing else,
+  and writes nothing.
+
+Raw paho clients, as in ``test_access`` (refused 3.1.1 publishes are acknowledged and dropped, so
+a refusal shows as a message a reader with the right never gets, beside a positive control).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from cloud_aggregator.fleet.init import AGGREGATOR, OPERATOR, FleetLayout
+from cloud_aggregator.fleet.layout import HOME_ASSISTANT
+from cloud_aggregator.local.broker import BrokerProcess
+from cloud_aggregator.local.fleet import FLEET
+from cloud_aggregator.operator import operator_slot
+from ioft_protocol import topics
+from tests.e2e.test_access import SETTLE_S, Client, _connected, _fleet_broker, _wait_for
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture(scope="module")
+def cert_fleet(tmp_path_factory) -> Iterator[tuple[FleetLayout, BrokerProcess]]:
+    yield from _fleet_broker(tmp_path_factory.mktemp("certs"), "certs")
+
+
+@pytest.fixture(scope="module")
+def pw_fleet(tmp_path_factory) -> Iterator[tuple[FleetLayout, BrokerProcess]]:
+    yield from _fleet_broker(tmp_path_factory.mktemp("passwords"), "passwords")
+
+
+def _operator(layout: FleetLayout, username: str | None, client_id: str = "") -> Client:
+    """A client on the operator's listener with the operator's certificate (and ``username``'s password)."""
+    password = layout.passwords[OPERATOR] if username else None
+    return Client(layout.operator_port, ca=layout.ca_cert, cert=(layout.cert(OPERATOR), layout.key(OPERATOR)),
+                  username=username, password=password, client_id=client_id)  # fmt: skip
+
+
+def _operator_cert_on_devices_listener(layout: FleetLayout) -> Client:
+    return Client(layout.port, ca=layout.ca_cert, cert=(layout.cert(OPERATOR), layout.key(OPERATOR)))
+
+
+def test_the_operators_certificate_alone_opens_nothing_on_the_devices_listener(cert_fleet):
+    """Before: ``operator.crt`` without the password was user ``operator`` there, with every
+    operator right (read every status, push models).  (mosquitto grants every 3.1.1 SUBSCRIBE
+    and applies the read ACL at delivery, so non-delivery beside a positive control is the proof.)"""
+    layout, _ = cert_fleet
+    agg = _connected(layout, AGGREGATOR)
+    p1 = _connected(layout, "printer1")
+    bare = _operator_cert_on_devices_listener(layout)
+    op = _operator(layout, operator_slot(1))
+    forged = (topics.topic_model_offer(FLEET, "forged"), b"a model the operator never pushed")
+    try:
+        if not bare.connect():
+            return  # refused outright: as good
+        assert op.connect(), f"the operator's real login: {op.connack} {op.error}"
+        for client in (bare, op):
+            client.subscribe(topics.topic_status_all(FLEET))
+        assert p1.subscribe(topics.topic_model_offer_all(FLEET)) == [1]
+        assert agg.subscribe(topics.topic_status_all(FLEET)) == [1]
+        bare.publish(*forged)
+        bare.publish(topics.topic_status(FLEET, OPERATOR), b'{"state": "online"}')  # as a device
+        op.publish(topics.topic_model_offer(FLEET, "control"), b"control")
+        _wait_for(p1, topics.topic_model_offer(FLEET, "control"), b"control")
+        p1.publish(topics.topic_status(FLEET, "printer1"), b'{"state": "online"}')
+        _wait_for(op, topics.topic_status(FLEET, "printer1"), b'{"state": "online"}')
+        _wait_for(agg, topics.topic_status(FLEET, "printer1"), b'{"state": "online"}')
+        time.sleep(SETTLE_S)
+        assert bare.messages == []
+        assert not p1.got(*forged)
+        assert [t for t, _ in agg.messages] == [topics.topic_status(FLEET, "printer1")]
+    finally:
+        for c in (bare, op, agg, p1):
+            c.close()
+
+
+@pytest.mark.parametrize("fleet", ["cert_fleet", "pw_fleet"])
+def test_the_operator_cannot_knock_a_device_off_by_taking_its_client_id(fleet, request):
+    """Before: the operator's listener kept the client's id, so ``operator`` connecting as
+    ``printer1`` disconnected the live printer1 (and the two flapped)."""
+    layout, _ = request.getfixturevalue(fleet)
+    agg = _connected(layout, AGGREGATOR)
+    p1 = _connected(layout, "printer1")
+    try:
+        assert agg.subscribe(topics.topic_status(FLEET, "printer1")) == [1]
+        for username in (OPERATOR, operator_slot(1)):
+            thief = _operator(layout, username, client_id="printer1")
+            try:
+                thief.connect()
+                time.sleep(SETTLE_S)
+                assert not p1.gone.is_set(), f"printer1 was knocked off by the operator's {username}"
+            finally:
+                thief.close()
+        p1.publish(topics.topic_status(FLEET, "printer1"), b'{"state": "online"}')
+        _wait_for(agg, topics.topic_status(FLEET, "printer1"), b'{"state": "online"}')
+    finally:
+        agg.close()
+        p1.close()
+
+
+@pytest.mark.parametrize("fleet", ["cert_fleet", "pw_fleet"])
+def test_home_assistant_reads_discovery_and_state_and_nothing_else(fleet, request):
+    """Issue 33 item 2: ``fleet init`` gives Home Assistant a login of its own (``ha/``)."""
+    layout, _ = request.getfixturevalue(fleet)
+    settings = (layout.identity_dir(HOME_ASSISTANT) / "home-assistant.txt").read_text()
+    assert str(layout.identity_dir(HOME_ASSISTANT) / "ca.crt") in settings
+    ha = _connected(layout, HOME_ASSISTANT)
+    agg = _connected(layout, AGGREGATOR)
+    p1 = _connected(layout, "printer1")
+    status = topics.topic_status(FLEET, "printer1")
+    try:
+        for topic in ("#", "homeassistant/#"):
+            assert ha.subscribe(topic) == [1]
+        assert agg.subscribe(topics.topic_status_all(FLEET)) == [1]
+        # It writes nothing: not a status in a device's name, nor one in its own, nor a discovery config.
+        for topic in (status, topics.topic_status(FLEET, HOME_ASSISTANT), "homeassistant/sensor/x/y/config"):
+            ha.publish(topic, b'{"state": "forged"}')
+        # It reads no uplink, downlink or model push.
+        p1.publish(topics.topic_up(FLEET, "speed", "printer1"), b"printer1's update")
+        agg.publish(topics.topic_down(FLEET, "speed"), b"broadcast")
+        p1.publish(status, json.dumps({"state": "online"}).encode())
+        _wait_for(ha, status, b'{"state": "online"}')  # but the state its entities show
+        _wait_for(agg, status, b'{"state": "online"}')
+        time.sleep(SETTLE_S)
+        assert ha.messages == [(status, b'{"state": "online"}')]
+        assert not [m for m in agg.messages if m[1] == b'{"state": "forged"}']
+    finally:
+        for c in (ha, agg, p1):
+            c.close()
