@@ -157,6 +157,7 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
             f"topic write ioft/v1/plant/status/{device}",
             f"topic write ioft/v1/plant/answer/{device}/+",  # its answers to its own rows (edge.serving)
             f"topic write ioft/v1/plant/alert/{device}/+",  # its alerts (edge.serving.alerts)
+            f"topic write ioft/v1/plant/ha/{device}/+/+",  # its Home Assistant configs: serve republishes them
             f"topic write ioft/v1/plant/task/+/secagg/up/{device}",
         ]
         assert f"topic read ioft/v1/plant/task/+/down/{device}" in lines
@@ -164,6 +165,11 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
     # The operator's certificate alone (CN operator, on the devices' listener) gets nothing; its
     # listener's logins get the operator's rights.
     assert "user operator" not in rules
+    # No device writes under Home Assistant's prefix (serve publishes the configs, rebuilt).
+    assert not [r for r in rules if r.startswith("topic write homeassistant")]
+    # A revoked device: its own status only, which `fleet end-sessions` leaves as revoked.
+    revoked = acl_text("plant", ["printer1"], revoked=["welder1"]).split("user welder1\n")[1]
+    assert revoked.split("\n\n")[0].strip().splitlines() == ["topic write ioft/v1/plant/status/welder1"]
     assert "user printer2" not in rules  # not enrolled: no reads
     aggregator = block(AGGREGATOR)
     assert "topic read ioft/v1/plant/task/+/up/+" in aggregator
@@ -179,6 +185,7 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
         and "/rollcall" not in r
         and not r.endswith("/scaling")
         and not r.endswith("/agg/ctl")
+        and r != "topic readwrite homeassistant/#"  # the devices' discovery configs, rebuilt
     ]
     # The devices' answers (edge.serving): the aggregator (and its console) and the operator read them.
     assert "topic read ioft/v1/plant/answer/+/+" in aggregator
@@ -347,7 +354,10 @@ def test_add_renew_and_revoke_rewrite_the_acl_crl_and_folders(tmp_path):
     crl.is_signature_valid(_cert(layout.ca_cert).public_key())
     canary = _cert(fleet_sessions.canary_files(layout)[0]).serial_number  # end-sessions' reload check
     assert {r.serial_number for r in crl} == {serial, renewed, canary}  # every certificate it was issued
-    assert "user printer1" not in layout.acl.read_text() and not layout.identity_dir("printer1").exists()
+    # Revoked: its own status only (`fleet end-sessions` leaves it as revoked), no device rights.
+    stanza = layout.acl.read_text().split("user printer1\n")[1].split("\n\n")[0]
+    assert stanza.strip().splitlines() == ["topic write ioft/v1/plant/status/printer1"]
+    assert not layout.identity_dir("printer1").exists()
     assert fleet_layout.open_fleet(layout.root).devices == ("printer3", "welder1")
     with pytest.raises(FleetInitError, match="printer1 is not enrolled"):
         fleet_devices.revoke_devices(layout.root, ["printer1"])

@@ -1,6 +1,8 @@
 """Home Assistant MQTT discovery on real processes and a real mosquitto: a printer with
-``[serve] home_assistant = true`` leaves valid retained configs on the broker, and its answer and
-status topics carry values that the configs' templates render into numbers (as Home Assistant would)."""
+``[serve] home_assistant = true`` announces its entities, ``serve`` republishes them rebuilt as
+valid retained configs under ``homeassistant/<component>/<fleet>_<device>/``, and the printer's
+answer and status topics carry values that the configs' templates render into numbers (as Home
+Assistant would)."""
 
 from __future__ import annotations
 
@@ -58,6 +60,8 @@ def test_a_printer_announces_itself_to_home_assistant_and_its_states_render(flee
         avail = body["availability"][0]
         assert render(avail["value_template"], latest[avail["topic"]]) == "online"
     answer = json.loads(latest[topics.topic_answer(fleet_procs.fleet, dev, "speed")])
-    tpl = configs[f"homeassistant/sensor/{dev}/speed_expected_speed/config"]["value_template"]
+    tpl = configs[f"homeassistant/sensor/{fleet_procs.fleet}_{dev}/speed_expected_speed/config"][
+        "value_template"
+    ]
     got = float(render(tpl, latest[topics.topic_answer(fleet_procs.fleet, dev, "speed")]))
     assert got == pytest.approx(answer["expected_speed"], abs=0.01)

@@ -25,7 +25,9 @@ from cloud_aggregator.fleet.layout import HOME_ASSISTANT
 from cloud_aggregator.local.broker import BrokerProcess
 from cloud_aggregator.local.fleet import FLEET
 from cloud_aggregator.operator import operator_slot
+from cloud_aggregator.serve.home_assistant import DiscoveryRelay
 from ioft_protocol import topics
+from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsConfig
 from tests.e2e.test_access import SETTLE_S, Client, _connected, _fleet_broker, _wait_for
 
 pytestmark = pytest.mark.broker
@@ -138,4 +140,60 @@ def test_home_assistant_reads_discovery_and_state_and_nothing_else(fleet, reques
         assert not [m for m in agg.messages if m[1] == b'{"state": "forged"}']
     finally:
         for c in (ha, agg, p1):
+            c.close()
+
+
+def _aggregator_session(layout: FleetLayout) -> MqttSession:
+    tls = TlsConfig(str(layout.ca_cert), str(layout.cert(AGGREGATOR)), str(layout.key(AGGREGATOR)))
+    session = MqttSession(SessionOptions(BrokerAddress.parse(layout.broker_url), AGGREGATOR, tls=tls))
+    DiscoveryRelay(session, FLEET).attach()  # as serve does
+    session.start(timeout=10)
+    return session
+
+
+def _config(device: str, object_id: str, *, names: str, reads: str) -> bytes:
+    """A discovery config from ``device`` that claims to be ``names``'s and shows topic ``reads``."""
+    return json.dumps({
+        "name": "speed advice", "state_topic": reads, "value_template": "{{ value_json.advice.speed }}",
+        "unique_id": f"ioft_{FLEET}_{names}_{object_id}",
+        "device": {"identifiers": [f"ioft_{FLEET}_{names}"], "name": names, "manufacturer": "ioft"},
+        "availability": [{"topic": topics.topic_status(FLEET, device)}],
+    }).encode()  # fmt: skip
+
+
+def test_a_device_cannot_put_its_entities_on_another_machines_home_assistant_card(cert_fleet):
+    """Issue 32 item 4.  Before: printer1 wrote ``homeassistant/sensor/printer1/<x>/config`` itself,
+    naming printer2's identifiers, and Home Assistant put the entity on printer2's card.  Now no
+    device writes under Home Assistant's prefix; serve republishes each device's own configs rebuilt,
+    naming the device that published them, and refuses one that shows another device's topics."""
+    layout, _ = cert_fleet
+    ha = _connected(layout, HOME_ASSISTANT)
+    p1 = _connected(layout, "printer1")
+    relay = _aggregator_session(layout)
+    forged = _config("printer1", "a", names="printer2", reads=topics.topic_answer(FLEET, "printer1", "speed"))
+    spying = _config("printer1", "b", names="printer1", reads=topics.topic_answer(FLEET, "printer2", "speed"))
+    try:
+        assert ha.subscribe("homeassistant/#") == [1]
+        # Straight under the prefix: the broker drops them.
+        p1.publish("homeassistant/sensor/printer1/a/config", forged)
+        p1.publish(f"homeassistant/sensor/{FLEET}_printer2/a/config", forged)
+        # Through serve: rebuilt (the identity is printer1's), or refused (another device's topic).
+        p1.publish(topics.topic_discovery(FLEET, "printer1", "sensor", "b"), spying)
+        p1.publish(topics.topic_discovery(FLEET, "printer1", "sensor", "a"), forged)
+        out = f"homeassistant/sensor/{FLEET}_printer1/a/config"
+        deadline = time.monotonic() + 10
+        while not [t for t, _ in ha.messages if t == out]:
+            assert time.monotonic() < deadline, f"serve never republished printer1's config: {ha.messages}"
+            time.sleep(0.01)
+        time.sleep(SETTLE_S)
+        assert [t for t, _ in ha.messages] == [out]
+        config = json.loads(ha.messages[0][1])
+        assert config["device"]["identifiers"] == [f"ioft_{FLEET}_printer1"]
+        assert config["device"]["name"] == "printer1" and config["unique_id"] == f"ioft_{FLEET}_printer1_a"
+        # The device drops the entity: Home Assistant gets an empty retained config, which removes it.
+        p1.c.publish(topics.topic_discovery(FLEET, "printer1", "sensor", "a"), b"", qos=1, retain=True)
+        _wait_for(ha, out, b"")
+    finally:
+        relay.stop()
+        for c in (ha, p1):
             c.close()
