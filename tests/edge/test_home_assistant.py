@@ -192,3 +192,20 @@ def test_discovery_is_off_unless_asked_and_the_prefix_is_checked(tmp_path):
     assert all(t.startswith(mine) for t, _ in published if "/sensor/" in t)
     with pytest.raises(ConfigError, match="discovery_prefix"):
         build(DeviceConfig, {"device": "p1", "serve": {"discovery_prefix": "homeassistant/#"}}, "device.toml")
+
+
+def test_a_rule_removed_from_the_config_is_removed_from_home_assistant(tmp_path):
+    """Issue 33 item 2: the next start publishes an empty retained config for each entity announced
+    before and gone now (serve republishes it empty too, and Home Assistant removes the entity)."""
+    before = welder(tmp_path, [])
+    announced = {t for t, _ in before.discovery()}
+    alert = topics.topic_discovery("plant", "w1", "binary_sensor", "alert_worn_tool")
+    assert alert in announced
+    after = ha_server(tmp_path, [], "w1", "welder")  # the same state folder, the rule gone
+    after.models = before.models
+    got = dict(after.discovery())
+    assert got[alert] == b"" and all(got[t] for t in announced - {alert})
+    assert b"" not in dict(after.discovery()).values()  # said once: the next connect has nothing to remove
+    off = Server(DeviceConfig(device="w1", fleet="plant", state_dir=str(tmp_path), serve=ServeConfig()),
+                 tmp_path, lambda topic, payload: None)  # fmt: skip
+    assert dict(off.discovery()) == dict.fromkeys(announced - {alert}, b"")  # discovery turned off: all go
