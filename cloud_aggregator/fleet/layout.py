@@ -51,8 +51,11 @@ PBKDF2_ITERATIONS = 101
 MAX_PACKET_BYTES = codec.MAX_PAYLOAD_BYTES + 64 * 1024
 
 
-def add_listener_args(p: argparse.ArgumentParser, whose: str, first_goes_into: str) -> None:
-    """``--host``, ``--port`` and ``--bind`` of a TLS listener (the fleet's broker or a plant's)."""
+def add_listener_args(
+    p: argparse.ArgumentParser, whose: str, first_goes_into: str, bind: str | None = DEFAULT_BIND
+) -> None:
+    """``--host``, ``--port`` and ``--bind`` of a TLS listener (the fleet's broker or a plant's);
+    ``bind``: ``--bind``'s default (``None``: every interface)."""
     p.add_argument(
         "--host",
         action="append",
@@ -63,10 +66,15 @@ def add_listener_args(p: argparse.ArgumentParser, whose: str, first_goes_into: s
     p.add_argument("--port", type=int, default=8883, help=f"{whose} TLS listener's port")
     p.add_argument(
         "--bind",
-        default=DEFAULT_BIND,
-        help=f"the address it listens on: loopback ({DEFAULT_BIND}) unless told; "
-        f"{BIND_ALL!r}: every interface, for devices on other machines",
+        default=bind,
+        help=f"the address it listens on ({BIND_ALL!r}: every interface)"
+        + ("; loopback unless told" if bind else ""),
     )
+
+
+def listener_line(port: int, bind: str | None) -> str:
+    """mosquitto's ``listener`` line: on ``bind`` (``None``, "" or ``BIND_ALL``: every interface)."""
+    return f"listener {port}" + ("" if bind in (None, "", BIND_ALL) else f" {bind}")
 
 
 class FleetInitError(ValueError):
@@ -425,8 +433,7 @@ def mosquitto_conf_text(layout: FleetLayout, *, bind: str | None) -> str:
     ``bind``: the listeners' address (``BIND_ALL`` or ``None``: every interface).
     """
     b = layout.root / "broker"
-    address = "" if bind in (None, "", BIND_ALL) else f" {bind}"
-    listener = f"listener {layout.port}{address}"
+    listener = listener_line(layout.port, bind)
     tls = f"""protocol mqtt
 cafile {layout.ca_cert}
 certfile {b / "server.crt"}
@@ -448,7 +455,7 @@ use_identity_as_username true{crl}"""
 # session logs in as one of operator.1 .. operator.{OPERATOR_SLOTS} (the same password), which
 # becomes its client id: several run beside serve and each other, and none can take a device's
 # client id (MQTT would disconnect the device).
-listener {layout.operator_port}{address}
+{listener_line(layout.operator_port, bind)}
 {tls}
 require_certificate true{crl}
 use_username_as_clientid true
@@ -559,7 +566,7 @@ def home_assistant_text(layout: FleetLayout) -> str:
         "their names checked) and the statuses, answers and alerts its entities show; it writes nothing.",
         "",
         "Settings > Devices & services > MQTT > Configure > Re-configure MQTT (advanced options on):",
-        f"  Broker:                 {host.strip('[]')}",
+        f"  Broker:                 {host.strip('[]')}  (fleet init --bind: where Home Assistant reaches it)",
         f"  Port:                   {port}",
     ]
     if HOME_ASSISTANT in layout.passwords:
@@ -576,7 +583,7 @@ def home_assistant_text(layout: FleetLayout) -> str:
             f"    Upload private key file:        {folder / f'{HOME_ASSISTANT}.key'}",
         ]
     lines += [
-        "  Broker protocol:        TLS, MQTT 3.1.1",
+        "  MQTT protocol:          3.1.1; transport: TCP",
         "Then Configure MQTT options: discovery on, discovery prefix " + DISCOVERY_PREFIX + ",",
         "birth and last-will messages off (this login may not publish).",
     ]
@@ -780,7 +787,7 @@ def device_errors(devices: Sequence[str]) -> list[str]:
         except codec.WireError as exc:
             errors.append(str(exc))
         if d in RESERVED:
-            errors.append(f"device id {d!r} is reserved for the {d}'s own identity; rename the device")
+            errors.append(f"device id {d!r} is reserved for the fleet's own {d} login; rename the device")
     dupes = sorted({d for d in devices if list(devices).count(d) > 1})
     if dupes:
         errors.append(f"device ids must be unique; repeated: {', '.join(dupes)}")
