@@ -38,6 +38,9 @@ WORKER_PREFIX = "worker."
 OPERATOR = "operator"
 #: How many operator sessions (consoles, ``fleet status``, ``push``...) one machine runs at once.
 OPERATOR_SLOTS = 16
+#: ``operator.toml``'s username in a fleet whose operator's listener has those logins: "one of them".
+#: A fleet from before them says ``operator`` and keeps it (its password file knows no other).
+OPERATOR_LOGIN = f"{OPERATOR}.*"
 
 
 def operator_slot(k: int) -> str:
@@ -84,10 +87,10 @@ _HELD: list[OperatorSlot] = []
 
 
 def claim_operator_login(login: BrokerLogin, role: str) -> tuple[SessionOptions, OperatorSlot | None]:
-    """Session options for an operator command: the operator's login (username ``operator``) becomes
+    """Session options for an operator command: the operator's login (username ``operator.*``) becomes
     a free ``operator.<k>`` of this machine, which the listener makes the client id too; any other
     login keeps its username and gets :func:`operator_client_id`.  Keep the slot until the session ends."""
-    if login.username != OPERATOR:
+    if login.username != OPERATOR_LOGIN:
         return SessionOptions.for_login(login, operator_client_id(role)), None
     key = hashlib.sha256(login.broker.encode()).hexdigest()[:12]
     slot = OperatorSlot(key)

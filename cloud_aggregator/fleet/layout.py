@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloud_aggregator.fleet.ca import FleetCA, cert_expiry, cert_serial
-from cloud_aggregator.operator import AGGREGATOR, OPERATOR_SLOTS, operator_slot
+from cloud_aggregator.operator import AGGREGATOR, OPERATOR_LOGIN, OPERATOR_SLOTS, operator_slot
 from cloud_aggregator.worker_login import WORKERS_DIR
 from ioft_protocol import codec, topics
 from ioft_protocol.config import ConfigError, load_toml
@@ -529,7 +529,9 @@ def client_toml(layout: FleetLayout, name: str) -> str:
         # console, push --canary and rollout read the aggregator's store: where serve keeps it.
         lines.append(f"state_dir = {_toml_str(AGGREGATOR_STATE_DIR)}  # the aggregator's (serve's state_dir)")
     if name in layout.passwords:
-        lines += [f"username = {_toml_str(name)}", f"password = {_toml_str(layout.passwords[name])}"]
+        # The operator: one of operator.1 .. operator.N, whichever is free (operator.claim_operator_login).
+        user = OPERATOR_LOGIN if name == OPERATOR else name
+        lines += [f"username = {_toml_str(user)}", f"password = {_toml_str(layout.passwords[name])}"]
     ca, cert, key = layout.ca_cert, layout.cert(name), layout.key(name)
     if device:
         ca, cert, key = Path(layout.device_ca(name).name), Path(cert.name), Path(key.name)

@@ -27,7 +27,7 @@ from cloud_aggregator.fleet.init import (
     mosquitto_password_hash,
 )
 from cloud_aggregator.fleet.layout import HOME_ASSISTANT
-from cloud_aggregator.operator import OPERATOR_SLOTS, operator_slot
+from cloud_aggregator.operator import OPERATOR_LOGIN, OPERATOR_SLOTS, operator_slot
 from edge.config import DeviceConfig, resolve_relative_files
 from ioft_protocol.config import build, load_toml
 
@@ -96,7 +96,7 @@ def test_client_configs_load_against_the_schemas(tmp_path):
         cfg = build(AggregatorConfig, raw)
         assert cfg.tls.cert_file == str(layout.cert(name))
         # The operator's own listener wants its password too; the aggregator has none.
-        assert cfg.username == (None if name == AGGREGATOR else OPERATOR)
+        assert cfg.username == (None if name == AGGREGATOR else OPERATOR_LOGIN)  # any free operator.<k>
     assert str(layout.signing_key) in layout.toml(OPERATOR).read_text()
     assert load_toml(layout.toml(OPERATOR))["broker"] == "mqtts://localhost:8884"  # --port + 1
 
