@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import os
 import secrets
+import stat
 import tempfile
 from pathlib import Path
 
@@ -55,6 +56,9 @@ class OperatorSlot:
     def __init__(self, key: str) -> None:
         folder = Path(tempfile.gettempdir()) / f"ioft-operator-{os.getuid()}"
         folder.mkdir(mode=0o700, exist_ok=True)
+        st = folder.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():  # someone else's, in a shared /tmp
+            raise ConfigError("operator", [f"{folder} is not a folder of this user's: remove it"])
         # Start at a random login: two machines' first sessions rarely pick the same one.
         first = secrets.randbelow(OPERATOR_SLOTS)
         for i in range(OPERATOR_SLOTS):
@@ -77,9 +81,6 @@ class OperatorSlot:
     @property
     def login(self) -> str:
         return operator_slot(self.k)
-
-    def release(self) -> None:
-        self._fh.close()
 
 
 #: The slots this process's one-shot commands hold (released at exit with the process's files).

@@ -27,9 +27,10 @@ from cloud_aggregator.fleet.init import (
     mosquitto_password_hash,
 )
 from cloud_aggregator.fleet.layout import HOME_ASSISTANT
-from cloud_aggregator.operator import OPERATOR_LOGIN, OPERATOR_SLOTS, operator_slot
+from cloud_aggregator.local.broker import free_port
+from cloud_aggregator.operator import OPERATOR_LOGIN, OPERATOR_SLOTS, claim_operator_login, operator_slot
 from edge.config import DeviceConfig, resolve_relative_files
-from ioft_protocol.config import build, load_toml
+from ioft_protocol.config import ConfigError, build, load_toml
 
 DEVICES = ["printer1", "welder1"]
 
@@ -409,3 +410,22 @@ def test_the_aggregator_toml_takes_the_readmes_tables_appended_at_its_end(tmp_pa
     )
     cfg = build(AggregatorConfig, load_toml(path), str(path))
     assert cfg.state_dir == "/var/lib/ioft-aggregator" and [t.name for t in cfg.task] == ["speed"]
+
+
+def test_each_operator_session_of_a_machine_claims_a_login_of_its_own(tmp_path):
+    """``operator.toml``'s ``operator.*``: a free ``operator.<k>``, its client id on the operator's
+    listener; sixteen at once, the seventeenth refused in one line.  An older TOML's ``operator`` stays."""
+    layout = init_fleet(tmp_path / "f", "plant", DEVICES, port=free_port())
+    raw = {
+        k: v for k, v in load_toml(layout.toml(OPERATOR)).items() if k != "model"
+    }  # as operator_config reads it
+    cfg = build(AggregatorConfig, raw, "operator.toml")
+    held = [claim_operator_login(cfg, "status") for _ in range(OPERATOR_SLOTS)]
+    logins = {options.username for options, _ in held}
+    assert logins == {operator_slot(k) for k in range(1, OPERATOR_SLOTS + 1)}
+    assert all(options.client_id == options.username for options, _ in held)
+    with pytest.raises(ConfigError, match="16 operator sessions already run on this machine"):
+        claim_operator_login(cfg, "status")
+    old = build(AggregatorConfig, {**raw, "username": OPERATOR}, "old.toml")
+    options, slot = claim_operator_login(old, "status")
+    assert slot is None and options.username == OPERATOR and options.client_id.startswith("operator.status.")
