@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cloud_aggregator.fleet.ca import FleetCA, cert_expiry, cert_serial
+from cloud_aggregator.fleet.ca import FleetCA, cert_expiry, cert_name, cert_serial
 from cloud_aggregator.operator import AGGREGATOR, OPERATOR_LOGIN, OPERATOR_SLOTS, operator_slot
 from cloud_aggregator.worker_login import WORKERS_DIR
 from ioft_protocol import codec, topics
@@ -256,12 +256,14 @@ def revoked_acl_text(fleet: str, revoked: Sequence[str]) -> str:
 
 
 def issued_devices(layout: FleetLayout) -> set[str]:
-    """Every device id the fleet's CA ever issued a certificate to (``ca/issued.tsv``)."""
+    """Every device id the fleet's CA ever issued a certificate to (``ca/issued.tsv``; not the
+    brokers' own certificates, whose names are host names)."""
     try:
         rows = [line.split("\t") for line in layout.issued.read_text().splitlines()]
     except OSError:
         return set()
-    return {r[1] for r in rows if len(r) == 3 and _is_device_id(r[1]) and r[1] not in RESERVED}
+    servers = {cert_name(p.read_bytes()) for p in layout.root.glob("**/server.crt")}
+    return {r[1] for r in rows if len(r) == 3 and _is_device_id(r[1]) and r[1] not in {*RESERVED, *servers}}
 
 
 def _is_device_id(name: str) -> bool:

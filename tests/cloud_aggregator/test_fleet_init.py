@@ -358,6 +358,7 @@ def test_add_renew_and_revoke_rewrite_the_acl_crl_and_folders(tmp_path):
     # Revoked: its own status only (`fleet end-sessions` leaves it as revoked), no device rights.
     stanza = layout.acl.read_text().split("user printer1\n")[1].split("\n\n")[0]
     assert stanza.strip().splitlines() == ["topic write ioft/v1/plant/status/printer1"]
+    assert "user localhost" not in layout.acl.read_text()  # the broker's own certificate is no device
     assert not layout.identity_dir("printer1").exists()
     assert fleet_layout.open_fleet(layout.root).devices == ("printer3", "welder1")
     with pytest.raises(FleetInitError, match="printer1 is not enrolled"):
