@@ -27,11 +27,28 @@ def test_a_printer_announces_itself_to_home_assistant_and_its_states_render(flee
     )
     record(work, dev, "printer", "--layers", "6", "--layer-s", "0.3")
     fleet_procs.start_device(dev, "--config", str(toml), "--log-level", "INFO", simulate=None)
+    # A config on p1's topic that names another machine (this broker has no ACL: the fleet's would
+    # let only p1 write there): serve republishes it naming p1, under p1's node.
+    fleet = fleet_procs.fleet
+    forged = {"name": "forged", "state_topic": topics.topic_answer(fleet, dev, "speed"),
+              "device": {"identifiers": [f"ioft_{fleet}_p2"], "name": "p2"}, "unique_id": "p2_x"}  # fmt: skip
+    liar = Sniffer(fleet_procs.broker_url)
+    liar.client.publish(topics.topic_discovery(fleet, dev, "sensor", "forged"), json.dumps(forged), qos=1,
+                        retain=True).wait_for_publish(10)  # fmt: skip
+    liar.stop()
     train(fleet_procs, dev, pflda_task(rounds=2), 2)
     sniffer = Sniffer(fleet_procs.broker_url)  # after the round: the configs must be retained
     try:
         fleet_procs.wait_for(
             lambda: len([t for t, _ in list(sniffer.messages) if TOPIC.match(t)]) >= 4, 30, "the configs"
+        )
+        out = f"homeassistant/sensor/{fleet}_{dev}/forged/config"
+        fleet_procs.wait_for(
+            lambda: any(t == out for t, _ in list(sniffer.messages)), 30, "serve's rebuilt config"
+        )
+        rebuilt = json.loads(next(p for t, p in list(sniffer.messages) if t == out))
+        assert rebuilt["device"]["identifiers"] == [f"ioft_{fleet}_{dev}"] and rebuilt["unique_id"].endswith(
+            f"{dev}_forged"
         )
         record(work, dev, "printer", "--layers", "4", "--layer-s", "0.3")
         fleet_procs.wait_for(lambda: len(answers(sniffer, dev, "speed")) >= 3, 30, "answers")
@@ -47,7 +64,7 @@ def test_a_printer_announces_itself_to_home_assistant_and_its_states_render(flee
     finally:
         sniffer.stop()
     messages = list(sniffer.messages)
-    configs = {t: json.loads(p) for t, p in messages if TOPIC.match(t)}
+    configs = {t: json.loads(p) for t, p in messages if TOPIC.match(t) and "/forged/" not in t}
     assert {t.split("/")[3] for t in configs} == {
         "speed_expected_speed", "speed_residual", "speed_field_error", "speed_speed_advice"
     }  # fmt: skip
