@@ -15,6 +15,8 @@ What it writes (``DIR``)::
                                   login: <id>.toml, and worker.<id>.crt/.key (--auth certs)
     operator/operator.toml        for ``console``, ``fleet status``, ``push`` and ``rollout``: their own
                                   identity and listener (--operator-port), and the aggregator's state_dir
+    ha/                           Home Assistant's login: ha.crt/.key (or a password), ca.crt and
+                                  home-assistant.txt, its MQTT integration's settings
     devices/<id>/                 what goes onto the device, as it is: device.toml, its certificate
                                   and key, ca.crt and fleet.pub (device.toml names them relative to
                                   its own folder, so the folder works wherever it is copied)
@@ -32,15 +34,17 @@ starts it, it drops to that user before reading them) when this runs as root.
 Identities: the username the broker sees is the certificate's CN
 (``use_identity_as_username``) or the password file's user; devices are their
 device id, the aggregator ``aggregator``, operator commands ``operator``, the aggregator's
-workers (``[collect] workers``) ``worker.<id>``: each its own, as the next sentence requires.  The
-broker also replaces every client id with that username
+workers (``[collect] workers``) ``worker.<id>``, Home Assistant ``ha``: each its own, as the next
+sentence requires.  The broker also replaces every client id with that username
 (``use_username_as_clientid``): nobody can take over another's client id, which in
 MQTT disconnects the holder and, with a persistent session, inherits its queue.  The operator's
-commands connect to a listener of their own (``--operator-port``) that keeps each session's
-client id, so consoles and commands run side by side; only the operator gets in there.
+commands connect to a listener of their own (``--operator-port``, a fleet certificate and the
+operator's password), each session as one of ``operator.1`` .. ``operator.16``, its client id
+there too, so consoles and commands run side by side and none can take a device's id.  Both
+listeners are on loopback unless ``--bind`` says otherwise (``all``: every interface).
 
-The ACL names every device (mosquitto warns at each start about a ``pattern`` line
-without ``%u``, so the fleet-wide reads are per-device ``topic`` lines); ``fleet
+The ACL gives each login the lines under its own ``user`` line and nothing else (no ``pattern``
+lines, which mosquitto applies to every login: ``docs/security.md``); ``fleet
 add-device`` and ``fleet revoke-device`` rewrite it with the certificate (or password
 line) and the CRL, then the broker is reloaded (SIGHUP).
 
