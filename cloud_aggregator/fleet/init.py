@@ -69,6 +69,7 @@ from cloud_aggregator.fleet import devices as fleet_devices
 from cloud_aggregator.fleet import plants as fleet_plants
 from cloud_aggregator.fleet import workers as fleet_workers
 from cloud_aggregator.fleet.ca import FleetCA, pem_cert, pem_key
+from cloud_aggregator.fleet.home_assistant import write_home_assistant
 from cloud_aggregator.fleet.layout import (
     AGGREGATOR,
     AUTH_MODES,
@@ -96,7 +97,6 @@ from cloud_aggregator.fleet.layout import (
     unreachable_folder,
     worker_identity,
     write_file,
-    write_home_assistant,
     write_identity,
     write_worker_identity,
 )
