@@ -112,6 +112,27 @@ def test_the_operator_cannot_knock_a_device_off_by_taking_its_client_id(fleet, r
         p1.close()
 
 
+def test_on_the_devices_listener_the_certificates_name_is_the_client_id(cert_fleet):
+    """printer1's certificate asking for client id ``printer2``: mosquitto 2.0.11 cannot refuse the
+    id, it replaces it with the certificate's name, so printer2 stays connected and what the
+    connection writes is judged as printer1's.  (Held before this change too: a guard.)"""
+    layout, _ = cert_fleet
+    agg = _connected(layout, AGGREGATOR)
+    p2 = _connected(layout, "printer2")
+    thief = _connected(layout, "printer1", client_id="printer2")
+    try:
+        assert agg.subscribe(topics.topic_status_all(FLEET)) == [1]
+        thief.publish(topics.topic_status(FLEET, "printer2"), b'{"state": "forged"}')
+        thief.publish(topics.topic_status(FLEET, "printer1"), b'{"state": "online"}')
+        _wait_for(agg, topics.topic_status(FLEET, "printer1"), b'{"state": "online"}')
+        time.sleep(SETTLE_S)
+        assert not p2.gone.is_set(), "printer2 was knocked off by a connection asking for its client id"
+        assert not agg.got(topics.topic_status(FLEET, "printer2"), b'{"state": "forged"}')
+    finally:
+        for c in (agg, p2, thief):
+            c.close()
+
+
 @pytest.mark.parametrize("fleet", ["cert_fleet", "pw_fleet"])
 def test_home_assistant_reads_discovery_and_state_and_nothing_else(fleet, request):
     """Issue 33 item 2: ``fleet init`` gives Home Assistant a login of its own (``ha/``)."""
