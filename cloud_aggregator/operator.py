@@ -1,8 +1,11 @@
 """How the operator's commands log in: ``console``, ``fleet status``, ``push`` and ``rollout``.
 
 ``fleet init`` gives the operator a listener of its own (``fleet_layout.mosquitto_conf_text``)
-where each session keeps the client id it asks for, so every session here asks for one of its
-own (:func:`operator_client_id`): any number of consoles and commands run side by side.  On the
+where the login is the client id, and sixteen logins, ``operator.1`` .. ``operator.16``, one
+password: each session claims a free one (:func:`claim_operator_login`), so up to sixteen consoles
+and commands of a machine run side by side, and none can take a device's client id (MQTT would
+disconnect the device).  A fleet from before those logins keeps ``operator`` and a client id per
+session (:func:`operator_client_id`).  On the
 devices' listener the broker makes the login's name the client id, so a command holding the
 aggregator's login would knock ``serve`` off the broker: :func:`refuse_aggregator_login`
 refuses that login before anything connects.
