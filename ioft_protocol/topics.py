@@ -102,6 +102,10 @@ def topic_alert_all(fleet: str, device: str = ANY) -> str:
     return topic_alert(fleet, device, ANY)
 
 
+#: Home Assistant's discovery prefix (its MQTT integration's default): serve republishes there.
+DISCOVERY_PREFIX = "homeassistant"
+
+
 def topic_discovery(fleet: str, device: str, component: str, object_id: str) -> str:
     """A device's Home Assistant discovery config for one entity (``edge.serving.home_assistant``):
     only the device writes it, and the aggregator republishes it, rebuilt, where Home Assistant reads

@@ -32,8 +32,8 @@ OPERATOR = "operator"
 #: topics its entities show, writes nothing.
 HOME_ASSISTANT = "ha"
 RESERVED = (AGGREGATOR, OPERATOR, HOME_ASSISTANT)
-#: Home Assistant's discovery prefix (its MQTT integration's default): the aggregator publishes there.
-DISCOVERY_PREFIX = "homeassistant"
+#: Home Assistant's discovery prefix: the aggregator publishes there, Home Assistant reads it.
+DISCOVERY_PREFIX = topics.DISCOVERY_PREFIX
 #: Where a listener listens unless ``--bind`` says otherwise: loopback, as the operator guide rehearses.
 DEFAULT_BIND = "localhost"
 #: ``--bind all``: every interface (mosquitto's listener without an address).

@@ -24,8 +24,7 @@ from ioft_protocol.mqtt import Message, MqttSession
 
 log = logging.getLogger(__name__)
 
-#: Home Assistant's discovery prefix (its MQTT integration's default).
-PREFIX = "homeassistant"
+PREFIX = topics.DISCOVERY_PREFIX
 COMPONENTS = ("sensor", "binary_sensor")
 #: A config larger than this is not a config (ours are about 1 KB).
 MAX_CONFIG_BYTES = 16 * 1024
