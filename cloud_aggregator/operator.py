@@ -1,8 +1,11 @@
 """How the operator's commands log in: ``console``, ``fleet status``, ``push`` and ``rollout``.
 
 ``fleet init`` gives the operator a listener of its own (``fleet_layout.mosquitto_conf_text``)
-where each session keeps the client id it asks for, so every session here asks for one of its
-own (:func:`operator_client_id`): any number of consoles and commands run side by side.  On the
+where the login is the client id, and sixteen logins, ``operator.1`` .. ``operator.16``, one
+password: each session claims a free one (:func:`claim_operator_login`), so up to sixteen consoles
+and commands of a machine run side by side, and none can take a device's client id (MQTT would
+disconnect the device).  A fleet from before those logins keeps ``operator`` and a client id per
+session (:func:`operator_client_id`).  On the
 devices' listener the broker makes the login's name the client id, so a command holding the
 aggregator's login would knock ``serve`` off the broker: :func:`refuse_aggregator_login`
 refuses that login before anything connects.
@@ -11,8 +14,13 @@ refuses that login before anything connects.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import fcntl
+import hashlib
 import os
 import secrets
+import stat
+import tempfile
 from pathlib import Path
 
 from cryptography import x509
@@ -21,12 +29,77 @@ from cryptography.x509.oid import NameOID
 from cloud_aggregator.config import AggregatorConfig
 from ioft_protocol.cli import flags_over_toml
 from ioft_protocol.config import ConfigError, build, load_toml
-from ioft_protocol.mqtt import MqttSession, SessionOptions
+from ioft_protocol.mqtt import BrokerLogin, MqttSession, SessionOptions
 
 #: The aggregator's login (and its folder of a ``fleet init`` fleet), reserved among device ids.
 AGGREGATOR = "aggregator"
 #: Prefix of an aggregator worker's login (``fleet_layout.worker_identity``): the aggregator's too.
 WORKER_PREFIX = "worker."
+
+
+#: The operator's login as its TOML names it; on its listener each session logs in as one of
+#: ``operator.1`` .. ``operator.<OPERATOR_SLOTS>`` instead (:func:`claim_operator_login`).
+OPERATOR = "operator"
+#: How many operator sessions (consoles, ``fleet status``, ``push``...) one machine runs at once.
+OPERATOR_SLOTS = 16
+#: ``operator.toml``'s username in a fleet whose operator's listener has those logins: "one of them".
+#: A fleet from before them says ``operator`` and keeps it (its password file knows no other).
+OPERATOR_LOGIN = f"{OPERATOR}.*"
+
+
+def operator_slot(k: int) -> str:
+    """The ``k``-th login of the operator's listener (1-based): its client id there too."""
+    return f"{OPERATOR}.{k}"
+
+
+class OperatorSlot:
+    """One of the operator's listener's logins, held by this process (an ``flock`` on a file in
+    the temp folder, released when the process ends) so two sessions of one machine never share it."""
+
+    def __init__(self, key: str) -> None:
+        folder = Path(tempfile.gettempdir()) / f"ioft-operator-{os.getuid()}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = folder.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():  # someone else's, in a shared /tmp
+            raise ConfigError("operator", [f"{folder} is not a folder of this user's: remove it"])
+        # Start at a random login: two machines' first sessions rarely pick the same one.
+        first = secrets.randbelow(OPERATOR_SLOTS)
+        for i in range(OPERATOR_SLOTS):
+            k = (first + i) % OPERATOR_SLOTS + 1
+            fh = (folder / f"{key}-{k}.lock").open("a")
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                fh.close()
+                continue
+            self.k, self._fh = k, fh
+            return
+        raise ConfigError(
+            "operator",
+            [
+                f"{OPERATOR_SLOTS} operator sessions already run on this machine: stop one (console, fleet status)"
+            ],
+        )
+
+    @property
+    def login(self) -> str:
+        return operator_slot(self.k)
+
+
+#: The slots this process's one-shot commands hold (released at exit with the process's files).
+_HELD: list[OperatorSlot] = []
+
+
+def claim_operator_login(login: BrokerLogin, role: str) -> tuple[SessionOptions, OperatorSlot | None]:
+    """Session options for an operator command: the operator's login (username ``operator.*``) becomes
+    a free ``operator.<k>`` of this machine, which the listener makes the client id too; any other
+    login keeps its username and gets :func:`operator_client_id`.  Keep the slot until the session ends."""
+    if login.username != OPERATOR_LOGIN:
+        return SessionOptions.for_login(login, operator_client_id(role)), None
+    key = hashlib.sha256(login.broker.encode()).hexdigest()[:12]
+    slot = OperatorSlot(key)
+    options = dataclasses.replace(SessionOptions.for_login(login, slot.login), username=slot.login)
+    return options, slot
 
 
 def operator_client_id(role: str) -> str:
@@ -94,7 +167,10 @@ def operator_config(args: argparse.Namespace, *, connects: bool = True) -> Aggre
 def operator_session(args: argparse.Namespace, role: str) -> tuple[MqttSession, str]:
     """A connected session for an operator command, with a client id of its own; and the fleet."""
     cfg = operator_config(args)
-    session = MqttSession(SessionOptions.for_login(cfg, operator_client_id(role)))
+    options, slot = claim_operator_login(cfg, role)
+    if slot is not None:
+        _HELD.append(slot)  # a one-shot command: held until the process ends
+    session = MqttSession(options)
     session.start(timeout=8.0)  # a one-shot: fail in one line, naming the last attempt's reason
     return session, cfg.fleet
 

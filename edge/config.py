@@ -361,10 +361,12 @@ class ServeConfig:
     alerts
         The alert rules (:class:`AlertRule`, ``[[serve.alerts]]``).
     home_assistant
-        Announce this machine to Home Assistant by MQTT discovery (retained config messages under
-        ``<discovery_prefix>/<component>/<device>/<object>/config``, :mod:`edge.serving.home_assistant`).
+        Announce this machine to Home Assistant by MQTT discovery (retained config messages on its
+        own ``ioft/v1/<fleet>/ha/<device>/...``, which ``serve`` republishes, rebuilt, under
+        ``homeassistant/``; :mod:`edge.serving.home_assistant`).
     discovery_prefix
-        Home Assistant's discovery prefix (its MQTT integration's setting; default ``homeassistant``).
+        Read and checked for old configs, no longer used: ``serve`` publishes where Home Assistant
+        reads (a device may not write under the prefix).
     max_file_bytes
         ``edge-trainer predict``: the largest input file it reads (default 32 MiB), checked against
         the file's size and what a weld file's header declares before anything is allocated.

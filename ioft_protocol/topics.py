@@ -102,6 +102,22 @@ def topic_alert_all(fleet: str, device: str = ANY) -> str:
     return topic_alert(fleet, device, ANY)
 
 
+#: Home Assistant's discovery prefix (its MQTT integration's default): serve republishes there.
+DISCOVERY_PREFIX = "homeassistant"
+
+
+def topic_discovery(fleet: str, device: str, component: str, object_id: str) -> str:
+    """A device's Home Assistant discovery config for one entity (``edge.serving.home_assistant``):
+    only the device writes it, and the aggregator republishes it, rebuilt, where Home Assistant reads
+    (``cloud_aggregator.serve.home_assistant``)."""
+    return f"{fleet_root(fleet)}/ha/{_id('device', device)}/{_id('component', component)}/{_id('object', object_id)}"
+
+
+def topic_discovery_all(fleet: str, device: str = ANY) -> str:
+    """Every discovery config of ``device`` (default: of every device)."""
+    return f"{fleet_root(fleet)}/ha/{_id('device', device)}/{ANY}/{ANY}"
+
+
 def topic_roll_call(fleet: str) -> str:
     """The aggregator asks every device to publish its status again (``ioft_protocol.restate``)."""
     return f"{fleet_root(fleet)}/rollcall"

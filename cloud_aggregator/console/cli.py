@@ -2,7 +2,7 @@
 
 A process of its own beside ``serve``: it reads the aggregator's store read-only and
 the devices' retained statuses over its own MQTT session (the operator's login from
-``--config``, with a client id of its own: any number of consoles run beside ``serve``;
+``--config``, as one of the operator's logins, its client id: up to sixteen consoles and commands run beside ``serve``;
 the aggregator's own login is refused, as it would knock ``serve`` off the broker), so the
 round loop never waits on it.  Served by uvicorn on loopback by
 default; bound to any other address it wants a token (``--token``, or one it makes up

@@ -17,9 +17,9 @@ from typing import Any
 from cloud_aggregator.console.fleet_status import take_status
 from cloud_aggregator.console.fleet_view import FleetView, StoreData, read_store, store_signature
 from cloud_aggregator.console.machines_feed import MachineLog
-from cloud_aggregator.operator import operator_client_id, revoked_devices
+from cloud_aggregator.operator import claim_operator_login, revoked_devices
 from ioft_protocol import topics
-from ioft_protocol.mqtt import BrokerLogin, Message, MqttSession, SessionOptions
+from ioft_protocol.mqtt import BrokerLogin, Message, MqttSession
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ class StatusFeed:
 
     def __init__(self, login: BrokerLogin, fleet: str) -> None:
         self.fleet = fleet
-        self.session = MqttSession(SessionOptions.for_login(login, operator_client_id("console")))
+        options, self.slot = claim_operator_login(login, "console")  # held while the console runs
+        self.session = MqttSession(options)
         self._statuses: dict[str, dict] = {}
         #: The devices' answers and alert events (the machines view), over this same session.
         self.machines = MachineLog(fleet)

@@ -164,3 +164,9 @@ def cert_serial(cert_pem: bytes) -> int:
 def cert_expiry(cert_pem: bytes) -> dt.datetime:
     """When a certificate stops being valid (UTC)."""
     return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc
+
+
+def cert_name(cert_pem: bytes) -> str:
+    """A certificate's CN ("" without one)."""
+    names = x509.load_pem_x509_certificate(cert_pem).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value) if names else ""

@@ -25,6 +25,7 @@ from cloud_aggregator.fleet.layout import (
     acl_text,
     device_errors,
     fsync_tree,
+    issued_devices,
     mosquitto_password_hash,
     open_fleet,
     print_device_lines,
@@ -75,7 +76,8 @@ def rewrite_acl(layout: FleetLayout, devices: Sequence[str]) -> None:
     ]
     bridges = {p.bridge: p.devices for p in plants}
     workers = {p.bridge: p.worker for p in plants if p.worker}
-    replace_file(layout.acl, acl_text(layout.fleet, devices, bridges, workers, layout.workers))
+    revoked = issued_devices(layout) - set(devices) - set(bridges)
+    replace_file(layout.acl, acl_text(layout.fleet, devices, bridges, workers, layout.workers, revoked))
     for plant in plants:
         refresh_plant(layout, plant)
 

@@ -15,6 +15,8 @@ What it writes (``DIR``)::
                                   login: <id>.toml, and worker.<id>.crt/.key (--auth certs)
     operator/operator.toml        for ``console``, ``fleet status``, ``push`` and ``rollout``: their own
                                   identity and listener (--operator-port), and the aggregator's state_dir
+    ha/                           Home Assistant's login: ha.crt/.key (or a password), ca.crt and
+                                  home-assistant.txt, its MQTT integration's settings
     devices/<id>/                 what goes onto the device, as it is: device.toml, its certificate
                                   and key, ca.crt and fleet.pub (device.toml names them relative to
                                   its own folder, so the folder works wherever it is copied)
@@ -32,15 +34,17 @@ starts it, it drops to that user before reading them) when this runs as root.
 Identities: the username the broker sees is the certificate's CN
 (``use_identity_as_username``) or the password file's user; devices are their
 device id, the aggregator ``aggregator``, operator commands ``operator``, the aggregator's
-workers (``[collect] workers``) ``worker.<id>``: each its own, as the next sentence requires.  The
-broker also replaces every client id with that username
+workers (``[collect] workers``) ``worker.<id>``, Home Assistant ``ha``: each its own, as the next
+sentence requires.  The broker also replaces every client id with that username
 (``use_username_as_clientid``): nobody can take over another's client id, which in
 MQTT disconnects the holder and, with a persistent session, inherits its queue.  The operator's
-commands connect to a listener of their own (``--operator-port``) that keeps each session's
-client id, so consoles and commands run side by side; only the operator gets in there.
+commands connect to a listener of their own (``--operator-port``, a fleet certificate and the
+operator's password), each session as one of ``operator.1`` .. ``operator.16``, its client id
+there too, so consoles and commands run side by side and none can take a device's id.  Both
+listeners are on loopback unless ``--bind`` says otherwise (``all``: every interface).
 
-The ACL names every device (mosquitto warns at each start about a ``pattern`` line
-without ``%u``, so the fleet-wide reads are per-device ``topic`` lines); ``fleet
+The ACL gives each login the lines under its own ``user`` line and nothing else (no ``pattern``
+lines, which mosquitto applies to every login: ``docs/security.md``); ``fleet
 add-device`` and ``fleet revoke-device`` rewrite it with the certificate (or password
 line) and the CRL, then the broker is reloaded (SIGHUP).
 
@@ -65,11 +69,15 @@ from cloud_aggregator.fleet import devices as fleet_devices
 from cloud_aggregator.fleet import plants as fleet_plants
 from cloud_aggregator.fleet import workers as fleet_workers
 from cloud_aggregator.fleet.ca import FleetCA, pem_cert, pem_key
+from cloud_aggregator.fleet.home_assistant import write_home_assistant
 from cloud_aggregator.fleet.layout import (
     AGGREGATOR,
     AUTH_MODES,
+    BIND_ALL,
     BROKER_USER,
+    DEFAULT_BIND,
     DEFAULT_HOSTS,
+    HOME_ASSISTANT,
     OPERATOR,
     RESERVED,
     FleetInitError,
@@ -83,6 +91,7 @@ from cloud_aggregator.fleet.layout import (
     issue,
     mosquitto_conf_text,
     mosquitto_password_hash,
+    passwd_lines,
     print_device_lines,
     split_ids,
     unreachable_folder,
@@ -139,7 +148,7 @@ def init_fleet(
     auth: str = "certs",
     hosts: Sequence[str] = DEFAULT_HOSTS,
     port: int = 8883,
-    bind: str | None = None,
+    bind: str | None = DEFAULT_BIND,
     force: bool = False,
     days: int = 825,
     ca_days: int = 3650,
@@ -154,8 +163,8 @@ def init_fleet(
     keep their own client ids (``mosquitto_conf_text``); the operator logs in with a certificate and a password.
 
     ``hosts`` are the names and addresses devices use to reach the broker (the server
-    certificate's SANs; the first one goes into the client configs).  ``bind`` limits
-    the listener to one address (all interfaces by default).  The systemd units run ioft's
+    certificate's SANs; the first one goes into the client configs).  ``bind``: the
+    listeners' address (loopback by default; ``"all"`` or ``None``: every interface).  The systemd units run ioft's
     commands from ``venv``.  Raises ``FleetInitError`` if ``out`` exists and is not empty,
     unless ``force``.
     """
@@ -178,7 +187,7 @@ def init_fleet(
         raise FleetInitError(f"{root} exists and is not empty; pass --force to replace it")
     host = hosts[0]
     url_host = f"[{host}]" if ":" in host else host
-    identities = (*devices, AGGREGATOR, OPERATOR, *(worker_identity(w) for w in worker_ids))
+    identities = (*devices, AGGREGATOR, OPERATOR, HOME_ASSISTANT, *(worker_identity(w) for w in worker_ids))
     # The operator logs in with a password in both modes (its own listener wants one).
     logins = identities if auth == "passwords" else (OPERATOR,)
     passwords = {n: secrets.token_urlsafe(24) for n in logins}
@@ -206,12 +215,13 @@ def init_fleet(
             write_file(staged.crl, ca.crl((), days=ca_days))
         (tmp / "broker" / "data").mkdir()
         generate_keypair(staged.signing_key)  # 0600 from creation, like every private key here
-        lines = "".join(f"{n}:{mosquitto_password_hash(passwords[n])}\n" for n in logins)
+        lines = "".join(passwd_lines(n, passwords[n]) for n in logins)
         write_file(staged.passwd if auth == "passwords" else staged.operator_passwd, lines, private=True)
         for name in (*devices, AGGREGATOR, OPERATOR):
             # The operator's listener wants its certificate in both modes.
             issuer = ca if auth == "certs" or name == OPERATOR else None
             write_identity(issuer, layout, name, days=days, staged=staged)
+        write_home_assistant(ca if auth == "certs" else None, layout, days=days, staged=staged)
         for w in worker_ids:
             write_worker_identity(ca if auth == "certs" else None, layout, w, days=days, staged=staged)
         for name in devices:
@@ -369,6 +379,15 @@ def main(args: argparse.Namespace) -> int:
     _broker_lines(layout)
     print(f"  aggregator: cloud-aggregator serve --config {layout.toml(AGGREGATOR)}  (add [[task]] tables)")
     fleet_workers.print_worker_lines(layout, layout.workers)
+    if args.bind in (None, "", BIND_ALL):
+        print("  listens on every interface")
+    else:
+        print(
+            f"  listens on {args.bind} only: devices on other machines need --bind {BIND_ALL} (or an address)"
+        )
+    print(
+        f"  Home Assistant: {layout.identity_dir(HOME_ASSISTANT) / 'home-assistant.txt'} (its MQTT settings)"
+    )
     print(
         f"  operator:   {layout.toml(OPERATOR)}  (console, fleet status, push, rollout --config; "
         f"its own listener, {layout.operator_url})"

@@ -19,16 +19,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cloud_aggregator.fleet.ca import FleetCA, cert_expiry, cert_serial
-from cloud_aggregator.operator import AGGREGATOR
+from cloud_aggregator.fleet.ca import FleetCA, cert_expiry, cert_name, cert_serial
+from cloud_aggregator.operator import AGGREGATOR, OPERATOR_LOGIN, OPERATOR_SLOTS, operator_slot
 from cloud_aggregator.worker_login import WORKERS_DIR
 from ioft_protocol import codec, topics
 from ioft_protocol.config import ConfigError, load_toml
 from ioft_protocol.mqtt import BrokerAddress
-from ioft_protocol.topics import ANY, MINE
+from ioft_protocol.topics import ANY
 
 OPERATOR = "operator"
-RESERVED = (AGGREGATOR, OPERATOR)
+#: Home Assistant's login (``fleet init`` writes ``ha/``): reads the discovery configs and the state
+#: topics its entities show, writes nothing.
+HOME_ASSISTANT = "ha"
+RESERVED = (AGGREGATOR, OPERATOR, HOME_ASSISTANT)
+#: Home Assistant's discovery prefix: the aggregator publishes there, Home Assistant reads it.
+DISCOVERY_PREFIX = topics.DISCOVERY_PREFIX
+#: Where a listener listens unless ``--bind`` says otherwise: loopback, as the operator guide rehearses.
+DEFAULT_BIND = "localhost"
+#: ``--bind all``: every interface (mosquitto's listener without an address).
+BIND_ALL = "all"
 #: Where ``serve`` keeps its store unless told otherwise (``AggregatorConfig.state_dir``'s default).
 AGGREGATOR_STATE_DIR = "/var/lib/ioft-aggregator"
 #: The user mosquitto drops to when started as root (Debian's package creates it).
@@ -42,8 +51,11 @@ PBKDF2_ITERATIONS = 101
 MAX_PACKET_BYTES = codec.MAX_PAYLOAD_BYTES + 64 * 1024
 
 
-def add_listener_args(p: argparse.ArgumentParser, whose: str, first_goes_into: str) -> None:
-    """``--host``, ``--port`` and ``--bind`` of a TLS listener (the fleet's broker or a plant's)."""
+def add_listener_args(
+    p: argparse.ArgumentParser, whose: str, first_goes_into: str, bind: str | None = DEFAULT_BIND
+) -> None:
+    """``--host``, ``--port`` and ``--bind`` of a TLS listener (the fleet's broker or a plant's);
+    ``bind``: ``--bind``'s default (``None``: every interface)."""
     p.add_argument(
         "--host",
         action="append",
@@ -52,7 +64,17 @@ def add_listener_args(p: argparse.ArgumentParser, whose: str, first_goes_into: s
         f"(none given: {','.join(DEFAULT_HOSTS)}); the first goes into {first_goes_into}",
     )
     p.add_argument("--port", type=int, default=8883, help=f"{whose} TLS listener's port")
-    p.add_argument("--bind", help="listen only on this address (none: all interfaces)")
+    p.add_argument(
+        "--bind",
+        default=bind,
+        help=f"the address it listens on ({BIND_ALL!r}: every interface)"
+        + ("; loopback unless told" if bind else ""),
+    )
+
+
+def listener_line(port: int, bind: str | None) -> str:
+    """mosquitto's ``listener`` line: on ``bind`` (``None``, "" or ``BIND_ALL``: every interface)."""
+    return f"listener {port}" + ("" if bind in (None, "", BIND_ALL) else f" {bind}")
 
 
 class FleetInitError(ValueError):
@@ -189,10 +211,29 @@ topic readwrite {topics.topic_agg_worker(fleet, w)}
 
 # -- access control --------------------------------------------------------------------------------
 def device_acl_text(fleet: str, devices: Sequence[str]) -> str:
-    """The ACL's device part: each device's own topics (``pattern`` lines) and the broadcasts it reads."""
-    device_reads = "".join(
+    """The ACL's device part: each device's own topics and the broadcasts it reads, under its ``user`` line.
+
+    No ``pattern`` lines: mosquitto applies a pattern to every login, so ``write .../status/%u``
+    let the aggregator, the operator's certificate or Home Assistant write a status in their own
+    name that the aggregator took for a device's.  Here a login gets exactly the lines of its name.
+    """
+    return "".join(
         f"""
 user {codec.check_id("device", d)}
+topic write {topics.topic_up(fleet, ANY, d)}
+# A task with scaling = "fleet": its feature sums, once (ioft_protocol.feature_stats).
+topic write {topics.topic_stats(fleet, ANY, d)}
+topic write {topics.topic_status(fleet, d)}
+# Its answers to its own new rows and its alerts (edge.serving): only the device writes them.
+topic write {topics.topic_answer_all(fleet, d)}
+topic write {topics.topic_alert_all(fleet, d)}
+# Its Home Assistant discovery configs: serve republishes them, rebuilt, under homeassistant/.
+topic write {topics.topic_discovery_all(fleet, d)}
+topic read {topics.topic_down_device(fleet, ANY, d)}
+# Secure aggregation: its own SecAgg answers out, only what is addressed to it in.
+topic write {topics.topic_secagg_up(fleet, ANY, d)}
+topic read {topics.topic_secagg_down(fleet, ANY, d)}
+# The task broadcasts, the model pushes and the aggregator's roll call.
 topic read {topics.topic_down_all(fleet)}
 topic read {topics.topic_model_offer_all(fleet)}
 topic read {topics.topic_model_chunk_all(fleet)}
@@ -201,22 +242,73 @@ topic read {topics.topic_scaling_all(fleet)}
 """
         for d in sorted(devices)
     )
-    return f"""pattern write {topics.topic_up(fleet, ANY, MINE)}
-# A task with scaling = "fleet": its feature sums, once (ioft_protocol.feature_stats).
-pattern write {topics.topic_stats(fleet, ANY, MINE)}
-pattern write {topics.topic_status(fleet, MINE)}
-# Its answers to its own new rows (edge.serving): only the device writes them.
-pattern write {topics.topic_answer_all(fleet, MINE)}
-pattern write {topics.topic_alert_all(fleet, MINE)}
-# Home Assistant discovery ([serve] home_assistant): its own configs only (node id = device id).
-pattern write homeassistant/+/%u/+/config
-pattern read {topics.topic_down_device(fleet, ANY, MINE)}
-# Secure aggregation: each device writes its own SecAgg answers and reads only what is addressed to it.
-pattern write {topics.topic_secagg_up(fleet, ANY, MINE)}
-pattern read {topics.topic_secagg_down(fleet, ANY, MINE)}
 
-# Each device: the task broadcasts, the model pushes and the aggregator's roll call.
-{device_reads}"""
+
+def revoked_acl_text(fleet: str, revoked: Sequence[str]) -> str:
+    """A revoked device may write its own status only: ``fleet end-sessions`` takes its live session
+    over with a one-off certificate and leaves that status as ``revoked`` (the aggregator then stops
+    waiting for it); its own certificate is refused at the handshake once the broker has the CRL."""
+    return "".join(
+        f"\n# {d}: revoked (`fleet end-sessions` leaves its status as revoked).\n"
+        f"user {d}\ntopic write {topics.topic_status(fleet, d)}\n"
+        for d in sorted(revoked)
+    )
+
+
+def issued_devices(layout: FleetLayout) -> set[str]:
+    """Every device id the fleet's CA ever issued a certificate to (``ca/issued.tsv``; not the
+    brokers' own certificates, whose names are host names)."""
+    try:
+        rows = [line.split("\t") for line in layout.issued.read_text().splitlines()]
+    except OSError:
+        return set()
+    servers = {cert_name(p.read_bytes()) for p in layout.root.glob("**/server.crt")}
+    return {r[1] for r in rows if len(r) == 3 and _is_device_id(r[1]) and r[1] not in {*RESERVED, *servers}}
+
+
+def _is_device_id(name: str) -> bool:
+    try:
+        codec.check_id("device", name)
+    except codec.WireError:
+        return False
+    return True
+
+
+def operator_acl_text(fleet: str) -> str:
+    """The operator's rights, once per login of its listener (``operator.1`` .. ``operator.N``).
+
+    That listener makes the login its client id, so an operator session can never take a
+    device's (or serve's) client id; each session claims a login of its own
+    (:func:`cloud_aggregator.operator.claim_operator_login`).  The bare ``operator`` name, which
+    its certificate alone carries on the devices' listener, gets no line here: nothing.
+    """
+    t = topics
+    return "".join(
+        f"""
+user {operator_slot(k)}
+topic readwrite {t.topic_models(fleet)}
+topic read {t.topic_status_all(fleet)}
+topic read {t.topic_answer_all(fleet)}
+topic read {t.topic_alert_all(fleet)}
+topic write {t.topic_roll_call(fleet)}
+{BROKER_BYTES_ACL}"""
+        for k in range(1, OPERATOR_SLOTS + 1)
+    )
+
+
+def home_assistant_acl_text(fleet: str, prefix: str = DISCOVERY_PREFIX) -> str:
+    """Home Assistant (``ha``): reads the discovery configs and the topics its entities show
+    (statuses for availability, answers, alerts); writes nothing, reads no uplink."""
+    t = topics
+    return f"""
+# Home Assistant (`ha`, fleet init's ha/): the discovery configs the aggregator publishes and the
+# state its entities show.  Nothing else: no uplinks, no downlinks, no writes.
+user {HOME_ASSISTANT}
+topic read {prefix}/#
+topic read {t.topic_status_all(fleet)}
+topic read {t.topic_answer_all(fleet)}
+topic read {t.topic_alert_all(fleet)}
+"""
 
 
 def bridge_acl_text(fleet: str, bridge: str, devices: Sequence[str], worker: str = "") -> str:
@@ -266,15 +358,15 @@ def acl_text(
     bridges: dict[str, Sequence[str]] | None = None,
     plant_workers: dict[str, str] | None = None,
     workers: Sequence[str] = (),
+    revoked: Sequence[str] = (),
 ) -> str:
     """The mosquitto ACL for one fleet and its ``devices``; ``bridges``: plant bridge identity -> its devices.
 
     Every device writes only its own uplinks and status and reads its own per-device
-    downlinks (``pattern`` rules on ``%u``, its certificate CN or username); the task
-    broadcasts and the model pushes it reads are ``topic`` lines under its own ``user``
-    line (a ``pattern`` without ``%u`` makes mosquitto warn at every start), so a
-    device missing here (revoked) reads nothing.  Patterns apply to every user, so
-    ``aggregator`` and ``operator`` are reserved and can never be device ids.  A plant's bridge
+    downlinks and the task broadcasts and model pushes: ``topic`` lines under its own ``user``
+    line (its certificate CN or username), so a device missing here (revoked) reads and writes
+    nothing, and no other login gets a device's rights (:func:`device_acl_text`).
+    ``aggregator``, ``operator`` and ``ha`` are reserved and can never be device ids.  A plant's bridge
     (``fleet add-plant``) writes and reads only its own devices' topics (:func:`bridge_acl_text`);
     ``plant_workers``: bridge identity -> the id of its plant's partial aggregator, if it has one;
     ``workers``: the ids of the aggregator's own workers (``[collect] workers``), each logging in as
@@ -292,8 +384,9 @@ def acl_text(
         for w in sorted(workers)
     )  # fmt: skip
     return f"""# ioft fleet {fleet}: generated by `cloud-aggregator fleet init` (add-device and
-# revoke-device rewrite it). %u is a client's certificate CN (or password-file user).
-{device_acl_text(fleet, devices)}
+# revoke-device rewrite it). A `user` is a client's certificate CN (or password-file user):
+# each login gets the lines under its own name and nothing else.
+{device_acl_text(fleet, devices)}{revoked_acl_text(fleet, revoked)}
 
 # The aggregator: reads every uplink and status, publishes (and reads back) the downlinks.
 user {AGGREGATOR}
@@ -316,15 +409,14 @@ topic write {t.topic_roll_call(fleet)}
 topic read {t.topic_agg_batch(fleet, ANY, ANY)}
 topic read {t.topic_agg_worker(fleet, ANY)}
 topic write {t.topic_agg_ctl(fleet)}
+# Home Assistant: the devices' discovery configs in, rebuilt under its prefix out
+# (cloud_aggregator.serve.home_assistant); no device writes there.
+topic read {t.topic_discovery_all(fleet)}
+topic readwrite {DISCOVERY_PREFIX}/#
 {BROKER_BYTES_ACL}{cloud_workers}
-# Operator commands (`push`, `fleet status`): model pushes and reading the fleet's status.
-user {OPERATOR}
-topic readwrite {t.topic_models(fleet)}
-topic read {t.topic_status_all(fleet)}
-topic read {t.topic_answer_all(fleet)}
-topic read {t.topic_alert_all(fleet)}
-topic write {t.topic_roll_call(fleet)}
-{BROKER_BYTES_ACL}{plants}"""
+# Operator commands (`push`, `fleet status`, `console`): model pushes and reading the fleet's
+# status, under each login of the operator's listener.
+{operator_acl_text(fleet)}{home_assistant_acl_text(fleet)}{plants}"""
 
 
 def mosquitto_conf_text(layout: FleetLayout, *, bind: str | None) -> str:
@@ -334,13 +426,16 @@ def mosquitto_conf_text(layout: FleetLayout, *, bind: str | None) -> str:
     On the devices' listener the broker replaces every client id with the username (the
     certificate's name), so no device can knock another off; but then every session of one
     identity has one client id, and the operator's commands (consoles, ``fleet status``,
-    ``push``) would knock each other off.  The operator's listener keeps the client's id and
-    admits only the operator: a fleet certificate AND the operator's password (mosquitto checks
-    the password file wherever a listener does not take the certificate's name as username).
-    A device holds one or the other, never both, so it cannot log in there to pick an id.
+    ``push``) would knock each other off.  The operator's listener admits only the operator: a
+    fleet certificate AND the operator's password (mosquitto checks the password file wherever a
+    listener does not take the certificate's name as username); a device holds one or the
+    other, never both.  There too the login becomes the client id, and the operator has
+    ``OPERATOR_SLOTS`` logins (``operator.<k>``, one password), one per session: client ids are
+    one namespace across listeners, so a free one would let the operator knock a device off.
+    ``bind``: the listeners' address (``BIND_ALL`` or ``None``: every interface).
     """
     b = layout.root / "broker"
-    listener = f"listener {layout.port}" + (f" {bind}" if bind else "")
+    listener = listener_line(layout.port, bind)
     tls = f"""protocol mqtt
 cafile {layout.ca_cert}
 certfile {b / "server.crt"}
@@ -356,14 +451,16 @@ use_identity_as_username true{crl}"""
         passwd = layout.passwd
     operator = ""
     if layout.operator_port:
-        op_listener = f"listener {layout.operator_port}" + (f" {bind}" if bind else "")
         operator = f"""
-# The operator's listener (console, fleet status, push, rollout): each session keeps its own
-# client id, so any number run beside serve and each other.  Only the operator gets in: a fleet
-# certificate and the operator's password, both (devices hold one or the other).
-{op_listener}
+# The operator's listener (console, fleet status, push, rollout).  Only the operator gets in: a
+# fleet certificate and the operator's password, both (devices hold one or the other).  Each
+# session logs in as one of operator.1 .. operator.{OPERATOR_SLOTS} (the same password), which
+# becomes its client id: several run beside serve and each other, and none can take a device's
+# client id (MQTT would disconnect the device).
+{listener_line(layout.operator_port, bind)}
 {tls}
 require_certificate true{crl}
+use_username_as_clientid true
 """
     return f"""# ioft fleet {layout.fleet}: generated by `cloud-aggregator fleet init`.
 # Paths are absolute: after moving this folder, edit them.  Started as root (as Debian's
@@ -434,7 +531,9 @@ def client_toml(layout: FleetLayout, name: str) -> str:
         # console, push --canary and rollout read the aggregator's store: where serve keeps it.
         lines.append(f"state_dir = {_toml_str(AGGREGATOR_STATE_DIR)}  # the aggregator's (serve's state_dir)")
     if name in layout.passwords:
-        lines += [f"username = {_toml_str(name)}", f"password = {_toml_str(layout.passwords[name])}"]
+        # The operator: one of operator.1 .. operator.N, whichever is free (operator.claim_operator_login).
+        user = OPERATOR_LOGIN if name == OPERATOR else name
+        lines += [f"username = {_toml_str(user)}", f"password = {_toml_str(layout.passwords[name])}"]
     ca, cert, key = layout.ca_cert, layout.cert(name), layout.key(name)
     if device:
         ca, cert, key = Path(layout.device_ca(name).name), Path(cert.name), Path(key.name)
@@ -453,6 +552,12 @@ def client_toml(layout: FleetLayout, name: str) -> str:
     if device:
         lines += ["", "[model]", f"public_key = {_toml_str(layout.device_model_key(name).name)}"]
     return "\n".join(lines) + "\n"
+
+
+def passwd_lines(name: str, password: str) -> str:
+    """``name``'s password-file lines: the operator's once per login of its listener (``operator.<k>``)."""
+    users = [operator_slot(k) for k in range(1, OPERATOR_SLOTS + 1)] if name == OPERATOR else [name]
+    return "".join(f"{u}:{mosquitto_password_hash(password)}\n" for u in users)
 
 
 def worker_login_toml(layout: FleetLayout, worker: str) -> str:
@@ -641,7 +746,7 @@ def device_errors(devices: Sequence[str]) -> list[str]:
         except codec.WireError as exc:
             errors.append(str(exc))
         if d in RESERVED:
-            errors.append(f"device id {d!r} is reserved for the {d}'s own identity; rename the device")
+            errors.append(f"device id {d!r} is reserved for the fleet's own {d} login; rename the device")
     dupes = sorted({d for d in devices if list(devices).count(d) > 1})
     if dupes:
         errors.append(f"device ids must be unique; repeated: {', '.join(dupes)}")

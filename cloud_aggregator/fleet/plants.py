@@ -222,7 +222,9 @@ def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", required=True, type=Path, help="the fleet folder (`fleet init --out`)")
     p.add_argument("--plant", required=True, help="plant id (its folder: plants/<plant>/)")
     p.add_argument("--devices", required=True, action="append", help="enrolled device ids, comma-separated")
-    add_listener_args(p, "the plant broker's", "the devices' TOMLs")
+    add_listener_args(
+        p, "the plant broker's", "the devices' TOMLs", bind=None
+    )  # the plant's devices reach it
     p.add_argument("--cloud", help="HOST:PORT the bridge dials (none: the fleet's broker URL)")
     p.add_argument("--bridge-protocol", choices=BRIDGE_PROTOCOLS, default="mqttv311",
                    help="MQTT version of the bridge link (mqttv311 works with any cloud broker)")  # fmt: skip

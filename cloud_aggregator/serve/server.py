@@ -31,6 +31,7 @@ from cloud_aggregator.rounds.engine import RoundEngine
 from cloud_aggregator.rounds.types import CollectRequest, RoundRecord
 from cloud_aggregator.serve.buffered_mqtt import BufferedTask
 from cloud_aggregator.serve.coordinator import WorkerFleet
+from cloud_aggregator.serve.home_assistant import DiscoveryRelay
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.serve.secagg_round import SecAggFleet
 from cloud_aggregator.serve.singleton import claim_fleet, lock_will
@@ -242,6 +243,8 @@ def serve(
                 local = LocalWorkers(c.workers, worker_argv)
         else:
             fleet = MqttFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy())
+        if hasattr(session, "tap"):  # the devices' Home Assistant configs, rebuilt (not a test's fake)
+            DiscoveryRelay(session, cfg.fleet).attach()
         fleet.selections.update({t.name: t.devices for t in cfg.task})  # which devices run each task
         fleet.holdouts.update({t.name: t.holdout for t in cfg.task})
         online = fleet.wait_for_devices()

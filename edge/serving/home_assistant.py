@@ -1,10 +1,13 @@
 """Home Assistant MQTT discovery: each machine shows up as a device with its condition and advice.
 
 Opt-in (``[serve] home_assistant = true``).  The device publishes one retained config message per
-entity under ``<discovery_prefix>/<component>/<device>/<object_id>/config`` (Home Assistant's
-single-component discovery; the ``<node_id>`` level is the device id, so the fleet's ACL can let
-each device write only its own).  The entities read the topics the device already publishes, with
-a ``value_template`` each, so nothing new goes on the wire per answer:
+entity on its own ``ioft/v1/<fleet>/ha/<device>/<component>/<object_id>`` (the fleet's ACL lets
+each device write only its own, and none under Home Assistant's prefix).  The aggregator, the
+trusted side, republishes each one rebuilt, naming the device that published it, under
+``homeassistant/<component>/<fleet>_<device>/<object_id>/config``
+(:mod:`cloud_aggregator.serve.home_assistant`): a device cannot put its entities on another
+machine's card.  The entities read the topics the device already publishes, with a
+``value_template`` each, so nothing new goes on the wire per answer:
 
 - per printer task (answers carry ``expected_speed``): the expected speed and the residual of the
   latest layer, the speed advice (with ``[serve] vibration_budget``), the field error;
@@ -39,6 +42,12 @@ def _version() -> str:
         return "unknown"
 
 
+def label(task: str, what: str) -> str:
+    """An entity's name: the task, then what it shows, without saying a word twice ("speed advice"
+    for task ``speed``, not "speed speed advice")."""
+    return what if task in what.split() else f"{task} {what}"
+
+
 def _field_template(task: str, scale: float) -> str:
     """The status's ``serving.field.<task>.value`` times ``scale``; ``None`` (unknown) until scored."""
     return (
@@ -52,7 +61,6 @@ class Discovery:
 
     def __init__(self, config: DeviceConfig) -> None:
         self.config = config
-        self.prefix = config.serve.discovery_prefix
         self.fleet, self.device = config.fleet, config.device
         version = _version()
         self.device_block = {
@@ -73,7 +81,7 @@ class Discovery:
         ]
 
     def topic(self, component: str, object_id: str) -> str:
-        return f"{self.prefix}/{component}/{self.device}/{object_id}/config"
+        return topics.topic_discovery(self.fleet, self.device, component, object_id)
 
     def _entity(self, component: str, object_id: str, name: str, body: dict[str, Any]) -> tuple[str, bytes]:
         payload = {
@@ -95,27 +103,27 @@ class Discovery:
                  "suggested_display_precision": 1}  # fmt: skip
         if classes is None:
             out = [
-                self._entity("sensor", f"{task}_expected_speed", f"{task} expected speed",
+                self._entity("sensor", f"{task}_expected_speed", label(task, "expected speed"),
                              speed | {"value_template": "{{ value_json.expected_speed | round(2) }}"}),
-                self._entity("sensor", f"{task}_residual", f"{task} residual",
+                self._entity("sensor", f"{task}_residual", label(task, "residual"),
                              speed | {"value_template": "{{ value_json.residual | round(2) }}"}),
-                self._entity("sensor", f"{task}_field_error", f"{task} field error",
+                self._entity("sensor", f"{task}_field_error", label(task, "field error"),
                              speed | {"state_topic": status, "value_template": _field_template(task, 1.0)}),
             ]  # fmt: skip
             if advice:
                 tpl = "{{ value_json.advice.speed if value_json.advice is defined else none }}"
-                out.append(self._entity("sensor", f"{task}_speed_advice", f"{task} speed advice",
+                out.append(self._entity("sensor", f"{task}_speed_advice", label(task, "speed advice"),
                                         speed | {"value_template": tpl}))  # fmt: skip
             return out
         percent = {"unit_of_measurement": "%", "state_class": "measurement", "suggested_display_precision": 1}
         return [
-            self._entity("sensor", f"{task}_class", f"{task} class",
+            self._entity("sensor", f"{task}_class", label(task, "class"),
                          {"state_topic": answer, "device_class": "enum", "options": list(classes),
                           "value_template": "{{ value_json.label }}"}),
-            self._entity("sensor", f"{task}_probability", f"{task} probability",
+            self._entity("sensor", f"{task}_probability", label(task, "probability"),
                          percent | {"state_topic": answer,
                                     "value_template": "{{ (100 * (value_json.probabilities | max)) | round(2) }}"}),
-            self._entity("sensor", f"{task}_field_accuracy", f"{task} field accuracy",
+            self._entity("sensor", f"{task}_field_accuracy", label(task, "field accuracy"),
                          percent | {"state_topic": status, "value_template": _field_template(task, 100.0)}),
         ]  # fmt: skip
 

@@ -48,6 +48,8 @@ from trainer_lite.params import Params
 log = logging.getLogger(__name__)
 
 ANSWER_LOG = "answers.jsonl"
+#: The Home Assistant config topics last announced: a later start empties those gone since.
+ANNOUNCED = "home-assistant.json"
 POSITION_FILE = "feed.pos"
 #: A feed line that is not a row but a label for an earlier one (``edge.serving.field``).
 LABEL_KIND = "label"
@@ -568,19 +570,43 @@ class Server:
         return ha.task(task, model.classes, self.cfg.vibration_budget is not None and model.classes is None)
 
     def discovery(self) -> list[tuple[str, bytes]]:
-        """Every Home Assistant config message (published retained on each connect); none when off."""
-        if self.home_assistant is None:
-            return []
-        out = [self.home_assistant.alert(rule) for rule in self.cfg.alerts]
-        for task, model in list(self.models.items()):
-            out += self._task_discovery(self.home_assistant, task, model)
-        return out
+        """Every Home Assistant config message (published retained on each connect), and an empty one
+        for each entity announced before and gone now (a rule removed from the config, discovery
+        turned off): Home Assistant then removes it."""
+        out: list[tuple[str, bytes]] = []
+        if self.home_assistant is not None:
+            out = [self.home_assistant.alert(rule) for rule in self.cfg.alerts]
+            for task, model in list(self.models.items()):
+                out += self._task_discovery(self.home_assistant, task, model)
+        now = {t for t, _ in out}
+        gone = sorted(self._announced() - now)
+        self._remember(now)
+        return out + [(t, b"") for t in gone]
+
+    def _announced(self) -> set[str]:
+        """The config topics this device announced last (``serving/home-assistant.json``)."""
+        try:
+            return {str(t) for t in json.loads((self.dir / ANNOUNCED).read_text())}
+        except (OSError, ValueError, TypeError):
+            return set()
+
+    def _remember(self, announced: set[str]) -> None:
+        path = self.dir / ANNOUNCED
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(sorted(announced)))
+            tmp.replace(path)
+        except OSError as exc:  # the next start re-announces everything anyway; only removals are lost
+            log.warning("%s: could not record the Home Assistant configs in %s: %s", self.device, path, exc)
 
     def _announce(self, task: str, model: ServingModel) -> None:
         """A task's first serving model: tell Home Assistant about its sensors now, not at the next connect."""
         if self.home_assistant is None:
             return
-        for topic, payload in self._task_discovery(self.home_assistant, task, model):
+        configs = self._task_discovery(self.home_assistant, task, model)
+        self._remember(self._announced() | {t for t, _ in configs})
+        for topic, payload in configs:
             try:
                 self.publish(topic, payload)
             except Exception as exc:  # the transport's errors: the next connect publishes them again

@@ -28,7 +28,7 @@ from ioft_protocol.codec import WireError, check_id
 
 #: Names the fleet CA gives to identities that are not devices (``fleet init``'s reserved ids:
 #: ``cloud_aggregator.fleet.layout.RESERVED``); workers and bridges carry a dot, outside device ids.
-NOT_DEVICES = frozenset({"aggregator", "operator"})
+NOT_DEVICES = frozenset({"aggregator", "operator", "ha"})  # ha: Home Assistant's login
 #: Bounds an aggregator must respect when relaying a certificate and a signature.
 MAX_CERT_BYTES = 8192
 MAX_SIGNATURE_BYTES = 512

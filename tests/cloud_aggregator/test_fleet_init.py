@@ -26,8 +26,11 @@ from cloud_aggregator.fleet.init import (
     init_fleet,
     mosquitto_password_hash,
 )
+from cloud_aggregator.fleet.layout import HOME_ASSISTANT
+from cloud_aggregator.local.broker import free_port
+from cloud_aggregator.operator import OPERATOR_LOGIN, OPERATOR_SLOTS, claim_operator_login, operator_slot
 from edge.config import DeviceConfig, resolve_relative_files
-from ioft_protocol.config import build, load_toml
+from ioft_protocol.config import ConfigError, build, load_toml
 
 DEVICES = ["printer1", "welder1"]
 
@@ -94,7 +97,7 @@ def test_client_configs_load_against_the_schemas(tmp_path):
         cfg = build(AggregatorConfig, raw)
         assert cfg.tls.cert_file == str(layout.cert(name))
         # The operator's own listener wants its password too; the aggregator has none.
-        assert cfg.username == (None if name == AGGREGATOR else OPERATOR)
+        assert cfg.username == (None if name == AGGREGATOR else OPERATOR_LOGIN)  # any free operator.<k>
     assert str(layout.signing_key) in layout.toml(OPERATOR).read_text()
     assert load_toml(layout.toml(OPERATOR))["broker"] == "mqtts://localhost:8884"  # --port + 1
 
@@ -120,32 +123,25 @@ def test_devices_trust_the_fleets_model_signing_key_and_no_other(tmp_path):
         "use_username_as_clientid true",
         f"acl_file {layout.acl}",
         f"crlfile {layout.crl}",
-        "listener 8883",
-        "listener 8884",  # the operator's own
+        "listener 8883 localhost",  # loopback unless --bind says otherwise (issue 33)
+        "listener 8884 localhost",  # the operator's own
     ):
         assert f"\n{line}\n" in conf, line
-    # Certificate auth: the password file holds the operator's password only (its listener's login).
+    # Each listener makes the login the client id: the operator's too (issue 32 item 3).
+    assert conf.count("\nuse_username_as_clientid true\n") == 2
+    # Certificate auth: the password file holds the operator's password only (its listener's logins).
     assert f"password_file {layout.operator_passwd}" in conf
-    assert [line.split(":")[0] for line in layout.operator_passwd.read_text().splitlines()] == [OPERATOR]
+    users = [line.split(":")[0] for line in layout.operator_passwd.read_text().splitlines()]
+    assert users == [operator_slot(k) for k in range(1, OPERATOR_SLOTS + 1)]
+    wide = init_fleet(tmp_path / "w", "plant", DEVICES, bind="all").mosquitto_conf.read_text()
+    assert "\nlistener 8883\n" in wide and "\nlistener 8884\n" in wide
 
 
 def test_the_acl_lets_devices_write_only_their_own_topics():
     acl = acl_text("plant", ["printer1", "welder1"])
     rules = [line for line in acl.splitlines() if line and not line.startswith("#")]
-    patterns = [r for r in rules if r.startswith("pattern ")]
-    # Every pattern names the client itself (mosquitto warns at start about one that does not).
-    assert patterns and all("%u" in r for r in patterns)
-    assert [r for r in patterns if r.startswith(("pattern write", "pattern readwrite"))] == [
-        "pattern write ioft/v1/plant/task/+/up/%u",
-        "pattern write ioft/v1/plant/task/+/stats/%u",  # its feature sums (scaling = "fleet")
-        "pattern write ioft/v1/plant/status/%u",
-        "pattern write ioft/v1/plant/answer/%u/+",  # its answers to its own rows (edge.serving)
-        "pattern write ioft/v1/plant/alert/%u/+",  # its alerts (edge.serving.alerts)
-        "pattern write homeassistant/+/%u/+/config",  # its Home Assistant discovery configs, no one else's
-        "pattern write ioft/v1/plant/task/+/secagg/up/%u",
-    ]
-    assert "pattern read ioft/v1/plant/task/+/down/%u" in patterns
-    assert "pattern read ioft/v1/plant/task/+/secagg/down/%u" in patterns  # SecAgg shares: its own only
+    # No patterns: mosquitto applies one to every login, the aggregator's and operator's included.
+    assert not [r for r in rules if r.startswith("pattern ")]
 
     def block(user: str) -> list[str]:
         start = rules.index(f"user {user}") + 1
@@ -156,7 +152,25 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
         lines = block(device)
         assert "topic read ioft/v1/plant/task/+/down" in lines
         assert "topic read ioft/v1/plant/model/+/manifest" in lines
-        assert all(r.startswith("topic read ") for r in lines)  # a device writes only through patterns
+        assert [r for r in lines if not r.startswith("topic read ")] == [
+            f"topic write ioft/v1/plant/task/+/up/{device}",
+            f"topic write ioft/v1/plant/task/+/stats/{device}",  # its feature sums (scaling = "fleet")
+            f"topic write ioft/v1/plant/status/{device}",
+            f"topic write ioft/v1/plant/answer/{device}/+",  # its answers to its own rows (edge.serving)
+            f"topic write ioft/v1/plant/alert/{device}/+",  # its alerts (edge.serving.alerts)
+            f"topic write ioft/v1/plant/ha/{device}/+/+",  # its Home Assistant configs: serve republishes them
+            f"topic write ioft/v1/plant/task/+/secagg/up/{device}",
+        ]
+        assert f"topic read ioft/v1/plant/task/+/down/{device}" in lines
+        assert f"topic read ioft/v1/plant/task/+/secagg/down/{device}" in lines  # SecAgg shares: its own only
+    # The operator's certificate alone (CN operator, on the devices' listener) gets nothing; its
+    # listener's logins get the operator's rights.
+    assert "user operator" not in rules
+    # No device writes under Home Assistant's prefix (serve publishes the configs, rebuilt).
+    assert not [r for r in rules if r.startswith("topic write homeassistant")]
+    # A revoked device: its own status only, which `fleet end-sessions` leaves as revoked.
+    revoked = acl_text("plant", ["printer1"], revoked=["welder1"]).split("user welder1\n")[1]
+    assert revoked.split("\n\n")[0].strip().splitlines() == ["topic write ioft/v1/plant/status/welder1"]
     assert "user printer2" not in rules  # not enrolled: no reads
     aggregator = block(AGGREGATOR)
     assert "topic read ioft/v1/plant/task/+/up/+" in aggregator
@@ -172,13 +186,21 @@ def test_the_acl_lets_devices_write_only_their_own_topics():
         and "/rollcall" not in r
         and not r.endswith("/scaling")
         and not r.endswith("/agg/ctl")
+        and r != "topic readwrite homeassistant/#"  # the devices' discovery configs, rebuilt
     ]
     # The devices' answers (edge.serving): the aggregator (and its console) and the operator read them.
     assert "topic read ioft/v1/plant/answer/+/+" in aggregator
-    assert "topic read ioft/v1/plant/answer/+/+" in block(OPERATOR)
+    assert "topic read ioft/v1/plant/answer/+/+" in block(operator_slot(1))
     # Their alerts too (edge.serving.alerts): the console shows them.
     assert "topic read ioft/v1/plant/alert/+/+" in aggregator
-    assert "topic read ioft/v1/plant/alert/+/+" in block(OPERATOR)
+    assert "topic read ioft/v1/plant/alert/+/+" in block(operator_slot(1))
+    # Home Assistant reads the discovery configs and the state topics, and writes nothing.
+    assert block(HOME_ASSISTANT) == [
+        "topic read homeassistant/#",
+        "topic read ioft/v1/plant/status/+",
+        "topic read ioft/v1/plant/answer/+/+",
+        "topic read ioft/v1/plant/alert/+/+",
+    ]
 
 
 def test_a_device_folder_is_complete_and_works_where_it_is_copied(tmp_path):
@@ -208,16 +230,25 @@ def test_passwords_are_hashed_as_mosquitto_2_expects(tmp_path):
     layout = init_fleet(tmp_path / "f", "plant", DEVICES, auth="passwords")
     lines = (layout.root / "broker" / "passwd").read_text().splitlines()
     assert _mode(layout.root / "broker" / "passwd") == 0o600
-    assert sorted(line.split(":")[0] for line in lines) == sorted([*DEVICES, AGGREGATOR, OPERATOR])
+    slots = [operator_slot(k) for k in range(1, OPERATOR_SLOTS + 1)]
+    assert sorted(line.split(":")[0] for line in lines) == sorted(
+        [*DEVICES, AGGREGATOR, HOME_ASSISTANT, *slots]
+    )
     for line in lines:
         user, hashed = line.split(":", 1)
         _, seven, iterations, salt, digest = hashed.split("$")
         assert seven == "7" and len(base64.b64decode(salt)) == 12
-        password = load_toml(layout.toml(user))["password"]
+        if user == HOME_ASSISTANT:  # its settings page holds its password
+            settings = layout.identity_dir(HOME_ASSISTANT) / "home-assistant.txt"
+            password = settings.read_text().split("Password:")[1].split()[0]
+            assert _mode(settings) == 0o600
+        else:  # the operator's logins share operator.toml's password
+            toml = layout.toml(OPERATOR if user in slots else user)
+            password = load_toml(toml)["password"]
+            assert _mode(toml) == 0o600  # it holds the password
         assert base64.b64decode(digest) == hashlib.pbkdf2_hmac(
             "sha512", password.encode(), base64.b64decode(salt), int(iterations)
         )
-        assert _mode(layout.toml(user)) == 0o600  # it holds the password
     conf = layout.mosquitto_conf.read_text()
     assert (
         "require_certificate false" in conf and f"password_file {layout.root / 'broker' / 'passwd'}" in conf
@@ -324,7 +355,11 @@ def test_add_renew_and_revoke_rewrite_the_acl_crl_and_folders(tmp_path):
     crl.is_signature_valid(_cert(layout.ca_cert).public_key())
     canary = _cert(fleet_sessions.canary_files(layout)[0]).serial_number  # end-sessions' reload check
     assert {r.serial_number for r in crl} == {serial, renewed, canary}  # every certificate it was issued
-    assert "user printer1" not in layout.acl.read_text() and not layout.identity_dir("printer1").exists()
+    # Revoked: its own status only (`fleet end-sessions` leaves it as revoked), no device rights.
+    stanza = layout.acl.read_text().split("user printer1\n")[1].split("\n\n")[0]
+    assert stanza.strip().splitlines() == ["topic write ioft/v1/plant/status/printer1"]
+    assert "user localhost" not in layout.acl.read_text()  # the broker's own certificate is no device
+    assert not layout.identity_dir("printer1").exists()
     assert fleet_layout.open_fleet(layout.root).devices == ("printer3", "welder1")
     with pytest.raises(FleetInitError, match="printer1 is not enrolled"):
         fleet_devices.revoke_devices(layout.root, ["printer1"])
@@ -376,3 +411,22 @@ def test_the_aggregator_toml_takes_the_readmes_tables_appended_at_its_end(tmp_pa
     )
     cfg = build(AggregatorConfig, load_toml(path), str(path))
     assert cfg.state_dir == "/var/lib/ioft-aggregator" and [t.name for t in cfg.task] == ["speed"]
+
+
+def test_each_operator_session_of_a_machine_claims_a_login_of_its_own(tmp_path):
+    """``operator.toml``'s ``operator.*``: a free ``operator.<k>``, its client id on the operator's
+    listener; sixteen at once, the seventeenth refused in one line.  An older TOML's ``operator`` stays."""
+    layout = init_fleet(tmp_path / "f", "plant", DEVICES, port=free_port())
+    raw = {
+        k: v for k, v in load_toml(layout.toml(OPERATOR)).items() if k != "model"
+    }  # as operator_config reads it
+    cfg = build(AggregatorConfig, raw, "operator.toml")
+    held = [claim_operator_login(cfg, "status") for _ in range(OPERATOR_SLOTS)]
+    logins = {options.username for options, _ in held}
+    assert logins == {operator_slot(k) for k in range(1, OPERATOR_SLOTS + 1)}
+    assert all(options.client_id == options.username for options, _ in held)
+    with pytest.raises(ConfigError, match="16 operator sessions already run on this machine"):
+        claim_operator_login(cfg, "status")
+    old = build(AggregatorConfig, {**raw, "username": OPERATOR}, "old.toml")
+    options, slot = claim_operator_login(old, "status")
+    assert slot is None and options.username == OPERATOR and options.client_id.startswith("operator.status.")

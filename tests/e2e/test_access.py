@@ -25,6 +25,7 @@ import pytest
 from cloud_aggregator.fleet.init import AGGREGATOR, OPERATOR, FleetLayout, init_fleet
 from cloud_aggregator.local.broker import BrokerProcess
 from cloud_aggregator.local.fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.operator import operator_slot
 from edge.config import DeviceConfig
 from ioft_protocol import topics
 from ioft_protocol.mqtt import BrokerAddress, MqttError, MqttSession, SessionOptions, TlsConfig
@@ -130,6 +131,10 @@ class Client:
 
 
 def _identity(layout: FleetLayout, name: str, **kw) -> Client:
+    if name == OPERATOR:  # its own listener: its certificate and password, one of its logins
+        cert = (layout.cert(OPERATOR), layout.key(OPERATOR))
+        return Client(layout.operator_port, ca=layout.ca_cert, cert=cert, username=operator_slot(1),
+                      password=layout.passwords[OPERATOR], **kw)  # fmt: skip
     if layout.auth == "certs":
         return Client(layout.port, ca=layout.ca_cert, cert=(layout.cert(name), layout.key(name)), **kw)
     return Client(layout.port, ca=layout.ca_cert, username=name, password=layout.passwords[name], **kw)

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from cloud_aggregator.serve.home_assistant import discovery_topic, rebuild
 from edge.config import AlertRule, DeviceConfig, ServeConfig
 from edge.serving.model import ServingModel
 from edge.serving.records import Row
@@ -71,8 +72,19 @@ def welder(tmp_path, published: list) -> Server:
     return srv
 
 
-def configs(messages: list) -> dict[str, dict]:
-    return {t: json.loads(p) for t, p in messages if TOPIC.match(t)}
+def configs(messages: list, fleet: str = "plant") -> dict[str, dict]:
+    """The configs Home Assistant gets from a device's messages: ``serve`` republishes each one
+    rebuilt (``cloud_aggregator.serve.home_assistant``) under ``homeassistant/``."""
+    out = {}
+    for t, p in messages:
+        parts = t.split("/")
+        if t.startswith(f"{topics.fleet_root(fleet)}/ha/") and p:
+            device, component, object_id = parts[4:7]
+            config = rebuild(fleet, device, component, object_id, p)
+            out[discovery_topic(fleet, device, component, object_id)] = config
+        elif TOPIC.match(t) and p:
+            out[t] = json.loads(p)
+    return out
 
 
 def render(template: str, payload: bytes) -> str:
@@ -82,7 +94,11 @@ def render(template: str, payload: bytes) -> str:
 
 
 def check_config(topic: str, body: dict, fleet: str = "plant") -> None:
-    component, device, object_id = TOPIC.match(topic).groups()
+    component, node, object_id = TOPIC.match(topic).groups()
+    assert node.startswith(f"{fleet}_"), topic  # the node id carries the fleet: fleets do not collide
+    device = node.removeprefix(f"{fleet}_")
+    words = body["name"].split()
+    assert len(set(words)) == len(words), f"{topic}: the name says a word twice: {body['name']!r}"
     assert set(body) <= ALLOWED[component], f"{topic}: undocumented keys {set(body) - ALLOWED[component]}"
     assert set(body) >= REQUIRED, topic
     assert not set(body) & ABBREVIATIONS and not set(body["device"]) & ABBREVIATIONS
@@ -104,7 +120,7 @@ def test_a_printer_shows_up_with_its_answer_advice_and_field_error(tmp_path):
     assert srv.discovery() == []  # no serving model yet: nothing to show
     offer(srv, linear(2.0, 0.5), 1)  # the first model announces its sensors at once
     announced = configs(published)
-    assert set(announced) == {f"homeassistant/sensor/p1/speed_{what}/config"
+    assert set(announced) == {f"homeassistant/sensor/plant_p1/speed_{what}/config"
                               for what in ("expected_speed", "residual", "field_error", "speed_advice")}  # fmt: skip
     for topic, body in announced.items():
         check_config(topic, body)
@@ -121,7 +137,7 @@ def test_a_printer_shows_up_with_its_answer_advice_and_field_error(tmp_path):
     assert float(got["speed_residual"]) == pytest.approx(body["residual"], abs=0.01)
     assert float(got["speed_speed_advice"]) == pytest.approx(85.0)
     status = json.dumps({"state": "online", "serving": srv.status()}).encode()
-    field = announced["homeassistant/sensor/p1/speed_field_error/config"]
+    field = announced["homeassistant/sensor/plant_p1/speed_field_error/config"]
     assert float(render(field["value_template"], status)) == pytest.approx(abs(body["residual"]), abs=0.01)
     avail = field["availability"][0]
     assert render(avail["value_template"], status) == avail["payload_available"]
@@ -134,23 +150,28 @@ def test_a_welder_shows_its_class_probability_field_accuracy_and_alert(tmp_path)
     srv = welder(tmp_path, published)
     announced = configs(srv.discovery())
     assert set(announced) == {
-        "homeassistant/binary_sensor/w1/alert_worn_tool/config",
-        *(f"homeassistant/sensor/w1/tool_{w}/config" for w in ("class", "probability", "field_accuracy")),
+        "homeassistant/binary_sensor/plant_w1/alert_worn_tool/config",
+        *(
+            f"homeassistant/sensor/plant_w1/tool_{w}/config"
+            for w in ("class", "probability", "field_accuracy")
+        ),
     }
     for topic, body in announced.items():
         check_config(topic, body)
         assert body["device"]["model"] == "welder"
     srv.answer(Row("weld", "w0", 1.0, (0.0, 3.0)))
     answer = next(p for t, p in published if t == topics.topic_answer("plant", "w1", "tool"))
-    cls = announced["homeassistant/sensor/w1/tool_class/config"]
+    cls = announced["homeassistant/sensor/plant_w1/tool_class/config"]
     assert render(cls["value_template"], answer) == "TC4" and cls["options"] == ["TC1", "TC4"]
-    prob = render(announced["homeassistant/sensor/w1/tool_probability/config"]["value_template"], answer)
+    prob = render(
+        announced["homeassistant/sensor/plant_w1/tool_probability/config"]["value_template"], answer
+    )
     assert float(prob) == pytest.approx(100 * max(json.loads(answer)["probabilities"]), abs=0.01)
     srv.label({"kind": "label", "key": "w0", "label": "TC4"})  # the maintenance log: it was worn
     status = json.dumps({"state": "online", "serving": srv.status()}).encode()
-    acc = announced["homeassistant/sensor/w1/tool_field_accuracy/config"]
+    acc = announced["homeassistant/sensor/plant_w1/tool_field_accuracy/config"]
     assert float(render(acc["value_template"], status)) == pytest.approx(100.0)
-    alert = announced["homeassistant/binary_sensor/w1/alert_worn_tool/config"]
+    alert = announced["homeassistant/binary_sensor/plant_w1/alert_worn_tool/config"]
     event = next(p for t, p in published if t == alert["state_topic"])  # P(TC4) 0.95 > 0.8: raised
     assert render(alert["value_template"], event) == alert["payload_on"]
     assert alert["device_class"] == "problem" and alert["payload_off"] == "cleared"
@@ -162,8 +183,29 @@ def test_discovery_is_off_unless_asked_and_the_prefix_is_checked(tmp_path):
     srv = Server(config, tmp_path, lambda topic, payload: published.append((topic, payload)))
     offer(srv, linear(2.0, 0.5), 1)
     assert srv.discovery() == [] and not [t for t, _ in published if t.startswith("homeassistant/")]
+    # The device writes its configs on its own fleet topic whatever the prefix: serve republishes
+    # them under Home Assistant's (a device may not write there).
     other = ha_server(tmp_path / "b", published := [], discovery_prefix="ha/test")
     offer(other, linear(2.0, 0.5), 1)
-    assert published and all(t.startswith("ha/test/sensor/p1/") for t, _ in published if "/config" in t)
+    mine = topics.topic_discovery_all("plant", "p1").removesuffix("/+/+")
+    assert configs(published) and not [t for t, _ in published if t.startswith(("ha/test", "homeassistant"))]
+    assert all(t.startswith(mine) for t, _ in published if "/sensor/" in t)
     with pytest.raises(ConfigError, match="discovery_prefix"):
         build(DeviceConfig, {"device": "p1", "serve": {"discovery_prefix": "homeassistant/#"}}, "device.toml")
+
+
+def test_a_rule_removed_from_the_config_is_removed_from_home_assistant(tmp_path):
+    """Issue 33 item 2: the next start publishes an empty retained config for each entity announced
+    before and gone now (serve republishes it empty too, and Home Assistant removes the entity)."""
+    before = welder(tmp_path, [])
+    announced = {t for t, _ in before.discovery()}
+    alert = topics.topic_discovery("plant", "w1", "binary_sensor", "alert_worn_tool")
+    assert alert in announced
+    after = ha_server(tmp_path, [], "w1", "welder")  # the same state folder, the rule gone
+    after.models = before.models
+    got = dict(after.discovery())
+    assert got[alert] == b"" and all(got[t] for t in announced - {alert})
+    assert b"" not in dict(after.discovery()).values()  # said once: the next connect has nothing to remove
+    off = Server(DeviceConfig(device="w1", fleet="plant", state_dir=str(tmp_path), serve=ServeConfig()),
+                 tmp_path, lambda topic, payload: None)  # fmt: skip
+    assert dict(off.discovery()) == dict.fromkeys(announced - {alert}, b"")  # discovery turned off: all go

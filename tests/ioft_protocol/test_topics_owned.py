@@ -41,14 +41,14 @@ def test_no_topic_is_built_by_hand_outside_topics_py():
 
 def test_the_acl_grants_the_topics_the_builders_make():
     acl = acl_text("f", ["d1"], workers=["w1"]).splitlines()
-    any_, mine = topics.ANY, topics.MINE
+    any_ = topics.ANY
     for line in (
-        f"pattern write {topics.topic_up('f', any_, mine)}",
-        f"pattern write {topics.topic_stats('f', any_, mine)}",
+        f"topic write {topics.topic_up('f', any_, 'd1')}",
+        f"topic write {topics.topic_stats('f', any_, 'd1')}",
         f"topic read {topics.topic_scaling_all('f')}",
         f"topic read {topics.topic_stats_all('f')}",
         f"topic readwrite {topics.topic_scaling_all('f')}",
-        f"pattern read {topics.topic_secagg_down('f', any_, mine)}",
+        f"topic read {topics.topic_secagg_down('f', any_, 'd1')}",
         f"topic read {topics.topic_model_chunk_all('f')}",
         f"topic readwrite {topics.topic_aggregator_lock('f')}",
         f"topic write {topics.topic_agg_batch('f', any_, 'w1')}",
