@@ -36,6 +36,10 @@ class Liveness:
         elif live:
             self.heard[device] = time.monotonic()
 
+    def is_live(self, device: str) -> bool:
+        """Whether ``device`` (online) was heard live within the window (always, with the window off)."""
+        return self.window_s <= 0 or self.heard.get(device, -1.0) >= time.monotonic() - self.window_s
+
     def live(self, online: list[str]) -> list[str]:
         """Those of ``online`` heard live within the window (all of them with the window off)."""
         if self.window_s <= 0:

@@ -530,8 +530,8 @@ class MqttFleet:
             """Held-out devices online that have not yet scored this round's global (noted when they have)."""
             waiting = set()
             for d in held_out:  # a few devices: never a scan of the whole (possibly 10k) fleet
-                if not self.view.online.get(d):
-                    continue
+                if not self.view.online.get(d) or not self.view.liveness.is_live(d):
+                    continue  # a held-out device that is away (or only retained "online") is not awaited
                 score = self.view.holdout_score(d, task, request)
                 if score is not None:
                     scores[d] = score
