@@ -262,6 +262,7 @@ class MqttFleet:
         session.on_connect_hooks.append(self._republish)
         # Retained statuses may not reach us (ioft_protocol.restate): ask every device for its own.
         self._links: dict[str, tuple | None] = {}  # device -> the connection its last status came from
+        self._roll_called = float("-inf")  # monotonic time of the last roll call
         session.on_connect_hooks.append(self._roll_call)  # and wait_for_devices() calls it at start
         #: task -> how many announcements it has published; (device, task) -> the one last restated
         self._serial: dict[str, int] = {}
@@ -289,6 +290,7 @@ class MqttFleet:
         return self.view.outside(device, self.selections.get(task))
 
     def _roll_call(self) -> None:
+        self._roll_called = time.monotonic()
         self.session.publish(topics.topic_roll_call(self.fleet), b"", timeout=None)
 
     def _coalesce_status(self, msg: Message) -> bool:
@@ -401,16 +403,20 @@ class MqttFleet:
     def wait_for_devices(self, settle_s: float = 1.0) -> list[str]:
         """Block until enough devices are online (or the start-up wait passes); the devices online.
 
-        Once enough are, statuses are still read until none arrives for ``settle_s``, so a
-        device that connects a moment later is counted too (retained statuses come in a burst).
+        Once enough are, statuses are still read until no device came online (live) for
+        ``settle_s``, so a device that connects a moment later is counted too (roll-call answers
+        come in a burst).  Statuses of devices already counted (heartbeats) do not prolong it.
         """
         self._roll_call()  # statuses retained where the broker keeps none for us come as answers
         want = set(self.policy.expected) or None
         need = len(want) if want else self.policy.min_participants
         deadline = time.monotonic() + self.policy.startup_wait_s
         quiet_since: float | None = None
+        counted = -1
         while time.monotonic() < deadline:
             online = set(self.view.live_devices())
+            if len(online) != counted:  # a device came (or went): wait for the burst to end
+                counted, quiet_since = len(online), None
             if (want and want <= online) or (not want and len(online) >= need):
                 quiet_since = quiet_since or time.monotonic()
                 if time.monotonic() - quiet_since >= settle_s:
@@ -423,7 +429,6 @@ class MqttFleet:
                     self._route(msg)
                 else:
                     self.handle(msg, None)
-                    quiet_since = None  # a status came: wait for the burst to end
                 handled += 1
                 msg = self.session.get(0) if handled < BATCH else None
         return self.view.live_devices()
@@ -622,20 +627,23 @@ class MqttFleet:
                 received.batch = None
             # Statuses may have come through another task's thread: look at the view whenever one
             # came (an O(N) look: not on turns that brought only uploads).
-            # Without a fixed list, a device that comes online mid-round is awaited (it gets the
-            # retained announcement), one that goes offline is not; whoever answered counts.
+            # Without a fixed list, a device that comes online mid-round (heard live) is awaited (it
+            # gets the retained announcement), one that goes offline is not; whoever answered counts.
+            # One awaited stays awaited while it says online, even with its heartbeat late (a long
+            # local training): liveness decides whom a round starts with, and who joins it.
             if self.view.changes == seen:
                 continue
             seen = self.view.changes
-            online = set(self.view.live_devices())
+            claims = self.view.online_devices()
+            online, live = set(claims), set(self.view.liveness.live(claims))
             if not fixed:
-                expected = (expected & online) | (online - last_online) | received.answered
+                expected = (expected & online) | (live - last_online) | received.answered
             # A device that refused and takes the task again (its owner resumed it) is awaited again.
-            back = {d for d in refused if d in online and self.view.refusal(d, task, selection) is None}
+            back = {d for d in refused if d in live and self.view.refusal(d, task, selection) is None}
             for d in back:
                 del refused[d]
             expected |= back - held_out
-            last_online = online
+            last_online = live
             # A device that refuses the task (its status says so, at once) is not waited for.
             expected = awaited(expected) - held_out
         online = set(self.view.online_devices())
@@ -656,8 +664,14 @@ class MqttFleet:
         return {d: why for d, why in sorted(found.items()) if d not in answered}
 
     def _say_skipped(self, request: CollectRequest) -> None:
-        """One line naming the devices a round does not wait for as not live; again only on a change."""
+        """One line naming the devices a round does not wait for as not live (again only on a change),
+        and a roll call for them."""
         skipped = self._unconfirmed(set())
+        if skipped and time.monotonic() - self._roll_called >= self.policy.liveness_s:
+            # Devices too old for a heartbeat still answer the roll call (at most one a liveness_s,
+            # so a ghost costs the fleet one status per device that often): one that answers is
+            # awaited from then on, this round included.
+            self._roll_call()
         task = request.spec.name
         key = tuple(skipped)
         if self._skipped.get(task, ()) == key:
@@ -670,7 +684,8 @@ class MqttFleet:
         more = f" and {len(skipped) - NAMED} more" if len(skipped) > NAMED else ""
         log.warning(
             "task %s round %d: not waiting for %d device(s) that say online but were not heard live "
-            "(no heartbeat or roll-call answer within [collect] liveness_s = %g s): %s%s",
+            "(no heartbeat or roll-call answer within [collect] liveness_s = %g s; one that answers the "
+            "roll call is awaited): %s%s",
             task,
             request.round,
             len(skipped),

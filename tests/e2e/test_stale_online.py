@@ -78,3 +78,38 @@ def test_rounds_skip_a_retained_online_status_that_nothing_answers_for(fleet_pro
     said = [ln for ln in text.splitlines() if "not waiting for" in ln]
     assert len(said) == 1 and GHOST in said[0] and "liveness_s" in said[0], text[-4000:]
     assert "Traceback" not in text, text[-4000:]
+
+
+def test_a_device_heard_only_by_its_heartbeat_stays_awaited(fleet_procs):
+    """Rounds that span several ``liveness_s``: each answer leaves 1.5 s after its announcement
+    (``[simulate] update_s``), and after its first round a device's status goes out only every
+    ``round_status_s`` (30 s).  Its heartbeat (``heartbeat_s``) keeps it live, so every round starts
+    awaiting both devices and closes on their answers; without it (``heartbeat_s = 0``) they fall
+    silent for the aggregator, and a round starts without them, naming them as not live."""
+    toml = fleet_procs.work / "device.toml"
+    toml.write_text("heartbeat_s = 0.5\n\n[simulate]\nupdate_s = 1.5\n")
+    fleet_procs.start_devices(DEVICES, "--config", str(toml), "--log-level", "WARNING")
+    text = aggregator_toml(
+        fleet_procs.broker_url,
+        fleet_procs.work / "aggregator",
+        [pflda_task(rounds=ROUNDS + 3)],
+        expected=[],
+        min_participants=2,
+        deadline_s=60.0,
+        max_extensions=0,
+    )
+    fleet_procs.start_aggregator(text.replace("[collect]\n", "[collect]\nliveness_s = 4.0\n"))
+    fleet_procs.wait_for(
+        lambda: (
+            fleet_procs.aggregator.poll() is not None
+            or any(r.extra.get("closed") == "deadline" for r in fleet_procs.rounds())
+        ),
+        PATIENCE_S,
+        "the task's rounds done (or a round that waited out its deadline)",
+    )
+    text = fleet_procs.log("aggregator")
+    assert "not waiting for" not in text, text[-4000:]  # no round started without them
+    for r in fleet_procs.rounds():
+        assert r.status == "completed" and r.extra.get("closed") == "answered", (r, text[-4000:])
+        assert sorted(r.participants) == list(DEVICES) and "skipped" not in r.extra, r
+    assert len(fleet_procs.rounds()) == ROUNDS + 3 and fleet_procs.aggregator.poll() == 0, text[-4000:]
