@@ -36,6 +36,9 @@ class CollectConfig:
     max_extensions: int = 2
     expected: list[str] = field(default_factory=list)
     startup_wait_s: float = 60.0
+    #: Without ``expected``, rounds wait only for devices heard live within this many seconds (their
+    #: heartbeat, ``device.toml`` heartbeat_s, or a roll-call answer); 0: every "online" status counts.
+    liveness_s: float = 90.0  # three of the devices' default 30 s heartbeats (serve.liveness)
     #: Uploads past the deadline: "drop", or "next_round" (see ``cloud_aggregator.rounds.engine``).
     straggler: str = "drop"
     staleness_weight: float = 0.5
@@ -54,6 +57,8 @@ class CollectConfig:
     def __post_init__(self) -> None:
         if self.deadline_s <= 0 or self.min_participants < 1 or self.max_extensions < 0:
             raise ValueError("need deadline_s > 0, min_participants >= 1, max_extensions >= 0")
+        if not self.liveness_s >= 0:
+            raise ValueError(f"liveness_s must be >= 0 s (0: off), got {self.liveness_s}")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.workers < 1:

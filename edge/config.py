@@ -492,6 +492,10 @@ class DeviceConfig:
     #: The retained status after an answered round goes out at most this often (seconds; 0: after
     #: every round); a refusal, a model change or a pause goes out at once.
     round_status_s: float = 30.0
+    #: While connected, the status goes out again after this many seconds without one (0: never):
+    #: the aggregator's rounds wait only for devices heard live lately ([collect] liveness_s), so a
+    #: retained "online" left behind by nothing that runs stalls no round.  One status (~1 KB) a period.
+    heartbeat_s: float = 30.0
     #: Seconds connected without a word from the fleet's aggregator (no round announcement, no
     #: roll call) before the device says so: a wrong ``fleet =`` otherwise fails in silence.
     aggregator_quiet_s: float = 15.0
@@ -529,6 +533,8 @@ class DeviceConfig:
             raise ValueError(f"aggregator_quiet_s must be > 0 s, got {self.aggregator_quiet_s}")
         if not self.round_status_s >= 0:
             raise ValueError(f"round_status_s must be >= 0 s, got {self.round_status_s}")
+        if not self.heartbeat_s >= 0:
+            raise ValueError(f"heartbeat_s must be >= 0 s (0: no heartbeat), got {self.heartbeat_s}")
         if self.secagg_min_participants < 2:
             raise ValueError(
                 f"secagg_min_participants must be >= 2 (a sum of one is this device's update), "

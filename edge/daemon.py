@@ -88,6 +88,7 @@ class EdgeTrainer:
         self.announcements = announcements or Announcements()
         #: monotonic time of the last retained status published, and whether a newer one waits
         self._status_at = float("-inf")
+        self._born_at = float("-inf")  # monotonic time of the status published at the last connect
         self._status_due = False
         self.device = config.device
         #: announcements handled on this connection, and when it began (``ioft_protocol.restate``)
@@ -216,6 +217,7 @@ class EdgeTrainer:
     def _birth(self) -> list[tuple[str, bytes]]:
         """The status published on every (re)connect, from a new connection (``ioft_protocol.restate``)."""
         self.connected_at = time.time()
+        self._born_at = time.monotonic()  # this status counts as the heartbeat's too
         if self._unheard_since is None and not self._heard_once:
             self._unheard_since = time.monotonic()
         self.delivered.connected()
@@ -276,6 +278,17 @@ class EdgeTrainer:
             self._publish_status()
         elif self._status_due and time.monotonic() - self._status_at >= self.config.round_status_s:
             self._publish_status()  # the rounds answered since the last one
+        elif self._heartbeat_due():
+            self._publish_status()  # live: the aggregator waits only for devices heard lately
+
+    def _heartbeat_due(self) -> bool:
+        """Connected, and no status went out for ``heartbeat_s``: the next one is this device's heartbeat."""
+        period = self.config.heartbeat_s
+        return (
+            period > 0
+            and self.session.connected.is_set()
+            and time.monotonic() - max(self._status_at, self._born_at) >= period
+        )
 
     def _check_heard(self) -> None:
         """Say once, within ``aggregator_quiet_s`` of connecting, that no aggregator of this

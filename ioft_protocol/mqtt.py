@@ -316,6 +316,9 @@ class MqttSession:
         self.last_error: str | None = None
         #: Connections the broker closed after accepting them (a takeover, a broker restart, ...).
         self.drops = 0
+        #: Attempts that failed (refused, unreachable, closed before CONNACK) since the session
+        #: started: one after a drop means the broker itself went away (``serve``'s lock check).
+        self.failed_attempts = 0
         #: Times another client was found holding our identity, and when last (Unix time).
         self.takeovers = 0
         self.last_takeover: float | None = None
@@ -606,6 +609,7 @@ class MqttSession:
             self._short_lived = 0
             self._back_off(None)
         self._attempts_failed += 1
+        self.failed_attempts += 1
         reason, fatal = self._probe()
         url = self.options.broker.url()
         if fatal:

@@ -308,6 +308,8 @@ class RoundEngine:
             record.extra = {**record.extra, "closed": note.closed, "refused": dict(note.refused)}
             if note.holdout:
                 record.extra["holdout"] = dict(note.holdout)
+            if note.skipped:
+                record.extra["skipped"] = dict(note.skipped)
         record.extra = {**record.extra, **self.strategy.record_extra()}  # e.g. the DP ledger's ε
         if self.straggler == "next_round":
             self._late = LateWindow(round_, phase, gh, before, frozenset(counted))

@@ -134,6 +134,9 @@ class SatOut:
     refused: dict[str, str]
     #: held-out device -> its score of the round's global (``[[task]] holdout``)
     holdout: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: devices that said online but were not heard live, so not waited for -> why
+    #: (``cloud_aggregator.serve.liveness``)
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 #: An admitted upload to keep: ``(task, round, phase, device, global_hash, payload)``.

@@ -278,7 +278,7 @@ class WorkerFleet(MqttFleet):
         if self.policy.expected or request.participants is not None:
             awaited = set(request.participants or self.policy.expected)
         else:
-            awaited = set(self.view.online_devices())
+            awaited = set(self.view.live_devices())
         selection, held_out = self.selections.get(task), set(self.holdouts.get(task, ()))
         return {
             d

@@ -40,6 +40,7 @@ from cloud_aggregator.rounds.types import (
     StoredUpload,
 )
 from cloud_aggregator.serve.fleet_scaling import ScalingPool
+from cloud_aggregator.serve.liveness import Liveness
 from ioft_protocol import codec, restate, round_messages, topics
 from ioft_protocol.mqtt import Message, MqttError, MqttSession
 from ioft_protocol.round_messages import DeviceSelection, HoldoutScore
@@ -90,6 +91,9 @@ class CollectPolicy:
     #: many admitted uploads and drops their stored payloads: a restart resumes from the
     #: checkpoint plus at most this many stored uploads.
     checkpoint_every: int = 256
+    #: Without ``expected``, rounds wait only for devices heard live (a status sent while this
+    #: aggregator listened) within this many seconds, and name the others (:mod:`.liveness`); 0: off.
+    liveness_s: float = 0.0
 
 
 #: What the aggregator reads of a device's retained status (the rest is the console's, which
@@ -129,6 +133,8 @@ class DeviceRoster:
     rejected_by_reason: dict[str, dict[Reason, int]] = field(default_factory=dict)
     #: statuses taken in so far: a round re-reads the O(N) view only when this moved
     changes: int = 0
+    #: which "online" devices were heard live lately (:mod:`cloud_aggregator.serve.liveness`)
+    liveness: Liveness = field(default_factory=Liveness)
 
     @property
     def rejected(self) -> dict[str, int]:
@@ -138,6 +144,10 @@ class DeviceRoster:
     def online_devices(self) -> list[str]:
         # list() copies in one step: another task's thread may add a device meanwhile.
         return sorted(d for d, up in list(self.online.items()) if up)
+
+    def live_devices(self) -> list[str]:
+        """The online devices heard live lately: those a round waits for (all online, liveness off)."""
+        return self.liveness.live(self.online_devices())
 
     def outside(self, device: str, selection: DeviceSelection | None) -> str | None:
         """Why ``selection`` leaves ``device`` out, judged from the kind and tags in its status."""
@@ -217,7 +227,11 @@ class MqttFleet:
             max_payload_bytes=policy.max_payload_bytes,
             statuses=statuses,
         )
-        self.view = DeviceRoster(status=statuses, rejected_by_reason=self.admission.refused)
+        self.view = DeviceRoster(
+            status=statuses, rejected_by_reason=self.admission.refused, liveness=Liveness(policy.liveness_s)
+        )
+        #: task -> the devices its rounds skipped as not live, as last logged (said again on a change)
+        self._skipped: dict[str, tuple[str, ...]] = {}
         self._announced: dict[str, list[tuple[str, bytes]]] = {}  # task -> its retained messages
         #: task -> uplinks waiting for that task's collecting thread (or its first round)
         self._queues: dict[str, queue.Queue[Message]] = {}
@@ -248,6 +262,7 @@ class MqttFleet:
         session.on_connect_hooks.append(self._republish)
         # Retained statuses may not reach us (ioft_protocol.restate): ask every device for its own.
         self._links: dict[str, tuple | None] = {}  # device -> the connection its last status came from
+        self._roll_called = float("-inf")  # monotonic time of the last roll call
         session.on_connect_hooks.append(self._roll_call)  # and wait_for_devices() calls it at start
         #: task -> how many announcements it has published; (device, task) -> the one last restated
         self._serial: dict[str, int] = {}
@@ -258,6 +273,7 @@ class MqttFleet:
         # its payload instead of queueing behind it, so a device flooding statuses holds one slot.
         self._status_lock = threading.Lock()
         self._pending_status: dict[str, bytes] = {}
+        self._pending_live: set[str] = set()  # of those, the topics a live status was merged into
         self.statuses_coalesced = 0
         if hasattr(session, "tap") and hasattr(session, "inbound"):
             session.tap(topics.topic_status_all(self.fleet), self._coalesce_status)
@@ -274,6 +290,7 @@ class MqttFleet:
         return self.view.outside(device, self.selections.get(task))
 
     def _roll_call(self) -> None:
+        self._roll_called = time.monotonic()
         self.session.publish(topics.topic_roll_call(self.fleet), b"", timeout=None)
 
     def _coalesce_status(self, msg: Message) -> bool:
@@ -282,6 +299,8 @@ class MqttFleet:
         with self._status_lock:
             if msg.topic in self._pending_status:
                 self._pending_status[msg.topic] = msg.payload
+                if not msg.retain:  # the merged status was heard live (liveness)
+                    self._pending_live.add(msg.topic)
                 self.statuses_coalesced += 1
                 return True
             # Only this thread fills the queue: not full now means the put right after succeeds.
@@ -295,7 +314,9 @@ class MqttFleet:
             return msg
         with self._status_lock:
             payload = self._pending_status.pop(msg.topic, None)
-        return msg if payload is None else Message(msg.topic, payload, msg.retain)
+            live = msg.topic in self._pending_live
+            self._pending_live.discard(msg.topic)
+        return msg if payload is None else Message(msg.topic, payload, msg.retain and not live)
 
     def _restate(self, device: str, status: dict) -> None:
         """A device online on a connection not seen before gets each task's current announcement
@@ -382,16 +403,20 @@ class MqttFleet:
     def wait_for_devices(self, settle_s: float = 1.0) -> list[str]:
         """Block until enough devices are online (or the start-up wait passes); the devices online.
 
-        Once enough are, statuses are still read until none arrives for ``settle_s``, so a
-        device that connects a moment later is counted too (retained statuses come in a burst).
+        Once enough are, statuses are still read until no device came online (live) for
+        ``settle_s``, so a device that connects a moment later is counted too (roll-call answers
+        come in a burst).  Statuses of devices already counted (heartbeats) do not prolong it.
         """
         self._roll_call()  # statuses retained where the broker keeps none for us come as answers
         want = set(self.policy.expected) or None
         need = len(want) if want else self.policy.min_participants
         deadline = time.monotonic() + self.policy.startup_wait_s
         quiet_since: float | None = None
+        counted = -1
         while time.monotonic() < deadline:
-            online = set(self.view.online_devices())
+            online = set(self.view.live_devices())
+            if len(online) != counted:  # a device came (or went): wait for the burst to end
+                counted, quiet_since = len(online), None
             if (want and want <= online) or (not want and len(online) >= need):
                 quiet_since = quiet_since or time.monotonic()
                 if time.monotonic() - quiet_since >= settle_s:
@@ -404,10 +429,9 @@ class MqttFleet:
                     self._route(msg)
                 else:
                     self.handle(msg, None)
-                    quiet_since = None  # a status came: wait for the burst to end
                 handled += 1
                 msg = self.session.get(0) if handled < BATCH else None
-        return self.view.online_devices()
+        return self.view.live_devices()
 
     @staticmethod
     def _is_uplink(topic: str) -> bool:
@@ -499,7 +523,7 @@ class MqttFleet:
                     len(stored),
                 )
         fixed = bool(self.policy.expected) or request.participants is not None
-        expected = set(self.policy.expected) or set(self.view.online_devices())
+        expected = set(self.policy.expected) or set(self.view.live_devices())
         if request.participants is not None:  # the server chose: wait for those only
             expected = set(request.participants)
         task, selection = request.spec.name, self.selections.get(request.spec.name)
@@ -511,8 +535,8 @@ class MqttFleet:
             """Held-out devices online that have not yet scored this round's global (noted when they have)."""
             waiting = set()
             for d in held_out:  # a few devices: never a scan of the whole (possibly 10k) fleet
-                if not self.view.online.get(d):
-                    continue
+                if not self.view.online.get(d) or not self.view.liveness.is_live(d):
+                    continue  # a held-out device that is away (or only retained "online") is not awaited
                 score = self.view.holdout_score(d, task, request)
                 if score is not None:
                     scores[d] = score
@@ -532,7 +556,9 @@ class MqttFleet:
             return out
 
         expected = awaited(expected) - held_out
-        last_online = set(self.view.online_devices())
+        last_online = set(self.view.live_devices())
+        if not fixed:
+            self._say_skipped(request)
         closed = "deadline"
         deadline = time.time() + self.policy.deadline_s
         self.announce(request, deadline)
@@ -601,20 +627,23 @@ class MqttFleet:
                 received.batch = None
             # Statuses may have come through another task's thread: look at the view whenever one
             # came (an O(N) look: not on turns that brought only uploads).
-            # Without a fixed list, a device that comes online mid-round is awaited (it gets the
-            # retained announcement), one that goes offline is not; whoever answered counts.
+            # Without a fixed list, a device that comes online mid-round (heard live) is awaited (it
+            # gets the retained announcement), one that goes offline is not; whoever answered counts.
+            # One awaited stays awaited while it says online, even with its heartbeat late (a long
+            # local training): liveness decides whom a round starts with, and who joins it.
             if self.view.changes == seen:
                 continue
             seen = self.view.changes
-            online = set(self.view.online_devices())
+            claims = self.view.online_devices()
+            online, live = set(claims), set(self.view.liveness.live(claims))
             if not fixed:
-                expected = (expected & online) | (online - last_online) | received.answered
+                expected = (expected & online) | (live - last_online) | received.answered
             # A device that refused and takes the task again (its owner resumed it) is awaited again.
-            back = {d for d in refused if d in online and self.view.refusal(d, task, selection) is None}
+            back = {d for d in refused if d in live and self.view.refusal(d, task, selection) is None}
             for d in back:
                 del refused[d]
             expected |= back - held_out
-            last_online = online
+            last_online = live
             # A device that refuses the task (its status says so, at once) is not waited for.
             expected = awaited(expected) - held_out
         online = set(self.view.online_devices())
@@ -623,9 +652,47 @@ class MqttFleet:
         if refused:
             log.info("round %d/%s: not run by %s", request.round, request.phase, refused)
         scoring()  # the scores that came with the last messages
-        # How it closed, in every record; who sat it out and what held-out devices scored.
-        out.append(SatOut(closed, dict(sorted(refused.items())), dict(sorted(scores.items()))))
+        skipped = {} if fixed else self._unconfirmed(set(received.answered))
+        # How it closed, in every record; who sat it out, who was skipped as not live (liveness),
+        # and what held-out devices scored.
+        out.append(SatOut(closed, dict(sorted(refused.items())), dict(sorted(scores.items())), skipped))
         return out
+
+    def _unconfirmed(self, answered: set[str]) -> dict[str, str]:
+        """Online devices not heard live lately (not waited for), less those that answered anyway."""
+        found = self.view.liveness.unconfirmed(self.view.online_devices())
+        return {d: why for d, why in sorted(found.items()) if d not in answered}
+
+    def _say_skipped(self, request: CollectRequest) -> None:
+        """One line naming the devices a round does not wait for as not live (again only on a change),
+        and a roll call for them."""
+        skipped = self._unconfirmed(set())
+        if skipped and time.monotonic() - self._roll_called >= self.policy.liveness_s:
+            # Devices too old for a heartbeat still answer the roll call (at most one a liveness_s,
+            # so a ghost costs the fleet one status per device that often): one that answers is
+            # awaited from then on, this round included.
+            self._roll_call()
+        task = request.spec.name
+        key = tuple(skipped)
+        if self._skipped.get(task, ()) == key:
+            return
+        self._skipped[task] = key
+        if not skipped:
+            log.info("task %s round %d: every device online was heard live", task, request.round)
+            return
+        named = list(skipped)[:NAMED]
+        more = f" and {len(skipped) - NAMED} more" if len(skipped) > NAMED else ""
+        log.warning(
+            "task %s round %d: not waiting for %d device(s) that say online but were not heard live "
+            "(no heartbeat or roll-call answer within [collect] liveness_s = %g s; one that answers the "
+            "roll call is awaited): %s%s",
+            task,
+            request.round,
+            len(skipped),
+            self.policy.liveness_s,
+            "; ".join(f"{d} ({skipped[d]})" for d in named),
+            more,
+        )
 
     def _say_whom(self, request: CollectRequest, missing: set[str]) -> None:
         """At a deadline: which awaited devices did not answer, and which trained past this round
@@ -689,7 +756,7 @@ class MqttFleet:
         if topic.kind == "status":
             if isinstance(received, _Inbox):  # uploads read before it are judged on the status they saw
                 self._flush(request, received)
-            self._status(topic.device, msg.payload)
+            self._status(topic.device, msg.payload, live=not msg.retain)
         elif topic.kind == "stats":
             self.scaling.handle(str(topic.task), str(topic.device), msg.payload)
         elif topic.kind == "up" and request is not None and received is not None:
@@ -708,7 +775,7 @@ class MqttFleet:
         elif topic.kind == "up":
             self._ingest(None, {}, [(topic.device, msg.payload, None, False)])
 
-    def _status(self, device: str, payload: bytes) -> None:
+    def _status(self, device: str, payload: bytes, live: bool = True) -> None:
         try:
             status = json.loads(payload)
             if not isinstance(status, dict):
@@ -728,7 +795,9 @@ class MqttFleet:
                 and not isinstance(v["round"], bool)
             }
         self.view.status[device] = kept
-        self.view.online[device] = status.get("state") == "online"
+        online = status.get("state") == "online"
+        self.view.online[device] = online
+        self.view.liveness.note(device, online, live)
         self.view.changes += 1
 
     def _refusal_row(

@@ -225,6 +225,7 @@ def serve(
             max_extensions=c.max_extensions,
             expected=tuple(c.expected),
             startup_wait_s=c.startup_wait_s,
+            liveness_s=c.liveness_s,
             max_payload_bytes=cfg.max_payload_bytes,
             checkpoint_every=c.checkpoint_every,
         )

@@ -19,12 +19,20 @@ own (``ioft/<fleet>/aggregator``, readwrite for the ``aggregator`` user in the A
   lock and then listens for ``quiet_s`` seconds.  A running aggregator reconnects within
   its reconnect delay (1 s) and thereby takes the session back: the newcomer sees its
   connection closed right after it was accepted, stops, and exits naming the running one
-  (from the lock, where there is one).  The running one loses its connection once.
+  (from the lock).  The running one loses its connection once.
+* A closed connection is not always a takeover: the broker may have gone away (restarted,
+  crashed) while the newcomer listened.  A takeover leaves signs on a broker that is still
+  there: a live lock, and a broker that takes a TCP connection at once (probed without MQTT,
+  so the probe takes no one's session).  Without a lock the newcomer reconnects: if that
+  needed failed attempts (refused, unreachable) the broker was away, and the check starts
+  again from the reconnect, as the rest of ``serve`` rides out outages.  A second drop in a
+  row with the broker up and no lock is a takeover by an aggregator whose ACL lacks the
+  lock topic (it lost its connection twice).
 * A lock that nothing defends within ``stale_s`` (its holder died while the broker was
   down, so no will fired) is stale: the newcomer says so and takes over.
 
 With an older ACL that lacks the topic, the lock is silently refused by the broker and
-the takeover still shows: the refusal then cannot name the other aggregator.
+the takeover still shows (at the second drop): the refusal then cannot name the other aggregator.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 from ioft_protocol import topics
 from ioft_protocol.mqtt import Message, MqttError, MqttSession
@@ -44,6 +53,8 @@ log = logging.getLogger(__name__)
 
 #: How long a newcomer waits for a running aggregator to take the session back (its reconnect delay is 1 s).
 QUIET_S = 3.0
+#: How long the check of a dropped connection waits for the broker's TCP answer.
+PROBE_S = 2.0
 
 
 class FleetTakenError(MqttError):
@@ -75,6 +86,32 @@ def _describe(payload: bytes) -> str:
         return f"pid {held['pid']} on host {held['host']}, running since {held['since']}"
     except (ValueError, TypeError, KeyError):
         return f"lock {payload[:80]!r}"
+
+
+def _held(seen: list[Message]) -> bytes | None:
+    """The lock another aggregator holds, as last seen on the broker (``None``: none, or cleared)."""
+    return seen[-1].payload if seen and seen[-1].payload else None
+
+
+def _answers(session: MqttSession) -> bool:
+    """Whether the broker takes a TCP connection now: no MQTT, so it takes no one's session."""
+    b = session.options.broker
+    try:
+        socket.create_connection((b.host, b.port), timeout=PROBE_S).close()
+    except OSError:
+        return False
+    return True
+
+
+def _refuse(session: MqttSession, fleet: str, held: bytes | None) -> NoReturn:
+    """Stop ``session`` and say which aggregator runs for ``fleet`` (from its lock, where there is one)."""
+    session.stop()
+    who = f" ({_describe(held)})" if held else ""
+    raise FleetTakenError(
+        f"another aggregator is running for fleet {fleet}{who}: it took the broker session "
+        f"({session.options.client_id!r} at {session.options.broker.url()}) back as soon as this one "
+        "connected; stop it first (two aggregators would knock each other off every second)"
+    )
 
 
 def claim_fleet(
@@ -117,22 +154,39 @@ def claim_fleet(
     session.tap(topic, seen.append)
     session.subscribe(topic)
     session.start(timeout=None)
-    if not session.wait_until_connected(stop or threading.Event()):
+    stop = stop or threading.Event()
+    if not session.wait_until_connected(stop):
         return FleetLock(topic, b"")
     stale_s = session.options.reconnect_max_s + 5.0 if stale_s is None else stale_s
-    drops = session.drops
+    drops, failed = session.drops, session.failed_attempts
+    unexplained = 0  # drops in a row with the broker up and no lock: an aggregator on an older ACL
     deadline = time.monotonic() + quiet_s
     extended = False
     while time.monotonic() < deadline:
         if session.drops > drops:
-            session.stop()
-            held = next((m.payload for m in reversed(seen) if m.payload), None)
-            who = f" ({_describe(held)})" if held else ""
-            raise FleetTakenError(
-                f"another aggregator is running for fleet {fleet}{who}: it took the broker session "
-                f"({session.options.client_id!r} at {session.options.broker.url()}) back as soon as this one "
-                "connected; stop it first (two aggregators would knock each other off every second)"
+            held = _held(seen)
+            # A drop with another's lock on a broker that still answers: its holder took the
+            # session back.  So is a second drop in a row with the broker up and no lock (an
+            # aggregator on an ACL without the lock topic).  Anything else may be the broker
+            # going away (restarted, crashed): wait for it and check again.
+            if (held is not None or unexplained) and _answers(session):
+                _refuse(session, fleet, held)
+            seen.clear()  # the reconnect brings the lock as the broker holds it now
+            log.warning(
+                "fleet %s: the broker closed the connection while this aggregator checked that it is the "
+                "only one; waiting for the broker and checking again",
+                fleet,
             )
+            if not session.wait_until_connected(stop):
+                return FleetLock(topic, b"")
+            if session.failed_attempts == failed:  # back at the first attempt: the broker was up
+                unexplained += 1  # (or restarted within a second): the next such drop decides
+            else:
+                unexplained = 0
+                log.info("fleet %s: the broker is back; checking again for another aggregator", fleet)
+            drops, failed, extended = session.drops, session.failed_attempts, False
+            deadline = time.monotonic() + quiet_s
+            continue
         if seen and seen[-1].payload and not extended:
             extended = True  # another's lock: give its holder time to show up
             deadline = time.monotonic() + stale_s

@@ -58,3 +58,44 @@ def test_serve_rides_out_a_broker_outage_of_four_deadlines(fleet_procs, mosquitt
     finally:
         fleet_procs.stop_all()
         back.stop()
+
+
+def test_serve_rides_out_a_broker_flap_while_it_checks_for_another_aggregator(
+    fleet_procs, mosquitto, tmp_path
+):
+    """Issue 36: the broker goes away within the first second after ``serve`` connects, before it
+    holds the fleet's lock.  No other aggregator exists: ``serve`` must wait for the broker, check
+    again and go on to complete rounds, not exit saying another aggregator is running."""
+    fleet_procs.start_devices(DEVICES)
+    fleet_procs.start_aggregator(
+        aggregator_toml(
+            fleet_procs.broker_url,
+            fleet_procs.work / "aggregator",
+            [pflda_task(rounds=200)],
+            expected=list(DEVICES),
+            deadline_s=DEADLINE_S,
+            min_participants=2,
+            max_extensions=2,
+        )
+    )
+    fleet_procs.wait_for(
+        lambda: "connected to" in fleet_procs.log("aggregator"), PATIENCE_S, "serve's first connection"
+    )
+    assert "only aggregator" not in fleet_procs.log("aggregator")  # still checking for another one
+    mosquitto.kill()
+    time.sleep(DEADLINE_S / 2)  # the fault: the broker away for a moment
+    back = start_mosquitto(mosquitto.port, log_file=tmp_path / "mosquitto2.log")
+    try:
+        fleet_procs.wait_for(
+            lambda: any(r.status == "completed" for r in fleet_procs.rounds()),
+            PATIENCE_S,
+            "a completed round after the broker came back",
+        )
+        text = fleet_procs.log("aggregator")
+        assert "another aggregator is running" not in text, text[-4000:]
+        assert "checking again" in text, text[-4000:]  # the flap hit the check, as the fault meant
+        assert fleet_procs.aggregator.poll() is None, text[-4000:]
+        assert "Traceback" not in text, text[-4000:]
+    finally:
+        fleet_procs.stop_all()
+        back.stop()

@@ -15,7 +15,7 @@ import paho.mqtt.client as paho
 import pytest
 
 from cloud_aggregator.fleet.init import AGGREGATOR, FleetLayout
-from cloud_aggregator.local.broker import BrokerProcess
+from cloud_aggregator.local.broker import BrokerProcess, free_port, start_mosquitto
 from cloud_aggregator.local.fleet import FLEET, aggregator_toml, pflda_task
 from ioft_protocol import topics
 from tests.conftest import tls_fleet_broker
@@ -162,3 +162,37 @@ def test_a_second_aggregator_for_the_fleet_refuses_to_start(fleet, tmp_path):
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_a_second_aggregator_is_refused_where_the_acl_withholds_the_lock(tmp_path):
+    """An ACL older than the lock topic: no lock is ever seen, so the newcomer cannot tell its first
+    dropped connection from a broker flap (issue 36) and checks again; the second drop with the broker
+    up is a takeover, refused in one line (naming nobody: there is no lock to name)."""
+    port = free_port()
+    acl = tmp_path / "acl"
+    acl.write_text(f"topic deny {topics.topic_aggregator_lock(FLEET)}\ntopic readwrite #\n")
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nacl_file {acl}\n")
+    broker = start_mosquitto(port, config=conf, log_file=tmp_path / "mosquitto.log", as_invoker=True)
+    cfgs = []
+    for name in ("first", "second"):
+        cfg = tmp_path / f"{name}.toml"
+        cfg.write_text(
+            aggregator_toml(broker.url, tmp_path / name, [pflda_task(rounds=1)], startup_wait_s=600.0)
+        )
+        cfgs.append(cfg)
+    first = Watched("cloud_aggregator.cli", ["serve", "--config", str(cfgs[0])])
+    second = None
+    try:
+        first.wait_until(lambda: first.matching("only aggregator"), PATIENCE_S, "the first holding the fleet")
+        second = Watched("cloud_aggregator.cli", ["serve", "--config", str(cfgs[1])])
+        assert second.wait_exit(PATIENCE_S) != 0
+        assert second.matching(f"another aggregator is running for fleet {FLEET}: it took"), second.text
+        assert second.matching("checking again"), second.text  # the first drop was not taken for one
+        assert "Traceback" not in second.text
+        assert first.proc.poll() is None, first.text
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        broker.stop()

@@ -87,3 +87,38 @@ def test_round_status_goes_out_at_most_every_round_status_s(tmp_path, monkeypatc
 def test_round_status_s_must_not_be_negative(tmp_path):
     with pytest.raises(ValueError, match="round_status_s"):
         build(DeviceConfig, {"device": "p1", "round_status_s": -1})
+
+
+def test_a_connected_device_republishes_its_status_every_heartbeat_s(tmp_path, monkeypatch):
+    """Issue 32 §5: the aggregator waits only for devices heard live lately; a quiet device's
+    heartbeat is its status again, once ``heartbeat_s`` passed without one (any status, the one
+    published on connect too, resets it), only while connected."""
+    clock = [1000.0]
+    monkeypatch.setattr("edge.daemon.time.monotonic", lambda: clock[0])
+    t = device(tmp_path, "p1", heartbeat_s=30, aggregator_quiet_s=1e9)  # no "unheard" status
+    t.tick()
+    assert statuses(t) == []  # not connected: nothing to say it on
+    t.session.connected.set()
+    t._birth()  # the status every connect publishes counts as the first heartbeat
+    clock[0] += 29
+    t.tick()
+    assert statuses(t) == []
+    clock[0] += 1
+    t.tick()
+    assert [s["state"] for s in statuses(t)] == ["online"]
+    clock[0] += 29
+    t.tick()
+    assert len(statuses(t)) == 1
+    clock[0] += 1
+    t.tick()
+    assert len(statuses(t)) == 2  # one a period, while nothing else is said
+    off = device(tmp_path, "p2", heartbeat_s=0)
+    off.session.connected.set()
+    clock[0] += 3600
+    off.tick()
+    assert statuses(off) == []  # 0: no heartbeat
+
+
+def test_heartbeat_s_must_not_be_negative(tmp_path):
+    with pytest.raises(ValueError, match="heartbeat_s"):
+        build(DeviceConfig, {"device": "p1", "heartbeat_s": -1})
