@@ -39,6 +39,8 @@ from cloud_aggregator.local.broker import find_mosquitto, free_port
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "operator-guide.md"
+#: The watching page's commands run on the guide's fleet, after it (its intro says so).
+WATCHING = GUIDE.with_name("watching.md")
 #: Only guards against hanging the suite; nothing asserts on how long a step took.
 WAIT_S = 240
 BLOCK = re.compile(r'(?:<!-- guide: (service|wait)(?:=| ready=)"([^"]*)" -->\n)?```sh\n(.*?)```', re.S)
@@ -155,9 +157,10 @@ def test_every_block_of_the_operator_guide_runs_as_written(enterable_dir):
     }
     services = Services(work, env)
     said_by: dict[str, str] = {}  # each block's script -> its stdout
+    logged_by: dict[str, str] = {}  # ... -> its stderr
     try:
         # Execute: each block in order, as written.
-        for n, step in enumerate(steps(GUIDE.read_text())):
+        for n, step in enumerate(steps(GUIDE.read_text()) + steps(WATCHING.read_text())):
             if step.service:
                 services.start(step, n)
                 continue
@@ -173,7 +176,7 @@ def test_every_block_of_the_operator_guide_runs_as_written(enterable_dir):
             )
             # Assert: the command worked, said nothing like a crash, and the services live on.
             said = out.stdout + out.stderr
-            said_by[step.script] = out.stdout
+            said_by[step.script], logged_by[step.script] = out.stdout, out.stderr
             assert out.returncode == 0 and "Traceback" not in said, (
                 f"guide block {n} exited {out.returncode}:\n{step.script}\n{said}\n{services.logs()}"
             )
@@ -197,6 +200,13 @@ def test_every_block_of_the_operator_guide_runs_as_written(enterable_dir):
         assert abs(sum(weld["probabilities"]) - 1.0) < 1e-6, weld
         alert = watched["ioft/v1/plant-a/alert/welder1/worn_tool"]
         assert alert["state"] == "raised" and alert["task"] == "tool", alert
+        # watching.md: the operator's subscription as written, and a recorder its trainer reads.
+        (seen,) = [out for script, out in said_by.items() if "alert/welder1/+" in script]
+        assert "ioft/v1/plant-a/answer/welder1/tool {" in seen, seen
+        (recorded,) = [err for script, err in logged_by.items() if script.startswith("edge-recorder")]
+        appended = re.search(r"stopped: (\d+) rows appended", recorded)
+        assert appended and int(appended[1]) > 0, recorded
+        assert any((work / "var-lib" / "ioft" / "welder3" / "dataset.segments").iterdir()), recorded
     finally:
         services.stop()
 
