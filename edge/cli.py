@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--swarm-first", type=int, default=0, metavar="K", help="number of the swarm's first device"
     )
-    from edge.recording.simulate import add_arguments as add_simulation_arguments
+    from edge.recording.simulate_live import add_arguments as add_simulation_arguments
 
     add_simulation_arguments(p, trainer=True)
     return p.parse_args(argv)
@@ -71,7 +71,7 @@ def config_from_args(args: argparse.Namespace) -> DeviceConfig:
     )
     if args.simulate:
         raw.setdefault("data", {})["source"] = f"simulate-{args.simulate}"
-        from edge.recording.simulate import simulated_toml
+        from edge.recording.simulate_live import simulated_toml
 
         simulated_toml(raw, args.simulate)
     if args.model_key:
@@ -99,7 +99,7 @@ def rehearsal(config: DeviceConfig, args: argparse.Namespace):
     """
     from edge.dataset import prepare_dataset
     from edge.recording.base import RecorderError
-    from edge.recording.simulate import LiveSimulation
+    from edge.recording.simulate_live import LiveSimulation
 
     if args.simulate == "welder" and config.data.welder_group != "M":
         log.warning(

@@ -16,8 +16,9 @@ from edge.cli_common import device_toml, setup_logging
 from edge.config import DeviceConfig
 from edge.recording.base import RecorderError
 from edge.recording.printer import PrinterRecorder
-from edge.recording.simulate import SIMULATED_KINDS, SimulatedPrinter, SimulatedWelder, simulated_toml
-from edge.recording.simulate import add_arguments as add_simulation_arguments
+from edge.recording.simulate import SIMULATED_KINDS, SimulatedPrinter, SimulatedWelder
+from edge.recording.simulate_live import add_arguments as add_simulation_arguments
+from edge.recording.simulate_live import simulated_toml
 from edge.recording.welder import WelderRecorder
 from ioft_protocol.cli import entry_point
 from ioft_protocol.config import build

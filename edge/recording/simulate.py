@@ -25,7 +25,6 @@ log is kept by a person; nothing here is calibrated to either.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -160,6 +159,9 @@ class SimulatedWelder:
     label_lag_h, sim_weld_min
         Labels land ``label_lag_h`` simulated hours after their weld; the simulated clock runs
         ``sim_weld_min`` minutes per weld (default: ``weld_s``, the real spacing).
+    keep
+        Keep only the files of the last ``keep`` welds in the folder (``None``: all): a weld is
+        ~0.9 MB, so an endless run would fill the disk; the older ones were long since read.
     """
 
     def __init__(
@@ -174,6 +176,7 @@ class SimulatedWelder:
         wear_welds: int = 10,
         label_lag_h: float = 0.0,
         sim_weld_min: float | None = None,
+        keep: int | None = None,
     ) -> None:
         if welds < 1 or not weld_s > 0:
             raise RecorderError(f"--welds must be >= 1 and --weld-s > 0, got {welds} and {weld_s}")
@@ -190,6 +193,8 @@ class SimulatedWelder:
         self.label_lag = timedelta(hours=label_lag_h)
         self.sim_step = timedelta(minutes=sim_weld_min) if sim_weld_min else timedelta(seconds=weld_s)
         self.labels_written = 0
+        self.keep = keep
+        self._exported_ids: deque[str] = deque()
         self.inbox = Path(state_dir) / "weld-inbox"
         self.label_log = Path(state_dir) / "maintenance.jsonl"
         self.exported = 0
@@ -273,9 +278,19 @@ class SimulatedWelder:
             path = write_weld_file(weld.recording, self.inbox / f"{weld.recording.weld_id}.npy")
             path.with_name(path.name + ".done").touch()
             self.exported += 1
+            self._prune(weld.recording.weld_id)
             if self._stop.wait(max(0.0, self.weld_s - (time.monotonic() - began))):
                 return
             began = time.monotonic()
+
+    def _prune(self, weld_id: str) -> None:
+        """Delete the files of the weld ``keep`` welds before ``weld_id`` (data, sidecar, marker)."""
+        if self.keep is None:
+            return
+        self._exported_ids.append(weld_id)
+        while len(self._exported_ids) > self.keep:
+            for part in self.inbox.glob(f"{self._exported_ids.popleft()}.*"):
+                part.unlink(missing_ok=True)
 
     def finished(self) -> bool:
         """Whether every weld was exported and the recorder has picked each one up."""
@@ -289,160 +304,3 @@ class SimulatedWelder:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5.0)
-
-
-def simulated_toml(raw: dict, kind: str) -> dict:
-    """A device TOML's dict for ``--simulate kind``: a welder ``[sensors]`` table needs no folder or log.
-
-    The simulation supplies its own (:meth:`SimulatedWelder.sensors`), so ``weld_folder`` and
-    ``label_log``, required of a real welder, default to placeholders here.
-    """
-    sensors = raw.get("sensors")
-    if kind == "welder" and isinstance(sensors, dict) and sensors.get("kind") == "welder":
-        sensors.setdefault("weld_folder", "-")
-        sensors.setdefault("label_log", "-.jsonl")
-    return raw
-
-
-def add_arguments(p: argparse.ArgumentParser, *, trainer: bool = False) -> None:
-    """The simulated machine's flags, shared by ``edge-recorder --simulate`` and ``edge-trainer --simulate``.
-
-    The recorder stops after its print or its welds; inside the trainer (``trainer``) the printer
-    prints one such print after another and the welder welds until the trainer stops.
-    """
-    then = "prints them again and again" if trainer else "it stops after them"
-    p.add_argument(
-        "--layers", type=int, default=20, help=f"with --simulate printer: layers per print; {then}"
-    )
-    p.add_argument("--layer-s", type=float, default=1.0, help="with --simulate printer: seconds per layer")
-    p.add_argument(
-        "--welds",
-        type=int,
-        default=None if trainer else 12,
-        help="with --simulate welder: welds exported; "
-        + ("default: until it stops" if trainer else "it stops after them"),
-    )
-    p.add_argument(
-        "--weld-s",
-        type=float,
-        default=1.0 if trainer else 0.5,
-        help="with --simulate welder: seconds between welds",
-    )
-    p.add_argument(
-        "--wear-from",
-        type=int,
-        help="with --simulate welder: the tool starts to wear at this weld (every weld labelled; "
-        "default: the four tool classes in turn)",
-    )
-    p.add_argument(
-        "--wear-welds", type=int, default=10, help="with --wear-from: welds until the tool is worn for sure"
-    )
-    p.add_argument(
-        "--label-lag-h",
-        type=float,
-        default=0.0,
-        help="with --simulate welder: the maintenance log labels each weld this many simulated hours later",
-    )
-    p.add_argument(
-        "--sim-weld-min",
-        type=float,
-        help="with --simulate welder: simulated minutes between welds (default: --weld-s)",
-    )
-
-
-#: Welds of an endless simulated welder (it stops with the trainer long before).
-ENDLESS_WELDS = 10**9
-
-
-class LiveSimulation:
-    """``edge-trainer --simulate printer|welder``: the simulated recorder on its own thread.
-
-    The trainer's dataset starts as the simulated machine's seeded history
-    (:mod:`edge.simulated`); this keeps recording beside it through the recorder's own path --
-    the real recorder, its dataset appends, the row feed to the serving model and the
-    maintenance log's labels -- so the rehearsal's devices answer, advise and alert as a
-    recording machine does.  Its rows carry the history's tag (``source``), never a real one.
-
-    Parameters
-    ----------
-    kind
-        ``"printer"`` (one print of ``args.layers`` after another) or ``"welder"``.
-    device, state_dir
-        The trainer's device id and state folder.
-    args
-        The flags of :func:`add_arguments` (``trainer=True``).
-    source
-        The tag of the rows already in the dataset (``"simulate-printer"``, ``"simulate-welder"``).
-    """
-
-    def __init__(
-        self, kind: str, device: str, state_dir: Path, args: argparse.Namespace, source: str
-    ) -> None:
-        if kind not in SIMULATED_KINDS:
-            raise RecorderError(f"--simulate {kind}: only {' or '.join(SIMULATED_KINDS)} record live")
-        if args.layers < 1 or not args.layer_s > 0:
-            raise RecorderError(
-                f"--layers must be >= 1 and --layer-s > 0, got {args.layers} and {args.layer_s}"
-            )
-        self.kind, self.device, self.state_dir, self.args, self.source = (
-            kind,
-            device,
-            Path(state_dir),
-            args,
-            source,
-        )
-        self.prints = 0
-        self._stop = threading.Event()
-        self._welder: SimulatedWelder | None = None
-        if kind == "welder":  # its flags are checked here, before the trainer connects
-            self._welder = SimulatedWelder(
-                device,
-                self.state_dir,
-                args.welds or ENDLESS_WELDS,
-                args.weld_s,
-                wear_from=args.wear_from,
-                wear_welds=args.wear_welds,
-                label_lag_h=args.label_lag_h,
-                sim_weld_min=args.sim_weld_min,
-            )
-        self._thread = threading.Thread(target=self._run, name=f"simulated-{kind}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop recording (the recorder stores what it holds) and wait for the thread."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(15.0)
-
-    def _run(self) -> None:
-        try:
-            if self._welder is not None:
-                self._weld(self._welder)
-            else:
-                while not self._stop.is_set():
-                    self._print()
-        except Exception:  # the trainer trains on regardless; the log says why rows stopped
-            log.exception("%s: the simulated %s stopped recording", self.device, self.kind)
-
-    def _print(self) -> None:
-        sim = SimulatedPrinter(self.args.layers, self.args.layer_s)
-        try:
-            recorder = sim.recorder(self.device, self.state_dir, source=self.source)
-            self.prints += 1
-            log.info(
-                "simulated print %d: %d layers of %.2f s", self.prints, self.args.layers, self.args.layer_s
-            )
-            recorder.run(self._stop, until=sim.finished)
-        finally:
-            sim.close()
-
-    def _weld(self, sim: SimulatedWelder) -> None:
-        try:
-            recorder = sim.recorder(self.state_dir, source=self.source)
-            log.info("simulated welder: a weld every %.2f s into %s", self.args.weld_s, sim.inbox)
-            sim.start()
-            recorder.run(self._stop, until=sim.finished)
-        finally:
-            sim.close()
