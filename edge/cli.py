@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.swarm is not None:
         return run_swarm(config, args.swarm, args.swarm_first)
     live = None
-    if args.simulate in ("printer", "welder"):
+    if args.simulate in ("printer", "welder") and not args.no_live:
         config, live = rehearsal(config, args)
     trainer = EdgeTrainer(config)
     for sig in (signal.SIGTERM, signal.SIGINT):

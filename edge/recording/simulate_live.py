@@ -37,6 +37,13 @@ def add_arguments(p: argparse.ArgumentParser, *, trainer: bool = False) -> None:
     The recorder stops after its print or its welds; inside the trainer (``trainer``) the printer
     prints one such print after another and the welder welds until the trainer stops.
     """
+    if trainer:
+        p.add_argument(
+            "--no-live",
+            action="store_true",
+            help="with --simulate printer|welder: train on the simulated history only, recording nothing "
+            "while running (a fixed, seeded dataset: what tests and benchmarks compare)",
+        )
     then = "prints them again and again" if trainer else "it stops after them"
     p.add_argument(
         "--layers", type=int, default=20, help=f"with --simulate printer: layers per print; {then}"
