@@ -88,3 +88,37 @@ def test_live_simulation_appends_to_the_simulated_history_and_feeds_every_row(tm
     assert live.prints >= 2 and meta["source"] == "simulate-printer"
     rows = [r for r in read_log(feed_path(tmp_path))[0] if r.get("kind") == "layer"]
     assert len(rows) >= 3 and len(train) + len(test) - history == len(rows)
+
+
+def test_the_trainer_refuses_to_simulate_into_a_recorded_dataset(tmp_path):
+    # A real (or edge-recorder's) dataset never gets a simulated machine's rows: one line, exit 2.
+    from edge.recording.printer import PRINTER_SOURCE
+    from edge.segment_writer import write_base
+
+    empty = np.zeros((1, 1))
+    write_base(tmp_path, {"train_x": empty, "train_y": empty, "test_x": empty, "test_y": empty},
+               {"source": PRINTER_SOURCE})  # fmt: skip
+    cmd = ["--device", "printer7", "--simulate", "printer", "--state-dir", str(tmp_path)]
+    out = subprocess.run(
+        [sys.executable, "-m", "edge.cli", *cmd, "--broker", "mqtt://127.0.0.1:9", "--allow-plaintext"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "'record-printer'" in out.stderr and "--state-dir" in out.stderr
+
+
+def test_a_live_welder_keeps_only_its_newest_weld_files(tmp_path):
+    from edge.recording.simulate import SimulatedWelder
+
+    sim = SimulatedWelder("welder7", tmp_path, 5, 0.05, lead_s=0.0, keep=2)
+    sim.inbox.mkdir(parents=True)  # as recorder() makes it
+    sim.start()
+    deadline = time.monotonic() + 60  # a guard only
+    while sim.exported < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sim.close()
+    left = {p.name.split(".")[0][-3:] for p in sim.inbox.iterdir()}  # weld ids end in their index
+    assert sim.exported == 5 and left == {"003", "004"}, sorted(p.name for p in sim.inbox.iterdir())
