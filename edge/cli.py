@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -18,6 +20,8 @@ from edge.serving import predict
 from edge.swarm import Swarm
 from ioft_protocol.cli import check_broker_login, entry_point, flags_over_toml
 from ioft_protocol.config import ConfigError, build, load_toml
+
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--simulate",
         choices=["printer", "welder", "printer-raw"],
-        help="use a simulated machine as the data source (printer-raw: raw vibration windows)",
+        help="use a simulated machine as the data source (printer-raw: raw vibration windows); a printer "
+        "or welder also keeps recording, through edge-recorder's path, so its rows are answered",
     )
     p.add_argument(
         "--model-key", help="the fleet's Ed25519 public key (PEM): accept signed ONNX model pushes"
@@ -54,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--swarm-first", type=int, default=0, metavar="K", help="number of the swarm's first device"
     )
+    from edge.recording.simulate_live import add_arguments as add_simulation_arguments
+
+    add_simulation_arguments(p, trainer=True)
     return p.parse_args(argv)
 
 
@@ -63,9 +71,54 @@ def config_from_args(args: argparse.Namespace) -> DeviceConfig:
     )
     if args.simulate:
         raw.setdefault("data", {})["source"] = f"simulate-{args.simulate}"
+        from edge.recording.simulate_live import simulated_toml
+
+        simulated_toml(raw, args.simulate)
     if args.model_key:
         raw.setdefault("model", {})["public_key"] = args.model_key
     return build(DeviceConfig, raw, str(args.config or "command line"))
+
+
+def rehearsal(config: DeviceConfig, args: argparse.Namespace):
+    """``--simulate printer|welder``: the simulated history, then live rows through the recorder's path.
+
+    The dataset is created from the simulator once (:func:`edge.dataset.prepare_dataset`); a
+    :class:`~edge.recording.simulate.LiveSimulation` then records on beside the trainer, which
+    reads it as it reads edge-recorder's (``[data] source = "state"``), so its rows are answered.
+
+    Returns
+    -------
+    tuple
+        The config to run (``kind`` kept, the dataset read from the state folder) and the
+        simulation to start, or ``config`` and ``None`` where nothing records live (a group-S welder).
+
+    Raises
+    ------
+    ConfigError
+        A dataset in the state folder from another source, or a bad simulation flag.
+    """
+    from edge.dataset import prepare_dataset
+    from edge.recording.base import RecorderError
+    from edge.recording.simulate_live import LiveSimulation
+
+    if args.simulate == "welder" and config.data.welder_group != "M":
+        log.warning(
+            "%s: [data] welder_group = S is simulated once, not live: no rows to answer", config.device
+        )
+        return config, None
+    state_dir = Path(config.state_dir)
+    try:
+        _, _, meta = prepare_dataset(state_dir, config.device, config.data)
+        if meta.get("source") != config.data.source:
+            raise RecorderError(
+                f"{state_dir} holds rows from {meta.get('source')!r}, not {config.data.source!r}: "
+                "give --simulate its own --state-dir"
+            )
+        live = LiveSimulation(args.simulate, config.device, state_dir, args, config.data.source)
+    except RecorderError as exc:
+        raise ConfigError("--simulate", [str(exc)]) from None
+    data = dataclasses.replace(config.data, source="state")
+    return dataclasses.replace(config, kind=config.machine_kind, data=data), live
 
 
 def certificate_name(cert_file: str) -> str:
@@ -166,10 +219,19 @@ def main(argv: list[str] | None = None) -> int:
     check_identity(config)  # a twin of another device: refused before it connects
     if args.swarm is not None:
         return run_swarm(config, args.swarm, args.swarm_first)
+    live = None
+    if args.simulate in ("printer", "welder") and not args.no_live:
+        config, live = rehearsal(config, args)
     trainer = EdgeTrainer(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: trainer.stop())
-    trainer.run()
+    if live is not None:
+        live.start()
+    try:
+        trainer.run()
+    finally:
+        if live is not None:
+            live.stop()
     return 0
 
 

@@ -166,6 +166,7 @@ def simulated_welder_dataset(state_dir: Path, device: str, cfg: DataConfig) -> t
     meta = {
         "source": "simulate-welder",
         "group": cfg.welder_group,
+        "target": target,  # as edge-recorder writes it: --simulate's live welder appends to these rows
         "surface": surface,
         "material": material,
         "weld_time": weld_time,

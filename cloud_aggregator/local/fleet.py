@@ -228,6 +228,10 @@ class LocalFleet:
         ``extra`` is appended to the command line (e.g. ``"--log-level", "WARNING"``)."""
         log = (self.work / f"{name}.log").open("ab")
         simulate_args = [] if "--simulate" in extra or simulate is None else ["--simulate", simulate]
+        if simulate_args or "--simulate" in extra:
+            # The seeded history only: a live simulated machine's rows would change the dataset
+            # mid-run, and tests and benchmarks compare against fixed ones.
+            simulate_args.append("--no-live")
         plaintext = ["--allow-plaintext"] if self.allow_plaintext else []
         args = [
             "--device",

@@ -17,6 +17,8 @@ from edge.config import DeviceConfig
 from edge.recording.base import RecorderError
 from edge.recording.printer import PrinterRecorder
 from edge.recording.simulate import SIMULATED_KINDS, SimulatedPrinter, SimulatedWelder
+from edge.recording.simulate_live import add_arguments as add_simulation_arguments
+from edge.recording.simulate_live import simulated_toml
 from edge.recording.welder import WelderRecorder
 from ioft_protocol.cli import entry_point
 from ioft_protocol.config import build
@@ -71,34 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "loopback Moonraker play a simulated print (printer), or simulated welds land in a watched "
         "folder with their maintenance log (welder)",
     )
-    p.add_argument(
-        "--layers", type=int, default=20, help="with --simulate: layers in the print; it stops after them"
-    )
-    p.add_argument("--layer-s", type=float, default=1.0, help="with --simulate: seconds per layer")
-    p.add_argument(
-        "--welds", type=int, default=12, help="with --simulate welder: welds exported; it stops after them"
-    )
-    p.add_argument("--weld-s", type=float, default=0.5, help="with --simulate welder: seconds between welds")
-    p.add_argument(
-        "--wear-from",
-        type=int,
-        help="with --simulate welder: the tool starts to wear at this weld (every weld labelled; "
-        "default: the four tool classes in turn)",
-    )
-    p.add_argument(
-        "--wear-welds", type=int, default=10, help="with --wear-from: welds until the tool is worn for sure"
-    )
-    p.add_argument(
-        "--label-lag-h",
-        type=float,
-        default=0.0,
-        help="with --simulate welder: the maintenance log labels each weld this many simulated hours later",
-    )
-    p.add_argument(
-        "--sim-weld-min",
-        type=float,
-        help="with --simulate welder: simulated minutes between welds (default: --weld-s)",
-    )
+    add_simulation_arguments(p)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = p.parse_args(argv)
     if args.simulate is None and (args.device is None or args.config is None):
@@ -124,7 +99,8 @@ def simulate(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, device)
     sensors = None
     if args.config is not None:
-        sensors = build(DeviceConfig, device_toml(args.config, device, None), str(args.config)).sensors
+        raw = simulated_toml(device_toml(args.config, device, None), args.simulate)
+        sensors = build(DeviceConfig, raw, str(args.config)).sensors
     state_dir = Path(args.state_dir) if args.state_dir else Path("ioft-sim") / device
     if args.simulate == "welder":
         return simulate_welder(device, state_dir, sensors, args)

@@ -180,7 +180,11 @@ def poll_context(context, clock: Callable[[], float]):
 
 # ----------------------------------------------------------------------------- loop
 class PrinterRecorder(RecorderLoop):
-    """Accelerometer + printer context → one dataset row per completed layer."""
+    """Accelerometer + printer context → one dataset row per completed layer.
+
+    ``source`` tags the dataset's rows: a simulated printer inside ``edge-trainer --simulate``
+    appends to the trainer's simulated history under its tag, never to a real one.
+    """
 
     kind = "printer"
 
@@ -195,6 +199,7 @@ class PrinterRecorder(RecorderLoop):
         accel=None,
         context=None,
         context_thread: bool | None = None,
+        source: str = PRINTER_SOURCE,
     ) -> None:
         from sensors.accel.adxl345 import FIFO_DEPTH
         from sensors.accel.supervisor import Supervisor
@@ -217,12 +222,12 @@ class PrinterRecorder(RecorderLoop):
         self.invalid_rows = 0
         self.data = DatasetAppender(
             self.state_dir,
-            source=PRINTER_SOURCE,
+            source=source,
             x_dim=1,
             y_dtype=np.float64,
             y_1d=False,
             meta={
-                "source": PRINTER_SOURCE,
+                "source": source,
                 "columns": {"x": ["sigma_a"], "y": ["speed/50"]},
                 "split": cfg.split_rule,
                 "test_fraction": cfg.test_fraction,

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING
 
 from edge.config import SensorsConfig
 from edge.recording.base import RecorderError
-from edge.recording.printer import PrinterRecorder
-from edge.recording.welder import WelderRecorder
+from edge.recording.printer import PRINTER_SOURCE, PrinterRecorder
+from edge.recording.welder import WELDER_SOURCE, WelderRecorder
 from sensors.sim.printer_host import FakeMoonraker, fake_printer_bus, short_timeline
 
 if TYPE_CHECKING:
@@ -81,7 +81,13 @@ class SimulatedPrinter:
         self.chip, self.bus = fake_printer_bus(self.timeline, self.sigmas, self.clock, t0=self.clock())
         self.moonraker = FakeMoonraker(self.timeline, self.clock)
 
-    def recorder(self, device: str, state_dir: Path, cfg: SensorsConfig | None = None) -> PrinterRecorder:
+    def recorder(
+        self,
+        device: str,
+        state_dir: Path,
+        cfg: SensorsConfig | None = None,
+        source: str = PRINTER_SOURCE,
+    ) -> PrinterRecorder:
         """The real printer recorder, reading this simulation's chip and Moonraker.
 
         Parameters
@@ -94,6 +100,8 @@ class SimulatedPrinter:
             A ``[sensors]`` table to take the split, polling and row limit from (its chip,
             bus and Moonraker address are replaced by the simulation's); default
             :data:`DEFAULT_SENSORS`.
+        source
+            The rows' tag in the dataset (:class:`LiveSimulation`: the trainer's simulated one).
 
         Raises
         ------
@@ -106,7 +114,9 @@ class SimulatedPrinter:
                 f"--simulate printer needs a printer [sensors] table, not kind = {cfg.kind!r}"
             )
         cfg = dataclasses.replace(cfg, accel="adxl345", context="moonraker", moonraker_url=self.moonraker.url)
-        return PrinterRecorder(device, state_dir, cfg, clock=self.clock, bus_factory=lambda _n: self.bus)
+        return PrinterRecorder(
+            device, state_dir, cfg, clock=self.clock, bus_factory=lambda _n: self.bus, source=source
+        )
 
     def finished(self) -> bool:
         """Whether the print is over (and ``settle_s`` has passed since)."""
@@ -149,6 +159,9 @@ class SimulatedWelder:
     label_lag_h, sim_weld_min
         Labels land ``label_lag_h`` simulated hours after their weld; the simulated clock runs
         ``sim_weld_min`` minutes per weld (default: ``weld_s``, the real spacing).
+    keep
+        Keep only the files of the last ``keep`` welds in the folder (``None``: all): a weld is
+        ~0.9 MB, so an endless run would fill the disk; the older ones were long since read.
     """
 
     def __init__(
@@ -163,6 +176,7 @@ class SimulatedWelder:
         wear_welds: int = 10,
         label_lag_h: float = 0.0,
         sim_weld_min: float | None = None,
+        keep: int | None = None,
     ) -> None:
         if welds < 1 or not weld_s > 0:
             raise RecorderError(f"--welds must be >= 1 and --weld-s > 0, got {welds} and {weld_s}")
@@ -179,6 +193,8 @@ class SimulatedWelder:
         self.label_lag = timedelta(hours=label_lag_h)
         self.sim_step = timedelta(minutes=sim_weld_min) if sim_weld_min else timedelta(seconds=weld_s)
         self.labels_written = 0
+        self.keep = keep
+        self._exported_ids: deque[str] = deque()
         self.inbox = Path(state_dir) / "weld-inbox"
         self.label_log = Path(state_dir) / "maintenance.jsonl"
         self.exported = 0
@@ -199,11 +215,13 @@ class SimulatedWelder:
             poll_s=0.02,
         )
 
-    def recorder(self, state_dir: Path, cfg: SensorsConfig | None = None) -> WelderRecorder:
-        """The real welder recorder, watching this simulation's folder."""
+    def recorder(
+        self, state_dir: Path, cfg: SensorsConfig | None = None, source: str = WELDER_SOURCE
+    ) -> WelderRecorder:
+        """The real welder recorder, watching this simulation's folder (``source``: as the printer's)."""
         self.inbox.mkdir(parents=True, exist_ok=True)
         self.label_log.touch()
-        self._recorder = WelderRecorder(self.device, state_dir, self.sensors(cfg))
+        self._recorder = WelderRecorder(self.device, state_dir, self.sensors(cfg), source=source)
         return self._recorder
 
     def start(self) -> None:
@@ -260,9 +278,19 @@ class SimulatedWelder:
             path = write_weld_file(weld.recording, self.inbox / f"{weld.recording.weld_id}.npy")
             path.with_name(path.name + ".done").touch()
             self.exported += 1
+            self._prune(weld.recording.weld_id)
             if self._stop.wait(max(0.0, self.weld_s - (time.monotonic() - began))):
                 return
             began = time.monotonic()
+
+    def _prune(self, weld_id: str) -> None:
+        """Delete the files of the weld ``keep`` welds before ``weld_id`` (data, sidecar, marker)."""
+        if self.keep is None:
+            return
+        self._exported_ids.append(weld_id)
+        while len(self._exported_ids) > self.keep:
+            for part in self.inbox.glob(f"{self._exported_ids.popleft()}.*"):
+                part.unlink(missing_ok=True)
 
     def finished(self) -> bool:
         """Whether every weld was exported and the recorder has picked each one up."""

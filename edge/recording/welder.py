@@ -25,7 +25,7 @@ WELDER_SOURCE = "record-welder"
 
 
 class WelderRecorder(RecorderLoop):
-    """Watched folder + label log → one labelled DWT feature row per weld."""
+    """Watched folder + label log → one labelled DWT feature row per weld (``source``: as the printer's)."""
 
     kind = "welder"
     max_welds_per_step = 16
@@ -38,6 +38,7 @@ class WelderRecorder(RecorderLoop):
         *,
         clock: Callable[[], float] = time.monotonic,
         schema=None,
+        source: str = WELDER_SOURCE,
     ) -> None:
         from sensors.features.schema import DEFAULT_SCHEMA
         from sensors.welding.folder import FolderSourceConfig, WatchedFolderSource
@@ -86,12 +87,12 @@ class WelderRecorder(RecorderLoop):
 
         self.data = DatasetAppender(
             self.state_dir,
-            source=WELDER_SOURCE,
+            source=source,
             x_dim=self.schema.n_features,
             y_dtype=np.int64,
             y_1d=True,
             meta={
-                "source": WELDER_SOURCE,
+                "source": source,
                 "schema_hash": self.schema_hash,
                 "target": cfg.target,
                 "classes": self.classes,

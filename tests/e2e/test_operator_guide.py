@@ -3,7 +3,10 @@
 Every fenced ``sh`` block of the page runs in order, in bash with ``set -euo pipefail``, on
 loopback: fleet init with TLS → mosquitto from the written config → ``serve`` with the guide's
 sample config → the devices from their folders → the console and ``fleet status`` beside them
-→ export → push, then a canary → add and revoke a device.  Only what the guide itself reads
+→ the operator's ``mosquitto_sub`` over TLS → export → push, then a canary → add and revoke a
+device.  The simulated devices record as they run, so the operator's own ``mosquitto_sub``
+commands must receive a printer's answer with speed advice, a welder's answer and a worn-tool
+alert.  Only what the guide itself reads
 from the environment is set: ``IOFT_DIR`` / ``IOFT_STATE`` (a temp folder instead of
 ``/etc/ioft`` and ``/var/lib``) and the ports ``IOFT_PORT`` / ``IOFT_CONSOLE_PORT``.
 
@@ -20,6 +23,7 @@ Any other block must exit 0.  A command that stops working fails this test.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -35,6 +39,8 @@ from cloud_aggregator.local.broker import find_mosquitto, free_port
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "operator-guide.md"
+#: The watching page's commands run on the guide's fleet, after it (its intro says so).
+WATCHING = GUIDE.with_name("watching.md")
 #: Only guards against hanging the suite; nothing asserts on how long a step took.
 WAIT_S = 240
 BLOCK = re.compile(r'(?:<!-- guide: (service|wait)(?:=| ready=)"([^"]*)" -->\n)?```sh\n(.*?)```', re.S)
@@ -65,7 +71,8 @@ def test_the_guide_marks_its_services_and_covers_the_operator_path():
     found = steps(GUIDE.read_text())
     text = "\n".join(s.script for s in found)
     for command in ("fleet init", "mosquitto -c", "serve", "edge-trainer", "console", "fleet status",
-                    "export", "push", "--canary", "add-device", "revoke-device"):  # fmt: skip
+                    "mosquitto_sub", "--cafile", "--cert", "export", "push", "--canary", "add-device",
+                    "revoke-device"):  # fmt: skip
         assert command in text, command
     services = [s.script.split()[0] for s in found if s.service]
     assert services == [
@@ -149,9 +156,11 @@ def test_every_block_of_the_operator_guide_runs_as_written(enterable_dir):
         "IOFT_CONSOLE_PORT": str(free_port()),
     }
     services = Services(work, env)
+    said_by: dict[str, str] = {}  # each block's script -> its stdout
+    logged_by: dict[str, str] = {}  # ... -> its stderr
     try:
         # Execute: each block in order, as written.
-        for n, step in enumerate(steps(GUIDE.read_text())):
+        for n, step in enumerate(steps(GUIDE.read_text()) + steps(WATCHING.read_text())):
             if step.service:
                 services.start(step, n)
                 continue
@@ -167,6 +176,7 @@ def test_every_block_of_the_operator_guide_runs_as_written(enterable_dir):
             )
             # Assert: the command worked, said nothing like a crash, and the services live on.
             said = out.stdout + out.stderr
+            said_by[step.script], logged_by[step.script] = out.stdout, out.stderr
             assert out.returncode == 0 and "Traceback" not in said, (
                 f"guide block {n} exited {out.returncode}:\n{step.script}\n{said}\n{services.logs()}"
             )
@@ -178,5 +188,33 @@ def test_every_block_of_the_operator_guide_runs_as_written(enterable_dir):
         # connection was taken over by another holding the same identity.
         broker_log = next(log for _, log, script in services.procs if script.startswith("mosquitto"))
         assert "already connected" not in broker_log.read_text(), broker_log.read_text()[-4000:]
+        # The simulated machines were answered, and the operator's mosquitto_sub (TLS) saw it.
+        watched = watched_messages(next(out for script, out in said_by.items() if "mosquitto_sub" in script))
+        layer = watched["ioft/v1/plant-a/answer/printer1/speed"]
+        assert layer["kind"] == "layer" and isinstance(layer["expected_speed"], float), layer
+        assert isinstance(layer["advice"]["speed"], float) and layer["advice"]["vibration_budget"] == 0.8, (
+            layer
+        )
+        weld = watched["ioft/v1/plant-a/answer/welder1/tool"]
+        assert weld["kind"] == "weld" and weld["classes"] == ["TC1", "TC2", "TC3", "TC4"], weld
+        assert abs(sum(weld["probabilities"]) - 1.0) < 1e-6, weld
+        alert = watched["ioft/v1/plant-a/alert/welder1/worn_tool"]
+        assert alert["state"] == "raised" and alert["task"] == "tool", alert
+        # watching.md: the operator's subscription as written, and a recorder its trainer reads.
+        (seen,) = [out for script, out in said_by.items() if "alert/welder1/+" in script]
+        assert "ioft/v1/plant-a/answer/welder1/tool {" in seen, seen
+        (recorded,) = [err for script, err in logged_by.items() if script.startswith("edge-recorder")]
+        appended = re.search(r"stopped: (\d+) rows appended", recorded)
+        assert appended and int(appended[1]) > 0, recorded
+        assert any((work / "var-lib" / "ioft" / "welder3" / "dataset.segments").iterdir()), recorded
     finally:
         services.stop()
+
+
+def watched_messages(stdout: str) -> dict[str, dict]:
+    """``mosquitto_sub -v``'s lines (``topic payload``) as topic -> the payload's JSON."""
+    out = {}
+    for line in stdout.splitlines():
+        topic, _, payload = line.partition(" ")
+        out[topic] = json.loads(payload)
+    return out

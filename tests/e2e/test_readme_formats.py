@@ -21,7 +21,7 @@ PAGES = (DOCS / "formats.md", DOCS / "watching.md")  # moved from README.md
 
 def example(name: str) -> str:
     text = "".join(page.read_text() for page in PAGES)
-    blocks = re.findall(r"```[a-z]*\n# README example: (\S+)\n(.*?)```", text, re.S)
+    blocks = re.findall(r"```[a-z]*\n# (?:README )?example: (\S+)\n(.*?)```", text, re.S)
     found = {n: body for n, body in blocks}
     assert name in found, sorted(found)
     return found[name]

@@ -1,10 +1,12 @@
 """``edge-recorder --simulate printer``: the real recorder on a simulated printer, run as a process,
-stops by itself after its print and leaves a dataset of the print's layers."""
+stops by itself after its print and leaves a dataset of the print's layers; ``--simulate welder``
+with a welder ``[sensors]`` table; and ``edge-trainer --simulate``'s live recorder thread."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,3 +44,81 @@ def test_without_simulate_device_and_config_are_required(tmp_path):
         [sys.executable, "-m", "edge.recording.cli"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 2 and "--simulate printer" in out.stderr
+
+
+def test_simulate_welder_takes_a_welder_sensors_table_without_folder_or_log(tmp_path):
+    # --simulate supplies its own folder and log: a [sensors] kind = "welder" needs neither.
+    toml = tmp_path / "welder.toml"
+    toml.write_text('[sensors]\nkind = "welder"\ntest_fraction = 0.0\n')
+    state = tmp_path / "w"
+    cmd = ["--simulate", "welder", "--config", str(toml), "--device", "welder7", "--state-dir", str(state)]
+    out = subprocess.run(
+        [sys.executable, "-m", "edge.recording.cli", *cmd, "--welds", "2", "--weld-s", "0.2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    train, _, meta = load_dataset(state)
+    assert len(train) == 2 and meta["source"] == "record-welder"
+
+
+def test_live_simulation_appends_to_the_simulated_history_and_feeds_every_row(tmp_path):
+    """``edge-trainer --simulate printer``'s recorder thread: the recorder's own path, under the
+    history's tag, each stored layer also handed to the serving model's feed."""
+    import argparse
+
+    from edge.config import DataConfig
+    from edge.dataset import prepare_dataset
+    from edge.recording.simulate_live import LiveSimulation
+    from edge.serving.feed import feed_path
+    from edge.serving.jsonlog import read_log
+
+    train, test, _ = prepare_dataset(tmp_path, "printer7", DataConfig(source="simulate-printer"))
+    history = len(train) + len(test)
+    args = argparse.Namespace(layers=3, layer_s=0.4)
+    live = LiveSimulation("printer", "printer7", tmp_path, args, "simulate-printer")
+    live.start()
+    deadline = time.monotonic() + 60  # a guard only: the test waits for rows, not for a time
+    while live.prints < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    live.stop()
+    train, test, meta = load_dataset(tmp_path)
+    assert live.prints >= 2 and meta["source"] == "simulate-printer"
+    rows = [r for r in read_log(feed_path(tmp_path))[0] if r.get("kind") == "layer"]
+    assert len(rows) >= 3 and len(train) + len(test) - history == len(rows)
+
+
+def test_the_trainer_refuses_to_simulate_into_a_recorded_dataset(tmp_path):
+    # A real (or edge-recorder's) dataset never gets a simulated machine's rows: one line, exit 2.
+    from edge.recording.printer import PRINTER_SOURCE
+    from edge.segment_writer import write_base
+
+    empty = np.zeros((1, 1))
+    write_base(tmp_path, {"train_x": empty, "train_y": empty, "test_x": empty, "test_y": empty},
+               {"source": PRINTER_SOURCE})  # fmt: skip
+    cmd = ["--device", "printer7", "--simulate", "printer", "--state-dir", str(tmp_path)]
+    out = subprocess.run(
+        [sys.executable, "-m", "edge.cli", *cmd, "--broker", "mqtt://127.0.0.1:9", "--allow-plaintext"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "'record-printer'" in out.stderr and "--state-dir" in out.stderr
+
+
+def test_a_live_welder_keeps_only_its_newest_weld_files(tmp_path):
+    from edge.recording.simulate import SimulatedWelder
+
+    sim = SimulatedWelder("welder7", tmp_path, 5, 0.05, lead_s=0.0, keep=2)
+    sim.inbox.mkdir(parents=True)  # as recorder() makes it
+    sim.start()
+    deadline = time.monotonic() + 60  # a guard only
+    while sim.exported < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sim.close()
+    left = {p.name.split(".")[0][-3:] for p in sim.inbox.iterdir()}  # weld ids end in their index
+    assert sim.exported == 5 and left == {"003", "004"}, sorted(p.name for p in sim.inbox.iterdir())
