@@ -81,6 +81,9 @@ class ServingModel:
     #: The figure field scores are held against: test accuracy (classes) or mean |error| in mm/s.
     reference: float | None = None
     created_at: float = field(default_factory=time.time)
+    #: Which of the device's candidates this is (``edge.serving.candidates``), and why it serves.
+    candidate: str = "personal"
+    evidence: dict | None = None
     _algo: ClientAlgorithm | None = field(default=None, repr=False, compare=False)
     _digest: str | None = field(default=None, repr=False, compare=False)
 
@@ -148,6 +151,7 @@ class ServingModel:
             answered_at=done,
             latency_s=max(0.0, done - row.time),
             model=self.identity,
+            candidate=self.candidate,
         )
         if self.classes is not None:
             p = softmax(out.reshape(-1))
@@ -211,6 +215,8 @@ class ServingModel:
             "metric_name": self.metric_name,
             "reference": self.reference,
             "created_at": self.created_at,
+            "candidate": self.candidate,
+            "evidence": self.evidence,
         }
         save_arrays(path, arrays, meta)
 
@@ -246,4 +252,6 @@ class ServingModel:
             metric_name=str(meta.get("metric_name", "none")),
             reference=meta.get("reference"),
             created_at=float(meta.get("created_at", 0.0)),
+            candidate=str(meta.get("candidate", "personal")),
+            evidence=meta.get("evidence"),
         )

@@ -114,6 +114,8 @@ class Answer:
     classes: list[str] | None = None
     probabilities: list[float] | None = None
     label: str | None = None
+    #: The candidate model that gave it (``edge.serving.candidates``); records older than it: "personal".
+    candidate: str = "personal"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from edge.config import DeviceConfig
 from edge.models.onnx import no_worse
 from edge.serving.advice import MoonrakerApply, speed_advice
 from edge.serving.alerts import Alerts, Event
+from edge.serving.candidates import choose
 from edge.serving.feed import SERVING_DIR, feed_path, wake_path
 from edge.serving.field import MAX_PENDING, FieldScores
 from edge.serving.home_assistant import Discovery
@@ -37,7 +38,7 @@ from ioft_protocol import topics
 from ioft_protocol.state import StateError, atomic_write_json
 from sensors.features.scaling import Standardizer
 from trainer_lite.algorithms import ClientAlgorithm
-from trainer_lite.data import Dataset
+from trainer_lite.data import Dataset, newest_split
 from trainer_lite.params import Params
 
 log = logging.getLogger(__name__)
@@ -412,23 +413,27 @@ class Server:
         round_: int,
         scaler: Standardizer | None = None,
     ) -> bool:
-        """The round's personalized model as a candidate; ``True`` if it now serves ``task``.
+        """The round's models as candidates (:mod:`edge.serving.candidates`); ``True`` if one now
+        serves ``task``.
 
-        ``rows``: the task's rows before scaling (embedded, where the task embeds) and the
-        encoder version; ``raw``: the dataset's splits as stored and its metadata; ``scaler``: the
-        transform the round trained through (the daemon's; a ``scaling = "local"`` task without one
-        is fitted here on ``rows``), kept with the model so that its answers see rows as training did.
+        ``rows``: the task's rows before scaling (embedded, where the task embeds) and the encoder
+        version; the newest of the training split (:meth:`holdout`) judge, the round did not train on them;
+        ``raw``: the dataset's splits as stored and its metadata; ``scaler``: the transform the round
+        trained through (the daemon's; a ``scaling = "local"`` task without one is fitted here on the
+        training rows), kept with the model so that its answers see rows as training did.
         """
         if not self.serves(task) or rows is None:
             return False
         train, _, encoder_version = rows
-        raw_train, test, meta = raw
+        raw_train, _, meta = raw
+        fit = self.holdout(train)[0]  # embedded where the task embeds: what its models train on
+        newest = self.holdout(raw_train)[1]  # as stored: what its models answer (row for row the same)
         source = algo.spec.hparams.get("features")
-        if scaler is None and algo.scaling == "local" and len(train):
-            scaler = Standardizer.fit(train.x)
+        if scaler is None and algo.scaling == "local" and len(fit):
+            scaler = Standardizer.fit(fit.x)
         if scaler is None and algo.scaling == "fleet":
             return False  # trained through no transform yet: nothing to serve
-        candidate = ServingModel(
+        personal = ServingModel(
             device=self.device,
             task=task,
             spec_json=algo.spec.to_json(),
@@ -444,28 +449,30 @@ class Server:
             scale_std=None if scaler is None else scaler.std,
             _algo=algo,
         )
+        candidate, evidence = choose(
+            personal, algo, shared, fit, newest, scaler, self.state_dir, self.encoder, self.cfg.min_judge_rows
+        )
         enc = self.encoder(candidate.encoder) if candidate.encoder is not None else None
-        try:
-            score, name = candidate.score(test, enc)
-        except Refused as exc:
-            return self._gate_refuses(task, round_, f"cannot score it on the local test split: {exc}")
+        score, name = candidate.metric, candidate.metric_name
+        if not any(v is not None for v in evidence["scores"].values()) and len(newest):
+            return self._gate_refuses(task, round_, "no candidate can be scored on the newest rows")
         if score is not None and not math.isfinite(score):
-            return self._gate_refuses(task, round_, "its answers on the local test split are not finite")
+            return self._gate_refuses(task, round_, "its answers on the newest rows are not finite")
         current = self.models.get(task)
         if current is not None and score is not None and current.encoder_version == encoder_version:
             try:
-                old, _ = current.score(test, enc)  # today's rows: both judged on the same ones
+                old, _ = current.score(newest, enc)  # today's rows: both judged on the same ones
             except Refused:
                 old = None
             if old is not None and not no_worse(score, old, self.cfg.margin):
                 return self._gate_refuses(
                     task,
                     round_,
-                    f"test {name} {score:.4f} is below the serving round {current.round}'s {old:.4f} by "
-                    f"more than the margin {self.cfg.margin}; round {current.round} keeps serving",
+                    f"its best candidate ({candidate.candidate}) scores {name} {score:.4f} on the newest rows, "
+                    f"below the serving round {current.round}'s {old:.4f} by more than the margin "
+                    f"{self.cfg.margin}; round {current.round} keeps serving",
                 )
-        candidate.metric, candidate.metric_name = score, name
-        candidate.reference = score if candidate.classes is not None else candidate.test_error(test, enc)
+        candidate.reference = score if candidate.classes is not None else candidate.test_error(newest, enc)
         try:
             candidate.save(model_path(self.state_dir, task))
         except OSError as exc:
@@ -483,15 +490,19 @@ class Server:
         if current is None:
             self._announce(task, candidate)
         log.info(
-            "%s: task %s now serves its model of round %d, %s (test %s %s)",
+            "%s: task %s now serves its %s model of round %d, %s (%s)",
             self.device,
             task,
+            candidate.candidate,
             round_,
             candidate.digest,
-            name,
-            "n/a" if score is None else f"{score:.4f}",
+            evidence["why"],
         )
         return True
+
+    def holdout(self, train: Dataset) -> tuple[Dataset, Dataset]:
+        """``(the rows a round trains on, the newest ones that judge its candidates)`` of ``train``."""
+        return newest_split(train, self.cfg.holdout_fraction)
 
     def _gate_refuses(self, task: str, round_: int, why: str) -> bool:
         self.gate[task] = f"round {round_}: {why}"
@@ -550,6 +561,8 @@ class Server:
                     "encoder": m.encoder,
                     "encoder_version": m.encoder_version,
                     "since": m.created_at,
+                    "candidate": m.candidate,
+                    "evidence": m.evidence,
                 }
                 for t, m in list(self.models.items())
             },

@@ -131,8 +131,10 @@ def test_the_gate_refuses_a_worse_model_and_the_better_one_keeps_serving(tmp_pat
 
 def test_a_model_with_answers_that_are_not_finite_never_serves(tmp_path):
     srv = server(tmp_path)
-    assert not offer(srv, linear(np.nan, 0.0), 1)
-    assert "speed" not in srv.models and "not finite" in srv.status()["gate"]["speed"]
+    assert offer(srv, linear(np.nan, 0.0), 1)  # the round's and the fleet's answer NaN: its own serves
+    served = srv.status()["models"]["speed"]
+    assert served["candidate"] == "alone" and np.isfinite(srv.models["speed"].local["fc0.weight"]).all()
+    assert served["evidence"]["scores"]["personal"] is None and served["evidence"]["scores"]["global"] is None
 
 
 def test_another_machines_or_tasks_model_is_not_loaded(tmp_path):
