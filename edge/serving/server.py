@@ -490,12 +490,12 @@ class Server:
         if current is None:
             self._announce(task, candidate)
         log.info(
-            "%s: task %s now serves its %s model of round %d, %s (%s)",
+            "%s: task %s now serves its model of round %d, %s: the %s candidate (%s)",
             self.device,
             task,
-            candidate.candidate,
             round_,
             candidate.digest,
+            candidate.candidate,
             evidence["why"],
         )
         return True
