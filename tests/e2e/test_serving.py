@@ -2,7 +2,8 @@
 layer or weld to ``edge-trainer``, whose serving model answers it on the device's answer topic.
 
 Each test first records a few rows (the dataset), lets the fleet train, then records more: every
-row of that second run gets exactly one answer, from the model the trainer last let through its gate.
+row of that second run gets exactly one answer, from the model the trainer last let through its gate:
+the best of its candidates on its newest rows, which each answer names.
 """
 
 from __future__ import annotations
@@ -112,6 +113,12 @@ def test_every_printer_layer_is_answered(fleet_procs):
     )
     serving = retained_status(fleet_procs.broker_url, dev)["serving"]
     assert serving["models"]["speed"]["digest"] == got[0]["model"]["digest"]
+    # Every answer names the candidate that gave it; the status, why it serves (edge.serving.candidates).
+    served = serving["models"]["speed"]
+    assert {a["candidate"] for a in got} == {served["candidate"]} <= {"personal", "global", "alone"}
+    evidence = served["evidence"]
+    assert set(evidence["scores"]) == {"personal", "global", "alone"} and evidence["rows"] >= 1
+    assert evidence["metric"] == "r2" and evidence["why"]
 
 
 @pytest.mark.broker
@@ -136,6 +143,7 @@ def test_every_weld_is_answered_labelled_or_not(fleet_procs):
     for a in got:
         check_answer(a, dev, "tool", by_key)
         assert a["kind"] == "weld" and a["classes"] == ["TC1", "TC2", "TC3", "TC4"]
+        assert a["candidate"] in ("personal", "global", "alone")
         assert sum(a["probabilities"]) == pytest.approx(1.0, abs=1e-5) and a["label"] in a["classes"]
 
 
