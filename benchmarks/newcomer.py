@@ -246,9 +246,10 @@ def run_fleet(
     rounds_after: int,
     methods: Sequence[tuple[str, str, dict[str, Any]]] = METHODS,
     hparams: dict[str, Any] | None = None,
+    served: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """``({label: newcomer test loss per round since joining}, {label: its training loss at the end})``
-    for every method and indiv."""
+    for every method and indiv (and, with ``served``, the ``SERVED`` methods' served newcomers)."""
     out: dict[str, np.ndarray] = {}
     train: dict[str, float] = {}
     trained: dict[str, Simulation] = {}  # PFL-DA's established fleet, reused for the no-cold-start run
@@ -260,7 +261,7 @@ def run_fleet(
             sim = Simulation(_spec(algorithm, extra, seed, rounds_before, hparams), fleet.established)
             sim.run()
             trained[key] = copy.deepcopy(sim)
-        if label in SERVED:
+        if served and label in SERVED:
             out[f"{label} served"] = served_curve(
                 sim, fleet.newcomer, _spec("indiv", {}, seed, rounds_after, hparams), rounds_after
             )
@@ -280,7 +281,7 @@ def run_fleet(
 
 def _job(args: tuple) -> tuple[str, tuple[dict[str, np.ndarray], dict[str, float]]]:
     kind, fleet, seed, rounds_before, rounds_after, methods, hparams = args
-    return kind, run_fleet(fleet, seed, rounds_before, rounds_after, methods, hparams)
+    return kind, run_fleet(fleet, seed, rounds_before, rounds_after, methods, hparams, served=kind == "lopo")
 
 
 @dataclass

@@ -159,23 +159,23 @@ class _EncoderDecoderClient(ClientAlgorithm):
     def fitted_or_start(
         self, shared: Params, start: Params, data: Dataset, fit: Callable[[Dataset], Params]
     ) -> Params:
-        """``fit(older rows)`` unless the device's seeded start does better on its newest rows.
+        """``fit(data)`` unless the device's seeded start does better on its newest rows.
 
         A fleet that joined early may send a decoder no encoder can fit through (after 20 rounds at
         Table 5's rate the printers' w had a negative slope: cold start 32.7 on the newcomer's rows,
-        its start 3.4).  The two are judged on rows neither was fitted to (the newest, held out of
-        the fit), for every encoder: judged on the fitted rows, a stacked encoder's random start
-        (``printer_nn``) was kept when it happened to fit them, and single folds reached 700-1,700.
-        With fewer than two rows nothing can be held out, and the fleet's fit is kept.
+        its start 3.4).  The two are judged on rows neither was fitted to: the newest, held out of a
+        first fit on the older ones; for every encoder: judged on the fitted rows, a stacked encoder's
+        random start (``printer_nn``) was kept when it happened to fit them, and single folds reached
+        700-1,700.  When the fleet's fit wins it is fitted again on every row (the newest are the
+        most like the rows to come).  With fewer than two rows nothing is held out and it is kept.
         """
         older, newest = newest_split(data)
-        fitted = fit(older if len(newest) else data)
-        if (
-            len(newest)
-            and self.evaluate(shared, start, newest)["loss"] < self.evaluate(shared, fitted, newest)["loss"]
-        ):
+        if not len(newest):
+            return fit(data)
+        judged = fit(older)
+        if self.evaluate(shared, start, newest)["loss"] < self.evaluate(shared, judged, newest)["loss"]:
             return start
-        return fitted
+        return fit(data)
 
     def _shared_step(self, train: Params, names: list[str], batch: Dataset, opt) -> float:
         """One step of Algorithm 2 on ``(w_i, β_i)`` (in place); returns the loss before it."""
