@@ -36,7 +36,8 @@ the rows' range into the decoder's input region, refined by a few optimizer step
 (:func:`trainer_lite.algorithms.cold_start.fit_affine_encoder`); other encoders get
 the few steps alone from their seeded start.  Without it a newcomer's random β starts
 outside the region w was fitted on, where w is flat, and PFL-DA underfits for dozens
-of rounds.
+of rounds.  The device's seeded start is kept instead only when it does better on the
+device's newest rows, held out of the fit (:meth:`_EncoderDecoderClient.fitted_or_start`).
 """
 
 from __future__ import annotations
