@@ -675,7 +675,15 @@ def lopo_main(args: argparse.Namespace) -> int:
         "",
         "Per fold, round 1 / round 5:",
         "",
-        *lopo_fold_table(folds, losses, [m for m in ("PFL-DA", "FedPer", "Ditto", INDIV) if m in losses]),
+        *lopo_fold_table(
+            folds,
+            losses,
+            [
+                m
+                for m in ("PFL-DA", "PFL-DA served", "FedPer", "FedPer served", "Ditto", INDIV)
+                if m in losses
+            ],
+        ),
         "",
         f"{seconds:.0f} s with {args.workers} processes.",
     ]
