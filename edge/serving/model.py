@@ -9,8 +9,8 @@ half-written, the previous copy kept as ``.prev``) and swapped into the server b
 reference assignment, so a row is answered by the old model or the new one, whole.
 
 The gate (:func:`edge.models.onnx.no_worse`, the rule that rolls back an ONNX push):
-a candidate serves only if its score on the device's own test split is no lower than
-the serving model's score on the same rows by more than the margin.
+the best candidate (:mod:`edge.serving.candidates`) serves only if its score on the device's
+newest rows is no lower than the serving model's score on the same rows by more than the margin.
 """
 
 from __future__ import annotations
