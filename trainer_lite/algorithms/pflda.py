@@ -37,7 +37,8 @@ the rows' range into the decoder's input region, refined by a few optimizer step
 the few steps alone from their seeded start.  Without it a newcomer's random β starts
 outside the region w was fitted on, where w is flat, and PFL-DA underfits for dozens
 of rounds.  The device's seeded start is kept instead only when it does better on the
-device's newest rows, held out of the fit (:meth:`_EncoderDecoderClient.fitted_or_start`).
+device's rows and on its newest rows held out of the fit
+(:meth:`_EncoderDecoderClient.fitted_or_start`).
 """
 
 from __future__ import annotations
@@ -160,23 +161,27 @@ class _EncoderDecoderClient(ClientAlgorithm):
     def fitted_or_start(
         self, shared: Params, start: Params, data: Dataset, fit: Callable[[Dataset], Params]
     ) -> Params:
-        """``fit(data)`` unless the device's seeded start does better on its newest rows.
+        """``fit(data)`` unless the device's seeded start does better both on its newest rows and on all.
 
         A fleet that joined early may send a decoder no encoder can fit through (after 20 rounds at
         Table 5's rate the printers' w had a negative slope: cold start 32.7 on the newcomer's rows,
-        its start 3.4).  The two are judged on rows neither was fitted to: the newest, held out of a
-        first fit on the older ones; for every encoder: judged on the fitted rows, a stacked encoder's
-        random start (``printer_nn``) was kept when it happened to fit them, and single folds reached
-        700-1,700.  When the fleet's fit wins it is fitted again on every row (the newest are the
-        most like the rows to come).  With fewer than two rows nothing is held out and it is kept.
+        its start 3.4): then the start fits the device's rows better.  But a start that only fits
+        the rows it is judged on is no better: a stacked encoder's random start (``printer_nn``) was
+        kept when it happened to fit them, and single folds reached 700-1,700.  So the start must
+        also beat the fleet's fit on rows neither was fitted to: the newest, held out of a first fit
+        on the older ones (for every encoder).  With fewer than two rows nothing can be held out,
+        and the fleet's fit is kept.
         """
         older, newest = newest_split(data)
         if not len(newest):
             return fit(data)
         judged = fit(older)
-        if self.evaluate(shared, start, newest)["loss"] < self.evaluate(shared, judged, newest)["loss"]:
+        if self.evaluate(shared, start, newest)["loss"] >= self.evaluate(shared, judged, newest)["loss"]:
+            return fit(data)
+        fitted = fit(data)
+        if self.evaluate(shared, start, data)["loss"] < self.evaluate(shared, fitted, data)["loss"]:
             return start
-        return fit(data)
+        return fitted
 
     def _shared_step(self, train: Params, names: list[str], batch: Dataset, opt) -> float:
         """One step of Algorithm 2 on ``(w_i, β_i)`` (in place); returns the loss before it."""
