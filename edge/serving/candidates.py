@@ -16,7 +16,8 @@ After each round the device has three models of a task (the *candidates*):
     ``serving/alone/<task>.safetensors``.
 
 Each is judged on the newest rows of the device's training split (:func:`trainer_lite.data.newest_split`),
-which no candidate was trained on (the daemon trains the round on the older ones): accuracy, or
+which no candidate was trained on (on a device that answers rows, the daemon trains the round on
+the older ones: :meth:`edge.serving.server.Server.answering`): accuracy, or
 R².  The best serves.  With fewer than ``[serve] min_judge_rows`` newest rows there is no fair
 judgement, and the fleet's model (through the cold start) serves; the evidence says so.
 """

@@ -500,6 +500,14 @@ class Server:
         )
         return True
 
+    def answering(self, task: str) -> bool:
+        """Whether ``task``'s rows are answered here: it serves, and edge-recorder has fed rows.
+
+        Only then does a round train without its newest rows (they judge the candidates): a
+        device that answers nothing keeps every row for training, as the fleet's simulations do.
+        """
+        return self.serves(task) and feed_path(self.state_dir).exists()
+
     def holdout(self, train: Dataset) -> tuple[Dataset, Dataset]:
         """``(the rows a round trains on, the newest ones that judge its candidates)`` of ``train``."""
         return newest_split(train, self.cfg.holdout_fraction)
