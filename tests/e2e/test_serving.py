@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from cloud_aggregator.local.fleet import FLEET, Sniffer, aggregator_toml, pflda_task
+from edge.dataset import load_dataset
 from edge.serving.feed import feed_path
 from edge.serving.jsonlog import read_log
 from ioft_protocol import topics
 from tests.e2e.retained import retained_status
+from trainer_lite.data import holdout_size
 
 WELD_TASK = {
     "name": "tool",
@@ -79,6 +81,11 @@ def test_every_printer_layer_is_answered(fleet_procs):
     work, dev = fleet_procs.work, "p1"
     record(work, dev, "printer", "--layers", "6", "--layer-s", "0.3")
     train(fleet_procs, dev, pflda_task(rounds=2), 2)
+    # The rounds trained without the newest layers of the training split, which judge the models.
+    stored, _, _ = load_dataset(work / dev)
+    assert len(stored) >= 2
+    held = holdout_size(len(stored))
+    assert [r.n_samples[dev] for r in fleet_procs.rounds("speed")] == [len(stored) - held] * 2
     sniffer = Sniffer(fleet_procs.broker_url)
     try:
         record(work, dev, "printer", "--layers", "8", "--layer-s", "0.3")
@@ -117,7 +124,7 @@ def test_every_printer_layer_is_answered(fleet_procs):
     served = serving["models"]["speed"]
     assert {a["candidate"] for a in got} == {served["candidate"]} <= {"personal", "global", "alone"}
     evidence = served["evidence"]
-    assert set(evidence["scores"]) == {"personal", "global", "alone"} and evidence["rows"] >= 1
+    assert set(evidence["scores"]) == {"personal", "global", "alone"} and evidence["rows"] == held
     assert evidence["metric"] == "r2" and evidence["why"]
 
 
