@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
+from edge.config import ServeConfig
 from edge.serving.records import Answer
 from tests.edge.test_serving import SPEC, layer, linear, server
 from trainer_lite.algorithms import make_client
@@ -122,3 +124,10 @@ def test_a_stacked_encoder_s_cold_start_keeps_the_fleet_s_start_when_it_is_bette
     assert seen == [32, 40]  # judged fitted on the older rows; kept, fitted on every row
     for name, value in fleet_start.items():
         assert np.array_equal(got[name], value), name
+
+
+def test_the_judge_s_settings_are_checked_in_one_line():
+    with pytest.raises(ValueError, match=r"serve.min_judge_rows must be >= 1, got 0"):
+        ServeConfig(min_judge_rows=0)
+    with pytest.raises(ValueError, match=r"serve.holdout_fraction must be in \(0, 1\), got 1.0"):
+        ServeConfig(holdout_fraction=1.0)
