@@ -35,8 +35,17 @@ new welds of random tool classes), each answer carrying its split-conformal inte
 does in the field); coverage is the fraction of answers from the ``AFTER``-th label on whose
 interval or set held the truth, averaged over ``ORDERS`` random orders of the stream.
 
+Served: what a device answers with since issue 31 (``edge.serving.candidates``).  Each device holds
+out the newest fifth of its training rows (every arm trains on the older ones, as the daemon does)
+and serves whichever of its candidates scores best on them (R² or accuracy): its personalized model,
+its fleet's global through the cold start (the PFL-DA/FedRep fleet's downlink with a newcomer's
+personal parts fitted on its rows) and its model trained alone (the ``alone`` arm).  Check: in every
+round from 5, the served answer's field figure is within 2 % (printers' error) or 1 point (welders'
+accuracy) of the best of its three candidates'.
+
 Target: the personalized answer at least as accurate as both others from round 5 on, on every
-machine kind; each machine's interval coverage within ±3 points of the nominal level.
+machine kind; the served answer within tolerance of its best candidate on every machine; each
+machine's interval coverage within ±3 points of the nominal level.
 
     python -m benchmarks.field_accuracy [--quick]
 """
@@ -61,16 +70,17 @@ from cloud_aggregator.local.fleet import pflda_task
 from cloud_aggregator.rounds.simulation import ClientData, Simulation
 from edge.config import AlertRule, DataConfig
 from edge.serving.alerts import Alerts
+from edge.serving.candidates import ALONE, GLOBAL, ORDER, PERSONAL, global_local
 from edge.serving.conformal import Calibration, in_range
 from edge.serving.model import softmax
 from edge.serving.records import Answer, ModelId
 from edge.simulated import simulated_printer_dataset, simulated_welder_dataset
-from sensors.features.scaling import standardize_locally
+from sensors.features.scaling import Standardizer, standardize_locally
 from sensors.layers import SPEED_SCALE
 from sensors.sim.welder import GROUP_M_CLASSES, GROUP_M_DOMAINS, WeldCondition, simulate_weld
 from sensors.welding.pipeline import labelled_rows
 from trainer_lite.client import derive_rng
-from trainer_lite.data import Dataset
+from trainer_lite.data import Dataset, newest_split
 from trainer_lite.task import TaskSpec
 
 ARMS = ("personalized", "alone", "global")
@@ -132,30 +142,35 @@ class Kind:
     metric: str  # "error" (lower is better) or "accuracy"
     specs: dict[str, TaskSpec]
     clients: dict[str, ClientData]  # test = the field rows
+    judge: dict[str, Dataset] = field(default_factory=dict)  # device -> its newest training rows (raw)
     per_round: dict[str, list[float]] = field(default_factory=dict)  # arm -> fleet mean per round
+    #: candidate -> device -> per round (field figure, score on the newest rows) (module docstring)
+    candidates: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
     per_device: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # arm -> device -> rounds
     downlink: dict[str, dict[str, dict]] = field(default_factory=dict)  # arm -> device -> last downlink
     coverage: dict[str, dict] = field(default_factory=dict)  # device -> interval coverage (interval_coverage)
 
 
 def printers(n: int, rounds: int) -> Kind:
-    clients = {}
+    clients, judge = {}, {}
     for i in range(n):
         train, test, _ = simulated_printer_dataset(f"printer{i}", DataConfig(source="simulate-printer"))
-        clients[f"printer{i}"] = ClientData(train, test)
-    return Kind("printer", "error", printer_specs(rounds), clients)
+        fit, judge[f"printer{i}"] = newest_split(train)  # the newest rows judge, as on a device
+        clients[f"printer{i}"] = ClientData(fit, test)
+    return Kind("printer", "error", printer_specs(rounds), clients, judge)
 
 
 def welders(n: int, rounds: int, field_welds: int) -> Kind:
-    clients = {}
+    clients, judge = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(n):
             d = f"welder{i}"
             train, _, _ = simulated_welder_dataset(Path(tmp) / d, d, DataConfig(source="simulate-welder"))
+            fit, judge[d] = newest_split(train)
             conds = cycling(field_welds)
             y = np.array([k for k, _, _ in conds], dtype=np.int64)
-            clients[d] = ClientData(train, Dataset(weld_rows(d, conds, "field"), y))
-    return Kind("welder", "accuracy", welder_specs(rounds), clients)
+            clients[d] = ClientData(fit, Dataset(weld_rows(d, conds, "field"), y))
+    return Kind("welder", "accuracy", welder_specs(rounds), clients, judge)
 
 
 def field_score(kind: Kind, algo, shared, local, data: ClientData) -> float:
@@ -165,15 +180,43 @@ def field_score(kind: Kind, algo, shared, local, data: ClientData) -> float:
     return float(np.mean(np.argmax(pred, axis=1) == data.test.y))
 
 
+def judge_score(kind: Kind, algo, shared, local, device: str) -> float:
+    """R² (printers) or accuracy (welders) on the device's newest rows, scaled as its training rows."""
+    rows = kind.judge[device]
+    x = rows.x
+    if algo.scaling == "local":
+        x = Standardizer.fit(kind.clients[device].train.x).transform(x, np.result_type(x.dtype, np.float32))
+    pred = np.asarray(algo.predict(shared, local, x.astype(algo.spec.dtype)), np.float64)
+    if kind.metric == "accuracy":
+        return float(np.mean(np.argmax(pred, axis=1) == rows.y))
+    y = np.asarray(rows.y, np.float64).reshape(len(rows), -1)
+    sst = float(np.sum((y - y.mean(axis=0)) ** 2))
+    sse = float(np.sum((y - pred.reshape(len(y), -1)) ** 2))
+    return 1.0 - sse / sst if sst > 0 else -sse / len(y)
+
+
 def run_kind(kind: Kind) -> dict[str, Simulation]:
     sims = {}
+    as_candidate = {"personalized": PERSONAL, "alone": ALONE}
+    kind.candidates = {c: {d: [] for d in kind.clients} for c in ORDER}
     for arm, spec in kind.specs.items():
         per_dev: dict[str, list[float]] = {d: [] for d in kind.clients}
         downlink: dict[str, dict] = {}  # device -> the global it trained from this round
 
-        def on_record(rec, fleet, global_params, per_dev=per_dev, downlink=downlink) -> None:
+        def on_record(rec, fleet, global_params, per_dev=per_dev, downlink=downlink, arm=arm) -> None:
             for d, data in fleet.clients.items():
                 per_dev[d].append(field_score(kind, fleet.algo, downlink[d], fleet.local[d], data))
+                if arm in as_candidate:
+                    judged = judge_score(kind, fleet.algo, downlink[d], fleet.local[d], d)
+                    kind.candidates[as_candidate[arm]][d].append((per_dev[d][-1], judged))
+                if arm == "personalized":  # the fleet's global as this device would serve it
+                    local = global_local(fleet.algo, d, downlink[d], data.train)
+                    kind.candidates[GLOBAL][d].append(
+                        (
+                            field_score(kind, fleet.algo, downlink[d], local, data),
+                            judge_score(kind, fleet.algo, downlink[d], local, d),
+                        )
+                    )
 
         sim = Simulation(spec, kind.clients, on_record=on_record)
         train = sim.fleet.train
@@ -286,22 +329,70 @@ def per_machine_table(kind: Kind, from_round: int = 5) -> str:
     )
 
 
+#: The served answer's tolerance to its best candidate: 2 % of the printers' error, 1 point of accuracy.
+TOLERANCE = {"error": 0.02, "accuracy": 0.01}
+
+
+def served(kind: Kind, device: str) -> list[tuple[str, float, float]]:
+    """Per round: ``(the candidate served, its field figure, the best candidate's)`` (module docstring)."""
+    out = []
+    for r in range(len(kind.candidates[PERSONAL][device])):
+        got = {c: kind.candidates[c][device][r] for c in ORDER}
+        name = max(ORDER, key=lambda c: (got[c][1], -ORDER.index(c)))  # ties to the first, as on a device
+        figures = [f for f, _ in got.values()]
+        best = min(figures) if kind.metric == "error" else max(figures)
+        out.append((name, got[name][0], best))
+    return out
+
+
+def within(kind: Kind, figure: float, best: float) -> bool:
+    tol = TOLERANCE[kind.metric]
+    return figure <= best * (1 + tol) + 1e-12 if kind.metric == "error" else figure >= best - tol - 1e-12
+
+
+def served_table(kind: Kind, from_round: int = 5) -> tuple[str, str]:
+    """The per-machine table of served candidates and misses, and the summary line."""
+    rows, ok = [], 0
+    for d in kind.clients:
+        got = served(kind, d)
+        late = got[from_round - 1 :]
+        misses = [r for r, (_, f, b) in enumerate(late, from_round) if not within(kind, f, b)]
+        gap = max((f / b - 1 if kind.metric == "error" else b - f) for _, f, b in late) if late else 0.0
+        ok += not misses
+        rows.append([d, "".join(n[0].upper() for n, _, _ in got), " ".join(map(str, misses)) or "none",
+                     f"{100 * gap:.1f} {'%' if kind.metric == 'error' else 'points'}"])  # fmt: skip
+    table = markdown_table(
+        ["machine", "served per round (P personal, G global, A alone)", "rounds from 5 outside", "worst gap"],
+        rows,
+    )
+    what = "2 % of the best candidate's error" if kind.metric == "error" else "1 point of its accuracy"
+    return (
+        table,
+        f"{ok} of {len(kind.clients)} machines' served answer within {what} in every round from {from_round}",
+    )
+
+
 def report(kinds: list[Kind], alerts: dict, rounds: int) -> str:
     parts = []
     for kind in kinds:
+        table, summary = served_table(kind)
+        served_mean = [float(np.mean([served(kind, d)[r][1] for d in kind.clients])) for r in range(rounds)]
+        kind.per_round["served"] = served_mean
         unit = (
             "mean |error| mm/s, lower is better" if kind.metric == "error" else "accuracy, higher is better"
         )
-        rows = [[r + 1, *(f"{kind.per_round[a][r]:.3f}" for a in ARMS)] for r in range(rounds)]
+        rows = [[r + 1, *(f"{kind.per_round[a][r]:.3f}" for a in (*ARMS, "served"))] for r in range(rounds)]
         ok = at_least_as_good(kind)
         parts.append(
             f"### {kind.name}s ({len(kind.clients)} machines; field {unit}; fleet mean per round)\n\n"
-            + markdown_table(["round", *ARMS], rows)
+            + markdown_table(["round", *ARMS, "served"], rows)
             + f"\n\nPersonalized at least as good as alone from round 5 on: {'yes' if ok['alone'] else 'NO'}; "
             f"as global: {'yes' if ok['global'] else 'NO'}. Machines whose own personalized answer is at least "
             f"as good as both of theirs in every round from 5: {per_machine_wins(kind)}.\n\n"
             f"Per machine, rounds from 5 where its personalized answer is behind (gap in the metric's units):\n\n"
             + per_machine_table(kind)
+            + f"\n\nServed (the best candidate on the newest rows): {summary}.\n\n"
+            + table
             + "\n"
         )
     rows = []

@@ -39,9 +39,10 @@ from typing import Any
 import numpy as np
 
 from cloud_aggregator.rounds.simulation import ClientData, Simulation
+from edge.serving.candidates import ORDER, global_local
 from trainer_lite.algorithms.base import algorithm_state
 from trainer_lite.client import initial_local
-from trainer_lite.data import Dataset
+from trainer_lite.data import Dataset, newest_split
 from trainer_lite.task import TaskSpec
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "printers"
@@ -204,6 +205,40 @@ def _train_loss(sim: Simulation) -> float:
     return LOSS_SCALE * fleet.algo.evaluate(sim.global_params, fleet.local[NEWCOMER], data)["loss"]
 
 
+#: Methods whose newcomer is also run as a device serves it (issue 31): label ``"<method> served"``.
+SERVED = ("PFL-DA", "FedPer")
+
+
+def served_curve(
+    trained: Simulation, newcomer: ClientData, alone_spec: TaskSpec, rounds_after: int
+) -> np.ndarray:
+    """The newcomer's served test loss per round since joining (``edge.serving.candidates``).
+
+    As on a device: it trains on its older rows only (in both its fleet and alone), and each round
+    serves whichever of its personal model, the fleet's global through the cold start and its model
+    trained alone has the lowest loss on its newest rows.
+    """
+    fit, newest = newest_split(newcomer.train)
+    sim = copy.deepcopy(trained)
+    sim.add_device(NEWCOMER, ClientData(fit, newcomer.test))
+    alone = Simulation(alone_spec, {NEWCOMER: ClientData(fit, newcomer.test)})
+    algo, out = sim.fleet.algo, []
+    for _ in range(rounds_after):
+        shared = dict(sim.global_params)  # this round's downlink: what the personal model predicts with
+        sim.run_more(1)
+        alone.run_more(1)
+        candidates = {
+            "personal": (algo, shared, sim.fleet.local[NEWCOMER]),
+            "global": (algo, shared, global_local(algo, NEWCOMER, shared, fit)),
+            "alone": (alone.fleet.algo, {}, alone.fleet.local[NEWCOMER]),
+        }
+        judged = {k: a.evaluate(sh, lo, newest)["loss"] for k, (a, sh, lo) in candidates.items()}
+        best = min(ORDER, key=lambda k: (judged[k] if np.isfinite(judged[k]) else np.inf, ORDER.index(k)))
+        a, sh, lo = candidates[best]
+        out.append(LOSS_SCALE * a.evaluate(sh, lo, newcomer.test)["loss"])
+    return np.array(out)
+
+
 def run_fleet(
     fleet: Fleet,
     seed: int,
@@ -211,9 +246,10 @@ def run_fleet(
     rounds_after: int,
     methods: Sequence[tuple[str, str, dict[str, Any]]] = METHODS,
     hparams: dict[str, Any] | None = None,
+    served: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """``({label: newcomer test loss per round since joining}, {label: its training loss at the end})``
-    for every method and indiv."""
+    for every method and indiv (and, with ``served``, the ``SERVED`` methods' served newcomers)."""
     out: dict[str, np.ndarray] = {}
     train: dict[str, float] = {}
     trained: dict[str, Simulation] = {}  # PFL-DA's established fleet, reused for the no-cold-start run
@@ -225,6 +261,10 @@ def run_fleet(
             sim = Simulation(_spec(algorithm, extra, seed, rounds_before, hparams), fleet.established)
             sim.run()
             trained[key] = copy.deepcopy(sim)
+        if served and label in SERVED:
+            out[f"{label} served"] = served_curve(
+                sim, fleet.newcomer, _spec("indiv", {}, seed, rounds_after, hparams), rounds_after
+            )
         sim.add_device(NEWCOMER, fleet.newcomer)
         if label == BEFORE:
             # The state a newcomer had before cold start: no progress kept, so no cold start
@@ -241,7 +281,7 @@ def run_fleet(
 
 def _job(args: tuple) -> tuple[str, tuple[dict[str, np.ndarray], dict[str, float]]]:
     kind, fleet, seed, rounds_before, rounds_after, methods, hparams = args
-    return kind, run_fleet(fleet, seed, rounds_before, rounds_after, methods, hparams)
+    return kind, run_fleet(fleet, seed, rounds_before, rounds_after, methods, hparams, served=kind == "lopo")
 
 
 @dataclass
@@ -328,7 +368,9 @@ def run_lopo(
                 )
             )
     done = _run_jobs(jobs, workers)
-    labels = [label for label, _, _ in methods] + [INDIV]
+    labels = (
+        [label for label, _, _ in methods] + [f"{m} served" for m, _, _ in methods if m in SERVED] + [INDIV]
+    )
     return folds, {label: np.stack([curves[label] for _, (curves, _) in done]) for label in labels}
 
 
@@ -354,6 +396,31 @@ def lopo_targets(losses: dict[str, np.ndarray]) -> list[str]:
             f"({'met' if np.median(ratio) <= 0.8 else 'NOT met'} on the median), ≤ 0.8 in "
             f"{int((ratio <= 0.8).sum())} of {n} folds; ratio of the medians "
             f"{np.median(losses['PFL-DA'][:, 4]) / np.median(alone[:, 4]):.2f}"
+        )
+    return lines
+
+
+def served_targets(losses: dict[str, np.ndarray], rounds: Sequence[int] = (1, 5, 30)) -> list[str]:
+    """Issue 31's newcomer targets for each served newcomer: no worse than alone on the mean and the
+    median at each of ``rounds``, in at least 16 of 18 folds (scaled), and never above 2× alone."""
+    alone = losses[INDIV]
+    n = len(alone)
+    need = int(np.ceil(n * 16 / 18))
+    lines = []
+    for label in (k for k in losses if k.endswith(" served")):
+        loss = losses[label]
+        for r in (r for r in rounds if r <= loss.shape[1]):
+            a, b = loss[:, r - 1], alone[:, r - 1]
+            folds = int((a <= b).sum())
+            ok = np.mean(a) <= np.mean(b) and np.median(a) <= np.median(b) and folds >= need
+            lines.append(
+                f"- {label}, round {r}: mean {np.mean(a):.3f} vs alone {np.mean(b):.3f}, median "
+                f"{np.median(a):.3f} vs {np.median(b):.3f}, ≤ alone in {folds} of {n} folds (needs {need}): "
+                f"**{'met' if ok else 'NOT met'}**"
+            )
+        worst = float(np.max(loss / alone))
+        lines.append(
+            f"- {label}: largest fold ratio to alone over all rounds {worst:.2f} ({'met' if worst <= 2 else 'NOT met'}: ≤ 2)"
         )
     return lines
 
@@ -604,10 +671,19 @@ def lopo_main(args: argparse.Namespace) -> int:
         "Targets:",
         "",
         *lopo_targets(losses),
+        *served_targets(losses),
         "",
         "Per fold, round 1 / round 5:",
         "",
-        *lopo_fold_table(folds, losses, [m for m in ("PFL-DA", "FedPer", "Ditto", INDIV) if m in losses]),
+        *lopo_fold_table(
+            folds,
+            losses,
+            [
+                m
+                for m in ("PFL-DA", "PFL-DA served", "FedPer", "FedPer served", "Ditto", INDIV)
+                if m in losses
+            ],
+        ),
         "",
         f"{seconds:.0f} s with {args.workers} processes.",
     ]

@@ -322,8 +322,8 @@ class ServeConfig:
     tasks
         The tasks that answer (empty: every task the device trains).
     margin
-        The gate: a round's model replaces the serving one unless its score on the device's
-        own test split (accuracy, or R²) is lower by more than this (as ``[model] rollback_margin``).
+        The gate: the round's best candidate replaces the serving model unless its score on the
+        device's newest rows (accuracy, or R²) is lower by more than this (as ``[model] rollback_margin``).
     log_max_bytes, log_keep, log_max_age_s
         The local answer log ``serving/answers.jsonl`` rotates at this size or age and keeps
         this many older files.
@@ -360,6 +360,12 @@ class ServeConfig:
         it holds the truth for this fraction of rows (:mod:`edge.serving.conformal`).
     alerts
         The alert rules (:class:`AlertRule`, ``[[serve.alerts]]``).
+    min_judge_rows
+        The fewest newest rows (held out of training) that judge the task's candidate models
+        (``edge.serving.candidates``); with fewer the fleet's model serves, through the cold start.
+    holdout_fraction
+        The share of the training rows, newest first, held out to judge the candidates (at
+        least 1 of 2 or more rows).
     home_assistant
         Announce this machine to Home Assistant by MQTT discovery (retained config messages on its
         own ``ioft/v1/<fleet>/ha/<device>/...``, which ``serve`` republishes, rebuilt, under
@@ -375,6 +381,8 @@ class ServeConfig:
     enabled: bool = True
     tasks: list[str] = field(default_factory=list)
     margin: float = 0.05
+    min_judge_rows: int = 5
+    holdout_fraction: float = 0.2
     log_max_bytes: int = 1 << 20
     log_keep: int = 4
     log_max_age_s: float = 86400.0
@@ -399,6 +407,10 @@ class ServeConfig:
             problems.append(f"serve.max_file_bytes must be >= 1024, got {self.max_file_bytes}")
         if not 0.0 <= self.margin <= 1.0:
             problems.append(f"serve.margin must be in [0, 1], got {self.margin}")
+        if self.min_judge_rows < 1:
+            problems.append(f"serve.min_judge_rows must be >= 1, got {self.min_judge_rows}")
+        if not 0.0 < self.holdout_fraction < 1.0:
+            problems.append(f"serve.holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
         if self.log_max_bytes < 4096 or self.log_keep < 1:
             problems.append("serve.log_max_bytes must be >= 4096 and serve.log_keep >= 1")
         if not self.log_max_age_s > 0:

@@ -539,6 +539,8 @@ class EdgeTrainer:
             )
             return
         train, test, encoder_version = data
+        if self.serving.answering(ann.task):  # its newest rows judge the round's candidates: not trained on
+            train = self.serving.holdout(train)[0]
         started, cpu_started = time.perf_counter(), time.process_time()
         result, new_local = participate(
             algo,

@@ -61,3 +61,32 @@ def minibatches(
     order = rng.permutation(n) if shuffle else np.arange(n)
     for start in range(0, n, batch_size):
         yield data.take(order[start : start + batch_size])
+
+
+#: The share of a device's rows held out, newest first, to judge its models (at least 1 of >= 2 rows).
+HOLDOUT_FRACTION = 0.2
+
+
+#: The held-out rows also calibrate the serving model's conformal interval, which needs 9 of them
+#: at 90 % coverage: a dataset of 40 or more rows holds out at least this many (a quarter of a
+#: smaller one), so a printer after one print run answers with a bounded interval at once.
+MIN_HOLDOUT = 10
+
+
+def holdout_size(n: int, fraction: float = HOLDOUT_FRACTION) -> int:
+    """How many of ``n`` time-ordered rows are held out: ``ceil(fraction·n)``, at least 1 when
+    ``n >= 2`` and at least ``min(MIN_HOLDOUT, n // 4)``."""
+    if n < 2 or fraction <= 0:
+        return 0
+    return min(n - 1, max(1, int(np.ceil(fraction * n)), min(MIN_HOLDOUT, n // 4)))
+
+
+def newest_split(data: Dataset, fraction: float = HOLDOUT_FRACTION) -> tuple[Dataset, Dataset]:
+    """``(older rows, newest rows)`` of a dataset stored oldest first (a time-ordered holdout).
+
+    The newest rows judge models fitted on the older ones: a random split would let a model that
+    drifted with the machine look as good as one that kept up.
+    """
+    h = holdout_size(len(data), fraction)
+    n = len(data)
+    return data.take(np.arange(n - h)), data.take(np.arange(n - h, n))

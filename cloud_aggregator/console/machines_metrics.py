@@ -3,10 +3,11 @@
 From the machines view (:func:`cloud_aggregator.console.machines_view.machines_json`): the latest
 answer's values (a layer's expected and commanded speed and residual, a weld's class
 probabilities), its latency, the speed advice, field accuracy or error and the drift flag,
-open alerts, and the answers and refusals the device counts.  Gauges, not counters: a
-device's own counts start again when it restarts.  The exception: the speed advice's Moonraker
-calls (sent, failed, restored, read back wrong, dropped) are ``_total`` counters, whose rates
-Prometheus takes across such restarts.
+open alerts, the answers and refusals the device counts, and which candidate model serves with
+each candidate's score on the device's newest rows.  Gauges, not counters: a device's own
+counts start again when it restarts.  The exception: the speed advice's Moonraker calls (sent,
+failed, restored, read back wrong, dropped) are ``_total`` counters, whose rates Prometheus
+takes across such restarts.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class MachinesCollector(Collector):
             "answered": _gauge("ioft_answers", "Rows answered since the device's trainer started"),
             "refused": _gauge("ioft_answers_refused", "Rows refused an answer since the trainer started, by reason", "reason"),
             "round": _gauge("ioft_serving_model_round", "The round of the model that serves the task"),
+            "candidate": _gauge("ioft_serving_candidate", "1 for the candidate model that serves the task (personal, global, alone), 0 for the others", "candidate"),
+            "score": _gauge("ioft_serving_candidate_score", "Each candidate's score (accuracy, or R²) on the device's newest held-out rows", "candidate"),
+            "judged": _gauge("ioft_serving_judged_rows", "The newest rows the candidates were judged on"),
         }  # fmt: skip
         moonraker = {
             k: CounterMetricFamily(f"ioft_moonraker_{k}", doc, labels=["device"])
@@ -107,3 +111,9 @@ def _task(g: dict[str, GaugeMetricFamily], labels: list[str], t: dict[str, Any])
     for reason, n in sorted(t["refused"].items()):
         put("refused", n, reason)
     put("round", t["model"].get("round"))
+    ev = t.get("evidence") or {}
+    serving = t["model"].get("candidate")
+    for name, score in sorted((ev.get("scores") or {}).items()):
+        put("candidate", float(name == serving), name)
+        put("score", score, name)
+    put("judged", ev.get("rows"))

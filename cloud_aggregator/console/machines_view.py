@@ -18,9 +18,20 @@ from cloud_aggregator.console.fleet_view import FleetView
 from cloud_aggregator.console.machines_feed import MAX_RULES, MAX_TEXT, MachineLog, Point, merged_alerts
 
 #: The fields of a status's ``serving.models.<task>`` shown as the serving model.
-MODEL_FIELDS = ("round", "digest", "metric", "metric_name", "encoder", "encoder_version", "since")
+MODEL_FIELDS = (
+    "round",
+    "digest",
+    "metric",
+    "metric_name",
+    "encoder",
+    "encoder_version",
+    "since",
+    "candidate",
+)
 #: The counts of ``serving.moonraker`` (the speed advice applied to a printer through Moonraker).
 MOONRAKER_COUNTS = ("sent", "failed", "restored", "readback_mismatch", "dropped")
+#: A device's candidate models (``edge.serving.candidates``), in the order the page lists them.
+CANDIDATES = ("personal", "global", "alone")
 #: The fields of ``serving.field.<task>``.
 FIELD_FIELDS = ("metric", "value", "n", "scored", "reference", "drift", "awaiting_labels")
 #: ``serving.field.<task>.coverage`` (edge.serving.conformal), shown as ``coverage_<name>``.
@@ -63,6 +74,22 @@ def _moonraker(value: Any) -> dict[str, Any] | None:
     out: dict[str, Any] = {k: number(value.get(k)) for k in MOONRAKER_COUNTS}
     out["refused"] = str(value["refused"])[:300] if isinstance(value.get("refused"), str) else None
     return out
+
+
+def evidence(value: Any) -> dict[str, Any] | None:
+    """Why the serving candidate serves (``edge.serving.candidates``): rows judged, each candidate's score."""
+    body = _dict(value)
+    if not body:
+        return None
+    got = list(_dict(body.get("scores")).items())[:MAX_RULES]
+    got.sort(key=lambda kv: (CANDIDATES.index(kv[0]) if kv[0] in CANDIDATES else len(CANDIDATES), str(kv[0])))
+    scores = {str(k)[:MAX_TEXT]: number(v) for k, v in got}
+    return {
+        "rows": number(body.get("rows")),
+        "metric": _plain(body.get("metric")),
+        "why": str(body["why"])[:300] if isinstance(body.get("why"), str) else None,
+        "scores": scores,
+    }
 
 
 def timeline(points: list[Point]) -> dict[str, Any]:
@@ -111,6 +138,7 @@ def machine_json(
             {
                 "task": str(task)[:MAX_TEXT],
                 "model": model,
+                "evidence": evidence(_dict(models.get(task)).get("evidence")),
                 "latest": last.to_json() if last is not None else None,
                 "timeline": timeline([p for p in answers if p.task == task]),
                 "field": field_json(_dict(fields.get(task))) if task in fields else None,

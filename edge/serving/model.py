@@ -9,8 +9,8 @@ half-written, the previous copy kept as ``.prev``) and swapped into the server b
 reference assignment, so a row is answered by the old model or the new one, whole.
 
 The gate (:func:`edge.models.onnx.no_worse`, the rule that rolls back an ONNX push):
-a candidate serves only if its score on the device's own test split is no lower than
-the serving model's score on the same rows by more than the margin.
+the best candidate (:mod:`edge.serving.candidates`) serves only if its score on the device's
+newest rows is no lower than the serving model's score on the same rows by more than the margin.
 """
 
 from __future__ import annotations
@@ -92,6 +92,9 @@ class ServingModel:
     x_high: np.ndarray | None = None
     #: Scores of labelled rows this model did not train on (test split, then the field's labels).
     calibration: Calibration = field(default_factory=Calibration, repr=False, compare=False)
+    #: Which of the device's candidates this is (``edge.serving.candidates``), and why it serves.
+    candidate: str = "personal"
+    evidence: dict | None = None
     _algo: ClientAlgorithm | None = field(default=None, repr=False, compare=False)
     _digest: str | None = field(default=None, repr=False, compare=False)
 
@@ -163,6 +166,7 @@ class ServingModel:
             latency_s=max(0.0, done - row.time),
             model=self.identity,
             in_range=in_range(row.x, self.x_low, self.x_high),
+            candidate=self.candidate,
         )
         if self.classes is not None:
             p = softmax(out.reshape(-1))
@@ -257,6 +261,8 @@ class ServingModel:
             "speed_max": self.speed_max,
             "sigma_min": self.sigma_min,
             "created_at": self.created_at,
+            "candidate": self.candidate,
+            "evidence": self.evidence,
         }
         save_arrays(path, arrays, meta)
 
@@ -297,4 +303,6 @@ class ServingModel:
             x_low=arrays.get("range.low"),
             x_high=arrays.get("range.high"),
             calibration=Calibration(arrays.get("conformal.scores", np.zeros(0)).tolist()),
+            candidate=str(meta.get("candidate", "personal")),
+            evidence=meta.get("evidence"),
         )

@@ -121,6 +121,8 @@ class Answer:
     # range of the rows the model was trained on.
     conformal: dict[str, Any] | None = None
     in_range: bool | None = None
+    #: The candidate model that gave it (``edge.serving.candidates``); records older than it: "personal".
+    candidate: str = "personal"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from edge.config import DeviceConfig
 from edge.models.onnx import no_worse
 from edge.serving.advice import Advice, ceilings, speed_advice
 from edge.serving.alerts import Alerts, Event
+from edge.serving.candidates import choose
 from edge.serving.conformal import score as conformal_score
 from edge.serving.feed import SERVING_DIR, feed_path, wake_path
 from edge.serving.field import MAX_PENDING, FieldScores
@@ -42,7 +43,7 @@ from ioft_protocol.state import StateError, atomic_write_json
 from sensors.features.scaling import Standardizer
 from sensors.layers import SPEED_SCALE
 from trainer_lite.algorithms import ClientAlgorithm
-from trainer_lite.data import Dataset
+from trainer_lite.data import Dataset, newest_split
 from trainer_lite.params import Params
 
 log = logging.getLogger(__name__)
@@ -473,23 +474,27 @@ class Server:
         round_: int,
         scaler: Standardizer | None = None,
     ) -> bool:
-        """The round's personalized model as a candidate; ``True`` if it now serves ``task``.
+        """The round's models as candidates (:mod:`edge.serving.candidates`); ``True`` if one now
+        serves ``task``.
 
-        ``rows``: the task's rows before scaling (embedded, where the task embeds) and the
-        encoder version; ``raw``: the dataset's splits as stored and its metadata; ``scaler``: the
-        transform the round trained through (the daemon's; a ``scaling = "local"`` task without one
-        is fitted here on ``rows``), kept with the model so that its answers see rows as training did.
+        ``rows``: the task's rows before scaling (embedded, where the task embeds) and the encoder
+        version; the newest of the training split (:meth:`holdout`) judge, the round did not train on them;
+        ``raw``: the dataset's splits as stored and its metadata; ``scaler``: the transform the round
+        trained through (the daemon's; a ``scaling = "local"`` task without one is fitted here on the
+        training rows), kept with the model so that its answers see rows as training did.
         """
         if not self.serves(task) or rows is None:
             return False
         train, _, encoder_version = rows
-        raw_train, test, meta = raw
+        raw_train, _, meta = raw
+        fit = self.holdout(train)[0]  # embedded where the task embeds: what its models train on
+        newest = self.holdout(raw_train)[1]  # as stored: what its models answer (row for row the same)
         source = algo.spec.hparams.get("features")
-        if scaler is None and algo.scaling == "local" and len(train):
-            scaler = Standardizer.fit(train.x)
+        if scaler is None and algo.scaling == "local" and len(fit):
+            scaler = Standardizer.fit(fit.x)
         if scaler is None and algo.scaling == "fleet":
             return False  # trained through no transform yet: nothing to serve
-        candidate = ServingModel(
+        personal = ServingModel(
             device=self.device,
             task=task,
             spec_json=algo.spec.to_json(),
@@ -505,32 +510,35 @@ class Server:
             scale_std=None if scaler is None else scaler.std,
             _algo=algo,
         )
-        if candidate.classes is None and len(raw_train):  # the speed advice's bounds (edge.serving.advice)
-            candidate.speed_max = float(np.max(raw_train.y)) * SPEED_SCALE
-            candidate.sigma_min = float(np.min(raw_train.x[:, 0])) if candidate.width == 1 else None
+        candidate, evidence = choose(
+            personal, algo, shared, fit, newest, scaler, self.state_dir, self.encoder, self.cfg.min_judge_rows
+        )
+        raw_fit = self.holdout(raw_train)[0]  # the rows its models trained on, as stored
+        if candidate.classes is None and len(raw_fit):  # the speed advice's bounds (edge.serving.advice)
+            candidate.speed_max = float(np.max(raw_fit.y)) * SPEED_SCALE
+            candidate.sigma_min = float(np.min(raw_fit.x[:, 0])) if candidate.width == 1 else None
         enc = self.encoder(candidate.encoder) if candidate.encoder is not None else None
-        try:
-            score, name = candidate.score(test, enc)
-        except Refused as exc:
-            return self._gate_refuses(task, round_, f"cannot score it on the local test split: {exc}")
+        score, name = candidate.metric, candidate.metric_name
+        if not any(v is not None for v in evidence["scores"].values()) and len(newest):
+            return self._gate_refuses(task, round_, "no candidate can be scored on the newest rows")
         if score is not None and not math.isfinite(score):
-            return self._gate_refuses(task, round_, "its answers on the local test split are not finite")
+            return self._gate_refuses(task, round_, "its answers on the newest rows are not finite")
         current = self.models.get(task)
         if current is not None and score is not None and current.encoder_version == encoder_version:
             try:
-                old, _ = current.score(test, enc)  # today's rows: both judged on the same ones
+                old, _ = current.score(newest, enc)  # today's rows: both judged on the same ones
             except Refused:
                 old = None
             if old is not None and not no_worse(score, old, self.cfg.margin):
                 return self._gate_refuses(
                     task,
                     round_,
-                    f"test {name} {score:.4f} is below the serving round {current.round}'s {old:.4f} by "
-                    f"more than the margin {self.cfg.margin}; round {current.round} keeps serving",
+                    f"its best candidate ({candidate.candidate}) scores {name} {score:.4f} on the newest rows, "
+                    f"below the serving round {current.round}'s {old:.4f} by more than the margin "
+                    f"{self.cfg.margin}; round {current.round} keeps serving",
                 )
-        candidate.metric, candidate.metric_name = score, name
-        candidate.reference = score if candidate.classes is not None else candidate.test_error(test, enc)
-        candidate.calibrate(raw_train, test, enc)  # the trained range, the first interval's rows
+        candidate.reference = score if candidate.classes is not None else candidate.test_error(newest, enc)
+        candidate.calibrate(raw_fit, newest, enc)  # the trained range, the first interval's rows
         try:
             candidate.save(model_path(self.state_dir, task))
         except OSError as exc:
@@ -549,15 +557,27 @@ class Server:
         if current is None:
             self._announce(task, candidate)
         log.info(
-            "%s: task %s now serves its model of round %d, %s (test %s %s)",
+            "%s: task %s now serves its model of round %d, %s: the %s candidate (%s)",
             self.device,
             task,
             round_,
             candidate.digest,
-            name,
-            "n/a" if score is None else f"{score:.4f}",
+            candidate.candidate,
+            evidence["why"],
         )
         return True
+
+    def answering(self, task: str) -> bool:
+        """Whether ``task``'s rows are answered here: it serves, and edge-recorder has fed rows.
+
+        Only then does a round train without its newest rows (they judge the candidates): a
+        device that answers nothing keeps every row for training, as the fleet's simulations do.
+        """
+        return self.serves(task) and feed_path(self.state_dir).exists()
+
+    def holdout(self, train: Dataset) -> tuple[Dataset, Dataset]:
+        """``(the rows a round trains on, the newest ones that judge its candidates)`` of ``train``."""
+        return newest_split(train, self.cfg.holdout_fraction)
 
     def _gate_refuses(self, task: str, round_: int, why: str) -> bool:
         self.gate[task] = f"round {round_}: {why}"
@@ -648,6 +668,8 @@ class Server:
                     "encoder_version": m.encoder_version,
                     "since": m.created_at,
                     "calibration_rows": len(m.calibration),
+                    "candidate": m.candidate,
+                    "evidence": m.evidence,
                 }
                 for t, m in list(self.models.items())
             },

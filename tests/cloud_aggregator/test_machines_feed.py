@@ -123,7 +123,9 @@ def test_the_view_and_gauges_per_device_and_task():
         log.take(answer_msg(weld(i, 0.2 + 0.15 * i)))
     log.take(alert_msg("w1", "worn_tool", "raised", 2005.0, 2005.0))
     serving = {"enabled": True, "answered": {"tool": 6}, "refused": {"tool": {"schema": 2}, "*": {"bad_row": 1}},
-               "models": {"tool": {"round": 4, "digest": "e" * 12, "encoder": "dwt", "encoder_version": 2}},
+               "models": {"tool": {"round": 4, "digest": "e" * 12, "encoder": "dwt", "encoder_version": 2,
+                                   "candidate": "alone", "evidence": {"rows": 7, "metric": "accuracy", "why": "best",
+                                   "scores": {"alone": 0.9, "global": None, "personal": 0.6}}}},
                "field": {"tool": {"metric": "accuracy", "value": 0.5, "n": 10, "scored": 10, "reference": 0.9,
                                   "drift": True, "awaiting_labels": 3,
                                   "coverage": {"level": 0.9, "value": 0.875, "n": 8, "all": 0.9, "scored": 20}}}}  # fmt: skip
@@ -141,6 +143,8 @@ def test_the_view_and_gauges_per_device_and_task():
         tool["field"]["coverage_n"],
     ) == (0.875, 0.9, 8)
     assert w1["refused_rows"] == {"bad_row": 1}
+    assert tool["model"]["candidate"] == "alone" and tool["evidence"]["rows"] == 7
+    assert list(tool["evidence"]["scores"].items()) == [("personal", 0.6), ("global", None), ("alone", 0.9)]
     (speed,) = p1["tasks"]
     assert speed["model"]["round"] == 3  # no serving block: the answer names its model
     assert speed["timeline"]["points"][0][2:] == [80.0, 40.0]
@@ -159,3 +163,9 @@ def test_the_view_and_gauges_per_device_and_task():
     assert value[("ioft_alerts_open", (("device", "p1"), ("task", "speed")))] == 0
     assert value[("ioft_answers_refused", (("device", "w1"), ("reason", "schema"), ("task", "tool")))] == 2
     assert value[("ioft_serving_model_round", (("device", "w1"), ("task", "tool")))] == 4
+    tool_of = (("device", "w1"), ("task", "tool"))
+    assert value[("ioft_serving_candidate", (("candidate", "alone"), *tool_of))] == 1.0
+    assert value[("ioft_serving_candidate", (("candidate", "personal"), *tool_of))] == 0.0
+    assert value[("ioft_serving_candidate_score", (("candidate", "alone"), *tool_of))] == 0.9
+    assert ("ioft_serving_candidate_score", (("candidate", "global"), *tool_of)) not in value
+    assert value[("ioft_serving_judged_rows", tool_of)] == 7

@@ -106,6 +106,13 @@ def test_the_machines_view_shows_answers_alerts_and_models_live(fleet_procs, bro
         }
         assert all(w in facts["p1"] for w in ("serving: speed round 2", "speed advice", "field error")), facts
         assert all(w in facts["w1"] for w in ("serving: tool round 4", "field accuracy")), facts
+        # Which candidate serves, and its evidence: each candidate's score on the newest rows.
+        for dev, task in (("p1", "speed"), ("w1", "tool")):
+            model = page.locator(f'.machine[data-device="{dev}"] .task-now[data-task="{task}"] .model')
+            assert model.get_attribute("data-candidate") in ("personal", "global", "alone")
+        assert all(
+            "newest rows: personal" in f and ", global" in f and ", alone" in f for f in facts.values()
+        ), facts
         page.screenshot(path=str(artifacts() / "machines.png"), full_page=True)
 
         # The same machines in /metrics, per device and task.
@@ -113,6 +120,7 @@ def test_the_machines_view_shows_answers_alerts_and_models_live(fleet_procs, bro
         assert 'ioft_alerts_open{device="w1",task="tool"} 1.0' in text
         assert 'ioft_answer_expected_speed{device="p1",task="speed"}' in text
         assert 'ioft_answer_probability{class="TC4",device="w1",task="tool"}' in text
+        assert 'ioft_serving_candidate_score{candidate="alone",device="w1",task="tool"}' in text
         view = json.loads(urllib.request.urlopen(url + "api/view", timeout=5).read())
         assert [m["device"] for m in view["machines"]] == ["p1", "w1"]
 

@@ -2,7 +2,8 @@
 layer or weld to ``edge-trainer``, whose serving model answers it on the device's answer topic.
 
 Each test first records a few rows (the dataset), lets the fleet train, then records more: every
-row of that second run gets exactly one answer, from the model the trainer last let through its gate.
+row of that second run gets exactly one answer, from the model the trainer last let through its gate:
+the best of its candidates on its newest rows, which each answer names.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from cloud_aggregator.local.fleet import FLEET, Sniffer, aggregator_toml, pflda_task
+from edge.dataset import load_dataset
 from edge.serving.feed import feed_path
 from edge.serving.jsonlog import read_log
 from ioft_protocol import topics
 from tests.e2e.retained import retained_status
+from trainer_lite.data import holdout_size
 
 WELD_TASK = {
     "name": "tool",
@@ -78,6 +81,11 @@ def test_every_printer_layer_is_answered(fleet_procs):
     work, dev = fleet_procs.work, "p1"
     record(work, dev, "printer", "--layers", "6", "--layer-s", "0.3")
     train(fleet_procs, dev, pflda_task(rounds=2), 2)
+    # The rounds trained without the newest layers of the training split, which judge the models.
+    stored, _, _ = load_dataset(work / dev)
+    assert len(stored) >= 2
+    held = holdout_size(len(stored))
+    assert [r.n_samples[dev] for r in fleet_procs.rounds("speed")] == [len(stored) - held] * 2
     sniffer = Sniffer(fleet_procs.broker_url)
     try:
         record(work, dev, "printer", "--layers", "8", "--layer-s", "0.3")
@@ -112,6 +120,12 @@ def test_every_printer_layer_is_answered(fleet_procs):
     )
     serving = retained_status(fleet_procs.broker_url, dev)["serving"]
     assert serving["models"]["speed"]["digest"] == got[0]["model"]["digest"]
+    # Every answer names the candidate that gave it; the status, why it serves (edge.serving.candidates).
+    served = serving["models"]["speed"]
+    assert {a["candidate"] for a in got} == {served["candidate"]} <= {"personal", "global", "alone"}
+    evidence = served["evidence"]
+    assert set(evidence["scores"]) == {"personal", "global", "alone"} and evidence["rows"] == held
+    assert evidence["metric"] == "r2" and evidence["why"]
 
 
 @pytest.mark.broker
@@ -136,6 +150,7 @@ def test_every_weld_is_answered_labelled_or_not(fleet_procs):
     for a in got:
         check_answer(a, dev, "tool", by_key)
         assert a["kind"] == "weld" and a["classes"] == ["TC1", "TC2", "TC3", "TC4"]
+        assert a["candidate"] in ("personal", "global", "alone")
         assert sum(a["probabilities"]) == pytest.approx(1.0, abs=1e-5) and a["label"] in a["classes"]
 
 

@@ -26,7 +26,7 @@ from edge.serving.records import Answer, ModelId, Row
 from edge.serving.server import Server, model_path
 from ioft_protocol import topics
 from trainer_lite.algorithms import make_client
-from trainer_lite.data import Dataset
+from trainer_lite.data import Dataset, holdout_size
 from trainer_lite.task import TaskSpec
 
 SPEC = json.dumps({"name": "speed", "algorithm": "fedavg", "model": "mlp",
@@ -49,10 +49,21 @@ def server(tmp_path: Path, published: list | None = None, **serve) -> Server:
     return Server(config, tmp_path, lambda topic, payload: out.append((topic, payload)))
 
 
+def with_newest(newest: Dataset, seed: int = 0) -> Dataset:
+    """Training rows whose newest held-out rows (``Server.holdout``) are exactly ``newest``."""
+    n = len(newest) + 1
+    while holdout_size(n) != len(newest):
+        n += 1
+    older = rows(n - len(newest), seed)
+    return Dataset(np.concatenate([older.x, newest.x]), np.concatenate([older.y, newest.y]))
+
+
 def offer(srv: Server, params: dict, round_: int, test: Dataset | None = None) -> bool:
+    """``params`` offered after round ``round_``; ``test``: the newest rows, which judge and calibrate."""
     algo = make_client(TaskSpec.from_json(SPEC))
-    train, test = rows(40, 0), test if test is not None else rows(20, 1)
-    return srv.offer("speed", algo, params, {}, (train, test, None), (train, test, {}), round_)
+    train = rows(40, 0) if test is None else with_newest(test)
+    none = train.take(np.arange(0))
+    return srv.offer("speed", algo, params, {}, (train, none, None), (train, none, {}), round_)
 
 
 def layer(key: str, sigma_a: float, commanded: float = 40.0) -> Row:
@@ -131,8 +142,10 @@ def test_the_gate_refuses_a_worse_model_and_the_better_one_keeps_serving(tmp_pat
 
 def test_a_model_with_answers_that_are_not_finite_never_serves(tmp_path):
     srv = server(tmp_path)
-    assert not offer(srv, linear(np.nan, 0.0), 1)
-    assert "speed" not in srv.models and "not finite" in srv.status()["gate"]["speed"]
+    assert offer(srv, linear(np.nan, 0.0), 1)  # the round's and the fleet's answer NaN: its own serves
+    served = srv.status()["models"]["speed"]
+    assert served["candidate"] == "alone" and np.isfinite(srv.models["speed"].local["fc0.weight"]).all()
+    assert served["evidence"]["scores"]["personal"] is None and served["evidence"]["scores"]["global"] is None
 
 
 def test_another_machines_or_tasks_model_is_not_loaded(tmp_path):

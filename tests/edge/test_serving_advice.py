@@ -26,6 +26,21 @@ from trainer_lite.task import TaskSpec
 CRAFTED = linear(351.0, 0.0)  # speed/50 = 351 sigma_a: 17,550 mm/s at sigma_a 1.0
 
 
+@pytest.fixture(autouse=True)
+def personal_serves(monkeypatch):
+    """The model offered serves, whatever the device's other candidates score: these tests are about
+    the advice a serving model gives (tests/edge/test_candidates.py is about which one serves)."""
+
+    def only_personal(personal, algo, shared, fit, newest, scaler, state_dir, encoder, min_rows):
+        score, metric = personal.score(newest) if len(newest) else (None, "none")
+        personal.metric, personal.metric_name = score, metric
+        personal.evidence = {"rows": len(newest), "metric": metric, "scores": {"personal": score},
+                             "why": "the offered model (test)"}  # fmt: skip
+        return personal, personal.evidence
+
+    monkeypatch.setattr("edge.serving.server.choose", only_personal)
+
+
 @pytest.fixture
 def klipper():
     """A Moonraker stand-in on a free loopback port: max_velocity 300 (live and configured), printing."""
@@ -142,7 +157,7 @@ def test_the_limit_is_restored_when_the_serving_model_stops_advising(tmp_path, k
     srv.answer(layer("job#1/0", 0.5))
     wait_for(lambda: srv.moonraker.sent == 1, "the advice sent")
     x = np.linspace(0, 1, 20).reshape(-1, 1)
-    assert offer(srv, linear(0.0, -1.0), test=Dataset(x, -np.ones_like(x)))  # it wins the gate there
+    assert offer(srv, linear(0.0, -1.0), train=Dataset(x, -np.ones_like(x)))  # it wins the gate there
     wait_for(lambda: srv.moonraker.restored == 1, "the restore")
     assert klipper.max_velocity == 300.0
     srv.close()

@@ -144,7 +144,7 @@ def test_each_layer_answer_carries_the_advice_and_the_status_too(tmp_path):
     published: list = []
     srv = server(tmp_path, published, vibration_budget=0.6)
     offer(srv, linear(2.0, 0.5), 1)
-    srv.answer(layer("job#1/0", 0.2))
+    srv.answer(layer("job#1/0", 0.2, commanded=45.0))  # as expected: the interval stays at 0 mm/s
     body = json.loads(published[-1][1])
     assert body["advice"] == {"speed": pytest.approx(85.0), "vibration_budget": 0.6}
     assert Answer.from_dict(body).key == "job#1/0"  # the record still reads back

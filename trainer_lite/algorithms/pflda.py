@@ -36,12 +36,14 @@ the rows' range into the decoder's input region, refined by a few optimizer step
 (:func:`trainer_lite.algorithms.cold_start.fit_affine_encoder`); other encoders get
 the few steps alone from their seeded start.  Without it a newcomer's random β starts
 outside the region w was fitted on, where w is flat, and PFL-DA underfits for dozens
-of rounds.
+of rounds.  The device's seeded start is kept instead only when it does better on the
+device's rows and on its newest rows held out of the fit
+(:meth:`_EncoderDecoderClient.fitted_or_start`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +57,7 @@ from trainer_lite.algorithms.base import (
     register_client,
 )
 from trainer_lite.algorithms.cold_start import affine_block, fit_affine_encoder, fit_personal
-from trainer_lite.data import Dataset, minibatches
+from trainer_lite.data import Dataset, minibatches, newest_split
 from trainer_lite.layers import Sequential
 from trainer_lite.params import Params, copy_params, strip_prefix, with_prefix
 
@@ -156,10 +158,27 @@ class _EncoderDecoderClient(ClientAlgorithm):
             params = fit_personal(self, params, enc_names, data, rng)
         return {n: params[n] for n in enc_names}
 
-    def no_worse_than_start(self, shared: Params, start: Params, fitted: Params, data: Dataset) -> Params:
-        """``fitted`` unless the device's seeded start fits its own rows better: a fleet that joined
-        early may send a decoder no encoder can fit through (after 20 rounds at Table 5's rate the
-        printers' w had a negative slope: cold start 32.7 on the newcomer's rows, its start 3.4)."""
+    def fitted_or_start(
+        self, shared: Params, start: Params, data: Dataset, fit: Callable[[Dataset], Params]
+    ) -> Params:
+        """``fit(data)`` unless the device's seeded start does better both on its newest rows and on all.
+
+        A fleet that joined early may send a decoder no encoder can fit through (after 20 rounds at
+        Table 5's rate the printers' w had a negative slope: cold start 32.7 on the newcomer's rows,
+        its start 3.4): then the start fits the device's rows better.  But a start that only fits
+        the rows it is judged on is no better: a stacked encoder's random start (``printer_nn``) was
+        kept when it happened to fit them, and single folds reached 700-1,700.  So the start must
+        also beat the fleet's fit on rows neither was fitted to: the newest, held out of a first fit
+        on the older ones (for every encoder).  With fewer than two rows nothing can be held out,
+        and the fleet's fit is kept.
+        """
+        older, newest = newest_split(data)
+        if not len(newest):
+            return fit(data)
+        judged = fit(older)
+        if self.evaluate(shared, start, newest)["loss"] >= self.evaluate(shared, judged, newest)["loss"]:
+            return fit(data)
+        fitted = fit(data)
         if self.evaluate(shared, start, data)["loss"] < self.evaluate(shared, fitted, data)["loss"]:
             return start
         return fitted
@@ -224,8 +243,12 @@ class PFLDAClient(_EncoderDecoderClient):
     ) -> Params:
         """β fitted through the frozen w (module docstring); γ starts at w."""
         w = copy_params({n: np.asarray(shared[n]) for n in self.shared_names()})
-        fitted = {**self.fit_encoder(shared, local, data, rng), **with_prefix(w, PERSONAL)}
-        return self.no_worse_than_start(shared, local, fitted, data)
+        return self.fitted_or_start(
+            shared,
+            local,
+            data,
+            lambda rows: {**self.fit_encoder(shared, local, rows, rng), **with_prefix(w, PERSONAL)},
+        )
 
     def personal_params(self, shared: Params, local: Params) -> Params:
         enc = {n: local[n] for n in self.encoder_names()}
@@ -296,7 +319,9 @@ class SimpleDAClient(_EncoderDecoderClient):
         self, shared: Params, local: Params, data: Dataset, *, rng: np.random.Generator, phase: str
     ) -> Params:
         """β fitted through the frozen shared decoder (module docstring)."""
-        return self.no_worse_than_start(shared, local, self.fit_encoder(shared, local, data, rng), data)
+        return self.fitted_or_start(
+            shared, local, data, lambda rows: self.fit_encoder(shared, local, rows, rng)
+        )
 
     def personal_params(self, shared: Params, local: Params) -> Params:
         return {**{n: local[n] for n in self.encoder_names()}, **{n: shared[n] for n in self.shared_names()}}

@@ -90,7 +90,13 @@ function facts(task) {
   const m = task.model;
   if (m.round != null) {
     const enc = m.encoder_version != null ? `, encoder ${m.encoder ?? ""} v${m.encoder_version}` : "";
-    out.push(el("span", { class: "model" }, `serving: ${task.task} round ${m.round}, ${m.digest ?? "?"}${enc}`));
+    const which = m.candidate ? ` (${m.candidate})` : "";
+    out.push(el("span", { class: "model", "data-candidate": m.candidate ?? "" }, `serving: ${task.task} round ${m.round}, ${m.digest ?? "?"}${enc}${which}`));
+    const ev = task.evidence;
+    if (ev) {
+      const scores = Object.entries(ev.scores).map(([k, v]) => `${k} ${v == null ? "n/a" : fmt(v, 3)}`).join(", ");
+      out.push(el("span", { class: "evidence", title: ev.why ?? "" }, `${ev.metric ?? "score"} on its ${ev.rows ?? 0} newest rows: ${scores}`));
+    }
   } else out.push(el("span", { class: "model muted" }, `serving: ${task.task}, no model yet`));
   if (task.answered != null) out.push(el("span", {}, `${task.answered} answered`));
   const refused = Object.entries(task.refused);

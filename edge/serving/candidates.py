@@ -1,0 +1,208 @@
+"""Which model a machine serves for a task: the best of its candidates on its own newest rows.
+
+After each round the device has three models of a task (the *candidates*):
+
+``personal``
+    the algorithm's personalized model of the round;
+``global``
+    the fleet's model as a device that never trained would run it: the shared parameters as
+    received, with the personal parts the algorithm starts a newcomer from
+    (:meth:`~trainer_lite.algorithms.base.ClientAlgorithm.cold_start` of its seeded start on the
+    device's rows; for FedAvg the global model itself, for PFL-DA the global decoder with an
+    encoder fitted through it).  Algorithms that share nothing (``indiv``) have none;
+``alone``
+    the task's model trained on this device's rows only, kept current cheaply: a few optimizer
+    steps (the task's ``local_steps``) each round from its last state, which is kept in
+    ``serving/alone/<task>.safetensors``.
+
+Each is judged on the newest rows of the device's training split (:func:`trainer_lite.data.newest_split`),
+which no candidate was trained on (on a device that answers rows, the daemon trains the round on
+the older ones: :meth:`edge.serving.server.Server.answering`): accuracy, or
+R².  The best serves.  With fewer than ``[serve] min_judge_rows`` newest rows there is no fair
+judgement, and the fleet's model (through the cold start) serves; the evidence says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge.serving.feed import SERVING_DIR
+from edge.serving.model import Refused, ServingModel
+from ioft_protocol.state import StateError, load_arrays, save_arrays
+from sensors.features.scaling import Standardizer
+from trainer_lite.algorithms import ClientAlgorithm, make_client
+from trainer_lite.algorithms.base import DEVICE_HPARAMS, TrainConfig, algorithm_state
+from trainer_lite.client import cast_dataset, derive_rng, initial_local
+from trainer_lite.data import Dataset
+from trainer_lite.params import Params, copy_params
+from trainer_lite.task import TaskSpec
+
+log = logging.getLogger(__name__)
+
+PERSONAL, GLOBAL, ALONE = "personal", "global", "alone"
+#: Ties go to the first: the round's own model, then the fleet's.
+ORDER = (PERSONAL, GLOBAL, ALONE)
+ALONE_DIR = "alone"
+_TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def alone_spec(spec: TaskSpec) -> TaskSpec:
+    """The task as this device alone would train it: ``indiv`` (all parameters local), same model
+    and optimizer settings (the hyperparameters only the task's algorithm knows are dropped)."""
+    hparams = {k: v for k, v in spec.hparams.items() if k in _TRAIN_FIELDS or k in DEVICE_HPARAMS}
+    return dataclasses.replace(spec, algorithm="indiv", hparams=hparams, dp=None, secagg=None, compress=None)
+
+
+def alone_path(state_dir: Path, task: str) -> Path:
+    return Path(state_dir) / SERVING_DIR / ALONE_DIR / f"{task}.safetensors"
+
+
+def train_alone(
+    state_dir: Path, device: str, task: str, spec: TaskSpec, rows: Dataset
+) -> tuple[ClientAlgorithm, Params]:
+    """The ``alone`` model after this round's steps on ``rows`` (scaled as the task trains), kept on disk.
+
+    It goes on from its saved state when that was trained for the same model; else from its seeded start.
+    """
+    algo = make_client(alone_spec(spec))
+    path = alone_path(state_dir, task)
+    params, steps = None, 0
+    try:
+        got = load_arrays(path)
+    except (StateError, ValueError, OSError) as exc:
+        log.warning("%s: task %s's alone model is unreadable (%s); it starts over", device, task, exc)
+        got = None
+    if got is not None:
+        arrays, meta = got
+        fresh = algo.init_local(np.random.default_rng(0))
+        same = meta.get("spec") == algo.spec.to_json() and set(arrays) == set(fresh)
+        if same and all(np.shape(arrays[n]) == np.shape(fresh[n]) for n in fresh):
+            params, steps = copy_params(arrays), int(meta.get("rounds", 0))
+    if params is None:
+        params = algo.init_local(derive_rng(spec.seed, device, "alone"))
+    params = {n: np.asarray(v, dtype=spec.dtype) for n, v in params.items()}
+    if len(rows):
+        rng = derive_rng(spec.seed, device, "alone", steps + 1)
+        algo.local_steps(params, cast_dataset(rows, spec.dtype), rng, round_=steps + 1)
+        steps += 1
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_arrays(path, params, {"spec": algo.spec.to_json(), "rounds": steps})
+    except OSError as exc:  # it trains again from its last saved state next round
+        log.warning("%s: could not save task %s's alone model: %s", device, task, exc)
+    return algo, params
+
+
+def global_local(algo: ClientAlgorithm, device: str, shared: Params, rows: Dataset) -> Params:
+    """The personal parts a newcomer would run the fleet's ``shared`` with (:mod:`trainer_lite.holdout`'s rule)."""
+    local = algorithm_state(initial_local(algo, device))
+    if len(rows):
+        rng = derive_rng(algo.spec.seed, device, "holdout")
+        local = algo.cold_start(shared, local, cast_dataset(rows, algo.spec.dtype), rng=rng, phase="train")
+    return local
+
+
+def scaled(rows: Dataset, scaler: Standardizer | None) -> Dataset:
+    if scaler is None or not len(rows):
+        return rows
+    return Dataset(scaler.transform(rows.x, np.result_type(rows.x.dtype, np.float32)), rows.y, rows.domain)
+
+
+def make_candidates(
+    personal: ServingModel,
+    algo: ClientAlgorithm,
+    shared: Params,
+    fit: Dataset,
+    scaler: Standardizer | None,
+    state_dir: Path,
+) -> dict[str, ServingModel]:
+    """The task's candidates (module docstring), built from the round's ``personal`` model; ``fit``:
+    the rows the round trained on (before scaling, embedded where the task embeds)."""
+    rows = scaled(fit, scaler)
+    out = {PERSONAL: personal}
+    if algo.shared_names():
+        out[GLOBAL] = dataclasses.replace(
+            personal,
+            candidate=GLOBAL,
+            shared=dict(shared),
+            local=global_local(algo, personal.device, shared, rows),
+            _digest=None,
+        )
+    alone_algo, params = train_alone(state_dir, personal.device, personal.task, algo.spec, rows)
+    out[ALONE] = dataclasses.replace(
+        personal,
+        candidate=ALONE,
+        spec_json=alone_algo.spec.to_json(),
+        shared={},
+        local=params,
+        _algo=alone_algo,
+        _digest=None,
+    )
+    return out
+
+
+def judge(
+    candidates: dict[str, ServingModel], rows: Dataset, encoder: Any, min_rows: int
+) -> tuple[str, dict[str, Any]]:
+    """``(the winner's name, the evidence)``: each candidate's score (and mean |error| in mm/s for
+    speeds) on ``rows``, the newest ones none was trained on (module docstring)."""
+    scores: dict[str, float | None] = {}
+    errors: dict[str, float | None] = {}
+    metric = "none"
+    for name, model in candidates.items():
+        try:
+            score, metric_name = model.score(rows, encoder)
+            error = model.test_error(rows, encoder)
+        except Refused as exc:
+            log.warning("%s: task %s's %s model cannot be judged: %s", model.device, model.task, name, exc)
+            score, error, metric_name = None, None, metric
+        metric = metric_name if metric_name != "none" else metric
+        scores[name] = None if score is None or not math.isfinite(score) else round(score, 6)
+        errors[name] = None if error is None else round(error, 4)
+    evidence: dict[str, Any] = {"rows": len(rows), "min_rows": min_rows, "metric": metric, "scores": scores}
+    if any(v is not None for v in errors.values()):
+        evidence["errors"] = errors
+    fallback = GLOBAL if GLOBAL in candidates else PERSONAL
+    if len(rows) < min_rows:
+        evidence["why"] = (
+            f"{len(rows)} newest rows held out, fewer than the {min_rows} needed to judge: "
+            f"the fleet's model serves through the cold start"
+            if fallback == GLOBAL
+            else f"{len(rows)} newest rows held out, fewer than the {min_rows} needed to judge"
+        )
+        return fallback, evidence
+    judged = [(scores[n], -ORDER.index(n), n) for n in candidates if scores[n] is not None]
+    if not judged:
+        evidence["why"] = "no candidate could be scored on the newest rows"
+        return fallback, evidence
+    best = max(judged)[2]
+    evidence["why"] = f"best {metric} on the {len(rows)} newest rows"
+    return best, evidence
+
+
+def choose(
+    personal: ServingModel,
+    algo: ClientAlgorithm,
+    shared: Params,
+    fit: Dataset,
+    newest: Dataset,
+    scaler: Standardizer | None,
+    state_dir: Path,
+    encoder: Callable[[str], Any],
+    min_rows: int,
+) -> tuple[ServingModel, dict[str, Any]]:
+    """The candidate that serves ``personal``'s task, with its score set and the evidence."""
+    candidates = make_candidates(personal, algo, shared, fit, scaler, state_dir)
+    enc = encoder(personal.encoder) if personal.encoder is not None else None
+    name, evidence = judge(candidates, newest, enc, min_rows)
+    chosen = candidates[name]
+    chosen.metric, chosen.metric_name = evidence["scores"].get(name), evidence["metric"]
+    chosen.evidence = evidence
+    return chosen, evidence
