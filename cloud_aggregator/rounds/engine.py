@@ -5,10 +5,19 @@ over MQTT); both admit uploads through the one pipeline of ``cloud_aggregator.ro
 so what reaches the engine is admitted already.  Algorithms live behind ``Strategy``.
 Persistence lives behind ``RoundStore`` so that a restarted aggregator resumes from its
 last completed round.  Stragglers are ``cloud_aggregator.rounds.stragglers``' business.
+
+No upload counts more than the task's ``max_weight_ratio`` times the round's median sample
+count (``cloud_aggregator.aggregation.weighting.cap_samples``), cut here, once, before any
+strategy weighs the round; the record's ``extra["weight_cut"]`` names whom, ``{device:
+[claimed, counted]}``.  A round that folds its uploads as they arrive cannot wait for its own
+median: it cuts at the median of the same phase's last completed round, and the task's first
+round keeps its uploads whole instead of folding them.  SecAgg rounds are bounded by their
+own ``max_weight`` (the aggregator sees only the sum).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +27,7 @@ from cloud_aggregator import faults
 from cloud_aggregator.aggregation.strategies import Strategy, make_strategy
 from cloud_aggregator.aggregation.streaming import RoundFold
 from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.aggregation.weighting import cap_samples, max_weight_ratio, sample_cap
 from cloud_aggregator.rounds.stragglers import STRAGGLER_MODES, absorb_late, restore_late_window
 from cloud_aggregator.rounds.task_rules import check_next_round
 from cloud_aggregator.rounds.types import (
@@ -142,6 +152,15 @@ class MemoryStore:
         return out
 
 
+def _capped(weight: Callable[[Update], float], cap: int) -> Callable[[Update], float]:
+    """A fold's per-upload ``weight`` with the upload's sample count cut to ``cap``."""
+
+    def weigh(u: Update) -> float:
+        return weight(u if u.n_samples <= cap else dataclasses.replace(u, n_samples=cap))
+
+    return weigh
+
+
 class RoundEngine:
     """Runs a task's rounds against a fleet.
 
@@ -196,6 +215,9 @@ class RoundEngine:
             check_next_round(self.strategy)
         self._late: LateWindow | None = None
         self.global_params: Params = {}
+        #: The weight cap's ratio to the median (``None``: off); phase -> the last completed round's counts
+        self.max_weight_ratio = None if spec.secagg is not None else max_weight_ratio(spec.server)
+        self._last_samples: dict[str, list[int]] = {}
 
     def run(self) -> Params:
         """Run (or resume) until ``spec.rounds`` rounds are done; returns the final global."""
@@ -211,6 +233,9 @@ class RoundEngine:
                 self._late = restore_late_window(
                     self.store, self.spec.name, round_, self.strategy.init_global
                 )
+        for record in self.store.rounds(self.spec.name) if point is not None else ():
+            if record.status == "completed":  # a resumed fold cuts where the first run would have
+                self._last_samples[record.phase] = list(record.n_samples.values())
         if round_ < self.start_round:  # the devices ignore every round below theirs
             log.warning(
                 "task %s jumps from round %d to round %d, past its devices' (the global stays the stored one)",
@@ -241,6 +266,13 @@ class RoundEngine:
         # Stragglers and SecAgg rounds combine whole uploads: those rounds keep them (no fold).
         streams = self.straggler == "drop" and self.spec.secagg is None
         fold = self.strategy.fold(phase) if streams else None
+        cap = None  # the most samples one upload counts, where known before the round (a fold's)
+        if fold is not None and self.max_weight_ratio is not None:
+            if self._last_samples.get(phase):
+                cap = sample_cap(self._last_samples[phase], self.max_weight_ratio)
+                fold.weight = _capped(fold.weight, cap)
+            else:
+                fold = None  # no earlier round to cut a streamed weight by: keep this one's uploads
         request = CollectRequest(
             self.spec,
             round_,
@@ -263,6 +295,20 @@ class RoundEngine:
             self.staleness_weight,
         )
         valid, rejected = self.split(replies)
+        claimed = {u.device: u.n_samples for u in valid}
+        valid, cut = cap_samples(valid, self.max_weight_ratio, cap)
+        if cut:
+            log.warning(
+                "task %s round %d phase %s: %d uploads count fewer samples than they claim (at most %d, "
+                "%g× the median): %s",
+                self.spec.name,
+                round_,
+                phase,
+                len(cut),
+                next(iter(cut.values()))[1],
+                self.max_weight_ratio,
+                ", ".join(f"{d} {c} → {k}" for d, (c, k) in sorted(cut.items())),
+            )
         status = "completed" if len(valid) >= self.min_participants else "abandoned"
         before = self.global_params
         if status == "completed":
@@ -291,7 +337,7 @@ class RoundEngine:
             phase=phase,
             status=status,
             participants=[u.device for u in valid],
-            n_samples={u.device: u.n_samples for u in valid},
+            n_samples=claimed,
             metrics={u.device: dict(u.metrics) for u in valid},
             rejected=rejected,
             global_hash=param_hash(self.global_params),
@@ -309,6 +355,10 @@ class RoundEngine:
             if note.holdout:
                 record.extra["holdout"] = dict(note.holdout)
         record.extra = {**record.extra, **self.strategy.record_extra()}  # e.g. the DP ledger's ε
+        if cut:
+            record.extra["weight_cut"] = {d: list(v) for d, v in sorted(cut.items())}
+        if status == "completed":
+            self._last_samples[phase] = list(claimed.values())
         if self.straggler == "next_round":
             self._late = LateWindow(round_, phase, gh, before, frozenset(counted))
         self._pending = record
