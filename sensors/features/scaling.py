@@ -79,8 +79,9 @@ class Standardizer:
 MAX_STATS_ROWS = 1_000_000
 #: How far the pool lets one device stray from the median device, per feature: its row count
 #: counts at most ``CLIP_RATIO ×`` the median device's, its deviation lies within a factor
-#: ``CLIP_RATIO`` of the median device's, and its mean within ``CLIP_RATIO`` median deviations of
-#: the median device's mean.
+#: ``CLIP_RATIO`` of the median device's, and its mean within ``CLIP_RATIO × √(s² + d²)`` of the
+#: median device's mean (``s`` the median device's deviation, ``d`` the devices' means' spread,
+#: 1.4826 × their median absolute deviation).
 CLIP_RATIO = 3.0
 
 
@@ -145,13 +146,17 @@ def pool_feature_sums(
         if why is not None:
             raise ValueError(f"statistics of {d}: {why}")
     moments = [_moments(*sums[d]) for d in devices]
-    med_mean = np.median([m for m, _ in moments], axis=0)
+    means = np.array([m for m, _ in moments])
+    med_mean = np.median(means, axis=0)
     med_std = np.median([s for _, s in moments], axis=0)
+    # Devices of one fleet differ in more than noise (a material, a machine): the mean's reach is
+    # the median device's deviation and the spread of the devices' means (1.4826 MAD: a deviation).
+    reach = ratio * np.hypot(med_std, 1.4826 * np.median(np.abs(means - med_mean), axis=0))
     most_rows = int(ratio * float(np.median([sums[d][0] for d in devices])))
     parts = []
     for d, (mean, std) in zip(devices, moments, strict=True):
         n = min(sums[d][0], max(most_rows, 1))
-        m = np.clip(mean, med_mean - ratio * med_std, med_mean + ratio * med_std)
+        m = np.clip(mean, med_mean - reach, med_mean + reach)
         s = np.clip(std, med_std / ratio, med_std * ratio)
         if n == sums[d][0] and np.array_equal(m, mean) and np.array_equal(s, std):
             parts.append(sums[d])

@@ -93,12 +93,16 @@ def test_whatever_one_liar_sends_the_pool_stays_near_the_honest_devices(n, mean,
     means = np.array([s[1] / s[0] for s in honest.values()])
     stds = np.array([Standardizer.from_sums([s]).std for s in honest.values()])
     # Each device is clipped within CLIP_RATIO of the median device, whose moments lie between the
-    # honest ones: the pooled deviation within [min / 3, sqrt(18) × max], the mean within 3 max of theirs.
+    # honest ones; the means' reach is CLIP_RATIO × √(s² + d²), d (1.4826 MAD) at most 1.4826 × the
+    # honest means' range: the pooled mean within that reach of theirs, its deviation within
+    # [min / 3, √(9 max² + reach²)] (Σ w s² ≤ 9 max², Σ w (m − μ)² ≤ (2 reach)² / 4).
     hi = stds.max(axis=0)
+    spread = 1.4826 * (means.max(axis=0) - means.min(axis=0))
+    reach = CLIP_RATIO * np.hypot(hi, spread) * (1 + 1e-9)
     assert np.all(pooled.std >= stds.min(axis=0) / CLIP_RATIO * (1 - 1e-9))
-    assert np.all(pooled.std <= np.sqrt(18.0) * hi * (1 + 1e-9))
-    assert np.all(pooled.mean >= means.min(axis=0) - CLIP_RATIO * hi * (1 + 1e-9))
-    assert np.all(pooled.mean <= means.max(axis=0) + CLIP_RATIO * hi * (1 + 1e-9))
+    assert np.all(pooled.std <= np.hypot(CLIP_RATIO * hi, reach))
+    assert np.all(pooled.mean >= means.min(axis=0) - reach)
+    assert np.all(pooled.mean <= means.max(axis=0) + reach)
 
 
 def test_a_task_cannot_ask_to_pool_fewer_than_three_devices():
