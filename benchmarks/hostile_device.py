@@ -21,6 +21,7 @@ Run ``python -m benchmarks.hostile_device [--quick] [--seeds 0 1 2] [--rounds 30
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import tempfile
 import time
@@ -132,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = study_parser(__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args(argv)
+    logging.getLogger("cloud_aggregator.rounds.engine").setLevel(logging.ERROR)  # a cut line per round
     rounds, seeds = (5, args.seeds[:1]) if args.quick else (args.rounds, args.seeds)
     started = time.time()
     clients = welders()
