@@ -12,7 +12,8 @@ strategy weighs the round; the record's ``extra["weight_cut"]`` names whom, ``{d
 [claimed, counted]}``.  A round that folds its uploads as they arrive cannot wait for its own
 median: it cuts at the median of the same phase's last completed round, and the task's first
 round keeps its uploads whole instead of folding them.  SecAgg rounds are bounded by their
-own ``max_weight`` (the aggregator sees only the sum).
+own ``max_weight`` (the aggregator sees only the sum); streamed rounds split over ``[collect]
+workers`` are not cut (the workers weigh what they fold).
 """
 
 from __future__ import annotations
@@ -267,7 +268,10 @@ class RoundEngine:
         streams = self.straggler == "drop" and self.spec.secagg is None
         fold = self.strategy.fold(phase) if streams else None
         cap = None  # the most samples one upload counts, where known before the round (a fold's)
-        if fold is not None and self.max_weight_ratio is not None:
+        ratio = self.max_weight_ratio
+        if fold is not None and ratio is not None and getattr(self.fleet, "folds_elsewhere", False):
+            ratio = None  # workers weigh what they fold: no cap on a streamed round (docs/fleet.md)
+        elif fold is not None and ratio is not None:
             if self._last_samples.get(phase):
                 cap = sample_cap(self._last_samples[phase], self.max_weight_ratio)
                 fold.weight = _capped(fold.weight, cap)
@@ -296,7 +300,7 @@ class RoundEngine:
         )
         valid, rejected = self.split(replies)
         claimed = {u.device: u.n_samples for u in valid}
-        valid, cut = cap_samples(valid, self.max_weight_ratio, cap)
+        valid, cut = cap_samples(valid, ratio, cap)
         if cut:
             log.warning(
                 "task %s round %d phase %s: %d uploads count fewer samples than they claim (at most %d, "
@@ -306,7 +310,7 @@ class RoundEngine:
                 phase,
                 len(cut),
                 next(iter(cut.values()))[1],
-                self.max_weight_ratio,
+                ratio,
                 ", ".join(f"{d} {c} → {k}" for d, (c, k) in sorted(cut.items())),
             )
         status = "completed" if len(valid) >= self.min_participants else "abandoned"
