@@ -117,6 +117,7 @@ class ScalingPool:
     def handle(self, task: str, device: str, payload: bytes) -> None:
         """One device's statistics: kept, or refused with a log line; pooled once enough are in."""
         with self._lock:
+            resent = device in self._sums.get(task, {})
             why = self._check(task, device, payload)
             if why is not None:
                 self.refused.setdefault(task, {})[device] = why
@@ -124,7 +125,10 @@ class ScalingPool:
                 return
             need = self._need[task]
             have = self._poolable(task)
-            log.info("task %s: feature statistics from %s (%d of %d devices)", task, device, len(have), need)
+            if not resent:  # a device resending its sums in a loop is not a line per message
+                log.info(
+                    "task %s: feature statistics from %s (%d of %d devices)", task, device, len(have), need
+                )
             if len(have) < need:
                 return
             scaler = pool_feature_sums(have, need)
