@@ -11,7 +11,7 @@ count (``cloud_aggregator.aggregation.weighting.cap_samples``), cut here, once, 
 strategy weighs the round; the record's ``extra["weight_cut"]`` names whom, ``{device:
 [claimed, counted]}``.  A round that folds its uploads as they arrive cannot wait for its own
 median: it cuts at the median of the same phase's last completed round, and the task's first
-round keeps its uploads whole instead of folding them.  SecAgg rounds are bounded by their
+round collects its uploads whole and folds them once cut.  SecAgg rounds are bounded by their
 own ``max_weight`` (the aggregator sees only the sum); streamed rounds split over ``[collect]
 workers`` are not cut (the workers weigh what they fold).
 """
@@ -268,6 +268,7 @@ class RoundEngine:
         streams = self.straggler == "drop" and self.spec.secagg is None
         fold = self.strategy.fold(phase) if streams else None
         cap = None  # the most samples one upload counts, where known before the round (a fold's)
+        later = None  # a fold that takes the round's uploads once they are cut
         ratio = self.max_weight_ratio
         if fold is not None and ratio is not None and getattr(self.fleet, "folds_elsewhere", False):
             ratio = None  # workers weigh what they fold: no cap on a streamed round (docs/fleet.md)
@@ -275,8 +276,8 @@ class RoundEngine:
             if self._last_samples.get(phase):
                 cap = sample_cap(self._last_samples[phase], self.max_weight_ratio)
                 fold.weight = _capped(fold.weight, cap)
-            else:
-                fold = None  # no earlier round to cut a streamed weight by: keep this one's uploads
+            else:  # no earlier round to cut a streamed weight by: collect whole, fold after the cut
+                later, fold = fold, None
         request = CollectRequest(
             self.spec,
             round_,
@@ -301,6 +302,8 @@ class RoundEngine:
         valid, rejected = self.split(replies)
         claimed = {u.device: u.n_samples for u in valid}
         valid, cut = cap_samples(valid, ratio, cap)
+        if later is not None:  # folded in device order below (_folded): the sums a fold would hold
+            fold = later
         if cut:
             log.warning(
                 "task %s round %d phase %s: %d uploads count fewer samples than they claim (at most %d, "
