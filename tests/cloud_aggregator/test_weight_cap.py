@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cloud_aggregator.aggregation.strategies import make_strategy
 from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.aggregation.weighting import cap_samples, max_weight_ratio, sample_cap
 from cloud_aggregator.rounds.engine import RoundEngine
@@ -29,6 +32,10 @@ def test_the_ratio_is_a_server_option_that_can_be_turned_off():
     for bad in (0.5, "3", float("inf"), True):
         with pytest.raises(ValueError, match=r"max_weight_ratio = .*: a number >= 1, or false"):
             max_weight_ratio({"max_weight_ratio": bad})
+    # Every strategy takes it beside its own fields, and refuses a bad one when it is built.
+    assert make_strategy(dataclasses.replace(SPEC, server={"max_weight_ratio": 5, "reducer": "median"}))
+    with pytest.raises(ValueError, match="max_weight_ratio = 0"):
+        make_strategy(dataclasses.replace(SPEC, server={"max_weight_ratio": 0}))
 
 
 @settings(max_examples=200, deadline=None)
