@@ -70,6 +70,15 @@ def cap_samples(
     return [dataclasses.replace(u, n_samples=most) if u.device in cut else u for u in updates], cut
 
 
+def capped_weight(weight: Callable[[Update], float], cap: int) -> Callable[[Update], float]:
+    """A per-upload ``weight`` (a fold's) that sees each upload's sample count cut to ``cap``."""
+
+    def weigh(u: Update) -> float:
+        return weight(u if u.n_samples <= cap else dataclasses.replace(u, n_samples=cap))
+
+    return weigh
+
+
 class Weighting(Protocol):
     """Per-upload weights for a round, and what of them survives a restart."""
 

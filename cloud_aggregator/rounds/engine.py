@@ -18,7 +18,6 @@ workers`` are not cut (the workers weigh what they fold).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +27,7 @@ from cloud_aggregator import faults
 from cloud_aggregator.aggregation.strategies import Strategy, make_strategy
 from cloud_aggregator.aggregation.streaming import RoundFold
 from cloud_aggregator.aggregation.update import Update
-from cloud_aggregator.aggregation.weighting import cap_samples, max_weight_ratio, sample_cap
+from cloud_aggregator.aggregation.weighting import cap_samples, capped_weight, max_weight_ratio, sample_cap
 from cloud_aggregator.rounds.stragglers import STRAGGLER_MODES, absorb_late, restore_late_window
 from cloud_aggregator.rounds.task_rules import check_next_round
 from cloud_aggregator.rounds.types import (
@@ -153,15 +152,6 @@ class MemoryStore:
         return out
 
 
-def _capped(weight: Callable[[Update], float], cap: int) -> Callable[[Update], float]:
-    """A fold's per-upload ``weight`` with the upload's sample count cut to ``cap``."""
-
-    def weigh(u: Update) -> float:
-        return weight(u if u.n_samples <= cap else dataclasses.replace(u, n_samples=cap))
-
-    return weigh
-
-
 class RoundEngine:
     """Runs a task's rounds against a fleet.
 
@@ -275,7 +265,7 @@ class RoundEngine:
         elif fold is not None and ratio is not None:
             if self._last_samples.get(phase):
                 cap = sample_cap(self._last_samples[phase], self.max_weight_ratio)
-                fold.weight = _capped(fold.weight, cap)
+                fold.weight = capped_weight(fold.weight, cap)
             else:  # no earlier round to cut a streamed weight by: collect whole, fold after the cut
                 later, fold = fold, None
         request = CollectRequest(
