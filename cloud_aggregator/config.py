@@ -8,6 +8,7 @@ from typing import Any
 
 from cloud_aggregator.aggregation.fedbuff import BufferConfig
 from cloud_aggregator.aggregation.strategies import make_strategy
+from cloud_aggregator.aggregation.weighting import strategy_args
 from cloud_aggregator.rounds.admission import AdmissionPolicy
 from cloud_aggregator.rounds.task_rules import (
     buffered_refusal,
@@ -221,7 +222,7 @@ class TaskConfig:
             raise ValueError(f"task {self.name!r}: {exc}") from None
         for what, cls, values in (
             ("hparams", strategy.client.config_cls, algorithm_hparams(spec.hparams)),
-            ("server", strategy.config_cls, spec.server),
+            ("server", strategy.config_cls, strategy_args(spec.server)),
         ):
             try:
                 build(cls, dict(values), f"task {self.name!r} {what}")

@@ -3,12 +3,20 @@
 A weighting is built from keyword arguments and called as ``weigh(updates, round_)``
 returning one non-negative weight per update.  Stateful schemes may also offer
 ``state()`` / ``load_state()`` so a restarted aggregator resumes them exactly.
+
+Whatever the weighting, no upload's sample count counts more than ``max_weight_ratio`` (a
+``TaskSpec.server`` key, default :data:`DEFAULT_MAX_WEIGHT_RATIO`) times the round's median
+(:func:`cap_samples`, applied by ``cloud_aggregator.rounds.engine`` before any strategy weighs
+the round): a device that claims a million rows where the others have a hundred counts as three
+hundred, not 99.99 % of the mean.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -16,6 +24,59 @@ import numpy as np
 from cloud_aggregator.aggregation.update import Update
 
 log = logging.getLogger(__name__)
+
+
+#: ``TaskSpec.server`` key of the weight cap (not a strategy's field: every strategy takes it).
+MAX_WEIGHT_RATIO = "max_weight_ratio"
+#: By default an upload's sample count counts at most this multiple of the round's median.
+DEFAULT_MAX_WEIGHT_RATIO = 3.0
+
+
+def max_weight_ratio(server: Mapping[str, Any]) -> float | None:
+    """The task's weight cap as a multiple of the median (``None``: ``max_weight_ratio = false``, off)."""
+    value = server.get(MAX_WEIGHT_RATIO, DEFAULT_MAX_WEIGHT_RATIO)
+    if value is False:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 1:
+        raise ValueError(
+            f"server.{MAX_WEIGHT_RATIO} = {value!r}: a number >= 1, or false to turn the cap off"
+        )
+    return float(value)
+
+
+def strategy_args(server: Mapping[str, Any]) -> dict[str, Any]:
+    """``server`` without the keys every strategy shares (what a strategy's config validates)."""
+    max_weight_ratio(server)  # a bad cap fails with the config, naming the key
+    return {k: v for k, v in server.items() if k != MAX_WEIGHT_RATIO}
+
+
+def sample_cap(counts: Sequence[int], ratio: float) -> int:
+    """The most samples one upload counts: ``ratio ×`` the median of ``counts`` (at least 1)."""
+    return max(1, math.floor(ratio * float(np.median(counts)))) if len(counts) else 1
+
+
+def cap_samples(
+    updates: Sequence[Update], ratio: float | None, cap: int | None = None
+) -> tuple[list[Update], dict[str, tuple[int, int]]]:
+    """``updates`` with each ``n_samples`` cut to ``cap`` (default: :func:`sample_cap` of theirs),
+    and ``{device: (claimed, counted)}`` for those cut.  ``ratio`` ``None``: unchanged, nothing cut.
+
+    A pure function of the round: the simulator and the MQTT fleet cut the same uploads alike.
+    """
+    if ratio is None or not updates:
+        return list(updates), {}
+    most = sample_cap([u.n_samples for u in updates], ratio) if cap is None else cap
+    cut = {u.device: (u.n_samples, most) for u in updates if u.n_samples > most}
+    return [dataclasses.replace(u, n_samples=most) if u.device in cut else u for u in updates], cut
+
+
+def capped_weight(weight: Callable[[Update], float], cap: int) -> Callable[[Update], float]:
+    """A per-upload ``weight`` (a fold's) that sees each upload's sample count cut to ``cap``."""
+
+    def weigh(u: Update) -> float:
+        return weight(u if u.n_samples <= cap else dataclasses.replace(u, n_samples=cap))
+
+    return weigh
 
 
 class Weighting(Protocol):

@@ -5,6 +5,15 @@ over MQTT); both admit uploads through the one pipeline of ``cloud_aggregator.ro
 so what reaches the engine is admitted already.  Algorithms live behind ``Strategy``.
 Persistence lives behind ``RoundStore`` so that a restarted aggregator resumes from its
 last completed round.  Stragglers are ``cloud_aggregator.rounds.stragglers``' business.
+
+No upload counts more than the task's ``max_weight_ratio`` times the round's median sample
+count (``cloud_aggregator.aggregation.weighting.cap_samples``), cut here, once, before any
+strategy weighs the round; the record's ``extra["weight_cut"]`` names whom, ``{device:
+[claimed, counted]}``.  A round that folds its uploads as they arrive cannot wait for its own
+median: it cuts at the median of the same phase's last completed round, and the task's first
+round collects its uploads whole and folds them once cut.  SecAgg rounds are bounded by their
+own ``max_weight`` (the aggregator sees only the sum); streamed rounds split over ``[collect]
+workers`` are not cut (the workers weigh what they fold).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from cloud_aggregator import faults
 from cloud_aggregator.aggregation.strategies import Strategy, make_strategy
 from cloud_aggregator.aggregation.streaming import RoundFold
 from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.aggregation.weighting import cap_samples, capped_weight, max_weight_ratio, sample_cap
 from cloud_aggregator.rounds.stragglers import STRAGGLER_MODES, absorb_late, restore_late_window
 from cloud_aggregator.rounds.task_rules import check_next_round
 from cloud_aggregator.rounds.types import (
@@ -196,6 +206,9 @@ class RoundEngine:
             check_next_round(self.strategy)
         self._late: LateWindow | None = None
         self.global_params: Params = {}
+        #: The weight cap's ratio to the median (``None``: off); phase -> the last completed round's counts
+        self.max_weight_ratio = None if spec.secagg is not None else max_weight_ratio(spec.server)
+        self._last_samples: dict[str, list[int]] = {}
 
     def run(self) -> Params:
         """Run (or resume) until ``spec.rounds`` rounds are done; returns the final global."""
@@ -211,6 +224,9 @@ class RoundEngine:
                 self._late = restore_late_window(
                     self.store, self.spec.name, round_, self.strategy.init_global
                 )
+        for record in self.store.rounds(self.spec.name) if point is not None else ():
+            if record.status == "completed":  # a resumed fold cuts where the first run would have
+                self._last_samples[record.phase] = list(record.n_samples.values())
         if round_ < self.start_round:  # the devices ignore every round below theirs
             log.warning(
                 "task %s jumps from round %d to round %d, past its devices' (the global stays the stored one)",
@@ -241,6 +257,17 @@ class RoundEngine:
         # Stragglers and SecAgg rounds combine whole uploads: those rounds keep them (no fold).
         streams = self.straggler == "drop" and self.spec.secagg is None
         fold = self.strategy.fold(phase) if streams else None
+        cap = None  # the most samples one upload counts, where known before the round (a fold's)
+        later = None  # a fold that takes the round's uploads once they are cut
+        ratio = self.max_weight_ratio
+        if fold is not None and ratio is not None and getattr(self.fleet, "folds_elsewhere", False):
+            ratio = None  # workers weigh what they fold: no cap on a streamed round (docs/fleet.md)
+        elif fold is not None and ratio is not None:
+            if self._last_samples.get(phase):
+                cap = sample_cap(self._last_samples[phase], self.max_weight_ratio)
+                fold.weight = capped_weight(fold.weight, cap)
+            else:  # no earlier round to cut a streamed weight by: collect whole, fold after the cut
+                later, fold = fold, None
         request = CollectRequest(
             self.spec,
             round_,
@@ -263,6 +290,22 @@ class RoundEngine:
             self.staleness_weight,
         )
         valid, rejected = self.split(replies)
+        claimed = {u.device: u.n_samples for u in valid}
+        valid, cut = cap_samples(valid, ratio, cap)
+        if later is not None:  # folded in device order below (_folded): the sums a fold would hold
+            fold = later
+        if cut:
+            log.warning(
+                "task %s round %d phase %s: %d uploads count fewer samples than they claim (at most %d, "
+                "%g× the median): %s",
+                self.spec.name,
+                round_,
+                phase,
+                len(cut),
+                next(iter(cut.values()))[1],
+                ratio,
+                ", ".join(f"{d} {c} → {k}" for d, (c, k) in sorted(cut.items())),
+            )
         status = "completed" if len(valid) >= self.min_participants else "abandoned"
         before = self.global_params
         if status == "completed":
@@ -291,7 +334,7 @@ class RoundEngine:
             phase=phase,
             status=status,
             participants=[u.device for u in valid],
-            n_samples={u.device: u.n_samples for u in valid},
+            n_samples=claimed,
             metrics={u.device: dict(u.metrics) for u in valid},
             rejected=rejected,
             global_hash=param_hash(self.global_params),
@@ -311,6 +354,10 @@ class RoundEngine:
             if note.skipped:
                 record.extra["skipped"] = dict(note.skipped)
         record.extra = {**record.extra, **self.strategy.record_extra()}  # e.g. the DP ledger's ε
+        if cut:
+            record.extra["weight_cut"] = {d: list(v) for d, v in sorted(cut.items())}
+        if status == "completed":
+            self._last_samples[phase] = list(claimed.values())
         if self.straggler == "next_round":
             self._late = LateWindow(round_, phase, gh, before, frozenset(counted))
         self._pending = record

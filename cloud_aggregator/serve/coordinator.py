@@ -80,6 +80,10 @@ class _Open:
 class WorkerFleet(MqttFleet):
     """``MqttFleet`` whose uploads are admitted by workers; see the module docstring."""
 
+    #: Its workers fold the uploads with their own strategies' weights: the round engine cannot
+    #: cut a streamed round's weights here (``cloud_aggregator.rounds.engine``), nor keep one whole.
+    folds_elsewhere = True
+
     def __init__(
         self,
         session: MqttSession,

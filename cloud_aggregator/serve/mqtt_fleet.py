@@ -27,7 +27,7 @@ from typing import Any
 
 from cloud_aggregator import faults
 from cloud_aggregator.aggregation.update import Update
-from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox, filing
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox, filing, reported_train_rows
 from cloud_aggregator.rounds.types import (
     CollectRequest,
     LateUpdate,
@@ -255,6 +255,8 @@ class MqttFleet:
             self.fleet,
             lambda topic, payload: self.session.publish(topic, payload, retain=True, timeout=None),
             self._scaling_refusal,
+            lambda device: reported_train_rows(statuses.get(device)),
+            lambda task: self.admission.policy.task_max_samples.get(task, self.admission.policy.max_samples),
         )
         session.subscribe(topics.topic_stats_all(self.fleet))
         session.on_connect_hooks.append(self.scaling.republish)

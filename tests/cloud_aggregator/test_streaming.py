@@ -107,7 +107,8 @@ def test_which_strategies_stream():
 
 def test_engine_folds_uploads_as_admission_takes_them():
     """The simulator's rounds go through admission's fold: what the engine gets has no params,
-    and the run ends where it ends with the fold forced off (same code otherwise)."""
+    and the run ends where it ends with the fold forced off (same code otherwise).  The first
+    round keeps its uploads whole: its weight cap needs the round's own median."""
     seen: list[list[Update]] = []
 
     class Watching(SimulatedFleet):
@@ -116,9 +117,10 @@ def test_engine_folds_uploads_as_admission_takes_them():
             seen.append([u for u in out if isinstance(u, Update)])
             return out
 
-    spec = dataclasses.replace(SPEC, rounds=2)
+    spec = dataclasses.replace(SPEC, rounds=3)
     streamed = RoundEngine(spec, Watching(spec, printers(3))).run()
-    assert seen and all(u.params == {} for ups in seen for u in ups)
+    assert len(seen) == 3 and all(u.params for u in seen[0])
+    assert all(u.params == {} for ups in seen[1:] for u in ups)
 
     class Batch(RoundEngine):
         def run_phase(self, round_, phase):

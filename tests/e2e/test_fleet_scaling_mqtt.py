@@ -4,6 +4,8 @@ and every device trains and serves through exactly that transform."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -80,3 +82,67 @@ def test_devices_pool_their_feature_sums_and_all_apply_one_transform(fleet_procs
         assert np.array_equal(arrays["scale.mean"], pooled.mean) and np.array_equal(
             arrays["scale.std"], pooled.std
         )
+
+
+@pytest.mark.broker
+def test_a_lying_device_neither_fixes_the_width_nor_poisons_the_transform_nor_stops_the_task(fleet_procs):
+    # issue 32 §1.  A raw client with two devices' identities (a plaintext test broker): "w5" sends
+    # 7 features, "w4" n = 10, Σx = 0, Σx² = 1e30 on all 624, both in a loop from the start.  Before,
+    # the first stats fixed the width, w4's made the pooled std 1.1e14, and 27,000 lines were logged.
+    work = fleet_procs.work
+    for dev in DEVICES:
+        record(work, dev, "welder", "--welds", "30", "--weld-s", "0.02")
+        fleet_procs.start_device(dev, "--log-level", "INFO", simulate=None)
+    liar_task = TASK | {"hparams": TASK["hparams"] | {"scaling_min_devices": 4}}
+    sniffer = Sniffer(fleet_procs.broker_url)
+    narrow = FeatureStats("tool", "w5", 20, np.ones(7), np.ones(7) * 3).encode()
+    poison = FeatureStats("tool", "w4", 10, np.zeros(624), np.full(624, 1e30)).encode()
+    stop = threading.Event()
+
+    def lie() -> None:
+        while not stop.wait(0.2):
+            sniffer.client.publish(topics.topic_stats(FLEET, "tool", "w5"), narrow, qos=1)
+            sniffer.client.publish(topics.topic_stats(FLEET, "tool", "w4"), poison, qos=1)
+
+    liar = threading.Thread(target=lie, daemon=True)
+    liar.start()
+    try:
+        toml = aggregator_toml(
+            fleet_procs.broker_url,
+            work / "aggregator",
+            [liar_task],
+            expected=list(DEVICES),
+            startup_wait_s=30,
+            deadline_s=60,
+        )
+        fleet_procs.start_aggregator(toml)
+        assert fleet_procs.wait_aggregator(180) == 0, fleet_procs.log("aggregator")[-3000:]
+    finally:
+        stop.set()
+        liar.join()
+        sniffer.stop()
+    # The task ran: no round abandoned for the width w5 tried to fix.
+    assert [r.status for r in fleet_procs.rounds("tool")] == ["completed"] * 2
+    published = [p for t, p in sniffer.messages if t == topics.topic_scaling(FLEET, "tool")]
+    assert len(set(published)) == 1
+    pooled = FleetScaling.decode(published[0])
+    assert pooled.devices == ("w1", "w2", "w3", "w4")
+    # w4 is pooled, clipped toward the median device: the transform stays within a few of the
+    # honest fleet's deviations of it, where before its std was 1e14 on every feature.
+    train = {d: DatasetReader(work / d) for d in DEVICES}
+    for r in train.values():
+        r.refresh()
+    # Each device is clipped toward the median device, whose moments lie among the honest
+    # devices': the bounds of tests/cloud_aggregator/test_fleet_scaling.py's property test.
+    stds = np.array([r.train.x.std(axis=0) for r in train.values()])
+    means = np.array([r.train.x.mean(axis=0) for r in train.values()])
+    hi = stds.max(axis=0)
+    reach = 3 * np.hypot(hi, 1.4826 * (means.max(axis=0) - means.min(axis=0))) * (1 + 1e-9)
+    assert np.all(pooled.std <= np.hypot(3 * hi, reach)) and np.all(pooled.std >= stds.min(axis=0) / 3.01)
+    assert np.all(pooled.mean >= means.min(axis=0) - reach) and np.all(
+        pooled.mean <= means.max(axis=0) + reach
+    )
+    # w5's stats are refused in one line per minute, not one per message.
+    log = fleet_procs.log("aggregator")
+    assert 1 <= log.count("refused feature statistics from w5") <= 4  # a reason a minute
+    assert "features per row; the task's model takes 624" in log

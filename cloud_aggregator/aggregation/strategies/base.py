@@ -17,6 +17,7 @@ from cloud_aggregator.aggregation.reducers import ReducerChoice
 from cloud_aggregator.aggregation.strategies.privacy import PrivateMean, dp_refusal
 from cloud_aggregator.aggregation.streaming import RoundFold
 from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.aggregation.weighting import strategy_args
 from ioft_protocol.codec import TensorSpec
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.algorithms.base import build_config, client_class
@@ -47,7 +48,7 @@ class Strategy(ABC):
     def __init__(self, spec: TaskSpec, client: ClientAlgorithm | None = None) -> None:
         self.spec = spec
         self.client = client or make_client(spec)
-        self.config = build_config(self.config_cls, spec.server)
+        self.config = build_config(self.config_cls, strategy_args(spec.server))
         self.dp = DPConfig.from_spec(spec.dp)
         #: Set by a strategy in ``dp_modes`` when its task uses DP; its means go through it.
         self.privacy: PrivateMean | None = None
