@@ -75,10 +75,10 @@ from edge.serving.conformal import Calibration, in_range
 from edge.serving.model import softmax
 from edge.serving.records import Answer, ModelId
 from edge.simulated import simulated_printer_dataset, simulated_welder_dataset
+from sensors.features.pipeline import labelled_rows
 from sensors.features.scaling import Standardizer, standardize_locally
 from sensors.layers import SPEED_SCALE
 from sensors.sim.welder import GROUP_M_CLASSES, GROUP_M_DOMAINS, WeldCondition, simulate_weld
-from sensors.welding.pipeline import labelled_rows
 from trainer_lite.client import derive_rng
 from trainer_lite.data import Dataset, newest_split
 from trainer_lite.task import TaskSpec

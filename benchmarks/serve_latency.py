@@ -59,8 +59,8 @@ import paho.mqtt.client as paho
 from benchmarks.common import markdown_table, study_parser, write_result
 from cloud_aggregator.local.broker import BrokerProcess, start_mosquitto
 from cloud_aggregator.local.fleet import pflda_task
-from edge.serving.feed import feed_path
-from edge.serving.jsonlog import read_log
+from edge.feed import feed_path
+from edge.jsonlog import read_log
 from edge.serving.model import ServingModel
 from edge.serving.server import model_path
 from ioft_protocol import topics
@@ -224,10 +224,10 @@ def summary(lat_s: list[float]) -> tuple[float, float, float]:
 
 
 def bench_welds(work: Path, broker: BrokerProcess, n: int, gap_s: float, launcher: Launcher = HOST) -> dict:
+    from sensors.features.pipeline import labelled_rows
     from sensors.features.schema import DEFAULT_SCHEMA
     from sensors.sim.welder import GROUP_M_CLASSES, WeldCondition, simulate_weld
     from sensors.welding.formats import write_weld_file
-    from sensors.welding.pipeline import labelled_rows
     from trainer_lite.client import derive_rng
 
     dev, off = "w1", "w1off"

@@ -7,6 +7,9 @@ and the modules one upload passes through in ``MqttFleet.collect``.
 - ``cycles``: groups of modules that import each other in a loop (strongly connected components
   of the import graph, ``if TYPE_CHECKING:`` and function-level imports included: a loop held open
   by either is still a loop), each listed;
+- ``cycles between subpackages``: groups of one package's children (a module, or a subpackage
+  with everything under it) that import each other in a loop, as ``lint-imports``'
+  ``acyclic_siblings`` contracts forbid them, each listed;
 - ``layers``: the longest chain of imports inside the package (a cycle counts as one layer);
 - ``upload``: for ``cloud_aggregator``, the project modules one upload's handling runs through in
   ``MqttFleet.collect`` (a traced run with an in-memory session, no broker), in order, and how
@@ -81,6 +84,29 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                 if len(component) > 1:
                     found.append(sorted(component))
     return sorted(found)
+
+
+def sibling_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Loops among the children of one package, each child standing for everything under it.
+
+    What import-linter's ``acyclic_siblings`` contract forbids: ``a.b.x`` importing ``a.c.y`` and
+    ``a.c.z`` importing ``a.b.w`` is a loop between ``a.b`` and ``a.c`` though no module loops.
+    """
+    found: list[list[str]] = []
+    for parent in sorted(m for m in graph if any(n.startswith(m + ".") for n in graph)):
+        depth = parent.count(".") + 1
+
+        def child(m: str, parent: str = parent, depth: int = depth) -> str | None:
+            return ".".join(m.split(".")[: depth + 1]) if m.startswith(parent + ".") else None
+
+        folded: dict[str, set[str]] = {}
+        for m, targets in graph.items():
+            if (a := child(m)) is not None:
+                folded.setdefault(a, set()).update(b for t in targets if (b := child(t)) not in (None, a))
+        for b in set().union(*folded.values()) if folded else ():
+            folded.setdefault(b, set())
+        found += cycles(folded)
+    return found
 
 
 def layers(graph: dict[str, set[str]], loops: list[list[str]]) -> int:
@@ -221,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     loops = cycles(graph)
     print(f"{args.package}: {len(graph)} modules, {len(loops)} import cycles, {layers(graph, loops)} layers")
     for loop in loops:
+        print("  cycle: " + " <-> ".join(loop))
+    siblings = sibling_cycles(graph)
+    print(f"{args.package}: {len(siblings)} import cycles between the subpackages of one package")
+    for loop in siblings:
         print("  cycle: " + " <-> ".join(loop))
     if args.package == "cloud_aggregator":
         for case, path in upload_paths().items():

@@ -13,6 +13,8 @@ MOVED = {
     "model_transfer": "edge.models.transfer",
     "mqtt": "ioft_protocol.mqtt",
     "onnx_model": "edge.models.onnx",
+    "serving.feed": "edge.feed",
+    "serving.jsonlog": "edge.jsonlog",
     "state": "ioft_protocol.state",
 }
 keep_moved({f"edge.{old}": new for old, new in MOVED.items()}, REMOVED_IN)

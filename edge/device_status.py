@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from edge.config import DeviceConfig
+from edge.feed import STATUS_FILE as RECORDER_STATUS
 from edge.models.manager import ModelManager
 from edge.optout import PauseWatch
-from edge.recording.base import STATUS_FILE as RECORDER_STATUS
 from edge.serving.server import Server
 from edge.task_state import TaskState
 from ioft_protocol import restate, round_messages

@@ -115,6 +115,7 @@ def simulated_welder_dataset(state_dir: Path, device: str, cfg: DataConfig) -> t
     import json
     from datetime import UTC, datetime, timedelta
 
+    from sensors.features.pipeline import labelled_rows
     from sensors.sim.welder import (
         GROUP_M_CLASSES,
         GROUP_M_DOMAINS,
@@ -128,7 +129,6 @@ def simulated_welder_dataset(state_dir: Path, device: str, cfg: DataConfig) -> t
     from sensors.welding.folder import FolderSourceConfig, WatchedFolderSource
     from sensors.welding.formats import write_weld_file
     from sensors.welding.labels import LabelLog
-    from sensors.welding.pipeline import labelled_rows
 
     rng = derive_rng(cfg.seed, device, "welds")
     if cfg.welder_group == "M":

@@ -66,6 +66,9 @@ def test_a_device_takes_its_names_without_the_cloud_or_torch():
         ("cloud_aggregator.aggregate", "cloud_aggregator.aggregation.mean", None),
         ("cloud_aggregator.strategies.fedavg", "cloud_aggregator.aggregation.strategies.fedavg", None),
         ("edge.onnx_model", "edge.models.onnx", None),
+        ("edge.serving.feed", "edge.feed", None),
+        ("edge.serving.jsonlog", "edge.jsonlog", None),
+        ("sensors.welding.pipeline", "sensors.features.pipeline", None),
     ],
 )
 def test_a_moved_module_still_imports_from_its_old_path_with_a_warning(old, new, name):
@@ -79,6 +82,15 @@ def test_a_moved_module_still_imports_from_its_old_path_with_a_warning(old, new,
     assert any(new in s and "0.2.0" in s for s in said), said
     if name is not None:
         assert getattr(module, name) is getattr(ioft, name)
+
+
+def test_a_moved_name_still_imports_from_the_module_it_left():
+    from edge.feed import STATUS_FILE
+    from edge.recording.base import STATUS_FILE as RECORDER_STATUS
+    from edge.rows import Row
+    from edge.serving.records import Row as ServingRow
+
+    assert ServingRow is Row and RECORDER_STATUS == STATUS_FILE
 
 
 def test_an_unmoved_missing_module_still_fails_as_usual():

@@ -45,7 +45,7 @@ Train/test split (deterministic, documented)
     same split, also across restarts.
 
 Serving: every row is also handed at once to ``edge-trainer``'s serving model through the row
-feed (:mod:`edge.serving.feed`) -- a layer as it is stored, a weld as soon as its features
+feed (:mod:`edge.feed`) -- a layer as it is stored, a weld as soon as its features
 exist, labelled or not -- so the machine's own model answers it (:mod:`edge.serving`).
 
 Reporting: faults are logged as they happen and ``<state_dir>/recorder-status.json``

@@ -17,15 +17,13 @@ import numpy as np
 
 from edge.config import SensorsConfig
 from edge.dataset import DIR as DATASET_DIR
+from edge.feed import STATUS_FILE, RowFeed
 from edge.segment_writer import SegmentWriter
 from edge.segments import DatasetReader
-from edge.serving.feed import RowFeed
 from ioft_protocol.service import Notifier
 from ioft_protocol.state import StateError, atomic_write_json
 
 log = logging.getLogger(__name__)
-
-STATUS_FILE = "recorder-status.json"
 
 
 class RecorderError(RuntimeError):

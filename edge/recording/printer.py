@@ -20,7 +20,7 @@ import numpy as np
 from edge.config import SensorsConfig
 from edge.dataset import DIR as DATASET_DIR
 from edge.recording.base import DatasetAppender, RecorderLoop, split_for
-from edge.serving.records import Row
+from edge.rows import Row
 
 log = logging.getLogger(__name__)
 

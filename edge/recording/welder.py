@@ -14,7 +14,7 @@ import numpy as np
 from edge.config import SensorsConfig
 from edge.dataset import DIR as DATASET_DIR
 from edge.recording.base import DatasetAppender, RecorderLoop, split_for
-from edge.serving.records import Row
+from edge.rows import Row
 from ioft_protocol.state import StateError, load_arrays, save_arrays
 from sensors.files import printable
 
@@ -194,7 +194,7 @@ class WelderRecorder(RecorderLoop):
         return True
 
     def step(self) -> int:
-        from sensors.welding.pipeline import labelled_rows
+        from sensors.features.pipeline import labelled_rows
 
         self._reload_labels()
         relabel, self._labels_changed = self._labels_changed and bool(self.pending), False

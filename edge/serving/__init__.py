@@ -1,7 +1,7 @@
 """Models at work: an answer from the machine's own model for every new layer or weld.
 
 Rows flow from ``edge-recorder`` to ``edge-trainer`` through the **row feed**
-(``<state_dir>/serving/rows.jsonl``, :mod:`edge.serving.feed`): the recorder appends a
+(``<state_dir>/serving/rows.jsonl``, :mod:`edge.feed`): the recorder appends a
 row the moment its features exist (a completed layer; a weld picked up from the watched
 folder, labelled or not) and nudges the trainer through a datagram socket.  The trainer's
 :class:`~edge.serving.server.Server` answers it with the task's **serving model**

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.serving.feed import SERVING_DIR
+from edge.feed import SERVING_DIR
 from edge.serving.model import Refused, ServingModel
 from ioft_protocol.state import StateError, load_arrays, save_arrays
 from sensors.features.scaling import Standardizer

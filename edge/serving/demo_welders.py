@@ -30,13 +30,13 @@ from pathlib import Path
 
 from edge.config import AlertRule, DataConfig
 from edge.recording.simulate import SimulatedWelder
+from edge.rows import Row
 from edge.serving.alerts import Alerts
 from edge.serving.field import FieldScores
 from edge.serving.model import ServingModel
-from edge.serving.records import Row
 from edge.simulated import simulated_welder_dataset
+from sensors.features.pipeline import labelled_rows
 from sensors.features.scaling import Standardizer
-from sensors.welding.pipeline import labelled_rows
 from trainer_lite.algorithms import make_client
 from trainer_lite.client import initial_local, participate
 from trainer_lite.data import Dataset

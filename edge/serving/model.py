@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.rows import Row
 from edge.serving.conformal import DEFAULT_COVERAGE, Calibration, in_range
-from edge.serving.records import Answer, ModelId, Row
+from edge.serving.records import Answer, ModelId
 from ioft_protocol.state import load_arrays, save_arrays
 from sensors.features.scaling import Standardizer
 from sensors.layers import SPEED_SCALE

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 from edge.config import DeviceConfig, resolve_relative_files
+from edge.rows import Row
 from edge.serving.advice import ceilings, speed_advice
 from edge.serving.model import Refused, ServingModel
-from edge.serving.records import Row
 from edge.serving.server import model_path
 from ioft_protocol.config import build, load_toml
 from sensors.files import FileRefusedError, printable, read_capped
@@ -112,8 +112,8 @@ def _what_is_wrong(exc: Exception) -> str:
 
 def weld_row(path: Path, max_bytes: int) -> Row:
     """One weld file's features, extracted as the recorder extracts them."""
+    from sensors.features.pipeline import labelled_rows
     from sensors.welding.formats import read_weld_file
-    from sensors.welding.pipeline import labelled_rows
     from sensors.welding.recording import WeldDataError
 
     try:

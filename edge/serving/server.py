@@ -26,18 +26,19 @@ from typing import Any
 import numpy as np
 
 from edge.config import DeviceConfig
+from edge.feed import SERVING_DIR, feed_path, wake_path
+from edge.jsonlog import JsonLinesLog, Tail, read_log
 from edge.models.onnx import no_worse
+from edge.rows import Row
 from edge.serving.advice import Advice, ceilings, speed_advice
 from edge.serving.alerts import Alerts, Event
 from edge.serving.candidates import choose
 from edge.serving.conformal import score as conformal_score
-from edge.serving.feed import SERVING_DIR, feed_path, wake_path
 from edge.serving.field import MAX_PENDING, FieldScores
 from edge.serving.home_assistant import Discovery
-from edge.serving.jsonlog import JsonLinesLog, Tail, read_log
 from edge.serving.model import Refusal, Refused, ServingModel
 from edge.serving.moonraker import MoonrakerApply
-from edge.serving.records import Answer, Row
+from edge.serving.records import Answer
 from ioft_protocol import topics
 from ioft_protocol.state import StateError, atomic_write_json
 from sensors.features.scaling import Standardizer

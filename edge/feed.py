@@ -1,11 +1,14 @@
-"""The recorder's side of serving: hand every new row to the trainer at once.
+"""What the recorder hands the trainer: every new row at once, and its status file.
 
 :class:`RowFeed` appends the row to ``<state_dir>/serving/rows.jsonl`` (a
-:class:`~edge.serving.jsonlog.JsonLinesLog`: bounded, kill-safe) and sends one byte to the
+:class:`~edge.jsonlog.JsonLinesLog`: bounded, kill-safe) and sends one byte to the
 trainer's datagram socket ``<state_dir>/serving/wake.sock`` so that it reads the line now
 rather than at its next poll.  Neither may hold up recording: a failed write is logged
 once and counted, a trainer that is not listening is simply not woken (it reads the feed
 when it comes back, from where it stopped).
+
+The recorder also keeps ``<state_dir>/recorder-status.json`` (:data:`STATUS_FILE`), which the
+trainer's own status carries (:mod:`edge.device_status`).
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ import socket
 import time
 from pathlib import Path
 
-from edge.serving.jsonlog import JsonLinesLog
-from edge.serving.records import Row
+from edge.jsonlog import JsonLinesLog
+from edge.rows import Row
 
 log = logging.getLogger(__name__)
 
+#: The recorder's status (its sensors, counts and drops), written atomically in the state directory.
+STATUS_FILE = "recorder-status.json"
 SERVING_DIR = "serving"
 FEED_FILE = "rows.jsonl"
 WAKE_SOCKET = "wake.sock"
