@@ -30,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -94,14 +94,15 @@ class AlsaConfig:
     sample_format: str = "S16_LE"
     trigger_channel: str | None = None
     drop_trigger: bool = False
-    on_rms: float = 0.05
-    off_rms: float = 0.02
-    frame_s: float = 0.001
-    hangover_s: float = 0.05
-    pre_s: float = 0.01
-    post_s: float = 0.01
-    min_weld_s: float = 0.1
-    max_weld_s: float = 5.0
+    # The segmenter's settings take its own defaults: the numbers live in SegmenterConfig alone.
+    on_rms: float = SegmenterConfig.on_rms
+    off_rms: float = SegmenterConfig.off_rms
+    frame_s: float = SegmenterConfig.frame_s
+    hangover_s: float = SegmenterConfig.hangover_s
+    pre_s: float = SegmenterConfig.pre_s
+    post_s: float = SegmenterConfig.post_s
+    min_weld_s: float = SegmenterConfig.min_weld_s
+    max_weld_s: float = SegmenterConfig.max_weld_s
     buffer_time_us: int = 2_000_000
     read_frames: int = 4096
     sample_limit: int | None = None
@@ -135,17 +136,8 @@ class AlsaConfig:
 
     def segmenter_config(self) -> SegmenterConfig:
         """The segmentation part of this config."""
-        return SegmenterConfig(
-            sample_rate=float(self.sample_rate),
-            on_rms=self.on_rms,
-            off_rms=self.off_rms,
-            frame_s=self.frame_s,
-            hangover_s=self.hangover_s,
-            pre_s=self.pre_s,
-            post_s=self.post_s,
-            min_weld_s=self.min_weld_s,
-            max_weld_s=self.max_weld_s,
-        )
+        timing = {f.name: getattr(self, f.name) for f in fields(SegmenterConfig) if f.name != "sample_rate"}
+        return SegmenterConfig(sample_rate=float(self.sample_rate), **timing)
 
     def command(self) -> list[str]:
         """The ``arecord`` command line."""
