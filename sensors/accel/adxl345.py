@@ -15,7 +15,6 @@ section) -- one SMBus transaction per entry on a 400 kHz bus is far slower than 
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -25,14 +24,12 @@ from sensors.accel.base import (
     STANDARD_GRAVITY,
     AccelBatch,
     FifoOverrun,
+    I2cAccel,
     RawChecker,
-    RegisterMismatch,
     SampleGate,
     SensorFault,
     Timestamper,
-    WrongDevice,
     periods_between,
-    wait,
 )
 
 DEVID, BW_RATE, POWER_CTL, INT_SOURCE, DATA_FORMAT = 0x00, 0x2C, 0x2D, 0x30, 0x31
@@ -56,7 +53,7 @@ def nearest_rate(rate_hz: float) -> float:
     return min(RATES, key=lambda r: abs(np.log(r / rate_hz)))
 
 
-class Adxl345:
+class Adxl345(I2cAccel):
     """One ADXL345 on an smbus2-like ``bus``; an :class:`~sensors.accel.base.AccelSource`.
 
     ``read()`` raises ``OSError`` (bus) or a :class:`SensorFault` (wrong id, overrun,
@@ -65,6 +62,9 @@ class Adxl345:
     """
 
     chip = "adxl345"
+    name = "ADXL345"
+    id_register, id_name, id_value = DEVID, "DEVID", DEVID_VALUE
+    id_hint = "check the address, 0x53 or 0x1D with SDO high, and the wiring"
 
     def __init__(
         self,
@@ -96,21 +96,6 @@ class Adxl345:
         self.started = False
 
     # ------------------------------------------------------------------ setup
-    def _set(self, reg: int, value: int) -> None:
-        """Write and read back, as Klipper does: a mismatch means wiring or a bad chip."""
-        self.bus.write_byte_data(self.address, reg, value)
-        got = self.bus.read_byte_data(self.address, reg)
-        if got != value:
-            raise RegisterMismatch(f"ADXL345 register 0x{reg:02X}: wrote 0x{value:02X}, read 0x{got:02X}")
-
-    def probe(self) -> None:
-        devid = self.bus.read_byte_data(self.address, DEVID)
-        if devid != DEVID_VALUE:
-            raise WrongDevice(
-                f"no ADXL345 at 0x{self.address:02X}: DEVID 0x{devid:02X}, expected 0x{DEVID_VALUE:02X} "
-                "(check the address, 0x53 or 0x1D with SDO high, and the wiring)"
-            )
-
     def start(self) -> None:
         self.probe()
         self._set(POWER_CTL, 0x00)  # standby while configuring (POWER_CTL section)
@@ -126,22 +111,12 @@ class Adxl345:
         self.samples = 0
         self.started = True
 
-    def close(self) -> int:
-        """Standby.  Returns the samples this discards, also added to ``dropped``: those
-        the gate holds back and those the chip made since the last successful drain (left
-        in the FIFO, or popped by a read that then failed); a restart clears the FIFO."""
-        lost = 0
-        if self.started:
-            lost = self._unread(self.clock()) + self.gate.discard()
-            self.dropped += lost
-            with contextlib.suppress(OSError):  # the bus may be what failed; standby is a courtesy
-                self.bus.write_byte_data(self.address, POWER_CTL, 0x00)
-        self.started = False
-        return lost
-
     def _unread(self, now: float) -> int:
         """Samples made but not taken: what the last drain left plus what came since."""
-        return self._leftover + periods_between(self._t_start, self.rate_hz, self._t_last_read, now)
+        return self._leftover + super()._unread(now)
+
+    def _standby(self) -> None:
+        self.bus.write_byte_data(self.address, POWER_CTL, 0x00)
 
     # ------------------------------------------------------------------ data
     def _drain(self) -> tuple[np.ndarray, bool]:
@@ -158,6 +133,9 @@ class Adxl345:
                 buf += bytes(self.bus.read_i2c_block_data(self.address, DATAX0, 6))
         raw = np.frombuffer(bytes(buf), dtype="<i2").reshape(-1, 3).astype(np.int64)
         return raw, full
+
+    def _fifo_samples(self) -> np.ndarray:
+        return self._drain()[0]
 
     def _drain_rdwr(self, entries: int) -> bytes:
         """The same per-entry reads, many per ioctl: [write 0x32, read 6] pairs, repeated start.
@@ -240,29 +218,3 @@ class Adxl345:
         shift = means[1] - means[0]
         passed = all(lo <= s <= hi for s, (lo, hi) in zip(shift, limits, strict=True))
         return {"shift_lsb": shift.tolist(), "limits_lsb": limits, "passed": bool(passed)}
-
-    def _collect(self, n: int) -> np.ndarray:
-        out: list[np.ndarray] = []
-        got = 0
-        deadline = self.clock() + 10.0 + 2 * n / self.rate_hz
-        while got < n:
-            raw, _ = self._drain()
-            out.append(raw)
-            got += len(raw)
-            if self.clock() > deadline:
-                raise SensorFault(f"self-test: only {got} of {n} samples arrived")
-            if not len(raw):
-                wait(self.clock, 1.0 / self.rate_hz)
-        return np.concatenate(out)[:n]
-
-    def status(self) -> dict:
-        elapsed = self.clock() - self._t_start
-        return {
-            "state": "ok" if self.started else "stopped",
-            "reason": "",
-            "retries": 0,
-            "dropped": self.dropped,
-            "chip": self.chip,
-            "rate_hz": self.rate_hz,
-            "achieved_hz": self.samples / elapsed if elapsed > 0 else 0.0,
-        }

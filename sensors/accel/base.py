@@ -8,10 +8,12 @@ Klipper's stream and a supervised wrapper are interchangeable.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -230,3 +232,103 @@ class SampleGate:
         k = max(0, len(t) - self.hold)
         self._t, self._xyz = t[k:], xyz[k:]
         return t[:k], xyz[:k]
+
+
+class I2cAccel:
+    """What the I2C drivers (:class:`~sensors.accel.adxl345.Adxl345`,
+    :class:`~sensors.accel.mpu6050.Mpu6050`) do alike: checked register writes, the identity
+    probe, closing, the self-test's sample collection and the status.
+
+    A driver sets the class attributes below and, in ``__init__``, ``bus``, ``address``,
+    ``clock``, ``rate_hz``, ``gate`` (a :class:`SampleGate`), ``samples``, ``dropped``,
+    ``_t_start``, ``_t_last_read`` and ``started``; it defines ``start``, ``read``,
+    :meth:`_standby` and :meth:`_fifo_samples`.
+    """
+
+    chip = ""
+    #: The chip's name as its data sheet spells it, for messages.
+    name = ""
+    #: The identity register, its name, the value the chip answers and what to check when it differs.
+    id_register = 0
+    id_name = ""
+    id_value = 0
+    id_hint = ""
+
+    bus: Any
+    address: int
+    clock: Callable[[], float]
+    rate_hz: float
+    gate: SampleGate
+    samples: int
+    dropped: int
+    started: bool
+    _t_start: float
+    _t_last_read: float
+
+    def _set(self, reg: int, value: int) -> None:
+        """Write and read back, as Klipper does: a mismatch means wiring or a bad chip."""
+        self.bus.write_byte_data(self.address, reg, value)
+        got = self.bus.read_byte_data(self.address, reg)
+        if got != value:
+            raise RegisterMismatch(f"{self.name} register 0x{reg:02X}: wrote 0x{value:02X}, read 0x{got:02X}")
+
+    def probe(self) -> None:
+        """Raise :class:`WrongDevice` unless the chip at ``address`` answers with its identity."""
+        got = self.bus.read_byte_data(self.address, self.id_register)
+        if got != self.id_value:
+            raise WrongDevice(
+                f"no {self.name} at 0x{self.address:02X}: {self.id_name} 0x{got:02X}, "
+                f"expected 0x{self.id_value:02X} ({self.id_hint})"
+            )
+
+    def _unread(self, now: float) -> int:
+        """Samples the chip made since the last successful FIFO read."""
+        return periods_between(self._t_start, self.rate_hz, self._t_last_read, now)
+
+    def _standby(self) -> None:
+        """Stop the chip sampling (may raise ``OSError``)."""
+        raise NotImplementedError
+
+    def _fifo_samples(self) -> np.ndarray:
+        """Raw ``(n, 3)`` int counts the FIFO holds now (possibly none)."""
+        raise NotImplementedError
+
+    def close(self) -> int:
+        """Standby.  Returns the samples this discards, also added to ``dropped``: those the
+        gate holds back and those the chip made since the last successful FIFO read (left
+        in the FIFO, or popped by a read that then failed); a restart clears the FIFO."""
+        lost = 0
+        if self.started:
+            lost = self._unread(self.clock()) + self.gate.discard()
+            self.dropped += lost
+            with contextlib.suppress(OSError):  # the bus may be what failed; standby is a courtesy
+                self._standby()
+        self.started = False
+        return lost
+
+    def _collect(self, n: int) -> np.ndarray:
+        """``n`` raw samples for a self-test; :class:`SensorFault` when they do not come in time."""
+        out: list[np.ndarray] = []
+        got = 0
+        deadline = self.clock() + 10.0 + 2 * n / self.rate_hz
+        while got < n:
+            raw = self._fifo_samples()
+            out.append(raw)
+            got += len(raw)
+            if self.clock() > deadline:
+                raise SensorFault(f"self-test: only {got} of {n} samples arrived")
+            if not len(raw):
+                wait(self.clock, 1.0 / self.rate_hz)
+        return np.concatenate(out)[:n]
+
+    def status(self) -> dict:
+        elapsed = self.clock() - self._t_start
+        return {
+            "state": "ok" if self.started else "stopped",
+            "reason": "",
+            "retries": 0,
+            "dropped": self.dropped,
+            "chip": self.chip,
+            "rate_hz": self.rate_hz,
+            "achieved_hz": self.samples / elapsed if elapsed > 0 else 0.0,
+        }

@@ -15,7 +15,6 @@ The FIFO is 1024 bytes: 170 accelerometer samples of 6 bytes.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -25,14 +24,12 @@ from sensors.accel.base import (
     STANDARD_GRAVITY,
     AccelBatch,
     FifoOverrun,
+    I2cAccel,
     RawChecker,
-    RegisterMismatch,
     SampleGate,
     SensorFault,
     Timestamper,
-    WrongDevice,
     periods_between,
-    wait,
 )
 
 SMPLRT_DIV, CONFIG, ACCEL_CONFIG, FIFO_EN, INT_STATUS = 0x19, 0x1A, 0x1C, 0x23, 0x3A
@@ -64,7 +61,7 @@ def rate_for(rate_hz: float) -> tuple[float, int]:
     return 1000.0 / (1 + div), div
 
 
-class Mpu6050:
+class Mpu6050(I2cAccel):
     """One MPU-6050 on an smbus2-like ``bus``; an :class:`~sensors.accel.base.AccelSource`.
 
     Only the accelerometer goes into the FIFO.  ``read()`` raises ``OSError`` (bus) or
@@ -74,6 +71,9 @@ class Mpu6050:
     """
 
     chip = "mpu6050"
+    name = "MPU-6050"
+    id_register, id_name, id_value = WHO_AM_I, "WHO_AM_I", WHO_AM_I_VALUE
+    id_hint = "0x68, or 0x69 with AD0 high; an MPU-9250 answers 0x71"
 
     def __init__(
         self,
@@ -102,20 +102,6 @@ class Mpu6050:
         self._t_start = self._t_last_read = 0.0
         self.started = False
 
-    def _set(self, reg: int, value: int) -> None:
-        self.bus.write_byte_data(self.address, reg, value)
-        got = self.bus.read_byte_data(self.address, reg)
-        if got != value:
-            raise RegisterMismatch(f"MPU-6050 register 0x{reg:02X}: wrote 0x{value:02X}, read 0x{got:02X}")
-
-    def probe(self) -> None:
-        who = self.bus.read_byte_data(self.address, WHO_AM_I)
-        if who != WHO_AM_I_VALUE:
-            raise WrongDevice(
-                f"no MPU-6050 at 0x{self.address:02X}: WHO_AM_I 0x{who:02X}, expected 0x{WHO_AM_I_VALUE:02X} "
-                "(0x68, or 0x69 with AD0 high; an MPU-9250 answers 0x71)"
-            )
-
     def start(self) -> None:
         self.probe()
         self._set(PWR_MGMT_1, 0x01)  # wake, PLL on the X gyro: the recommended clock (4.28)
@@ -133,20 +119,16 @@ class Mpu6050:
         self.samples = 0
         self.started = True
 
-    def close(self) -> int:
-        """Sleep.  Returns the samples this discards, also added to ``dropped``: those the
-        gate holds back and those the chip made since the last successful FIFO read (left
-        in the FIFO, or popped by a read that then failed); a restart resets the FIFO."""
-        lost = 0
-        if self.started:
-            now = self.clock()
-            lost = periods_between(self._t_start, self.rate_hz, self._t_last_read, now) + self.gate.discard()
-            self.dropped += lost
-            with contextlib.suppress(OSError):  # the bus may be what failed
-                self.bus.write_byte_data(self.address, USER_CTRL, 0x00)
-                self.bus.write_byte_data(self.address, PWR_MGMT_1, 0x40)  # sleep
-        self.started = False
-        return lost
+    def _standby(self) -> None:
+        self.bus.write_byte_data(self.address, USER_CTRL, 0x00)
+        self.bus.write_byte_data(self.address, PWR_MGMT_1, 0x40)  # sleep
+
+    def _fifo_samples(self) -> np.ndarray:
+        hi, lo = self.bus.read_i2c_block_data(self.address, FIFO_COUNT_H, 2)
+        k = ((hi << 8) | lo) // SAMPLE_BYTES
+        if not k:
+            return np.empty((0, 3), dtype=np.int64)
+        return np.frombuffer(self._read_fifo(k * SAMPLE_BYTES), dtype=">i2").reshape(k, 3).astype(np.int64)
 
     def _read_fifo(self, nbytes: int) -> bytes:
         if self.use_rdwr:
@@ -219,33 +201,4 @@ class Mpu6050:
             "factory_trim_lsb": trims,
             "change": change,
             "passed": bool(passed),
-        }
-
-    def _collect(self, n: int) -> np.ndarray:
-        out: list[np.ndarray] = []
-        got = 0
-        deadline = self.clock() + 10.0 + 2 * n / self.rate_hz
-        while got < n:
-            hi, lo = self.bus.read_i2c_block_data(self.address, FIFO_COUNT_H, 2)
-            k = ((hi << 8) | lo) // SAMPLE_BYTES
-            if k:
-                raw = np.frombuffer(self._read_fifo(k * SAMPLE_BYTES), dtype=">i2").reshape(k, 3)
-                out.append(raw.astype(np.int64))
-                got += k
-            elif self.clock() > deadline:
-                raise SensorFault(f"self-test: only {got} of {n} samples arrived")
-            else:
-                wait(self.clock, 1.0 / self.rate_hz)
-        return np.concatenate(out)[:n]
-
-    def status(self) -> dict:
-        elapsed = self.clock() - self._t_start
-        return {
-            "state": "ok" if self.started else "stopped",
-            "reason": "",
-            "retries": 0,
-            "dropped": self.dropped,
-            "chip": self.chip,
-            "rate_hz": self.rate_hz,
-            "achieved_hz": self.samples / elapsed if elapsed > 0 else 0.0,
         }
