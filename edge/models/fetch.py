@@ -99,6 +99,14 @@ class Fetcher(Installed):
             return False
         return self.take_chunk(parsed.model, int(parsed.version), int(parsed.index), msg.payload)
 
+    def _wanted(self, name: str, version: int, index: int, payload: bytes) -> Transfer | None:
+        """The open transfer this chunk belongs to, unless it is one to ignore: no such transfer or
+        version, a chunk already written or out of range, an empty payload (a cleared retained copy)."""
+        t = self.transfers.get(name)
+        if t is None or t.manifest.version != version or index in t.have or index >= t.n_chunks:
+            return None
+        return t if payload else None
+
     def take_chunk(self, name: str, version: int, index: int, payload: bytes) -> bool:
         """Write one chunk on the session's network thread, straight from its payload.
 
@@ -109,10 +117,8 @@ class Fetcher(Installed):
         including for the chunks :meth:`handle_chunk` would ignore.
         """
         with self._lock:
-            t = self.transfers.get(name)
-            if t is None or t.manifest.version != version or index in t.have or index >= t.n_chunks:
-                return True
-            if not payload:
+            t = self._wanted(name, version, index, payload)
+            if t is None:
                 return True
             if len(t.have) + 1 >= t.n_chunks:
                 return False
@@ -133,10 +139,8 @@ class Fetcher(Installed):
     def handle_chunk(self, name: str, version: int, index: int, payload: bytes) -> bool:
         """Act on one chunk; returns whether the status changed."""
         with self._lock:
-            t = self.transfers.get(name)
-            if t is None or t.manifest.version != version or index in t.have or index >= t.n_chunks:
-                return False
-            if not payload:
+            t = self._wanted(name, version, index, payload)
+            if t is None:
                 return False
             requested = index in t.inflight  # by its own subscription (not the stream's)
             try:
