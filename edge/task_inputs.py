@@ -19,7 +19,7 @@ from sensors.features.scaling import Standardizer
 from trainer_lite.algorithms import ClientAlgorithm
 from trainer_lite.data import Dataset
 
-log = logging.getLogger("edge.daemon")  # its lines read as the daemon's, as before the move
+log = logging.getLogger("edge.daemon")  # a round's input checks log as the daemon, whose steps they are
 #: Prefix of the ``features`` task hyperparameter naming a pushed ONNX encoder.
 ONNX_FEATURES = "onnx:"
 

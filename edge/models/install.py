@@ -25,7 +25,7 @@ from ioft_protocol.manifest import ManifestError, ModelManifest, file_sha256, ve
 from ioft_protocol.state import atomic_write_json
 from trainer_lite.data import Dataset
 
-log = logging.getLogger("edge.models")  # one logger for the whole manager, as before the split
+log = logging.getLogger("edge.models")  # fetch, install and the manager log under one name
 ACTIVE = "active.json"
 REJECTIONS = "rejections.json"
 #: Refusals kept per model (on disk and in the status).

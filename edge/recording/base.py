@@ -103,7 +103,7 @@ class DatasetAppender:
                 )
             self.meta = {**old, **meta}
             self._count = {"train": len(train), "test": len(test)}
-            self.y_dtype = train.y.dtype  # new rows take the stored rows' label type, as before
+            self.y_dtype = train.y.dtype  # new rows take the stored rows' label type: one dtype per dataset
         self.store = SegmentWriter(reader, fanout=self.fanout, seal_bytes=self.seal_bytes)
         del reader, loaded  # the rows are on disk; only their counts are needed here
         self._buf: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {"train": [], "test": []}
