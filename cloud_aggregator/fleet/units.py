@@ -88,73 +88,74 @@ RestartPreventExitStatus=2
 WatchdogSec={watchdog_s}"""
 
 
-def trainer_unit(fleet: str, venv: Path = DEFAULT_VENV) -> str:
-    """``ioft-edge-trainer@.service``: ``edge-trainer`` for the device named by the instance."""
+def _device_unit(program: str, fleet: str, venv: Path, about: str, needs: str, service: str) -> str:
+    """One of a device's two units (``ioft-<program>@.service``; the instance is the device id).
+
+    ``about`` and ``needs`` head the file (what it runs; what the device needs first);
+    ``service`` holds the [Service] lines the program alone needs (devices, sandbox).
+    """
     return f"""\
-# ioft fleet {fleet}: the device daemon, written by `cloud-aggregator fleet init`.
-# The instance is the device id: with this folder copied to {DEVICE_ROOT}/<id>/,
-#   systemctl enable --now ioft-edge-trainer@<id>
+# ioft fleet {fleet}: {about}, written by `cloud-aggregator fleet init`.
+# {needs}
+#   systemctl enable --now ioft-{program}@<id>
 [Unit]
-Description=ioft edge-trainer %i (fleet {fleet})
+Description=ioft {program} %i (fleet {fleet})
 After=network-online.target time-sync.target
 Wants=network-online.target
 
 [Service]
 Type=notify
 NotifyAccess=main
-ExecStart={venv}/bin/edge-trainer --device %i --config {DEVICE_ROOT}/%i/device.toml
+ExecStart={venv}/bin/{program} --device %i --config {DEVICE_ROOT}/%i/device.toml
 User={DEVICE_USER}
 Group={DEVICE_USER}
 StateDirectory=ioft/%i
 StateDirectoryMode=0750
 ReadWritePaths=/var/lib/ioft/%i
-# It waits for the broker as long as it takes: each turn of its loop extends the start timeout.
-{_restart(WATCHDOG_S["trainer"])}
-ProtectHome=yes
-PrivateTmp=yes
-PrivateDevices=yes
+{_restart(WATCHDOG_S[program.removeprefix("edge-")])}
+{service}
 {_HARDENING}
 
 [Install]
 WantedBy=multi-user.target
 """
+
+
+def trainer_unit(fleet: str, venv: Path = DEFAULT_VENV) -> str:
+    """``ioft-edge-trainer@.service``: ``edge-trainer`` for the device named by the instance."""
+    return _device_unit(
+        "edge-trainer",
+        fleet,
+        venv,
+        "the device daemon",
+        f"The instance is the device id: with this folder copied to {DEVICE_ROOT}/<id>/,",
+        """\
+# It waits for the broker as long as it takes: each turn of its loop extends the start timeout.
+ProtectHome=yes
+PrivateTmp=yes
+PrivateDevices=yes""",
+    )
 
 
 def recorder_unit(fleet: str, venv: Path = DEFAULT_VENV) -> str:
     """``ioft-edge-recorder@.service``: ``edge-recorder``, with the I2C bus (group ``i2c``) and nothing else."""
-    return f"""\
-# ioft fleet {fleet}: the recorder beside the device daemon, written by `cloud-aggregator fleet init`.
-# It needs a [sensors] table in {DEVICE_ROOT}/<id>/device.toml (see README), then
-#   systemctl enable --now ioft-edge-recorder@<id>
-[Unit]
-Description=ioft edge-recorder %i (fleet {fleet})
-After=network-online.target time-sync.target
-Wants=network-online.target
-
-[Service]
-Type=notify
-NotifyAccess=main
-ExecStart={venv}/bin/edge-recorder --device %i --config {DEVICE_ROOT}/%i/device.toml
-User={DEVICE_USER}
-Group={DEVICE_USER}
+    return _device_unit(
+        "edge-recorder",
+        fleet,
+        venv,
+        "the recorder beside the device daemon",
+        f"It needs a [sensors] table in {DEVICE_ROOT}/<id>/device.toml (see README), then",
+        """\
 # The accelerometer: /dev/i2c-N belongs to group i2c (Raspberry Pi OS, raspi-config enables it).
 SupplementaryGroups=i2c
 DevicePolicy=closed
 DeviceAllow=char-i2c rw
-StateDirectory=ioft/%i
-StateDirectoryMode=0750
-ReadWritePaths=/var/lib/ioft/%i
-{_restart(WATCHDOG_S["recorder"])}
 # Klipper's socket (accel = "klipper") is /tmp/klippy_uds or ~/printer_data/comms/klippy.sock:
 # the recorder sees the real /tmp and reads (never writes) home folders; the socket must let
 # the ioft user connect.
 ProtectHome=read-only
-PrivateTmp=no
-{_HARDENING}
-
-[Install]
-WantedBy=multi-user.target
-"""
+PrivateTmp=no""",
+    )
 
 
 def aggregator_unit(
