@@ -10,6 +10,10 @@ and the modules one upload passes through in ``MqttFleet.collect``.
 - ``cycles between subpackages``: groups of one package's children (a module, or a subpackage
   with everything under it) that import each other in a loop, as ``lint-imports``'
   ``acyclic_siblings`` contracts forbid them, each listed;
+- ``duplicates``: pairs of places in the package's modules that share a run of
+  :data:`DUPLICATE_LINES` or more code lines (blank lines, comments, imports, docstrings and
+  signatures left out;
+  a longer run counts once), each listed;
 - ``layers``: the longest chain of imports inside the package (a cycle counts as one layer);
 - ``upload``: for ``cloud_aggregator``, the project modules one upload's handling runs through in
   ``MqttFleet.collect`` (a traced run with an in-memory session, no broker), in order, and how
@@ -22,6 +26,7 @@ The graph is import-linter's own (grimp), so the figures agree with ``lint-impor
 from __future__ import annotations
 
 import argparse
+import ast
 import logging
 import sys
 import tempfile
@@ -107,6 +112,50 @@ def sibling_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             folded.setdefault(b, set())
         found += cycles(folded)
     return found
+
+
+#: The shortest run of lines counted as repeated code (blank lines, comments, imports, docstrings and
+#: signatures left out).
+DUPLICATE_LINES = 6
+
+
+def _code_lines(path: Path) -> list[tuple[int, str]]:
+    """``(line number, stripped text)`` of the lines that are code: no blank line, comment, import,
+    docstring (a string standing alone as a statement) or signature (the methods of one interface
+    share theirs)."""
+    text = path.read_text()
+    skip: set[int] = set()
+    for node in ast.walk(ast.parse(text)):
+        alone = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if alone or isinstance(node, ast.Import | ast.ImportFrom):
+            skip.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):  # one interface's signatures
+            skip.update(range(node.lineno, node.body[0].lineno))
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        code = line.strip()
+        if code and not code.startswith("#") and number not in skip:
+            out.append((number, code))
+    return out
+
+
+def duplicates(package: str, min_lines: int = DUPLICATE_LINES) -> list[tuple[str, str]]:
+    """Pairs of places in the package's modules with the same ``min_lines`` code lines or more.
+
+    Each repeated run counts once however long it is: ``"path:line"`` of both its copies.
+    """
+    root = Path(__import__(package).__file__).parent
+    files = {str(f.relative_to(root.parent)): _code_lines(f) for f in sorted(root.rglob("*.py"))}
+    where: dict[tuple[str, ...], list[tuple[str, int]]] = {}
+    for name, lines in files.items():
+        for i in range(len(lines) - min_lines + 1):
+            where.setdefault(tuple(t for _, t in lines[i : i + min_lines]), []).append((name, i))
+    same = {(a, b) for places in where.values() for k, a in enumerate(places) for b in places[k + 1 :]}
+    pairs = []
+    for (fa, ia), (fb, ib) in sorted(same):
+        if ((fa, ia - 1), (fb, ib - 1)) not in same:  # the run starts here
+            pairs.append((f"{fa}:{files[fa][ia][0]}", f"{fb}:{files[fb][ib][0]}"))
+    return pairs
 
 
 def layers(graph: dict[str, set[str]], loops: list[list[str]]) -> int:
@@ -248,6 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.package}: {len(graph)} modules, {len(loops)} import cycles, {layers(graph, loops)} layers")
     for loop in loops:
         print("  cycle: " + " <-> ".join(loop))
+    repeated = duplicates(args.package)
+    print(
+        f"{args.package}: {len(repeated)} duplicates (pairs of places sharing {DUPLICATE_LINES}+ code lines)"
+    )
+    for a, b in repeated:
+        print(f"  duplicate: {a} = {b}")
     siblings = sibling_cycles(graph)
     print(f"{args.package}: {len(siblings)} import cycles between the subpackages of one package")
     for loop in siblings:

@@ -27,7 +27,6 @@ from sensors.accel.base import (
     I2cAccel,
     RawChecker,
     SampleGate,
-    SensorFault,
     Timestamper,
     periods_between,
 )
@@ -181,14 +180,7 @@ class Adxl345(I2cAccel):
             raise FifoOverrun(
                 f"ADXL345 FIFO overran: ~{lost} samples lost (read more often)", lost=lost + discarded
             )
-        try:
-            t, xyz = self.gate.admit(raw, self.stamps.place(n, now), raw * self.scale)
-        except SensorFault as exc:
-            self.dropped += exc.lost
-            self.stamps.reset()
-            raise
-        self.samples += n  # delivered by the chip: the achieved rate, hold-back or not
-        return AccelBatch(t, xyz, 0)
+        return self._admit(raw, now)
 
     # ------------------------------------------------------------------ self-test
     def self_test(self, n: int = 100, vs: float = 2.5) -> dict:

@@ -259,6 +259,8 @@ class I2cAccel:
     clock: Callable[[], float]
     rate_hz: float
     gate: SampleGate
+    stamps: Timestamper
+    scale: float
     samples: int
     dropped: int
     started: bool
@@ -280,6 +282,19 @@ class I2cAccel:
                 f"no {self.name} at 0x{self.address:02X}: {self.id_name} 0x{got:02X}, "
                 f"expected 0x{self.id_value:02X} ({self.id_hint})"
             )
+
+    def _admit(self, raw: np.ndarray, now: float) -> AccelBatch:
+        """The batch of the ``(n, 3)`` counts read at ``now``: checked, stamped and scaled by the
+        gate; a :class:`SensorFault` drops them (counted) and restarts the stamps."""
+        n = len(raw)
+        try:
+            t, xyz = self.gate.admit(raw, self.stamps.place(n, now), raw * self.scale)
+        except SensorFault as exc:
+            self.dropped += exc.lost
+            self.stamps.reset()
+            raise
+        self.samples += n  # delivered by the chip: the achieved rate, hold-back or not
+        return AccelBatch(t, xyz, 0)
 
     def _unread(self, now: float) -> int:
         """Samples the chip made since the last successful FIFO read."""

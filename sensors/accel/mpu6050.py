@@ -27,7 +27,6 @@ from sensors.accel.base import (
     I2cAccel,
     RawChecker,
     SampleGate,
-    SensorFault,
     Timestamper,
     periods_between,
 )
@@ -164,14 +163,7 @@ class Mpu6050(I2cAccel):
             return AccelBatch.empty()
         raw = np.frombuffer(self._read_fifo(n * SAMPLE_BYTES), dtype=">i2").reshape(n, 3).astype(np.int64)
         self._t_last_read = now  # only now are they taken: a failed read leaves them to close()
-        try:
-            t, xyz = self.gate.admit(raw, self.stamps.place(n, now), raw * self.scale)
-        except SensorFault as exc:
-            self.dropped += exc.lost
-            self.stamps.reset()
-            raise
-        self.samples += n  # delivered by the chip: the achieved rate, hold-back or not
-        return AccelBatch(t, xyz, 0)
+        return self._admit(raw, now)
 
     def self_test(self, n: int = 100) -> dict:
         """Accelerometer self-test (Register Map 4.1, 4.5): at ±8 g, the output with

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.structure import cycles, import_graph, sibling_cycles
+from benchmarks.structure import cycles, duplicates, import_graph, sibling_cycles
 
 
 def test_a_loop_between_two_subpackages_counts_though_no_module_loops():
@@ -33,3 +33,17 @@ def test_a_loop_between_two_subpackages_counts_though_no_module_loops():
 def test_no_package_loops_between_its_subpackages(package):
     graph = import_graph(package)
     assert cycles(graph) == [] and sibling_cycles(graph) == []
+
+
+def test_a_repeated_run_of_code_counts_once_and_signatures_docstrings_imports_do_not(tmp_path, monkeypatch):
+    body = "".join(f"    x{i} = a + {i}\n" for i in range(7))
+    pkg = tmp_path / "dupkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "one.py").write_text(f'import os\n\n\ndef f(\n    a,\n):\n    """One."""\n{body}')
+    (pkg / "two.py").write_text(
+        f'import sys\n\n\ndef g(\n    a,\n    b=1,\n):\n    """Two."""\n    # why\n{body}'
+    )
+    (pkg / "three.py").write_text("def h(a):\n" + body.replace("x6", "y6").replace("x1", "y1"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert duplicates("dupkg") == [("dupkg/one.py:8", "dupkg/two.py:10")]
