@@ -69,7 +69,11 @@ log = logging.getLogger(__name__)
 
 
 class EdgeTrainer:
-    """The device daemon; ``run()`` blocks until ``stop()`` (or SIGTERM/SIGINT via the CLI)."""
+    """The device daemon; ``run()`` blocks until ``stop()`` (or SIGTERM/SIGINT via the CLI).
+
+    ``session_factory`` makes the MQTT session (``edge.swarm`` passes one driven by its shared
+    loop, and one :class:`Announcements` for all its devices).
+    """
 
     def __init__(
         self,
@@ -79,14 +83,11 @@ class EdgeTrainer:
         session_factory: Callable[[SessionOptions], MqttSession] = MqttSession,
         announcements: Announcements | None = None,
     ) -> None:
-        """``session_factory`` makes the MQTT session (``edge.swarm`` passes one driven by its shared
-        loop, and one :class:`Announcements` for all its devices)."""
         self.config = config
         self.announcements = announcements or Announcements()
-        #: monotonic time of the last retained status published, and whether a newer one waits
-        self._status_at = float("-inf")
-        self._born_at = float("-inf")  # monotonic time of the status published at the last connect
-        self._status_due = False
+        #: monotonic times of the last retained status and of the one published at the last connect
+        self._status_at = self._born_at = float("-inf")
+        self._status_due = False  # a newer status waits (``_round_status``)
         self.device = config.device
         #: announcements handled on this connection, and when it began (``ioft_protocol.restate``)
         self.delivered = restate.Delivered()
@@ -113,27 +114,38 @@ class EdgeTrainer:
         #: task -> the round this device trained and the (lower) one announced (``_note_ahead``)
         self.ahead: dict[str, dict[str, object]] = {}
         self.round_cpu_s: float | None = None  # CPU seconds of the last round (status reads it)
-        # With [data] source = "state" the dataset may not exist yet: edge-recorder appends
-        # segments while this process runs; refresh_dataset() reads the new ones.
         self._data = DatasetReader(self.state_dir)
-        self.data_meta: dict
-        try:
-            self.train, self.test, self.data_meta = prepare_dataset(
-                self.state_dir, self.device, config.data, reader=self._data
-            )
-        except FileNotFoundError:
-            if config.data.source != "state":
-                raise
-            log.warning(
-                "%s: no local dataset in %s yet; rounds are skipped until edge-recorder writes one",
-                self.device,
-                self.state_dir / DATASET_DIR,
-            )
-            self.train = self.test = Dataset(np.empty((0, 1)), np.empty((0, 1)))
-            self.data_meta = {}
+        self.train, self.test, self.data_meta = self._first_dataset()
         self.models: ModelManager | None = None
         # the rows each task trains on: raw, embedded by a pushed encoder, scaled locally
         self.inputs = TaskInputs(self.device, self._active_model)
+        self._connect_parts(session_factory)
+        self.rounds_done = 0
+        # buffered (FedBuff) tasks and a simulated pace: which announcement to answer, and when
+        self.pacer = Pacer(
+            self.device, config.simulate, self._run_paced, self._answered_round, self._presence
+        )
+
+    def _first_dataset(self) -> tuple[Dataset, Dataset, dict]:
+        """The local dataset at start; with ``[data] source = "state"`` it may not exist yet:
+        edge-recorder appends segments while this process runs, and refresh_dataset() reads them."""
+        try:
+            return prepare_dataset(self.state_dir, self.device, self.config.data, reader=self._data)
+        except FileNotFoundError:
+            if self.config.data.source != "state":
+                raise
+        log.warning(
+            "%s: no local dataset in %s yet; rounds are skipped until edge-recorder writes one",
+            self.device,
+            self.state_dir / DATASET_DIR,
+        )
+        empty = Dataset(np.empty((0, 1)), np.empty((0, 1)))
+        return empty, empty, {}
+
+    def _connect_parts(self, session_factory: Callable[[SessionOptions], MqttSession]) -> None:
+        """The MQTT session and the parts that speak through it besides the rounds: serving's
+        answers, SecAgg's stages and, with ``[model] public_key`` set, the model pushes."""
+        config = self.config
         # answers for every new row the recorder feeds (edge.serving), on their own thread
         self.serving = Server(
             config,
@@ -141,7 +153,7 @@ class EdgeTrainer:
             lambda topic, payload: self.session.publish(topic, payload, retain=True, timeout=None),
             self._active_model,
         )
-        self.session = session_factory(self._session_options())
+        self.session = session_factory(self._session_options())  # its Last Will reads serving's state
         # tasks with secagg: the update leaves masked, through the SecAgg stages (edge/secagg_client.py)
         self.secagg = SecAggDevice(
             config.fleet,
@@ -164,11 +176,6 @@ class EdgeTrainer:
                 unsubscribe=lambda topic: self.session.unsubscribe(topic),
                 tap=lambda topic, callback: self.session.tap(topic, callback),
             )
-        self.rounds_done = 0
-        # buffered (FedBuff) tasks and a simulated pace: which announcement to answer, and when
-        self.pacer = Pacer(
-            self.device, config.simulate, self._run_paced, self._answered_round, self._presence
-        )
 
     def _active_model(self, name: str) -> LoadedModel | None:
         """The pushed model serving under ``name`` here, if any."""
