@@ -615,14 +615,8 @@ class EdgeTrainer:
         pooled = feature_stats.FleetScaling.decode(payload)
         if pooled.task != task:
             raise codec.WireError(f"fleet scaling for task {pooled.task} on the topic of task {task}")
-        known = self.inputs.fleet.get(task)
-        if (
-            known is not None
-            and np.array_equal(known.mean, pooled.mean)
-            and np.array_equal(known.std, pooled.std)
-        ):
+        if not self.inputs.take_fleet(pooled):
             return  # the retained copy again (a reconnect)
-        self.inputs.fleet[task] = pooled
         log.info(
             "%s: task %s: fleet scaling pooled from %d devices (%d rows) applied to training and serving",
             self.device,
