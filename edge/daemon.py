@@ -21,6 +21,11 @@ A task spec with ``feature_schema`` set is refused unless the local dataset's me
 carries the same ``schema_hash`` (weld features of another recipe, windows of another
 layout, or data with no schema at all): the refusal is logged once per task and spec
 and reported under ``refused`` in the retained status; the device sends nothing.
+
+An announcement is answered in named steps (:meth:`EdgeTrainer.on_announcement`): gate, state,
+holdout, pace, resend, rows, train, encode, arm SecAgg, persist, publish, offer to serving.  Only
+the gate refuses (``edge.round_steps.TaskRefused``, reported); the other steps return early,
+logged, when this device has nothing (more) to send for the round.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from edge.secagg_client import ANSWERED_FILE, SecAggDevice, secagg_identity
 from edge.segments import DatasetReader
 from edge.serving.server import Server
 from edge.task_inputs import Rows, TaskInputs
-from edge.task_state import TaskState, load_task_state, save_task_state
+from edge.task_state import TaskState, load_task_state, save_task_state, task_state_path
 from ioft_protocol import codec, feature_stats, restate, round_messages, topics
 from ioft_protocol.manifest import load_public_key
 from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
@@ -459,7 +464,7 @@ class EdgeTrainer:
         if algo.spec.secagg is not None:  # the change leaves masked, the upload carries none
             update, weight = round_steps.masked_input(algo, self.device, ann, trained)
             self.secagg.arm(ann.task, ann.round, ann.phase, update, weight)
-        self._save(ann.task, new_state)  # durable before it is announced to anyone
+        save_task_state(task_state_path(self.state_dir, ann.task), new_state)  # durable before it is sent
         self.tasks[ann.task] = new_state
         self._publish_upload(ann.task, new_state)
         self._offer(ann, algo, new_state.local)
@@ -719,14 +724,12 @@ class EdgeTrainer:
         )
 
     # -- state on disk --------------------------------------------------------------------
-    def _path(self, task: str) -> Path:
-        return self.state_dir / "tasks" / task / "local.safetensors"
-
     def _task_state(self, task: str, spec_json: str, algo: ClientAlgorithm) -> TaskState:
+        """The task's state: kept, read from its file, or fresh where there is none or its training changed."""
         state = self.tasks.get(task)
         if state is None:
             try:
-                state = self._load(task)
+                state = load_task_state(task_state_path(self.state_dir, task))
             except StateError as exc:
                 log.error("%s: %s; starting task %s afresh", self.device, exc, task)
         changed = None if state is None else training_changes(state.spec_json, spec_json)
@@ -738,12 +741,6 @@ class EdgeTrainer:
             state.spec_json = spec_json
         self.tasks[task] = state
         return state
-
-    def _save(self, task: str, state: TaskState) -> None:
-        save_task_state(self._path(task), state)
-
-    def _load(self, task: str) -> TaskState | None:
-        return load_task_state(self._path(task))
 
     # -- inspection ---------------------------------------------------------------------
     def personal_prediction(self, task: str, shared: Params, x: np.ndarray) -> np.ndarray:
