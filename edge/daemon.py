@@ -54,6 +54,7 @@ from edge.round_steps import Clients, TaskRefused
 from edge.secagg_client import ANSWERED_FILE, SecAggDevice, secagg_identity
 from edge.segments import DatasetReader
 from edge.serving.server import Server
+from edge.status_clock import StatusClock
 from edge.task_inputs import Rows, TaskInputs
 from edge.task_state import TaskState, load_task_state, save_task_state, task_state_path
 from ioft_protocol import codec, feature_stats, restate, round_messages, topics
@@ -90,16 +91,11 @@ class EdgeTrainer:
     ) -> None:
         self.config = config
         self.announcements = announcements or Announcements()
-        #: monotonic times of the last retained status and of the one published at the last connect
-        self._status_at = self._born_at = float("-inf")
-        self._status_due = False  # a newer status waits (``_round_status``)
+        self.clock = StatusClock(config.round_status_s, config.heartbeat_s, config.aggregator_quiet_s)
         self.device = config.device
         #: announcements handled on this connection, and when it began (``ioft_protocol.restate``)
         self.delivered = restate.Delivered()
         self.connected_at: float | None = None
-        #: monotonic time of the first connection, until the fleet's aggregator is first heard from
-        self._unheard_since: float | None = None
-        self._heard_once = False
         #: what the device says while no aggregator of its fleet answers (also in its status)
         self.unheard: str | None = None
         self.state_dir = Path(config.state_dir)
@@ -226,9 +222,7 @@ class EdgeTrainer:
     def _birth(self) -> list[tuple[str, bytes]]:
         """The status published on every (re)connect, from a new connection (``ioft_protocol.restate``)."""
         self.connected_at = time.time()
-        self._born_at = time.monotonic()  # this status counts as the heartbeat's too
-        if self._unheard_since is None and not self._heard_once:
-            self._unheard_since = time.monotonic()
+        self.clock.born()  # this status counts as the heartbeat's too
         self.delivered.connected()
         return [self._status("online"), *self.serving.discovery()]  # and Home Assistant's configs, opt-in
 
@@ -282,32 +276,18 @@ class EdgeTrainer:
         if self.pause.changed():
             self._pause_changed()
         self._check_heard()
-        self._status_due |= self.serving.take_changed()  # answers and refusals show in the status
+        self.clock.due |= self.serving.take_changed()  # answers and refusals show in the status
         if self.models is not None and self.models.tick():
             self._publish_status()
-        elif self._status_due and time.monotonic() - self._status_at >= self.config.round_status_s:
+        elif self.clock.rounds_due():
             self._publish_status()  # the rounds answered since the last one
-        elif self._heartbeat_due():
+        elif self.clock.heartbeat_due(self.session.connected.is_set()):
             self._publish_status()  # live: the aggregator waits only for devices heard lately
-
-    def _heartbeat_due(self) -> bool:
-        """Connected, and no status went out for ``heartbeat_s``: the next one is this device's heartbeat."""
-        period = self.config.heartbeat_s
-        return (
-            period > 0
-            and self.session.connected.is_set()
-            and time.monotonic() - max(self._status_at, self._born_at) >= period
-        )
 
     def _check_heard(self) -> None:
         """Say once, within ``aggregator_quiet_s`` of connecting, that no aggregator of this
         device's fleet has answered (a wrong ``fleet =`` fails silently otherwise)."""
-        since = self._unheard_since
-        if (
-            since is None
-            or self.unheard is not None
-            or time.monotonic() - since < self.config.aggregator_quiet_s
-        ):
+        if self.unheard is not None or not self.clock.quiet_too_long():
             return
         c = self.config
         self.unheard = (
@@ -321,10 +301,7 @@ class EdgeTrainer:
 
     def _heard(self) -> None:
         """A message from the fleet's side arrived: its aggregator is there."""
-        if self._heard_once:
-            return
-        self._heard_once, self._unheard_since = True, None
-        if self.unheard is not None:
+        if self.clock.heard() and self.unheard is not None:
             self.unheard = None
             log.info("%s: the aggregator of fleet %r answered", self.device, self.config.fleet)
             self._publish_status()
@@ -408,16 +385,13 @@ class EdgeTrainer:
     def _publish_status(self) -> None:
         topic, status = self._status("online")
         self.session.publish(topic, status, retain=True, timeout=None)
-        self._status_at, self._status_due = time.monotonic(), False
+        self.clock.sent()
 
     def _round_status(self) -> None:
         """The status after an answered round: at once, or, within ``round_status_s`` of the last
-        one, from :meth:`tick` once that has passed (a fleet of 10,000 answering a round a second
-        would otherwise publish, and the aggregator parse, 10,000 statuses a second)."""
-        if time.monotonic() - self._status_at >= self.config.round_status_s:
+        one, from :meth:`tick` once that has passed (:meth:`StatusClock.round_answered`)."""
+        if self.clock.round_answered():
             self._publish_status()
-        else:
-            self._status_due = True
 
     def task_data(self, spec_json: str) -> Rows | None:
         """The local splits a task trains on (:meth:`edge.task_inputs.TaskInputs.for_task`)."""
@@ -494,7 +468,7 @@ class EdgeTrainer:
         """Whether the task is over or this round is not this device's: nothing to send."""
         if ann.state != "done" and ann.takes_part(self.device):
             return False
-        if self._status_due and ann.state == "done":
+        if self.clock.due and ann.state == "done":
             self._publish_status()  # the task is over: its last round shows at once
         return True
 
