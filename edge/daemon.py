@@ -679,19 +679,9 @@ class EdgeTrainer:
         self._publish_status()
 
     def _publish_upload(self, task: str, state: TaskState) -> None:
-        assert state.answered is not None
-        round_, phase = state.answered
-        msg = round_messages.UpdateMessage(
-            fleet=self.config.fleet,
-            task=task,
-            device=self.device,
-            round=round_,
-            phase=phase,
-            n_samples=int(state.upload_meta["n_samples"]),
-            global_hash=state.upload_meta["global_hash"],
-            metrics=state.metrics,
-            params={} if self.clients.masked(state.spec_json) else state.upload,
-            compress=state.upload_meta.get("compress"),
+        """Send the round's kept upload (:func:`edge.round_steps.upload_message`): the same bytes each time."""
+        msg = round_steps.upload_message(
+            self.config.fleet, self.device, task, state, self.clients.masked(state.spec_json)
         )
         self.session.publish(
             topics.topic_up(self.config.fleet, task, self.device), msg.encode(), timeout=None

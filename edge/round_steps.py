@@ -3,8 +3,9 @@
 :class:`edge.daemon.EdgeTrainer` answers an announcement as a sequence of named steps: gate
 (:func:`check_selected`, :class:`Clients`, :func:`check_width`), state, holdout, pace, resend,
 rows, :func:`train`, :func:`kept_state` (encode), :func:`masked_input` (arm SecAgg), persist,
-publish, offer to serving.  A step here has one way to refuse: a check raises
-:class:`TaskRefused`, which the daemon reports in its retained status; the others do not refuse.
+publish (:func:`upload_message`), offer to serving.  A step here has one way to refuse: a check
+raises :class:`TaskRefused`, which the daemon reports in its retained status; the others do not
+refuse.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from edge.task_inputs import Rows
 from edge.task_state import TaskState
 from ioft_protocol.compress import encode_upload
-from ioft_protocol.round_messages import Announcement
+from ioft_protocol.round_messages import Announcement, UpdateMessage
 from ioft_protocol.secagg import transport as secagg_wire
 from trainer_lite.algorithms import ClientAlgorithm, ClientResult, make_client
 from trainer_lite.client import participate
@@ -143,6 +144,24 @@ def kept_state(algo: ClientAlgorithm, device: str, ann: Announcement, trained: T
         upload_meta={"n_samples": trained.result.n_samples, "global_hash": ann.global_hash}
         | ({} if compress is None else {"compress": compress}),
         metrics=trained.metrics,
+    )
+
+
+def upload_message(fleet: str, device: str, task: str, state: TaskState, masked: bool) -> UpdateMessage:
+    """The update message of the round ``state`` answered last (a masked task's carries no parameters)."""
+    assert state.answered is not None
+    round_, phase = state.answered
+    return UpdateMessage(
+        fleet=fleet,
+        task=task,
+        device=device,
+        round=round_,
+        phase=phase,
+        n_samples=int(state.upload_meta["n_samples"]),
+        global_hash=state.upload_meta["global_hash"],
+        metrics=state.metrics,
+        params={} if masked else state.upload,
+        compress=state.upload_meta.get("compress"),
     )
 
 
