@@ -18,7 +18,9 @@ and the modules one upload passes through in ``MqttFleet.collect``.
 - ``upload``: for ``cloud_aggregator``, the project modules one upload's handling runs through in
   ``MqttFleet.collect`` (a traced run with an in-memory session, no broker), in order, and how
   often it comes back to a module it already left: an accepted upload, one accepted into a
-  streaming round (folded into the running sum), and two refused ones.
+  streaming round (folded into the running sum), and two refused ones;
+- ``long``: the package's functions over 50 lines and modules over 400 lines (``def`` to its
+  last line, docstring included), longest first.
 
 The graph is import-linter's own (grimp), so the figures agree with ``lint-imports``.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import logging
 import sys
 import tempfile
@@ -202,6 +205,31 @@ def traced_modules(run: Callable[[], object]) -> list[str]:
     return seen
 
 
+#: What counts as long: a function over this many lines, a module over this many.
+LONG_FUNCTION, LONG_MODULE = 50, 400
+
+
+def long_pieces(package: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """The package's functions over :data:`LONG_FUNCTION` lines and modules over :data:`LONG_MODULE`
+    lines, each as ``(lines, name)``, longest first."""
+    spec = importlib.util.find_spec(package)
+    roots = [] if spec is None or spec.submodule_search_locations is None else spec.submodule_search_locations
+    functions: list[tuple[int, str]] = []
+    modules: list[tuple[int, str]] = []
+    for path in sorted(f for root in roots for f in Path(root).rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        parts = path.relative_to(roots[0]).with_suffix("").parts
+        name = ".".join([package, *parts[: -1 if parts[-1] == "__init__" else None]])
+        if len(source.splitlines()) > LONG_MODULE:
+            modules.append((len(source.splitlines()), name))
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > LONG_FUNCTION:
+                    functions.append((lines, f"{name}:{node.name}"))
+    return sorted(functions, reverse=True), sorted(modules, reverse=True)
+
+
 def upload_paths() -> dict[str, list[str]]:
     """One accepted and one refused upload through ``MqttFleet.collect``: the modules each runs through."""
     from dataclasses import replace
@@ -317,6 +345,13 @@ def main(argv: list[str] | None = None) -> int:
                 f" ({len(set(path))} project modules, {len(path) - len(set(path))} returns)"
             )
             print("  " + " > ".join(m.removeprefix("cloud_aggregator.") for m in inside))
+    functions, modules = long_pieces(args.package)
+    print(
+        f"{args.package}: {len(functions)} functions over {LONG_FUNCTION} lines, "
+        f"{len(modules)} modules over {LONG_MODULE} lines"
+    )
+    for lines, name in functions + modules:
+        print(f"  {lines:4d} {name}")
     return 0
 
 

@@ -21,6 +21,11 @@ A task spec with ``feature_schema`` set is refused unless the local dataset's me
 carries the same ``schema_hash`` (weld features of another recipe, windows of another
 layout, or data with no schema at all): the refusal is logged once per task and spec
 and reported under ``refused`` in the retained status; the device sends nothing.
+
+An announcement is answered in named steps (:meth:`EdgeTrainer.on_announcement`): gate, state,
+holdout, pace, resend, rows, train, encode, arm SecAgg, persist, publish, offer to serving.  Only
+the gate refuses (``edge.round_steps.TaskRefused``, reported); the other steps return early,
+logged, when this device has nothing (more) to send for the round.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge import round_steps
 from edge.announcements import Announcements
 from edge.buffered import Pacer
 from edge.config import DeviceConfig
@@ -44,35 +50,36 @@ from edge.models.manager import ModelManager
 from edge.models.onnx import LoadedModel
 from edge.optout import REASON as PAUSED
 from edge.optout import PauseWatch
+from edge.round_steps import Clients, TaskRefused
 from edge.secagg_client import ANSWERED_FILE, SecAggDevice, secagg_identity
 from edge.segments import DatasetReader
 from edge.serving.server import Server
+from edge.status_clock import StatusClock
 from edge.task_inputs import Rows, TaskInputs
-from edge.task_state import TaskState, load_task_state, save_task_state
+from edge.task_state import TaskState, load_task_state, save_task_state, task_state_path
 from ioft_protocol import codec, feature_stats, restate, round_messages, topics
-from ioft_protocol.compress import encode_upload
 from ioft_protocol.manifest import load_public_key
 from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
 from ioft_protocol.secagg import transport as secagg_wire
 from ioft_protocol.service import Notifier
 from ioft_protocol.state import StateError
 from sensors.features.scaling import feature_sums
-from trainer_lite.algorithms import ClientAlgorithm, make_client
-from trainer_lite.client import initial_local, participate
+from trainer_lite.algorithms import ClientAlgorithm
+from trainer_lite.client import initial_local
 from trainer_lite.data import Dataset
 from trainer_lite.holdout import holdout_score
 from trainer_lite.params import Params
-from trainer_lite.task import TaskSpec, training_changes
+from trainer_lite.task import training_changes
 
 log = logging.getLogger(__name__)
 
 
-class TaskRefused(ValueError):  # noqa: N818 -- a reported refusal, not a program error
-    """This device will not take part in a task (reported, not a malformed message)."""
-
-
 class EdgeTrainer:
-    """The device daemon; ``run()`` blocks until ``stop()`` (or SIGTERM/SIGINT via the CLI)."""
+    """The device daemon; ``run()`` blocks until ``stop()`` (or SIGTERM/SIGINT via the CLI).
+
+    ``session_factory`` makes the MQTT session (``edge.swarm`` passes one driven by its shared
+    loop, and one :class:`Announcements` for all its devices).
+    """
 
     def __init__(
         self,
@@ -82,21 +89,13 @@ class EdgeTrainer:
         session_factory: Callable[[SessionOptions], MqttSession] = MqttSession,
         announcements: Announcements | None = None,
     ) -> None:
-        """``session_factory`` makes the MQTT session (``edge.swarm`` passes one driven by its shared
-        loop, and one :class:`Announcements` for all its devices)."""
         self.config = config
         self.announcements = announcements or Announcements()
-        #: monotonic time of the last retained status published, and whether a newer one waits
-        self._status_at = float("-inf")
-        self._born_at = float("-inf")  # monotonic time of the status published at the last connect
-        self._status_due = False
+        self.clock = StatusClock(config.round_status_s, config.heartbeat_s, config.aggregator_quiet_s)
         self.device = config.device
         #: announcements handled on this connection, and when it began (``ioft_protocol.restate``)
         self.delivered = restate.Delivered()
         self.connected_at: float | None = None
-        #: monotonic time of the first connection, until the fleet's aggregator is first heard from
-        self._unheard_since: float | None = None
-        self._heard_once = False
         #: what the device says while no aggregator of its fleet answers (also in its status)
         self.unheard: str | None = None
         self.state_dir = Path(config.state_dir)
@@ -107,7 +106,7 @@ class EdgeTrainer:
         self._last_ann: dict[str, round_messages.Announcement] = {}  # per task: answered again on resume
         self._stop = threading.Event()
         self.tasks: dict[str, TaskState] = {}
-        self.clients: dict[str, ClientAlgorithm] = {}
+        self.clients = Clients(config.algorithms)  # each task spec's client update, made once
         self.refused: dict[str, str] = {}  # task -> why this device does not take part
         #: task -> the (round, phase) whose announcement this device sent its feature statistics on
         self._stats_sent: dict[str, tuple[int, str]] = {}
@@ -116,27 +115,38 @@ class EdgeTrainer:
         #: task -> the round this device trained and the (lower) one announced (``_note_ahead``)
         self.ahead: dict[str, dict[str, object]] = {}
         self.round_cpu_s: float | None = None  # CPU seconds of the last round (status reads it)
-        # With [data] source = "state" the dataset may not exist yet: edge-recorder appends
-        # segments while this process runs; refresh_dataset() reads the new ones.
         self._data = DatasetReader(self.state_dir)
-        self.data_meta: dict
-        try:
-            self.train, self.test, self.data_meta = prepare_dataset(
-                self.state_dir, self.device, config.data, reader=self._data
-            )
-        except FileNotFoundError:
-            if config.data.source != "state":
-                raise
-            log.warning(
-                "%s: no local dataset in %s yet; rounds are skipped until edge-recorder writes one",
-                self.device,
-                self.state_dir / DATASET_DIR,
-            )
-            self.train = self.test = Dataset(np.empty((0, 1)), np.empty((0, 1)))
-            self.data_meta = {}
+        self.train, self.test, self.data_meta = self._first_dataset()
         self.models: ModelManager | None = None
         # the rows each task trains on: raw, embedded by a pushed encoder, scaled locally
         self.inputs = TaskInputs(self.device, self._active_model)
+        self._connect_parts(session_factory)
+        self.rounds_done = 0
+        # buffered (FedBuff) tasks and a simulated pace: which announcement to answer, and when
+        self.pacer = Pacer(
+            self.device, config.simulate, self._run_paced, self._answered_round, self._presence
+        )
+
+    def _first_dataset(self) -> tuple[Dataset, Dataset, dict]:
+        """The local dataset at start; with ``[data] source = "state"`` it may not exist yet:
+        edge-recorder appends segments while this process runs, and refresh_dataset() reads them."""
+        try:
+            return prepare_dataset(self.state_dir, self.device, self.config.data, reader=self._data)
+        except FileNotFoundError:
+            if self.config.data.source != "state":
+                raise
+        log.warning(
+            "%s: no local dataset in %s yet; rounds are skipped until edge-recorder writes one",
+            self.device,
+            self.state_dir / DATASET_DIR,
+        )
+        empty = Dataset(np.empty((0, 1)), np.empty((0, 1)))
+        return empty, empty, {}
+
+    def _connect_parts(self, session_factory: Callable[[SessionOptions], MqttSession]) -> None:
+        """The MQTT session and the parts that speak through it besides the rounds: serving's
+        answers, SecAgg's stages and, with ``[model] public_key`` set, the model pushes."""
+        config = self.config
         # answers for every new row the recorder feeds (edge.serving), on their own thread
         self.serving = Server(
             config,
@@ -144,7 +154,7 @@ class EdgeTrainer:
             lambda topic, payload: self.session.publish(topic, payload, retain=True, timeout=None),
             self._active_model,
         )
-        self.session = session_factory(self._session_options())
+        self.session = session_factory(self._session_options())  # its Last Will reads serving's state
         # tasks with secagg: the update leaves masked, through the SecAgg stages (edge/secagg_client.py)
         self.secagg = SecAggDevice(
             config.fleet,
@@ -167,11 +177,6 @@ class EdgeTrainer:
                 unsubscribe=lambda topic: self.session.unsubscribe(topic),
                 tap=lambda topic, callback: self.session.tap(topic, callback),
             )
-        self.rounds_done = 0
-        # buffered (FedBuff) tasks and a simulated pace: which announcement to answer, and when
-        self.pacer = Pacer(
-            self.device, config.simulate, self._run_paced, self._answered_round, self._presence
-        )
 
     def _active_model(self, name: str) -> LoadedModel | None:
         """The pushed model serving under ``name`` here, if any."""
@@ -217,9 +222,7 @@ class EdgeTrainer:
     def _birth(self) -> list[tuple[str, bytes]]:
         """The status published on every (re)connect, from a new connection (``ioft_protocol.restate``)."""
         self.connected_at = time.time()
-        self._born_at = time.monotonic()  # this status counts as the heartbeat's too
-        if self._unheard_since is None and not self._heard_once:
-            self._unheard_since = time.monotonic()
+        self.clock.born()  # this status counts as the heartbeat's too
         self.delivered.connected()
         return [self._status("online"), *self.serving.discovery()]  # and Home Assistant's configs, opt-in
 
@@ -273,32 +276,18 @@ class EdgeTrainer:
         if self.pause.changed():
             self._pause_changed()
         self._check_heard()
-        self._status_due |= self.serving.take_changed()  # answers and refusals show in the status
+        self.clock.due |= self.serving.take_changed()  # answers and refusals show in the status
         if self.models is not None and self.models.tick():
             self._publish_status()
-        elif self._status_due and time.monotonic() - self._status_at >= self.config.round_status_s:
+        elif self.clock.rounds_due():
             self._publish_status()  # the rounds answered since the last one
-        elif self._heartbeat_due():
+        elif self.clock.heartbeat_due(self.session.connected.is_set()):
             self._publish_status()  # live: the aggregator waits only for devices heard lately
-
-    def _heartbeat_due(self) -> bool:
-        """Connected, and no status went out for ``heartbeat_s``: the next one is this device's heartbeat."""
-        period = self.config.heartbeat_s
-        return (
-            period > 0
-            and self.session.connected.is_set()
-            and time.monotonic() - max(self._status_at, self._born_at) >= period
-        )
 
     def _check_heard(self) -> None:
         """Say once, within ``aggregator_quiet_s`` of connecting, that no aggregator of this
         device's fleet has answered (a wrong ``fleet =`` fails silently otherwise)."""
-        since = self._unheard_since
-        if (
-            since is None
-            or self.unheard is not None
-            or time.monotonic() - since < self.config.aggregator_quiet_s
-        ):
+        if self.unheard is not None or not self.clock.quiet_too_long():
             return
         c = self.config
         self.unheard = (
@@ -312,10 +301,7 @@ class EdgeTrainer:
 
     def _heard(self) -> None:
         """A message from the fleet's side arrived: its aggregator is there."""
-        if self._heard_once:
-            return
-        self._heard_once, self._unheard_since = True, None
-        if self.unheard is not None:
+        if self.clock.heard() and self.unheard is not None:
             self.unheard = None
             log.info("%s: the aggregator of fleet %r answered", self.device, self.config.fleet)
             self._publish_status()
@@ -399,16 +385,13 @@ class EdgeTrainer:
     def _publish_status(self) -> None:
         topic, status = self._status("online")
         self.session.publish(topic, status, retain=True, timeout=None)
-        self._status_at, self._status_due = time.monotonic(), False
+        self.clock.sent()
 
     def _round_status(self) -> None:
         """The status after an answered round: at once, or, within ``round_status_s`` of the last
-        one, from :meth:`tick` once that has passed (a fleet of 10,000 answering a round a second
-        would otherwise publish, and the aggregator parse, 10,000 statuses a second)."""
-        if time.monotonic() - self._status_at >= self.config.round_status_s:
+        one, from :meth:`tick` once that has passed (:meth:`StatusClock.round_answered`)."""
+        if self.clock.round_answered():
             self._publish_status()
-        else:
-            self._status_due = True
 
     def task_data(self, spec_json: str) -> Rows | None:
         """The local splits a task trains on (:meth:`edge.task_inputs.TaskInputs.for_task`)."""
@@ -419,30 +402,8 @@ class EdgeTrainer:
         return self.inputs.rows(algo, self.train, self.test)
 
     def _client(self, spec_json: str) -> ClientAlgorithm:
-        algo = self.clients.get(spec_json)
-        if algo is None:
-            spec = TaskSpec.from_json(spec_json)
-            if self.config.algorithms and spec.algorithm not in self.config.algorithms:
-                raise TaskRefused(
-                    f"algorithm {spec.algorithm!r} not allowed on this device ({self.config.algorithms})"
-                )
-            self._check_schema(spec)
-            algo = self.clients[spec_json] = make_client(spec)
-        else:
-            self._check_schema(algo.spec)  # edge-recorder may have swapped in rows of another schema
-        return algo
-
-    def _check_schema(self, spec: TaskSpec) -> None:
-        """Raise :class:`TaskRefused` if the task's model takes rows of another feature schema."""
-        if spec.feature_schema is None:
-            return
-        ours = self.data_meta.get("schema_hash")
-        if ours != spec.feature_schema:
-            have = f"schema {ours[:12]}" if ours else "no feature schema"
-            raise TaskRefused(
-                f"built for feature schema {spec.feature_schema[:12]}, but the local data "
-                f"({self.data_meta.get('source', '?')}) has {have}"
-            )
+        """The task's client update (:meth:`edge.round_steps.Clients.client`: may raise ``TaskRefused``)."""
+        return self.clients.client(spec_json, self.data_meta)
 
     def _refuse(self, task: str, reason: str) -> None:
         """Report (retained status, once per reason) that this device will not run ``task``."""
@@ -451,72 +412,100 @@ class EdgeTrainer:
             log.warning("%s: refusing task %s: %s; sending nothing for it", self.device, task, reason)
             self._publish_status()
 
-    def _check_selected(self, ann: round_messages.Announcement) -> None:
-        """Raise :class:`TaskRefused` if the task's ``devices`` selection leaves this device out."""
-        if ann.devices is None:
-            return
-        why = ann.devices.refusal(self.device, self.config.machine_kind, self.config.tags)
-        if why is not None:
-            raise TaskRefused(why)
-
-    def _check_width(self, algo: ClientAlgorithm, spec_json: str) -> None:
-        """Raise :class:`TaskRefused` if the task's model takes another number of input features
-        than the rows it would train on here (a printer task on a welder's 624 features)."""
-        width = algo.input_width()
-        if width is None or len(self.train) == 0:
-            return  # a model with no input layer, or no rows to judge yet
-        data = self.task_data(spec_json)
-        if data is None:
-            return  # waits for its encoder
-        have = data[0].x.shape[1] if data[0].x.ndim == 2 else None
-        if have != width:
-            raise TaskRefused(
-                f"the task's model takes {width} input features per row, but the local data "
-                f"({self.data_meta.get('source', '?')}) has {have if have is not None else 'no 2-D rows'}"
-            )
-
+    # -- one round, in named steps (edge.round_steps) ------------------------------------
     def on_announcement(self, ann: round_messages.Announcement) -> None:
+        """Answer one round announcement; a step that leaves this device nothing to send returns early."""
         if self.config.tasks and ann.task not in self.config.tasks:
             return
         self._last_ann[ann.task] = ann
-        try:
-            if self.pause.reason is not None:
-                raise TaskRefused(self.pause.reason)
-            self._check_selected(ann)
-            algo = self._client(ann.spec)
-            if self.refresh_dataset():
-                # before the upload: the aggregator bounds n_samples by the rows the status reports
-                self._publish_status()
-            self._check_width(algo, ann.spec)  # on a "done" one too: the refusal stays reported
-        except TaskRefused as exc:
-            self._refuse(ann.task, str(exc))
-            return
-        if self.refused.pop(ann.task, None) is not None:
-            self._publish_status()  # the aggregator may wait for this device again
+        algo = self._gate(ann)
+        if algo is None:
+            return  # refused, and reported
         state = self._task_state(ann.task, ann.spec, algo)
         if self.device in ann.holdout and ann.state == "running":
             self._score_holdout(ann, algo)
             return
         if self.pacer.hold(ann):  # a buffered task, or a simulated pace: answered by pace()
             return
-        if ann.state == "done" or not ann.takes_part(self.device):
-            if self._status_due and ann.state == "done":
-                self._publish_status()  # the task is over: its last round shows at once
+        if self._over(ann) or self._answered_before(ann, state):
             return
-        key = (ann.round, ann.phase)
-        if state.answered is not None and key == state.answered:
+        rows = self._round_rows(ann, algo)
+        if rows is None:
+            return
+        trained = round_steps.train(algo, self.device, ann, state.local, rows)
+        self.round_cpu_s = trained.cpu_s
+        new_state = round_steps.kept_state(algo, self.device, ann, trained)
+        if algo.spec.secagg is not None:  # the change leaves masked, the upload carries none
+            update, weight = round_steps.masked_input(algo, self.device, ann, trained)
+            self.secagg.arm(ann.task, ann.round, ann.phase, update, weight)
+        save_task_state(task_state_path(self.state_dir, ann.task), new_state)  # durable before it is sent
+        self.tasks[ann.task] = new_state
+        self._publish_upload(ann.task, new_state)
+        self._offer(ann, algo, new_state.local)
+        self._answered(ann, trained.metrics)
+
+    def _gate(self, ann: round_messages.Announcement) -> ClientAlgorithm | None:
+        """The task's client update, or ``None`` where this device refuses the task (paused, not
+        selected, an algorithm not allowed, rows of another schema or width): reported in its status."""
+        try:
+            if self.pause.reason is not None:
+                raise TaskRefused(self.pause.reason)
+            round_steps.check_selected(ann, self.device, self.config.machine_kind, self.config.tags)
+            algo = self._client(ann.spec)
+            if self.refresh_dataset():
+                # before the upload: the aggregator bounds n_samples by the rows the status reports
+                self._publish_status()
+            if algo.input_width() is not None and len(self.train):  # on a "done" one too: it stays reported
+                round_steps.check_width(algo, self.task_data(ann.spec), self.data_meta)
+        except TaskRefused as exc:
+            self._refuse(ann.task, str(exc))
+            return None
+        if self.refused.pop(ann.task, None) is not None:
+            self._publish_status()  # the aggregator may wait for this device again
+        return algo
+
+    def _over(self, ann: round_messages.Announcement) -> bool:
+        """Whether the task is over or this round is not this device's: nothing to send."""
+        if ann.state != "done" and ann.takes_part(self.device):
+            return False
+        if self.clock.due and ann.state == "done":
+            self._publish_status()  # the task is over: its last round shows at once
+        return True
+
+    def _answered_before(self, ann: round_messages.Announcement, state: TaskState) -> bool:
+        """Whether this device trained this round already (its kept upload is re-sent: the
+        aggregator may have lost it) or a later one (a stale announcement: noted in its status)."""
+        if state.answered is not None and (ann.round, ann.phase) == state.answered:
             if state.upload_meta.get("global_hash") == ann.global_hash:
-                self._publish_upload(ann.task, state)  # the aggregator may have lost it
+                self._publish_upload(ann.task, state)
             else:  # this round was trained from another global: the aggregator's store lost it
                 self._note_ahead(ann, state.answered[0])
-            return
+            return True
         if state.answered is not None and ann.round < state.answered[0]:
             self._note_ahead(ann, state.answered[0])
-            return  # a stale announcement
+            return True
         if self.ahead.pop(ann.task, None) is not None:
             log.info("%s: task %s: the aggregator is at round %d again", self.device, ann.task, ann.round)
-        if not self.announcements.params_match(ann):
-            raise codec.WireError("downlink parameters do not match their announced hash")
+        return False
+
+    def _params_ok(self, ann: round_messages.Announcement) -> bool:
+        """Whether the announced parameters hash to their announced hash; if not, the message is dropped."""
+        if self.announcements.params_match(ann):
+            return True
+        log.warning(
+            "%s dropped the announcement of task %s round %d: downlink parameters do not match their "
+            "announced hash",
+            self.device,
+            ann.task,
+            ann.round,
+        )
+        return False
+
+    def _round_rows(self, ann: round_messages.Announcement, algo: ClientAlgorithm) -> Rows | None:
+        """The rows the round trains on, or ``None`` (logged) while there are none: no local rows
+        yet, an encoder not active here, or a fleet transform still to come (the statistics go out)."""
+        if not self._params_ok(ann):
+            return None
         if len(self.train) == 0:
             log.warning(
                 "%s: task %s round %d: no local training rows yet; skipping the round",
@@ -524,11 +513,11 @@ class EdgeTrainer:
                 ann.task,
                 ann.round,
             )
-            return
+            return None
         data = self.task_data(ann.spec)
         if data is None and algo.scaling == "fleet" and ann.task not in self.inputs.fleet:
             self._send_stats(ann, algo)
-            return
+            return None
         if data is None:
             log.warning(
                 "%s: task %s round %d needs encoder %s, which is not active here yet; skipping the round",
@@ -537,64 +526,20 @@ class EdgeTrainer:
                 ann.round,
                 algo.spec.hparams.get("features"),
             )
-            return
-        train, test, encoder_version = data
+            return None
         if self.serving.answering(ann.task):  # its newest rows judge the round's candidates: not trained on
-            train = self.serving.holdout(train)[0]
-        started, cpu_started = time.perf_counter(), time.process_time()
-        result, new_local = participate(
-            algo,
-            self.device,
-            ann.params,
-            state.local,
-            train,
-            test,
-            round_=ann.round,
-            phase=ann.phase,
-        )
-        metrics = dict(result.metrics) | {"train_seconds": time.perf_counter() - started}
-        self.round_cpu_s = time.process_time() - cpu_started
-        if encoder_version is not None:
-            metrics["encoder_version"] = float(encoder_version)
-        new_state = TaskState(
-            spec_json=ann.spec,
-            local=new_local,
-            answered=key,
-            upload=encode_upload(  # compressed once, kept as sent: a re-send is the same bytes
-                result.shared,
-                ann.params,
-                None if algo.spec.secagg is not None else algo.spec.compress,
-                task=ann.task,
-                round_=ann.round,
-                phase=ann.phase,
-                device=self.device,
-                global_hash=ann.global_hash,
-            ),
-            upload_meta={"n_samples": result.n_samples, "global_hash": ann.global_hash}
-            | ({} if algo.spec.compress is None else {"compress": algo.spec.compress}),
-            metrics=metrics,
-        )
-        if algo.spec.secagg is not None:  # the change leaves masked, the upload carries none
-            weight = secagg_wire.device_weight(algo.spec.server, result.n_samples)
-            update = secagg_wire.secagg_input(  # the change, or its codes when compressed
-                result.shared,
-                ann.params,
-                algo.spec.secagg,
-                algo.spec.compress,
-                task=ann.task,
-                round_=ann.round,
-                phase=ann.phase,
-                device=self.device,
-                global_hash=ann.global_hash,
-            )
-            self.secagg.arm(ann.task, ann.round, ann.phase, update, weight)
-        self._save(ann.task, new_state)  # durable before it is announced to anyone
-        self.tasks[ann.task] = new_state
-        self._publish_upload(ann.task, new_state)
-        raw = (self.train, self.test, self.data_meta)  # the round's model answers rows if the gate lets it
+            return self.serving.holdout(data[0])[0], data[1], data[2]
+        return data
+
+    def _offer(self, ann: round_messages.Announcement, algo: ClientAlgorithm, local: Params) -> None:
+        """Offer the round's personalized model to serving: it answers rows if the gate lets it."""
+        raw = (self.train, self.test, self.data_meta)
         rows = self._rows(algo)
         scaler = None if rows is None else self.inputs.scaler(ann.spec, algo, rows[0])
-        self.serving.offer(ann.task, algo, ann.params, new_local, rows, raw, ann.round, scaler)
+        self.serving.offer(ann.task, algo, ann.params, local, rows, raw, ann.round, scaler)
+
+    def _answered(self, ann: round_messages.Announcement, metrics: dict[str, float]) -> None:
+        """Count, log and report the round just answered."""
         self.rounds_done += 1
         shown = [k for k in ("test_accuracy", "test_loss", "train_loss") if k in metrics]
         log.info(
@@ -649,14 +594,8 @@ class EdgeTrainer:
         pooled = feature_stats.FleetScaling.decode(payload)
         if pooled.task != task:
             raise codec.WireError(f"fleet scaling for task {pooled.task} on the topic of task {task}")
-        known = self.inputs.fleet.get(task)
-        if (
-            known is not None
-            and np.array_equal(known.mean, pooled.mean)
-            and np.array_equal(known.std, pooled.std)
-        ):
+        if not self.inputs.take_fleet(pooled):
             return  # the retained copy again (a reconnect)
-        self.inputs.fleet[task] = pooled
         log.info(
             "%s: task %s: fleet scaling pooled from %d devices (%d rows) applied to training and serving",
             self.device,
@@ -718,8 +657,8 @@ class EdgeTrainer:
             ann.global_hash,
         ):
             return
-        if not self.announcements.params_match(ann):
-            raise codec.WireError("downlink parameters do not match their announced hash")
+        if not self._params_ok(ann):
+            return
         data = self.task_data(ann.spec)
         if data is None or len(data[0]) + len(data[1]) == 0:
             log.warning(
@@ -740,40 +679,21 @@ class EdgeTrainer:
         self._publish_status()
 
     def _publish_upload(self, task: str, state: TaskState) -> None:
-        assert state.answered is not None
-        round_, phase = state.answered
-        msg = round_messages.UpdateMessage(
-            fleet=self.config.fleet,
-            task=task,
-            device=self.device,
-            round=round_,
-            phase=phase,
-            n_samples=int(state.upload_meta["n_samples"]),
-            global_hash=state.upload_meta["global_hash"],
-            metrics=state.metrics,
-            params={} if self._masked(state.spec_json) else state.upload,
-            compress=state.upload_meta.get("compress"),
+        """Send the round's kept upload (:func:`edge.round_steps.upload_message`): the same bytes each time."""
+        msg = round_steps.upload_message(
+            self.config.fleet, self.device, task, state, self.clients.masked(state.spec_json)
         )
         self.session.publish(
             topics.topic_up(self.config.fleet, task, self.device), msg.encode(), timeout=None
         )
 
-    def _masked(self, spec_json: str) -> bool:
-        """Whether the task's update leaves through SecAgg (its upload then carries no parameters)."""
-        algo = self.clients.get(spec_json)
-        if algo is not None:
-            return bool(algo.spec.secagg)
-        return bool(json.loads(spec_json).get("secagg"))
-
     # -- state on disk --------------------------------------------------------------------
-    def _path(self, task: str) -> Path:
-        return self.state_dir / "tasks" / task / "local.safetensors"
-
     def _task_state(self, task: str, spec_json: str, algo: ClientAlgorithm) -> TaskState:
+        """The task's state: kept, read from its file, or fresh where there is none or its training changed."""
         state = self.tasks.get(task)
         if state is None:
             try:
-                state = self._load(task)
+                state = load_task_state(task_state_path(self.state_dir, task))
             except StateError as exc:
                 log.error("%s: %s; starting task %s afresh", self.device, exc, task)
         changed = None if state is None else training_changes(state.spec_json, spec_json)
@@ -785,12 +705,6 @@ class EdgeTrainer:
             state.spec_json = spec_json
         self.tasks[task] = state
         return state
-
-    def _save(self, task: str, state: TaskState) -> None:
-        save_task_state(self._path(task), state)
-
-    def _load(self, task: str) -> TaskState | None:
-        return load_task_state(self._path(task))
 
     # -- inspection ---------------------------------------------------------------------
     def personal_prediction(self, task: str, shared: Params, x: np.ndarray) -> np.ndarray:

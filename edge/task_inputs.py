@@ -41,6 +41,18 @@ class TaskInputs:
         self.fleet: dict[str, FleetScaling] = {}
         self._fleet_scalers: dict[str, tuple[FleetScaling, Standardizer]] = {}
 
+    def take_fleet(self, pooled: FleetScaling) -> bool:
+        """Apply the aggregator's pooled transform to its task; ``False`` if it is the one applied already."""
+        known = self.fleet.get(pooled.task)
+        if (
+            known is not None
+            and np.array_equal(known.mean, pooled.mean)
+            and np.array_equal(known.std, pooled.std)
+        ):
+            return False
+        self.fleet[pooled.task] = pooled
+        return True
+
     def forget_embeddings(self) -> None:
         """The local rows changed: embeddings of the old ones are stale."""
         self._embedded.clear()

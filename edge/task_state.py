@@ -27,6 +27,11 @@ class TaskState:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def task_state_path(state_dir: Path, task: str) -> Path:
+    """Where the task's state lives under the device's state directory."""
+    return state_dir / "tasks" / task / "local.safetensors"
+
+
 def save_task_state(path: Path, state: TaskState) -> None:
     """One atomic file per task (``ioft_protocol.state.save_arrays``): a kill leaves the old or the new state."""
     arrays = {**with_prefix(state.local, "local"), **with_prefix(state.upload, UPLOAD)}
