@@ -275,3 +275,9 @@ def test_predict_advice_prints_the_speed_and_says_what_is_missing(tmp_path):
     toml.write_text(f'device = "p1"\nstate_dir = "{tmp_path}"\n')
     done = run("--config", str(toml), "--advice")
     assert done.returncode == 2 and "vibration_budget" in done.stderr and "Traceback" not in done.stderr
+    for bad in ("-1", "0", "nan"):  # a sign slip is named as such, not read as "no budget"
+        done = run("--config", str(toml), "--advice", "--budget", bad)
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert done.stderr.strip().splitlines() == [
+            f"edge-trainer: --budget must be a positive number (in the units of sigma_a), got {bad}"
+        ], done.stderr
