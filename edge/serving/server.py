@@ -168,12 +168,14 @@ class Server:
         """Weld answers from the log, so that a label landing after a restart still scores its answer."""
         records, _ = read_log(self.dir / ANSWER_LOG)
         for record in records[-MAX_PENDING:]:
-            if record.get("kind") != "weld" or "label" not in record:
+            if record.get("kind") != "weld":
                 continue
             try:
-                self.field.answered(Answer.from_dict(record))
+                answer = Answer.from_dict(record)  # reads the old logs' "label" too
             except (ValueError, TypeError):
                 continue
+            if answer.predicted is not None:
+                self.field.answered(answer)
 
     def _start_position(self) -> tuple[int, int] | None:
         """Where the last run stopped reading the feed; without one, its end (only new rows are answered)."""

@@ -80,7 +80,7 @@ WELDER = {
 ANSWERS = {
     ("printer1", "speed"): {"key": "a.gcode#1/3", "row_time": 10.0, "answered_at": 10.1, "latency_s": 0.003,
                             "expected_speed": 70.0, "commanded": 40.0, "residual": 30.0, "model": {"round": 2}},
-    ("welder1", "tool"): {"key": "weld-9", "row_time": 20.0, "answered_at": 20.1, "latency_s": 0.02, "label": "TC4",
+    ("welder1", "tool"): {"key": "weld-9", "row_time": 20.0, "answered_at": 20.1, "latency_s": 0.02, "predicted": "TC4",
                           "classes": ["TC1", "TC4"], "probabilities": [0.1, 0.9], "model": {"round": 4}},
 }  # fmt: skip
 ALERT = {"device": "welder1", "rule": "worn_tool", "task": "tool", "state": "raised", "at": 20.0, "key": "weld-9",

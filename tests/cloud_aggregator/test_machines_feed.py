@@ -29,7 +29,7 @@ def weld(i: int, p_worn: float) -> dict:
     rest = (1.0 - p_worn) / 3
     return {"device": "w1", "task": "tool", "kind": "weld", "key": f"weld-{i}", "row_time": 2000.0 + i,
             "answered_at": 2000.1 + i, "latency_s": 0.02, "classes": ["TC1", "TC2", "TC3", "TC4"],
-            "probabilities": [rest, rest, rest, p_worn], "label": "TC4" if p_worn > rest else "TC1",
+            "probabilities": [rest, rest, rest, p_worn], "predicted": "TC4" if p_worn > rest else "TC1",
             "model": {"task": "tool", "round": 4, "digest": "e" * 12, "encoder": "dwt", "encoder_version": 2}}  # fmt: skip
 
 
@@ -52,6 +52,15 @@ def test_the_ring_keeps_the_last_answers_per_device_and_drops_repeats():
     answers, latest, _ = log.snapshot()
     assert [p.key for p in answers["p1"]] == [f"a.gcode#1/{i}" for i in range(450, 500)]
     assert latest["p1"]["speed"].key == "a.gcode#1/499" and log.taken == 500
+
+
+def test_a_welds_predicted_class_reads_from_its_new_name_and_from_a_device_not_upgraded_yet():
+    log = MachineLog(FLEET, ring=50)
+    old = {k: v for k, v in weld(1, 0.9).items() if k != "predicted"} | {"label": "TC4"}  # not upgraded yet
+    assert log.take(answer_msg(weld(0, 0.1))) and log.take(answer_msg(old))
+    answers, latest, _ = log.snapshot()
+    assert [a.to_json()["predicted"] for a in answers["w1"]] == ["TC1", "TC4"]
+    assert "label" not in latest["w1"]["tool"].to_json()  # the page reads one name
 
 
 def test_memory_is_bounded_whatever_the_fleet_sends():

@@ -20,7 +20,7 @@ from edge.serving.feed import RowFeed
 from edge.serving.field import FieldScores
 from edge.serving.model import ServingModel
 from edge.serving.records import Answer, ModelId, Row
-from edge.serving.server import Server
+from edge.serving.server import ANSWER_LOG, Server
 from ioft_protocol import topics
 from ioft_protocol.config import ConfigError, build
 from sensors.sim.printer_host import FakeMoonraker, short_timeline
@@ -33,7 +33,7 @@ WELD_SPEC = json.dumps({"name": "tool", "algorithm": "fedavg", "model": "mlp",
 
 def weld_answer(key: str, p_worn: float, t: float = 0.0, task: str = "tool") -> Answer:
     return Answer("w1", task, "weld", key, t, t, 0.0, ModelId(task, 1), classes=["TC1", "TC4"],
-                  probabilities=[1 - p_worn, p_worn], label="TC4" if p_worn > 0.5 else "TC1")  # fmt: skip
+                  probabilities=[1 - p_worn, p_worn], predicted="TC4" if p_worn > 0.5 else "TC1")  # fmt: skip
 
 
 def feed(alerts: Alerts, values: list[float], t0: float = 0.0) -> list[tuple[int, str]]:
@@ -216,7 +216,8 @@ def test_a_layer_is_scored_at_once_by_its_error_against_the_test_split(tmp_path)
     assert s["value"] == pytest.approx(5.0, abs=1e-3) and s["drift"] is True
 
 
-def test_labels_fed_by_the_recorder_score_answers_also_after_a_restart(tmp_path):
+@pytest.mark.parametrize("log_from", ["this version", "not upgraded"])
+def test_labels_fed_by_the_recorder_score_answers_also_after_a_restart(tmp_path, log_from):
     model = ServingModel("p1", "tool", WELD_SPEC, 1, linear_2x2(), {}, width=2, classes=["TC1", "TC4"],
                          metric=1.0, reference=1.0)  # fmt: skip
     srv = server(tmp_path)
@@ -229,6 +230,13 @@ def test_labels_fed_by_the_recorder_score_answers_also_after_a_restart(tmp_path)
         wait_for(lambda: srv.answered["tool"] == 3, "three answers")
     finally:
         srv.close()
+    if log_from == "not upgraded":  # its answers named the predicted class "label" only
+        log = srv.dir / ANSWER_LOG
+        old = [
+            {k: v for k, v in json.loads(line).items() if k != "predicted"}
+            for line in log.read_text().splitlines()
+        ]
+        log.write_text("".join(json.dumps(r) + "\n" for r in old))
     srv = server(tmp_path)  # restarted: the answers waiting for labels come back from the log
     srv.models["tool"] = model
     srv.start()
