@@ -97,6 +97,9 @@ class Server:
         self.enabled = self.cfg.enabled and config.data.source == "state"
         self.models: dict[str, ServingModel] = {}
         self.answered: Counter[str] = Counter()
+        # When these counts (and Moonraker's) began: a restart starts them again, and the console's
+        # counters say so with their ``_created`` (cloud_aggregator.console.machines_metrics).
+        self.counting_since = time.time()
         self.refused: dict[str, Counter[str]] = {}
         self.gate: dict[str, str] = {}  # task -> the last gate refusal
         self.rows = 0
@@ -660,6 +663,7 @@ class Server:
             "rows": self.rows,
             "answered": dict(self.answered),
             "refused": {t: dict(c) for t, c in self.refused.items()},
+            "counting_since": self.counting_since,
             "models": {
                 t: {
                     "round": m.round,

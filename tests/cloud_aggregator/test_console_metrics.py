@@ -156,8 +156,10 @@ def test_metrics_endpoint_exports_what_the_dashboard_plots(tmp_path):
             if (
                 value.get(("ioft_broker_bytes_sent_total", ()), 0) > 0
                 and ("ioft_device_online", (("device", "printer1"), ("kind", "printer"))) in value
-                and ("ioft_alerts_open", (("device", "welder1"), ("task", "tool"))) in value
-                and ("ioft_answer_expected_speed", (("device", "printer1"), ("task", "speed"))) in value
+                and ("ioft_alerts_open", (("device", "welder1"), ("rule", "worn_tool"), ("task", "tool")))
+                in value
+                and ("ioft_answer_expected_speed_mm_per_second", (("device", "printer1"), ("task", "speed")))
+                in value
             ):
                 break
             assert time.monotonic() < deadline, sorted(value)
@@ -188,22 +190,26 @@ def test_metrics_endpoint_exports_what_the_dashboard_plots(tmp_path):
     assert ("ioft_device_rows", (("device", "printer2"), ("split", "train"))) not in value  # "garbage" data
     # The machines at work, per device and task (cloud_aggregator.console.machines_metrics).
     speed, tool = (("device", "printer1"), ("task", "speed")), (("device", "welder1"), ("task", "tool"))
-    assert value[("ioft_answer_expected_speed", speed)] == 70.0
-    assert value[("ioft_answer_residual", speed)] == 30.0
+    assert value[("ioft_answer_expected_speed_mm_per_second", speed)] == 70.0
+    assert value[("ioft_answer_residual_mm_per_second", speed)] == 30.0
     assert value[("ioft_answer_latency_seconds", speed)] == 0.003
     assert value[("ioft_answer_probability", (("class", "TC4"), *tool))] == 0.9
-    assert value[("ioft_field_error", speed)] == 3.5 and value[("ioft_field_drift", speed)] == 0
+    assert value[("ioft_field_error_mm_per_second", speed)] == 3.5 and value[("ioft_field_drift", speed)] == 0
     assert value[("ioft_field_accuracy", tool)] == 0.6 and value[("ioft_field_drift", tool)] == 1
-    assert value[("ioft_speed_advice", speed)] == 62.0
+    assert value[("ioft_speed_advice_mm_per_second", speed)] == 62.0
     p1 = (("device", "printer1"),)
     assert value[("ioft_moonraker_sent_total", p1)] == 3 and value[("ioft_moonraker_restored_total", p1)] == 2
     assert (
         value[("ioft_moonraker_failed_total", p1)] == 1 and value[("ioft_moonraker_apply_refused", p1)] == 0
     )
     assert ("ioft_moonraker_sent_total", (("device", "welder1"),)) not in value  # it applies nothing
-    assert value[("ioft_alerts_open", tool)] == 1 and value[("ioft_alerts_open", speed)] == 0
+    assert value[("ioft_alerts_open", (("device", "welder1"), ("rule", "worn_tool"), ("task", "tool")))] == 1
+    assert value[("ioft_answers_total", speed)] == 7
     assert (
-        value[("ioft_answers_refused", (("device", "printer1"), ("reason", "width"), ("task", "speed")))] == 2
+        value[
+            ("ioft_answers_refused_total", (("device", "printer1"), ("reason", "width"), ("task", "speed")))
+        ]
+        == 2
     )
 
     # Every expression of the Grafana dashboard names only metrics the endpoint exported just now.

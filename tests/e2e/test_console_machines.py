@@ -117,8 +117,10 @@ def test_the_machines_view_shows_answers_alerts_and_models_live(fleet_procs, bro
 
         # The same machines in /metrics, per device and task.
         text = urllib.request.urlopen(url + "metrics", timeout=5).read().decode()
-        assert 'ioft_alerts_open{device="w1",task="tool"} 1.0' in text
-        assert 'ioft_answer_expected_speed{device="p1",task="speed"}' in text
+        assert 'ioft_alerts_open{device="w1",rule="worn_tool",task="tool"} 1.0' in text
+        assert 'ioft_answer_expected_speed_mm_per_second{device="p1",task="speed"}' in text
+        assert 'ioft_answers_total{device="w1",task="tool"}' in text  # a counter, since its trainer started
+        assert 'ioft_answers_created{device="w1",task="tool"}' in text
         assert 'ioft_answer_probability{class="TC4",device="w1",task="tool"}' in text
         assert 'ioft_serving_candidate_score{candidate="alone",device="w1",task="tool"}' in text
         view = json.loads(urllib.request.urlopen(url + "api/view", timeout=5).read())

@@ -228,6 +228,7 @@ def test_labels_fed_by_the_recorder_score_answers_also_after_a_restart(tmp_path,
         for i, x in enumerate([(0.0, 3.0), (3.0, 0.0), (0.0, 3.0)]):
             rows.put(Row("weld", f"w{i}", time.time(), x))
         wait_for(lambda: srv.answered["tool"] == 3, "three answers")
+        first = srv.status()
     finally:
         srv.close()
     if log_from == "not upgraded":  # its answers named the predicted class "label" only
@@ -240,6 +241,9 @@ def test_labels_fed_by_the_recorder_score_answers_also_after_a_restart(tmp_path,
     srv = server(tmp_path)  # restarted: the answers waiting for labels come back from the log
     srv.models["tool"] = model
     srv.start()
+    # its counts start again, and say since when (the console's counters' _created)
+    assert first["answered"] == {"tool": 3} and srv.status()["answered"] == {}
+    assert srv.status()["counting_since"] >= first["counting_since"] > 0
     try:
         rows.put_label("w0", "TC4")  # right
         rows.put_label("w1", "TC4")  # wrong: it answered TC1
