@@ -23,6 +23,7 @@ from ioft_protocol import topics
 from tests.conftest import _require_mosquitto
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "ioft.json"
+CONSOLE_DOC = Path(__file__).resolve().parents[2] / "docs" / "console.md"
 FLEET = "metrics"
 #: Every field a device's status may carry that the metrics read.
 STATUS = {
@@ -211,6 +212,14 @@ def test_metrics_endpoint_exports_what_the_dashboard_plots(tmp_path):
         ]
         == 2
     )
+
+    # docs/console.md names every metric exported just now, in full (a reader greps for it).
+    doc = CONSOLE_DOC.read_text()
+    exported = {s.name for f in families.values() for s in f if not s.name.endswith("_created")}
+    exported = {
+        re.sub(r"_(bucket|count|sum)$", "", n) if n.startswith("ioft_round_duration") else n for n in exported
+    }
+    assert not {n for n in exported if f"`{n}`" not in doc and f"`{n}{{" not in doc}
 
     # Every expression of the Grafana dashboard names only metrics the endpoint exported just now.
     dashboard = json.loads(DASHBOARD.read_text())
