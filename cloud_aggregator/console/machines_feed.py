@@ -62,7 +62,7 @@ class Point:
     expected_speed: float | None
     commanded: float | None
     residual: float | None
-    label: str | None
+    predicted: str | None
     classes: tuple[str, ...] | None
     probabilities: tuple[float, ...] | None
     model_round: int | None
@@ -105,7 +105,8 @@ class Point:
             expected_speed=number(body.get("expected_speed")),
             commanded=number(body.get("commanded")),
             residual=number(body.get("residual")),
-            label=_name(body.get("label")),
+            # "label": its old name, from a device not upgraded yet (until 0.2.0)
+            predicted=_name(body.get("predicted")) or _name(body.get("label")),
             classes=kept[0],
             probabilities=kept[1],
             model_round=round_ if isinstance(round_, int) and not isinstance(round_, bool) else None,
@@ -135,7 +136,7 @@ class Point:
             out |= {
                 "classes": list(self.classes),
                 "probabilities": list(self.probabilities or ()),
-                "label": self.label,
+                "predicted": self.predicted,
             }
         else:
             out |= {

@@ -160,6 +160,7 @@ def machine_json(
         "refused_rows": _counts(refused.get("*")),
         "last_latency_s": number(serving.get("last_latency_s")),
         "moonraker": _moonraker(serving.get("moonraker")),
+        "counting_since": number(serving.get("counting_since")),  # the counts' _created
         "tasks": tasks,
         "alerts": alerts,
         "open_alerts": sum(a["state"] == "raised" for a in alerts),

@@ -66,7 +66,7 @@ class FieldScores:
             self._add(answer.task, "error", abs(answer.residual))
             if answer.commanded is not None:
                 self._truth(answer, answer.commanded)
-        elif answer.label is not None and answer.classes is not None:
+        elif answer.predicted is not None and answer.classes is not None:
             self.classes[answer.task] = list(answer.classes)
             self.pending[(answer.task, answer.key)] = answer
             self.pending.move_to_end((answer.task, answer.key))
@@ -80,9 +80,9 @@ class FieldScores:
         for task in list(self.classes):
             answer = self.pending.pop((task, key), None)
             if answer is not None and label in self.classes[task]:
-                self._add(task, "accuracy", float(answer.label == label))
+                self._add(task, "accuracy", float(answer.predicted == label))
                 self._truth(answer, label)
-                out.append((task, answer.label == label))
+                out.append((task, answer.predicted == label))
         if not out:
             self.unknown_labels += 1
         return out

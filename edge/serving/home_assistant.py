@@ -119,7 +119,7 @@ class Discovery:
         return [
             self._entity("sensor", f"{task}_class", label(task, "class"),
                          {"state_topic": answer, "device_class": "enum", "options": list(classes),
-                          "value_template": "{{ value_json.label }}"}),
+                          "value_template": "{{ value_json.predicted }}"}),
             self._entity("sensor", f"{task}_probability", label(task, "probability"),
                          percent | {"state_topic": answer,
                                     "value_template": "{{ (100 * (value_json.probabilities | max)) | round(2) }}"}),

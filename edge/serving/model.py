@@ -179,7 +179,7 @@ class ServingModel:
                 **common,
                 classes=list(self.classes),
                 probabilities=[round(float(v), 6) for v in p],
-                label=self.classes[int(np.argmax(p))],
+                predicted=self.classes[int(np.argmax(p))],
                 conformal=self.calibration.prediction_set(self.classes, p.tolist(), coverage),
             )
         expected = float(out.reshape(-1)[0]) * SPEED_SCALE

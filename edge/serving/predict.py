@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "vibration budget) instead of answering rows",
     )
     p.add_argument(
-        "--budget", type=float, help="with --advice: the budget (default: [serve] vibration_budget)"
+        "--budget", type=float, help="with --advice: the budget, > 0 (default: [serve] vibration_budget)"
     )
     p.add_argument(
         "input", type=Path, nargs="?", help="a weld file (.wav/.npy/.csv) or a JSON-lines file of rows"
@@ -209,8 +210,13 @@ def run(args: argparse.Namespace) -> int:
 
 def print_advice(config: DeviceConfig, args: argparse.Namespace) -> int:
     """``--advice``: one JSON line per printer task with the speed its serving model advises."""
+    if args.budget is not None and not 0 < args.budget < math.inf:
+        # refused, not read as "no budget": a sign slip would otherwise blame the config
+        raise PredictError(
+            f"--budget must be a positive number (in the units of sigma_a), got {args.budget:g}"
+        )
     budget = args.budget if args.budget is not None else config.serve.vibration_budget
-    if budget is None or not budget > 0:
+    if budget is None:
         raise PredictError(
             "no vibration budget: give --budget (in the units of sigma_a) or set [serve] vibration_budget"
         )

@@ -37,8 +37,9 @@ class Answer:
     Printer (``kind = "layer"``): ``expected_speed``, the speed in mm/s this printer's
     model expects at the layer's measured vibration, and ``residual`` = expected −
     commanded (large: the layer vibrates like a much faster or slower one).  Welder:
-    ``probabilities`` per class of the task's target (``classes``) and the most likely
-    ``label``.  ``latency_s``: from ``row_time`` (features existed) to the answer.
+    ``probabilities`` per class of the task's target (``classes``) and the most likely,
+    ``predicted`` (also published as ``label``, its old name, until version 0.2.0:
+    :data:`PREDICTED_OLD_NAME`).  ``latency_s``: from ``row_time`` (features existed) to the answer.
     ``conformal`` and ``in_range``: how far to trust it (see the fields).
     """
 
@@ -55,7 +56,7 @@ class Answer:
     residual: float | None = None
     classes: list[str] | None = None
     probabilities: list[float] | None = None
-    label: str | None = None
+    predicted: str | None = None
     # An interval on every answer (edge.serving.conformal): ``conformal`` holds the coverage
     # ``level``, the ``n`` calibration rows, ``calibrated`` and the ``interval`` [lo, hi] in mm/s
     # (layers) or the prediction ``set`` (welds); ``in_range``: the row lies within the per-feature
@@ -75,6 +76,9 @@ class Answer:
                 body[name] = {k: getattr(v, k) for k in _MODEL_FIELDS if getattr(v, k) is not None}
             elif v is not None:
                 body[name] = list(v) if isinstance(v, list) else v
+        if self.predicted is not None:
+            # the old name too, for one version: subscribers written for it keep working meanwhile
+            body[PREDICTED_OLD_NAME] = self.predicted
         return body | self.extra
 
     def encode(self) -> bytes:
@@ -105,8 +109,18 @@ class Answer:
             "answer in_range must be true or false",
         )
         known = {f for f in cls.__dataclass_fields__ if f not in ("model", "extra")}
-        return cls(**{k: v for k, v in d.items() if k in known}, model=model)
+        body = {k: v for k, v in d.items() if k in known}
+        if body.get("predicted") is None and d.get(PREDICTED_OLD_NAME) is not None:
+            body["predicted"] = d[PREDICTED_OLD_NAME]  # a device (or a log) not upgraded yet
+        _check(
+            body.get("predicted") is None or isinstance(body["predicted"], str),
+            "answer predicted must be a string",
+        )
+        return cls(**body, model=model)
 
 
+#: ``Answer.predicted``'s old name ("label" is the docs' word for the maintenance log's truth):
+#: published beside it and read back until version 0.2.0, which drops it (docs/watching.md).
+PREDICTED_OLD_NAME = "label"
 _ANSWER_FIELDS = tuple(f.name for f in fields(Answer) if f.name != "extra")
 _MODEL_FIELDS = tuple(f.name for f in fields(ModelId))

@@ -98,6 +98,9 @@ class Server:
         self.enabled = self.cfg.enabled and config.data.source == "state"
         self.models: dict[str, ServingModel] = {}
         self.answered: Counter[str] = Counter()
+        # When these counts (and Moonraker's) began: a restart starts them again, and the console's
+        # counters say so with their ``_created`` (cloud_aggregator.console.machines_metrics).
+        self.counting_since = time.time()
         self.refused: dict[str, Counter[str]] = {}
         self.gate: dict[str, str] = {}  # task -> the last gate refusal
         self.rows = 0
@@ -169,12 +172,14 @@ class Server:
         """Weld answers from the log, so that a label landing after a restart still scores its answer."""
         records, _ = read_log(self.dir / ANSWER_LOG)
         for record in records[-MAX_PENDING:]:
-            if record.get("kind") != "weld" or "label" not in record:
+            if record.get("kind") != "weld":
                 continue
             try:
-                self.field.answered(Answer.from_dict(record))
+                answer = Answer.from_dict(record)  # reads the old logs' "label" too
             except (ValueError, TypeError):
                 continue
+            if answer.predicted is not None:
+                self.field.answered(answer)
 
     def _start_position(self) -> tuple[int, int] | None:
         """Where the last run stopped reading the feed; without one, its end (only new rows are answered)."""
@@ -659,6 +664,7 @@ class Server:
             "rows": self.rows,
             "answered": dict(self.answered),
             "refused": {t: dict(c) for t, c in self.refused.items()},
+            "counting_since": self.counting_since,
             "models": {
                 t: {
                     "round": m.round,

@@ -23,6 +23,7 @@ from ioft_protocol import topics
 from tests.conftest import _require_mosquitto
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "ioft.json"
+CONSOLE_DOC = Path(__file__).resolve().parents[2] / "docs" / "console.md"
 FLEET = "metrics"
 #: Every field a device's status may carry that the metrics read.
 STATUS = {
@@ -80,7 +81,7 @@ WELDER = {
 ANSWERS = {
     ("printer1", "speed"): {"key": "a.gcode#1/3", "row_time": 10.0, "answered_at": 10.1, "latency_s": 0.003,
                             "expected_speed": 70.0, "commanded": 40.0, "residual": 30.0, "model": {"round": 2}},
-    ("welder1", "tool"): {"key": "weld-9", "row_time": 20.0, "answered_at": 20.1, "latency_s": 0.02, "label": "TC4",
+    ("welder1", "tool"): {"key": "weld-9", "row_time": 20.0, "answered_at": 20.1, "latency_s": 0.02, "predicted": "TC4",
                           "classes": ["TC1", "TC4"], "probabilities": [0.1, 0.9], "model": {"round": 4}},
 }  # fmt: skip
 ALERT = {"device": "welder1", "rule": "worn_tool", "task": "tool", "state": "raised", "at": 20.0, "key": "weld-9",
@@ -156,8 +157,10 @@ def test_metrics_endpoint_exports_what_the_dashboard_plots(tmp_path):
             if (
                 value.get(("ioft_broker_bytes_sent_total", ()), 0) > 0
                 and ("ioft_device_online", (("device", "printer1"), ("kind", "printer"))) in value
-                and ("ioft_alerts_open", (("device", "welder1"), ("task", "tool"))) in value
-                and ("ioft_answer_expected_speed", (("device", "printer1"), ("task", "speed"))) in value
+                and ("ioft_alerts_open", (("device", "welder1"), ("rule", "worn_tool"), ("task", "tool")))
+                in value
+                and ("ioft_answer_expected_speed_mm_per_second", (("device", "printer1"), ("task", "speed")))
+                in value
             ):
                 break
             assert time.monotonic() < deadline, sorted(value)
@@ -188,23 +191,35 @@ def test_metrics_endpoint_exports_what_the_dashboard_plots(tmp_path):
     assert ("ioft_device_rows", (("device", "printer2"), ("split", "train"))) not in value  # "garbage" data
     # The machines at work, per device and task (cloud_aggregator.console.machines_metrics).
     speed, tool = (("device", "printer1"), ("task", "speed")), (("device", "welder1"), ("task", "tool"))
-    assert value[("ioft_answer_expected_speed", speed)] == 70.0
-    assert value[("ioft_answer_residual", speed)] == 30.0
+    assert value[("ioft_answer_expected_speed_mm_per_second", speed)] == 70.0
+    assert value[("ioft_answer_residual_mm_per_second", speed)] == 30.0
     assert value[("ioft_answer_latency_seconds", speed)] == 0.003
     assert value[("ioft_answer_probability", (("class", "TC4"), *tool))] == 0.9
-    assert value[("ioft_field_error", speed)] == 3.5 and value[("ioft_field_drift", speed)] == 0
+    assert value[("ioft_field_error_mm_per_second", speed)] == 3.5 and value[("ioft_field_drift", speed)] == 0
     assert value[("ioft_field_accuracy", tool)] == 0.6 and value[("ioft_field_drift", tool)] == 1
-    assert value[("ioft_speed_advice", speed)] == 62.0
+    assert value[("ioft_speed_advice_mm_per_second", speed)] == 62.0
     p1 = (("device", "printer1"),)
     assert value[("ioft_moonraker_sent_total", p1)] == 3 and value[("ioft_moonraker_restored_total", p1)] == 2
     assert (
         value[("ioft_moonraker_failed_total", p1)] == 1 and value[("ioft_moonraker_apply_refused", p1)] == 0
     )
     assert ("ioft_moonraker_sent_total", (("device", "welder1"),)) not in value  # it applies nothing
-    assert value[("ioft_alerts_open", tool)] == 1 and value[("ioft_alerts_open", speed)] == 0
+    assert value[("ioft_alerts_open", (("device", "welder1"), ("rule", "worn_tool"), ("task", "tool")))] == 1
+    assert value[("ioft_answers_total", speed)] == 7
     assert (
-        value[("ioft_answers_refused", (("device", "printer1"), ("reason", "width"), ("task", "speed")))] == 2
+        value[
+            ("ioft_answers_refused_total", (("device", "printer1"), ("reason", "width"), ("task", "speed")))
+        ]
+        == 2
     )
+
+    # docs/console.md names every metric exported just now, in full (a reader greps for it).
+    doc = CONSOLE_DOC.read_text()
+    exported = {s.name for f in families.values() for s in f if not s.name.endswith("_created")}
+    exported = {
+        re.sub(r"_(bucket|count|sum)$", "", n) if n.startswith("ioft_round_duration") else n for n in exported
+    }
+    assert not {n for n in exported if f"`{n}`" not in doc and f"`{n}{{" not in doc}
 
     # Every expression of the Grafana dashboard names only metrics the endpoint exported just now.
     dashboard = json.loads(DASHBOARD.read_text())

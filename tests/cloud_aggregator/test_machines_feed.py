@@ -29,7 +29,7 @@ def weld(i: int, p_worn: float) -> dict:
     rest = (1.0 - p_worn) / 3
     return {"device": "w1", "task": "tool", "kind": "weld", "key": f"weld-{i}", "row_time": 2000.0 + i,
             "answered_at": 2000.1 + i, "latency_s": 0.02, "classes": ["TC1", "TC2", "TC3", "TC4"],
-            "probabilities": [rest, rest, rest, p_worn], "label": "TC4" if p_worn > rest else "TC1",
+            "probabilities": [rest, rest, rest, p_worn], "predicted": "TC4" if p_worn > rest else "TC1",
             "model": {"task": "tool", "round": 4, "digest": "e" * 12, "encoder": "dwt", "encoder_version": 2}}  # fmt: skip
 
 
@@ -52,6 +52,15 @@ def test_the_ring_keeps_the_last_answers_per_device_and_drops_repeats():
     answers, latest, _ = log.snapshot()
     assert [p.key for p in answers["p1"]] == [f"a.gcode#1/{i}" for i in range(450, 500)]
     assert latest["p1"]["speed"].key == "a.gcode#1/499" and log.taken == 500
+
+
+def test_a_welds_predicted_class_reads_from_its_new_name_and_from_a_device_not_upgraded_yet():
+    log = MachineLog(FLEET, ring=50)
+    old = {k: v for k, v in weld(1, 0.9).items() if k != "predicted"} | {"label": "TC4"}  # not upgraded yet
+    assert log.take(answer_msg(weld(0, 0.1))) and log.take(answer_msg(old))
+    answers, latest, _ = log.snapshot()
+    assert [a.to_json()["predicted"] for a in answers["w1"]] == ["TC1", "TC4"]
+    assert "label" not in latest["w1"]["tool"].to_json()  # the page reads one name
 
 
 def test_memory_is_bounded_whatever_the_fleet_sends():
@@ -151,17 +160,19 @@ def test_the_view_and_gauges_per_device_and_task():
     json.dumps([p1, w1], allow_nan=False)
 
     value = _scrape([p1, w1])
-    assert value[("ioft_answer_expected_speed", (("device", "p1"), ("task", "speed")))] == 80.0
-    assert value[("ioft_answer_residual", (("device", "p1"), ("task", "speed")))] == 40.0
-    assert value[("ioft_speed_advice", (("device", "p1"), ("task", "speed")))] == 62.0
+    assert value[("ioft_answer_expected_speed_mm_per_second", (("device", "p1"), ("task", "speed")))] == 80.0
+    assert value[("ioft_answer_residual_mm_per_second", (("device", "p1"), ("task", "speed")))] == 40.0
+    assert value[("ioft_speed_advice_mm_per_second", (("device", "p1"), ("task", "speed")))] == 62.0
     assert value[("ioft_answer_latency_seconds", (("device", "p1"), ("task", "speed")))] == 0.004
     assert value[("ioft_answer_probability", (("class", "TC4"), ("device", "w1"), ("task", "tool")))] == 0.95
     assert value[("ioft_field_accuracy", (("device", "w1"), ("task", "tool")))] == 0.5
     assert value[("ioft_field_drift", (("device", "w1"), ("task", "tool")))] == 1.0
     assert value[("ioft_field_coverage", (("device", "w1"), ("task", "tool")))] == 0.875
-    assert value[("ioft_alerts_open", (("device", "w1"), ("task", "tool")))] == 1
-    assert value[("ioft_alerts_open", (("device", "p1"), ("task", "speed")))] == 0
-    assert value[("ioft_answers_refused", (("device", "w1"), ("reason", "schema"), ("task", "tool")))] == 2
+    assert value[("ioft_field_reference_accuracy", (("device", "w1"), ("task", "tool")))] == 0.9
+    assert value[("ioft_alerts_open", (("device", "w1"), ("rule", "worn_tool"), ("task", "tool")))] == 1
+    assert (
+        value[("ioft_answers_refused_total", (("device", "w1"), ("reason", "schema"), ("task", "tool")))] == 2
+    )
     assert value[("ioft_serving_model_round", (("device", "w1"), ("task", "tool")))] == 4
     tool_of = (("device", "w1"), ("task", "tool"))
     assert value[("ioft_serving_candidate", (("candidate", "alone"), *tool_of))] == 1.0
@@ -169,3 +180,24 @@ def test_the_view_and_gauges_per_device_and_task():
     assert value[("ioft_serving_candidate_score", (("candidate", "alone"), *tool_of))] == 0.9
     assert ("ioft_serving_candidate_score", (("candidate", "global"), *tool_of)) not in value
     assert value[("ioft_serving_judged_rows", tool_of)] == 7
+
+
+def test_what_a_device_counts_is_a_counter_that_starts_again_when_its_trainer_restarts():
+    """``_total`` counters with the device's own count and a ``_created`` of when it began counting:
+    Prometheus' counter reset, which ``rate`` and ``increase`` carry over (no offset kept here)."""
+    serving = {"enabled": True, "models": {"speed": {"round": 3}}, "answered": {"speed": 500}, "refused": {"speed": {"width": 3}},
+               "counting_since": 1000.0, "moonraker": {"sent": 40, "failed": 1, "restored": 2, "refused": None}}  # fmt: skip
+    before = _scrape(machines_json({"p1": {"state": "online", "serving": serving}}, MachineLog(FLEET)))
+    restarted = serving | {"answered": {"speed": 2}, "refused": {}, "counting_since": 5000.0,
+                           "moonraker": {"sent": 1, "failed": 0, "restored": 0, "refused": None}}  # fmt: skip
+    after = _scrape(machines_json({"p1": {"state": "online", "serving": restarted}}, MachineLog(FLEET)))
+    speed, p1 = (("device", "p1"), ("task", "speed")), (("device", "p1"),)
+    assert (before[("ioft_answers_total", speed)], before[("ioft_answers_created", speed)]) == (500, 1000.0)
+    assert (after[("ioft_answers_total", speed)], after[("ioft_answers_created", speed)]) == (2, 5000.0)
+    assert before[("ioft_answers_refused_created", (*speed[:1], ("reason", "width"), speed[1]))] == 1000.0
+    for k in ("sent", "failed", "restored"):  # Moonraker's counts, with the same _created
+        assert (
+            before[(f"ioft_moonraker_{k}_created", p1)] == 1000.0
+            and (f"ioft_moonraker_{k}_total", p1) in after
+        )
+    assert ("ioft_answers", speed) not in before  # no gauge of the same count beside it

@@ -84,6 +84,9 @@ def test_the_machines_view_shows_answers_alerts_and_models_live(fleet_procs, bro
         for dev, task in (("p1", "speed"), ("w1", "tool")):
             card = f'.machine[data-device="{dev}"] .task-now[data-task="{task}"]'
             page.wait_for_selector(f'{card} .now[data-key="{last_key(work / dev)}"]', timeout=30_000)
+        weld_now = page.locator('.machine[data-device="w1"] .task-now[data-task="tool"] .now')
+        predicted = weld_now.locator("b").inner_text()  # the answer's predicted class, by name
+        assert predicted != "?" and f"{predicted} " in weld_now.locator(".probs").inner_text(), predicted
         assert points(page, "p1", "speed") >= min(before["p1"] + 4, 200)
         assert points(page, "w1", "tool") >= min(before["w1"] + 10, 200)
         alert = '.machine[data-device="w1"] .alert[data-alert="worn_tool"][data-state="raised"]'
@@ -117,8 +120,10 @@ def test_the_machines_view_shows_answers_alerts_and_models_live(fleet_procs, bro
 
         # The same machines in /metrics, per device and task.
         text = urllib.request.urlopen(url + "metrics", timeout=5).read().decode()
-        assert 'ioft_alerts_open{device="w1",task="tool"} 1.0' in text
-        assert 'ioft_answer_expected_speed{device="p1",task="speed"}' in text
+        assert 'ioft_alerts_open{device="w1",rule="worn_tool",task="tool"} 1.0' in text
+        assert 'ioft_answer_expected_speed_mm_per_second{device="p1",task="speed"}' in text
+        assert 'ioft_answers_total{device="w1",task="tool"}' in text  # a counter, since its trainer started
+        assert 'ioft_answers_created{device="w1",task="tool"}' in text
         assert 'ioft_answer_probability{class="TC4",device="w1",task="tool"}' in text
         assert 'ioft_serving_candidate_score{candidate="alone",device="w1",task="tool"}' in text
         view = json.loads(urllib.request.urlopen(url + "api/view", timeout=5).read())

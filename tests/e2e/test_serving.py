@@ -151,7 +151,7 @@ def test_every_weld_is_answered_labelled_or_not(fleet_procs):
         check_answer(a, dev, "tool", by_key)
         assert a["kind"] == "weld" and a["classes"] == ["TC1", "TC2", "TC3", "TC4"]
         assert a["candidate"] in ("personal", "global", "alone")
-        assert sum(a["probabilities"]) == pytest.approx(1.0, abs=1e-5) and a["label"] in a["classes"]
+        assert sum(a["probabilities"]) == pytest.approx(1.0, abs=1e-5) and a["predicted"] in a["classes"]
 
 
 @pytest.mark.broker

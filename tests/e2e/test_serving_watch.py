@@ -81,7 +81,7 @@ def test_a_wearing_tool_raises_one_alert_and_a_new_tool_clears_it(fleet_procs):
         fleet_procs.wait_for(
             lambda: len(alert_events(sniffer, dev, "worn_tool")) >= 2,
             30,
-            f"the alert clearing (answers: {[a.get('label') for a in answers(sniffer, dev, 'tool')]})",
+            f"the alert clearing (answers: {[a.get('predicted') for a in answers(sniffer, dev, 'tool')]})",
         )
         time.sleep(0.5)  # a flood would show here
     finally:

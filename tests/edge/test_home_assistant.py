@@ -163,6 +163,7 @@ def test_a_welder_shows_its_class_probability_field_accuracy_and_alert(tmp_path)
     answer = next(p for t, p in published if t == topics.topic_answer("plant", "w1", "tool"))
     cls = announced["homeassistant/sensor/plant_w1/tool_class/config"]
     assert render(cls["value_template"], answer) == "TC4" and cls["options"] == ["TC1", "TC4"]
+    assert "value_json.predicted" in cls["value_template"]  # not "label", which goes in 0.2.0
     prob = render(
         announced["homeassistant/sensor/plant_w1/tool_probability/config"]["value_template"], answer
     )

@@ -85,16 +85,30 @@ def test_an_answer_encodes_every_set_field_in_declaration_order():
     """``to_dict`` is hand-written (``dataclasses.asdict`` cost half an answer's CPU): the same
     record as asdict's, None fields left out, the model's too, ``extra`` last."""
     weld = Answer("w1", "tool", "weld", "w-7", 1.0, 1.001, 0.001, ModelId("tool", 3, "ab", "enc", 2),
-                  classes=["TC1", "TC2"], probabilities=[0.25, 0.75], label="TC2", extra={"x": {"y": 1}})  # fmt: skip
+                  classes=["TC1", "TC2"], probabilities=[0.25, 0.75], predicted="TC2", extra={"x": {"y": 1}})  # fmt: skip
     layer = Answer("p1", "speed", "layer", "job#1/2", 5.0, 5.5, 0.5, ModelId("speed", 1),
                    expected_speed=41.0, commanded=40.0, residual=1.0)  # fmt: skip
     for ans in (weld, layer):
         want = {k: v for k, v in dataclasses.asdict(ans).items() if v is not None and k != "extra"}
         want["model"] = {k: v for k, v in dataclasses.asdict(ans.model).items() if v is not None}
+        if ans.predicted is not None:
+            want["label"] = ans.predicted  # its old name, published beside it for one version
         want |= ans.extra
         got = ans.to_dict()
         assert got == want and list(got) == list(want)
         assert Answer.from_dict(json.loads(ans.encode())) == dataclasses.replace(ans, extra={})
+
+
+def test_a_welds_predicted_class_is_named_predicted_and_its_old_name_still_reads():
+    """``label`` is the word for the maintenance log's truth: the answer's guess is ``predicted``.
+    For one version the answer carries both and reads either (a log or a device from before)."""
+    body = Answer("w1", "tool", "weld", "w-7", 1.0, 1.001, 0.001, ModelId("tool", 3),
+                  classes=["TC1", "TC4"], probabilities=[0.2, 0.8], predicted="TC4").to_dict()  # fmt: skip
+    assert body["predicted"] == body["label"] == "TC4"
+    old = {k: v for k, v in body.items() if k != "predicted"}  # as a device not upgraded yet writes it
+    assert Answer.from_dict(old).predicted == Answer.from_dict(body).predicted == "TC4"
+    with pytest.raises(ValueError, match="answer predicted must be a string"):
+        Answer.from_dict(body | {"predicted": 4})
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from edge.serving.feed import RowFeed
 from edge.serving.field import FieldScores
 from edge.serving.model import ServingModel
 from edge.serving.records import Answer, ModelId, Row
-from edge.serving.server import Server
+from edge.serving.server import ANSWER_LOG, Server
 from ioft_protocol import topics
 from ioft_protocol.config import ConfigError, build
 from sensors.sim.printer_host import FakeMoonraker, short_timeline
@@ -33,7 +33,7 @@ WELD_SPEC = json.dumps({"name": "tool", "algorithm": "fedavg", "model": "mlp",
 
 def weld_answer(key: str, p_worn: float, t: float = 0.0, task: str = "tool") -> Answer:
     return Answer("w1", task, "weld", key, t, t, 0.0, ModelId(task, 1), classes=["TC1", "TC4"],
-                  probabilities=[1 - p_worn, p_worn], label="TC4" if p_worn > 0.5 else "TC1")  # fmt: skip
+                  probabilities=[1 - p_worn, p_worn], predicted="TC4" if p_worn > 0.5 else "TC1")  # fmt: skip
 
 
 def feed(alerts: Alerts, values: list[float], t0: float = 0.0) -> list[tuple[int, str]]:
@@ -216,7 +216,8 @@ def test_a_layer_is_scored_at_once_by_its_error_against_the_test_split(tmp_path)
     assert s["value"] == pytest.approx(5.0, abs=1e-3) and s["drift"] is True
 
 
-def test_labels_fed_by_the_recorder_score_answers_also_after_a_restart(tmp_path):
+@pytest.mark.parametrize("log_from", ["this version", "not upgraded"])
+def test_labels_fed_by_the_recorder_score_answers_also_after_a_restart(tmp_path, log_from):
     model = ServingModel("p1", "tool", WELD_SPEC, 1, linear_2x2(), {}, width=2, classes=["TC1", "TC4"],
                          metric=1.0, reference=1.0)  # fmt: skip
     srv = server(tmp_path)
@@ -227,11 +228,22 @@ def test_labels_fed_by_the_recorder_score_answers_also_after_a_restart(tmp_path)
         for i, x in enumerate([(0.0, 3.0), (3.0, 0.0), (0.0, 3.0)]):
             rows.put(Row("weld", f"w{i}", time.time(), x))
         wait_for(lambda: srv.answered["tool"] == 3, "three answers")
+        first = srv.status()
     finally:
         srv.close()
+    if log_from == "not upgraded":  # its answers named the predicted class "label" only
+        log = srv.dir / ANSWER_LOG
+        old = [
+            {k: v for k, v in json.loads(line).items() if k != "predicted"}
+            for line in log.read_text().splitlines()
+        ]
+        log.write_text("".join(json.dumps(r) + "\n" for r in old))
     srv = server(tmp_path)  # restarted: the answers waiting for labels come back from the log
     srv.models["tool"] = model
     srv.start()
+    # its counts start again, and say since when (the console's counters' _created)
+    assert first["answered"] == {"tool": 3} and srv.status()["answered"] == {}
+    assert srv.status()["counting_since"] >= first["counting_since"] > 0
     try:
         rows.put_label("w0", "TC4")  # right
         rows.put_label("w1", "TC4")  # wrong: it answered TC1
@@ -275,3 +287,9 @@ def test_predict_advice_prints_the_speed_and_says_what_is_missing(tmp_path):
     toml.write_text(f'device = "p1"\nstate_dir = "{tmp_path}"\n')
     done = run("--config", str(toml), "--advice")
     assert done.returncode == 2 and "vibration_budget" in done.stderr and "Traceback" not in done.stderr
+    for bad in ("-1", "0", "nan"):  # a sign slip is named as such, not read as "no budget"
+        done = run("--config", str(toml), "--advice", "--budget", bad)
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert done.stderr.strip().splitlines() == [
+            f"edge-trainer: --budget must be a positive number (in the units of sigma_a), got {bad}"
+        ], done.stderr

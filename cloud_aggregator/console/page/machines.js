@@ -58,10 +58,10 @@ function conditionNow(task) {
   const a = task.latest;
   if (!a) return el("div", { class: "now muted" }, "no answer yet");
   if (a.classes) {
-    const i = a.classes.indexOf(a.label);
+    const i = a.classes.indexOf(a.predicted);
     const p = i >= 0 ? a.probabilities[i] : null;
     return el("div", { class: "now", "data-key": a.key },
-      `weld ${a.key}: `, el("b", {}, `${a.label ?? "?"}`), ` (p ${fmt(p, 2)}) `,
+      `weld ${a.key}: `, el("b", {}, `${a.predicted ?? "?"}`), ` (p ${fmt(p, 2)}) `,
       el("span", { class: "probs muted" }, ...a.classes.map((c, j) => el("span", {}, `${c} ${fmt(a.probabilities[j], 2)}`))));
   }
   const off = a.residual != null && a.commanded ? Math.abs(a.residual) / a.commanded : 0;
