@@ -28,7 +28,7 @@ import numpy as np
 from edge.config import DeviceConfig
 from edge.models.onnx import no_worse
 from edge.serving.advice import Advice, ceilings, speed_advice
-from edge.serving.alerts import Alerts, Event
+from edge.serving.alerts import Alerts, Event, rule_problem
 from edge.serving.candidates import choose
 from edge.serving.conformal import score as conformal_score
 from edge.serving.feed import SERVING_DIR, feed_path, wake_path
@@ -117,7 +117,8 @@ class Server:
             max_age_s=self.cfg.log_max_age_s,
             keep=self.cfg.log_keep,
         )
-        self.alerts = Alerts(self.device, self.cfg.alerts if self.enabled else [], self.dir)
+        self.alerts = Alerts(self.device, self.cfg.alerts if self.enabled else [], self.dir, self.cfg.classes)
+        self.unchecked: str | None = None  # why the rules' classes were not checked at start (no rows yet)
         self.field = FieldScores(self.cfg.field_window, self.cfg.drift_margin, self._calibrate)
         self.advice: dict[str, tuple[tuple, Advice]] = {}  # task -> ((model digest, ceilings), advice)
         self._apply_refused: str | None = None  # several tasks advise and none is the advice_task
@@ -435,6 +436,24 @@ class Server:
             self.publish_errors += 1
             self._say(event.task, "publish", f"could not publish an alert: {exc}")
 
+    def rule_status(self) -> dict[str, dict[str, Any]]:
+        """Each alert rule, its words, and why it cannot fire (yet), if so: the status's ``rules``."""
+        out = {}
+        for rule in self.cfg.alerts if self.enabled else []:
+            model = self.models.get(rule.task)
+            if not self.serves(rule.task):
+                silent = f"task {rule.task} does not serve here ([serve] tasks)"
+            elif model is None:
+                silent = f"cannot fire yet: task {rule.task} has no serving model yet"
+            else:
+                silent = rule_problem(rule, model.classes)
+                if silent is not None:
+                    self._say(rule.task, f"rule {rule.name}", f"alert rule never fires: {silent}")
+            action, meaning = self.alerts.words(rule)
+            out[rule.name] = {"task": rule.task, "value": rule.value, "above": rule.above,
+                              "action": action, "meaning": meaning, "silent": silent}  # fmt: skip
+        return out
+
     def _calibrate(self, answer: Answer, truth: float | str) -> None:
         """A labelled answer's score joins its model's calibration while that model serves."""
         model = self.models.get(answer.task)
@@ -670,6 +689,7 @@ class Server:
                     "calibration_rows": len(m.calibration),
                     "candidate": m.candidate,
                     "evidence": m.evidence,
+                    "reference": m.reference,  # None: no test figure, so no drift is ever told
                 }
                 for t, m in list(self.models.items())
             },
@@ -684,6 +704,9 @@ class Server:
             **({"moonraker": self._moonraker_status()} if self.moonraker is not None else {}),
             "alerts": alerts,
             "alerts_untrusted": self.alerts.untrusted,
+            "rules": self.rule_status(),
+            **({"rules_unchecked": self.unchecked} if self.unchecked else {}),
+            "classes": dict(self.cfg.classes),
             "publish_errors": self.publish_errors,
             "skipped_lines": self._tail.skipped if self._tail is not None else 0,
             "last_latency_s": self.last_latency_s,
