@@ -313,6 +313,11 @@ def _clock(t: float, now: float) -> str:
     return f"{time.strftime('%H:%M:%S', time.localtime(t))} ({span} ago)"
 
 
+def _said(value: Any) -> str:
+    """A device's string, printable (anything else: ``?``)."""
+    return _text(value) if isinstance(value, str) else "?"
+
+
 def alert_lines(statuses: dict[str, Any], now: float | None = None) -> tuple[list[str], list[str]]:
     """The open alerts (each with what to do), and the rules that cannot fire: one line each, by device.
 
@@ -328,7 +333,7 @@ def alert_lines(statuses: dict[str, Any], now: float | None = None) -> tuple[lis
             meaning = f" — {_text(a['meaning'], REASON_LIMIT)}" if isinstance(a.get("meaning"), str) else ""
             since = number(a.get("since"))
             line = (
-                f"{_text(device)}: {_text(a.get('rule'))} (task {_text(a.get('task'))}{meaning}) open since "
+                f"{_text(device)}: {_said(a.get('rule'))} (task {_said(a.get('task'))}{meaning}) open since "
                 f"{_clock(since, now) if since is not None else '?'}: {_version(a.get('votes'))} of the last "
                 f"{_version(a.get('n'))} over {a['threshold'] if number(a.get('threshold')) is not None else '?'}"
             )
