@@ -131,6 +131,7 @@ class Server:
                 url or "http://127.0.0.1:7125", self.cfg.dry_run, key, self.cfg.max_advice, device=self.device
             )
         self._last_run: str | None = None
+        self._moonraker_seen: tuple = ()  # Moonraker's counts at the last take_changed
         self._applied_task: str | None = None  # the task whose advice was last sent
         self.home_assistant = Discovery(config) if self.enabled and self.cfg.home_assistant else None
         self._watch_lock = threading.Lock()  # field scores and alerts: the serving thread vs the status
@@ -444,7 +445,7 @@ class Server:
             if not self.serves(rule.task):
                 silent = f"task {rule.task} does not serve here ([serve] tasks)"
             elif model is None:
-                silent = f"cannot fire yet: task {rule.task} has no serving model yet"
+                silent = f"task {rule.task} has no serving model yet"
             else:
                 silent = rule_problem(rule, model.classes)
                 if silent is not None:
@@ -654,8 +655,13 @@ class Server:
 
     # -- status -------------------------------------------------------------------------
     def take_changed(self) -> bool:
-        """Whether answers, refusals or the serving model changed since the last call."""
+        """Whether answers, refusals, the serving model or Moonraker's outcome changed since the last call."""
         changed, self._changed = self._changed, False
+        if self.moonraker is not None:  # its worker thread fails or sends after the answer went out
+            m = self.moonraker
+            now = (m.sent, m.would_send, m.failed, m.restored, m.refused, m.last_error)
+            changed |= now != self._moonraker_seen
+            self._moonraker_seen = now
         return changed
 
     def _moonraker_status(self) -> dict[str, Any]:

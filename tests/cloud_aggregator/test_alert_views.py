@@ -20,7 +20,7 @@ RULES = {
     "worn_tool": {"task": "tool", "value": "p:TC4", "above": 0.8, "action": "replace the horn",
                   "meaning": "worn horn and worn anvil", "silent": None},
     "tool2_worn": {"task": "tool2", "value": "p:TC4", "above": 0.5, "action": None, "meaning": None,
-                   "silent": "cannot fire yet: task tool2 has no serving model yet"},
+                   "silent": "task tool2 has no serving model yet"},
 }  # fmt: skip
 STATUS = {"state": "online", "time": 1000.0, "alerts": [RAISED], "serving": {"enabled": True, "rules": RULES}}
 
@@ -30,7 +30,7 @@ def test_fleet_status_lists_each_open_alert_with_what_to_do_and_each_rule_that_c
     (line,) = opened
     assert line.startswith("w1: worn_tool (task tool — worn horn and worn anvil) open since ")
     assert "(60 s ago): 4 of the last 5 over 0.8; what to do: replace the horn" in line
-    assert silent == ["w1: rule tool2_worn cannot fire: cannot fire yet: task tool2 has no serving model yet"]
+    assert silent == ["w1: rule tool2_worn cannot fire: task tool2 has no serving model yet"]
     junk = {"w1": {"alerts": [{"rule": "\x1b[2J", "since": "x"}], "serving": {"rules": {"r": {"silent": 3}}}}}
     assert alert_lines(junk, now=0.0) == (["w1: ?[2J (task ?) open since ?: ? of the last ? over ?"], [])
 

@@ -18,7 +18,7 @@ from edge.serving.model import ServingModel
 from edge.serving.records import Row
 from ioft_protocol.config import ConfigError, build
 from tests.edge.test_home_assistant import WELD_SPEC, configs, linear_2x2, render, welder
-from tests.edge.test_serving_watch import feed
+from tests.edge.test_serving_watch import feed, moonraker_server, wait_for
 from trainer_lite.data import Dataset
 
 TOOL_M = ["TC1", "TC2", "TC3", "TC4"]
@@ -129,8 +129,20 @@ def test_the_status_says_which_rule_cannot_fire_yet_and_why(tmp_path):
     srv.cfg = ServeConfig(alerts=[rule(**WORDS), other])
     rules = srv.status()["rules"]
     assert rules["worn_tool"]["silent"] is None and rules["worn_tool"]["action"] == "replace the horn"
-    assert rules["other"]["silent"] == "cannot fire yet: task tool2 has no serving model yet"
+    assert rules["other"]["silent"] == "task tool2 has no serving model yet"
     # Its model comes, and does not answer TC4: the rule never fires (checked late: no rows at start).
     srv.models["tool2"] = ServingModel("w1", "tool2", WELD_SPEC, 1, linear_2x2(), {}, width=2,
                                        classes=["New", "Worn"], metric=1.0, reference=1.0)  # fmt: skip
     assert "'TC4' is not one of task tool2's classes (New, Worn)" in srv.status()["rules"]["other"]["silent"]
+
+
+def test_a_moonraker_that_fails_after_the_answer_went_out_gets_the_status_republished(tmp_path):
+    srv = moonraker_server(tmp_path, [], False, "http://127.0.0.1:9")  # nothing listens: refused
+    srv.take_changed()
+    assert srv.take_changed() is False
+    assert srv.moonraker is not None
+    srv.moonraker.apply("x.gcode#1", 40.0)  # on its worker thread: fails after its retries
+    wait_for(lambda: srv.moonraker.failed >= 1, "the failed send")
+    assert srv.take_changed() is True  # the daemon's loop publishes the status with the failure
+    assert "Connection refused" in srv.status()["moonraker"]["last_error"]
+    srv.close()
