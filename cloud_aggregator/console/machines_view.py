@@ -190,6 +190,12 @@ def machine_json(
         "alerts": alerts,
         "open_alerts": sum(a["state"] == "raised" for a in alerts),
         "rules": rules(serving.get("rules")),
+        # What each class means, in the operator's words ([serve.classes]).
+        "classes": {
+            str(k)[:MAX_TEXT]: w
+            for k, v in list(_dict(serving.get("classes")).items())[:MAX_RULES]
+            if (w := words(v)) is not None
+        },
     }
 
 

@@ -22,7 +22,8 @@ RULES = {
     "tool2_worn": {"task": "tool2", "value": "p:TC4", "above": 0.5, "action": None, "meaning": None,
                    "silent": "task tool2 has no serving model yet"},
 }  # fmt: skip
-STATUS = {"state": "online", "time": 1000.0, "alerts": [RAISED], "serving": {"enabled": True, "rules": RULES}}
+SERVING = {"enabled": True, "rules": RULES, "classes": {"TC4": "worn horn and worn anvil", "TC1": 5}}
+STATUS = {"state": "online", "time": 1000.0, "alerts": [RAISED], "serving": SERVING}
 
 
 def test_fleet_status_lists_each_open_alert_with_what_to_do_and_each_rule_that_cannot_fire():
@@ -49,6 +50,7 @@ def test_the_machines_view_carries_the_words_moonraker_failures_references_and_s
     (alert,) = m["alerts"]
     assert (alert["action"], alert["meaning"]) == ("replace the horn", "worn horn and worn anvil")
     assert [r["rule"] for r in m["rules"] if r["silent"]] == ["tool2_worn"]
+    assert m["classes"] == {"TC4": "worn horn and worn anvil"}  # what is not words is dropped
     assert m["moonraker"]["failed"] == 2 and "connection refused" in m["moonraker"]["last_error"]
     (task,) = m["tasks"]
     assert task["model"]["round"] == 4 and task["model"]["reference"] is None

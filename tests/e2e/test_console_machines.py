@@ -100,6 +100,8 @@ def test_the_machines_view_shows_answers_alerts_and_models_live(fleet_procs, bro
         # The operator's words on the alert; a rule that cannot fire; the Moonraker that fails.
         text = page.locator(alert).inner_text()
         assert "worn horn and worn anvil" in text and "what to do: replace the horn" in text, text
+        now = page.locator('.machine[data-device="w1"] .task-now[data-task="tool"] .now').inner_text()
+        assert "TC4 — worn horn and worn anvil" in now, now  # the class's meaning beside the class
         silent = page.locator('.machine[data-device="p1"] .rule-silent[data-rule="shaky"]').inner_text()
         assert "task speed2 has no serving model yet" in silent
         failing = '.machine[data-device="p1"] .moonraker.bad:not([data-failed="0"])'

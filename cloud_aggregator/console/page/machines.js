@@ -54,14 +54,15 @@ function timeline(task) {
   return [box, legend];
 }
 
-function conditionNow(task) {
+function conditionNow(task, meanings) {
   const a = task.latest;
   if (!a) return el("div", { class: "now muted" }, "no answer yet");
   if (a.classes) {
     const i = a.classes.indexOf(a.label);
     const p = i >= 0 ? a.probabilities[i] : null;
     return el("div", { class: "now", "data-key": a.key },
-      `weld ${a.key}: `, el("b", {}, `${a.label ?? "?"}`), ` (p ${fmt(p, 2)}) `,
+      `weld ${a.key}: `, el("b", {}, `${a.label ?? "?"}`), Object.hasOwn(meanings, a.label ?? "") ? el("span", { class: "meaning" }, ` — ${meanings[a.label]}`) : "",
+      ` (p ${fmt(p, 2)}) `,
       el("span", { class: "probs muted" }, ...a.classes.map((c, j) => el("span", {}, `${c} ${fmt(a.probabilities[j], 2)}`))));
   }
   const off = a.residual != null && a.commanded ? Math.abs(a.residual) / a.commanded : 0;
@@ -140,7 +141,7 @@ function card(m, now) {
   if (m.moonraker) box.append(moonrakerLine(m.moonraker));
   for (const t of m.tasks) {
     const [plot, legend] = timeline(t);
-    box.append(el("div", { class: "task-now", "data-task": t.task }, conditionNow(t), facts(t), plot, legend ?? ""));
+    box.append(el("div", { class: "task-now", "data-task": t.task }, conditionNow(t, m.classes || {}), facts(t), plot, legend ?? ""));
   }
   if (!m.tasks.length) {
     // A status without a serving block: the trainer answers nothing (simulated data, the swarm, or off).
