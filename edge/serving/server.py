@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.config import DeviceConfig
+from edge.config import AlertRule, DeviceConfig
 from edge.models.onnx import no_worse
 from edge.serving.advice import Advice, ceilings, speed_advice
 from edge.serving.alerts import Alerts, Event, rule_problem
@@ -437,6 +437,10 @@ class Server:
             self.publish_errors += 1
             self._say(event.task, "publish", f"could not publish an alert: {exc}")
 
+    def _never_fires(self, rule: AlertRule) -> bool:
+        model = self.models.get(rule.task)
+        return model is not None and rule_problem(rule, model.classes) is not None
+
     def rule_status(self) -> dict[str, dict[str, Any]]:
         """Each alert rule, its words, and why it cannot fire (yet), if so: the status's ``rules``."""
         out = {}
@@ -615,7 +619,8 @@ class Server:
         turned off): Home Assistant then removes it."""
         out: list[tuple[str, bytes]] = []
         if self.home_assistant is not None:
-            out = [self.home_assistant.alert(rule) for rule in self.cfg.alerts]
+            # A rule its task's model shows can never fire is not announced (nor kept, if it was).
+            out = [self.home_assistant.alert(r) for r in self.cfg.alerts if not self._never_fires(r)]
             for task, model in list(self.models.items()):
                 out += self._task_discovery(self.home_assistant, task, model)
         now = {t for t, _ in out}

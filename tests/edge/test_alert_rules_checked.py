@@ -16,6 +16,7 @@ from edge.dataset import save_dataset
 from edge.serving.alerts import Alerts, check_rules
 from edge.serving.model import ServingModel
 from edge.serving.records import Row
+from ioft_protocol import topics
 from ioft_protocol.config import ConfigError, build
 from tests.edge.test_home_assistant import WELD_SPEC, configs, linear_2x2, render, welder
 from tests.edge.test_serving_watch import feed, moonraker_server, wait_for
@@ -146,3 +147,12 @@ def test_a_moonraker_that_fails_after_the_answer_went_out_gets_the_status_republ
     assert srv.take_changed() is True  # the daemon's loop publishes the status with the failure
     assert "Connection refused" in srv.status()["moonraker"]["last_error"]
     srv.close()
+
+
+def test_a_rule_its_tasks_model_shows_never_fires_leaves_home_assistant(tmp_path):
+    published: list = []
+    srv = welder(tmp_path, published)  # tool answers TC1 / TC4
+    topic = topics.topic_discovery("plant", "w1", "binary_sensor", "alert_worn_tool")
+    assert dict(srv.discovery())[topic]
+    srv.cfg = ServeConfig(home_assistant=True, alerts=[rule("p:TC9")])  # checked late: no rows at start
+    assert dict(srv.discovery())[topic] == b""  # an empty retained config: Home Assistant removes it
