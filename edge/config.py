@@ -244,6 +244,8 @@ class ModelConfig:
 
 #: What an alert rule reads from an answer (``p:<class>``: that class's probability).
 ALERT_VALUES = ("residual", "abs_residual", "expected_speed", "p:<class>")
+#: The longest operator's text (an alert's ``action``, a class meaning in ``[serve.classes]``).
+MAX_WORDS = 200
 #: Home Assistant's discovery prefix: topic levels without wildcards (``#``, ``+``) or empty levels.
 _DISCOVERY_PREFIX = re.compile(r"[^/#+\x00]+(/[^/#+\x00]+)*")
 #: Where speed advice goes: nowhere (published only) or the printer's Moonraker.
@@ -277,6 +279,9 @@ class AlertRule:
         asked far outside it, e.g. a saturating one, reads off by construction).
     require_confident
         Only answers whose conformal prediction set is one class vote (welds).
+    action
+        What the operator does when it raises, in their words (``"replace the horn"``): carried by
+        the alert message, the status, ``fleet status``, the console and Home Assistant.
     """
 
     name: str
@@ -289,6 +294,7 @@ class AlertRule:
     cooldown_s: float = 0.0
     require_in_range: bool = False
     require_confident: bool = False
+    action: str | None = None
 
     def __post_init__(self) -> None:
         check_id("alert name", self.name)
@@ -302,8 +308,15 @@ class AlertRule:
             problems.append(f"clear_below ({self.clear_below}) must not exceed above ({self.above})")
         if not self.cooldown_s >= 0:
             problems.append(f"cooldown_s must be >= 0, got {self.cooldown_s}")
+        if self.action is not None and not 0 < len(self.action.strip()) <= MAX_WORDS:
+            problems.append(f"action must be 1 to {MAX_WORDS} characters, such as 'replace the horn'")
         if problems:
             raise ValueError(f"alert {self.name!r}: " + "; ".join(problems))
+
+    @property
+    def class_name(self) -> str | None:
+        """The class whose probability it reads (``value = "p:<class>"``), else ``None``."""
+        return self.value[2:] if self.value.startswith("p:") else None
 
     @property
     def clear_at(self) -> float:
@@ -360,6 +373,10 @@ class ServeConfig:
         it holds the truth for this fraction of rows (:mod:`edge.serving.conformal`).
     alerts
         The alert rules (:class:`AlertRule`, ``[[serve.alerts]]``).
+    classes
+        ``[serve.classes]``: what each class means, in the operator's words (``TC4 = "worn horn and
+        worn anvil"``); the alert message, the status, ``fleet status``, the console and Home
+        Assistant show it beside the class.  A name that is not one of the device's classes is refused.
     min_judge_rows
         The fewest newest rows (held out of training) that judge the task's candidate models
         (``edge.serving.candidates``); with fewer the fleet's model serves, through the cold start.
@@ -397,6 +414,7 @@ class ServeConfig:
     drift_margin: float = 0.1
     coverage: float = 0.90
     alerts: list[AlertRule] = field(default_factory=list)
+    classes: dict[str, str] = field(default_factory=dict)
     home_assistant: bool = False
     discovery_prefix: str = "homeassistant"
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
@@ -451,6 +469,12 @@ class ServeConfig:
         names = [r.name for r in self.alerts]
         if len(set(names)) != len(names):
             problems.append(f"serve.alerts: two rules share a name ({sorted(names)}); give each its own")
+        for name, words in self.classes.items():
+            if not isinstance(words, str) or not 0 < len(words.strip()) <= MAX_WORDS:
+                problems.append(
+                    f"serve.classes.{name} must be the class's meaning in 1 to {MAX_WORDS} characters, "
+                    f'such as "worn horn and worn anvil", got {words!r}'
+                )
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -562,6 +586,12 @@ class DeviceConfig:
             raise ValueError(
                 f"serve.advice_task = {self.serve.advice_task!r} is not one of the tasks here ({', '.join(advising)})"
             )
+        for rule in self.serve.alerts:  # a rule whose task never runs here would never fire
+            if advising and rule.task not in advising:
+                raise ValueError(
+                    f"serve.alerts {rule.name!r}: task = {rule.task!r} is not one of the tasks here "
+                    f"({', '.join(advising)}); name one of them or remove the rule"
+                )
         if self.secagg_signed_keys and (self.tls is None or self.tls.cert_file is None):
             raise ValueError(
                 "secagg_signed_keys = true needs this device's certificate: give [tls] ca_file, cert_file "

@@ -53,11 +53,13 @@ from edge.optout import PauseWatch
 from edge.round_steps import Clients, TaskRefused
 from edge.secagg_client import ANSWERED_FILE, SecAggDevice, secagg_identity
 from edge.segments import DatasetReader
+from edge.serving.alerts import check_rules
 from edge.serving.server import Server
 from edge.status_clock import StatusClock
 from edge.task_inputs import Rows, TaskInputs
 from edge.task_state import TaskState, load_task_state, save_task_state, task_state_path
 from ioft_protocol import codec, feature_stats, restate, round_messages, topics
+from ioft_protocol.config import ConfigError
 from ioft_protocol.manifest import load_public_key
 from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
 from ioft_protocol.secagg import transport as secagg_wire
@@ -154,6 +156,12 @@ class EdgeTrainer:
             lambda topic, payload: self.session.publish(topic, payload, retain=True, timeout=None),
             self._active_model,
         )
+        # An alert rule that can never fire is refused here, where the dataset tells the classes.
+        problems, self.serving.unchecked = check_rules(config, self.data_meta)
+        if problems:
+            raise ConfigError("[[serve.alerts]]", problems)
+        if self.serving.unchecked:
+            log.warning("%s: %s", self.device, self.serving.unchecked)
         self.session = session_factory(self._session_options())  # its Last Will reads serving's state
         # tasks with secagg: the update leaves masked, through the SecAgg stages (edge/secagg_client.py)
         self.secagg = SecAggDevice(

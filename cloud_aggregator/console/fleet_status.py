@@ -307,6 +307,49 @@ def format_table(rows: list[dict[str, Any]], now: float | None = None) -> str:
     return "\n".join([line(headers), *(line(c) for c in cells)])
 
 
+def _clock(t: float, now: float) -> str:
+    ago = max(0.0, now - t)
+    span = f"{ago:.0f} s" if ago < 90 else f"{ago / 60:.0f} min" if ago < 5400 else f"{ago / 3600:.1f} h"
+    return f"{time.strftime('%H:%M:%S', time.localtime(t))} ({span} ago)"
+
+
+def _said(value: Any) -> str:
+    """A device's string, printable (anything else: ``?``)."""
+    return _text(value) if isinstance(value, str) else "?"
+
+
+def alert_lines(statuses: dict[str, Any], now: float | None = None) -> tuple[list[str], list[str]]:
+    """The open alerts (each with what to do), and the rules that cannot fire: one line each, by device.
+
+    From each status's ``alerts`` and ``serving.rules`` (``edge.serving``); every field checked.
+    """
+    now = time.time() if now is None else now
+    lines: list[str] = []
+    silent: list[str] = []
+    for device in sorted(statuses):
+        body = statuses[device] if isinstance(statuses[device], dict) else {}
+        opened = body.get("alerts") if isinstance(body.get("alerts"), list) else []
+        for a in [a for a in opened if isinstance(a, dict)][:64]:
+            meaning = f" — {_text(a['meaning'], REASON_LIMIT)}" if isinstance(a.get("meaning"), str) else ""
+            since = number(a.get("since"))
+            line = (
+                f"{_text(device)}: {_said(a.get('rule'))} (task {_said(a.get('task'))}{meaning}) open since "
+                f"{_clock(since, now) if since is not None else '?'}: {_version(a.get('votes'))} of the last "
+                f"{_version(a.get('n'))} over {a['threshold'] if number(a.get('threshold')) is not None else '?'}"
+            )
+            if isinstance(a.get("action"), str):
+                line += f"; what to do: {_text(a['action'], REASON_LIMIT)}"
+            lines.append(line)
+        serving = body.get("serving") if isinstance(body.get("serving"), dict) else {}
+        rules = serving.get("rules") if isinstance(serving.get("rules"), dict) else {}
+        for name, r in sorted(rules.items())[:64]:
+            if isinstance(r, dict) and isinstance(r.get("silent"), str):
+                silent.append(
+                    f"{_text(device)}: rule {_text(name)} cannot fire: {_text(r['silent'], REASON_LIMIT)}"
+                )
+    return lines, silent
+
+
 def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
     p = fleet_sub.add_parser(
         "status", help="per device: online/offline, active models, last round and metric"
@@ -344,6 +387,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"no device has reported on fleet {fleet}")
     else:
         print(format_table(summarize(statuses, revoked)))
+        opened, silent = alert_lines({d: s for d, s in statuses.items() if d not in revoked})
+        print(f"open alerts: {len(opened) or 'none'}" + "".join(f"\n  {line}" for line in opened))
+        if silent:
+            print("alert rules that cannot fire:" + "".join(f"\n  {line}" for line in silent))
     if note is not None and not args.json:
         print(note)
     return 0

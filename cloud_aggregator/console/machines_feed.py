@@ -38,6 +38,8 @@ MAX_RULES = 64
 MAX_CLASSES = 16
 #: Longest device-written string kept (row keys, class names, digests).
 MAX_TEXT = 80
+#: Longest operator's text kept (an alert rule's ``action``, a class's meaning; edge.config.MAX_WORDS).
+MAX_WORDS = 200
 
 
 def _text(value: Any) -> str | None:
@@ -152,6 +154,13 @@ class Point:
 #: The fields of an alert event the console keeps (``edge.serving.alerts.Event``).
 ALERT_TEXT = ("task", "state", "key")
 ALERT_NUMBERS = ("at", "since", "value", "threshold", "votes", "k", "n")
+#: The operator's words an alert event carries: what to do, what the class it reads means.
+ALERT_WORDS = ("action", "meaning")
+
+
+def words(value: Any) -> str | None:
+    """An operator's text from a device (``None``: not a string), at most :data:`MAX_WORDS` characters."""
+    return value[:MAX_WORDS] if isinstance(value, str) and value else None
 
 
 def parse_alert(rule: str, body: Any) -> dict[str, Any] | None:
@@ -161,6 +170,7 @@ def parse_alert(rule: str, body: Any) -> dict[str, Any] | None:
     out: dict[str, Any] = {"rule": rule[:MAX_TEXT]}
     out |= {k: _text(body.get(k)) for k in ALERT_TEXT}
     out |= {k: number(body.get(k)) for k in ALERT_NUMBERS}
+    out |= {k: words(body.get(k)) for k in ALERT_WORDS}
     return out if out["at"] is not None else None
 
 

@@ -15,7 +15,14 @@ from typing import Any
 from cloud_aggregator.console.feed import ViewSource
 from cloud_aggregator.console.fleet_status import number
 from cloud_aggregator.console.fleet_view import FleetView
-from cloud_aggregator.console.machines_feed import MAX_RULES, MAX_TEXT, MachineLog, Point, merged_alerts
+from cloud_aggregator.console.machines_feed import (
+    MAX_RULES,
+    MAX_TEXT,
+    MachineLog,
+    Point,
+    merged_alerts,
+    words,
+)
 
 #: The fields of a status's ``serving.models.<task>`` shown as the serving model.
 MODEL_FIELDS = (
@@ -27,6 +34,7 @@ MODEL_FIELDS = (
     "encoder_version",
     "since",
     "candidate",
+    "reference",  # None: no test figure, so drift is never told
 )
 #: The counts of ``serving.moonraker`` (the speed advice applied to a printer through Moonraker).
 MOONRAKER_COUNTS = ("sent", "failed", "restored", "readback_mismatch", "dropped")
@@ -73,7 +81,21 @@ def _moonraker(value: Any) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {k: number(value.get(k)) for k in MOONRAKER_COUNTS}
     out["refused"] = str(value["refused"])[:300] if isinstance(value.get("refused"), str) else None
+    out["last_error"] = str(value["last_error"])[:300] if isinstance(value.get("last_error"), str) else None
+    out["dry_run"] = value.get("dry_run") is True
     return out
+
+
+def rules(value: Any) -> list[dict[str, Any]]:
+    """The device's alert rules (``serving.rules``): each with its words and why it cannot fire, if so."""
+    out = []
+    for name, rule in list(_dict(value).items())[:MAX_RULES]:
+        r = _dict(rule)
+        out.append({"rule": str(name)[:MAX_TEXT], "task": _plain(r.get("task")), "value": _plain(r.get("value")),
+                    "above": number(r.get("above")), "action": words(r.get("action")),
+                    "meaning": words(r.get("meaning")), "silent": str(r["silent"])[:300]
+                    if isinstance(r.get("silent"), str) else None})  # fmt: skip
+    return sorted(out, key=lambda r: r["rule"])
 
 
 def evidence(value: Any) -> dict[str, Any] | None:
@@ -151,10 +173,14 @@ def machine_json(
         )
     alerts = merged_alerts(events, body.get("alerts"))
     kind = body.get("kind")
+    # Seen: its newest word, a status or an answer (a machine answering every second is not 23 s old).
+    heard = [
+        t for t in (number(body.get("time")), *(p.answered_at for p in latest.values())) if t is not None
+    ]
     return {
         "device": device[:MAX_TEXT],
         "online": body.get("state") == "online",
-        "last_seen": number(body.get("time")),
+        "last_seen": max(heard) if heard else None,
         "kind": kind[:20] if isinstance(kind, str) else None,
         "serving": serving.get("enabled") if isinstance(serving.get("enabled"), bool) else None,
         "refused_rows": _counts(refused.get("*")),
@@ -164,6 +190,13 @@ def machine_json(
         "tasks": tasks,
         "alerts": alerts,
         "open_alerts": sum(a["state"] == "raised" for a in alerts),
+        "rules": rules(serving.get("rules")),
+        # What each class means, in the operator's words ([serve.classes]).
+        "classes": {
+            str(k)[:MAX_TEXT]: w
+            for k, v in list(_dict(serving.get("classes")).items())[:MAX_RULES]
+            if (w := words(v)) is not None
+        },
     }
 
 

@@ -128,16 +128,24 @@ class Discovery:
         ]  # fmt: skip
 
     def alert(self, rule: AlertRule) -> tuple[str, bytes]:
-        """A rule's ``binary_sensor``: on while its alert is open."""
+        """A rule's ``binary_sensor``: on while its alert is open; named by its ``action`` when it has
+        one, and the alert message (``action``, the class's ``meaning``) as its attributes."""
+        topic = topics.topic_alert(self.fleet, self.device, rule.name)
         return self._entity(
             "binary_sensor",
             f"alert_{rule.name}",
-            f"alert {rule.name}",
+            _shorten(f"alert {rule.name}" + (f": {rule.action}" if rule.action else "")),
             {
-                "state_topic": topics.topic_alert(self.fleet, self.device, rule.name),
+                "state_topic": topic,
+                "json_attributes_topic": topic,
                 "value_template": "{{ value_json.state }}",
                 "payload_on": "raised",
                 "payload_off": "cleared",
                 "device_class": "problem",
             },
         )
+
+
+def _shorten(name: str, limit: int = 100) -> str:
+    """A name ``serve`` passes on (at most ``limit`` characters; the attributes keep the whole text)."""
+    return name if len(name) <= limit else name[: limit - 1].rstrip() + "…"

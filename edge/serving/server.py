@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from edge.config import DeviceConfig
+from edge.config import AlertRule, DeviceConfig
 from edge.feed import SERVING_DIR, feed_path, wake_path
 from edge.jsonlog import JsonLinesLog, Tail, read_log
 from edge.models.onnx import no_worse
 from edge.rows import Row
 from edge.serving.advice import Advice, ceilings, speed_advice
-from edge.serving.alerts import Alerts, Event
+from edge.serving.alerts import Alerts, Event, rule_problem
 from edge.serving.candidates import choose
 from edge.serving.conformal import score as conformal_score
 from edge.serving.field import MAX_PENDING, FieldScores
@@ -121,7 +121,8 @@ class Server:
             max_age_s=self.cfg.log_max_age_s,
             keep=self.cfg.log_keep,
         )
-        self.alerts = Alerts(self.device, self.cfg.alerts if self.enabled else [], self.dir)
+        self.alerts = Alerts(self.device, self.cfg.alerts if self.enabled else [], self.dir, self.cfg.classes)
+        self.unchecked: str | None = None  # why the rules' classes were not checked at start (no rows yet)
         self.field = FieldScores(self.cfg.field_window, self.cfg.drift_margin, self._calibrate)
         self.advice: dict[str, tuple[tuple, Advice]] = {}  # task -> ((model digest, ceilings), advice)
         self._apply_refused: str | None = None  # several tasks advise and none is the advice_task
@@ -134,6 +135,7 @@ class Server:
                 url or "http://127.0.0.1:7125", self.cfg.dry_run, key, self.cfg.max_advice, device=self.device
             )
         self._last_run: str | None = None
+        self._moonraker_seen: tuple = ()  # Moonraker's counts at the last take_changed
         self._applied_task: str | None = None  # the task whose advice was last sent
         self.home_assistant = Discovery(config) if self.enabled and self.cfg.home_assistant else None
         self._watch_lock = threading.Lock()  # field scores and alerts: the serving thread vs the status
@@ -441,6 +443,28 @@ class Server:
             self.publish_errors += 1
             self._say(event.task, "publish", f"could not publish an alert: {exc}")
 
+    def _never_fires(self, rule: AlertRule) -> bool:
+        model = self.models.get(rule.task)
+        return model is not None and rule_problem(rule, model.classes) is not None
+
+    def rule_status(self) -> dict[str, dict[str, Any]]:
+        """Each alert rule, its words, and why it cannot fire (yet), if so: the status's ``rules``."""
+        out = {}
+        for rule in self.cfg.alerts if self.enabled else []:
+            model = self.models.get(rule.task)
+            if not self.serves(rule.task):
+                silent = f"task {rule.task} does not serve here ([serve] tasks)"
+            elif model is None:
+                silent = f"task {rule.task} has no serving model yet"
+            else:
+                silent = rule_problem(rule, model.classes)
+                if silent is not None:
+                    self._say(rule.task, f"rule {rule.name}", f"alert rule never fires: {silent}")
+            action, meaning = self.alerts.words(rule)
+            out[rule.name] = {"task": rule.task, "value": rule.value, "above": rule.above,
+                              "action": action, "meaning": meaning, "silent": silent}  # fmt: skip
+        return out
+
     def _calibrate(self, answer: Answer, truth: float | str) -> None:
         """A labelled answer's score joins its model's calibration while that model serves."""
         model = self.models.get(answer.task)
@@ -601,7 +625,8 @@ class Server:
         turned off): Home Assistant then removes it."""
         out: list[tuple[str, bytes]] = []
         if self.home_assistant is not None:
-            out = [self.home_assistant.alert(rule) for rule in self.cfg.alerts]
+            # A rule its task's model shows can never fire is not announced (nor kept, if it was).
+            out = [self.home_assistant.alert(r) for r in self.cfg.alerts if not self._never_fires(r)]
             for task, model in list(self.models.items()):
                 out += self._task_discovery(self.home_assistant, task, model)
         now = {t for t, _ in out}
@@ -641,8 +666,13 @@ class Server:
 
     # -- status -------------------------------------------------------------------------
     def take_changed(self) -> bool:
-        """Whether answers, refusals or the serving model changed since the last call."""
+        """Whether answers, refusals, the serving model or Moonraker's outcome changed since the last call."""
         changed, self._changed = self._changed, False
+        if self.moonraker is not None:  # its worker thread fails or sends after the answer went out
+            m = self.moonraker
+            now = (m.sent, m.would_send, m.failed, m.restored, m.refused, m.last_error)
+            changed |= now != self._moonraker_seen
+            self._moonraker_seen = now
         return changed
 
     def _moonraker_status(self) -> dict[str, Any]:
@@ -677,6 +707,7 @@ class Server:
                     "calibration_rows": len(m.calibration),
                     "candidate": m.candidate,
                     "evidence": m.evidence,
+                    "reference": m.reference,  # None: no test figure, so no drift is ever told
                 }
                 for t, m in list(self.models.items())
             },
@@ -691,6 +722,9 @@ class Server:
             **({"moonraker": self._moonraker_status()} if self.moonraker is not None else {}),
             "alerts": alerts,
             "alerts_untrusted": self.alerts.untrusted,
+            "rules": self.rule_status(),
+            **({"rules_unchecked": self.unchecked} if self.unchecked else {}),
+            "classes": dict(self.cfg.classes),
             "publish_errors": self.publish_errors,
             "skipped_lines": self._tail.skipped if self._tail is not None else 0,
             "last_latency_s": self.last_latency_s,

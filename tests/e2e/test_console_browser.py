@@ -168,7 +168,8 @@ def test_console_as_a_newcomer_sees_it(mosquitto, browser_page, tmp_path):
     page = browser_page
     _newcomer_store(tmp_path / "agg")
     statuses = {
-        "printer1": {"state": "online", "kind": "printer", "tasks": {"speed": {"round": 4, "metrics": {}}}},
+        "printer1": {"state": "online", "kind": "printer", "tasks": {"speed": {"round": 4, "metrics": {}}},
+                     "serving": {"enabled": True, "models": {"speed": {"round": 4, "reference": None}}}},
         "welder1": {"state": "online", "kind": "welder", "tasks": {"tool": {"round": None, "metrics": {}}},
                     "refused": {"speed": SAT_OUT}},
     }  # fmt: skip
@@ -187,6 +188,8 @@ def test_console_as_a_newcomer_sees_it(mosquitto, browser_page, tmp_path):
     console, url = _console(config)
     try:
         page.goto(url)
+        # A serving model with no test-split figure: nothing to tell drift from, and the card says so.
+        page.wait_for_selector('.machine[data-device="printer1"] .no-reference', timeout=20_000)
         page.click("#to-learning")  # the landing page is the machines view (test_console_machines)
         page.wait_for_selector('#devices tr[data-device="welder1"]', timeout=20_000)
         page.wait_for_selector('svg[data-task="speed"] path[data-series="printer1"]', timeout=20_000)

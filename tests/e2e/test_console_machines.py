@@ -16,12 +16,17 @@ from edge.serving.feed import feed_path
 from edge.serving.jsonlog import read_log
 from tests.e2e.test_console_browser import _console, artifacts, browser_page  # noqa: F401  (a fixture)
 from tests.e2e.test_serving import WELD_TASK, record
-from tests.e2e.test_serving_watch import WELDER_TOML
+from tests.e2e.test_serving_watch import ADVISING_TASK, WELDER_TOML
 
-#: A status a second after news (not 30 s): field figures and counts come with the status.
-PRINTER_TOML = 'kind = "printer"\nround_status_s = 1.0\n[serve]\nvibration_budget = 1.0\n'
+#: A status a second after news (not 30 s): field figures and counts come with the status.  Its advice
+#: goes to a Moonraker that is not there (port 9: refused; a floor of 0 lets a young model's advice
+#: out), and a rule waits on a task it never gets.
+PRINTER_TOML = """kind = "printer"\nround_status_s = 1.0\n[serve]\nvibration_budget = 1.0\nmin_advice = 0.0
+apply = "moonraker"\ndry_run = false\nmoonraker_url = "http://127.0.0.1:9"
+[[serve.alerts]]\nname = "shaky"\ntask = "speed2"\nvalue = "abs_residual"\nabove = 20.0
+"""
 WELDER = 'kind = "welder"\nround_status_s = 1.0\n' + WELDER_TOML
-SPEED = pflda_task(rounds=2) | {"devices": {"kind": "printer"}}
+SPEED = pflda_task(rounds=2) | {"devices": {"kind": "printer"}, "hparams": ADVISING_TASK["hparams"]}
 TOOL = WELD_TASK | {
     "rounds": 4,
     "hparams": WELD_TASK["hparams"] | {"local_steps": 20},
@@ -76,7 +81,8 @@ def test_the_machines_view_shows_answers_alerts_and_models_live(fleet_procs, bro
         before = {dev: points(page, dev, task) for dev, task in (("p1", "speed"), ("w1", "tool"))}
 
         # Execute: a new print, and welds from a worn tool whose labels lag an hour (3 welds).
-        record(work, "p1", "printer", "--layers", "4", "--layer-s", "0.3")
+        # (12 layers: its interval is calibrated within the print, and the advice goes to Moonraker.)
+        record(work, "p1", "printer", "--layers", "12", "--layer-s", "0.3")
         record(work, "w1", "welder", "--welds", "10", "--weld-s", "0.1", "--wear-from", "0",
                "--wear-welds", "1", "--label-lag-h", "1", "--sim-weld-min", "20")  # fmt: skip
 
@@ -94,6 +100,16 @@ def test_the_machines_view_shows_answers_alerts_and_models_live(fleet_procs, bro
         assert page.locator('.machine[data-device="w1"]').get_attribute("data-open-alerts") == "1"
         assert page.locator('.machine[data-device="p1"]').get_attribute("data-open-alerts") == "0"
         assert "since" in page.locator(alert).inner_text()
+        # The operator's words on the alert; a rule that cannot fire; the Moonraker that fails.
+        text = page.locator(alert).inner_text()
+        assert "worn horn and worn anvil" in text and "what to do: replace the horn" in text, text
+        now = page.locator('.machine[data-device="w1"] .task-now[data-task="tool"] .now').inner_text()
+        assert "TC4 — worn horn and worn anvil" in now, now  # the class's meaning beside the class
+        silent = page.locator('.machine[data-device="p1"] .rule-silent[data-rule="shaky"]').inner_text()
+        assert "task speed2 has no serving model yet" in silent
+        failing = '.machine[data-device="p1"] .moonraker.bad:not([data-failed="0"])'
+        page.wait_for_selector(failing, timeout=30_000)
+        assert "last error:" in page.locator(failing).inner_text()
         assert page.locator("#open-alerts").inner_text() == "1 open alert"
         # Field error (layers: scored at once) and accuracy (welds: as the lagging labels land), from
         # the statuses the trainers re-publish.
@@ -132,6 +148,11 @@ def test_the_machines_view_shows_answers_alerts_and_models_live(fleet_procs, bro
         # The learning view is one click away, and back.
         page.click("#to-learning")
         page.wait_for_selector('#devices tr[data-device="w1"]', timeout=20_000)
+        # w1 refuses the printers' task: routine, grey, not red.
+        routine = page.locator('#devices tr[data-device="w1"] .not-for-here[data-task="speed"]')
+        assert "task runs on kind 'printer'" in routine.inner_text()
+        assert "muted" in (routine.get_attribute("class") or "")
+        assert page.locator('#devices tr[data-device="w1"] .bad').count() == 0
         page.wait_for_selector(
             'svg[data-task="tool"] path[data-series="fleet mean"][data-points="4"]',
             state="attached",  # a flat curve (accuracy 1 every round) has no height: "hidden" to Playwright

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -28,6 +30,9 @@ above = 0.6
 k = 3
 n = 4
 clear_below = 0.4
+action = "replace the horn"
+[serve.classes]
+TC4 = "worn horn and worn anvil"
 """
 
 
@@ -74,6 +79,14 @@ def test_a_wearing_tool_raises_one_alert_and_a_new_tool_clears_it(fleet_procs):
         )
         status = retained_status(fleet_procs.broker_url, dev)
         assert [a["rule"] for a in status["alerts"]] == ["worn_tool"]
+        # `fleet status` lists the open alert with the operator's words.
+        cmd = [sys.executable, "-m", "cloud_aggregator.cli", "fleet", "status", "--broker",
+               fleet_procs.broker_url, "--fleet", FLEET, "--allow-plaintext"]  # fmt: skip
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert (
+            "open alerts: 1\n  w1: worn_tool (task tool — worn horn and worn anvil) open since " in out.stdout
+        )
+        assert "what to do: replace the horn" in out.stdout, out.stdout + out.stderr
         field = status["serving"]["field"]["tool"]
         assert field["metric"] == "accuracy" and field["awaiting_labels"] >= 3  # the last 3 not labelled yet
         # A new tool: the answers fall back under clear_below, the alert clears once.
@@ -88,6 +101,9 @@ def test_a_wearing_tool_raises_one_alert_and_a_new_tool_clears_it(fleet_procs):
         sniffer.stop()
     events = alert_events(sniffer, dev, "worn_tool")
     assert [e["state"] for e in events] == ["raised", "cleared"]
+    assert all(
+        e["action"] == "replace the horn" and e["meaning"] == "worn horn and worn anvil" for e in events
+    )
     assert events[0]["votes"] >= 3 and events[1]["since"] == events[0]["at"]
     fleet_procs.wait_for(
         lambda: retained_status(fleet_procs.broker_url, dev).get("alerts") == [], 30, "no open alert"

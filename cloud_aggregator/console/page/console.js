@@ -8,6 +8,8 @@ const COLORS = ["#0969da", "#bf3989", "#1a7f37", "#bc4c00", "#8250df", "#0a7480"
 function fmt(v, digits = 4) { return v == null ? "-" : Number(v).toPrecision(digits); }
 function bytes(n) { return n == null ? "-" : n >= 1 << 20 ? `${(n / (1 << 20)).toFixed(1)} MiB` : `${(n / 1024).toFixed(0)} KiB`; }
 function pairs(obj) { return Object.entries(obj || {}).map(([k, v]) => `${k}: ${v}`).join("; ") || "-"; }
+// A task whose device selection leaves this device out (round_messages.DeviceSelection.refusal): routine.
+function notForHere(why) { return typeof why === "string" && why.startsWith("task runs on "); }
 
 function renderDevices(devices, now) {
   const body = document.querySelector("#devices tbody");
@@ -19,7 +21,10 @@ function renderDevices(devices, now) {
       el("span", { class: `dot ${d.online ? "online" : "offline"}` }), word + (d.paused != null ? ", paused" : ""));
     const rows = d.rows ? `${d.rows.train ?? "?"}/${d.rows.test ?? "?"}` : "-";
     const sensor = el("td", { class: d.sensor === "fault" ? "bad" : "" }, d.sensor ?? "-");
-    const refusedTasks = el("td", { class: Object.keys(d.refused_tasks || {}).length ? "bad" : "" }, pairs(d.refused_tasks));
+    // Tasks this device refuses: red, except the routine "not for this device" (grey).
+    const refusedTasks = el("td", {}, ...Object.entries(d.refused_tasks || {}).map(([k, v], i) =>
+      el("span", { class: notForHere(v) ? "muted not-for-here" : "bad", "data-task": k }, `${i ? "; " : ""}${k}: ${v}`)));
+    if (!refusedTasks.childNodes.length) refusedTasks.textContent = "-";
     // Refusals in red; copies of uploads already counted (a restart's re-send) are routine, apart and grey.
     const uploads = el("td", {}, el("span", { class: Object.keys(d.uploads_refused || {}).length ? "bad" : "" }, pairs(d.uploads_refused)));
     if (d.uploads_resent) uploads.append(" ", el("span", { class: "muted resent", title: "copies of uploads already counted: routine" }, `(resent: ${d.uploads_resent})`));

@@ -54,14 +54,15 @@ function timeline(task) {
   return [box, legend];
 }
 
-function conditionNow(task) {
+function conditionNow(task, meanings) {
   const a = task.latest;
   if (!a) return el("div", { class: "now muted" }, "no answer yet");
   if (a.classes) {
     const i = a.classes.indexOf(a.predicted);
     const p = i >= 0 ? a.probabilities[i] : null;
     return el("div", { class: "now", "data-key": a.key },
-      `weld ${a.key}: `, el("b", {}, `${a.predicted ?? "?"}`), ` (p ${fmt(p, 2)}) `,
+      `weld ${a.key}: `, el("b", {}, `${a.predicted ?? "?"}`), Object.hasOwn(meanings, a.predicted ?? "") ? el("span", { class: "meaning" }, ` — ${meanings[a.predicted]}`) : "",
+      ` (p ${fmt(p, 2)}) `,
       el("span", { class: "probs muted" }, ...a.classes.map((c, j) => el("span", {}, `${c} ${fmt(a.probabilities[j], 2)}`))));
   }
   const off = a.residual != null && a.commanded ? Math.abs(a.residual) / a.commanded : 0;
@@ -92,6 +93,8 @@ function facts(task) {
     const enc = m.encoder_version != null ? `, encoder ${m.encoder ?? ""} v${m.encoder_version}` : "";
     const which = m.candidate ? ` (${m.candidate})` : "";
     out.push(el("span", { class: "model", "data-candidate": m.candidate ?? "" }, `serving: ${task.task} round ${m.round}, ${m.digest ?? "?"}${enc}${which}`));
+    // No test-split figure: field scores are kept, but no drift can ever be told against it.
+    if (m.reference == null) out.push(el("span", { class: "warn no-reference" }, "no reference to drift from (its model has no test-split figure)"));
     const ev = task.evidence;
     if (ev) {
       const scores = Object.entries(ev.scores).map(([k, v]) => `${k} ${v == null ? "n/a" : fmt(v, 3)}`).join(", ");
@@ -108,9 +111,24 @@ function facts(task) {
 function alertLine(a, now) {
   const open = a.state === "raised";
   const detail = `${a.votes ?? "?"} of the last ${a.n ?? "?"} ${open ? "over" : "at or below"} ${fmt(a.threshold, 3)}; row ${a.key ?? "?"} read ${fmt(a.value, 3)}`;
-  const text = open ? `⚠ ${a.rule} (${a.task ?? "?"}) since ${when(a.since ?? a.at, now)}: ${detail}`
-    : `${a.rule} (${a.task ?? "?"}) cleared ${when(a.at, now)}`;
-  return el("div", { class: open ? "alert" : "alert cleared", "data-alert": a.rule, "data-state": a.state }, text);
+  const meaning = a.meaning ? ` — ${a.meaning}` : "";
+  const text = open ? `⚠ ${a.rule} (${a.task ?? "?"}${meaning}) since ${when(a.since ?? a.at, now)}: ${detail}`
+    : `${a.rule} (${a.task ?? "?"}${meaning}) cleared ${when(a.at, now)}`;
+  const line = el("div", { class: open ? "alert" : "alert cleared", "data-alert": a.rule, "data-state": a.state }, text);
+  if (open && a.action) line.append(el("div", { class: "action" }, `what to do: ${a.action}`));
+  return line;
+}
+
+// A rule that cannot fire (yet): its task serves no model here yet, or it reads what its task never answers.
+function silentRule(r) {
+  return el("div", { class: "warn rule-silent", "data-rule": r.rule }, `rule ${r.rule} cannot fire: ${r.silent}`);
+}
+
+function moonrakerLine(k) {
+  const failing = (k.failed ?? 0) > 0 || k.last_error;
+  const text = `Moonraker${k.dry_run ? " (dry run)" : ""}: ${k.sent ?? 0} sent, ${k.failed ?? 0} failed, ${k.restored ?? 0} restored`
+    + (k.last_error ? `; last error: ${k.last_error}` : "") + (k.refused ? `; refused: ${k.refused}` : "");
+  return el("div", { class: failing || k.refused ? "facts bad moonraker" : "facts moonraker", "data-failed": String(k.failed ?? 0) }, text);
 }
 
 function card(m, now) {
@@ -119,9 +137,11 @@ function card(m, now) {
   const box = el("div", { class: m.open_alerts ? "machine alerting" : "machine", "data-device": m.device,
     "data-open-alerts": String(m.open_alerts), "data-online": String(!!m.online) }, head);
   for (const a of m.alerts) box.append(alertLine(a, now));
+  for (const r of m.rules || []) if (r.silent) box.append(silentRule(r));
+  if (m.moonraker) box.append(moonrakerLine(m.moonraker));
   for (const t of m.tasks) {
     const [plot, legend] = timeline(t);
-    box.append(el("div", { class: "task-now", "data-task": t.task }, conditionNow(t), facts(t), plot, legend ?? ""));
+    box.append(el("div", { class: "task-now", "data-task": t.task }, conditionNow(t, m.classes || {}), facts(t), plot, legend ?? ""));
   }
   if (!m.tasks.length) {
     // A status without a serving block: the trainer answers nothing (simulated data, the swarm, or off).
