@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="edge-recorder",
         description="ioft device recorder: appends rows from this machine's sensors to its local dataset.",
+        epilog="edge-recorder schema --from FOLDER --save schema.json: infer, show and save a new sensor's "
+        'feature schema from its recordings, for [sensors] schema = "schema.json"',
     )
     p.add_argument("--device", help="this device's id, e.g. printer3 (with --simulate: default sim-printer)")
     p.add_argument(
