@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from cloud_aggregator.aggregation.fedbuff import BufferConfig
@@ -161,9 +163,11 @@ class TaskConfig:
     model_args: dict[str, Any] = field(default_factory=dict)
     hparams: dict[str, Any] = field(default_factory=dict)
     server: dict[str, Any] = field(default_factory=dict)
-    #: The feature schema the task's inputs follow: a sha256 hex digest, or ``"weld-dwt"`` for
-    #: the default 624-feature weld schema (``sensors.features.schema``).  Devices whose
-    #: dataset carries another schema refuse the task instead of training on the wrong columns.
+    #: The feature schema the task's inputs follow: a sha256 hex digest, ``"weld-dwt"`` for
+    #: the default 624-feature weld schema (``sensors.features.schema``), or the path of a schema
+    #: file that ``edge-recorder schema --save`` wrote (read once, at start; relative to the
+    #: working folder).  Devices whose dataset carries another schema refuse the task instead of
+    #: training on the wrong columns.
     feature_schema: str | None = None
     #: Which devices run the task (``devices = { kind = "welder", tags = [...], ids = [...] }``;
     #: ``None``: every device).  Not part of the spec: narrowing it keeps the task's history.
@@ -189,6 +193,8 @@ class TaskConfig:
     buffered: BufferConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.feature_schema is not None:  # a file is read once: the spec never changes under a task
+            object.__setattr__(self, "feature_schema", self._schema_hash())
         self.check()
 
     def buffer_config(self) -> BufferConfig:
@@ -268,14 +274,30 @@ class TaskConfig:
         )
 
     def _schema_hash(self) -> str | None:
-        if self.feature_schema == "weld-dwt":
+        value = self.feature_schema
+        if value == "weld-dwt":
             # Lazy: sensors.features.schema imports PyWavelets (the device extra), and the
             # aggregator's config must load with the core dependencies alone.
             from sensors.features.schema import schema_hash
 
             return schema_hash()
-        return self.feature_schema
+        if not isinstance(value, str) or _HEX64.fullmatch(value):
+            return value  # a hash (or None); TaskSpec checks its form
+        if not value.lower().endswith(".json") and not Path(value).exists():
+            raise ValueError(
+                f"task {self.name!r}: feature_schema {value!r} is neither a sha256 hex digest, "
+                "'weld-dwt', nor a schema file (edge-recorder schema --from FOLDER --save schema.json)"
+            )
+        from sensors.features.infer import load_schema_file
+        from sensors.welding.recording import WeldDataError
 
+        try:
+            return load_schema_file(value).schema_hash()
+        except WeldDataError as exc:  # FeatureInputError: one line naming the file and the fix
+            raise ValueError(f"task {self.name!r}: {exc}") from None
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 #: ``max_staleness`` of a buffered task that does not set it: the versions it keeps in memory.
 MAX_STALENESS = 20

@@ -19,7 +19,13 @@ from sensors.accel import adxl345, mpu6050
 from sensors.files import DEFAULT_MAX_FILE_BYTES
 
 #: Files ``device.toml`` may name relative to its own folder: ``(table, key)``.
-RELATIVE_FILES = (("tls", "ca_file"), ("tls", "cert_file"), ("tls", "key_file"), ("model", "public_key"))
+RELATIVE_FILES = (
+    ("tls", "ca_file"),
+    ("tls", "cert_file"),
+    ("tls", "key_file"),
+    ("model", "public_key"),
+    ("sensors", "schema"),  # a saved feature schema beside device.toml ("infer" is no path)
+)
 
 
 def resolve_relative_files(raw: dict[str, Any], base: Path) -> dict[str, Any]:
@@ -32,7 +38,7 @@ def resolve_relative_files(raw: dict[str, Any], base: Path) -> dict[str, Any]:
     for table, key in RELATIVE_FILES:
         section = out.get(table)
         value = section.get(key) if isinstance(section, dict) else None
-        if isinstance(value, str) and value and not Path(value).is_absolute():
+        if isinstance(value, str) and value and value != "infer" and not Path(value).is_absolute():
             out[table] = {**section, key: str(base / value)}
     return out
 
@@ -98,6 +104,12 @@ class SensorsConfig:
     (4-byte rows) and 20,000 for a welder (624 features: every append rewrites the file,
     ~50 MB per split at that size).  ``max_file_bytes`` (default 32 MiB) caps a weld file: one
     larger on disk, or whose header declares more, is set aside in ``rejected/`` unread.
+
+    A new sensor's welds (any channels, any rate): ``schema = "schema.json"`` names the feature
+    schema ``edge-recorder schema --from FOLDER --save schema.json`` saved, or ``schema = "infer"``
+    infers it from the recordings already in ``weld_folder`` at the first start (kept in the
+    state folder, so it never changes under the dataset).  Unset: the default weld schema.
+    ``min_sample_rate`` (Hz) is the lowest rate read (default: the schema's rate).
     """
 
     kind: str
@@ -124,6 +136,8 @@ class SensorsConfig:
     max_pending_welds: int = 2000
     status_every_s: float = 10.0
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    schema: str | None = None
+    min_sample_rate: float | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -162,12 +176,22 @@ class SensorsConfig:
                 problems.append(f"sensors.{name} must be in (0, 3600] seconds, got {value}")
         if not self.max_file_bytes >= 1024:
             problems.append(f"sensors.max_file_bytes must be >= 1024, got {self.max_file_bytes}")
+        if self.schema is not None and not self.schema.strip():
+            problems.append(
+                'sensors.schema must be a schema file (edge-recorder schema --save FILE) or "infer"'
+            )
+        if self.min_sample_rate is not None and not 0 < self.min_sample_rate <= 10_000_000:
+            problems.append(f"sensors.min_sample_rate must be in (0, 1e7] Hz, got {self.min_sample_rate}")
         if not 0 <= self.settle_s <= 300:
             problems.append(f"sensors.settle_s must be in [0, 300] seconds, got {self.settle_s}")
         if not 0.0 <= self.test_fraction < 1.0:
             problems.append(f"sensors.test_fraction must be in [0, 1), got {self.test_fraction}")
         if (self.max_rows is not None and self.max_rows < 1) or self.max_pending_welds < 0:
             problems.append("sensors.max_rows must be >= 1 and sensors.max_pending_welds >= 0")
+        if self.kind != "welder" and (self.schema is not None or self.min_sample_rate is not None):
+            problems.append(
+                "sensors.schema and sensors.min_sample_rate are for kind = 'welder' (a folder of recordings)"
+            )
         if self.kind == "welder":
             for name in ("weld_folder", "label_log"):
                 if not getattr(self, name):

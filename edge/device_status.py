@@ -111,5 +111,5 @@ def data_status(train: Dataset, test: Dataset, meta: dict, state_dir: Path) -> d
     except (OSError, ValueError, RecursionError):
         return out  # no recorder here (simulated data), or a status being replaced: skip it
     if isinstance(rec, dict):
-        out["sensor"] = {k: rec.get(k) for k in ("state", "running", "updated_at", "appended")}
+        out["sensor"] = {k: rec.get(k) for k in ("state", "running", "updated_at", "appended", "schema")}
     return out

@@ -1,6 +1,7 @@
 """``edge-recorder --device NAME --config FILE``: builds the recorder the ``[sensors]`` table asks for
 and runs it until SIGTERM/SIGINT.  ``edge-recorder --simulate printer`` runs the same recorder on a
-simulated printer (:mod:`edge.recording.simulate`) until its print ends."""
+simulated printer (:mod:`edge.recording.simulate`) until its print ends.  ``edge-recorder schema
+--from FOLDER --save schema.json`` infers a new sensor's feature schema from its recordings."""
 
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="edge-recorder",
         description="ioft device recorder: appends rows from this machine's sensors to its local dataset.",
+        epilog="edge-recorder schema --from FOLDER --save schema.json: infer, show and save a new sensor's "
+        'feature schema from its recordings, for [sensors] schema = "schema.json"',
     )
     p.add_argument("--device", help="this device's id, e.g. printer3 (with --simulate: default sim-printer)")
     p.add_argument(
@@ -81,9 +84,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def schema_command(argv: list[str]) -> int:
+    """``edge-recorder schema --from FOLDER [--save FILE]``: the feature schema a new sensor's recordings fit."""
+    from sensors.features.infer import add_arguments, run
+
+    p = argparse.ArgumentParser(
+        prog="edge-recorder schema",
+        description="infer, show and save the feature schema of a new sensor's recordings "
+        "(then [sensors] schema = FILE records with it)",
+    )
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
 @entry_point("edge-recorder", mistakes=(RecorderError,))
 def main(argv: list[str] | None = None) -> int:
     """Record until SIGTERM/SIGINT (``--simulate``: until the print ends); a user mistake is one line and exit 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["schema"]:
+        return schema_command(argv[1:])
     args = parse_args(argv)
     if args.simulate:
         return simulate(args)

@@ -13,7 +13,7 @@ import numpy as np
 
 from edge.config import SensorsConfig
 from edge.dataset import DIR as DATASET_DIR
-from edge.recording.base import DatasetAppender, RecorderLoop, split_for
+from edge.recording.base import DatasetAppender, RecorderError, RecorderLoop, split_for
 from edge.rows import Row
 from ioft_protocol.state import StateError, load_arrays, save_arrays
 from sensors.files import printable
@@ -40,12 +40,20 @@ class WelderRecorder(RecorderLoop):
         schema=None,
         source: str = WELDER_SOURCE,
     ) -> None:
-        from sensors.features.schema import DEFAULT_SCHEMA
+        from sensors.features.infer import configured_schema
         from sensors.welding.folder import FolderSourceConfig, WatchedFolderSource
         from sensors.welding.labels import SURFACES, TOOL_CLASSES_M, TOOL_CLASSES_S
+        from sensors.welding.recording import WeldDataError
 
         super().__init__(device, state_dir, cfg, clock)
-        self.schema = schema or DEFAULT_SCHEMA
+        if schema is not None:
+            self.schema, self.schema_info = schema, {"source": "code", "schema_hash": schema.schema_hash()}
+        else:  # [sensors] schema: a file, "infer", or the default weld schema
+            try:
+                self.schema, self.schema_info = configured_schema(cfg.schema, cfg.weld_folder, self.state_dir)
+            except (WeldDataError, OSError) as exc:  # FeatureInputError is a WeldDataError
+                raise RecorderError(f"[sensors] schema = {cfg.schema!r}: {exc}") from None
+            log.info("feature schema (%s): %s", self.schema_info["source"], self.schema.describe())
         self.schema_hash = self.schema.schema_hash()
         self.classes = list(
             {"tool_m": TOOL_CLASSES_M, "tool_s": TOOL_CLASSES_S, "surface": dict.fromkeys(SURFACES)}[
@@ -59,6 +67,9 @@ class WelderRecorder(RecorderLoop):
                 state_dir=self.state_dir / "weld-ledger",
                 settle_s=cfg.settle_s,
                 max_file_bytes=cfg.max_file_bytes,
+                # a new sensor's rate is its schema's (a 10 Hz IMU), not the weld's 200 kHz
+                min_sample_rate=cfg.min_sample_rate or self.schema.sample_rate,
+                default_channels=self.schema.channels,
             ),
             clock=clock,
         )
@@ -311,4 +322,5 @@ class WelderRecorder(RecorderLoop):
             "skipped_welds": self.skipped,
             "write_errors": self.data.write_errors,
             "schema_hash": self.schema_hash,
+            "schema": self.schema_info,
         }

@@ -16,9 +16,11 @@ from the recordings what they determine:
 :class:`SchemaChoice` says what was chosen: one log line (:meth:`SchemaChoice.line`, logged
 by :func:`infer_schema`) and a dict for a device's status (:meth:`SchemaChoice.status`).
 
-``python -m sensors.features.infer FILE...`` reads exported recordings (WAV, NPY or CSV
-with their sidecars, :func:`sensors.welding.formats.read_weld_file`) and prints the
-chosen schema's JSON; bad input gets one line and exit status 2.
+``edge-recorder schema --from FOLDER [--save schema.json]`` (or ``python -m
+sensors.features.infer FILE|FOLDER...``) reads exported recordings (WAV, NPY or CSV with
+their sidecars, :func:`sensors.welding.formats.read_weld_file`) at any rate, prints the
+chosen schema's JSON and saves it for ``[sensors] schema = "schema.json"``; bad input gets
+one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -173,24 +177,180 @@ def _names(channels: Any, n_rec: int, n_ch: int) -> tuple[str, ...]:
     return names
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def recording_files(paths: Sequence[str | Path]) -> list[Path]:
+    """The recordings named: files as given, folders as their WAV/NPY/CSV files (sorted, not recursive)."""
+    from sensors.welding.formats import WELD_SUFFIXES
+
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.iterdir() if f.is_file() and f.suffix.lower() in WELD_SUFFIXES)
+            if not found:
+                raise FeatureInputError(
+                    f"{p}: no recordings ({', '.join(WELD_SUFFIXES)}) to infer a feature schema from"
+                )
+            out += found
+        elif p.exists():
+            out.append(p)
+        else:
+            raise FeatureInputError(f"{p}: no such file or folder")
+    return out
+
+
+def infer_from_files(paths: Sequence[str | Path]) -> SchemaChoice:
+    """:func:`infer_schema` on exported recordings (files, or folders of them), at whatever rate.
+
+    Raises
+    ------
+    FeatureInputError
+        As :func:`infer_schema`, or a path that is missing or holds no recordings.
+    WeldDataError, OSError
+        A recording that cannot be read (the message names it).
+    """
     from sensors.welding.formats import read_weld_file
+
+    # Any positive rate: the schema takes the recordings' rate, the reader's weld minimum
+    # (200 kHz) is for the default schema only.
+    recs = [read_weld_file(f, min_sample_rate=1e-9) for f in recording_files(paths)]
+    return infer_schema(
+        [r.data for r in recs], [r.sample_rate for r in recs], [list(r.channels) for r in recs]
+    )
+
+
+def load_schema_file(path: str | Path) -> FeatureSchema:
+    """A schema saved by ``--save`` (its canonical JSON), checked; one-line errors.
+
+    Raises
+    ------
+    FeatureInputError
+        Unreadable, not JSON, or not a consistent feature schema.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FeatureInputError(
+            f"feature schema file {path}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
+    try:
+        return FeatureSchema.from_json(text)
+    except (ValueError, TypeError) as exc:  # JSONDecodeError and SchemaMismatchError are ValueErrors
+        raise FeatureInputError(
+            f"feature schema file {path} is not a saved feature schema ({exc}); "
+            "make one with: edge-recorder schema --from FOLDER --save FILE"
+        ) from None
+
+
+def save_schema_file(schema: FeatureSchema, path: str | Path) -> None:
+    """Write ``schema``'s canonical JSON (what :func:`load_schema_file` reads, hashed as is)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(schema.to_json() + "\n", encoding="ascii")
+    os.replace(tmp, path)  # a reader never sees half a schema
+
+
+#: Where ``schema = "infer"`` keeps the schema it inferred, in the recorder's state folder.
+INFERRED_FILE = "feature-schema.json"
+
+
+def configured_schema(
+    setting: str | None, folder: str | Path, state_dir: str | Path
+) -> tuple[FeatureSchema, dict[str, Any]]:
+    """The schema a recorder's ``[sensors] schema`` names, and what its status says about it.
+
+    Parameters
+    ----------
+    setting
+        ``None`` (the default schema), ``"infer"`` (from the recordings in ``folder`` the first
+        time, then the copy kept in ``state_dir``: the dataset's schema must not drift as longer
+        or shorter recordings arrive), or a schema file's path.
+    folder
+        The recordings to infer from.
+    state_dir
+        Where an inferred schema is kept.
+
+    Raises
+    ------
+    FeatureInputError
+        A schema that cannot be read or inferred (one line naming what to fix).
+    WeldDataError, OSError
+        A recording to infer from that cannot be read.
+    """
+    if setting is None:
+        s = DEFAULT_SCHEMA
+        return s, {"source": "default", "schema_hash": s.schema_hash(), "n_features": s.n_features}
+    if setting == "infer":
+        kept = Path(state_dir) / INFERRED_FILE
+        if kept.exists():
+            s = load_schema_file(kept)
+            info = {"source": "inferred", "file": str(kept), "inferred": True}
+        else:
+            choice = infer_from_files([folder])
+            Path(state_dir).mkdir(parents=True, exist_ok=True)
+            save_schema_file(choice.schema, kept)
+            s, info = choice.schema, {"source": "inferred", "file": str(kept), **choice.status()}
+    else:
+        s = load_schema_file(setting)
+        info = {"source": "file", "file": str(setting), "inferred": False}
+    base = {
+        "channels": list(s.channels),
+        "sample_rate": s.sample_rate,
+        "wavelet": s.wavelet,
+        "level": s.level,
+        "min_samples": s.min_samples,
+        "n_features": s.n_features,
+        "schema_hash": s.schema_hash(),
+    }
+    return s, {**base, **info}
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of ``edge-recorder schema`` and ``python -m sensors.features.infer``."""
+    ap.add_argument(
+        "--from",
+        dest="paths",
+        nargs="+",
+        metavar="PATH",
+        required=True,
+        help="recordings (WAV, NPY or CSV with their sidecars), or folders of them",
+    )
+    ap.add_argument(
+        "--save", metavar="FILE", help="write the schema's JSON here, for [sensors] schema = FILE"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Infer, show (stderr: one line; stdout: the JSON) and optionally save; bad input: one line, 2."""
     from sensors.welding.recording import WeldDataError
 
-    ap = argparse.ArgumentParser(prog="python -m sensors.features.infer", description=__doc__.split("\n")[0])
-    ap.add_argument("files", nargs="+", help="recordings (WAV, NPY or CSV, with their sidecars)")
-    args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        recs = [read_weld_file(f, min_sample_rate=1e-9) for f in args.files]
-        choice = infer_schema(
-            [r.data for r in recs], [r.sample_rate for r in recs], [list(r.channels) for r in recs]
-        )
+        choice = infer_from_files(args.paths)
+        if args.save:
+            save_schema_file(choice.schema, args.save)
     except (OSError, WeldDataError) as exc:  # FeatureInputError is a WeldDataError
         print(f"cannot infer a feature schema: {exc}", file=sys.stderr)
         return 2
     print(choice.schema.to_json())
+    if args.save:
+        print(
+            f"saved to {args.save}: set [sensors] schema = {str(args.save)!r} on the device and "
+            f"feature_schema = {choice.schema.schema_hash()!r} (or the file) in the aggregator's [[task]]",
+            file=sys.stderr,
+        )
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sensors.features.infer", description=__doc__.split("\n")[0])
+    # Positional files as before; --from/--save as edge-recorder schema.
+    ap.add_argument("files", nargs="*", help="recordings (WAV, NPY or CSV, with their sidecars) or folders")
+    ap.add_argument("--from", dest="paths", nargs="+", metavar="PATH", default=[], help="as the files")
+    ap.add_argument("--save", metavar="FILE", help="write the schema's JSON here")
+    args = ap.parse_args(argv)
+    args.paths = [*args.files, *args.paths]
+    if not args.paths:
+        ap.error("name recordings or a folder of them")
+    return run(args)
 
 
 if __name__ == "__main__":
