@@ -24,13 +24,14 @@ ROUNDS = 3
 class Claimer:
     """printer4: a status with a million rows, and an answer claiming them to each running round."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, task: str = "speed") -> None:
         host, port = url.removeprefix("mqtt://").split(":")
+        self.task = task
         self.rounds: list[int] = []
         self.client = paho.Client(
             callback_api_version=paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311
         )
-        self.client.on_connect = lambda c, *a: c.subscribe(topics.topic_down(FLEET, "speed"), qos=1)
+        self.client.on_connect = lambda c, *a: c.subscribe(topics.topic_down(FLEET, task), qos=1)
         self.client.on_message = self._on_announcement
         self.client.connect(host, int(port))
         status = {"device": LIAR, "state": "online", "data": {"train": CLAIM, "test": 10}}
@@ -43,9 +44,9 @@ class Claimer:
             return
         moved = {k: (v + 10).astype(v.dtype) for k, v in ann.params.items()}
         up = round_messages.UpdateMessage(
-            FLEET, "speed", LIAR, ann.round, ann.phase, CLAIM, ann.global_hash, {}, moved
+            FLEET, self.task, LIAR, ann.round, ann.phase, CLAIM, ann.global_hash, {}, moved
         )
-        client.publish(topics.topic_up(FLEET, "speed", LIAR), up.encode(), qos=1)
+        client.publish(topics.topic_up(FLEET, self.task, LIAR), up.encode(), qos=1)
         self.rounds.append(ann.round)
 
     def stop(self) -> None:
