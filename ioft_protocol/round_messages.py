@@ -117,6 +117,9 @@ class Announcement:
     round: answer once, by the deadline) or ``"buffered"`` (FedBuff: ``round - 1`` is the
     global's version; a device trains from the newest one continuously, quoting a round of
     its own at least ``round``, see ``edge.buffered``); left out when ``"sync"``.
+    ``max_samples`` is the most samples one upload counts in this round (the task's weight cap,
+    ``cloud_aggregator.aggregation.weighting``), for the aggregator workers that fold uploads;
+    devices need not read it; left out when ``None`` (no cap known before the round).
     """
 
     fleet: str
@@ -135,6 +138,7 @@ class Announcement:
     devices: DeviceSelection | None = None
     holdout: tuple[str, ...] = ()
     mode: str = "sync"
+    max_samples: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ROUND_MODES:
@@ -157,6 +161,8 @@ class Announcement:
             fields["holdout"] = sorted(self.holdout)
         if self.mode != "sync":
             fields["mode"] = self.mode
+        if self.max_samples is not None:
+            fields["max_samples"] = self.max_samples
         return encode("round", fields, self.params)
 
     def takes_part(self, device: str) -> bool:
@@ -200,6 +206,7 @@ class Announcement:
             devices=None if meta.get("devices") is None else DeviceSelection.from_json(meta["devices"]),
             holdout=_device_list(meta, "holdout") if "holdout" in meta else (),
             mode=mode,
+            max_samples=_field(meta, "max_samples", int) if meta.get("max_samples") is not None else None,
         )
 
 

@@ -12,8 +12,11 @@ strategy weighs the round; the record's ``extra["weight_cut"]`` names whom, ``{d
 [claimed, counted]}``.  A round that folds its uploads as they arrive cannot wait for its own
 median: it cuts at the median of the same phase's last completed round, and the task's first
 round collects its uploads whole and folds them once cut.  SecAgg rounds are bounded by their
-own ``max_weight`` (the aggregator sees only the sum); streamed rounds split over ``[collect]
-workers`` are not cut (the workers weigh what they fold).
+own ``max_weight`` (the aggregator sees only the sum).  Streamed rounds split over ``[collect]
+workers`` are announced with their cap (``CollectRequest.max_samples``) and each worker cuts
+what it folds; their first round, with no earlier median and no whole uploads, cuts at
+``max_weight_ratio`` × the median of the training rows the devices' statuses report
+(``WorkerFleet.reported_cap``).  The cut is counted and logged here either way.
 """
 
 from __future__ import annotations
@@ -260,11 +263,15 @@ class RoundEngine:
         cap = None  # the most samples one upload counts, where known before the round (a fold's)
         later = None  # a fold that takes the round's uploads once they are cut
         ratio = self.max_weight_ratio
-        if fold is not None and ratio is not None and getattr(self.fleet, "folds_elsewhere", False):
-            ratio = None  # workers weigh what they fold: no cap on a streamed round (docs/fleet.md)
-        elif fold is not None and ratio is not None:
+        elsewhere = getattr(self.fleet, "folds_elsewhere", False)  # workers fold: they get the cap
+        if fold is not None and ratio is not None:
             if self._last_samples.get(phase):
-                cap = sample_cap(self._last_samples[phase], self.max_weight_ratio)
+                cap = sample_cap(self._last_samples[phase], ratio)
+            elif elsewhere:  # no earlier round, and no whole uploads to wait for: the statuses' rows
+                cap = self.fleet.reported_cap(ratio)
+            if elsewhere and cap is None:
+                ratio = None  # nothing known to cut by before the round: not cut (docs/fleet.md)
+            elif cap is not None:
                 fold.weight = capped_weight(fold.weight, cap)
             else:  # no earlier round to cut a streamed weight by: collect whole, fold after the cut
                 later, fold = fold, None
@@ -280,6 +287,7 @@ class RoundEngine:
             expected_by_device=by_device,
             late=late,
             fold=fold,
+            max_samples=cap if elsewhere else None,
         )
         collected = self.fleet.collect(request)
         sat_out = [r for r in collected if isinstance(r, SatOut)]

@@ -92,6 +92,9 @@ class CollectRequest:
     #: upload admission admitted into it once the upload is durable, and files the ``Update`` without
     #: its params.
     fold: RoundFold | None = field(default=None, compare=False)
+    #: The most samples one upload counts, where the fold is done elsewhere (``[collect] workers``):
+    #: announced with the round, each worker cuts what it folds to it (``cloud_aggregator.serve.workers``).
+    max_samples: int | None = None
 
 
 @dataclass(frozen=True)

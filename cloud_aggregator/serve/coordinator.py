@@ -34,7 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from cloud_aggregator.aggregation.update import Update
-from cloud_aggregator.rounds.admission import ROUND_ANSWERS, AdmissionPolicy
+from cloud_aggregator.aggregation.weighting import sample_cap
+from cloud_aggregator.rounds.admission import ROUND_ANSWERS, AdmissionPolicy, reported_train_rows
 from cloud_aggregator.rounds.types import (
     CollectRequest,
     LateUpdate,
@@ -80,8 +81,8 @@ class _Open:
 class WorkerFleet(MqttFleet):
     """``MqttFleet`` whose uploads are admitted by workers; see the module docstring."""
 
-    #: Its workers fold the uploads with their own strategies' weights: the round engine cannot
-    #: cut a streamed round's weights here (``cloud_aggregator.rounds.engine``), nor keep one whole.
+    #: Its workers fold the uploads: the round engine announces the weight cap with the round
+    #: (``CollectRequest.max_samples``) for them to cut by (``cloud_aggregator.rounds.engine``).
     folds_elsewhere = True
 
     def __init__(
@@ -105,6 +106,13 @@ class WorkerFleet(MqttFleet):
         #: Devices asked to re-send an upload lost with a worker, and barriers run (the ledger).
         self.nudged: list[str] = []
         self.barriers = 0
+
+    def reported_cap(self, ratio: float) -> int | None:
+        """A first round's weight cap: ``ratio`` × the median of the training rows the devices'
+        statuses report (one device claiming a million moves a median of three no further than
+        an honest one); ``None`` when no status reports any."""
+        rows = [r for s in list(self.view.status.values()) if (r := reported_train_rows(s)) is not None]
+        return sample_cap(rows, ratio) if rows else None
 
     def live_workers(self) -> set[str]:
         return {w for w, up in list(self.workers.items()) if up}

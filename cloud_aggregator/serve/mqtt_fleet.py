@@ -372,6 +372,7 @@ class MqttFleet:
             devices=self.selections.get(spec.name),
             holdout=self.holdouts.get(spec.name, ()),
             mode=mode,
+            max_samples=request.max_samples,
         )
         topic = topics.topic_down(self.fleet, spec.name)
         payload = ann.encode()

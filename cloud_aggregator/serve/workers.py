@@ -9,7 +9,9 @@ the whole admission pipeline: not a copy), and sends what it admitted to the coo
 uploads and who they are, whenever no upload waits behind them (under a backlog every
 ``FLUSH_S`` or ``BATCH_MAX`` uploads), with its refusals.  The
 coordinator (``cloud_aggregator.serve.coordinator``) merges batches, refuses a device counted twice,
-and closes the round; it alone writes the store.
+and closes the round; it alone writes the store.  Each upload's weight is cut to the round's
+``max_samples`` (the task's weight cap, announced with the round); the coordinator counts and
+logs the cut from the sample counts the batch names (``cloud_aggregator.rounds.engine``).
 
 A worker keeps the uploads of a batch until the coordinator acknowledges it: a batch holding a
 device already counted (a re-send that another worker admitted) is merged nowhere, and the
@@ -36,6 +38,7 @@ from cloud_aggregator import faults, worker_login
 from cloud_aggregator.aggregation.strategies import Strategy, make_strategy
 from cloud_aggregator.aggregation.streaming import RoundFold
 from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.aggregation.weighting import capped_weight
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.rounds.admission import AdmissionPolicy, Inbox
 from cloud_aggregator.rounds.types import CollectRequest, Reason, StoredRefusal, StoredUpload
@@ -240,7 +243,12 @@ class AggregatorWorker:
             strategy.expected(ann.params, ann.phase),
             participants=ann.participants,
             expected_by_device=strategy.expected_by_device(ann.params, ann.phase),
+            max_samples=ann.max_samples if ann.max_samples is None or ann.max_samples >= 1 else 1,
         )
+        if (
+            request.max_samples is not None
+        ):  # the round's weight cap: what this worker folds counts at most it
+            fold.weight = capped_weight(fold.weight, request.max_samples)
         self.fleet.selections[task] = ann.devices
         self.fleet.holdouts[task] = ann.holdout
         self.rounds[task] = _Round(request, fold, ann.deadline)

@@ -19,6 +19,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from cloud_aggregator.local.fleet import aggregator_toml
 from cloud_aggregator.rounds.simulation import ClientData, simulate
 from cloud_aggregator.store.sqlite import SqliteStore
 from edge.dataset import save_dataset
+from tests.e2e.test_weight_cap_mqtt import CLAIM, LIAR, Claimer
 from trainer_lite.data import Dataset
 from trainer_lite.params import param_hash
 from trainer_lite.task import TaskSpec
@@ -58,14 +60,19 @@ def client_data(rng: np.random.Generator) -> dict[str, ClientData]:
     return out
 
 
-def start_devices_and_config(fleet_procs) -> tuple[dict, str]:
-    """The six devices on their datasets, and an aggregator TOML for two workers started by the test."""
+def start_devices_and_config(fleet_procs, task: dict = TASK, also: Sequence[str] = ()) -> tuple[dict, str]:
+    """The six devices on their datasets, and an aggregator TOML for two workers started by the test
+    (``also``: further devices it expects, run by the test)."""
     clients = client_data(np.random.default_rng(0))
     for device, data in clients.items():
         save_dataset(fleet_procs.work / device, data.train, data.test, {"source": "test"})
         fleet_procs.start_device(device, simulate=None)
     toml = aggregator_toml(
-        fleet_procs.broker_url, fleet_procs.work / "aggregator", [TASK], expected=DEVICES, deadline_s=120
+        fleet_procs.broker_url,
+        fleet_procs.work / "aggregator",
+        [task],
+        expected=[*DEVICES, *also],
+        deadline_s=120,
     ).replace("[collect]\n", "[collect]\nworkers = 2\nspawn_workers = false\n")
     return clients, toml
 
@@ -144,3 +151,43 @@ def test_a_killed_coordinator_resumes_with_its_workers(fleet_procs):
         (n, "completed", DEVICES) for n in range(1, 5)
     ]
     assert_final_is_the_simulations(fleet_procs, clients)
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_workers_cut_a_device_claiming_a_million_rows_to_the_announced_cap(fleet_procs):
+    # issue 32 §2 with [collect] workers = 2: printer4 (test_weight_cap_mqtt's Claimer) claims a
+    # million rows in its status and uploads, moving the global by +10.  Before, the workers folded
+    # it at its claim and the engine cut nothing on a streamed round split over workers.
+    task = {**TASK, "rounds": 3, "server": {"weighting": "samples"}}
+    claimer = Claimer(fleet_procs.broker_url, task="pflda")
+    workers = []
+    try:
+        clients, toml = start_devices_and_config(fleet_procs, task, also=[LIAR])
+        fleet_procs.start_aggregator(toml)
+        config = fleet_procs.work / "aggregator.toml"
+        workers = [start_worker(fleet_procs, config, name) for name in ("w1", "w2")]
+        assert fleet_procs.wait_aggregator(180) == 0, fleet_procs.log("aggregator")[-3000:]
+    finally:
+        claimer.stop()
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+                w.wait(10)
+    records = fleet_procs.rounds("pflda")
+    assert [(r.status, sorted(r.participants)) for r in records] == [("completed", [*DEVICES, LIAR])] * 3
+    # Round 1 cuts at 3 × the median of the statuses' rows (the uploads' here), rounds 2-3 at the last round's.
+    cap = int(3 * np.median(list(records[0].n_samples.values())))
+    assert all(r.extra["weight_cut"] == {LIAR: [CLAIM, cap]} for r in records), [r.extra for r in records]
+    assert fleet_procs.log("aggregator").count("count fewer samples than they claim") == 3
+    # The workers folded it at the cap: each round it moved the global by 10 × its share of the
+    # weights (cap / (cap + 6 × 30) = 1/3), not by ~10, against the honest fleet's own run.
+    store = SqliteStore(fleet_procs.db, readonly=True)
+    try:
+        final = store.resume_point("pflda")[2]
+    finally:
+        store.close()
+    honest, _, _ = simulate(TaskSpec.from_json(json.dumps(task)), clients)
+    shift = np.concatenate([(final[k] - honest[k]).ravel() for k in honest])
+    share = cap / (cap + sum(records[0].n_samples[d] for d in DEVICES))
+    assert np.all(np.abs(shift - 3 * 10 * share) < 3), shift  # uncapped: ~30

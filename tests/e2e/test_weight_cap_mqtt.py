@@ -7,6 +7,7 @@ the round's median, every round records the cut, and the aggregator says so once
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import paho.mqtt.client as paho
@@ -24,13 +25,17 @@ ROUNDS = 3
 class Claimer:
     """printer4: a status with a million rows, and an answer claiming them to each running round."""
 
-    def __init__(self, url: str) -> None:
-        host, port = url.removeprefix("mqtt://").split(":")
+    def __init__(self, url: str, task: str = "speed", tls: tuple[Path, Path, Path] | None = None) -> None:
+        """``tls``: the CA, certificate and key of printer4 on a ``fleet init`` fleet (``mqtts://``)."""
+        host, port = url.split("://")[1].split(":")
+        self.task = task
         self.rounds: list[int] = []
         self.client = paho.Client(
-            callback_api_version=paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311
+            callback_api_version=paho.CallbackAPIVersion.VERSION2, client_id=LIAR, protocol=paho.MQTTv311
         )
-        self.client.on_connect = lambda c, *a: c.subscribe(topics.topic_down(FLEET, "speed"), qos=1)
+        if tls is not None:
+            self.client.tls_set(ca_certs=str(tls[0]), certfile=str(tls[1]), keyfile=str(tls[2]))
+        self.client.on_connect = lambda c, *a: c.subscribe(topics.topic_down(FLEET, task), qos=1)
         self.client.on_message = self._on_announcement
         self.client.connect(host, int(port))
         status = {"device": LIAR, "state": "online", "data": {"train": CLAIM, "test": 10}}
@@ -43,9 +48,9 @@ class Claimer:
             return
         moved = {k: (v + 10).astype(v.dtype) for k, v in ann.params.items()}
         up = round_messages.UpdateMessage(
-            FLEET, "speed", LIAR, ann.round, ann.phase, CLAIM, ann.global_hash, {}, moved
+            FLEET, self.task, LIAR, ann.round, ann.phase, CLAIM, ann.global_hash, {}, moved
         )
-        client.publish(topics.topic_up(FLEET, "speed", LIAR), up.encode(), qos=1)
+        client.publish(topics.topic_up(FLEET, self.task, LIAR), up.encode(), qos=1)
         self.rounds.append(ann.round)
 
     def stop(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -49,6 +50,9 @@ def test_announcement_round_trip_and_kind_check():
     )
     back = round_messages.Announcement.decode(ann.encode())
     assert back.round == 2 and back.deadline == 123.5 and back.state == "running"
+    assert back.max_samples is None and "max_samples" not in codec.decode(ann.encode())[0]
+    capped = round_messages.Announcement.decode(replace(ann, max_samples=90).encode())
+    assert capped.max_samples == 90  # the round's weight cap, for the aggregator workers
     with pytest.raises(codec.WireError, match="expected an update"):
         round_messages.UpdateMessage.decode(ann.encode())
 
