@@ -10,6 +10,8 @@ import numpy as np
 
 from ioft_protocol.codec import MAX_PAYLOAD_BYTES, WireError, check_id, decode, encode
 from ioft_protocol.codec import require_field as _field
+from ioft_protocol.compress import CompressError
+from ioft_protocol.downlink import decode_global
 
 #: How a task's rounds run: synchronous rounds, or FedBuff's buffered asynchronous ones.
 ROUND_MODES = ("sync", "buffered")
@@ -117,6 +119,9 @@ class Announcement:
     round: answer once, by the deadline) or ``"buffered"`` (FedBuff: ``round - 1`` is the
     global's version; a device trains from the newest one continuously, quoting a round of
     its own at least ``round``, see ``edge.buffered``); left out when ``"sync"``.
+    ``downlink`` (``[task.compress] downlink``) is the codec field of a global sent as codes: the
+    sender's ``params`` are those codes, and :meth:`decode` returns the global they decode to
+    (:func:`ioft_protocol.downlink.decode_global`); left out when ``None`` (float32).
     """
 
     fleet: str
@@ -135,6 +140,7 @@ class Announcement:
     devices: DeviceSelection | None = None
     holdout: tuple[str, ...] = ()
     mode: str = "sync"
+    downlink: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ROUND_MODES:
@@ -157,6 +163,8 @@ class Announcement:
             fields["holdout"] = sorted(self.holdout)
         if self.mode != "sync":
             fields["mode"] = self.mode
+        if self.downlink is not None:
+            fields["downlink"] = self.downlink
         return encode("round", fields, self.params)
 
     def takes_part(self, device: str) -> bool:
@@ -181,6 +189,14 @@ class Announcement:
         mode = _field(meta, "mode", str) if "mode" in meta else "sync"
         if mode not in ROUND_MODES:
             raise WireError(f"round mode must be one of {list(ROUND_MODES)}, got {mode!r}")
+        down = meta.get("downlink")
+        if down is not None:  # codes of the global: decoded here, once, for every reader
+            if not isinstance(down, dict):
+                raise WireError(f"downlink must be a table, got {down!r}")
+            try:
+                tensors = decode_global(tensors, down)
+            except CompressError as exc:
+                raise WireError(str(exc)) from None
         return cls(
             fleet=check_id("fleet", _field(meta, "fleet", str)),
             task=check_id("task", _field(meta, "task", str)),
@@ -200,6 +216,7 @@ class Announcement:
             devices=None if meta.get("devices") is None else DeviceSelection.from_json(meta["devices"]),
             holdout=_device_list(meta, "holdout") if "holdout" in meta else (),
             mode=mode,
+            downlink=down,
         )
 
 

@@ -92,6 +92,9 @@ class CollectRequest:
     #: upload admission admitted into it once the upload is durable, and files the ``Update`` without
     #: its params.
     fold: RoundFold | None = field(default=None, compare=False)
+    #: ``[task.compress] downlink``: the codes ``global_params`` (already decoded from them) go down
+    #: as, and the announcement's ``downlink`` field (``ioft_protocol.downlink``); ``None``: float32.
+    downlink: tuple[dict[str, Any], dict[str, Any]] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
