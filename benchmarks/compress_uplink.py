@@ -181,7 +181,7 @@ def printer_loss(bits_list: Sequence[int | None], seeds: Sequence[int], rounds: 
                 server={"weighting": "uniform"},
                 rounds=rounds,
                 seed=seed,
-                compress=None if b is None else {"bits": b},
+                compress=compress_table(b),
             )
             final, fleet, _ = simulate(spec, clients)
             losses = [m["loss"] if "loss" in m else m["test_loss"] for m in fleet.evaluate(final).values()]
@@ -272,7 +272,9 @@ FEDDAR = ("FedDAR-WA", "FedDAR-SA")
 # -- a round over loopback mosquitto -----------------------------------------------------------
 
 
-def loopback_round(n: int, p: int, bits: int | None, rounds: int, warmup: int) -> dict[str, float]:
+def loopback_round(
+    n: int, p: int, bits: int | tuple[int, int] | None, rounds: int, warmup: int
+) -> dict[str, float]:
     """N swarm devices (``edge-trainer --swarm``: the daemon's own upload path, so its encoder)
     and ``serve`` on one mosquitto, ``benchmarks.fleet_scale``'s harness and ``echo`` task (P
     float32 parameters, each device uploading the global back: a zero change, which costs the
@@ -302,7 +304,7 @@ def loopback_round(n: int, p: int, bits: int | None, rounds: int, warmup: int) -
             "model_args": {"size": p},
         }
         if bits is not None:
-            task["compress"] = {"bits": bits}
+            task["compress"] = compress_table(bits)
         toml = aggregator_toml(
             fleet.broker_url,
             work / "aggregator",
@@ -336,7 +338,7 @@ def loopback_round(n: int, p: int, bits: int | None, rounds: int, warmup: int) -
             raise RuntimeError("a round lacked uploads: the figures would measure a deadline")
         k = end["done"] - start["done"]
         zeros = {"w": np.zeros(p, np.float32)}
-        how = None if bits is None else {"bits": bits}
+        how = None if bits is None else {"bits": bits[0] if isinstance(bits, tuple) else bits}
         upload = compress.encode_upload(
             zeros, zeros, how, task="bench", round_=1, phase="train", device="dev00000", global_hash="h"
         )
@@ -363,10 +365,20 @@ def loopback_table(n: int, p: int, repeats: int, rounds: int) -> dict[Any, list[
     return out
 
 
-def _with_compress(spec: Any, bits: int) -> Any:
+def compress_table(width: int | tuple[int, int] | None) -> dict[str, int] | None:
+    """The ``[task.compress]`` table of a width: ``None`` (float32 both ways), uplink bits, or
+    ``(uplink bits, downlink bits)`` (``benchmarks.compress_downlink``)."""
+    if width is None:
+        return None
+    if isinstance(width, tuple):
+        return {"bits": width[0], "downlink": width[1]}
+    return {"bits": width}
+
+
+def _with_compress(spec: Any, bits: int | tuple[int, int]) -> Any:
     from dataclasses import replace
 
-    return replace(spec, compress={"bits": bits})
+    return replace(spec, compress=compress_table(bits))
 
 
 def _spread(v: Sequence[float]) -> str:

@@ -51,11 +51,14 @@ class CompressError(ValueError):
 @dataclass(frozen=True)
 class CompressConfig:
     """``[task.compress]``: ``bits`` per coordinate (1, 2, 4 or 8), the Hadamard ``rotation``
-    (default on; off is biased) and the rotation's ``block`` (a power of two, 64 … 65536)."""
+    (default on; off is biased) and the rotation's ``block`` (a power of two, 64 … 65536);
+    ``downlink`` (2, 4 or 8; ``None``: float32) is the bits of the global sent down
+    (:mod:`ioft_protocol.downlink`)."""
 
     bits: int = 1
     rotation: bool = True
     block: int = 1024
+    downlink: int | None = None
 
     def __post_init__(self) -> None:
         if self.bits not in BITS or isinstance(self.bits, bool):
@@ -65,14 +68,19 @@ class CompressConfig:
         b = self.block
         if isinstance(b, bool) or not isinstance(b, int) or b < 64 or b > 65536 or b & (b - 1):
             raise ValueError(f"compress.block must be a power of two in [64, 65536], got {b!r}")
+        d = self.downlink
+        if d is not None and (isinstance(d, bool) or d not in (2, 4, 8)):
+            raise ValueError(f"compress.downlink must be 2, 4 or 8 (bits of the global), got {d!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"bits": self.bits, "rotation": self.rotation, "block": self.block}
+        # no "downlink" key when unset: the spec JSON (and its hash) of an uplink-only task is unchanged
+        down = {} if self.downlink is None else {"downlink": self.downlink}
+        return {"bits": self.bits, "rotation": self.rotation, "block": self.block, **down}
 
     @classmethod
     def from_json(cls, value: Any) -> CompressConfig:
-        if not isinstance(value, dict) or set(value) - {"bits", "rotation", "block"}:
-            raise ValueError(f"compress must be a table of bits, rotation, block; got {value!r}")
+        if not isinstance(value, dict) or set(value) - {"bits", "rotation", "block", "downlink"}:
+            raise ValueError(f"compress must be a table of bits, rotation, block, downlink; got {value!r}")
         return cls(**value)
 
 

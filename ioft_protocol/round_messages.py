@@ -10,6 +10,8 @@ import numpy as np
 
 from ioft_protocol.codec import MAX_PAYLOAD_BYTES, WireError, check_id, decode, encode
 from ioft_protocol.codec import require_field as _field
+from ioft_protocol.compress import CompressError
+from ioft_protocol.downlink import decode_global
 
 #: How a task's rounds run: synchronous rounds, or FedBuff's buffered asynchronous ones.
 ROUND_MODES = ("sync", "buffered")
@@ -120,6 +122,9 @@ class Announcement:
     ``max_samples`` is the most samples one upload counts in this round (the task's weight cap,
     ``cloud_aggregator.aggregation.weighting``), for the aggregator workers that fold uploads;
     devices need not read it; left out when ``None`` (no cap known before the round).
+    ``downlink`` (``[task.compress] downlink``) is the codec field of a global sent as codes: the
+    sender's ``params`` are those codes, and :meth:`decode` returns the global they decode to
+    (:func:`ioft_protocol.downlink.decode_global`); left out when ``None`` (float32).
     """
 
     fleet: str
@@ -139,6 +144,7 @@ class Announcement:
     holdout: tuple[str, ...] = ()
     mode: str = "sync"
     max_samples: int | None = None
+    downlink: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ROUND_MODES:
@@ -163,6 +169,8 @@ class Announcement:
             fields["mode"] = self.mode
         if self.max_samples is not None:
             fields["max_samples"] = self.max_samples
+        if self.downlink is not None:
+            fields["downlink"] = self.downlink
         return encode("round", fields, self.params)
 
     def takes_part(self, device: str) -> bool:
@@ -187,6 +195,14 @@ class Announcement:
         mode = _field(meta, "mode", str) if "mode" in meta else "sync"
         if mode not in ROUND_MODES:
             raise WireError(f"round mode must be one of {list(ROUND_MODES)}, got {mode!r}")
+        down = meta.get("downlink")
+        if down is not None:  # codes of the global: decoded here, once, for every reader
+            if not isinstance(down, dict):
+                raise WireError(f"downlink must be a table, got {down!r}")
+            try:
+                tensors = decode_global(tensors, down)
+            except CompressError as exc:
+                raise WireError(str(exc)) from None
         return cls(
             fleet=check_id("fleet", _field(meta, "fleet", str)),
             task=check_id("task", _field(meta, "task", str)),
@@ -207,6 +223,7 @@ class Announcement:
             holdout=_device_list(meta, "holdout") if "holdout" in meta else (),
             mode=mode,
             max_samples=_field(meta, "max_samples", int) if meta.get("max_samples") is not None else None,
+            downlink=down,
         )
 
 

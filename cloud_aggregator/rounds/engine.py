@@ -45,6 +45,7 @@ from cloud_aggregator.rounds.types import (
     StoredRefusal,
     StoredUpload,
 )
+from ioft_protocol.downlink import quantize_global
 from trainer_lite.params import Params, param_hash
 from trainer_lite.task import TaskSpec
 
@@ -252,6 +253,11 @@ class RoundEngine:
 
     def run_phase(self, round_: int, phase: str) -> RoundRecord:
         started = time.time()
+        # A compressed downlink: the phase runs on the global the devices decode, so both sides
+        # hold the same bits; the store keeps the aggregate, re-quantized alike on a resume.
+        down = quantize_global(self.spec.compress, self.spec.name, round_, phase, self.global_params)
+        if down is not None:
+            self.global_params = down[0]
         gh = param_hash(self.global_params)
         expected = self.strategy.expected(self.global_params, phase)
         by_device = self.strategy.expected_by_device(self.global_params, phase)
@@ -288,6 +294,7 @@ class RoundEngine:
             late=late,
             fold=fold,
             max_samples=cap if elsewhere else None,
+            downlink=None if down is None else down[1],
         )
         collected = self.fleet.collect(request)
         sat_out = [r for r in collected if isinstance(r, SatOut)]

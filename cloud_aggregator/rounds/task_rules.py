@@ -79,8 +79,17 @@ def compress_refusal(spec: TaskSpec, mode: str = "sync") -> str | None:
 
     SecAgg with DP does not compose: the ring would sum quantized noisy changes, each device's
     with a fraction of the noise, and integer noise calibrated on the codes is not built.
-    Buffered rounds (uploads quote older globals) do not either.
+    Buffered rounds (uploads quote older globals) do not either.  ``downlink`` (the global in
+    2/4/8 bits, ``ioft_protocol.downlink``) composes with all of the above, but not with a server
+    that personalizes what each device is sent (``Strategy.downlinks``: FTL-TP, FedPP).
     """
+    if dict(spec.compress or {}).get("downlink") is not None:
+        strategy = make_strategy(spec)
+        if type(strategy).downlinks is not Strategy.downlinks:  # FTL-TP's groups, FedPP's propagation
+            return (
+                f"its {strategy.name} server sends each device a downlink of its own, which "
+                "compress.downlink does not code; leave out downlink (the uplink still compresses)"
+            )
     if spec.secagg is not None and spec.dp is not None:
         return (
             "[task.secagg] with [task.dp] sums quantized shares of the noise, which no calibration "

@@ -95,6 +95,9 @@ class CollectRequest:
     #: The most samples one upload counts, where the fold is done elsewhere (``[collect] workers``):
     #: announced with the round, each worker cuts what it folds to it (``cloud_aggregator.serve.workers``).
     max_samples: int | None = None
+    #: ``[task.compress] downlink``: the codes ``global_params`` (already decoded from them) go down
+    #: as, and the announcement's ``downlink`` field (``ioft_protocol.downlink``); ``None``: float32.
+    downlink: tuple[dict[str, Any], dict[str, Any]] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

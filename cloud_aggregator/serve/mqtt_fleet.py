@@ -366,19 +366,23 @@ class MqttFleet:
             deadline=deadline,
             global_hash=request.global_hash,
             state=state,
-            params=request.global_params,
+            # compressed: the codes of request.global_params, which is what they decode to
+            params=request.global_params if request.downlink is None else request.downlink[0],
             personalized=tuple(request.downlinks),
             participants=request.participants,
             devices=self.selections.get(spec.name),
             holdout=self.holdouts.get(spec.name, ()),
             mode=mode,
             max_samples=request.max_samples,
+            downlink=None if request.downlink is None else request.downlink[1],
         )
         topic = topics.topic_down(self.fleet, spec.name)
         payload = ann.encode()
         published = [(topic, payload)]
         for device, params in request.downlinks.items():
-            personal = replace(ann, params=params, params_hash=param_hash(params), for_device=device)
+            personal = replace(
+                ann, params=params, params_hash=param_hash(params), for_device=device, downlink=None
+            )
             published.append((topics.topic_down_device(self.fleet, spec.name, device), personal.encode()))
         self._announced[spec.name] = published
         self._serial[spec.name] = self._serial.get(spec.name, 0) + 1
