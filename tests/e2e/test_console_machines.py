@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 
 from cloud_aggregator.local.fleet import FLEET, aggregator_toml, pflda_task
-from edge.serving.feed import feed_path
-from edge.serving.jsonlog import read_log
+from edge.feed import feed_path
+from edge.jsonlog import read_log
 from tests.e2e.test_console_browser import _console, artifacts, browser_page  # noqa: F401  (a fixture)
 from tests.e2e.test_serving import WELD_TASK, record
 from tests.e2e.test_serving_watch import ADVISING_TASK, WELDER_TOML

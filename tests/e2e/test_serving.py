@@ -18,8 +18,8 @@ import pytest
 
 from cloud_aggregator.local.fleet import FLEET, Sniffer, aggregator_toml, pflda_task
 from edge.dataset import load_dataset
-from edge.serving.feed import feed_path
-from edge.serving.jsonlog import read_log
+from edge.feed import feed_path
+from edge.jsonlog import read_log
 from ioft_protocol import topics
 from tests.e2e.retained import retained_status
 from trainer_lite.data import holdout_size

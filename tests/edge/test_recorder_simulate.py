@@ -71,9 +71,9 @@ def test_live_simulation_appends_to_the_simulated_history_and_feeds_every_row(tm
 
     from edge.config import DataConfig
     from edge.dataset import prepare_dataset
+    from edge.feed import feed_path
+    from edge.jsonlog import read_log
     from edge.recording.simulate_live import LiveSimulation
-    from edge.serving.feed import feed_path
-    from edge.serving.jsonlog import read_log
 
     train, test, _ = prepare_dataset(tmp_path, "printer7", DataConfig(source="simulate-printer"))
     history = len(train) + len(test)

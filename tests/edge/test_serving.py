@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge import jsonlog
 from edge.config import DeviceConfig, ServeConfig
+from edge.feed import RowFeed
+from edge.jsonlog import JsonLinesLog, Tail, read_log
 from edge.models.onnx import no_worse
-from edge.serving import jsonlog
-from edge.serving.feed import RowFeed
-from edge.serving.jsonlog import JsonLinesLog, Tail, read_log
 from edge.serving.model import Refusal, ServingModel
 from edge.serving.records import Answer, ModelId, Row
 from edge.serving.server import Server, model_path
@@ -261,7 +261,7 @@ def test_a_torn_last_line_is_skipped_and_the_next_writer_goes_on(tmp_path):
 
 WRITER = """
 import sys
-from edge.serving.jsonlog import JsonLinesLog
+from edge.jsonlog import JsonLinesLog
 log = JsonLinesLog(sys.argv[1], max_bytes=20000, keep=2)
 i = 0
 while True:

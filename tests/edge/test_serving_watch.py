@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from edge.config import AlertRule, DeviceConfig, SensorsConfig, ServeConfig
+from edge.feed import RowFeed
 from edge.serving.advice import speed_advice
 from edge.serving.alerts import Alerts
-from edge.serving.feed import RowFeed
 from edge.serving.field import FieldScores
 from edge.serving.model import ServingModel
 from edge.serving.records import Answer, ModelId, Row
