@@ -61,6 +61,7 @@ from cloud_aggregator.local.broker import BrokerProcess, start_mosquitto
 from cloud_aggregator.local.fleet import pflda_task
 from edge.feed import feed_path
 from edge.jsonlog import read_log
+from edge.serving.conformal import Calibration
 from edge.serving.model import ServingModel
 from edge.serving.server import model_path
 from ioft_protocol import topics
@@ -214,6 +215,8 @@ def save_model(
         scale_mean=mean,
         scale_std=std,
     )
+    if shared is not None:  # the advising model: calibrated (20 rows it fits), so it advises from the start
+        model.calibration = Calibration([0.0] * 20)
     model_path(state, spec["name"]).parent.mkdir(parents=True, exist_ok=True)
     model.save(model_path(state, spec["name"]))
 
