@@ -37,7 +37,8 @@ interval or set held the truth, averaged over ``ORDERS`` random orders of the st
 
 Served: what a device answers with since issue 31 (``edge.serving.candidates``).  Each device holds
 out the newest fifth of its training rows (every arm trains on the older ones, as the daemon does)
-and serves whichever of its candidates scores best on them (R² or accuracy): its personalized model,
+and serves whichever of its candidates has the best record on them (R² or accuracy, each round's
+joined by the earlier ones' at ``MEMORY`` a round: ``edge.serving.candidates.remember``): its personalized model,
 its fleet's global through the cold start (the PFL-DA/FedRep fleet's downlink with a newcomer's
 personal parts fitted on its rows) and its model trained alone (the ``alone`` arm).  Check: in every
 round from 5, the served answer's field figure is within 2 % (printers' error) or 1 point (welders'
@@ -70,7 +71,7 @@ from cloud_aggregator.local.fleet import pflda_task
 from cloud_aggregator.rounds.simulation import ClientData, Simulation
 from edge.config import AlertRule, DataConfig
 from edge.serving.alerts import Alerts
-from edge.serving.candidates import ALONE, GLOBAL, ORDER, PERSONAL, global_local
+from edge.serving.candidates import ALONE, GLOBAL, ORDER, PERSONAL, global_local, remember
 from edge.serving.conformal import Calibration, in_range
 from edge.serving.model import softmax
 from edge.serving.records import Answer, ModelId
@@ -335,10 +336,11 @@ TOLERANCE = {"error": 0.02, "accuracy": 0.01}
 
 def served(kind: Kind, device: str) -> list[tuple[str, float, float]]:
     """Per round: ``(the candidate served, its field figure, the best candidate's)`` (module docstring)."""
-    out = []
+    out, record = [], {}  # the device's judging record (edge.serving.candidates.remember)
     for r in range(len(kind.candidates[PERSONAL][device])):
         got = {c: kind.candidates[c][device][r] for c in ORDER}
-        name = max(ORDER, key=lambda c: (got[c][1], -ORDER.index(c)))  # ties to the first, as on a device
+        ranked = remember({c: got[c][1] for c in ORDER}, record)
+        name = max(ORDER, key=lambda c: (ranked[c], -ORDER.index(c)))  # ties to the first, as on a device
         figures = [f for f, _ in got.values()]
         best = min(figures) if kind.metric == "error" else max(figures)
         out.append((name, got[name][0], best))
