@@ -352,6 +352,30 @@ def within(kind: Kind, figure: float, best: float) -> bool:
     return figure <= best * (1 + tol) + 1e-12 if kind.metric == "error" else figure >= best - tol - 1e-12
 
 
+#: Why the newest rows judge the field poorly, per metric (measured: ``Kind.judge``).
+JUDGE_ROWS = {
+    "error": "a printer's newest rows are the last 10 layers of its last print run, all at one speed, "
+    "while its field layers are at speeds it never trained on",
+    "accuracy": "a welder's newest rows are 9 welds, so one weld moves the judge's accuracy 11 points "
+    "and the candidates tie on most rounds",
+}
+
+
+def judge_agrees(kind: Kind, from_round: int = 5) -> str:
+    """How often one round's judge alone (its best score on the newest rows) names a candidate within
+    tolerance of the field's best."""
+    hits = total = 0
+    for d in kind.clients:
+        for r in range(from_round - 1, len(kind.candidates[PERSONAL][d])):
+            got = {c: kind.candidates[c][d][r] for c in ORDER}
+            name = max(ORDER, key=lambda c: (got[c][1], -ORDER.index(c)))
+            figures = [f for f, _ in got.values()]
+            best = min(figures) if kind.metric == "error" else max(figures)
+            hits += within(kind, got[name][0], best)
+            total += 1
+    return f"{hits} of {total}"
+
+
 def served_table(kind: Kind, from_round: int = 5) -> tuple[str, str]:
     """The per-machine table of served candidates and misses, and the summary line."""
     rows, ok = [], 0
@@ -393,9 +417,11 @@ def report(kinds: list[Kind], alerts: dict, rounds: int) -> str:
             f"as good as both of theirs in every round from 5: {per_machine_wins(kind)}.\n\n"
             f"Per machine, rounds from 5 where its personalized answer is behind (gap in the metric's units):\n\n"
             + per_machine_table(kind)
-            + f"\n\nServed (the best candidate on the newest rows): {summary}.\n\n"
+            + f"\n\nServed (the best record on the newest rows): {summary}.\n\n"
             + table
-            + "\n"
+            + f"\n\nOne round's best score on the newest rows names a candidate within tolerance of the "
+            f"field's best in {judge_agrees(kind)} machine-rounds from 5 "
+            f"({JUDGE_ROWS[kind.metric]}).\n"
         )
     rows = []
     for arm, got in alerts.items():
