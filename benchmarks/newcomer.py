@@ -676,7 +676,7 @@ def lopo_main(args: argparse.Namespace) -> int:
     after = args.rounds_after or (5 if args.quick else 30)
     only = args.methods or (("PFL-DA", "FedPer") if args.quick else None)
     methods = [m for m in LOPO_METHODS if m[0] in only] if only else LOPO_METHODS
-    printers = [1, 5] if args.quick else None
+    printers = args.printers or ([1, 5] if args.quick else None)
     started = time.perf_counter()
     folds, losses = run_lopo(
         args.data,
@@ -758,6 +758,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         nargs="+",
         default=None,
         help="lopo: only these methods (labels, e.g. PFL-DA FedPer); default all",
+    )
+    ap.add_argument(
+        "--printers", type=int, nargs="+", default=None, help="lopo: only these left-out printers"
     )
     ap.add_argument(
         "--established",
