@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from cloud_aggregator.rounds.simulation import ClientData, Simulation
-from edge.serving.candidates import ORDER, global_local
+from edge.serving.candidates import ORDER, global_local, remember
 from trainer_lite.algorithms.base import algorithm_state
 from trainer_lite.client import initial_local
 from trainer_lite.data import Dataset, newest_split
@@ -177,12 +177,17 @@ def lopo_fleet(runs: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]], new: i
 
 
 def _spec(
-    algorithm: str, extra: dict[str, Any], seed: int, rounds: int, hparams: dict[str, Any] | None = None
+    algorithm: str,
+    extra: dict[str, Any],
+    seed: int,
+    rounds: int,
+    hparams: dict[str, Any] | None = None,
+    model: str = "sigmoid_glm",
 ) -> TaskSpec:
     return TaskSpec(
         name="newcomer",
         algorithm=algorithm,
-        model="sigmoid_glm",
+        model=model,
         hparams={**(HPARAMS if hparams is None else hparams), **extra},
         server={"weighting": "uniform"},
         dtype="float64",
@@ -216,13 +221,13 @@ def served_curve(
 
     As on a device: it trains on its older rows only (in both its fleet and alone), and each round
     serves whichever of its personal model, the fleet's global through the cold start and its model
-    trained alone has the lowest loss on its newest rows.
+    trained alone has the best record (``remember``) of losses on its newest rows.
     """
     fit, newest = newest_split(newcomer.train)
     sim = copy.deepcopy(trained)
     sim.add_device(NEWCOMER, ClientData(fit, newcomer.test))
     alone = Simulation(alone_spec, {NEWCOMER: ClientData(fit, newcomer.test)})
-    algo, out = sim.fleet.algo, []
+    algo, out, record = sim.fleet.algo, [], {}  # record: the device's judging record
     for _ in range(rounds_after):
         shared = dict(sim.global_params)  # this round's downlink: what the personal model predicts with
         sim.run_more(1)
@@ -232,8 +237,9 @@ def served_curve(
             "global": (algo, shared, global_local(algo, NEWCOMER, shared, fit)),
             "alone": (alone.fleet.algo, {}, alone.fleet.local[NEWCOMER]),
         }
-        judged = {k: a.evaluate(sh, lo, newest)["loss"] for k, (a, sh, lo) in candidates.items()}
-        best = min(ORDER, key=lambda k: (judged[k] if np.isfinite(judged[k]) else np.inf, ORDER.index(k)))
+        judged = {k: -a.evaluate(sh, lo, newest)["loss"] for k, (a, sh, lo) in candidates.items()}
+        ranked = remember({k: v if np.isfinite(v) else None for k, v in judged.items()}, record)
+        best = max(ORDER, key=lambda k: (-np.inf if ranked[k] is None else ranked[k], -ORDER.index(k)))
         a, sh, lo = candidates[best]
         out.append(LOSS_SCALE * a.evaluate(sh, lo, newcomer.test)["loss"])
     return np.array(out)
@@ -247,6 +253,7 @@ def run_fleet(
     methods: Sequence[tuple[str, str, dict[str, Any]]] = METHODS,
     hparams: dict[str, Any] | None = None,
     served: bool = False,
+    model: str = "sigmoid_glm",
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """``({label: newcomer test loss per round since joining}, {label: its training loss at the end})``
     for every method and indiv (and, with ``served``, the ``SERVED`` methods' served newcomers)."""
@@ -258,12 +265,12 @@ def run_fleet(
         if key in trained:
             sim = copy.deepcopy(trained[key])
         else:
-            sim = Simulation(_spec(algorithm, extra, seed, rounds_before, hparams), fleet.established)
+            sim = Simulation(_spec(algorithm, extra, seed, rounds_before, hparams, model), fleet.established)
             sim.run()
             trained[key] = copy.deepcopy(sim)
         if served and label in SERVED:
             out[f"{label} served"] = served_curve(
-                sim, fleet.newcomer, _spec("indiv", {}, seed, rounds_after, hparams), rounds_after
+                sim, fleet.newcomer, _spec("indiv", {}, seed, rounds_after, hparams, model), rounds_after
             )
         sim.add_device(NEWCOMER, fleet.newcomer)
         if label == BEFORE:
@@ -272,7 +279,7 @@ def run_fleet(
             sim.fleet.local[NEWCOMER] = algorithm_state(initial_local(sim.fleet.algo, NEWCOMER))
         out[label] = newcomer_curve(sim, rounds_after)
         train[label] = _train_loss(sim)
-    alone = Simulation(_spec("indiv", {}, seed, rounds_after, hparams), {NEWCOMER: fleet.newcomer})
+    alone = Simulation(_spec("indiv", {}, seed, rounds_after, hparams, model), {NEWCOMER: fleet.newcomer})
     alone.run()
     out[INDIV] = np.array([LOSS_SCALE * r.metrics[NEWCOMER]["test_loss"] for r in alone.records])
     train[INDIV] = _train_loss(alone)
@@ -280,8 +287,17 @@ def run_fleet(
 
 
 def _job(args: tuple) -> tuple[str, tuple[dict[str, np.ndarray], dict[str, float]]]:
-    kind, fleet, seed, rounds_before, rounds_after, methods, hparams = args
-    return kind, run_fleet(fleet, seed, rounds_before, rounds_after, methods, hparams, served=kind == "lopo")
+    kind, fleet, seed, rounds_before, rounds_after, methods, hparams, *model = args
+    return kind, run_fleet(
+        fleet,
+        seed,
+        rounds_before,
+        rounds_after,
+        methods,
+        hparams,
+        served=kind == "lopo",
+        model=(*model, "sigmoid_glm")[0],
+    )
 
 
 @dataclass
@@ -346,12 +362,15 @@ def run_lopo(
     methods: Sequence[tuple[str, str, dict[str, Any]]] = LOPO_METHODS,
     printers: Sequence[int] | None = None,
     workers: int = 1,
+    family: str = "sigmoid",
 ) -> tuple[list[str], dict[str, np.ndarray]]:
     """The leave-one-printer-out protocol under Table 5's schedule: ``(fold names, {label:
     newcomer test loss[fold, round since joining]})``, one fold per seed and left-out printer."""
-    from benchmarks.pflda_printers import load_runs
+    from benchmarks.pflda_printers import MODELS, load_runs
 
     runs = load_runs(data)
+    setup = MODELS[family]
+    hparams = {**TABLE5_HPARAMS, "lr_decay": setup.lr_decay}
     folds, jobs = [], []
     for seed in seeds:
         for p in printers or sorted(runs):
@@ -364,7 +383,8 @@ def run_lopo(
                     rounds_before,
                     rounds_after,
                     tuple(methods),
-                    TABLE5_HPARAMS,
+                    hparams,
+                    setup.project_model,
                 )
             )
     done = _run_jobs(jobs, workers)
@@ -631,8 +651,8 @@ def established(seed: int, rounds_before: int) -> list[str]:
 
 
 LOPO_NOTE = """Protocol (`--protocol lopo`, issue 26): for each seed and each of the six real printers, the
-other five train {rounds_before} rounds with PFL-DA Table 5's schedule (sigmoid GLM, float64, Adam lr
-3e-3, weight decay 3e-4, 10 full-batch local steps, lr × 0.99 every 5 of a device's own rounds,
+other five train {rounds_before} rounds with PFL-DA Table 5's schedule ({model}, float64, Adam lr
+3e-3, weight decay 3e-4, 10 full-batch local steps, lr × {lr_decay} every 5 of a device's own rounds,
 uniform mean) on every speed but 30; then the sixth joins with every row of its speed-{speeds} layers
 and is scored on its Speed30 rows, 50·MSE(s/50), after each of its {rounds_after} rounds (after the
 round's local training, as a device reports it).  *alone* is the same newcomer trained by itself
@@ -648,18 +668,33 @@ def lopo_main(args: argparse.Namespace) -> int:
     if not args.data.is_dir():
         print(f"no printer data at {args.data}; pass --data", file=sys.stderr)
         return 2
+    from benchmarks.pflda_printers import MODELS
+
+    setup = MODELS[args.model]
     seeds = args.seeds or [0, 1, 2]
-    before = args.rounds_before or 200
+    before = args.rounds_before or setup.rounds
     after = args.rounds_after or (5 if args.quick else 30)
-    methods = [m for m in LOPO_METHODS if m[0] in ("PFL-DA", "FedPer")] if args.quick else LOPO_METHODS
-    printers = [1, 5] if args.quick else None
+    only = args.methods or (("PFL-DA", "FedPer") if args.quick else None)
+    methods = [m for m in LOPO_METHODS if m[0] in only] if only else LOPO_METHODS
+    printers = args.printers or ([1, 5] if args.quick else None)
     started = time.perf_counter()
     folds, losses = run_lopo(
-        args.data, seeds[:1] if args.quick else seeds, before, after, methods, printers, args.workers
+        args.data,
+        seeds[:1] if args.quick else seeds,
+        before,
+        after,
+        methods,
+        printers,
+        args.workers,
+        args.model,
     )
     seconds = time.perf_counter() - started
     note = LOPO_NOTE.format(
-        rounds_before=before, rounds_after=after, speeds="/".join(str(s) for s in LOPO_SPEEDS)
+        model=f"{setup.label} `{setup.project_model}`",
+        lr_decay=setup.lr_decay,
+        rounds_before=before,
+        rounds_after=after,
+        speeds="/".join(str(s) for s in LOPO_SPEEDS),
     )
     lines = [
         note,
@@ -690,7 +725,8 @@ def lopo_main(args: argparse.Namespace) -> int:
     body = "\n".join(lines)
     print(body)
     if not args.quick and not args.no_write:
-        write_result("newcomer_lopo", body, command="python -m benchmarks.newcomer " + " ".join(sys.argv[1:]))
+        name = "newcomer_lopo" + ("" if args.model == "sigmoid" else f"_{args.model}")
+        write_result(name, body, command="python -m benchmarks.newcomer " + " ".join(sys.argv[1:]))
     return 0
 
 
@@ -710,6 +746,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("study", "lopo"),
         default="study",
         help="study: issue 16's (module docstring); lopo: leave one real printer out under Table 5's schedule",
+    )
+    ap.add_argument(
+        "--model",
+        choices=("sigmoid", "gaussian", "nn"),
+        default="sigmoid",
+        help="lopo: Table 5's model family (results in newcomer_lopo[_<model>].md)",
+    )
+    ap.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help="lopo: only these methods (labels, e.g. PFL-DA FedPer); default all",
+    )
+    ap.add_argument(
+        "--printers", type=int, nargs="+", default=None, help="lopo: only these left-out printers"
     )
     ap.add_argument(
         "--established",

@@ -6,12 +6,14 @@ stored oldest first as the recorder appends them: the newest ones judge.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from edge.config import ServeConfig
+from edge.serving.candidates import GLOBAL, PERSONAL, judge
 from edge.serving.records import Answer
 from tests.edge.test_serving import SPEC, layer, linear, server
 from trainer_lite.algorithms import make_client
@@ -133,3 +135,32 @@ def test_the_judge_s_settings_are_checked_in_one_line():
         ServeConfig(min_judge_rows=0)
     with pytest.raises(ValueError, match=r"serve.holdout_fraction must be in \(0, 1\), got 1.0"):
         ServeConfig(holdout_fraction=1.0)
+
+
+def test_one_lucky_round_does_not_flip_the_served_candidate_but_a_lasting_lead_does(tmp_path):
+    """field_accuracy's printers flip-flopped between global and alone each round, judged on one
+    round's ten rows; a candidate now serves on its record of rounds (``remember``)."""
+    srv = server(tmp_path)
+    algo = make_client(TaskSpec.from_json(SPEC))
+    train = line(30)
+    assert srv.offer("speed", algo, linear(2.0, 0.5), {}, (train, line(0), None), (train, line(0), {}), 1)
+    served = srv.status()["models"]["speed"]
+    assert set(served["evidence"]["record"]) == {"personal", "global", "alone"}
+    assert (tmp_path / "serving" / "judge" / "speed.json").exists()  # the record outlives the round
+
+    model = srv.models["speed"]
+
+    def offset(b: float):  # the task's model, off the line by ``b - 0.5`` everywhere
+        return dataclasses.replace(model, shared=linear(2.0, b), local={}, _digest=None)
+
+    newest, record, got = line(10, 7), {}, []
+    rounds = [(0.5, 0.9)] + [(0.56, 0.5)] * 3  # (personal's offset, global's): global leads from round 2
+    for p, g in rounds:
+        name, evidence = judge({PERSONAL: offset(p), GLOBAL: offset(g)}, newest, None, 5, record)
+        got.append(name)
+    assert got == [PERSONAL, PERSONAL, PERSONAL, GLOBAL]
+    assert evidence["scores"][GLOBAL] > evidence["scores"][PERSONAL]  # this round's rows alone
+    # Fewer rows than the judge needs: no judgement, and the record is left as it was.
+    before = json.dumps(record)
+    assert judge({PERSONAL: offset(0.5), GLOBAL: offset(0.5)}, line(3), None, 5, record)[0] == GLOBAL
+    assert json.dumps(record) == before
