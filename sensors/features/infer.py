@@ -47,6 +47,19 @@ log = logging.getLogger(__name__)
 MAX_LEVEL = 20
 
 
+def schema_facts(s: FeatureSchema) -> dict[str, Any]:
+    """What a device's status says of the schema its rows follow (plain JSON types)."""
+    return {
+        "channels": list(s.channels),
+        "sample_rate": s.sample_rate,
+        "wavelet": s.wavelet,
+        "level": s.level,
+        "min_samples": s.min_samples,
+        "n_features": s.n_features,
+        "schema_hash": s.schema_hash(),
+    }
+
+
 @dataclass(frozen=True)
 class SchemaChoice:
     """An inferred schema and what it was inferred from."""
@@ -68,16 +81,9 @@ class SchemaChoice:
 
     def status(self) -> dict[str, Any]:
         """The choice as plain JSON types, for a device's status file."""
-        s = self.schema
         return {
             "inferred": True,
-            "channels": list(s.channels),
-            "sample_rate": s.sample_rate,
-            "wavelet": s.wavelet,
-            "level": s.level,
-            "min_samples": s.min_samples,
-            "n_features": s.n_features,
-            "schema_hash": s.schema_hash(),
+            **schema_facts(self.schema),
             "from_recordings": self.recordings,
             "shortest_recording": self.shortest,
         }
@@ -291,16 +297,7 @@ def configured_schema(
     else:
         s = load_schema_file(setting)
         info = {"source": "file", "file": str(setting), "inferred": False}
-    base = {
-        "channels": list(s.channels),
-        "sample_rate": s.sample_rate,
-        "wavelet": s.wavelet,
-        "level": s.level,
-        "min_samples": s.min_samples,
-        "n_features": s.n_features,
-        "schema_hash": s.schema_hash(),
-    }
-    return s, {**base, **info}
+    return s, {**schema_facts(s), **info}
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
