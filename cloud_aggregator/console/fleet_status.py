@@ -388,7 +388,8 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(format_table(summarize(statuses, revoked)))
         opened, silent = alert_lines({d: s for d, s in statuses.items() if d not in revoked})
-        print(f"open alerts: {len(opened) or 'none'}" + "".join(f"\n  {line}" for line in opened))
+        # A blank line ends the table: what follows is about the fleet's alerts, not a device's row.
+        print(f"\nopen alerts: {len(opened) or 'none'}" + "".join(f"\n  {line}" for line in opened))
         if silent:
             print("alert rules that cannot fire:" + "".join(f"\n  {line}" for line in silent))
     if note is not None and not args.json:

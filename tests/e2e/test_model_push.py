@@ -172,7 +172,8 @@ def test_push_heads_on_embeddings_refusals_and_rollback(fleet_procs, broker, key
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
-        lines = {line.split()[0]: line for line in out.stdout.splitlines()[1:]}
+        table = out.stdout.split("\n\n", 1)[0]  # the device rows; the fleet's alerts follow a blank line
+        lines = {line.split()[0]: line for line in table.splitlines()[1:]}
         assert sorted(lines) == DEVICES
         assert all(
             "online" in lines[d] and "enc v1" in lines[d] and "speed-raw: round 3" in lines[d]
