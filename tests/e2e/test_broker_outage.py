@@ -22,7 +22,8 @@ OUTAGE_S = 4 * DEADLINE_S
 DEVICES = ("printer1", "printer2")
 
 
-def test_serve_rides_out_a_broker_outage_of_four_deadlines(fleet_procs, mosquitto, tmp_path):
+def start_fleet(fleet_procs) -> None:
+    """Both printers and a serve that expects them, with short deadlines (two extensions each)."""
     fleet_procs.start_devices(DEVICES)
     fleet_procs.start_aggregator(
         aggregator_toml(
@@ -35,6 +36,10 @@ def test_serve_rides_out_a_broker_outage_of_four_deadlines(fleet_procs, mosquitt
             max_extensions=2,
         )
     )
+
+
+def test_serve_rides_out_a_broker_outage_of_four_deadlines(fleet_procs, mosquitto, tmp_path):
+    start_fleet(fleet_procs)
     fleet_procs.wait_for(lambda: len(fleet_procs.rounds()) >= 2, PATIENCE_S, "two rounds before the outage")
     mosquitto.kill()
     time.sleep(OUTAGE_S)
@@ -66,18 +71,7 @@ def test_serve_rides_out_a_broker_flap_while_it_checks_for_another_aggregator(
     """Issue 36: the broker goes away within the first second after ``serve`` connects, before it
     holds the fleet's lock.  No other aggregator exists: ``serve`` must wait for the broker, check
     again and go on to complete rounds, not exit saying another aggregator is running."""
-    fleet_procs.start_devices(DEVICES)
-    fleet_procs.start_aggregator(
-        aggregator_toml(
-            fleet_procs.broker_url,
-            fleet_procs.work / "aggregator",
-            [pflda_task(rounds=200)],
-            expected=list(DEVICES),
-            deadline_s=DEADLINE_S,
-            min_participants=2,
-            max_extensions=2,
-        )
-    )
+    start_fleet(fleet_procs)
     fleet_procs.wait_for(
         lambda: "connected to" in fleet_procs.log("aggregator"), PATIENCE_S, "serve's first connection"
     )
