@@ -518,7 +518,8 @@ class Server:
         train, _, encoder_version = rows
         raw_train, _, meta = raw
         fit = self.holdout(train)[0]  # embedded where the task embeds: what its models train on
-        newest = self.holdout(raw_train)[1]  # as stored: what its models answer (row for row the same)
+        # As stored: the rows its models trained on, and the newest, which judge them (row for row the same).
+        raw_fit, newest = self.holdout(raw_train)
         source = algo.spec.hparams.get("features")
         if scaler is None and algo.scaling == "local" and len(fit):
             scaler = Standardizer.fit(fit.x)
@@ -543,7 +544,6 @@ class Server:
         candidate, evidence = choose(
             personal, algo, shared, fit, newest, scaler, self.state_dir, self.encoder, self.cfg.min_judge_rows
         )
-        raw_fit = self.holdout(raw_train)[0]  # the rows its models trained on, as stored
         if candidate.classes is None and len(raw_fit):  # the speed advice's bounds (edge.serving.advice)
             candidate.speed_max = float(np.max(raw_fit.y)) * SPEED_SCALE
             candidate.sigma_min = float(np.min(raw_fit.x[:, 0])) if candidate.width == 1 else None
