@@ -306,7 +306,7 @@ def problems(root: Path = ROOT) -> list[str]:
     out = []
     text = (root / PAGE).read_text(encoding="utf-8")
     if BEGIN not in text or END not in text:
-        out.append(f"{PAGE}: the picture's markers are missing; put them back, then run: {FIX}")
+        out.append(f"{PAGE}: the picture's markers are missing; run: {FIX} (it puts the picture at the end)")
     elif text[text.index(BEGIN) : text.index(END) + len(END)] != picture(root):
         out.append(f"{PAGE}: the picture differs from the import contracts in pyproject.toml; run: {FIX}")
     roots = [*contracts(root)["root_packages"], "tests"]
@@ -339,18 +339,24 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument(
         "--check", action="store_true", help="exit 1 when the page is stale or names a missing module"
     )
+    parser.add_argument("--root", type=Path, default=ROOT, help="the repository (default: this one)")
     args = parser.parse_args(argv)
-    if args.write:
-        write()
-        print(f"{PAGE}: picture written from the import contracts")
-        return 0
-    if args.check:
-        found = problems()
-        for line in found:
-            print(line, file=sys.stderr)
-        return 1 if found else 0
-    print(picture())
-    return 0
+    try:
+        if args.write:
+            write(args.root)
+            print(f"{PAGE}: picture written from the import contracts")
+            return 0
+        found = problems(args.root) if args.check else []
+        if not args.check:
+            print(picture(args.root))
+    except (OSError, KeyError, tomllib.TOMLDecodeError) as exc:
+        # A missing page, pyproject.toml or contracts table: one line, not a traceback.
+        what = exc.filename if isinstance(exc, OSError) else f"pyproject.toml's [tool.importlinter] ({exc})"
+        print(f"cannot read {what} under {args.root}; pass --root with the repository", file=sys.stderr)
+        return 2
+    for line in found:
+        print(line, file=sys.stderr)
+    return 1 if found else 0
 
 
 if __name__ == "__main__":
