@@ -46,6 +46,13 @@ def _layer_names(layer: str) -> list[str]:
     return [name.strip().strip("()") for name in re.split(r"[|:]", layer) if name.strip()]
 
 
+def _layers(contract: dict) -> list[tuple[list[str], list[list[str]]]]:
+    """A layers contract's ``(raw layers, names per layer)``, once per container it names (or once)."""
+    raw = list(contract["layers"])
+    prefixes = [f"{c}." for c in contract.get("containers", [])] or [""]
+    return [(raw, [[p + name for name in _layer_names(layer)] for layer in raw]) for p in prefixes]
+
+
 def _ignored(contract: dict) -> list[tuple[str, str]]:
     return [tuple(part.strip() for part in line.split("->")) for line in contract.get("ignore_imports", [])]
 
@@ -63,18 +70,20 @@ def package_rules(config: dict) -> tuple[set[tuple[str, str]], dict[tuple[str, s
         pairs: list[tuple[str, str]] = []
         if contract["type"] == "forbidden":
             pairs = [(s, f) for s in contract["source_modules"] for f in contract["forbidden_modules"]]
+        elif contract["type"] == "independence":
+            pairs = [(a, b) for a in contract["modules"] for b in contract["modules"] if a != b]
         elif contract["type"] == "layers":
-            layers = [_layer_names(layer) for layer in contract["layers"]]
-            pairs = [
-                (lo, hi)
-                for i, upper in enumerate(layers)
-                for lower in layers[i + 1 :]
-                for hi in upper
-                for lo in lower
-            ]
-            # "a | b": independent siblings, neither imports the other ("a : b" lets them).
-            independent = [names for raw, names in zip(contract["layers"], layers, strict=True) if "|" in raw]
-            pairs += [(a, b) for names in independent for a in names for b in names if a != b]
+            for raw, layers in _layers(contract):
+                pairs += [
+                    (lo, hi)
+                    for i, upper in enumerate(layers)
+                    for lower in layers[i + 1 :]
+                    for hi in upper
+                    for lo in lower
+                ]
+                # "a | b": independent siblings, neither imports the other ("a : b" lets them).
+                independent = [names for text, names in zip(raw, layers, strict=True) if "|" in text]
+                pairs += [(a, b) for names in independent for a in names for b in names if a != b]
         for source, target in pairs:
             if source not in roots or target not in roots:
                 continue
@@ -151,12 +160,12 @@ def children(package: str, root: Path = ROOT) -> tuple[list[str], list[str]]:
 
 
 def wings_diagram(config: dict, root: Path = ROOT) -> list[str]:
-    """Each subpackage ``layers`` contract: its layers top to bottom, the root modules it leaves out below."""
+    """Each ``layers`` contract over one package's wings: top to bottom, and the root modules it leaves out."""
     lines = ["flowchart TB"]
-    for contract in config.get("contracts", []):
-        if contract["type"] != "layers":
-            continue
-        layers = [_layer_names(layer) for layer in contract["layers"]]
+    layered = [
+        layers for c in config.get("contracts", []) if c["type"] == "layers" for _, layers in _layers(c)
+    ]
+    for layers in layered:
         if "." not in layers[0][0]:
             continue  # root packages in layers: packages_diagram draws them
         package = layers[0][0].rsplit(".", 1)[0]
@@ -204,8 +213,9 @@ def loop_free_diagram(config: dict, root: Path = ROOT) -> list[str]:
         name.rsplit(".", 1)[0]
         for c in config.get("contracts", [])
         if c["type"] == "layers"
-        for layer in c["layers"]
-        for name in _layer_names(layer)
+        for _, layers in _layers(c)
+        for layer in layers
+        for name in layer
         if "." in name
     }
     for contract in config.get("contracts", []):
@@ -236,7 +246,7 @@ def picture(root: Path = ROOT) -> str:
         *packages_diagram(config),
         "```",
         "",
-        "**The aggregator's wings.** A wing may import any wing in a layer below it, never one above; "
+        "**The wings in layers.** A wing may import any wing in a layer below it, never one above; "
         "wings side by side in one layer import none of each other.",
         "",
         "```mermaid",

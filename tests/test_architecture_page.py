@@ -116,3 +116,24 @@ def test_an_unreadable_tree_is_one_line_not_a_traceback(tmp_path: Path):
     assert done.returncode == 2
     assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
     assert "pass --root with the repository" in done.stderr
+
+
+def test_a_layers_contract_over_a_container_draws_that_packages_wings_in_layers():
+    # How a device-side layers contract would read (import-linter's `containers`): drawn as layers, not loop-free.
+    config = {
+        "root_packages": ["edge"],
+        "contracts": [
+            {
+                "name": "edge",
+                "type": "layers",
+                "containers": ["edge"],
+                "layers": ["serving", "recording | models"],
+            },
+            {"name": "no loop", "type": "acyclic_siblings", "ancestors": ["edge"]},
+        ],
+    }
+    wings = architecture.wings_diagram(config, ROOT)
+    assert "    edge_serving --> edge_recording" in wings and "    edge_serving --> edge_models" in wings
+    assert "edge_pkg" not in "\n".join(architecture.loop_free_diagram(config, ROOT))
+    forbidden, _ = architecture.package_rules({**config, "root_packages": ["edge.recording", "edge.models"]})
+    assert forbidden == {("edge.recording", "edge.models"), ("edge.models", "edge.recording")}
