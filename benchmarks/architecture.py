@@ -23,6 +23,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from benchmarks.structure import import_graph
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = Path("docs/architecture.md")
 #: The pages whose module names ``--check`` verifies.
@@ -191,18 +193,15 @@ def wings_diagram(config: dict, root: Path = ROOT) -> list[str]:
     return lines
 
 
-def wing_imports(package: str) -> set[tuple[str, str]]:
-    """``(importer, imported)`` pairs of ``package``'s subpackages, from import-linter's graph."""
-    import grimp
+def wing_imports(package: str, wings: list[str]) -> set[tuple[str, str]]:
+    """``(importer, imported)`` pairs of ``package``'s ``wings``, from import-linter's graph."""
 
-    graph = grimp.build_graph(package, include_external_packages=False, cache_dir=None)
-    subpackages = [m for m in graph.find_children(package) if graph.find_children(m)]
-    pairs = set()
-    for a in subpackages:
-        for module in graph.find_descendants(a) | {a}:
-            for imported in graph.find_modules_directly_imported_by(module):
-                pairs |= {(a, b) for b in subpackages if b != a and _parent(imported, b)}
-    return pairs
+    def wing(module: str) -> str | None:
+        return next((w for w in wings if _parent(module, w)), None)
+
+    graph = import_graph(package)
+    pairs = {(wing(m), wing(t)) for m, imported in graph.items() for t in imported}
+    return {(a, b) for a, b in pairs if a and b and a != b}
 
 
 def loop_free_diagram(config: dict, root: Path = ROOT) -> list[str]:
@@ -228,7 +227,7 @@ def loop_free_diagram(config: dict, root: Path = ROOT) -> list[str]:
             lines.append(f'    subgraph {_node(package)}_pkg["{package}"]')
             lines += [f"        {_label(config, m, m.rsplit('.', 1)[1])}" for m in subpackages]
             lines.append("    end")
-            lines += [f"    {_node(a)} --> {_node(b)}" for a, b in sorted(wing_imports(package))]
+            lines += [f"    {_node(a)} --> {_node(b)}" for a, b in sorted(wing_imports(package, subpackages))]
     return lines
 
 
