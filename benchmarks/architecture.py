@@ -1,9 +1,9 @@
 """The architecture page's picture, drawn from the import contracts, and the check that keeps it true.
 
 ``python -m benchmarks.architecture`` prints the picture: mermaid diagrams of the packages and the
-directions the ``[tool.importlinter]`` contracts of ``pyproject.toml`` allow them, ``cloud_aggregator``'s
-wings in their layers, and the wings (subpackages) of each package that an ``acyclic_siblings``
-contract keeps free of loops.  ``--write`` puts it into ``docs/architecture.md`` between the two
+directions the ``[tool.importlinter]`` contracts of ``pyproject.toml`` allow them, the wings
+(subpackages) a ``layers`` contract orders (``cloud_aggregator``'s), and the wings of each package
+that an ``acyclic_siblings`` contract keeps free of loops.  ``--write`` puts it into ``docs/architecture.md`` between the two
 ``architecture-picture`` markers; ``--check`` (run by ``make lint``) exits 1 with one line when the
 page's picture differs from what the contracts give, or when ``docs/architecture.md`` or
 ``docs/index.md`` names a module, file or folder of the project that does not exist.
