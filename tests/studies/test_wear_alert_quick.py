@@ -44,3 +44,10 @@ def test_no_rule_fed_the_true_class_raises_before_a_worn_weld(result):
         worn = [i for i, w in enumerate(stream.welds) if w.tool == wear_alert.WORN]
         assert first is not None and first >= worn[wear_alert.RULE.k - 1]
         assert outcome.false_clears(stream.onset) == 0
+
+
+def test_bad_arguments_are_one_line_and_exit_2(capsys):
+    assert wear_alert.main(["--welders", "1", "--no-write"]) == 2
+    assert wear_alert.main(["--rounds", "0", "8", "--no-write"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("--welders must be >= 2" in line for line in err), err
