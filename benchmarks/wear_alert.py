@@ -10,12 +10,13 @@ each device hands the round's models to its serving as ``edge-trainer`` does
 rows, the gate, the trained range and first calibration); the model file it serves after round
 ``EARLY`` and after round ``LATE`` is kept.
 
-Each kept model is then loaded as the daemon loads it after a restart
-(:meth:`edge.serving.model.ServingModel.load`) into a fresh :class:`~edge.serving.server.Server` with the
-operator guide's ``worn_tool`` rule (P(TC4) > 0.8 in 4 of the last 5 welds, cleared at 4 of 5 at or below
-0.5), which answers a stream of welds row by row (``Server.answer``: answer, log, publish, field scores,
-alert rules) and takes the maintenance log's labels as they land (``Server.label``: field accuracy and
-the conformal calibration).  The stream is :meth:`edge.recording.simulate.SimulatedWelder.weld_run`, the
+Each kept model file is then put where ``edge-trainer`` saves it, in a fresh device state folder whose
+:class:`~edge.serving.server.Server` (with the operator guide's ``worn_tool`` rule: P(TC4) > 0.8 in 4 of
+the last 5 welds, cleared at 4 of 5 at or below 0.5) loads it at start as the daemon does after a
+restart.  A stream of welds goes through the row feed as the welder recorder feeds it
+(:class:`edge.feed.RowFeed`: each weld's row, and each maintenance-log label as it lands), and the
+serving thread answers every row in order (answer, log, publish, field scores, alert rules) and takes
+every label (field accuracy and the conformal calibration); the alerts are read from what it publishes.  The stream is :meth:`edge.recording.simulate.SimulatedWelder.weld_run`, the
 simulated welder's own wearing tool and lagging log: new tool (TC1) before weld ``onset``, then each weld
 comes out worn (TC4) with a probability rising to 1 over ``WEAR_WELDS`` welds, then ``WORN_TAIL`` more
 welds of the worn tool, which is never replaced; one weld every ``SIM_WELD_MIN`` simulated minutes, each
@@ -57,10 +58,10 @@ import numpy as np
 from benchmarks.common import markdown_table, study_parser, write_result
 from cloud_aggregator.rounds.simulation import ClientData, Simulation
 from edge.config import AlertRule, DataConfig, DeviceConfig, ServeConfig
+from edge.feed import RowFeed
 from edge.recording.simulate import SimulatedWelder
 from edge.rows import Row
 from edge.serving.alerts import Alerts
-from edge.serving.model import ServingModel
 from edge.serving.records import Answer, ModelId
 from edge.serving.server import Server, model_path
 from edge.simulated import simulated_welder_dataset
@@ -90,6 +91,8 @@ ONSETS, WEAR_WELDS, WORN_TAIL = (10, 25), 10, 30
 SIM_WELD_MIN, LABEL_LAG_H = 15.0, 3.0
 START = datetime(2026, 1, 5, 6, 0, tzinfo=UTC)
 WORN = "TC4"
+#: How long a stream's answers may take before the run gives up (only a broken serving thread takes it).
+ANSWER_WAIT_S = 120.0
 
 
 @dataclass
@@ -218,34 +221,51 @@ def streams(device: str, seeds: list[int], work: Path) -> list[Stream]:
 
 
 def watch(stream: Stream, model_file: Path, work: Path) -> dict[str, Outcome]:
-    """The kept serving model answering ``stream`` through a device's Server; what each alert rule did."""
+    """The kept serving model answering ``stream`` on a device's serving path; what each alert rule did.
+
+    As on a device: the model file lies where ``edge-trainer`` saved it, the Server loads it at start
+    and its thread answers the rows and takes the labels a recorder feeds (``edge.feed.RowFeed``),
+    in the order they were fed."""
     published: list[tuple[str, bytes]] = []
-    srv = server(stream.device, work, published)
-    model = ServingModel.load(model_file, device=stream.device, task="tool")
-    if model is None:
-        raise SystemExit(f"{model_file}: no serving model in it; rerun the training")
-    srv.models["tool"] = model  # as Server.start loads serving/tool.safetensors
+    state = work / "device"
+    dst = model_path(state, "tool")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(model_file, dst)
+    srv = server(stream.device, state, published)
+    srv.start()
+    feed = RowFeed(state)
+    try:
+        if "tool" not in srv.models:
+            raise SystemExit(f"{model_file}: the Server loaded no model from it; rerun the training")
+        for weld in stream.welds:
+            for entry in weld.landed:  # the log's labels that land with this weld, as the recorder feeds them
+                feed.put_label(entry["weld_id"], entry["tool"])
+            feed.put(weld.row)
+        # A generous bound, only so that a broken serving thread fails the run instead of hanging it.
+        deadline = time.monotonic() + ANSWER_WAIT_S
+        while srv.answered["tool"] + sum(srv.refused.get("tool", {}).values()) < len(stream.welds):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+    finally:
+        feed.close()
+        srv.close()
+    if srv.answered["tool"] != len(stream.welds):
+        raise SystemExit(f"{stream.device}: {srv.answered['tool']} of {len(stream.welds)} welds answered "
+                         f"(refused: {srv.refused}); see the log above")  # fmt: skip
+    index = {w.row.key: i for i, w in enumerate(stream.welds)}
     out = {name: Outcome() for name in RULES}
-    for i, weld in enumerate(stream.welds):
-        for entry in weld.landed:  # the log's labels that land with this weld, as the recorder feeds them
-            srv.label({"kind": "label", "key": entry["weld_id"], "label": entry["tool"]})
-        before = len(published)
-        if srv.answer(weld.row) != 1:
-            raise SystemExit(
-                f"{stream.device}: weld {i} was not answered ({srv.refused}); rerun the training"
-            )
-        for topic, payload in published[before:]:
-            got = json.loads(payload)
-            if "/alert/" in topic:
-                o = out[got["rule"]]
-                (o.raises if got["state"] == "raised" else o.clears).append(i)
-            else:  # the answer, as published
-                p = float(got["probabilities"][got["classes"].index(WORN)])
-                for o in out.values():
-                    o.p_worn.append(p)
+    for topic, payload in published:
+        got = json.loads(payload)
+        if "/alert/" in topic:
+            o = out[got["rule"]]
+            (o.raises if got["state"] == "raised" else o.clears).append(index[got["key"]])
+        else:  # an answer, as published (in the order the rows were fed)
+            p = float(got["probabilities"][got["classes"].index(WORN)])
+            for o in out.values():
+                o.p_worn.append(p)
     for alert in srv.alerts.status():
         out[alert["rule"]].open_at_end = True
-    srv.answers.close()
     return out
 
 
