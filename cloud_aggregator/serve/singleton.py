@@ -47,7 +47,9 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from ioft_protocol import topics
-from ioft_protocol.mqtt import Message, MqttError, MqttSession
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_inbound import Message
+from ioft_protocol.mqtt_options import MqttError
 
 log = logging.getLogger(__name__)
 
