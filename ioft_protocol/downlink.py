@@ -3,7 +3,7 @@
 The same estimator as the uplink (:mod:`ioft_protocol.compress`: randomized Hadamard rotation
 per block, Lloyd–Max or companding levels, one float32 scale per block), applied to the global
 itself (against zeros), so that a device needs nothing but the announcement to decode it: a
-joiner, a device back from a week offline and a restated announcement all work as before.
+joiner, a device back from a week offline and a restated announcement decode it from that alone.
 
 Bit for bit in step: the aggregator quantizes its global at the start of every phase and then
 *runs the phase on the decoded global* (``cloud_aggregator.rounds.engine``): that is what the
