@@ -121,19 +121,34 @@ class MqttSession(AttemptWatch):
         except (OSError, ValueError) as exc:
             raise MqttError(f"cannot connect to {b.url()}: {exc}") from exc
         self._client.loop_start()
-        if timeout is not None and not self.wait_connected(timeout):
+        if timeout is None:
+            return
+        try:
+            up = self.wait_connected(timeout)
+        except MqttError:  # gave up: the same stop and one line as a timeout
+            up = False
+        if not up:
             self.stop()
             why = f": {self.last_error}" if self.last_error else ""
             raise MqttError(self.fatal or f"no connection to {b.url()} within {timeout:g} s{why}")
 
-    def wait_until_connected(self, stop: threading.Event) -> bool:
-        """Block until connected (``True``) or ``stop`` is set (``False``), however long it takes;
-        raise ``MqttError`` if the session gives up (bad credentials, refused certificate)."""
-        while not stop.is_set():
+    def wait_connected(self, timeout: float | None = None, stop: threading.Event | None = None) -> bool:
+        """Block until connected (``True``), or until ``timeout`` seconds pass or ``stop`` is set
+        (``False``); with neither, however long it takes.
+
+        Raises
+        ------
+        MqttError
+            The session gave up (bad credentials, refused certificate): waiting longer cannot help.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while stop is None or not stop.is_set():
             if self.fatal is not None:
                 raise MqttError(self.fatal)
-            if self.connected.wait(0.1):
+            if self.connected.wait(0.05):
                 return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
         return False
 
     def tap(self, topic: str, callback: Callable[[Message], bool | None] | None) -> None:
@@ -151,13 +166,6 @@ class MqttSession(AttemptWatch):
                 taps.pop(topic, None)
             else:
                 taps[topic] = callback
-
-    def wait_connected(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.fatal is None:
-            if self.connected.wait(0.05):
-                return True
-        return False
 
     def stop(self, final: tuple[str, bytes] | None = None) -> None:
         """Publish ``final`` (e.g. a retained offline status), then disconnect cleanly."""

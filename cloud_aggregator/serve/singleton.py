@@ -157,7 +157,7 @@ def claim_fleet(
     session.subscribe(topic)
     session.start(timeout=None)
     stop = stop or threading.Event()
-    if not session.wait_until_connected(stop):
+    if not session.wait_connected(stop=stop):
         return FleetLock(topic, b"")
     stale_s = session.options.reconnect_max_s + 5.0 if stale_s is None else stale_s
     drops, failed = session.drops, session.failed_attempts
@@ -179,7 +179,7 @@ def claim_fleet(
                 "only one; waiting for the broker and checking again",
                 fleet,
             )
-            if not session.wait_until_connected(stop):
+            if not session.wait_connected(stop=stop):
                 return FleetLock(topic, b"")
             if session.failed_attempts == failed:  # back at the first attempt: the broker was up
                 unexplained += 1  # (or restarted within a second): the next such drop decides
