@@ -72,7 +72,7 @@ class MqttSession(AttemptWatch):
         self._taps: dict[str, Callable[[Message], bool | None]] = {}
         self._filter_taps: dict[str, Callable[[Message], bool | None]] = {}
         #: topic -> its tap (``None``: none), found once per topic: matching a filter builds a
-        #: paho matcher (~4 µs), which every upload paid while a status filter was tapped.
+        #: paho matcher (~4 µs), too dear for every upload while a status filter is tapped.
         self._tap_of: dict[str, Callable[[Message], bool | None] | None] = {}
         self.on_connect_hooks: list[Callable[[], None]] = []
         self._ssl = check_options(options)
