@@ -17,6 +17,8 @@ The wire protocol is MQTT 3.1.1 so the session also works against embedded
 brokers that speak nothing newer (amqtt).
 """
 
+from __future__ import annotations
+
 import logging
 import queue
 import socket
@@ -34,18 +36,9 @@ from ioft_protocol.outbox import Outbox, Ticket
 
 # The session's words live in the modules beside it; scripts import them from here as well.
 __all__ = [
-    "TAP_CACHE",
-    "BrokerAddress",
-    "BrokerLogin",
-    "Inbound",
-    "Message",
-    "MqttError",
-    "MqttSession",
-    "SessionOptions",
-    "TlsConfig",
-    "check_options",
-    "topic_matches",
-]
+    "TAP_CACHE", "BrokerAddress", "BrokerLogin", "Inbound", "Message", "MqttError", "MqttSession",
+    "SessionOptions", "TlsConfig", "check_options", "topic_matches",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 

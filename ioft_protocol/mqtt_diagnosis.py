@@ -124,6 +124,7 @@ class AttemptWatch:
     _client: paho.Client
 
     def _watch_init(self) -> None:
+        """The counters, before the first attempt (the session calls it from its ``__init__``)."""
         self._accepted_at: float | None = None  # when the broker accepted the current connection
         self._short_lived = 0  # connections in a row the broker closed soon after accepting them
         self._attempts_failed = 0  # failed attempts since the last accepted connection
