@@ -26,6 +26,22 @@ from Gaussian: it is biased and only there for comparison.
 
 Bytes per coordinate: ``bits / 8`` plus ``4 / block`` for the scales (plus the padding); at 1 bit and B = 1024
 that is ~1/31 of float32's 4 bytes.
+
+Examples
+--------
+Four coordinates at 8 bits: four code bytes and one scale; :func:`decode` with the same seed
+gives the change back to within the quantization error.
+
+>>> import numpy as np
+>>> sent = {"w": np.zeros(4, np.float32)}
+>>> params = {"w": np.array([0.5, -1.0, 2.0, 0.25], np.float32)}
+>>> config = CompressConfig(bits=8)
+>>> wire = encode(params, sent, config, seed=7)
+>>> {name: (a.dtype.name, a.shape) for name, a in wire.items()}
+{'compress.codes': ('uint8', (4,)), 'compress.scales': ('float32', (1,))}
+>>> back = decode(wire, sent, {"w": "float32"}, config, seed=7)
+>>> print(back["w"].round(2))
+[ 0.49 -1.    2.    0.26]
 """
 
 from __future__ import annotations
@@ -130,22 +146,6 @@ def encode(
     statistic: not a change of anything sent) travels as it is beside them.
 
     Raises ``ValueError`` when a name of both differs in shape.
-
-    Examples
-    --------
-    Four coordinates at 8 bits: four code bytes and one scale; :func:`decode` with the same seed
-    gives the change back to within the quantization error.
-
-    >>> import numpy as np
-    >>> sent = {"w": np.zeros(4, np.float32)}
-    >>> params = {"w": np.array([0.5, -1.0, 2.0, 0.25], np.float32)}
-    >>> config = CompressConfig(bits=8)
-    >>> wire = encode(params, sent, config, seed=7)
-    >>> {name: (a.dtype.name, a.shape) for name, a in wire.items()}
-    {'compress.codes': ('uint8', (4,)), 'compress.scales': ('float32', (1,))}
-    >>> back = decode(wire, sent, {"w": "float32"}, config, seed=7)
-    >>> print(back["w"].round(2))
-    [ 0.49 -1.    2.    0.26]
     """
     names = _coded(params, sent)
     parts = []

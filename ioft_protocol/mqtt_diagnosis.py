@@ -68,6 +68,13 @@ def probe(broker: BrokerAddress, tls: TlsConfig | None, context: ssl.SSLContext 
     if context is None:
         raw.close()
         return "the broker took the TCP connection but the MQTT connect failed", False
+    return _handshake(raw, context, b, tls)
+
+
+def _handshake(
+    raw: socket.socket, context: ssl.SSLContext, b: BrokerAddress, tls: TlsConfig
+) -> tuple[str, bool]:
+    """:func:`probe`'s TLS step over the connected socket ``raw`` (closed on return)."""
     with raw:
         try:
             with context.wrap_socket(raw, server_hostname=b.host) as conn:
