@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ioft_protocol.codec import check_id
-from ioft_protocol.mqtt import TlsConfig
+from ioft_protocol.mqtt_options import TlsConfig
 from ioft_protocol.round_messages import MACHINE_KINDS
 from ioft_protocol.secagg.config import MIN_PARTICIPANTS
 from sensors.accel import adxl345, mpu6050

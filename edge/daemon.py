@@ -61,7 +61,8 @@ from edge.task_state import TaskState, load_task_state, save_task_state, task_st
 from ioft_protocol import codec, feature_stats, restate, round_messages, topics
 from ioft_protocol.config import ConfigError
 from ioft_protocol.manifest import load_public_key
-from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_options import MqttError, SessionOptions
 from ioft_protocol.secagg import transport as secagg_wire
 from ioft_protocol.service import Notifier
 from ioft_protocol.state import StateError
