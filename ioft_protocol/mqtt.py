@@ -24,6 +24,7 @@ import queue
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable
 
 import paho.mqtt.client as paho
@@ -143,6 +144,16 @@ class MqttSession(AttemptWatch):
             if deadline is not None and time.monotonic() >= deadline:
                 return False
         return False
+
+    def wait_until_connected(self, stop: threading.Event) -> bool:
+        """Deprecated name of ``wait_connected(stop=stop)``; goes in 0.2.0."""
+        warnings.warn(
+            "MqttSession.wait_until_connected(stop) is deprecated; use wait_connected(stop=stop)"
+            " (removed in 0.2.0)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.wait_connected(stop=stop)
 
     def tap(self, topic: str, callback: Callable[[Message], bool | None] | None) -> None:
         """Hand messages on ``topic`` to ``callback`` (on the network thread: no blocking) instead of

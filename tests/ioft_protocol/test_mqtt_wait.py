@@ -42,3 +42,11 @@ def test_the_wait_raises_once_the_session_gave_up():
         session.wait_connected(timeout=5.0)
     with pytest.raises(MqttError, match="not authorized"):
         session.wait_connected(stop=threading.Event())
+
+
+def test_the_old_name_still_waits_and_says_it_goes():
+    session = _session(f"mqtt://127.0.0.1:{free_port()}")
+    stop = threading.Event()
+    stop.set()
+    with pytest.warns(DeprecationWarning, match="wait_connected"):
+        assert not session.wait_until_connected(stop)
