@@ -35,3 +35,20 @@ def test_each_round_scores_the_model_each_device_serves():
         for r, rec in enumerate(sim.records):
             for device in kind.clients:
                 assert kind.per_device[arm][device][r] == pytest.approx(rec.metrics[device]["test_accuracy"])
+
+
+def test_a_judge_that_knows_the_field_one_round_late_misses_a_best_that_changes_every_round():
+    """``known_late`` serves round r the candidate best on the field in round r - 1: a machine whose
+    best candidate alternates misses, one whose best stays put does not (errors: lower is better)."""
+    steady = {"personal": [9.0] * 6, "global": [5.0] * 6, "alone": [8.0] * 6}
+    swapping = {
+        "personal": [9.0] * 6,
+        "global": [5.0, 8.0, 5.0, 8.0, 5.0, 8.0],
+        "alone": [8.0, 5.0, 8.0, 5.0, 8.0, 5.0],
+    }
+    kind = field_accuracy.Kind("printer", "error", {}, {"steady": None, "swapping": None})
+    kind.candidates = {
+        c: {d: [(f, 0.0) for f in figures[c]] for d, figures in (("steady", steady), ("swapping", swapping))}
+        for c in field_accuracy.ORDER
+    }
+    assert field_accuracy.known_late(kind) == "1 of 2"
