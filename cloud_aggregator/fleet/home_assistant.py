@@ -10,7 +10,9 @@ from __future__ import annotations
 import shutil
 
 from cloud_aggregator.fleet.ca import FleetCA
-from cloud_aggregator.fleet.layout import DISCOVERY_PREFIX, HOME_ASSISTANT, FleetLayout, issue, write_file
+from cloud_aggregator.fleet.files import write_file
+from cloud_aggregator.fleet.identity import issue
+from cloud_aggregator.fleet.layout import DISCOVERY_PREFIX, HOME_ASSISTANT, FleetLayout
 
 
 def home_assistant_text(layout: FleetLayout) -> str:

@@ -68,8 +68,18 @@ from pathlib import Path
 from cloud_aggregator.fleet import devices as fleet_devices
 from cloud_aggregator.fleet import plants as fleet_plants
 from cloud_aggregator.fleet import workers as fleet_workers
+from cloud_aggregator.fleet.acl import acl_text
+from cloud_aggregator.fleet.broker_conf import mosquitto_conf_text, mosquitto_password_hash, passwd_lines
 from cloud_aggregator.fleet.ca import FleetCA, pem_cert, pem_key
+from cloud_aggregator.fleet.files import (
+    broker_owner,
+    fsync_tree,
+    give_to_broker,
+    unreachable_folder,
+    write_file,
+)
 from cloud_aggregator.fleet.home_assistant import write_home_assistant
+from cloud_aggregator.fleet.identity import issue, write_identity, write_worker_identity
 from cloud_aggregator.fleet.layout import (
     AGGREGATOR,
     AUTH_MODES,
@@ -82,23 +92,11 @@ from cloud_aggregator.fleet.layout import (
     RESERVED,
     FleetInitError,
     FleetLayout,
-    acl_text,
     add_listener_args,
-    broker_owner,
     device_errors,
-    fsync_tree,
-    give_to_broker,
-    issue,
-    mosquitto_conf_text,
-    mosquitto_password_hash,
-    passwd_lines,
     print_device_lines,
     split_ids,
-    unreachable_folder,
     worker_identity,
-    write_file,
-    write_identity,
-    write_worker_identity,
 )
 from cloud_aggregator.fleet.units import (
     AGGREGATOR_USER,

@@ -26,17 +26,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from cloud_aggregator.fleet.layout import (
-    MAX_PACKET_BYTES,
-    FleetLayout,
-    PlantRecord,
-    _toml_str,
-    device_acl_text,
-    listener_line,
-    replace_file,
-    worker_acl_text,
-    worker_identity,
-)
+from cloud_aggregator.fleet.acl import device_acl_text, worker_acl_text
+from cloud_aggregator.fleet.broker_conf import MAX_PACKET_BYTES
+from cloud_aggregator.fleet.files import replace_file
+from cloud_aggregator.fleet.identity import toml_str
+from cloud_aggregator.fleet.layout import FleetLayout, PlantRecord, listener_line, worker_identity
 from ioft_protocol import topics
 from ioft_protocol.topics import ANY
 
@@ -121,24 +115,24 @@ def worker_toml_text(layout: FleetLayout, plant: PlantRecord) -> str:
 # Run (paths are absolute: edit them after moving this folder):
 #   cloud-aggregator worker --plant --id {plant.worker} --config {d / "worker.toml"}
 # It admits uploads as serve does: copy serve's [admission] table here if aggregator.toml sets one.
-fleet = {_toml_str(layout.fleet)}
-broker = {_toml_str(plant.broker)}
-client_id = {_toml_str(cn)}  # the broker uses the certificate CN as client id anyway
+fleet = {toml_str(layout.fleet)}
+broker = {toml_str(plant.broker)}
+client_id = {toml_str(cn)}  # the broker uses the certificate CN as client id anyway
 
 [tls]
-ca_file = {_toml_str(d / "ca.crt")}
-cert_file = {_toml_str(d / f"{cn}.crt")}
-key_file = {_toml_str(d / f"{cn}.key")}
+ca_file = {toml_str(d / "ca.crt")}
+cert_file = {toml_str(d / f"{cn}.crt")}
+key_file = {toml_str(d / f"{cn}.key")}
 """
 
 
 def plant_toml_text(plant: PlantRecord) -> str:
-    devices = ", ".join(_toml_str(d) for d in plant.devices)
+    devices = ", ".join(toml_str(d) for d in plant.devices)
     return (
         f"# ioft plant {plant.plant} (`cloud-aggregator fleet add-plant`); fleet revoke-device keeps it current.\n"
-        f"plant = {_toml_str(plant.plant)}\nbridge = {_toml_str(plant.bridge)}\n"
-        f"broker = {_toml_str(plant.broker)}\ndevices = [{devices}]\n"
-        + (f"worker = {_toml_str(plant.worker)}  # its partial aggregator's id\n" if plant.worker else "")
+        f"plant = {toml_str(plant.plant)}\nbridge = {toml_str(plant.bridge)}\n"
+        f"broker = {toml_str(plant.broker)}\ndevices = [{devices}]\n"
+        + (f"worker = {toml_str(plant.worker)}  # its partial aggregator's id\n" if plant.worker else "")
     )
 
 

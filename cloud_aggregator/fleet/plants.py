@@ -39,23 +39,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cloud_aggregator.fleet.devices import RELOAD_HINT, load_ca, rewrite_acl
+from cloud_aggregator.fleet.files import broker_owner, fsync_tree, replace_file, swap_folder, write_file
+from cloud_aggregator.fleet.identity import client_toml, issue
 from cloud_aggregator.fleet.layout import (
     DEFAULT_HOSTS,
     FleetInitError,
     FleetLayout,
     PlantRecord,
     add_listener_args,
-    broker_owner,
-    client_toml,
-    fsync_tree,
-    issue,
     open_fleet,
     read_plants,
-    replace_file,
     split_ids,
-    swap_folder,
     worker_identity,
-    write_file,
 )
 from cloud_aggregator.fleet.plant_files import (
     BRIDGE_PROTOCOLS,

@@ -35,7 +35,8 @@ from pathlib import Path
 import paho.mqtt.client as paho
 
 from cloud_aggregator.fleet.ca import FleetCA, cert_serial
-from cloud_aggregator.fleet.layout import FleetInitError, FleetLayout, open_fleet, replace_file
+from cloud_aggregator.fleet.files import replace_file
+from cloud_aggregator.fleet.layout import FleetInitError, FleetLayout, open_fleet
 from cloud_aggregator.operator import revoked_serials
 from ioft_protocol import topics
 from ioft_protocol.mqtt import BrokerAddress

@@ -36,7 +36,8 @@ import os
 import re
 from pathlib import Path
 
-from cloud_aggregator.fleet.layout import AGGREGATOR, FleetLayout, write_file
+from cloud_aggregator.fleet.files import write_file
+from cloud_aggregator.fleet.layout import AGGREGATOR, FleetLayout
 
 #: The system user the device units run as (``useradd --system ioft``).
 DEVICE_USER = "ioft"

@@ -29,19 +29,18 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from cloud_aggregator.fleet.broker_conf import mosquitto_password_hash
 from cloud_aggregator.fleet.devices import RELOAD_HINT, _passwd_lines, load_ca, rewrite_acl
+from cloud_aggregator.fleet.files import fsync_tree, replace_file
+from cloud_aggregator.fleet.identity import write_worker_identity
 from cloud_aggregator.fleet.layout import (
     AGGREGATOR,
     FleetInitError,
     FleetLayout,
-    fsync_tree,
-    mosquitto_password_hash,
     open_fleet,
-    replace_file,
     split_ids,
     worker_errors,
     worker_identity,
-    write_worker_identity,
 )
 from cloud_aggregator.fleet.units import give_to_aggregator
 from cloud_aggregator.operator import DefaultsHelpFormatter
