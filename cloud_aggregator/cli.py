@@ -13,7 +13,7 @@ from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.console import cli as console
 from cloud_aggregator.console import fleet_status
 from cloud_aggregator.console import privacy as fleet_privacy
-from cloud_aggregator.fleet import init as fleet_init
+from cloud_aggregator.fleet import commands as fleet_commands
 from cloud_aggregator.fleet.init import FleetInitError
 from cloud_aggregator.local.demo import run_demo
 from cloud_aggregator.models import push, rollout_cli
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
     fleet_status.add_parser(fleet_sub)
     fleet_privacy.add_parser(fleet_sub)
-    fleet_init.add_parser(fleet_sub)
+    fleet_commands.add_parser(fleet_sub)
     return p
 
 
