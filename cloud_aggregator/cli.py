@@ -19,7 +19,8 @@ from cloud_aggregator.local.demo import run_demo
 from cloud_aggregator.models import push, rollout_cli
 from cloud_aggregator.models.backbones import cli as backbones_cli
 from cloud_aggregator.serve import workers
-from cloud_aggregator.serve.server import Control, ServeRefusedError, Terminated, serve
+from cloud_aggregator.serve.reload import Control, ServeRefusedError, Terminated
+from cloud_aggregator.serve.server import serve
 from cloud_aggregator.store import cli as store_cli
 from cloud_aggregator.store.backup import StoreDamagedError, restore_hint
 from export import cli as export_cli
