@@ -6,7 +6,7 @@ its devices connect to it, and one bridge connection carries their traffic to th
 plant is revoked (:func:`refresh_plant`, called by ``fleet revoke-device``).
 
 What crosses the bridge, per direction (the cloud ACL grants the bridge's identity exactly
-these, for its own devices: :func:`cloud_aggregator.fleet.layout.bridge_acl_text`)::
+these, for its own devices: :func:`cloud_aggregator.fleet.acl.bridge_acl_text`)::
 
     out (plant -> cloud)   task/+/up/+, status/+, task/+/secagg/up/+
     in  (cloud -> plant)   task/+/down (announcements, retained), task/+/down/+,

@@ -11,7 +11,7 @@ and serve's.  Each worker gets its own identity instead, ``worker.<id>``, writte
     worker.<id>.crt, .key      (--auth certs) its certificate, CN worker.<id>, from the fleet CA
                                (recorded in ca/issued.tsv)
 
-and a stanza in the broker's ACL (:func:`cloud_aggregator.fleet.layout.worker_acl_text`, the same
+and a stanza in the broker's ACL (:func:`cloud_aggregator.fleet.acl.worker_acl_text`, the same
 one a plant's partial aggregator gets on its plant's broker).  ``cloud-aggregator worker --config
 aggregator.toml --id <id>`` logs in with ``workers/<id>.toml`` beside the config
 (:mod:`cloud_aggregator.worker_login`); ``serve`` refuses to start workers it has no login for.
