@@ -10,6 +10,8 @@ fleet) and ``fleet add-device`` / ``renew-device`` / ``revoke-device``
 from __future__ import annotations
 
 import argparse
+import importlib
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -299,3 +301,41 @@ def print_device_lines(layout: FleetLayout, devices: Sequence[str]) -> None:
             f"  {d}: copy {layout.identity_dir(d)}/ to the device, then "
             f"edge-trainer --device {d} --config <copied folder>/device.toml"
         )
+
+
+#: Names that left this module for one of their own in the split by job: ``from
+#: cloud_aggregator.fleet.layout import acl_text`` (or the old ``cloud_aggregator.fleet_layout``)
+#: keeps working, with a ``DeprecationWarning``, until version 0.2.0 (``cloud_aggregator.REMOVED_IN``).
+MOVED_OUT = {
+    **dict.fromkeys(
+        ("BROKER_BYTES_ACL", "acl_text", "bridge_acl_text", "device_acl_text", "home_assistant_acl_text",
+         "operator_acl_text", "revoked_acl_text", "worker_acl_text"),
+        "cloud_aggregator.fleet.acl",
+    ),
+    **dict.fromkeys(
+        ("MAX_PACKET_BYTES", "PBKDF2_ITERATIONS", "mosquitto_conf_text", "mosquitto_password_hash", "passwd_lines"),
+        "cloud_aggregator.fleet.broker_conf",
+    ),
+    **dict.fromkeys(
+        ("client_toml", "issue", "worker_login_toml", "write_identity", "write_worker_identity"),
+        "cloud_aggregator.fleet.identity",
+    ),
+    **dict.fromkeys(
+        ("broker_owner", "fsync_tree", "give_to_broker", "replace_file", "swap_folder", "unreachable_folder",
+         "write_file"),
+        "cloud_aggregator.fleet.files",
+    ),
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> object:
+    """A name in :data:`MOVED_OUT`, from its new module, with a ``DeprecationWarning``."""
+    home = MOVED_OUT.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{__name__}.{name} moved to {home}; import it from there: the old path goes in version 0.2.0",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(home), name)
