@@ -37,6 +37,9 @@ from cloud_aggregator.serve.reload import (
     register_tasks,
     reloads,
 )
+from cloud_aggregator.serve.reload import (
+    Terminated as Terminated,  # a script's `from ...server import Terminated`
+)
 from cloud_aggregator.serve.secagg_round import SecAggFleet
 from cloud_aggregator.serve.singleton import claim_fleet, lock_will
 from cloud_aggregator.serve.task_lanes import run_side_by_side
