@@ -13,13 +13,14 @@ from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.console import cli as console
 from cloud_aggregator.console import fleet_status
 from cloud_aggregator.console import privacy as fleet_privacy
-from cloud_aggregator.fleet import init as fleet_init
+from cloud_aggregator.fleet import commands as fleet_commands
 from cloud_aggregator.fleet.init import FleetInitError
 from cloud_aggregator.local.demo import run_demo
 from cloud_aggregator.models import push, rollout_cli
 from cloud_aggregator.models.backbones import cli as backbones_cli
 from cloud_aggregator.serve import workers
-from cloud_aggregator.serve.server import Control, ServeRefusedError, Terminated, serve
+from cloud_aggregator.serve.reload import Control, ServeRefusedError, Terminated
+from cloud_aggregator.serve.server import serve
 from cloud_aggregator.store import cli as store_cli
 from cloud_aggregator.store.backup import StoreDamagedError, restore_hint
 from export import cli as export_cli
@@ -36,6 +37,23 @@ def _serve_config(args: argparse.Namespace) -> AggregatorConfig:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    cfg = _checked_serve_config(args)
+    if cfg is None:
+        return 2
+    if not cfg.task and not args.service:
+        print("no [[task]] configured; nothing to do (add one, or run with --service)", file=sys.stderr)
+        return 2
+    control = Control()
+    before = _handle_signals(args, control)
+    try:
+        return _run_serve(cfg, control, args)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _checked_serve_config(args: argparse.Namespace) -> AggregatorConfig | None:
+    """``serve``'s config, its broker login checked; ``None`` (said why, in one line) if invalid."""
     try:
         cfg = _serve_config(args)
         check_broker_login(cfg, cfg.client_id, str(args.config or "command line"))
@@ -44,11 +62,13 @@ def _serve(args: argparse.Namespace) -> int:
             f"invalid configuration in {args.config or 'command line'}: {'; '.join(exc.errors)}",
             file=sys.stderr,
         )
-        return 2
-    if not cfg.task and not args.service:
-        print("no [[task]] configured; nothing to do (add one, or run with --service)", file=sys.stderr)
-        return 2
-    control = Control()
+        return None
+    return cfg
+
+
+def _handle_signals(args: argparse.Namespace, control: Control) -> dict[int, object]:
+    """SIGTERM ends ``serve`` (saved rounds kept); with ``--service`` and a config, SIGHUP re-reads it.
+    Returns the handlers they replace, for the caller to restore."""
     # Restored on return: a caller in the same process (a test) keeps its own handlers, and a
     # process it forks later (a study's worker pool) does not inherit ours.
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
@@ -67,6 +87,11 @@ def _serve(args: argparse.Namespace) -> int:
         raise Terminated
 
     signal.signal(signal.SIGTERM, _term)
+    return before
+
+
+def _run_serve(cfg: AggregatorConfig, control: Control, args: argparse.Namespace) -> int:
+    """``serve`` until its tasks are done (or stopped); its exit code, a failure in one line."""
     log = logging.getLogger(__name__)
     try:
         serve(cfg, control, service=args.service, worker_argv=_worker_argv(args))
@@ -85,9 +110,6 @@ def _serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log.info("interrupted; every finished round is saved, `serve` again resumes")
         return 130
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
     return 0
 
 
@@ -113,13 +135,7 @@ def _demo(args: argparse.Namespace) -> int:
         return 130
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="cloud-aggregator", description="ioft cloud side: rounds, aggregation, models."
-    )
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("serve", help="orchestrate the configured tasks' rounds over MQTT")
     s.add_argument("--config", type=Path, help="TOML config with [[task]] tables")
     s.add_argument("--broker", help="mqtt://host:port or mqtts://host:port")
@@ -143,8 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep running when the tasks are done; SIGHUP re-reads --config for new or extended tasks",
     )
     s.set_defaults(func=_serve)
-    workers.add_parser(sub)  # [collect] workers: cloud_aggregator/serve/workers.py
 
+
+def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("demo", help="a whole fleet on this machine: broker, aggregator, simulated printers")
     d.add_argument("--devices", type=int, default=4, help="number of simulated printers (>= 2)")
     d.add_argument("--rounds", type=int, default=200)
@@ -155,6 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--console", action="store_true", help="serve the live fleet console too, and leave it up afterwards"
     )
     d.set_defaults(func=_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cloud-aggregator", description="ioft cloud side: rounds, aggregation, models."
+    )
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    _add_serve_parser(sub)
+    workers.add_parser(sub)  # [collect] workers: cloud_aggregator/serve/workers.py
+    _add_demo_parser(sub)
 
     # Models: each subcommand lives in its own module; only the wiring is here.
     export_cli.add_parsers(sub)
@@ -167,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
     fleet_status.add_parser(fleet_sub)
     fleet_privacy.add_parser(fleet_sub)
-    fleet_init.add_parser(fleet_sub)
+    fleet_commands.add_parser(fleet_sub)
     return p
 
 

@@ -1,6 +1,6 @@
 """How the operator's commands log in: ``console``, ``fleet status``, ``push`` and ``rollout``.
 
-``fleet init`` gives the operator a listener of its own (``fleet_layout.mosquitto_conf_text``)
+``fleet init`` gives the operator a listener of its own (``fleet.broker_conf.mosquitto_conf_text``)
 where the login is the client id, and sixteen logins, ``operator.1`` .. ``operator.16``, one
 password: each session claims a free one (:func:`claim_operator_login`), so up to sixteen consoles
 and commands of a machine run side by side, and none can take a device's client id (MQTT would

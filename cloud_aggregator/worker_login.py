@@ -4,7 +4,7 @@ A fleet's broker (``fleet init``) makes each login's identity (certificate CN or
 its username and its client id (``use_username_as_clientid``): K workers logging in with the
 aggregator's certificate or password would be one client, each connection taking over the last,
 and serve's too.  ``fleet init --workers K`` and ``fleet add-worker --id <id>`` write each worker's own
-login, ``aggregator/workers/<id>.toml`` (:func:`cloud_aggregator.fleet.layout.worker_login_toml`):
+login, ``aggregator/workers/<id>.toml`` (:func:`cloud_aggregator.fleet.identity.worker_login_toml`):
 ``username``/``password``, or ``[tls] cert_file``/``key_file``.  ``cloud-aggregator worker --config
 aggregator.toml --id <id>`` (and so each worker ``serve`` starts) puts it in place of the config's own
 login; everything else stays the config's.  A config that logs in as nobody (a test or loopback

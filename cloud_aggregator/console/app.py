@@ -165,12 +165,6 @@ def build_app(
     registry.register(FleetCollector(source.view))
     registry.register(MachinesCollector(lambda: machines_of(source)))
 
-    def static(name: str, media_type: str) -> Callable[[Request], Awaitable[Response]]:
-        async def serve(request: Request) -> Response:
-            return Response(_page(name), media_type=f"{media_type}; charset=utf-8")
-
-        return serve
-
     async def view(request: Request) -> Response:
         data = await anyio.to_thread.run_sync(lambda: view_json(source))
         return JSONResponse(_finite(data))
@@ -179,6 +173,36 @@ def build_app(
         body = await anyio.to_thread.run_sync(generate_latest, registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
+    middleware = []
+    if hosts is not None:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts)))
+    if token is not None:
+        middleware.append(Middleware(TokenGate, token=token))
+    routes = [
+        Route("/", _static("machines.html", "text/html")),
+        Route("/common.js", _static("common.js", "text/javascript")),
+        Route("/machines.js", _static("machines.js", "text/javascript")),
+        Route("/learning", _static("index.html", "text/html")),
+        Route("/console.js", _static("console.js", "text/javascript")),
+        Route("/api/view", view),
+        Route("/events", _events(source, refresh_s)),
+        Route("/metrics", metrics),
+    ]
+    return Starlette(routes=routes, middleware=middleware)
+
+
+def _static(name: str, media_type: str) -> Callable[[Request], Awaitable[Response]]:
+    """An endpoint serving the packaged page ``name``."""
+
+    async def serve(request: Request) -> Response:
+        return Response(_page(name), media_type=f"{media_type}; charset=utf-8")
+
+    return serve
+
+
+def _events(source: ViewSource, refresh_s: float) -> Callable[[Request], Awaitable[Response]]:
+    """``/events``: the view as server-sent events, a line each time it changes (checked every
+    ``refresh_s``), a keep-alive while it does not; a bounded number of streams per client."""
     gate, encoded = StreamGate(), EncodedView(source)
 
     async def events(request: Request) -> Response:
@@ -199,41 +223,30 @@ def build_app(
                 left = True
                 gate.leave(client)
 
-        async def stream() -> AsyncIterator[str]:
-            try:
-                last: tuple | None = None
-                quiet = 0.0
-                while True:
-                    if source.version() != last:
-                        last, line = await encoded.get()
-                        yield line
-                        quiet = 0.0
-                    elif quiet >= KEEPALIVE_S:
-                        yield ": keep-alive\n\n"
-                        quiet = 0.0
-                    await anyio.sleep(refresh_s)
-                    quiet += refresh_s
-            finally:  # the client went away (or the server stops): its place is free again
-                leave()
-
-        body = stream()
+        body = _stream(source, encoded, refresh_s, leave)
         weakref.finalize(body, leave)  # a generator never started runs no ``finally``
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
-    middleware = []
-    if hosts is not None:
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts)))
-    if token is not None:
-        middleware.append(Middleware(TokenGate, token=token))
-    routes = [
-        Route("/", static("machines.html", "text/html")),
-        Route("/common.js", static("common.js", "text/javascript")),
-        Route("/machines.js", static("machines.js", "text/javascript")),
-        Route("/learning", static("index.html", "text/html")),
-        Route("/console.js", static("console.js", "text/javascript")),
-        Route("/api/view", view),
-        Route("/events", events),
-        Route("/metrics", metrics),
-    ]
-    return Starlette(routes=routes, middleware=middleware)
+    return events
+
+
+async def _stream(
+    source: ViewSource, encoded: EncodedView, refresh_s: float, leave: Callable[[], None]
+) -> AsyncIterator[str]:
+    """One client's stream of the view's changes; ``leave`` frees its place when it ends."""
+    try:
+        last: tuple | None = None
+        quiet = 0.0
+        while True:
+            if source.version() != last:
+                last, line = await encoded.get()
+                yield line
+                quiet = 0.0
+            elif quiet >= KEEPALIVE_S:
+                yield ": keep-alive\n\n"
+                quiet = 0.0
+            await anyio.sleep(refresh_s)
+            quiet += refresh_s
+    finally:  # the client went away (or the server stops): its place is free again
+        leave()

@@ -183,6 +183,22 @@ class FleetView:
 
     def to_json(self) -> dict[str, Any]:
         """What the page draws: devices, tasks with curves and recent rounds, model versions, rollouts."""
+        return {
+            "fleet": self.fleet,
+            "taken": self.taken,
+            "devices": self._devices_json(),
+            "tasks": [self._task_json(name) for name in sorted(self.store.specs)],
+            "versions": self._versions(),
+            "rollouts": {
+                name: {"columns": cols, "rows": [[_cell(v) for v in row] for row in rows]}
+                for name, (cols, rows) in self.store.rollouts.items()
+            },
+            "broker": self.broker,
+        }
+
+    def _devices_json(self) -> list[dict[str, Any]]:
+        """Each device's row: its status, its refused and resent uploads; then the devices refused but
+        never reported."""
         refused = self.refused_by_device()
         # Copies of counted uploads are routine: shown apart from the refusals, never as one.
         resent = {d: n for d, per in refused.items() if (n := per.pop(Reason.RESENT, 0))}
@@ -220,18 +236,7 @@ class FleetView:
                     "uploads_resent": resent.get(device, 0),
                 }
             )
-        return {
-            "fleet": self.fleet,
-            "taken": self.taken,
-            "devices": devices,
-            "tasks": [self._task_json(name) for name in sorted(self.store.specs)],
-            "versions": self._versions(),
-            "rollouts": {
-                name: {"columns": cols, "rows": [[_cell(v) for v in row] for row in rows]}
-                for name, (cols, rows) in self.store.rollouts.items()
-            },
-            "broker": self.broker,
-        }
+        return devices
 
     def _task_json(self, name: str) -> dict[str, Any]:
         spec = self.store.specs[name]

@@ -43,41 +43,7 @@ class MachinesCollector(Collector):
         self.machines = machines
 
     def collect(self) -> Iterator[Metric]:
-        g = {
-            "expected": _gauge("ioft_answer_expected_speed_mm_per_second", "Latest answer: the speed the printer's model expects at the layer's vibration"),
-            "commanded": _gauge("ioft_answer_commanded_speed_mm_per_second", "Latest answer: the layer's commanded speed"),
-            "residual": _gauge("ioft_answer_residual_mm_per_second", "Latest answer: expected minus commanded speed"),
-            "prob": _gauge("ioft_answer_probability", "Latest answer: the probability of each class (welds)", "class"),
-            "latency": _gauge("ioft_answer_latency_seconds", "Latest answer: seconds from the row's features to its answer"),
-            "at": _gauge("ioft_answer_timestamp_seconds", "Latest answer: when it was made"),
-            "advice": _gauge("ioft_speed_advice_mm_per_second", "The highest speed whose expected vibration stays within the budget"),
-            "accuracy": _gauge("ioft_field_accuracy", "Field accuracy of the serving model over its last scored answers (welds)"),
-            "error": _gauge("ioft_field_error_mm_per_second", "Field error of the serving model over its last scored answers (layers)"),
-            "reference_accuracy": _gauge("ioft_field_reference_accuracy", "The serving model's own test-split accuracy the field one is held against (welds)"),
-            "reference_error": _gauge("ioft_field_reference_error_mm_per_second", "The serving model's own test-split error the field one is held against (layers)"),
-            "drift": _gauge("ioft_field_drift", "1 while the field figure is worse than the model's test-split one by the margin"),
-            "awaiting": _gauge("ioft_field_awaiting_labels", "Answers waiting for their label"),
-            "coverage": _gauge("ioft_field_coverage", "Fraction of the last scored answers whose conformal interval or set held the truth"),
-            "alerts": _gauge("ioft_alerts_open", "1 while the rule's alert is raised, 0 once cleared", "rule"),
-            "round": _gauge("ioft_serving_model_round", "The round of the model that serves the task"),
-            "candidate": _gauge("ioft_serving_candidate", "1 for the candidate model that serves the task (personal, global, alone), 0 for the others", "candidate"),
-            "score": _gauge("ioft_serving_candidate_score", "Each candidate's score (accuracy, or R²) on the device's newest held-out rows", "candidate"),
-            "judged": _gauge("ioft_serving_judged_rows", "The newest rows the candidates were judged on"),
-        }  # fmt: skip
-        counts = {
-            "answered": _counter("ioft_answers", "Rows answered", "device", "task"),
-            "refused": _counter("ioft_answers_refused", "Rows refused an answer, by reason", "device", "task", "reason"),
-        }  # fmt: skip
-        moonraker = {
-            k: _counter(f"ioft_moonraker_{k}", doc, "device")
-            for k, doc in (
-                ("sent", "Speed advice the printer's Moonraker took (read back after)"),
-                ("failed", "Moonraker calls that failed after their retries"),
-                ("restored", "Times the printer's own max_velocity was put back"),
-                ("readback_mismatch", "Changes the toolhead's max_velocity did not show when read back"),
-                ("dropped", "Moonraker requests dropped because the worker was behind"),
-            )
-        }
+        g, counts, moonraker = _gauges(), _counters(), _moonraker_counters()
         refused = GaugeMetricFamily("ioft_moonraker_apply_refused", "1 while the advice is not applied (see the status)", labels=["device"])  # fmt: skip
         for m in self.machines():
             d, since = m["device"], m.get("counting_since")
@@ -99,6 +65,53 @@ class MachinesCollector(Collector):
         yield from counts.values()
         yield from moonraker.values()
         yield refused
+
+
+def _gauges() -> dict[str, GaugeMetricFamily]:
+    """The per-task gauges: the latest answer, the advice, the field figures, alerts and the serving model."""
+    return {
+        "expected": _gauge("ioft_answer_expected_speed_mm_per_second", "Latest answer: the speed the printer's model expects at the layer's vibration"),
+        "commanded": _gauge("ioft_answer_commanded_speed_mm_per_second", "Latest answer: the layer's commanded speed"),
+        "residual": _gauge("ioft_answer_residual_mm_per_second", "Latest answer: expected minus commanded speed"),
+        "prob": _gauge("ioft_answer_probability", "Latest answer: the probability of each class (welds)", "class"),
+        "latency": _gauge("ioft_answer_latency_seconds", "Latest answer: seconds from the row's features to its answer"),
+        "at": _gauge("ioft_answer_timestamp_seconds", "Latest answer: when it was made"),
+        "advice": _gauge("ioft_speed_advice_mm_per_second", "The highest speed whose expected vibration stays within the budget"),
+        "accuracy": _gauge("ioft_field_accuracy", "Field accuracy of the serving model over its last scored answers (welds)"),
+        "error": _gauge("ioft_field_error_mm_per_second", "Field error of the serving model over its last scored answers (layers)"),
+        "reference_accuracy": _gauge("ioft_field_reference_accuracy", "The serving model's own test-split accuracy the field one is held against (welds)"),
+        "reference_error": _gauge("ioft_field_reference_error_mm_per_second", "The serving model's own test-split error the field one is held against (layers)"),
+        "drift": _gauge("ioft_field_drift", "1 while the field figure is worse than the model's test-split one by the margin"),
+        "awaiting": _gauge("ioft_field_awaiting_labels", "Answers waiting for their label"),
+        "coverage": _gauge("ioft_field_coverage", "Fraction of the last scored answers whose conformal interval or set held the truth"),
+        "alerts": _gauge("ioft_alerts_open", "1 while the rule's alert is raised, 0 once cleared", "rule"),
+        "round": _gauge("ioft_serving_model_round", "The round of the model that serves the task"),
+        "candidate": _gauge("ioft_serving_candidate", "1 for the candidate model that serves the task (personal, global, alone), 0 for the others", "candidate"),
+        "score": _gauge("ioft_serving_candidate_score", "Each candidate's score (accuracy, or R²) on the device's newest held-out rows", "candidate"),
+        "judged": _gauge("ioft_serving_judged_rows", "The newest rows the candidates were judged on"),
+    }  # fmt: skip
+
+
+def _counters() -> dict[str, CounterMetricFamily]:
+    """Rows answered and refused, per device and task."""
+    return {
+        "answered": _counter("ioft_answers", "Rows answered", "device", "task"),
+        "refused": _counter("ioft_answers_refused", "Rows refused an answer, by reason", "device", "task", "reason"),
+    }  # fmt: skip
+
+
+def _moonraker_counters() -> dict[str, CounterMetricFamily]:
+    """What each printer's Moonraker did with the speed advice."""
+    return {
+        k: _counter(f"ioft_moonraker_{k}", doc, "device")
+        for k, doc in (
+            ("sent", "Speed advice the printer's Moonraker took (read back after)"),
+            ("failed", "Moonraker calls that failed after their retries"),
+            ("restored", "Times the printer's own max_velocity was put back"),
+            ("readback_mismatch", "Changes the toolhead's max_velocity did not show when read back"),
+            ("dropped", "Moonraker requests dropped because the worker was behind"),
+        )
+    }
 
 
 def _task(g: dict[str, GaugeMetricFamily], labels: list[str], t: dict[str, Any]) -> None:

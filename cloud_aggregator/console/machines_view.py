@@ -129,12 +129,9 @@ def timeline(points: list[Point]) -> dict[str, Any]:
     return {"classes": list(classes) if classes is not None else None, "points": rows}
 
 
-def machine_json(
-    device: str, status: Any, answers: list[Point], latest: dict[str, Point], events: dict[str, dict]
-) -> dict[str, Any]:
-    """One machine for the page and the metrics (see the module docstring)."""
-    body = _dict(status)
-    serving = _dict(body.get("serving"))
+def _task_json(task: str, serving: dict, answers: list[Point], last: Point | None) -> dict[str, Any]:
+    """One task of a machine: its model (named by ``last``, its newest answer, before any status),
+    the evidence, the answers' timeline, the field, the advice and the counts."""
     models, fields, advice = (
         _dict(serving.get("models")),
         _dict(serving.get("field")),
@@ -145,32 +142,44 @@ def machine_json(
         _dict(serving.get("gate")),
         _dict(serving.get("answered")),
     )
+    model = {k: _plain(_dict(models.get(task)).get(k)) for k in MODEL_FIELDS}
+    if model["round"] is None and last is not None:  # no status yet: the answer names its model
+        model |= {"round": last.model_round, "digest": last.digest, "encoder_version": last.encoder_version}
+    return {
+        "task": str(task)[:MAX_TEXT],
+        "model": model,
+        "evidence": evidence(_dict(models.get(task)).get("evidence")),
+        "latest": last.to_json() if last is not None else None,
+        "timeline": timeline([p for p in answers if p.task == task]),
+        "field": field_json(_dict(fields.get(task))) if task in fields else None,
+        "advice": _first(number(_dict(advice.get(task)).get("speed")), last.advice if last else None),
+        "vibration_budget": number(_dict(advice.get(task)).get("vibration_budget")),
+        "answered": number(answered.get(task)),
+        "refused": _counts(refused.get(task)),
+        "gate": str(gate[task])[:300] if isinstance(gate.get(task), str) else None,
+    }
+
+
+def _classes(value: Any) -> dict[str, Any]:
+    """What each class means, in the operator's words ([serve.classes]); at most ``MAX_RULES``."""
+    return {
+        str(k)[:MAX_TEXT]: w for k, v in list(_dict(value).items())[:MAX_RULES] if (w := words(v)) is not None
+    }
+
+
+def machine_json(
+    device: str, status: Any, answers: list[Point], latest: dict[str, Point], events: dict[str, dict]
+) -> dict[str, Any]:
+    """One machine for the page and the metrics (see the module docstring)."""
+    body = _dict(status)
+    serving = _dict(body.get("serving"))
+    models, fields, refused = (
+        _dict(serving.get("models")),
+        _dict(serving.get("field")),
+        _dict(serving.get("refused")),
+    )
     names = sorted({*latest, *models, *fields, *(t for t in refused if t != "*")}, key=str)[:MAX_RULES]
-    tasks = []
-    for task in names:
-        model = {k: _plain(_dict(models.get(task)).get(k)) for k in MODEL_FIELDS}
-        last = latest.get(task)
-        if model["round"] is None and last is not None:  # no status yet: the answer names its model
-            model |= {
-                "round": last.model_round,
-                "digest": last.digest,
-                "encoder_version": last.encoder_version,
-            }
-        tasks.append(
-            {
-                "task": str(task)[:MAX_TEXT],
-                "model": model,
-                "evidence": evidence(_dict(models.get(task)).get("evidence")),
-                "latest": last.to_json() if last is not None else None,
-                "timeline": timeline([p for p in answers if p.task == task]),
-                "field": field_json(_dict(fields.get(task))) if task in fields else None,
-                "advice": _first(number(_dict(advice.get(task)).get("speed")), last.advice if last else None),
-                "vibration_budget": number(_dict(advice.get(task)).get("vibration_budget")),
-                "answered": number(answered.get(task)),
-                "refused": _counts(refused.get(task)),
-                "gate": str(gate[task])[:300] if isinstance(gate.get(task), str) else None,
-            }
-        )
+    tasks = [_task_json(task, serving, answers, latest.get(task)) for task in names]
     alerts = merged_alerts(events, body.get("alerts"))
     kind = body.get("kind")
     # Seen: its newest word, a status or an answer (a machine answering every second is not 23 s old).
@@ -191,12 +200,7 @@ def machine_json(
         "alerts": alerts,
         "open_alerts": sum(a["state"] == "raised" for a in alerts),
         "rules": rules(serving.get("rules")),
-        # What each class means, in the operator's words ([serve.classes]).
-        "classes": {
-            str(k)[:MAX_TEXT]: w
-            for k, v in list(_dict(serving.get("classes")).items())[:MAX_RULES]
-            if (w := words(v)) is not None
-        },
+        "classes": _classes(serving.get("classes")),
     }
 
 

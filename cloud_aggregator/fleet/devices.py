@@ -18,22 +18,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from cloud_aggregator.fleet.acl import acl_text
+from cloud_aggregator.fleet.broker_conf import mosquitto_password_hash
 from cloud_aggregator.fleet.ca import FleetCA, cert_serial
+from cloud_aggregator.fleet.files import fsync_tree, replace_file, swap_folder
+from cloud_aggregator.fleet.identity import write_identity
 from cloud_aggregator.fleet.layout import (
     FleetInitError,
     FleetLayout,
-    acl_text,
     device_errors,
-    fsync_tree,
     issued_devices,
-    mosquitto_password_hash,
     open_fleet,
     print_device_lines,
     read_plants,
-    replace_file,
     split_ids,
-    swap_folder,
-    write_identity,
 )
 from cloud_aggregator.fleet.plant_files import refresh_plant
 from cloud_aggregator.fleet.sessions import end_sessions, new_canary

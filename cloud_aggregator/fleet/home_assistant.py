@@ -1,7 +1,7 @@
 """``fleet init``'s ``ha/``: Home Assistant's login to the fleet's broker and its MQTT settings.
 
 The ``ha`` login reads the discovery configs ``serve`` republishes and the state topics its entities
-show, and writes nothing (its ACL lines: :func:`cloud_aggregator.fleet.layout.home_assistant_acl_text`;
+show, and writes nothing (its ACL lines: :func:`cloud_aggregator.fleet.acl.home_assistant_acl_text`;
 why: ``docs/security.md``).
 """
 
@@ -10,7 +10,9 @@ from __future__ import annotations
 import shutil
 
 from cloud_aggregator.fleet.ca import FleetCA
-from cloud_aggregator.fleet.layout import DISCOVERY_PREFIX, HOME_ASSISTANT, FleetLayout, issue, write_file
+from cloud_aggregator.fleet.files import write_file
+from cloud_aggregator.fleet.identity import issue
+from cloud_aggregator.fleet.layout import DISCOVERY_PREFIX, HOME_ASSISTANT, FleetLayout
 
 
 def home_assistant_text(layout: FleetLayout) -> str:

@@ -55,26 +55,28 @@ no half-made fleet, and an existing folder is replaced only with ``force``.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import secrets
 import shutil
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from cloud_aggregator.fleet import devices as fleet_devices
-from cloud_aggregator.fleet import plants as fleet_plants
-from cloud_aggregator.fleet import workers as fleet_workers
+from cloud_aggregator.fleet.acl import acl_text
+from cloud_aggregator.fleet.broker_conf import mosquitto_conf_text, mosquitto_password_hash, passwd_lines
 from cloud_aggregator.fleet.ca import FleetCA, pem_cert, pem_key
+from cloud_aggregator.fleet.files import (
+    fsync_tree,
+    give_to_broker,
+    swap_folder,
+    write_file,
+)
 from cloud_aggregator.fleet.home_assistant import write_home_assistant
+from cloud_aggregator.fleet.identity import issue, write_identity, write_worker_identity
 from cloud_aggregator.fleet.layout import (
     AGGREGATOR,
     AUTH_MODES,
-    BIND_ALL,
-    BROKER_USER,
     DEFAULT_BIND,
     DEFAULT_HOSTS,
     HOME_ASSISTANT,
@@ -82,32 +84,15 @@ from cloud_aggregator.fleet.layout import (
     RESERVED,
     FleetInitError,
     FleetLayout,
-    acl_text,
-    add_listener_args,
-    broker_owner,
     device_errors,
-    fsync_tree,
-    give_to_broker,
-    issue,
-    mosquitto_conf_text,
-    mosquitto_password_hash,
-    passwd_lines,
-    print_device_lines,
-    split_ids,
-    unreachable_folder,
     worker_identity,
-    write_file,
-    write_identity,
-    write_worker_identity,
 )
 from cloud_aggregator.fleet.units import (
-    AGGREGATOR_USER,
     DEFAULT_VENV,
     give_to_aggregator,
     write_device_units,
     write_fleet_units,
 )
-from cloud_aggregator.operator import DefaultsHelpFormatter
 from export.keys import generate_keypair
 from ioft_protocol import codec
 
@@ -140,6 +125,89 @@ def _check_names(fleet: str, devices: Sequence[str], auth: str) -> tuple[str, ..
     return tuple(devices)
 
 
+def _check_listeners(
+    hosts: Sequence[str], port: int, operator_port: int | None, workers: int
+) -> tuple[list[str], int]:
+    """The broker's host names (none empty) and the operator's port (default ``port + 1``), checked."""
+    if workers < 0:
+        raise FleetInitError(f"--workers must be >= 0, got {workers}")
+    hosts = [h for h in hosts if h]
+    if not hosts:
+        raise FleetInitError("name at least one broker host (--host broker.example.com)")
+    if not 0 < port < 65536:
+        raise FleetInitError(f"port must be in 1..65535, got {port}")
+    operator_port = port + 1 if operator_port is None else operator_port
+    if not 0 < operator_port < 65536 or operator_port == port:
+        raise FleetInitError(
+            f"--operator-port must be in 1..65535 and not the devices' --port {port}, got {operator_port}"
+        )
+    return hosts, operator_port
+
+
+def _password_logins(auth: str, devices: Sequence[str], worker_ids: Sequence[str]) -> tuple[str, ...]:
+    """Who logs in with a password: everyone with ``passwords`` auth; with certificates the operator
+    alone (its own listener wants a password as well)."""
+    if auth != "passwords":
+        return (OPERATOR,)
+    return (*devices, AGGREGATOR, OPERATOR, HOME_ASSISTANT, *(worker_identity(w) for w in worker_ids))
+
+
+def _staging_folder(root: Path, force: bool) -> Path:
+    """A new folder beside ``root`` to build the fleet in, renamed into place once whole; refused
+    where ``root`` holds something, unless ``force``."""
+    if root.exists() and (not root.is_dir() or any(root.iterdir())) and not force:
+        raise FleetInitError(f"{root} exists and is not empty; pass --force to replace it")
+    try:  # root.parent must take new files
+        root.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    except OSError as exc:
+        raise FleetInitError(
+            f"cannot write {root}: {root.parent} takes no new files ({exc.strerror or exc}); "
+            "choose an --out folder you can write"
+        ) from None
+
+
+def _write_fleet(
+    layout: FleetLayout,
+    staged: FleetLayout,
+    hosts: Sequence[str],
+    logins: Sequence[str],
+    *,
+    bind: str | None,
+    days: int,
+    ca_days: int,
+    venv: Path,
+) -> None:
+    """Write the whole fleet into ``staged`` (its files naming ``layout``'s paths), fsynced."""
+    tmp, fleet, auth, devices = staged.root, layout.fleet, layout.auth, layout.devices
+    ca = FleetCA.create(fleet, ca_days)
+    write_file(staged.ca_cert, pem_cert(ca.cert))
+    write_file(tmp / "ca" / "ca.key", pem_key(ca.key), private=True)
+    issue(ca, staged, hosts[0], tmp / "broker", server_hosts=hosts, days=days)
+    write_file(staged.acl, acl_text(fleet, devices, workers=layout.workers))
+    write_file(staged.mosquitto_conf, mosquitto_conf_text(layout, bind=bind))
+    if auth == "certs":
+        write_file(staged.crl, ca.crl((), days=ca_days))
+    (tmp / "broker" / "data").mkdir()
+    generate_keypair(staged.signing_key)  # 0600 from creation, like every private key here
+    lines = "".join(passwd_lines(n, layout.passwords[n]) for n in logins)
+    write_file(staged.passwd if auth == "passwords" else staged.operator_passwd, lines, private=True)
+    for name in (*devices, AGGREGATOR, OPERATOR):
+        # The operator's listener wants its certificate in both modes.
+        issuer = ca if auth == "certs" or name == OPERATOR else None
+        write_identity(issuer, layout, name, days=days, staged=staged)
+    write_home_assistant(ca if auth == "certs" else None, layout, days=days, staged=staged)
+    for w in layout.workers:
+        write_worker_identity(ca if auth == "certs" else None, layout, w, days=days, staged=staged)
+    for name in devices:
+        write_device_units(staged.identity_dir(name), fleet, name, venv)
+    write_fleet_units(layout, tmp, venv)
+    give_to_broker(staged)
+    give_to_aggregator(tmp)
+    os.chmod(tmp, 0o755)  # mkdtemp made it 0700; the keys inside are 0600 themselves
+    fsync_tree(tmp)
+
+
 def init_fleet(
     out: str | Path,
     fleet: str,
@@ -169,231 +237,23 @@ def init_fleet(
     unless ``force``.
     """
     devices = _check_names(fleet, devices, auth)
-    if workers < 0:
-        raise FleetInitError(f"--workers must be >= 0, got {workers}")
+    hosts, operator_port = _check_listeners(hosts, port, operator_port, workers)
     worker_ids = tuple(f"w{i}" for i in range(1, workers + 1))
-    hosts = [h for h in hosts if h]
-    if not hosts:
-        raise FleetInitError("name at least one broker host (--host broker.example.com)")
-    if not 0 < port < 65536:
-        raise FleetInitError(f"port must be in 1..65535, got {port}")
-    operator_port = port + 1 if operator_port is None else operator_port
-    if not 0 < operator_port < 65536 or operator_port == port:
-        raise FleetInitError(
-            f"--operator-port must be in 1..65535 and not the devices' --port {port}, got {operator_port}"
-        )
     root = Path(out).resolve()
-    if root.exists() and (not root.is_dir() or any(root.iterdir())) and not force:
-        raise FleetInitError(f"{root} exists and is not empty; pass --force to replace it")
     host = hosts[0]
     url_host = f"[{host}]" if ":" in host else host
-    identities = (*devices, AGGREGATOR, OPERATOR, HOME_ASSISTANT, *(worker_identity(w) for w in worker_ids))
-    # The operator logs in with a password in both modes (its own listener wants one).
-    logins = identities if auth == "passwords" else (OPERATOR,)
+    logins = _password_logins(auth, devices, worker_ids)
     passwords = {n: secrets.token_urlsafe(24) for n in logins}
     layout = FleetLayout(root, fleet, auth, f"mqtts://{url_host}:{port}", port, devices, passwords,
                          workers=worker_ids, operator_port=operator_port)  # fmt: skip
-
-    try:  # staged in a sibling folder, then renamed into place: root.parent must take new files
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
-    except OSError as exc:
-        raise FleetInitError(
-            f"cannot write {root}: {root.parent} takes no new files ({exc.strerror or exc}); "
-            "choose an --out folder you can write"
-        ) from None
+    tmp = _staging_folder(root, force)
     try:
         staged = FleetLayout(tmp, fleet, auth, layout.broker_url, port, devices, passwords,
                              workers=worker_ids, operator_port=operator_port)  # fmt: skip
-        ca = FleetCA.create(fleet, ca_days)
-        write_file(staged.ca_cert, pem_cert(ca.cert))
-        write_file(tmp / "ca" / "ca.key", pem_key(ca.key), private=True)
-        issue(ca, staged, host, tmp / "broker", server_hosts=hosts, days=days)
-        write_file(staged.acl, acl_text(fleet, devices, workers=worker_ids))
-        write_file(staged.mosquitto_conf, mosquitto_conf_text(layout, bind=bind))
-        if auth == "certs":
-            write_file(staged.crl, ca.crl((), days=ca_days))
-        (tmp / "broker" / "data").mkdir()
-        generate_keypair(staged.signing_key)  # 0600 from creation, like every private key here
-        lines = "".join(passwd_lines(n, passwords[n]) for n in logins)
-        write_file(staged.passwd if auth == "passwords" else staged.operator_passwd, lines, private=True)
-        for name in (*devices, AGGREGATOR, OPERATOR):
-            # The operator's listener wants its certificate in both modes.
-            issuer = ca if auth == "certs" or name == OPERATOR else None
-            write_identity(issuer, layout, name, days=days, staged=staged)
-        write_home_assistant(ca if auth == "certs" else None, layout, days=days, staged=staged)
-        for w in worker_ids:
-            write_worker_identity(ca if auth == "certs" else None, layout, w, days=days, staged=staged)
-        for name in devices:
-            write_device_units(staged.identity_dir(name), fleet, name, venv)
-        write_fleet_units(layout, tmp, venv)
-        give_to_broker(staged)
-        give_to_aggregator(tmp)
-        os.chmod(tmp, 0o755)  # mkdtemp made it 0700; the keys inside are 0600 themselves
-        fsync_tree(tmp)
-        old = None
-        if root.exists():
-            old = root.with_name(f".{root.name}.old-{secrets.token_hex(4)}")
-            root.rename(old)
-        tmp.rename(root)
-        if old is not None:
-            shutil.rmtree(old)
+        _write_fleet(layout, staged, hosts, logins, bind=bind, days=days, ca_days=ca_days, venv=venv)
+        swap_folder(tmp, root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info("fleet %s: %s auth for %d devices in %s", fleet, auth, len(devices), root)
     return layout
-
-
-# -- command line ------------------------------------------------------------------------------------------
-def add_parser(fleet_sub: argparse._SubParsersAction) -> None:
-    """``fleet init``, ``fleet add-device``, ``fleet renew-device`` and ``fleet revoke-device``."""
-    fmt = DefaultsHelpFormatter
-    p = fleet_sub.add_parser(
-        "init",
-        help="generate a fleet's CA, broker and client certificates (or passwords), mosquitto config and ACL",
-        formatter_class=fmt,
-    )
-    p.add_argument("--fleet", required=True, help="fleet id")
-    p.add_argument("--devices", required=True, action="append", help="device ids, comma-separated")
-    p.add_argument("--out", required=True, type=Path, help="folder to create (must not exist or be empty)")
-    p.add_argument("--auth", choices=AUTH_MODES, default="certs", help="client certificates or passwords")
-    add_listener_args(p, "the broker's", "the client configs")
-    p.add_argument(
-        "--operator-port",
-        type=int,
-        help="the operator's own TLS listener (console, fleet status, push; none given: --port + 1)",
-    )
-    p.add_argument("--days", type=int, default=825, help="validity of broker and client certificates")
-    p.add_argument("--force", action="store_true", help="replace an existing fleet folder")
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=0,
-        metavar="K",
-        help="give aggregator workers w1..wK ([collect] workers = K) their own login (later: fleet add-worker)",
-    )
-    p.add_argument(
-        "--venv",
-        type=Path,
-        default=DEFAULT_VENV,
-        help="the Python environment the systemd units run ioft from",
-    )
-    p.set_defaults(func=main)
-    for command, what, func in (
-        (
-            "add-device",
-            "enrol devices: a certificate (or password) and a folder each, and the ACL",
-            fleet_devices.main_add,
-        ),
-        ("renew-device", "a new certificate and key (or password) for devices", fleet_devices.main_renew),
-        (
-            "revoke-device",
-            "revoke devices: the CRL (or password file) and ACL refuse them",
-            fleet_devices.main_revoke,
-        ),
-    ):
-        q = fleet_sub.add_parser(command, help=what, formatter_class=fmt)
-        q.add_argument("--dir", required=True, type=Path, help="the fleet folder (`fleet init --out`)")
-        q.add_argument("--devices", required=True, action="append", help="device ids, comma-separated")
-        if command != "revoke-device":
-            q.add_argument("--days", type=int, default=825, help="validity of the new certificates")
-        if command == "renew-device":
-            q.add_argument(
-                "--revoke-old",
-                action="store_true",
-                help="revoke every earlier certificate of the devices now (a leaked key); by default the "
-                "last one stays valid until it expires, so a device connects until its new files reach it",
-            )
-        q.set_defaults(func=func)
-    q = fleet_sub.add_parser(
-        "end-sessions",
-        help="after revoke-device and the broker's reload: end the revoked devices' live sessions",
-        formatter_class=fmt,
-    )
-    q.add_argument("--dir", required=True, type=Path, help="the fleet folder (`fleet init --out`)")
-    q.add_argument("--devices", required=True, action="append", help="revoked device ids, comma-separated")
-    q.add_argument(
-        "--broker", help="the broker they connect to (default: the fleet's; a plant's for its devices)"
-    )
-    q.add_argument(
-        "--wait", type=float, default=10.0, help="seconds to wait for the broker to load the new CRL"
-    )
-    q.set_defaults(func=fleet_devices.main_end_sessions)
-    fleet_plants.add_parser(fleet_sub)
-    fleet_workers.add_parser(fleet_sub)
-
-
-def _broker_lines(layout: FleetLayout) -> None:
-    owner = broker_owner()
-    if owner is None:
-        print(
-            f"  mosquitto started as root drops to user {BROKER_USER}: as root, "
-            f"chown {BROKER_USER} {layout.root / 'broker' / 'server.key'} "
-            + (f"{layout.passwd} " if layout.auth == "passwords" else "")
-            + f"{layout.root / 'broker' / 'data'}"
-        )
-    elif (folder := unreachable_folder(layout.mosquitto_conf)) is not None:
-        print(
-            f"  mosquitto (user {BROKER_USER}) cannot enter {folder}: chmod o+x it, or keep the fleet elsewhere"
-        )
-
-
-def print_unit_lines(layout: FleetLayout) -> None:
-    units = layout.root / "systemd"
-    print(
-        f"  services:   cp -r {units}/* /etc/systemd/system/ (serve as user {AGGREGATOR_USER}, "
-        "mosquitto on this conf); as a service on a device: sudo sh <copied folder>/install.sh "
-        "(README: Installing a Pi)"
-    )
-    agg = layout.root / AGGREGATOR
-    if agg.stat().st_gid == 0 or agg.stat().st_mode & 0o070 == 0:
-        print(
-            f"  {AGGREGATOR_USER} must read {agg}: as root, useradd --system --user-group {AGGREGATOR_USER}; "
-            f"chgrp -R {AGGREGATOR_USER} {agg}; chmod -R g+rX {agg}"
-        )
-
-
-def main(args: argparse.Namespace) -> int:
-    """``fleet init``: write the fleet folder and print what to do with each part."""
-    try:
-        layout = init_fleet(
-            args.out,
-            args.fleet,
-            split_ids(args.devices),
-            auth=args.auth,
-            hosts=split_ids(args.host) or DEFAULT_HOSTS,
-            port=args.port,
-            bind=args.bind,
-            force=args.force,
-            days=args.days,
-            venv=args.venv,
-            workers=args.workers,
-            operator_port=args.operator_port,
-        )
-    except FleetInitError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    print(f"fleet {layout.fleet} ({layout.auth}) in {layout.root}")
-    print(f"  broker:     mosquitto -c {layout.mosquitto_conf}   ({layout.broker_url})")
-    _broker_lines(layout)
-    print(f"  aggregator: cloud-aggregator serve --config {layout.toml(AGGREGATOR)}  (add [[task]] tables)")
-    fleet_workers.print_worker_lines(layout, layout.workers)
-    if args.bind in (None, "", BIND_ALL):
-        print("  listens on every interface")
-    else:
-        print(
-            f"  listens on {args.bind} only: devices on other machines need --bind {BIND_ALL} (or an address)"
-        )
-    print(
-        f"  Home Assistant: {layout.identity_dir(HOME_ASSISTANT) / 'home-assistant.txt'} (its MQTT settings)"
-    )
-    print(
-        f"  operator:   {layout.toml(OPERATOR)}  (console, fleet status, push, rollout --config; "
-        f"its own listener, {layout.operator_url})"
-    )
-    print_device_lines(layout, layout.devices)
-    print_unit_lines(layout)
-    print(f"  keep {layout.root / 'ca' / 'ca.key'} offline: it signs new devices")
-    print(f"  models: export --key {layout.signing_key}; devices trust {layout.model_public_key}")
-    return 0

@@ -38,24 +38,20 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from cloud_aggregator.fleet.ca import FleetCA
 from cloud_aggregator.fleet.devices import RELOAD_HINT, load_ca, rewrite_acl
+from cloud_aggregator.fleet.files import broker_owner, fsync_tree, replace_file, swap_folder, write_file
+from cloud_aggregator.fleet.identity import client_toml, issue
 from cloud_aggregator.fleet.layout import (
     DEFAULT_HOSTS,
     FleetInitError,
     FleetLayout,
     PlantRecord,
     add_listener_args,
-    broker_owner,
-    client_toml,
-    fsync_tree,
-    issue,
     open_fleet,
     read_plants,
-    replace_file,
     split_ids,
-    swap_folder,
     worker_identity,
-    write_file,
 )
 from cloud_aggregator.fleet.plant_files import (
     BRIDGE_PROTOCOLS,
@@ -136,6 +132,39 @@ def add_plant(
     """
     layout = open_fleet(root)
     devices = tuple(devices)
+    hosts = _check_plant(layout, plant, devices, hosts, port, protocol, restart_timeout, force, partial)
+    address = _cloud_address(layout, cloud)
+    url_host = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
+    record = PlantRecord(
+        plant, bridge_identity(plant), f"mqtts://{url_host}:{port}", devices, plant if partial else ""
+    )
+    before = next((p for p in read_plants(layout.root) if p.plant == plant), None)
+    ca = load_ca(layout)
+
+    conf = plant_conf_text(layout, record, port=port, bind=bind, cloud=address, protocol=protocol,
+                           restart_timeout=restart_timeout)  # fmt: skip
+    _build_plant(ca, layout, record, hosts, days, conf)
+
+    new = open_fleet(layout.root)  # now with the plant's devices on its broker
+    moved = set(devices) | set(before.devices if before else ())
+    for d in sorted(moved & set(new.devices)):
+        replace_file(new.toml(d), client_toml(new, d))
+    rewrite_acl(new, new.devices)
+    return new, record
+
+
+def _check_plant(
+    layout: FleetLayout,
+    plant: str,
+    devices: tuple[str, ...],
+    hosts: Sequence[str],
+    port: int,
+    protocol: str,
+    restart_timeout: tuple[int, int],
+    force: bool,
+    partial: bool,
+) -> list[str]:
+    """The plant broker's host names (none empty), once every argument of ``add_plant`` is checked."""
     errors = _errors(layout, plant, devices, force, partial)
     hosts = [h for h in hosts if h]
     if not hosts:
@@ -148,42 +177,20 @@ def add_plant(
         errors.append(f"bridge retry must be BASE,CAP seconds with 0 < BASE <= CAP, got {restart_timeout}")
     if errors:
         raise FleetInitError(f"cannot add plant {plant}:\n  - " + "\n  - ".join(errors))
-    address = _cloud_address(layout, cloud)
-    url_host = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
-    record = PlantRecord(
-        plant, bridge_identity(plant), f"mqtts://{url_host}:{port}", devices, plant if partial else ""
-    )
-    before = next((p for p in read_plants(layout.root) if p.plant == plant), None)
-    ca = load_ca(layout)
+    return hosts
 
-    final = plant_dir(layout, plant)
+
+def _build_plant(
+    ca: FleetCA, layout: FleetLayout, record: PlantRecord, hosts: Sequence[str], days: int, conf: str
+) -> None:
+    """Write ``plants/<plant>/`` whole in a folder beside it, then swap it into place."""
+    final = plant_dir(layout, record.plant)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{plant}.tmp-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{record.plant}.tmp-", dir=final.parent))
     try:
         os.chmod(tmp, 0o755)
-        issue(ca, layout, hosts[0], tmp, server_hosts=hosts, days=days)  # recorded in ca/issued.tsv
-        issue(ca, layout, record.bridge, tmp, days=days)
-        keys = [tmp / "server.key", tmp / f"{record.bridge}.key"]
-        if partial:
-            issue(ca, layout, worker_identity(plant), tmp, days=days)
-            keys.append(tmp / f"{worker_identity(plant)}.key")
-            write_file(tmp / "worker.toml", worker_toml_text(layout, record))
-            unit = plant_worker_unit(
-                layout.fleet, plant, record.worker, final / "worker.toml", venv_of(layout)
-            )
-            write_file(tmp / "systemd" / PLANT_WORKER_UNIT, unit)
-        shutil.copyfile(layout.ca_cert, tmp / "ca.crt")
-        if layout.crl.exists():
-            shutil.copyfile(layout.crl, tmp / "crl.pem")
-        else:  # an older fleet without a CRL: the plant starts with an empty one
-            write_file(tmp / "crl.pem", ca.crl((), days=3650))
-        write_file(tmp / "acl", plant_acl_text(layout.fleet, record))
-        write_file(tmp / "plant.toml", plant_toml_text(record))
-        conf = plant_conf_text(layout, record, port=port, bind=bind, cloud=address, protocol=protocol,
-                               restart_timeout=restart_timeout)  # fmt: skip
-        write_file(tmp / "mosquitto.conf", conf)
-        write_file(tmp / "systemd" / MOSQUITTO_DROPIN, plant_dropin(layout, plant))
-        (tmp / "data").mkdir()
+        keys = _issue_plant_keys(ca, layout, record, tmp, final, hosts, days)
+        _write_plant_files(ca, layout, record, tmp, conf)
         owner = broker_owner()
         if owner is not None:  # mosquitto drops root before reading keys and writing data/
             for path in (*keys, tmp / "data"):
@@ -194,12 +201,44 @@ def add_plant(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
-    new = open_fleet(layout.root)  # now with the plant's devices on its broker
-    moved = set(devices) | set(before.devices if before else ())
-    for d in sorted(moved & set(new.devices)):
-        replace_file(new.toml(d), client_toml(new, d))
-    rewrite_acl(new, new.devices)
-    return new, record
+
+def _issue_plant_keys(
+    ca: FleetCA,
+    layout: FleetLayout,
+    record: PlantRecord,
+    tmp: Path,
+    final: Path,
+    hosts: Sequence[str],
+    days: int,
+) -> list[Path]:
+    """The plant broker's, its bridge's and (a partial aggregator) its worker's certificates and keys
+    into ``tmp``, recorded in ``ca/issued.tsv``; with the worker, its TOML and unit.  Returns the keys."""
+    issue(ca, layout, hosts[0], tmp, server_hosts=hosts, days=days)  # recorded in ca/issued.tsv
+    issue(ca, layout, record.bridge, tmp, days=days)
+    keys = [tmp / "server.key", tmp / f"{record.bridge}.key"]
+    if record.worker:
+        issue(ca, layout, worker_identity(record.plant), tmp, days=days)
+        keys.append(tmp / f"{worker_identity(record.plant)}.key")
+        write_file(tmp / "worker.toml", worker_toml_text(layout, record))
+        unit = plant_worker_unit(
+            layout.fleet, record.plant, record.worker, final / "worker.toml", venv_of(layout)
+        )
+        write_file(tmp / "systemd" / PLANT_WORKER_UNIT, unit)
+    return keys
+
+
+def _write_plant_files(ca: FleetCA, layout: FleetLayout, record: PlantRecord, tmp: Path, conf: str) -> None:
+    """The fleet CA and CRL's copies, the plant's ACL, record, mosquitto config ``conf`` and drop-in, data/."""
+    shutil.copyfile(layout.ca_cert, tmp / "ca.crt")
+    if layout.crl.exists():
+        shutil.copyfile(layout.crl, tmp / "crl.pem")
+    else:  # an older fleet without a CRL: the plant starts with an empty one
+        write_file(tmp / "crl.pem", ca.crl((), days=3650))
+    write_file(tmp / "acl", plant_acl_text(layout.fleet, record))
+    write_file(tmp / "plant.toml", plant_toml_text(record))
+    write_file(tmp / "mosquitto.conf", conf)
+    write_file(tmp / "systemd" / MOSQUITTO_DROPIN, plant_dropin(layout, record.plant))
+    (tmp / "data").mkdir()
 
 
 def _retry(text: str) -> tuple[int, int]:

@@ -35,7 +35,8 @@ from pathlib import Path
 import paho.mqtt.client as paho
 
 from cloud_aggregator.fleet.ca import FleetCA, cert_serial
-from cloud_aggregator.fleet.layout import FleetInitError, FleetLayout, open_fleet, replace_file
+from cloud_aggregator.fleet.files import replace_file
+from cloud_aggregator.fleet.layout import FleetInitError, FleetLayout, open_fleet
 from cloud_aggregator.operator import revoked_serials
 from ioft_protocol import topics
 from ioft_protocol.mqtt_options import BrokerAddress
@@ -125,6 +126,18 @@ def end_sessions(
     cert_path, key_path = canary_files(layout)
     if not cert_path.exists():
         raise FleetInitError(f"{cert_path} is missing: run fleet revoke-device again (it writes the canary)")
+    _wait_for_crl(address, layout, cert_path, key_path, wait_s)
+    serials = {_take_over(address, layout, ca, device) for device in devices}
+    # In the CRL too (from the next reload): expiring in minutes, it needs no reload of its own.
+    before = revoked_serials(layout.crl.read_bytes()) if layout.crl.exists() else set()
+    replace_file(layout.crl, ca.crl(before | serials, days=crl_days))
+    return list(devices)
+
+
+def _wait_for_crl(
+    address: BrokerAddress, layout: FleetLayout, cert_path: Path, key_path: Path, wait_s: float
+) -> None:
+    """Until the broker refuses the revoked canary certificate (it has loaded the new CRL), at most ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while _login(address, layout.ca_cert, cert_path, key_path, "", None):
         if time.monotonic() >= deadline:
@@ -134,20 +147,19 @@ def end_sessions(
                 "this again"
             )
         time.sleep(0.2)
-    serials = set()
+
+
+def _take_over(address: BrokerAddress, layout: FleetLayout, ca: FleetCA, device: str) -> int:
+    """Log in as ``device`` with a one-off certificate (the broker drops its live session) and leave its
+    status as revoked; the one-off certificate's serial."""
     with tempfile.TemporaryDirectory(prefix="ioft-end-session-") as folder:  # 0700
-        for device in devices:
-            cert, key = ca.issue(device, days=1, minutes=ONE_OFF_MINUTES)
-            c, k = Path(folder) / "one-off.crt", Path(folder) / "one-off.key"
-            c.write_bytes(cert)
-            k.touch(mode=0o600)
-            k.write_bytes(key)
-            status = {"device": device, "state": "revoked", "time": time.time()}
-            topic = topics.topic_status(layout.fleet, device)
-            if not _login(address, layout.ca_cert, c, k, topic, json.dumps(status).encode()):
-                raise FleetInitError(f"could not log in at {address.url()} to end {device}'s session")
-            serials.add(cert_serial(cert))
-    # In the CRL too (from the next reload): expiring in minutes, it needs no reload of its own.
-    before = revoked_serials(layout.crl.read_bytes()) if layout.crl.exists() else set()
-    replace_file(layout.crl, ca.crl(before | serials, days=crl_days))
-    return list(devices)
+        cert, key = ca.issue(device, days=1, minutes=ONE_OFF_MINUTES)
+        c, k = Path(folder) / "one-off.crt", Path(folder) / "one-off.key"
+        c.write_bytes(cert)
+        k.touch(mode=0o600)
+        k.write_bytes(key)
+        status = {"device": device, "state": "revoked", "time": time.time()}
+        topic = topics.topic_status(layout.fleet, device)
+        if not _login(address, layout.ca_cert, c, k, topic, json.dumps(status).encode()):
+            raise FleetInitError(f"could not log in at {address.url()} to end {device}'s session")
+    return cert_serial(cert)

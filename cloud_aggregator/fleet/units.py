@@ -36,7 +36,8 @@ import os
 import re
 from pathlib import Path
 
-from cloud_aggregator.fleet.layout import AGGREGATOR, FleetLayout, write_file
+from cloud_aggregator.fleet.files import write_file
+from cloud_aggregator.fleet.layout import AGGREGATOR, FleetLayout
 
 #: The system user the device units run as (``useradd --system ioft``).
 DEVICE_USER = "ioft"
@@ -158,6 +159,23 @@ PrivateTmp=no""",
     )
 
 
+def _cloud_service_end(watchdog_s: int, protect_home: str) -> str:
+    """The end of a cloud-side unit (``serve``, a plant worker): it waits for the broker, restarts,
+    and runs in the shared sandbox; ``protect_home``: systemd's ``ProtectHome=``."""
+    return f"""\
+# It waits for the broker as long as it takes; the watchdog counts from READY (connected).
+TimeoutStartSec=infinity
+{_restart(watchdog_s)}
+ProtectHome={protect_home}
+PrivateTmp=yes
+PrivateDevices=yes
+{_HARDENING}
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
 def aggregator_unit(
     layout: FleetLayout, venv: Path = DEFAULT_VENV, state_dir: str = "/var/lib/ioft-aggregator"
 ) -> str:
@@ -181,17 +199,7 @@ Group={AGGREGATOR_USER}
 StateDirectory={Path(state_dir).relative_to("/var/lib")}
 StateDirectoryMode=0750
 ReadWritePaths={state_dir}
-# It waits for the broker as long as it takes; the watchdog counts from READY (connected).
-TimeoutStartSec=infinity
-{_restart(WATCHDOG_S["aggregator"])}
-ProtectHome={"read-only" if home else "yes"}
-PrivateTmp=yes
-PrivateDevices=yes
-{_HARDENING}
-
-[Install]
-WantedBy=multi-user.target
-"""
+{_cloud_service_end(WATCHDOG_S["aggregator"], "read-only" if home else "yes")}"""
 
 
 def plant_worker_unit(fleet: str, plant: str, worker: str, toml: Path, venv: Path = DEFAULT_VENV) -> str:
@@ -211,17 +219,7 @@ NotifyAccess=main
 ExecStart={venv}/bin/cloud-aggregator worker --plant --id {worker} --config {toml}
 User={AGGREGATOR_USER}
 Group={AGGREGATOR_USER}
-# It waits for the broker as long as it takes; the watchdog counts from READY (connected).
-TimeoutStartSec=infinity
-{_restart(WATCHDOG_S["plant_worker"])}
-ProtectHome=yes
-PrivateTmp=yes
-PrivateDevices=yes
-{_HARDENING}
-
-[Install]
-WantedBy=multi-user.target
-"""
+{_cloud_service_end(WATCHDOG_S["plant_worker"], "yes")}"""
 
 
 def mosquitto_dropin(layout: FleetLayout, mosquitto: str = "/usr/sbin/mosquitto") -> str:

@@ -11,7 +11,7 @@ and serve's.  Each worker gets its own identity instead, ``worker.<id>``, writte
     worker.<id>.crt, .key      (--auth certs) its certificate, CN worker.<id>, from the fleet CA
                                (recorded in ca/issued.tsv)
 
-and a stanza in the broker's ACL (:func:`cloud_aggregator.fleet.layout.worker_acl_text`, the same
+and a stanza in the broker's ACL (:func:`cloud_aggregator.fleet.acl.worker_acl_text`, the same
 one a plant's partial aggregator gets on its plant's broker).  ``cloud-aggregator worker --config
 aggregator.toml --id <id>`` logs in with ``workers/<id>.toml`` beside the config
 (:mod:`cloud_aggregator.worker_login`); ``serve`` refuses to start workers it has no login for.
@@ -29,19 +29,18 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from cloud_aggregator.fleet.broker_conf import mosquitto_password_hash
 from cloud_aggregator.fleet.devices import RELOAD_HINT, _passwd_lines, load_ca, rewrite_acl
+from cloud_aggregator.fleet.files import fsync_tree, replace_file
+from cloud_aggregator.fleet.identity import write_worker_identity
 from cloud_aggregator.fleet.layout import (
     AGGREGATOR,
     FleetInitError,
     FleetLayout,
-    fsync_tree,
-    mosquitto_password_hash,
     open_fleet,
-    replace_file,
     split_ids,
     worker_errors,
     worker_identity,
-    write_worker_identity,
 )
 from cloud_aggregator.fleet.units import give_to_aggregator
 from cloud_aggregator.operator import DefaultsHelpFormatter

@@ -52,31 +52,31 @@ TASKS: tuple[tuple[str, str, dict[str, float]], ...] = (
 )
 
 
+def _task(name: str, algorithm: str, rounds: int, hparams: dict, **more: object) -> dict[str, object]:
+    """One of the demo's tasks: the sigmoid GLM, seed 0, uniform weighting; ``more``: its other keys."""
+    return {"name": name, "algorithm": algorithm, "model": "sigmoid_glm", "rounds": rounds, "seed": 0,
+            "hparams": hparams, "server": {"weighting": "uniform"}, **more}  # fmt: skip
+
+
+def _demo_toml(
+    fleet: str,
+    broker: str,
+    state_dir: Path,
+    tasks: list,
+    expected: list[str],
+    min_participants: int,
+    **more: object,
+) -> str:
+    """The aggregator's TOML for ``tasks``: a 20 s deadline, extended at most twice; ``more``: other settings."""
+    return aggregator_toml(broker, state_dir, tasks, fleet=fleet, deadline_s=20, min_participants=min_participants,
+                           expected=expected, max_extensions=2, startup_wait_s=60, **more)  # fmt: skip
+
+
 def demo_config(fleet: str, broker: str, state_dir: Path, devices: list[str], rounds: int) -> str:
     """The aggregator's TOML: PFL-DA first, then the same model trained alone, then one global model."""
-    tasks = [
-        {
-            "name": name,
-            "algorithm": algorithm,
-            "model": "sigmoid_glm",
-            "rounds": rounds,
-            "seed": 0,
-            "hparams": HPARAMS | extra,
-            "server": {"weighting": "uniform"},
-        }
-        for name, algorithm, extra in TASKS
-    ]
-    return aggregator_toml(
-        broker,
-        state_dir,
-        tasks,
-        fleet=fleet,
-        deadline_s=20,
-        min_participants=max(1, len(devices) // 2),
-        expected=devices,
-        max_extensions=2,
-        startup_wait_s=60,
-        settings={"restart": True},
+    tasks = [_task(name, algorithm, rounds, HPARAMS | extra) for name, algorithm, extra in TASKS]
+    return _demo_toml(
+        fleet, broker, state_dir, tasks, devices, max(1, len(devices) // 2), settings={"restart": True}
     )
 
 
@@ -89,39 +89,11 @@ def newcomer_config(
     fleet: str, broker: str, state_dir: Path, devices: list[str], newcomer: str, rounds: int, more: int
 ) -> str:
     """PFL-DA continued for ``more`` rounds with every printer, then ``newcomer`` alone (indiv)."""
-    tasks: list[dict[str, object]] = [
-        {
-            "name": "speed-pflda",
-            "algorithm": "pflda",
-            "model": "sigmoid_glm",
-            "rounds": rounds + more,
-            "seed": 0,
-            "hparams": HPARAMS | dict(TASKS[0][2]),
-            "server": {"weighting": "uniform"},
-        },
-        {
-            "name": "speed-newcomer-indiv",
-            "algorithm": "indiv",
-            "model": "sigmoid_glm",
-            "rounds": more,
-            "seed": 0,
-            "hparams": HPARAMS,
-            "server": {"weighting": "uniform"},
-            "devices": {"ids": [newcomer]},
-        },
+    tasks = [
+        _task("speed-pflda", "pflda", rounds + more, HPARAMS | dict(TASKS[0][2])),
+        _task("speed-newcomer-indiv", "indiv", more, HPARAMS, devices={"ids": [newcomer]}),
     ]
-    everyone = [*devices, newcomer]
-    return aggregator_toml(
-        broker,
-        state_dir,
-        tasks,
-        fleet=fleet,
-        deadline_s=20,
-        min_participants=1,
-        expected=everyone,
-        max_extensions=2,
-        startup_wait_s=60,
-    )
+    return _demo_toml(fleet, broker, state_dir, tasks, [*devices, newcomer], 1)
 
 
 def _newcomer_losses(store: SqliteStore, task: str, device: str, after: int) -> dict[int, float]:
@@ -144,9 +116,7 @@ def run_newcomer(fleet: LocalFleet, devices: list[str], rounds: int, more: int) 
     agg = fleet.start_aggregator(toml, name="aggregator-newcomer")
     rc = _follow(agg, fleet.db, [*devices, newcomer], rounds + more, timeout=600, after=rounds)
     if rc != 0:
-        log = fleet.log("aggregator-newcomer")[-3000:]
-        print(f"\naggregator exited with {rc}; its log:\n{log}", file=sys.stderr)
-        return 1
+        return _aggregator_failed(fleet, "aggregator-newcomer", rc)
     store = SqliteStore(fleet.db)
     pflda = _newcomer_losses(store, "speed-pflda", newcomer, rounds)
     indiv = _newcomer_losses(store, "speed-newcomer-indiv", newcomer, 0)
@@ -219,64 +189,82 @@ def run_demo(
     welders: subprocess.Popen | None = None
     try:
         fleet = LocalFleet.start(work, broker=broker, prefer=prefer, fleet="demo")
-        if fleet.broker is not None:
-            print(f"broker: {fleet.broker.kind} on {fleet.broker_url}")
-        else:
-            print(f"broker: {broker} (external)")
-        fleet.start_devices(names, simulate="printer")
-        agg = fleet.start_aggregator(
-            demo_config(fleet.fleet, fleet.broker_url, work / "aggregator", names, rounds)
-        )
-        print(f"{devices} edge-trainer processes and the aggregator started; state and logs in {work}")
-        if console:
-            view = _start_console(work)
-        print("test loss = 50·MSE(speed/50) on each printer's unseen speeds (PFL-DA Table 5 units)\n")
+        agg, view = _start_training(fleet, work, names, rounds, console, broker)
         rc = _follow(agg, fleet.db, names, rounds, timeout=600)
         if rc != 0:
-            print(
-                f"\naggregator exited with {rc}; its log:\n" + fleet.log("aggregator")[-3000:],
-                file=sys.stderr,
-            )
-            return 1
-        store = SqliteStore(fleet.db)
-        indiv_rounds = store.rounds("speed-indiv")
-        final = {name: _final(store, name) for name, _, _ in TASKS}
-        store.close()
-        print(
-            f"\nEach printer alone (indiv: same model and rounds, nothing shared), every {SHOW_EVERY}th round:"
-        )
-        print("\n".join(_table(indiv_rounds[SHOW_EVERY - 1 :: SHOW_EVERY], names)))
-        pflda, indiv, fedavg = (final[name] for name, _, _ in TASKS)
-        print("\nFinal test loss per printer (lower is better; FedAvg: one global model for all printers):")
-        print(f"{'printer':>10} {'PFL-DA':>8} {'indiv':>8} {'FedAvg':>8} {'PFL-DA vs indiv':>16}")
-        for d in names:
-            p, i, f = (t.get(d, float("nan")) for t in (pflda, indiv, fedavg))
-            print(f"{d:>10} {p:>8.4f} {i:>8.4f} {f:>8.4f} {100 * (p - i) / i:>+15.1f}%")
-        mp, mi, mf = (sum(t.values()) / max(1, len(t)) for t in (pflda, indiv, fedavg))
-        print(f"{'fleet mean':>10} {mp:>8.4f} {mi:>8.4f} {mf:>8.4f} {100 * (mp - mi) / mi:>+15.1f}%")
+            return _aggregator_failed(fleet, "aggregator", rc)
+        _print_results(fleet.db, names)
         print_advice(work, names)  # cloud_aggregator/demo_advice.py: a second table, each printer's advice
         welders = start_welders(work)  # demo_welders.py: in the background while the newcomer trains
         if newcomer_rounds > 0 and run_newcomer(fleet, names, rounds, newcomer_rounds) != 0:
             return 1
         print_welders(welders)
         print(f"\ndemo finished in {time.monotonic() - started:.1f} s")
-        if view is not None and view.poll() is None:
-            print(
-                "the fleet console stays up (with the devices and the broker); Ctrl-C stops them", flush=True
-            )
-            view.wait()
+        _linger(view)
         return 0
     finally:
-        if welders is not None and welders.poll() is None:
-            welders.kill()
-            welders.communicate()
-        if view is not None and view.poll() is None:
-            view.terminate()
-            view.wait(10)
+        _stop_side_processes(welders, view)
         if fleet is not None:
             fleet.stop()  # the aggregator first, then the devices it talks to, then the broker
         if own_dir and os.environ.get("IOFT_KEEP_DEMO") != "1":
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _start_training(
+    fleet: LocalFleet, work: Path, names: list[str], rounds: int, console: bool, broker: str | None
+) -> tuple[subprocess.Popen, subprocess.Popen | None]:
+    """Start the devices, the aggregator and (with ``console``) the console; say where things are."""
+    print(f"broker: {fleet.broker.kind} on {fleet.broker_url}" if fleet.broker is not None
+          else f"broker: {broker} (external)")  # fmt: skip
+    fleet.start_devices(names, simulate="printer")
+    agg = fleet.start_aggregator(
+        demo_config(fleet.fleet, fleet.broker_url, work / "aggregator", names, rounds)
+    )
+    print(f"{len(names)} edge-trainer processes and the aggregator started; state and logs in {work}")
+    view = _start_console(work) if console else None
+    print("test loss = 50·MSE(speed/50) on each printer's unseen speeds (PFL-DA Table 5 units)\n")
+    return agg, view
+
+
+def _print_results(db: Path, names: list[str]) -> None:
+    """indiv's rounds, then each printer's final test loss under PFL-DA, indiv and FedAvg."""
+    store = SqliteStore(db)
+    indiv_rounds = store.rounds("speed-indiv")
+    final = {name: _final(store, name) for name, _, _ in TASKS}
+    store.close()
+    print(f"\nEach printer alone (indiv: same model and rounds, nothing shared), every {SHOW_EVERY}th round:")
+    print("\n".join(_table(indiv_rounds[SHOW_EVERY - 1 :: SHOW_EVERY], names)))
+    pflda, indiv, fedavg = (final[name] for name, _, _ in TASKS)
+    print("\nFinal test loss per printer (lower is better; FedAvg: one global model for all printers):")
+    print(f"{'printer':>10} {'PFL-DA':>8} {'indiv':>8} {'FedAvg':>8} {'PFL-DA vs indiv':>16}")
+    for d in names:
+        p, i, f = (t.get(d, float("nan")) for t in (pflda, indiv, fedavg))
+        print(f"{d:>10} {p:>8.4f} {i:>8.4f} {f:>8.4f} {100 * (p - i) / i:>+15.1f}%")
+    mp, mi, mf = (sum(t.values()) / max(1, len(t)) for t in (pflda, indiv, fedavg))
+    print(f"{'fleet mean':>10} {mp:>8.4f} {mi:>8.4f} {mf:>8.4f} {100 * (mp - mi) / mi:>+15.1f}%")
+
+
+def _aggregator_failed(fleet: LocalFleet, name: str, rc: int) -> int:
+    """Say the aggregator ``name`` exited with ``rc``, with its log's tail; the demo's exit code."""
+    print(f"\naggregator exited with {rc}; its log:\n" + fleet.log(name)[-3000:], file=sys.stderr)
+    return 1
+
+
+def _linger(view: subprocess.Popen | None) -> None:
+    """With the console up: keep it (and the devices and the broker) until Ctrl-C."""
+    if view is not None and view.poll() is None:
+        print("the fleet console stays up (with the devices and the broker); Ctrl-C stops them", flush=True)
+        view.wait()
+
+
+def _stop_side_processes(welders: subprocess.Popen | None, view: subprocess.Popen | None) -> None:
+    """Stop the simulated welders and the console, where they still run."""
+    if welders is not None and welders.poll() is None:
+        welders.kill()
+        welders.communicate()
+    if view is not None and view.poll() is None:
+        view.terminate()
+        view.wait(10)
 
 
 def _start_console(work: Path) -> subprocess.Popen | None:

@@ -107,21 +107,36 @@ def aggregator_toml(
         *(f"{k} = {_toml(v)}" for k, v in (settings or {}).items()),
         "",
         "[collect]",
-        f"deadline_s = {deadline_s}",
-        f"min_participants = {min_participants}",
-        f"max_extensions = {max_extensions}",
-        f"startup_wait_s = {startup_wait_s}",
-        "expected = [" + ", ".join(f'"{d}"' for d in expected or []) + "]",
+        *_collect_lines(deadline_s, min_participants, max_extensions, startup_wait_s, expected or []),
     ]
     for t in tasks:
-        lines += ["", "[[task]]"]
-        for k, v in t.items():
-            if isinstance(v, dict):
-                inner = ", ".join(f"{ik} = {_toml(iv)}" for ik, iv in v.items())
-                lines.append(f"{k} = {{ {inner} }}")
-            else:
-                lines.append(f"{k} = {_toml(v)}")
+        lines += ["", "[[task]]", *_task_lines(t)]
     return "\n".join(lines) + "\n"
+
+
+def _collect_lines(
+    deadline_s: float,
+    min_participants: int,
+    max_extensions: int,
+    startup_wait_s: float,
+    expected: Sequence[str],
+) -> list[str]:
+    """The ``[collect]`` table's lines."""
+    return [f"deadline_s = {deadline_s}", f"min_participants = {min_participants}",
+            f"max_extensions = {max_extensions}", f"startup_wait_s = {startup_wait_s}",
+            "expected = [" + ", ".join(f'"{d}"' for d in expected) + "]"]  # fmt: skip
+
+
+def _task_lines(task: Mapping[str, object]) -> list[str]:
+    """A ``[[task]]`` table's lines; a dict value becomes an inline table."""
+    lines = []
+    for k, v in task.items():
+        if isinstance(v, dict):
+            inner = ", ".join(f"{ik} = {_toml(iv)}" for ik, iv in v.items())
+            lines.append(f"{k} = {{ {inner} }}")
+        else:
+            lines.append(f"{k} = {_toml(v)}")
+    return lines
 
 
 def pflda_task(name: str = "speed", seed: int = 0, rounds: int = 6) -> dict[str, object]:

@@ -171,20 +171,9 @@ def start_cluster(
     script = find_rabbitmq()
     if script is None:
         raise FileNotFoundError("rabbitmq-server is not installed (apt-get install rabbitmq-server)")
-    root.mkdir(parents=True, exist_ok=True)
-    home = root / "home"
-    home.mkdir(exist_ok=True)
-    cookie = home / ".erlang.cookie"
-    if not cookie.exists():
-        cookie.write_text(secrets.token_hex(20))
-        cookie.chmod(0o400)
+    home = _erlang_home(root)
     epmd_port = free_port()
-    epmd = subprocess.Popen(
-        [_epmd_binary(), "-port", str(epmd_port), "-address", "127.0.0.1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    epmd = _start_epmd(epmd_port)
     cluster = RabbitCluster(root, epmd)
     prefix = prefix or f"ioft-{secrets.token_hex(3)}"
     try:
@@ -195,18 +184,50 @@ def start_cluster(
         for node in starting:
             _wait_started(node)
         for node in cluster.nodes[1:]:
-            node.ctl("stop_app")
-            node.ctl("reset")
-            node.ctl("join_cluster", cluster.nodes[0].name)
-            node.ctl("start_app")
-            wait_for_port(node.port, START_TIMEOUT_S, node.proc)
-        for user, password in (users or {}).items():
-            cluster.nodes[0].ctl("add_user", user, password)
-            cluster.nodes[0].ctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
+            _join(node, cluster.nodes[0])
+        _add_users(cluster.nodes[0], users or {})
     except BaseException:
         cluster.stop()
         raise
     return cluster
+
+
+def _start_epmd(port: int) -> subprocess.Popen:
+    """The cluster's own Erlang port mapper, on loopback ``port`` (not the system's 4369)."""
+    return subprocess.Popen(
+        [_epmd_binary(), "-port", str(port), "-address", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _add_users(node: RabbitNode, users: Mapping[str, str]) -> None:
+    """``{username: password}`` as users with full rights on ``/`` (the cluster shares them)."""
+    for user, password in users.items():
+        node.ctl("add_user", user, password)
+        node.ctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
+
+
+def _erlang_home(root: Path) -> Path:
+    """``root/home``: the nodes' HOME, with the Erlang cookie they share (made once, owner-read only)."""
+    root.mkdir(parents=True, exist_ok=True)
+    home = root / "home"
+    home.mkdir(exist_ok=True)
+    cookie = home / ".erlang.cookie"
+    if not cookie.exists():
+        cookie.write_text(secrets.token_hex(20))
+        cookie.chmod(0o400)
+    return home
+
+
+def _join(node: RabbitNode, first: RabbitNode) -> None:
+    """Reset ``node`` and join it to ``first``'s cluster; back once its MQTT port listens again."""
+    node.ctl("stop_app")
+    node.ctl("reset")
+    node.ctl("join_cluster", first.name)
+    node.ctl("start_app")
+    wait_for_port(node.port, START_TIMEOUT_S, node.proc)
 
 
 def _launch(script: Path, root: Path, home: Path, epmd_port: int, name: str) -> RabbitNode:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ioft_protocol import codec, topics
 from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_inbound import Message
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,18 @@ def _printable(text: object, limit: int = 300) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
+def _note_status(msg: Message, devices: Sequence[str], statuses: dict[str, dict | None]) -> None:
+    """Put a status message into ``statuses`` (of ``devices`` only, when given); a bad one is logged."""
+    try:
+        parsed = topics.parse_topic(msg.topic)
+        body = json.loads(msg.payload) if msg.payload else None
+    except (codec.WireError, ValueError, RecursionError) as exc:
+        log.warning("ignoring status on %s: %s", msg.topic, exc)
+        return
+    if parsed.kind == "status" and (not devices or parsed.device in statuses):
+        statuses[parsed.device] = body if isinstance(body, dict) else None
+
+
 def wait_for_answers(
     session: MqttSession,
     fleet: str,
@@ -105,14 +118,7 @@ def wait_for_answers(
         now = time.monotonic()
         msg = session.get(min(0.1, max(0.0, deadline - now)))
         if msg is not None:
-            try:
-                parsed = topics.parse_topic(msg.topic)
-                body = json.loads(msg.payload) if msg.payload else None
-            except (codec.WireError, ValueError, RecursionError) as exc:
-                log.warning("ignoring status on %s: %s", msg.topic, exc)
-                continue
-            if parsed.kind == "status" and (not devices or parsed.device in statuses):
-                statuses[parsed.device] = body if isinstance(body, dict) else None
+            _note_status(msg, devices, statuses)
             continue
         answers = [answer_of(d, statuses[d], name, version) for d in sorted(statuses)]
         waiting = [a for a in answers if a.state == PENDING and a.detail != "offline"]

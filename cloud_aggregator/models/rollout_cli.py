@@ -13,6 +13,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from cloud_aggregator.models import push, rollout_run
 from cloud_aggregator.models.push_answers import INSTALLED, wait_for_answers
 from cloud_aggregator.models.rollout import MARGIN, MIN_INSTALLED, Rollout, RolloutError, State, describe
@@ -111,20 +113,8 @@ def canary_push(
     args: argparse.Namespace, session: MqttSession, fleet: str, package: Package, targets: tuple[str, ...]
 ) -> int:
     """``push --canary``: start the rollout, follow the canaries, promote or stop; 0 when promoted."""
-    if args.margin < 0:
-        print("cannot push: --margin must be >= 0", file=sys.stderr)
-        return 2
-    if args.signing_key is None:
-        print(
-            "cannot push: --canary needs --signing-key (the fleet's private key): a stopped rollout takes "
-            "the version back with a withdrawal the fleet key signs",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        signing_key = load_private_key(args.signing_key)
-    except ManifestError as exc:
-        print(f"cannot push: {exc}", file=sys.stderr)
+    signing_key = _canary_key(args)
+    if signing_key is None:
         return 2
     try:
         store = open_store(args)
@@ -150,6 +140,34 @@ def canary_push(
     )
     r = rollout_run.follow(session, store, fleet, r, timeout=args.wait_timeout)
     print(describe(r))
+    return _after_follow(args, session, fleet, r, targets)
+
+
+def _canary_key(args: argparse.Namespace) -> Ed25519PrivateKey | None:
+    """The fleet's private key ``push --canary`` signs a withdrawal with; ``None`` (said why) when the
+    arguments do not give one, or ``--margin`` is negative."""
+    if args.margin < 0:
+        print("cannot push: --margin must be >= 0", file=sys.stderr)
+        return None
+    if args.signing_key is None:
+        print(
+            "cannot push: --canary needs --signing-key (the fleet's private key): a stopped rollout takes "
+            "the version back with a withdrawal the fleet key signs",
+            file=sys.stderr,
+        )
+        return None
+    try:
+        return load_private_key(args.signing_key)
+    except ManifestError as exc:
+        print(f"cannot push: {exc}", file=sys.stderr)
+        return None
+
+
+def _after_follow(
+    args: argparse.Namespace, session: MqttSession, fleet: str, r: Rollout, targets: tuple[str, ...]
+) -> int:
+    """Once the canaries are followed: 1 unless promoted (saying how to go on if undecided); with
+    ``--wait``, every target's answer (0 when all installed it)."""
     if r.state != State.PROMOTED:
         if r.state == State.CANARY:
             print(

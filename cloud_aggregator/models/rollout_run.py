@@ -32,6 +32,7 @@ from cloud_aggregator.store.sqlite import SqliteStore
 from export.keys import sign, signing_key_id
 from export.package import Package
 from ioft_protocol import codec, model_push, topics
+from ioft_protocol.manifest import ModelManifest
 from ioft_protocol.mqtt import MqttSession
 
 log = logging.getLogger(__name__)
@@ -78,27 +79,8 @@ def start(
         a signing key other than the one that signed the package.
     """
     m = package.manifest
-    if signing_key_id(signing_key) != m.key_id:
-        raise RolloutError(
-            f"the signing key {signing_key_id(signing_key)} is not the fleet key {m.key_id} that signed "
-            f"{m.name} v{m.version}; pass the fleet's private key"
-        )
-    for r in latest(store, m.name):
-        if r.state == State.CANARY:
-            raise RolloutError(
-                f"the rollout of {m.name} v{r.version} is still in its canary phase: "
-                f"`rollout resume {m.name}` or `rollout abort {m.name}` first"
-            )
-    previous = retained(session, fleet, m.name, topics.topic_model_offer(fleet, m.name))
-    previous_offer = next(iter(previous.values()), None)
-    if previous_offer is None:
-        raise RolloutError(
-            f"no version of {m.name} is offered on fleet {fleet}, so canaries would have nothing to "
-            "roll back to; push the first version without --canary"
-        )
-    base = offer_version(model_push.ModelOffer.decode(previous_offer))
-    if base is None or base >= m.version:
-        raise RolloutError(f"the fleet is offered {m.name} v{base}; a staged rollout needs a newer version")
+    _check_can_start(store, m, signing_key)
+    previous_offer, base = _offered(session, fleet, m)
     # Canaries: online devices running the replaced version (they have it to go back to).
     pool = [
         d
@@ -115,6 +97,37 @@ def start(
     r.withdrawal_signature = sign(model_push.withdrawal_text(m.name, (m.version,)), signing_key)
     save(store, r)
     return r, report
+
+
+def _check_can_start(store: SqliteStore, m: ModelManifest, signing_key: Ed25519PrivateKey) -> None:
+    """Refuse a signing key other than the package's, and a model whose last rollout is still in canary."""
+    if signing_key_id(signing_key) != m.key_id:
+        raise RolloutError(
+            f"the signing key {signing_key_id(signing_key)} is not the fleet key {m.key_id} that signed "
+            f"{m.name} v{m.version}; pass the fleet's private key"
+        )
+    for r in latest(store, m.name):
+        if r.state == State.CANARY:
+            raise RolloutError(
+                f"the rollout of {m.name} v{r.version} is still in its canary phase: "
+                f"`rollout resume {m.name}` or `rollout abort {m.name}` first"
+            )
+
+
+def _offered(session: MqttSession, fleet: str, m: ModelManifest) -> tuple[bytes, int]:
+    """The offer of the version the fleet runs now (the rollout's way back) and that version, older
+    than ``m``'s."""
+    previous = retained(session, fleet, m.name, topics.topic_model_offer(fleet, m.name))
+    previous_offer = next(iter(previous.values()), None)
+    if previous_offer is None:
+        raise RolloutError(
+            f"no version of {m.name} is offered on fleet {fleet}, so canaries would have nothing to "
+            "roll back to; push the first version without --canary"
+        )
+    base = offer_version(model_push.ModelOffer.decode(previous_offer))
+    if base is None or base >= m.version:
+        raise RolloutError(f"the fleet is offered {m.name} v{base}; a staged rollout needs a newer version")
+    return previous_offer, base
 
 
 def _active(status: dict, name: str) -> object:

@@ -216,46 +216,56 @@ class WorkerFleet(MqttFleet):
         )
         dupes: list[str] = []
         if batch.folded and not current:  # admitted for a round closed since: too late, as one upload is
-            for device in batch.folded:
-                self._refused(
-                    device,
-                    batch.task,
-                    batch.round,
-                    Reason.STALE_ROUND,
-                    f"admitted by worker {batch.worker} for round {batch.round}/{batch.phase} after it closed",
-                    None,
-                    {},
-                )
+            self._too_late(batch)
         elif batch.folded:
-            fold = request.fold
-            dupes = sorted(d for d in batch.folded if d in fold.devices)
-            if dupes:
-                for device in dupes:
-                    self._refused(
-                        device,
-                        batch.task,
-                        batch.round,
-                        Reason.REPLAY,
-                        f"device already answered round {batch.round}/{batch.phase} (worker {batch.worker})",
-                        request,
-                        received,
-                    )
-            else:
-                fold.mean.merge(batch.mean)
-                for device, (n_samples, metrics) in batch.folded.items():
-                    fold.devices.add(device)
-                    fold.pending[device] = (n_samples, metrics)
-                    received[device] = Update(device, {}, n_samples, metrics)
-                    state.refused.discard(device)
-                state.last_merge = time.monotonic()
-                if self.store is not None and len(fold.pending) >= self.policy.checkpoint_every:
-                    self._checkpoint(request)
+            dupes = self._fold(batch, request, state, received)
         if batch.folded:
             ack = {"ack": batch.seq, "worker": batch.worker, "dupes": dupes}
             self.session.publish(wire.topic_ctl(self.fleet), wire.encode_ctl(ack), timeout=None)
         barrier = None if state is None else state.barrier
         if barrier is not None and batch.flush == barrier.seq:
             barrier.waiting.discard(batch.worker)
+
+    def _too_late(self, batch: wire.Batch) -> None:
+        """Refuse a batch's devices admitted for a round that closed since, each as a stale upload."""
+        for device in batch.folded:
+            self._refused(
+                device,
+                batch.task,
+                batch.round,
+                Reason.STALE_ROUND,
+                f"admitted by worker {batch.worker} for round {batch.round}/{batch.phase} after it closed",
+                None,
+                {},
+            )
+
+    def _fold(self, batch: wire.Batch, request: CollectRequest, state: _Open, received: dict) -> list[str]:
+        """Merge a batch of the open round into its fold; none of it when a device in it already
+        answered (each such one refused as a replay).  Those devices (the worker's dupes)."""
+        fold = request.fold
+        dupes = sorted(d for d in batch.folded if d in fold.devices)
+        if dupes:
+            for device in dupes:
+                self._refused(
+                    device,
+                    batch.task,
+                    batch.round,
+                    Reason.REPLAY,
+                    f"device already answered round {batch.round}/{batch.phase} (worker {batch.worker})",
+                    request,
+                    received,
+                )
+            return dupes
+        fold.mean.merge(batch.mean)
+        for device, (n_samples, metrics) in batch.folded.items():
+            fold.devices.add(device)
+            fold.pending[device] = (n_samples, metrics)
+            received[device] = Update(device, {}, n_samples, metrics)
+            state.refused.discard(device)
+        state.last_merge = time.monotonic()
+        if self.store is not None and len(fold.pending) >= self.policy.checkpoint_every:
+            self._checkpoint(request)
+        return dupes
 
     def _refused(
         self,

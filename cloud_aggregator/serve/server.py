@@ -3,14 +3,14 @@
 Before anything connects or writes, every configured task is checked against the store
 (:meth:`cloud_aggregator.store.sqlite.SqliteStore.check_task`): a task may gain rounds and keep
 its history; any other change of its spec is refused in one line that names the changed
-fields (:class:`ServeRefusedError`), and ``restart`` (``serve --restart TASK``) deletes that
+fields (:class:`cloud_aggregator.serve.reload.ServeRefusedError`), and ``restart`` (``serve --restart TASK``) deletes that
 one task's history, saying what it deletes, and starts it afresh.
 
 Tasks whose devices cannot overlap (``devices = { kind = ... }`` or disjoint ``ids``) run
 side by side, each on its own thread (:mod:`cloud_aggregator.serve.task_lanes`); the others take
 turns in config order.  Run once, ``serve`` returns when its tasks are done.  As a service (``serve --service``)
 it stays up after that and takes new or extended tasks from its config on ``SIGHUP``
-(:class:`Control`): the re-read config is validated as at start-up, and a bad edit is
+(:class:`cloud_aggregator.serve.reload.Control`): the re-read config is validated as at start-up, and a bad edit is
 refused in one line while the running tasks go on.
 """
 
@@ -19,9 +19,6 @@ from __future__ import annotations
 import logging
 import queue
 import sqlite3
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from cloud_aggregator import worker_login
@@ -33,6 +30,16 @@ from cloud_aggregator.serve.buffered_mqtt import BufferedTask
 from cloud_aggregator.serve.coordinator import WorkerFleet
 from cloud_aggregator.serve.home_assistant import DiscoveryRelay
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
+from cloud_aggregator.serve.reload import (
+    Control,
+    ServeRefusedError,
+    check_tasks,
+    register_tasks,
+    reloads,
+)
+from cloud_aggregator.serve.reload import (
+    Terminated as Terminated,  # a script's `from ...server import Terminated`
+)
 from cloud_aggregator.serve.secagg_round import SecAggFleet
 from cloud_aggregator.serve.singleton import claim_fleet, lock_will
 from cloud_aggregator.serve.task_lanes import run_side_by_side
@@ -40,37 +47,12 @@ from cloud_aggregator.serve.watchdog import WatchedSession, wait_pinging
 from cloud_aggregator.serve.workers import LocalWorkers
 from cloud_aggregator.store.backup import BACKUPS, Backups, StoreDamagedError, check_store
 from cloud_aggregator.store.sqlite import SqliteStore, TaskChangedError
-from ioft_protocol.config import ConfigError
 from ioft_protocol.mqtt import MqttSession
 from ioft_protocol.mqtt_options import SessionOptions
 from ioft_protocol.service import Notifier
 from trainer_lite.params import param_hash
 
 log = logging.getLogger(__name__)
-
-
-class ServeRefusedError(ValueError):
-    """An operator's config that ``serve`` refuses before it connects or writes; one line."""
-
-
-class Terminated(BaseException):
-    """Raised in the main thread by the ``SIGTERM`` handler: stop now (each round is saved as it ends)."""
-
-
-@dataclass
-class Control:
-    """How a running ``serve --service`` is asked to re-read its config.
-
-    Attributes
-    ----------
-    reload
-        Reads and validates the config again (raises ``ConfigError``); ``None``: no reloads.
-    reload_requested
-        Set by the ``SIGHUP`` handler; a watcher thread then calls ``reload``.
-    """
-
-    reload: Callable[[], AggregatorConfig] | None = None
-    reload_requested: threading.Event = field(default_factory=threading.Event)
 
 
 def open_session(cfg: AggregatorConfig, notifier: Notifier | None = None) -> MqttSession:
@@ -98,76 +80,6 @@ def format_record(rec: RoundRecord, metric: str = "test_loss") -> str:
         f"[{rec.task}] round {rec.round:>3} {rec.phase:<7} {rec.status:<9} n={len(rec.participants)} "
         f"{metric} mean={mean_s} {cells}{extra} ({rec.finished - rec.started:.2f}s)"
     )
-
-
-def check_tasks(store: SqliteStore, tasks: list[TaskConfig], restart: Callable[[str], bool]) -> None:
-    """Refuse every task whose spec changed in a way that voids its stored history.
-
-    Raises
-    ------
-    ServeRefusedError
-        One line naming each refused task, its changed fields and the way forward.
-    """
-    refused = []
-    for task in tasks:
-        if restart(task.name):
-            continue
-        try:
-            store.check_task(task.name, task.spec().to_json())
-        except TaskChangedError as exc:
-            refused.append(str(exc))
-    if refused:
-        raise ServeRefusedError("; ".join(refused))
-
-
-def register_tasks(store: SqliteStore, tasks: list[TaskConfig], restart: Callable[[str], bool]) -> None:
-    """Record each task's spec; a restarted one loses its history, after a line saying what."""
-    for task in tasks:
-        spec = task.spec()
-        if restart(task.name):
-            stored = store.task_spec(task.name)
-            what = (
-                "nothing was stored" if stored is None else f"deleting {store.history(task.name).describe()}"
-            )
-            log.warning("task %s: --restart: %s; starting it afresh", task.name, what)
-        if store.register_task(spec.name, spec.to_json(), restart=restart(task.name)):
-            log.info("task %s: resuming from the stored state", spec.name)
-
-
-def _one_line(exc: Exception) -> str:
-    if isinstance(exc, ConfigError):
-        return "; ".join(exc.errors)
-    return str(exc).replace("\n", " ")
-
-
-def _settings_changed(old: AggregatorConfig, new: AggregatorConfig) -> list[str]:
-    return [
-        f.name
-        for f in fields(old)
-        if f.name not in ("task", "restart", "resume_from_devices")
-        and getattr(old, f.name) != getattr(new, f.name)
-    ]
-
-
-def _watch_reloads(
-    control: Control, store: SqliteStore, cfg: AggregatorConfig, accepted: queue.Queue[AggregatorConfig]
-) -> None:
-    """Serve ``SIGHUP``s: validate the re-read config; queue it, or refuse it in one line."""
-    assert control.reload is not None
-    while True:
-        control.reload_requested.wait()
-        control.reload_requested.clear()
-        try:
-            new = control.reload()
-            check_tasks(store, new.task, lambda _: False)
-        except (ConfigError, ServeRefusedError, ValueError, OSError) as exc:
-            log.error("SIGHUP: config refused, the running tasks go on: %s", _one_line(exc))
-            continue
-        changed = _settings_changed(cfg, new)
-        if changed:
-            log.warning("SIGHUP: %s changed; they apply when serve is started again", ", ".join(changed))
-        log.info("SIGHUP: config accepted: tasks %s", [t.name for t in new.task])
-        accepted.put(new)
 
 
 def serve(
@@ -211,69 +123,106 @@ def serve(
     try:
         check_tasks(store, cfg.task, cfg.restarts)  # all refusals at once, before any write
         register_tasks(store, cfg.task, cfg.restarts)
-        accepted: queue.Queue[AggregatorConfig] = queue.Queue()
-        if service and control.reload is not None:
-            threading.Thread(
-                target=_watch_reloads, args=(control, store, cfg, accepted), name="reload", daemon=True
-            ).start()
+        accepted = reloads(control, store, cfg) if service else None
         session = open_session(cfg, notifier)
         claim_fleet(session, cfg.fleet)  # retries until the broker is there; refuses a second aggregator
         notifier.ready(f"fleet {cfg.fleet}: connected to {cfg.broker}")
-        c = cfg.collect
-        policy = CollectPolicy(
-            deadline_s=c.deadline_s,
-            min_participants=c.min_participants,
-            max_extensions=c.max_extensions,
-            expected=tuple(c.expected),
-            startup_wait_s=c.startup_wait_s,
-            liveness_s=c.liveness_s,
-            max_payload_bytes=cfg.max_payload_bytes,
-            checkpoint_every=c.checkpoint_every,
-        )
-        if c.workers > 1 or c.plant_workers:  # K workers share the uplink; this process coordinates (README)
-            # At workers = 1 with plant workers: the plants' batches only, no cloud worker.
-            expected = (c.workers if c.workers > 1 else 0) + len(c.plant_workers)
-            fleet = WorkerFleet(
-                session, cfg.fleet, policy, store, admission=cfg.admission.policy(), workers=expected
-            )
-            if c.spawn_workers and c.workers > 1:
-                if not worker_argv:
-                    raise ServeRefusedError(
-                        "[collect] workers needs serve --config: the workers it starts read the same file "
-                        "(or set spawn_workers = false and run `cloud-aggregator worker --config ...`)"
-                    )
-                local = LocalWorkers(c.workers, worker_argv)
-        else:
-            fleet = MqttFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy())
-        if hasattr(session, "tap"):  # the devices' Home Assistant configs, rebuilt (not a test's fake)
-            DiscoveryRelay(session, cfg.fleet).attach()
-        fleet.selections.update({t.name: t.devices for t in cfg.task})  # which devices run each task
-        fleet.holdouts.update({t.name: t.holdout for t in cfg.task})
-        online = fleet.wait_for_devices()
-        log.info("fleet %s: %d online at start: %s", cfg.fleet, len(online), online)
-        tasks = list(cfg.task)
-        while True:
-            run_side_by_side(tasks, lambda task: _run_task(task, fleet, store, cfg))
-            if not service:
-                return
-            log.info("all tasks done; waiting for new or extended tasks (SIGHUP re-reads the config)")
-            notifier.status("all tasks done; waiting for new or extended tasks (systemctl reload)")
-            new = wait_pinging(accepted, notifier)
-            tasks = [t for t in new.task if store.next_round(t.name) <= t.rounds]
-            fleet.selections.update({t.name: t.devices for t in tasks})
-            fleet.holdouts.update({t.name: t.holdout for t in tasks})
-            try:
-                register_tasks(store, tasks, lambda _: False)
-            except TaskChangedError as exc:  # the store moved on since the watcher checked
-                log.error("SIGHUP: config refused, the running tasks go on: %s", exc)
-                tasks = []
+        fleet, local = _make_fleet(session, cfg, store, worker_argv)
+        _wait_for_fleet(session, fleet, cfg)
+        _run_tasks(list(cfg.task), fleet, store, cfg, accepted, notifier)
     finally:
-        if local is not None:
-            local.stop()
-        notifier.stopping()
-        if session is not None:
-            session.stop(final=lock_will(cfg.fleet))  # clear our lock
-        store.close()
+        _shut_down(cfg, store, session, local, notifier)
+
+
+def _wait_for_fleet(session: MqttSession, fleet: MqttFleet, cfg: AggregatorConfig) -> None:
+    """Relay the devices' Home Assistant configs, tell the fleet which devices run (and hold out
+    of) each task, and wait for the devices as the policy says."""
+    if hasattr(session, "tap"):  # the devices' Home Assistant configs, rebuilt (not a test's fake)
+        DiscoveryRelay(session, cfg.fleet).attach()
+    fleet.selections.update({t.name: t.devices for t in cfg.task})  # which devices run each task
+    fleet.holdouts.update({t.name: t.holdout for t in cfg.task})
+    online = fleet.wait_for_devices()
+    log.info("fleet %s: %d online at start: %s", cfg.fleet, len(online), online)
+
+
+def _shut_down(
+    cfg: AggregatorConfig,
+    store: SqliteStore,
+    session: MqttSession | None,
+    local: LocalWorkers | None,
+    notifier: Notifier,
+) -> None:
+    """Stop the local workers, tell systemd, clear the fleet's lock and close the store."""
+    if local is not None:
+        local.stop()
+    notifier.stopping()
+    if session is not None:
+        session.stop(final=lock_will(cfg.fleet))  # clear our lock
+    store.close()
+
+
+def _policy(cfg: AggregatorConfig) -> CollectPolicy:
+    """How each round collects, from ``[collect]`` (and the payload ceiling)."""
+    c = cfg.collect
+    return CollectPolicy(
+        deadline_s=c.deadline_s,
+        min_participants=c.min_participants,
+        max_extensions=c.max_extensions,
+        expected=tuple(c.expected),
+        startup_wait_s=c.startup_wait_s,
+        liveness_s=c.liveness_s,
+        max_payload_bytes=cfg.max_payload_bytes,
+        checkpoint_every=c.checkpoint_every,
+    )
+
+
+def _make_fleet(
+    session: MqttSession, cfg: AggregatorConfig, store: SqliteStore, worker_argv: list[str] | None
+) -> tuple[MqttFleet, LocalWorkers | None]:
+    """The fleet the rounds run over: this process alone, or the coordinator of workers (with the
+    local ones it starts, if any)."""
+    c, policy = cfg.collect, _policy(cfg)
+    if not (c.workers > 1 or c.plant_workers):
+        return MqttFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy()), None
+    # K workers share the uplink; this process coordinates (README).  At workers = 1 with plant
+    # workers: the plants' batches only, no cloud worker.
+    expected = (c.workers if c.workers > 1 else 0) + len(c.plant_workers)
+    fleet = WorkerFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy(), workers=expected)
+    if not (c.spawn_workers and c.workers > 1):
+        return fleet, None
+    if not worker_argv:
+        raise ServeRefusedError(
+            "[collect] workers needs serve --config: the workers it starts read the same file "
+            "(or set spawn_workers = false and run `cloud-aggregator worker --config ...`)"
+        )
+    return fleet, LocalWorkers(c.workers, worker_argv)
+
+
+def _run_tasks(
+    tasks: list[TaskConfig],
+    fleet: MqttFleet,
+    store: SqliteStore,
+    cfg: AggregatorConfig,
+    accepted: queue.Queue[AggregatorConfig] | None,
+    notifier: Notifier,
+) -> None:
+    """Run ``tasks`` side by side to completion; as a service (``accepted``: the reloaded configs)
+    then wait for new or extended tasks and run those, for ever."""
+    while True:
+        run_side_by_side(tasks, lambda task: _run_task(task, fleet, store, cfg))
+        if accepted is None:
+            return
+        log.info("all tasks done; waiting for new or extended tasks (SIGHUP re-reads the config)")
+        notifier.status("all tasks done; waiting for new or extended tasks (systemctl reload)")
+        new = wait_pinging(accepted, notifier)
+        tasks = [t for t in new.task if store.next_round(t.name) <= t.rounds]
+        fleet.selections.update({t.name: t.devices for t in tasks})
+        fleet.holdouts.update({t.name: t.holdout for t in tasks})
+        try:
+            register_tasks(store, tasks, lambda _: False)
+        except TaskChangedError as exc:  # the store moved on since the watcher checked
+            log.error("SIGHUP: config refused, the running tasks go on: %s", exc)
+            tasks = []
 
 
 def open_store(cfg: AggregatorConfig) -> SqliteStore:

@@ -160,32 +160,31 @@ def claim_fleet(
     if not session.wait_connected(stop=stop):
         return FleetLock(topic, b"")
     stale_s = session.options.reconnect_max_s + 5.0 if stale_s is None else stale_s
+    if not _check_alone(session, fleet, seen, stop, quiet_s, stale_s):
+        return FleetLock(topic, b"")
+    return _take_lock(session, fleet, topic, seen, stale_s)
+
+
+def _check_alone(
+    session: MqttSession,
+    fleet: str,
+    seen: list[Message],
+    stop: threading.Event,
+    quiet_s: float,
+    stale_s: float,
+) -> bool:
+    """Listen ``quiet_s`` (``stale_s`` once another's lock is seen) for another aggregator taking the
+    session back (:func:`_refuse`); each drop of the broker starts it over.  ``False``: ``stop`` was set."""
     drops, failed = session.drops, session.failed_attempts
     unexplained = 0  # drops in a row with the broker up and no lock: an aggregator on an older ACL
     deadline = time.monotonic() + quiet_s
     extended = False
     while time.monotonic() < deadline:
         if session.drops > drops:
-            held = _held(seen)
-            # A drop with another's lock on a broker that still answers: its holder took the
-            # session back.  So is a second drop in a row with the broker up and no lock (an
-            # aggregator on an ACL without the lock topic).  Anything else may be the broker
-            # going away (restarted, crashed): wait for it and check again.
-            if (held is not None or unexplained) and _answers(session):
-                _refuse(session, fleet, held)
-            seen.clear()  # the reconnect brings the lock as the broker holds it now
-            log.warning(
-                "fleet %s: the broker closed the connection while this aggregator checked that it is the "
-                "only one; waiting for the broker and checking again",
-                fleet,
-            )
-            if not session.wait_connected(stop=stop):
-                return FleetLock(topic, b"")
-            if session.failed_attempts == failed:  # back at the first attempt: the broker was up
-                unexplained += 1  # (or restarted within a second): the next such drop decides
-            else:
-                unexplained = 0
-                log.info("fleet %s: the broker is back; checking again for another aggregator", fleet)
+            now_unexplained = _after_drop(session, fleet, seen, stop, unexplained, failed)
+            if now_unexplained is None:
+                return False
+            unexplained = now_unexplained
             drops, failed, extended = session.drops, session.failed_attempts, False
             deadline = time.monotonic() + quiet_s
             continue
@@ -193,6 +192,44 @@ def claim_fleet(
             extended = True  # another's lock: give its holder time to show up
             deadline = time.monotonic() + stale_s
         time.sleep(0.05)
+    return True
+
+
+def _after_drop(
+    session: MqttSession,
+    fleet: str,
+    seen: list[Message],
+    stop: threading.Event,
+    unexplained: int,
+    failed: int,
+) -> int | None:
+    """The broker dropped the session while we checked: refuse if another aggregator took it back,
+    else wait for the broker.  The drops in a row now unexplained; ``None``: ``stop`` was set."""
+    held = _held(seen)
+    # A drop with another's lock on a broker that still answers: its holder took the
+    # session back.  So is a second drop in a row with the broker up and no lock (an
+    # aggregator on an ACL without the lock topic).  Anything else may be the broker
+    # going away (restarted, crashed): wait for it and check again.
+    if (held is not None or unexplained) and _answers(session):
+        _refuse(session, fleet, held)
+    seen.clear()  # the reconnect brings the lock as the broker holds it now
+    log.warning(
+        "fleet %s: the broker closed the connection while this aggregator checked that it is the "
+        "only one; waiting for the broker and checking again",
+        fleet,
+    )
+    if not session.wait_connected(stop=stop):
+        return None
+    if session.failed_attempts == failed:  # back at the first attempt: the broker was up
+        return unexplained + 1  # (or restarted within a second): the next such drop decides
+    log.info("fleet %s: the broker is back; checking again for another aggregator", fleet)
+    return 0
+
+
+def _take_lock(
+    session: MqttSession, fleet: str, topic: str, seen: list[Message], stale_s: float
+) -> FleetLock:
+    """Stop listening, and publish (retained, and again on every reconnect) this aggregator's lock."""
     session.unsubscribe(topic)
     session.tap(topic, None)
     if seen and seen[-1].payload:

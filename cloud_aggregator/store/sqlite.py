@@ -11,7 +11,7 @@ duplicate.  A streaming round (``cloud_aggregator.aggregation.streaming``) check
 every so many uploads and drops the payloads it covers, so the disk holds O(P) plus the
 uploads since the last checkpoint, not O(N × P).  Payloads of 64 kB and more are appended to
 plain files beside the database (``cloud_aggregator.store.upload_log``), their rows pointing at them.  Refused uploads are kept with their
-reason code (``admission.Reason``) in a column of its own.  ``cloud_aggregator.faults`` points mark each step for kill tests.
+reason code (``admission.Reason``) in a column of its own (the tables: :mod:`.schema`).  ``cloud_aggregator.faults`` points mark each step for kill tests.
 """
 
 from __future__ import annotations
@@ -21,127 +21,25 @@ import sqlite3
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cloud_aggregator import faults
 from cloud_aggregator.rounds.types import Reason, RoundRecord, StoredRefusal, StoredUpload
 from cloud_aggregator.store.backup import Backups
+from cloud_aggregator.store.schema import ROUND_COLUMNS, has_reason_codes, migrate, round_record, round_row
+from cloud_aggregator.store.task_history import TaskChangedError, TaskHistory, changed_fields
 from cloud_aggregator.store.upload_log import MIN_BYTES, UploadLog
 from ioft_protocol.state import atomic_write_bytes, decode_arrays, encode_arrays
 from trainer_lite.params import Params, param_hash
-from trainer_lite.task import training_changes
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    name TEXT PRIMARY KEY, spec TEXT NOT NULL, created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS rounds (
-    task TEXT NOT NULL, round INTEGER NOT NULL, phase TEXT NOT NULL, status TEXT NOT NULL,
-    participants TEXT NOT NULL, n_samples TEXT NOT NULL, metrics TEXT NOT NULL,
-    rejected TEXT NOT NULL, global_hash TEXT NOT NULL, started REAL NOT NULL, finished REAL NOT NULL,
-    extra TEXT NOT NULL DEFAULT '{}',
-    PRIMARY KEY (task, round, phase)
-);
-CREATE TABLE IF NOT EXISTS resume (
-    task TEXT PRIMARY KEY, round INTEGER NOT NULL, phase_index INTEGER NOT NULL,
-    global_hash TEXT NOT NULL, strategy_state TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS updates (
-    task TEXT NOT NULL, round INTEGER NOT NULL, phase TEXT NOT NULL, device TEXT NOT NULL,
-    global_hash TEXT NOT NULL, payload BLOB NOT NULL, received REAL NOT NULL,
-    PRIMARY KEY (task, round, phase, device)
-);
-CREATE TABLE IF NOT EXISTS partials (
-    task TEXT NOT NULL, round INTEGER NOT NULL, phase TEXT NOT NULL, global_hash TEXT NOT NULL,
-    state BLOB NOT NULL, updated REAL NOT NULL, PRIMARY KEY (task, round, phase)
-);
-CREATE TABLE IF NOT EXISTS folded (
-    task TEXT NOT NULL, round INTEGER NOT NULL, phase TEXT NOT NULL, device TEXT NOT NULL,
-    n_samples INTEGER NOT NULL, metrics TEXT NOT NULL, PRIMARY KEY (task, round, phase, device)
-);
-CREATE TABLE IF NOT EXISTS rejections (
-    task TEXT NOT NULL, round INTEGER, device TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL,
-    code TEXT NOT NULL DEFAULT 'other'
-);
-CREATE TABLE IF NOT EXISTS rollouts (
-    model TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL, record TEXT NOT NULL,
-    updated REAL NOT NULL, PRIMARY KEY (model, version)
-);
-"""
-
-#: Codes of stores written before ``admission.Reason``: a duplicate upload is a replay now.
-_LEGACY_CODES = {"duplicate": Reason.REPLAY}
+__all__ = ["SqliteStore", "TaskChangedError", "TaskHistory", "changed_fields"]
 
 
-def legacy_code(text: str) -> tuple[Reason, str]:
-    """``(code, detail)`` of a rejection stored as ``"<code>: <detail>"`` text; ``other`` if it names none."""
-    head, sep, detail = text.partition(":")
-    if not sep:
-        return Reason.OTHER, text
-    try:
-        code = _LEGACY_CODES.get(head) or Reason(head)
-    except ValueError:
-        return Reason.OTHER, text
-    return code, detail.strip()
-
-
-class TaskChangedError(ValueError):
-    """A configured task differs from the stored one in fields that would void its history.
-
-    ``fields`` names them; the message says how to go on (put them back, or ``serve
-    --restart TASK``).
-    """
-
-    def __init__(self, task: str, fields: list[str], history: TaskHistory) -> None:
-        self.task = task
-        self.fields = fields
-        super().__init__(
-            f"task {task!r}: {', '.join(fields)} changed since its stored {history.describe()}; "
-            f"put {'it' if len(fields) == 1 else 'them'} back to resume, or run "
-            f"`cloud-aggregator serve --restart {task}` to delete its history and start it afresh"
-        )
-
-
-@dataclass(frozen=True)
-class TaskHistory:
-    """What the store holds of one task (what ``--restart TASK`` deletes)."""
-
-    rounds: int
-    last_round: int
-    updates: int
-    rejections: int
-
-    def describe(self) -> str:
-        """E.g. ``"3 rounds (1-3), 2 pending uploads, 0 refused uploads"``."""
-        span = f" (1-{self.last_round})" if self.last_round else ""
-        return (
-            f"{self.rounds} round record{'s' if self.rounds != 1 else ''}{span}, "
-            f"{self.updates} pending upload{'s' if self.updates != 1 else ''}, "
-            f"{self.rejections} refused upload{'s' if self.rejections != 1 else ''}"
-        )
-
-
-def changed_fields(stored_json: str, spec_json: str, last_round: int = 0) -> list[str]:
-    """The spec fields that differ and void a task's history (``rounds`` only below ``last_round``).
-
-    Parameters
-    ----------
-    stored_json, spec_json
-        ``TaskSpec.to_json()`` of the stored and the configured task.
-    last_round
-        The last round the store completed: fewer ``rounds`` than that is a change too.
-
-    Returns
-    -------
-    list[str]
-        Sorted field names; empty when the task resumes with its history.
-    """
-    out = training_changes(stored_json, spec_json)
-    if int(json.loads(spec_json).get("rounds", 0)) < last_round:
-        out.append(f"rounds (below the {last_round} already run)")
-    return out
+#: An ``updates`` row's columns, in :meth:`SqliteStore._update_row`'s order.
+_UPDATE_COLUMNS = (
+    "(task, round, phase, device, global_hash, payload, received, log_at, log_len) VALUES (?,?,?,?,?,?,?,?,?)"
+)
 
 
 class SqliteStore:
@@ -168,33 +66,11 @@ class SqliteStore:
         # WAL + NORMAL: a killed process loses nothing; a power cut may lose the last commits, which
         # devices re-send (they cache their upload until the next round).
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        columns = {r[1] for r in self._db.execute("PRAGMA table_info(rounds)")}
-        if "extra" not in columns:  # a store written before round records had extras
-            self._db.execute("ALTER TABLE rounds ADD COLUMN extra TEXT NOT NULL DEFAULT '{}'")
-        columns = {r[1] for r in self._db.execute("PRAGMA table_info(updates)")}
-        if "log_at" not in columns:  # a store written before large payloads went to the upload log
-            self._db.execute("ALTER TABLE updates ADD COLUMN log_at INTEGER")
-            self._db.execute("ALTER TABLE updates ADD COLUMN log_len INTEGER")
-        if not self._has_reason_codes():
-            self._migrate_reason_codes()
+        migrate(self._db)
 
     def _has_reason_codes(self) -> bool:
         with self._lock:
-            return "code" in {r[1] for r in self._db.execute("PRAGMA table_info(rejections)")}
-
-    def _migrate_reason_codes(self) -> None:
-        """Give rejections stored as ``"<code>: <detail>"`` text their code column (parsed once, here)."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("ALTER TABLE rejections ADD COLUMN code TEXT NOT NULL DEFAULT 'other'")
-            rows = self._db.execute("SELECT rowid, reason FROM rejections").fetchall()
-            for rowid, text in rows:
-                code, detail = legacy_code(text)
-                self._db.execute(
-                    "UPDATE rejections SET code=?, reason=? WHERE rowid=?", (str(code), detail, rowid)
-                )
-            self._db.execute("COMMIT")
+            return has_reason_codes(self._db)
 
     def close(self) -> None:
         with self._lock:
@@ -293,21 +169,7 @@ class SqliteStore:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute(
-                "INSERT OR REPLACE INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    record.task,
-                    record.round,
-                    record.phase,
-                    record.status,
-                    json.dumps(record.participants),
-                    json.dumps(record.n_samples),
-                    json.dumps(record.metrics),
-                    json.dumps(record.rejected),
-                    record.global_hash,
-                    record.started,
-                    record.finished,
-                    json.dumps(record.extra, sort_keys=True),
-                ),
+                "INSERT OR REPLACE INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", round_row(record)
             )
             self._db.execute(
                 "INSERT OR REPLACE INTO resume VALUES (?,?,?,?,?)",
@@ -334,24 +196,8 @@ class SqliteStore:
         A payload of ``MIN_BYTES`` or more goes to the upload log first; the row points at it.
         """
         with self._lock:
-            at = None
-            if len(payload) >= MIN_BYTES:
-                at = self.uploads.append(task, round_, phase, payload)
-            cur = self._db.execute(
-                "INSERT OR IGNORE INTO updates (task, round, phase, device, global_hash, payload, received, "
-                "log_at, log_len) VALUES (?,?,?,?,?,?,?,?,?)",
-                (
-                    task,
-                    round_,
-                    phase,
-                    device,
-                    global_hash,
-                    b"" if at is not None else payload,
-                    time.time(),
-                    at,
-                    None if at is None else len(payload),
-                ),
-            )
+            row = self._update_row(task, round_, phase, device, global_hash, payload, time.time())
+            cur = self._db.execute(f"INSERT OR IGNORE INTO updates {_UPDATE_COLUMNS}", row)
         faults.point("after_store_update")
         return cur.rowcount == 1
 
@@ -371,19 +217,10 @@ class SqliteStore:
             return
         now = time.time()
         with self._lock:
-            rows = []
-            for task, round_, phase, device, global_hash, payload in updates:
-                at = self.uploads.append(task, round_, phase, payload) if len(payload) >= MIN_BYTES else None
-                size = None if at is None else len(payload)
-                kept = b"" if at is not None else payload
-                rows.append((task, round_, phase, device, global_hash, kept, now, at, size))
+            rows = [self._update_row(*u, now) for u in updates]
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.executemany(
-                    "INSERT OR IGNORE INTO updates (task, round, phase, device, global_hash, payload, "
-                    "received, log_at, log_len) VALUES (?,?,?,?,?,?,?,?,?)",
-                    rows,
-                )
+                self._db.executemany(f"INSERT OR IGNORE INTO updates {_UPDATE_COLUMNS}", rows)
                 self._db.executemany(
                     "INSERT INTO rejections (task, round, device, reason, at, code) VALUES (?,?,?,?,?,?)",
                     [(t, r, d, detail[:500], now, str(why)) for t, r, d, why, detail in rejections],
@@ -394,6 +231,15 @@ class SqliteStore:
                 raise
         if updates:
             faults.point("after_store_update", passes=len(updates))
+
+    def _update_row(
+        self, task: str, round_: int, phase: str, device: str, global_hash: str, payload: bytes, now: float
+    ) -> tuple:
+        """An ``updates`` row; a payload of ``MIN_BYTES`` or more goes to the upload log, the row
+        pointing at it (the caller holds the lock)."""
+        at = self.uploads.append(task, round_, phase, payload) if len(payload) >= MIN_BYTES else None
+        kept = b"" if at is not None else payload
+        return (task, round_, phase, device, global_hash, kept, now, at, None if at is None else len(payload))
 
     def stored_updates(self, task: str, round_: int, phase: str, global_hash: str) -> list[tuple[str, bytes]]:
         with self._lock:
@@ -477,27 +323,9 @@ class SqliteStore:
             return []  # the aggregator has not created its tables yet
         with self._lock:
             rows = self._db.execute(
-                "SELECT task, round, phase, status, participants, n_samples, metrics, rejected, global_hash, "
-                "started, finished, extra FROM rounds WHERE task=? ORDER BY round, started",
-                (task,),
+                f"SELECT {ROUND_COLUMNS} FROM rounds WHERE task=? ORDER BY round, started", (task,)
             ).fetchall()
-        return [
-            RoundRecord(
-                task=r[0],
-                round=r[1],
-                phase=r[2],
-                status=r[3],
-                participants=json.loads(r[4]),
-                n_samples=json.loads(r[5]),
-                metrics=json.loads(r[6]),
-                rejected=json.loads(r[7]),
-                global_hash=r[8],
-                started=r[9],
-                finished=r[10],
-                extra=json.loads(r[11]),
-            )
-            for r in rows
-        ]
+        return [round_record(r) for r in rows]
 
     def round_count(self, task: str) -> int:
         """How many rounds of ``task`` are recorded (cheap: for monitors that poll)."""

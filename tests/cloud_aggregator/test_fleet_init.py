@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
 import shutil
 import stat
 import subprocess
@@ -430,3 +431,18 @@ def test_each_operator_session_of_a_machine_claims_a_login_of_its_own(tmp_path):
     old = build(AggregatorConfig, {**raw, "username": OPERATOR}, "old.toml")
     options, slot = claim_operator_login(old, "status")
     assert slot is None and options.username == OPERATOR and options.client_id.startswith("operator.status.")
+
+
+@pytest.mark.parametrize(
+    ("name", "home"),
+    [("acl_text", "acl"), ("mosquitto_password_hash", "broker_conf"), ("client_toml", "identity"),
+     ("write_file", "files")],
+)  # fmt: skip
+def test_a_name_that_left_the_layout_module_still_imports_from_it_with_a_warning(name, home):
+    """A script's ``from cloud_aggregator.fleet.layout import acl_text`` outlives the split by job."""
+    new = importlib.import_module(f"cloud_aggregator.fleet.{home}")
+    with pytest.warns(DeprecationWarning, match=rf"moved to cloud_aggregator\.fleet\.{home}.*0\.2\.0"):
+        moved = getattr(fleet_layout, name)
+    assert moved is getattr(new, name)
+    with pytest.raises(AttributeError):
+        fleet_layout.no_such_name  # noqa: B018

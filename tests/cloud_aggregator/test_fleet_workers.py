@@ -15,8 +15,10 @@ from cloud_aggregator import worker_login
 from cloud_aggregator.cli import main as cli_main
 from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.fleet import devices as fleet_devices
+from cloud_aggregator.fleet.acl import worker_acl_text
+from cloud_aggregator.fleet.broker_conf import mosquitto_password_hash
 from cloud_aggregator.fleet.init import FleetInitError, init_fleet
-from cloud_aggregator.fleet.layout import mosquitto_password_hash, open_fleet, worker_acl_text
+from cloud_aggregator.fleet.layout import open_fleet
 from cloud_aggregator.fleet.plants import add_plant
 from cloud_aggregator.fleet.workers import add_workers
 from cloud_aggregator.serve.server import ServeRefusedError, _check_worker_logins

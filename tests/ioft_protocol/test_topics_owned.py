@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from cloud_aggregator.fleet.layout import acl_text
+from cloud_aggregator.fleet.acl import acl_text
 from ioft_protocol import topics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -45,6 +45,11 @@ def _score_fn(data: BackboneData, head: torch.nn.Module | None, output: str) -> 
     return score if (output != "embedding" or head is not None) else None
 
 
+def _stamped(metadata: Mapping[str, str], name: str, version: int, **more: str) -> dict[str, str]:
+    """A package's metadata: the schema's ``metadata``, then the model's name and version, then ``more``."""
+    return dict(metadata) | {"ioft.model.name": name, "ioft.model.version": str(version), **more}
+
+
 def export_run(
     run_dir: str | Path,
     out_dir: str | Path,
@@ -66,11 +71,7 @@ def export_run(
         raise ValueError(f"a {data.task} backbone cannot be exported as {output!r}")
     module = model.encoder if output == "embedding" else model
     heldout = data.x_test[:n_heldout]
-    metadata = dict(data.schema_metadata) | {
-        "ioft.model.name": name,
-        "ioft.model.version": str(version),
-        "ioft.backbone": settings.backbone,
-    }
+    metadata = _stamped(data.schema_metadata, name, version, **{"ioft.backbone": settings.backbone})
     final = ckpt["history"][-1] if ckpt["history"] else {}
     extra = {
         "backbone": settings.backbone,
@@ -78,22 +79,9 @@ def export_run(
         "epochs": str(ckpt["epoch"]),
         **{k: f"{v:.6f}" for k, v in final.items() if k.startswith("test_")},
     }
-    return export_module(
-        module,
-        heldout,
-        metadata,
-        out_dir,
-        name=name,
-        version=version,
-        kind=output,
-        key=key,
-        quantize=quantize,
-        score=_score_fn(data, model.head, output),
-        score_inputs=data.x_test,
-        opset=opset,
-        tolerance=tolerance,
-        extra=extra,
-    )
+    return export_module(module, heldout, metadata, out_dir, name=name, version=version, kind=output, key=key,
+                         quantize=quantize, score=_score_fn(data, model.head, output), score_inputs=data.x_test,
+                         opset=opset, tolerance=tolerance, extra=extra)  # fmt: skip
 
 
 def export_params(
@@ -134,24 +122,11 @@ def export_params(
             f"the model takes {d_in} inputs but the held-out rows ({inputs}) have {heldout.shape[1]}: "
             "name the task's --schema, pass --heldout ROWS.npy, or --heldout synthetic"
         )
-    metadata = dict(schema_metadata) | {"ioft.model.name": name, "ioft.model.version": str(version)}
+    metadata = _stamped(schema_metadata, name, version)
     extra = dict(extra or {}) | {
         "source": f"trainer_lite {model} blocks {list(blocks) if blocks else 'all'}",
         "parity_inputs": inputs,
     }
-    return export_module(
-        module,
-        heldout,
-        metadata,
-        out_dir,
-        name=name,
-        version=version,
-        kind="embedding",
-        key=key,
-        quantize=quantize,
-        score=None,
-        score_inputs=heldout,
-        opset=opset,
-        tolerance=tolerance,
-        extra=extra,
-    )
+    return export_module(module, heldout, metadata, out_dir, name=name, version=version, kind="embedding", key=key,
+                         quantize=quantize, score=None, score_inputs=heldout, opset=opset, tolerance=tolerance,
+                         extra=extra)  # fmt: skip

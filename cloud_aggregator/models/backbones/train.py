@@ -125,6 +125,80 @@ def load_run(
     return model.eval(), data, settings, ckpt
 
 
+def _run_data(out_dir: Path, settings: TrainSettings, data: BackboneData | None) -> BackboneData:
+    """The run's training set: the one saved in ``out_dir``, else ``data`` or one built from the
+    settings (saved there)."""
+    if (out_dir / DATA).exists():
+        return BackboneData.load(out_dir / DATA)
+    if data is None:
+        data = build_data(BACKBONE_DATA[settings.backbone], **settings.data_args)
+    data.save(out_dir / DATA)
+    return data
+
+
+def _resume(
+    ckpt_path: Path, settings: TrainSettings, model: nn.Module, opt: torch.optim.Optimizer, dev: torch.device
+) -> tuple[list[dict[str, float]], int]:
+    """Load the checkpoint at ``ckpt_path`` into ``model`` and ``opt``, if there is one; its history
+    and the epoch to go on from (none: ``[]`` and 0)."""
+    if not ckpt_path.exists():
+        return [], 0
+    ckpt = torch.load(ckpt_path, map_location=dev, weights_only=True)
+    # More epochs extend a run (each epoch's shuffle depends only on seed and epoch); anything
+    # else would mix two different runs in one checkpoint.
+    if _without_epochs(ckpt["settings"]) != _without_epochs(asdict(settings)):
+        raise ValueError(
+            f"{ckpt_path} was written with other settings {ckpt['settings']}; use a new folder "
+            "or delete the checkpoint to start over"
+        )
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    start = int(ckpt["epoch"])
+    log.info("resuming %s from epoch %d in %s", settings.backbone, start, ckpt_path.parent)
+    return list(ckpt["history"]), start
+
+
+def _train_epoch(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    data: BackboneData,
+    settings: TrainSettings,
+    epoch: int,
+    dev: torch.device,
+) -> float:
+    """One pass over the training set in an order drawn from the seed and ``epoch``; the mean loss."""
+    model.train()
+    loss_fn: nn.Module = nn.CrossEntropyLoss() if data.task == "classification" else nn.MSELoss()
+    x_all, y_all = torch.as_tensor(data.x_train), torch.as_tensor(data.y_train)
+    n = len(x_all)
+    gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + epoch)
+    order = torch.randperm(n, generator=gen)
+    total = 0.0
+    for i in range(0, n, settings.batch_size):
+        idx = order[i : i + settings.batch_size]
+        xb, yb = x_all[idx].to(dev), y_all[idx].to(dev)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(xb), yb)
+        loss.backward()
+        opt.step()
+        total += float(loss.detach()) * len(idx)
+    return total / n
+
+
+def _write_summary(
+    out_dir: Path,
+    settings: TrainSettings,
+    dev: torch.device,
+    data: BackboneData,
+    history: list[dict[str, float]],
+) -> None:
+    """``summary.json``: the settings, device and data of the run, and its last epoch's scores."""
+    summary = {"settings": asdict(settings), "device": str(dev), "data": data.description,
+               "schema_hash": data.schema_hash, "epochs_done": len(history),
+               "final": history[-1] if history else {}}  # fmt: skip
+    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=1, sort_keys=True))
+
+
 def train_backbone(
     settings: TrainSettings,
     out_dir: str | Path,
@@ -154,73 +228,24 @@ def train_backbone(
     dev = pick_device(device)
     if threads is not None:
         torch.set_num_threads(threads)
-    if (out_dir / DATA).exists():
-        data = BackboneData.load(out_dir / DATA)
-    else:
-        if data is None:
-            data = build_data(BACKBONE_DATA[settings.backbone], **settings.data_args)
-        data.save(out_dir / DATA)
+    data = _run_data(out_dir, settings, data)
     model = new_model(settings, data).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    history: list[dict[str, float]] = []
-    start = 0
     ckpt_path = out_dir / CHECKPOINT
-    if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, map_location=dev, weights_only=True)
-        # More epochs extend a run (each epoch's shuffle depends only on seed and epoch); anything
-        # else would mix two different runs in one checkpoint.
-        if _without_epochs(ckpt["settings"]) != _without_epochs(asdict(settings)):
-            raise ValueError(
-                f"{ckpt_path} was written with other settings {ckpt['settings']}; use a new folder "
-                "or delete the checkpoint to start over"
-            )
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        history, start = list(ckpt["history"]), int(ckpt["epoch"])
-        log.info("resuming %s from epoch %d in %s", settings.backbone, start, out_dir)
-    loss_fn: nn.Module = nn.CrossEntropyLoss() if data.task == "classification" else nn.MSELoss()
-    x_all = torch.as_tensor(data.x_train)
-    y_all = torch.as_tensor(data.y_train)
-    n = len(x_all)
+    history, start = _resume(ckpt_path, settings, model, opt, dev)
     end = settings.epochs if stop_after is None else min(settings.epochs, start + stop_after)
     bar = tqdm(
         range(start, end), desc=settings.backbone, initial=start, total=settings.epochs, disable=not progress
     )
     for epoch in bar:
-        model.train()
-        gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + epoch)
-        order = torch.randperm(n, generator=gen)
-        started, total = time.perf_counter(), 0.0
-        for i in range(0, n, settings.batch_size):
-            idx = order[i : i + settings.batch_size]
-            xb, yb = x_all[idx].to(dev), y_all[idx].to(dev)
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), yb)
-            loss.backward()
-            opt.step()
-            total += float(loss.detach()) * len(idx)
-        scores = {"epoch": epoch + 1, "train_loss": total / n, **evaluate(model, data, dev)}
+        started = time.perf_counter()
+        train_loss = _train_epoch(model, opt, data, settings, epoch, dev)
+        scores = {"epoch": epoch + 1, "train_loss": train_loss, **evaluate(model, data, dev)}
         scores["seconds"] = time.perf_counter() - started
         history.append(scores)
         bar.set_postfix({k: f"{v:.4f}" for k, v in scores.items() if k.startswith("test_")})
-        _save_checkpoint(
-            ckpt_path,
-            {
-                "settings": asdict(settings),
-                "epoch": epoch + 1,
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "history": history,
-            },
-        )
+        _save_checkpoint(ckpt_path, {"settings": asdict(settings), "epoch": epoch + 1, "model": model.state_dict(),
+                                     "optimizer": opt.state_dict(), "history": history})  # fmt: skip
     bar.close()
-    summary = {
-        "settings": asdict(settings),
-        "device": str(dev),
-        "data": data.description,
-        "schema_hash": data.schema_hash,
-        "epochs_done": len(history),
-        "final": history[-1] if history else {},
-    }
-    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=1, sort_keys=True))
+    _write_summary(out_dir, settings, dev, data, history)
     return TrainResult(model.cpu().eval(), data, settings, history, out_dir)
