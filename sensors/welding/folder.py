@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Literal
 
 from sensors.files import DEFAULT_MAX_FILE_BYTES, printable
-from sensors.welding.formats import MAX_FILE_SETTING, WELD_SUFFIXES, read_weld_file, sidecar_path
+from sensors.welding.formats import WELD_SUFFIXES, read_weld_file, sidecar_path
 from sensors.welding.ledger import LedgerEntry, WeldLedger, atomic_write_text
 from sensors.welding.recording import (
     MIN_SAMPLE_RATE,
@@ -45,6 +45,7 @@ from sensors.welding.recording import (
     WeldDataError,
     WeldRecording,
 )
+from sensors.welding.tables import MAX_FILE_SETTING
 from sensors.welding.wavfile import IncompleteWeldFileError
 
 log = logging.getLogger(__name__)
