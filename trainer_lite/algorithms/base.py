@@ -24,6 +24,7 @@ from trainer_lite.algorithms.training import (  # noqa: F401 -- algorithms and s
     loss_and_grads,
     register_loss,
     run_local_steps,
+    score,
 )
 from trainer_lite.data import Dataset
 from trainer_lite.layers import Sequential
@@ -216,12 +217,7 @@ class ClientAlgorithm(ABC):
 
     def evaluate(self, shared: Params, local: Params, data: Dataset) -> dict[str, float]:
         """Loss of the personalized model on ``data``, and accuracy for class targets."""
-        pred = self.predict(shared, local, data.x)
-        value, _ = self.loss(pred, data.y)
-        out = {"loss": value}
-        if data.y.ndim == 1 and data.y.dtype.kind in "iu" and pred.ndim == 2 and pred.shape[1] > 1:
-            out["accuracy"] = float(np.mean(np.argmax(pred, axis=1) == data.y))
-        return out
+        return score(self.loss, self.predict(shared, local, data.x), data.y)
 
     # -- optional multi-phase rounds (FedDAR) -----------------------------
     def phases(self) -> tuple[str, ...]:

@@ -125,3 +125,12 @@ def run_local_steps(
             if done == steps:
                 break
     return total / steps
+
+
+def score(loss: LossFn, pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """``{"loss": ...}`` of predictions, plus ``"accuracy"`` for class-id targets."""
+    value, _ = loss(pred, y)
+    out = {"loss": value}
+    if y.ndim == 1 and y.dtype.kind in "iu" and pred.ndim == 2 and pred.shape[1] > 1:
+        out["accuracy"] = float(np.mean(np.argmax(pred, axis=1) == y))
+    return out
