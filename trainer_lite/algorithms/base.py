@@ -237,8 +237,7 @@ class ClientAlgorithm(ABC):
         model: Sequential | None = None,
         grad_hook: GradHook | None = None,
     ) -> float:
-        """Train ``params`` in place with this algorithm's loss and optimizer settings; the mean
-        minibatch loss over the steps.
+        """Train ``params`` in place with the algorithm's loss and optimizer; the mean minibatch loss.
 
         For algorithms whose config is a :class:`TrainConfig`: a fresh optimizer from
         ``self.config`` for ``round_``, minibatches of ``self.config.batch_size``
