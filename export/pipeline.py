@@ -90,15 +90,11 @@ def export_module(
         if quantize:
             files["int8 (dynamic)"] = quantize_int8(fp32, Path(tmp) / f"{name}-int8.onnx")
         variants = compare_variants(files, score_inputs, score, repeats=100)
-        chosen = files["int8 (dynamic)"] if quantize else fp32
         parity = result.parity()
         if quantize:
             parity["int8_max_abs_diff_vs_float32"] = variants[1].max_abs_diff_vs_float32
-        for v in variants:
-            if v.score is not None:
-                extra = extra | {f"heldout_{v.score_name}_{v.label.split()[0]}": f"{v.score:.6f}"}
         package = package_model(
-            chosen,
+            files["int8 (dynamic)"] if quantize else fp32,
             out_dir,
             name=name,
             version=version,
@@ -106,13 +102,28 @@ def export_module(
             key=key,
             parity=parity,
             quantization="int8-dynamic" if quantize else None,
-            extra=extra,
+            extra=extra | _heldout_scores(variants),
         )
+    report = _write_report(package, result, variants, f"{name} v{version} ({kind})")
+    return ExportSummary(package, result, variants, report)
+
+
+def _heldout_scores(variants: list[VariantReport]) -> dict[str, str]:
+    """Each scored variant's held-out score as a manifest field (``heldout_<score>_<variant>``)."""
+    return {
+        f"heldout_{v.score_name}_{v.label.split()[0]}": f"{v.score:.6f}"
+        for v in variants
+        if v.score is not None
+    }
+
+
+def _write_report(package: Package, result: ExportResult, variants: list[VariantReport], title: str) -> str:
+    """The export's report, also written beside the package's ONNX file as ``<name>.report.md``."""
     report = (
-        f"{name} v{version} ({kind}): opset {result.opset}, IR {result.ir_version}, "
+        f"{title}: opset {result.opset}, IR {result.ir_version}, "
         f"{result.parity_line()}\n\n{report_table(variants)}\n"
     )
     package.onnx_path.with_name(package.onnx_path.name.removesuffix(".onnx") + ".report.md").write_text(
         report
     )
-    return ExportSummary(package, result, variants, report)
+    return report
