@@ -137,15 +137,29 @@ def export_onnx(
     try:
         _write_onnx(module, example, tmp, opset, input_name, output_name)
         model, spec_in, spec_out = _stamp_and_check(tmp, metadata, opset)
-        worst, scale, n = _check_parity(module, tmp, heldout, tolerance, threads)
+        parity = _check_parity(module, tmp, heldout, tolerance, threads)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    return _result(path, model, (spec_in, spec_out), opset, parity, tolerance, started)
+
+
+def _result(
+    path: Path,
+    model: onnx.ModelProto,
+    io: tuple[ModelIOSpec, ModelIOSpec],
+    opset: int,
+    parity: tuple[float, float, int],
+    tolerance: float,
+    started: float,
+) -> ExportResult:
+    """What was exported and measured (``parity``: worst difference, output scale, inputs), logged."""
+    worst, scale, n = parity
     result = ExportResult(
         path=path,
-        input=spec_in,
-        output=spec_out,
+        input=io[0],
+        output=io[1],
         opset=opset,
         ir_version=int(model.ir_version),
         size=path.stat().st_size,
