@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.ftltp_welding [--study main unbalanced fraction] [--seeds 0 1 2 3 4] [--rounds N] [--quick]``
 
-Data: :func:`sensors.sim.welder.simulate_domain_group` welds through the 624-feature
+Data: :func:`sensors.sim.weld_groups.simulate_domain_group` welds through the 624-feature
 DWT recipe (``sensors.features``): group **M** (4 material domains × 200 welds, tool
 classes TC1-TC4), **S** (3 surface domains × 90, tool classes New/Worn/DMGD) and
 **T** (the S welds, surface classes, tool-condition domains).  Welds are simulated
@@ -87,7 +87,8 @@ from benchmarks.common import (
 )
 from cloud_aggregator.rounds.simulation import ClientData, simulate
 from sensors.features.scaling import Standardizer, feature_sums, pool_feature_sums
-from sensors.sim.welder import SURFACES, simulate_domain_group
+from sensors.sim.weld_groups import simulate_domain_group
+from sensors.sim.welder import SURFACES
 from trainer_lite.algorithms.base import MIN_POOL_DEVICES, get_loss
 from trainer_lite.algorithms.centralised import centralised_transfer, train_centralised
 from trainer_lite.data import Dataset

@@ -135,50 +135,32 @@ def export_onnx(
     module = module.eval().cpu().float()
     example = torch.from_numpy(np.ascontiguousarray(heldout[:1], dtype=np.float32))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning, UserWarning))
-            torch.onnx.export(
-                module,
-                (example,),
-                str(tmp),
-                dynamo=False,
-                opset_version=opset,
-                input_names=[input_name],
-                output_names=[output_name],
-                dynamic_axes={input_name: {0: "batch"}, output_name: {0: "batch"}},
-                do_constant_folding=True,
-            )
-        model = onnx.load(str(tmp))
-        for key, value in sorted(metadata.items()):
-            entry = model.metadata_props.add()
-            entry.key, entry.value = key, value
-        onnx.save(model, str(tmp))
-        try:
-            onnx.checker.check_model(str(tmp), full_check=True)
-        except onnx.checker.ValidationError as exc:
-            raise ExportError(f"onnx.checker rejected the export: {exc}") from None
-        got = opset_of(model)
-        if got != opset:
-            raise ExportError(f"asked for opset {opset}, the exporter wrote {got}")
-        spec_in, spec_out = graph_io(model)
-        if spec_in.shape[0] is not None or spec_out.shape[0] is not None:
-            raise ExportError("the batch axis did not come out dynamic")
-        worst, scale, n = parity_check(module, tmp, heldout, threads=threads)
-        if worst > tolerance * max(1.0, scale):
-            raise ExportError(
-                f"parity check failed: onnxruntime differs from torch by up to {worst:.3g} on {n} held-out "
-                f"inputs whose outputs reach {scale:.3g} (tolerance {tolerance:g} x max(1, {scale:.3g})); "
-                "not exporting"
-            )
+        _write_onnx(module, example, tmp, opset, input_name, output_name)
+        model, spec_in, spec_out = _stamp_and_check(tmp, metadata, opset)
+        parity = _check_parity(module, tmp, heldout, tolerance, threads)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    return _result(path, model, (spec_in, spec_out), opset, parity, tolerance, started)
+
+
+def _result(
+    path: Path,
+    model: onnx.ModelProto,
+    io: tuple[ModelIOSpec, ModelIOSpec],
+    opset: int,
+    parity: tuple[float, float, int],
+    tolerance: float,
+    started: float,
+) -> ExportResult:
+    """What was exported and measured (``parity``: worst difference, output scale, inputs), logged."""
+    worst, scale, n = parity
     result = ExportResult(
         path=path,
-        input=spec_in,
-        output=spec_out,
-        opset=got,
+        input=io[0],
+        output=io[1],
+        opset=opset,
         ir_version=int(model.ir_version),
         size=path.stat().st_size,
         parity_max_abs_diff=worst,
@@ -197,3 +179,62 @@ def export_onnx(
         n,
     )
     return result
+
+
+def _write_onnx(
+    module: torch.nn.Module, example: torch.Tensor, tmp: Path, opset: int, input_name: str, output_name: str
+) -> None:
+    """Write the module at exactly ``opset`` with a dynamic batch axis.
+
+    The legacy exporter: the dynamo one may build at another opset and convert down.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning, UserWarning))
+        torch.onnx.export(
+            module,
+            (example,),
+            str(tmp),
+            dynamo=False,
+            opset_version=opset,
+            input_names=[input_name],
+            output_names=[output_name],
+            dynamic_axes={input_name: {0: "batch"}, output_name: {0: "batch"}},
+            do_constant_folding=True,
+        )
+
+
+def _stamp_and_check(
+    tmp: Path, metadata: dict[str, str], opset: int
+) -> tuple[onnx.ModelProto, ModelIOSpec, ModelIOSpec]:
+    """Add ``metadata`` to the file; the model and its input and output once the checker, the
+    opset and the dynamic batch axis pass."""
+    model = onnx.load(str(tmp))
+    for key, value in sorted(metadata.items()):
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(model, str(tmp))
+    try:
+        onnx.checker.check_model(str(tmp), full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise ExportError(f"onnx.checker rejected the export: {exc}") from None
+    got = opset_of(model)
+    if got != opset:
+        raise ExportError(f"asked for opset {opset}, the exporter wrote {got}")
+    spec_in, spec_out = graph_io(model)
+    if spec_in.shape[0] is not None or spec_out.shape[0] is not None:
+        raise ExportError("the batch axis did not come out dynamic")
+    return model, spec_in, spec_out
+
+
+def _check_parity(
+    module: torch.nn.Module, tmp: Path, heldout: np.ndarray, tolerance: float, threads: int
+) -> tuple[float, float, int]:
+    """onnxruntime against torch on the held-out inputs: ``(worst difference, output scale, inputs)``."""
+    worst, scale, n = parity_check(module, tmp, heldout, threads=threads)
+    if worst > tolerance * max(1.0, scale):
+        raise ExportError(
+            f"parity check failed: onnxruntime differs from torch by up to {worst:.3g} on {n} held-out "
+            f"inputs whose outputs reach {scale:.3g} (tolerance {tolerance:g} x max(1, {scale:.3g})); "
+            "not exporting"
+        )
+    return worst, scale, n

@@ -97,25 +97,18 @@ def package_model(
 
     onnx_path = Path(onnx_path)
     model = onnx.load(str(onnx_path))
-    meta = {p.key: p.value for p in model.metadata_props}
-    if SCHEMA_HASH_KEY not in meta:
-        raise ExportError(
-            f"{onnx_path.name} carries no {SCHEMA_HASH_KEY}; export it with the schema metadata"
-        )
+    schema_hash = _schema_hash(model, onnx_path)
     spec_in, spec_out = graph_io(model)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{name}-v{version}"
-    target = out_dir / f"{stem}.onnx"
-    if target.resolve() != onnx_path.resolve():
-        shutil.copyfile(onnx_path, target)
+    target = _copy_into(onnx_path, out_dir / f"{stem}.onnx")
     manifest = ModelManifest(
         name=name,
         version=version,
         kind=kind,
         input=spec_in,
         output=spec_out,
-        schema_hash=meta[SCHEMA_HASH_KEY],
+        schema_hash=schema_hash,
         sha256=file_sha256(target),
         size=target.stat().st_size,
         opset=opset_of(model),
@@ -132,6 +125,24 @@ def package_model(
     manifest_path = out_dir / f"{stem}.manifest.json"
     atomic_write_json(manifest_path, {"manifest": text, "signature": signature})
     return Package(target, manifest_path, text, signature)
+
+
+def _schema_hash(model: onnx.ModelProto, onnx_path: Path) -> str:
+    """The feature-schema hash in the model's ``metadata_props``; refuses a model without one."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    if SCHEMA_HASH_KEY not in meta:
+        raise ExportError(
+            f"{onnx_path.name} carries no {SCHEMA_HASH_KEY}; export it with the schema metadata"
+        )
+    return meta[SCHEMA_HASH_KEY]
+
+
+def _copy_into(onnx_path: Path, target: Path) -> Path:
+    """``onnx_path`` copied to ``target`` (its folder made), unless it is already there."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.resolve() != onnx_path.resolve():
+        shutil.copyfile(onnx_path, target)
+    return target
 
 
 def load_package(path: str | Path) -> Package:

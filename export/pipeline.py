@@ -77,42 +77,51 @@ def export_module(
     Returns
     -------
     ExportSummary
-        The package, the export's checks, the variants and the report (also written
-        beside the ONNX file as ``<name>.report.md``).
+        The package, the export's checks, the variants and the report (also in ``<name>.report.md``).
     """
-    out_dir = Path(out_dir)
-    extra = dict(extra or {})
-    score_inputs = heldout if score_inputs is None else score_inputs
     with tempfile.TemporaryDirectory(prefix="ioft-export-") as tmp:
-        fp32 = Path(tmp) / f"{name}-float32.onnx"
+        fp32, int8 = Path(tmp) / f"{name}-float32.onnx", Path(tmp) / f"{name}-int8.onnx"
         result = export_onnx(module, heldout, fp32, metadata=metadata, opset=opset, tolerance=tolerance)
-        files = {"float32": fp32}
-        if quantize:
-            files["int8 (dynamic)"] = quantize_int8(fp32, Path(tmp) / f"{name}-int8.onnx")
-        variants = compare_variants(files, score_inputs, score, repeats=100)
-        chosen = files["int8 (dynamic)"] if quantize else fp32
-        parity = result.parity()
-        if quantize:
-            parity["int8_max_abs_diff_vs_float32"] = variants[1].max_abs_diff_vs_float32
-        for v in variants:
-            if v.score is not None:
-                extra = extra | {f"heldout_{v.score_name}_{v.label.split()[0]}": f"{v.score:.6f}"}
+        inputs = heldout if score_inputs is None else score_inputs
+        chosen, variants, parity = _variants(result, fp32, int8 if quantize else None, inputs, score)
         package = package_model(
-            chosen,
-            out_dir,
-            name=name,
-            version=version,
-            kind=kind,
-            key=key,
-            parity=parity,
-            quantization="int8-dynamic" if quantize else None,
-            extra=extra,
-        )
+            chosen, Path(out_dir), name=name, version=version, kind=kind, key=key, parity=parity,
+            quantization="int8-dynamic" if quantize else None, extra=dict(extra or {}) | _heldout_scores(variants),
+        )  # fmt: skip
+    report = _write_report(package, result, variants, f"{name} v{version} ({kind})")
+    return ExportSummary(package, result, variants, report)
+
+
+def _variants(
+    result: ExportResult, fp32: Path, int8: Path | None, score_inputs: np.ndarray, score: ScoreFn | None
+) -> tuple[Path, list[VariantReport], dict[str, float]]:
+    """The file to ship (``int8``, quantized, unless ``None``), every variant compared, and the parity."""
+    files = {"float32": fp32}
+    if int8 is not None:
+        files["int8 (dynamic)"] = quantize_int8(fp32, int8)
+    variants = compare_variants(files, score_inputs, score, repeats=100)
+    parity = result.parity()
+    if int8 is not None:
+        parity["int8_max_abs_diff_vs_float32"] = variants[1].max_abs_diff_vs_float32
+    return files.get("int8 (dynamic)", fp32), variants, parity
+
+
+def _heldout_scores(variants: list[VariantReport]) -> dict[str, str]:
+    """Each scored variant's held-out score as a manifest field (``heldout_<score>_<variant>``)."""
+    return {
+        f"heldout_{v.score_name}_{v.label.split()[0]}": f"{v.score:.6f}"
+        for v in variants
+        if v.score is not None
+    }
+
+
+def _write_report(package: Package, result: ExportResult, variants: list[VariantReport], title: str) -> str:
+    """The export's report, also written beside the package's ONNX file as ``<name>.report.md``."""
     report = (
-        f"{name} v{version} ({kind}): opset {result.opset}, IR {result.ir_version}, "
+        f"{title}: opset {result.opset}, IR {result.ir_version}, "
         f"{result.parity_line()}\n\n{report_table(variants)}\n"
     )
     package.onnx_path.with_name(package.onnx_path.name.removesuffix(".onnx") + ".report.md").write_text(
         report
     )
-    return ExportSummary(package, result, variants, report)
+    return report

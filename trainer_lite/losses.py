@@ -63,6 +63,25 @@ def _class_ids(target: np.ndarray, n: int, n_classes: int) -> np.ndarray:
     return t
 
 
+def _ce_weights(
+    class_weights: np.ndarray | None,
+    sample_weights: np.ndarray | None,
+    t: np.ndarray,
+    c: int,
+    dtype: np.dtype,
+) -> tuple[np.ndarray | None, float]:
+    """Each sample's weight (``None``: all ones) and the divisor, as torch's weighted mean takes them."""
+    n = len(t)
+    w = _sample_weights(sample_weights, n, dtype)
+    if class_weights is None:
+        return w, float(n)
+    cw = np.asarray(class_weights, dtype=dtype)
+    if cw.shape != (c,):
+        raise ValueError(f"class_weights must have shape ({c},), got {cw.shape}")
+    wt = cw[t]
+    return (wt if w is None else w * wt), float(wt.sum())
+
+
 def cross_entropy(
     logits: np.ndarray,
     target: np.ndarray,
@@ -100,21 +119,22 @@ def cross_entropy(
     nll = np.log(total[:, 0]) - z[rows, t]
     prob /= total
     prob[rows, t] -= 1.0  # softmax − one-hot
-    w = _sample_weights(sample_weights, n, prob.dtype)
-    if class_weights is not None:
-        cw = np.asarray(class_weights, dtype=prob.dtype)
-        if cw.shape != (c,):
-            raise ValueError(f"class_weights must have shape ({c},), got {cw.shape}")
-        wt = cw[t]
-        denom = float(wt.sum())
-        w = wt if w is None else w * wt
-    else:
-        denom = float(n)
+    w, denom = _ce_weights(class_weights, sample_weights, t, c, prob.dtype)
     if w is None:
         prob *= 1.0 / denom
         return float(nll.sum()) / denom, prob
     prob *= (w / denom)[:, None]
     return float(np.dot(w, nll)) / denom, prob
+
+
+def _bce_target(logits: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """``target`` in ``logits``' dtype and shape (a ``(batch,)`` target for ``(batch, 1)`` logits)."""
+    t = np.asarray(target, dtype=logits.dtype)
+    if t.shape != logits.shape:
+        if logits.ndim == 2 and logits.shape[1] == 1 and t.shape == logits.shape[:1]:
+            return t[:, None]
+        raise ValueError(f"logits shape {logits.shape} != target shape {t.shape}")
+    return t
 
 
 def bce_with_logits(
@@ -141,12 +161,7 @@ def bce_with_logits(
     sample_weights
         Optional ``(batch,)`` weights multiplying each sample's loss.
     """
-    t = np.asarray(target, dtype=logits.dtype)
-    if t.shape != logits.shape:
-        if logits.ndim == 2 and logits.shape[1] == 1 and t.shape == logits.shape[:1]:
-            t = t[:, None]
-        else:
-            raise ValueError(f"logits shape {logits.shape} != target shape {t.shape}")
+    t = _bce_target(logits, target)
     # softplus(−z) = log(1 + e^{−z}) = max(−z, 0) + log1p(e^{−|z|}), never overflowing.
     sp_neg = np.log1p(np.exp(-np.abs(logits)))
     sp_neg += np.maximum(-logits, 0)

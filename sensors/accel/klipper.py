@@ -202,6 +202,14 @@ class KlipperAccelSource:
         ``malformed``; rows with a non-finite value are dropped and counted. Never raises.
         """
         self.buf += data
+        rows, dropped = self._rows()
+        if not rows:
+            self.dropped += dropped
+            return AccelBatch.empty(dropped)
+        return self._timed(np.concatenate(rows), dropped)
+
+    def _rows(self) -> tuple[list[np.ndarray], int]:
+        """The complete frames' sample rows, and how many samples were dropped on the way."""
         rows: list[np.ndarray] = []
         dropped = 0
         for msg in self._frames():
@@ -209,14 +217,8 @@ class KlipperAccelSource:
                 self.malformed += 1
                 continue
             if self._sub_id is not None and msg.get("id") == self._sub_id:
-                if "error" in msg:
-                    err = msg["error"]
-                    text = err.get("message", err) if isinstance(err, dict) else err
-                    self._fault(f"klipper refused {self.method} for sensor {self.sensor!r}: {text}")
-                    # a bad sensor name will not fix itself soon: back off to the max
-                    self.next_retry = self.clock() + self.max_backoff_s
+                if not self._subscription_reply(msg):
                     break
-                self._subscribed = True
                 continue
             params = msg.get("params")
             if msg.get(TEMPLATE_KEY) != self.sensor or not isinstance(params, dict):
@@ -234,10 +236,22 @@ class KlipperAccelSource:
                 dropped += len(arr)  # never pass on a malformed row
             elif len(arr):  # an empty batch (only counters moved) adds no rows
                 rows.append(arr)
-        if not rows:
-            self.dropped += dropped
-            return AccelBatch.empty(dropped)
-        arr = np.concatenate(rows)
+        return rows, dropped
+
+    def _subscription_reply(self, msg: dict) -> bool:
+        """Whether Klipper accepted the subscription; a refusal is a fault, retried after the longest wait."""
+        if "error" in msg:
+            err = msg["error"]
+            text = err.get("message", err) if isinstance(err, dict) else err
+            self._fault(f"klipper refused {self.method} for sensor {self.sensor!r}: {text}")
+            # a bad sensor name will not fix itself soon: back off to the max
+            self.next_retry = self.clock() + self.max_backoff_s
+            return False
+        self._subscribed = True
+        return True
+
+    def _timed(self, arr: np.ndarray, dropped: int) -> AccelBatch:
+        """Rows ``(t, x, y, z)`` on this host's clock, without any Klipper resent, in m/s²."""
         if self._offset is None:
             self._offset = self.clock() - float(arr[-1, 0])
         t = arr[:, 0] + self._offset

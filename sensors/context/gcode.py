@@ -31,6 +31,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sensors.context.base import ContextSample
@@ -61,80 +62,104 @@ def parse_gcode(
     """Plan ``lines`` into a timeline of one segment per move (or dwell), starting at ``start``."""
     if not accel_mm_s2 > 0:
         raise ValueError(f"accel_mm_s2 must be positive, got {accel_mm_s2}")
-    pos = {"X": 0.0, "Y": 0.0, "Z": 0.0, "E": 0.0}
-    absolute, abs_e = True, True
-    feed = default_feed_mm_min / 60.0
-    t = start
-    layer: int | None = None
-    hinted = False  # the file has slicer layer comments: trust them, not Z
-    pending_hint: int | None = None
-    layer_z = -math.inf
-    last_extrude = -1  # index of the last extruding move's segment
-    segs: list[tuple[float, float, int | None, float, float, str]] = []
+    plan = _Planner(accel_mm_s2, default_feed_mm_min / 60.0, start)
     for raw in lines:
         code, _, comment = raw.partition(";")
         if comment:
-            m = _CURA_LAYER.match(";" + comment)
-            if m:
-                hinted, pending_hint = True, int(m.group(1))
-            elif _PRUSA_LAYER.match(";" + comment):
-                hinted = True
-                pending_hint = (layer + 1) if layer is not None else 0
-        if pending_hint is not None:
-            layer, pending_hint = pending_hint, None
-        words = {k.upper(): float(v) for k, v in _WORD.findall(code.split("(")[0])}
-        cmd = code.strip().split(maxsplit=1)[0].upper() if code.strip() else ""
-        if cmd in ("G0", "G1", "G00", "G01"):
-            if "F" in words and words["F"] > 0:
-                feed = words["F"] / 60.0
-            new = dict(pos)
-            for ax in "XYZ":
-                if ax in words:
-                    new[ax] = words[ax] if absolute else pos[ax] + words[ax]
-            extrudes = False
-            if "E" in words:
-                e = words["E"] if (absolute and abs_e) else pos["E"] + words["E"]
-                extrudes = e > pos["E"] + 1e-9
-                new["E"] = e
-            dist = math.dist((pos["X"], pos["Y"], pos["Z"]), (new["X"], new["Y"], new["Z"]))
-            if extrudes and not hinted and new["Z"] > layer_z + 1e-3 and dist > 0:
-                layer = 0 if layer is None else layer + 1
-                layer_z = new["Z"]
-            dt = move_time(dist, feed, accel_mm_s2)
-            if dt > 0:
-                segs.append((t, t + dt, layer, new["Z"], dist / dt, "move"))
-                t += dt
-                if extrudes:
-                    last_extrude = len(segs) - 1
-            pos = new
-        elif cmd in ("G90",):
-            absolute = True
-        elif cmd in ("G91",):
-            absolute = False
-        elif cmd == "M82":
-            abs_e = True
-        elif cmd == "M83":
-            abs_e = False
-        elif cmd == "G92":
-            for ax in "XYZE":
-                if ax in words:
-                    pos[ax] = words[ax]
-        elif cmd == "G28":
-            for ax in "XYZ":
-                if ax in words or not any(a in words for a in "XYZ"):
-                    pos[ax] = 0.0
-        elif cmd == "G4":
-            dt = words.get("P", 0.0) / 1000.0 + words.get("S", 0.0)
-            if dt > 0:
-                segs.append((t, t + dt, layer, pos["Z"], 0.0, "dwell"))
-                t += dt
+            plan.comment(comment)
+        plan.command(code)
     # Moves after the last extruding one (park, present the bed) belong to no layer.
     return Timeline(
         [
-            Segment(t0, t1, lay if i <= last_extrude else None, z, v, "printing", job)
-            for i, (t0, t1, lay, z, v, _kind) in enumerate(segs)
+            Segment(t0, t1, lay if i <= plan.last_extrude else None, z, v, "printing", job)
+            for i, (t0, t1, lay, z, v, _kind) in enumerate(plan.segs)
         ]
     )
+
+
+@dataclass
+class _Planner:
+    """What planning a file's moves keeps between lines: position, modes, feed, clock, layer."""
+
+    accel: float
+    feed: float  # mm/s
+    t: float
+    pos: dict[str, float] = field(default_factory=lambda: {"X": 0.0, "Y": 0.0, "Z": 0.0, "E": 0.0})
+    absolute: bool = True
+    abs_e: bool = True
+    layer: int | None = None
+    hinted: bool = False  # the file has slicer layer comments: trust them, not Z
+    layer_z: float = -math.inf
+    last_extrude: int = -1  # index of the last extruding move's segment
+    segs: list[tuple[float, float, int | None, float, float, str]] = field(default_factory=list)
+
+    def comment(self, comment: str) -> None:
+        """A slicer's layer comment starts that layer (and from then on Z no longer does)."""
+        m = _CURA_LAYER.match(";" + comment)
+        if m:
+            self.hinted, self.layer = True, int(m.group(1))
+        elif _PRUSA_LAYER.match(";" + comment):
+            self.hinted = True
+            self.layer = (self.layer + 1) if self.layer is not None else 0
+
+    def command(self, code: str) -> None:
+        """One line's command (the part before any comment)."""
+        words = {k.upper(): float(v) for k, v in _WORD.findall(code.split("(")[0])}
+        cmd = code.strip().split(maxsplit=1)[0].upper() if code.strip() else ""
+        if cmd in ("G0", "G1", "G00", "G01"):
+            self.move(words)
+        elif cmd == "G4":
+            dt = words.get("P", 0.0) / 1000.0 + words.get("S", 0.0)
+            if dt > 0:
+                self.segs.append((self.t, self.t + dt, self.layer, self.pos["Z"], 0.0, "dwell"))
+                self.t += dt
+        else:
+            self.mode(cmd, words)
+
+    def mode(self, cmd: str, words: dict[str, float]) -> None:
+        """Positioning modes, and positions set without moving (G92, G28)."""
+        if cmd in ("G90",):
+            self.absolute = True
+        elif cmd in ("G91",):
+            self.absolute = False
+        elif cmd == "M82":
+            self.abs_e = True
+        elif cmd == "M83":
+            self.abs_e = False
+        elif cmd == "G92":
+            for ax in "XYZE":
+                if ax in words:
+                    self.pos[ax] = words[ax]
+        elif cmd == "G28":
+            for ax in "XYZ":
+                if ax in words or not any(a in words for a in "XYZ"):
+                    self.pos[ax] = 0.0
+
+    def move(self, words: dict[str, float]) -> None:
+        """A G0/G1 move: its segment, and a new layer at the first extruding move above the last."""
+        pos = self.pos
+        if "F" in words and words["F"] > 0:
+            self.feed = words["F"] / 60.0
+        new = dict(pos)
+        for ax in "XYZ":
+            if ax in words:
+                new[ax] = words[ax] if self.absolute else pos[ax] + words[ax]
+        extrudes = False
+        if "E" in words:
+            e = words["E"] if (self.absolute and self.abs_e) else pos["E"] + words["E"]
+            extrudes = e > pos["E"] + 1e-9
+            new["E"] = e
+        dist = math.dist((pos["X"], pos["Y"], pos["Z"]), (new["X"], new["Y"], new["Z"]))
+        if extrudes and not self.hinted and new["Z"] > self.layer_z + 1e-3 and dist > 0:
+            self.layer = 0 if self.layer is None else self.layer + 1
+            self.layer_z = new["Z"]
+        dt = move_time(dist, self.feed, self.accel)
+        if dt > 0:
+            self.segs.append((self.t, self.t + dt, self.layer, new["Z"], dist / dt, "move"))
+            self.t += dt
+            if extrudes:
+                self.last_extrude = len(self.segs) - 1
+        self.pos = new
 
 
 def layer_speeds(timeline: Timeline) -> dict[int, float]:

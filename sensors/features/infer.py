@@ -120,30 +120,9 @@ def infer_schema(
     FeatureInputError
         No recordings, recordings that disagree (channels, rate), or too short for any level.
     """
-    if not signals:
-        raise FeatureInputError("no recordings to infer a feature schema from; record at least one first")
-    shapes = [np.shape(x) for x in signals]
-    if any(len(sh) != 2 for sh in shapes):
-        raise FeatureInputError(
-            f"recordings must be 2-D (n_channels, n_samples); got shapes {sorted(set(shapes))}"
-        )
-    if len({sh[0] for sh in shapes}) != 1:
-        raise FeatureInputError(
-            f"recordings have different channel counts {sorted({sh[0] for sh in shapes})}; "
-            "infer a schema from recordings of one sensor setup"
-        )
+    shapes = _shapes(signals)
     n_ch = shapes[0][0]
-    rates = (
-        [float(sample_rates)] * len(signals)
-        if np.isscalar(sample_rates)
-        else [float(r) for r in sample_rates]
-    )  # type: ignore[arg-type]
-    if len(rates) != len(signals) or not all(math.isfinite(r) and r > 0 for r in rates):
-        raise FeatureInputError(f"need one positive sample rate per recording (got {rates})")
-    if any(not math.isclose(r, rates[0], rel_tol=1e-9) for r in rates):
-        raise FeatureInputError(
-            f"recordings sampled at different rates {sorted(set(rates))} Hz; one schema needs one rate"
-        )
+    rates = _rates(sample_rates, len(signals))
     names = _names(channels, len(signals), n_ch)
     shortest, longest = min(sh[1] for sh in shapes), max(sh[1] for sh in shapes)
     level = deepest_level(shortest, base.wavelet)
@@ -162,6 +141,35 @@ def infer_schema(
     choice = SchemaChoice(schema, len(signals), shortest, longest)
     log.info("%s", choice.line())
     return choice
+
+
+def _shapes(signals: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
+    """Each recording's shape; refuses none, or recordings not 2-D or of different channel counts."""
+    if not signals:
+        raise FeatureInputError("no recordings to infer a feature schema from; record at least one first")
+    shapes = [np.shape(x) for x in signals]
+    if any(len(sh) != 2 for sh in shapes):
+        raise FeatureInputError(
+            f"recordings must be 2-D (n_channels, n_samples); got shapes {sorted(set(shapes))}"
+        )
+    if len({sh[0] for sh in shapes}) != 1:
+        raise FeatureInputError(
+            f"recordings have different channel counts {sorted({sh[0] for sh in shapes})}; "
+            "infer a schema from recordings of one sensor setup"
+        )
+    return shapes
+
+
+def _rates(sample_rates: Sequence[float] | float, n_rec: int) -> list[float]:
+    """One positive sample rate per recording, all the same."""
+    rates = [float(sample_rates)] * n_rec if np.isscalar(sample_rates) else [float(r) for r in sample_rates]  # type: ignore[arg-type]
+    if len(rates) != n_rec or not all(math.isfinite(r) and r > 0 for r in rates):
+        raise FeatureInputError(f"need one positive sample rate per recording (got {rates})")
+    if any(not math.isclose(r, rates[0], rel_tol=1e-9) for r in rates):
+        raise FeatureInputError(
+            f"recordings sampled at different rates {sorted(set(rates))} Hz; one schema needs one rate"
+        )
+    return rates
 
 
 def _names(channels: Any, n_rec: int, n_ch: int) -> tuple[str, ...]:

@@ -1,8 +1,8 @@
 """Simulated Ender printers whose per-layer vibration follows the real six-printer data.
 
 The relation, fitted to ``FL_Dataset_Printer*_Speed*.csv`` (Chou & Okwudire 2021;
-PFL-DA §4.3, Fig. 5(b)) by :func:`fit_relation` -- rerun it with
-``python -m sensors.sim.printer fit --data ../shared/data/printers``; only the
+PFL-DA §4.3, Fig. 5(b)) by :func:`sensors.sim.printer_fit.fit_relation` -- rerun it with
+``python -m sensors.sim.printer_fit --data ../shared/data/printers``; only the
 coefficients below are stored, never the data:
 
 * Measured speed s depends on the commanded speed v alone (the data's speed column
@@ -31,13 +31,9 @@ population of the six fitted printers (``POPULATION``), seeded by name;
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -285,94 +281,6 @@ class VibrationStream:
         return out
 
 
-# ----------------------------------------------------------------------------- fitting
-def fit_relation(root: str | Path) -> dict:
-    """Fit the coefficients stored above from the real data folder (never copied).
-
-    Shared curve and per-printer (shift, scale) by least squares on the 72 run means of
-    sigma_a (a grid over the curve's centre and width, linear least squares inside);
-    run_sd is the RMS residual of each printer's run means, LAYER_REL the median
-    within-run scatter relative to ``scale * h(v)``.
-    """
-    from sensors.printer_data import load_printer_runs
-
-    runs = load_printer_runs(root, drop_first_row=False)
-    printers = sorted(runs)
-    v = np.array(SPEED_SETTINGS, dtype=np.float64)
-    sa = {p: [np.hypot(runs[p][s][:, 1], runs[p][s][:, 2]) for s in SPEED_SETTINGS] for p in printers}
-    means = np.array([[x.mean() for x in sa[p]] for p in printers])
-    # Grid over the curve's centre and width; per printer the affine (shift, scale) is
-    # closed-form least squares, so the whole grid is a few array operations.
-    cc, ww = np.meshgrid(np.arange(20.0, 90.0, 0.1), np.arange(5.0, 40.0, 0.1), indexing="ij")
-    H = 1.0 / (1.0 + np.exp(-(v[None, None, :] - cc[..., None]) / ww[..., None]))  # (C, W, 12)
-    Hc = H - H.mean(axis=-1, keepdims=True)
-    Mc = means - means.mean(axis=-1, keepdims=True)  # (P, 12)
-    slope = np.einsum("cwk,pk->cwp", Hc, Mc) / (Hc**2).sum(axis=-1)[..., None]
-    sse = (Mc**2).sum() - (slope**2 * (Hc**2).sum(axis=-1)[..., None]).sum(axis=-1)
-    i, j = np.unravel_index(int(np.argmin(sse)), sse.shape)
-    c, w = float(cc[i, j]), float(ww[i, j])
-    h = 1.0 / (1.0 + np.exp(-(v - c) / w))
-    coef = np.linalg.lstsq(np.column_stack([np.ones_like(h), h]), means.T, rcond=None)[0]
-    out: dict = {"curve_c": round(c, 2), "curve_w": round(w, 2), "printers": {}}
-    rel = []
-    for i, p in enumerate(printers):
-        shift, scale = float(coef[0, i]), float(coef[1, i])
-        resid = means[i] - (shift + scale * h)
-        ratio = float(np.mean([np.mean(runs[p][s][:, 2] / runs[p][s][:, 1]) for s in SPEED_SETTINGS]))
-        out["printers"][p] = {
-            "shift": round(shift, 3),
-            "scale": round(scale, 3),
-            "run_sd": round(float(np.sqrt(np.mean(resid**2))), 3),
-            "ratio": round(ratio, 3),
-        }
-        rel += [x.std(ddof=1) / (scale * hv) for x, hv in zip(sa[p], h, strict=True)]
-    out["layer_rel"] = round(float(np.median(rel)), 3)
-    speed = np.array([[runs[p][s][:, 0].mean() for s in SPEED_SETTINGS] for p in printers]).mean(axis=0)
-    out["measured_speed"] = [round(float(x), 2) for x in speed]
-    out["speed_rel"] = round(
-        float(
-            np.median(
-                [
-                    runs[p][s][:, 0].std(ddof=1) / runs[p][s][:, 0].mean()
-                    for p in printers
-                    for s in SPEED_SETTINGS
-                ]
-            )
-        ),
-        3,
-    )
-    fit = out["printers"]
-
-    def pop(key, f=lambda x: x):
-        return (
-            round(float(np.mean([f(fit[p][key]) for p in fit])), 3),
-            round(float(np.std([f(fit[p][key]) for p in fit], ddof=1)), 3),
-        )
-
-    out["population"] = {
-        "shift": pop("shift"),
-        "scale": pop("scale"),
-        "log_run_sd": pop("run_sd", np.log),
-        "log_ratio": pop("ratio", np.log),
-    }
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sensors.sim.printer", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    f = sub.add_parser("fit", help="refit the stored coefficients from the real data folder")
-    f.add_argument("--data", required=True, help="folder with FL_Dataset_Printer*_Speed*.csv")
-    args = ap.parse_args(argv)
-    json.dump(fit_relation(args.data), sys.stdout, indent=1)
-    print()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 # ----------------------------------------------------------------------------- sensor path
 class VirtualClock:
     """Simulated time: read by calling, moved by :meth:`advance` -- nothing sleeps."""
@@ -409,7 +317,6 @@ def record_runs(
 
     Returns the recorded layer table per job and the recorder's drop counts.
     """
-    from sensors.accel.base import AccelBatch, SensorFault
     from sensors.context.recorder import LayerRecorder
     from sensors.context.timeline import TimelineContext
 
@@ -422,23 +329,29 @@ def record_runs(
     context = TimelineContext(timeline, clock)
     recorder = LayerRecorder(float(accel.rate_hz))
     accel.start()
-    step = 0
     try:
+        step = 0
         while clock.t < timeline.end + 1.0:
             clock.advance(poll_s)
             recorder.add_context(context.poll())
             step += 1
-            if step % read_every:
-                continue
-            try:
-                batch = accel.read()
-            except (OSError, SensorFault):
-                batch = AccelBatch.empty()  # a bare driver raises; the recorder drops the layer
-                recorder.add_accel(batch, ok=False)
-                continue
-            recorder.add_accel(batch, ok=accel.status().get("state") == "ok")
+            if step % read_every == 0:
+                _read_into(accel, recorder)
     finally:
         accel.close()
     recorder.flush()
     jobs = [run[0].job for run in runs if run]
     return {job: recorder.table(job) for job in jobs}, dict(recorder.dropped)
+
+
+def _read_into(accel, recorder) -> None:
+    """One accelerometer read into the recorder; a read that raises is a faulty (dropped) batch."""
+    from sensors.accel.base import AccelBatch, SensorFault
+
+    try:
+        batch = accel.read()
+    except (OSError, SensorFault):
+        batch = AccelBatch.empty()  # a bare driver raises; the recorder drops the layer
+        recorder.add_accel(batch, ok=False)
+        return
+    recorder.add_accel(batch, ok=accel.status().get("state") == "ok")

@@ -94,23 +94,10 @@ def simulate_windows(
     windows, speeds, labels = [], [], []
     for setting, table in runs.items():
         for speed, sig_x, sig_y in table:
-            axes = []
-            for sigma, phase_shift in ((sig_x, 0.0), (sig_y, np.pi / 2)):
-                phase = rng.uniform(0, 2 * np.pi, size=5)
-                corner = speed / 20.0
-                belt = speed / 2.0
-                share = (speed / 45.0) ** 2
-                sig = (
-                    sum(
-                        np.sin(2 * np.pi * k * corner * t + phase[k - 1] + phase_shift) / k for k in (1, 2, 3)
-                    )
-                    + 0.6 * np.sin(2 * np.pi * belt * t + phase[3])
-                    + share * np.sin(2 * np.pi * resonance * t + phase[4])
-                    + 0.3 * rng.normal(size=t.size)
-                )
-                sig = sig - sig.mean()
-                sig *= sigma / max(np.sqrt(np.mean(sig**2)), 1e-12)
-                axes.append(sig + rng.normal(0.0, 0.002, size=t.size))
+            axes = [
+                _axis(t, speed, sigma, shift, resonance, rng)
+                for sigma, shift in ((sig_x, 0.0), (sig_y, np.pi / 2))
+            ]
             windows.append(np.stack(axes))
             speeds.append(speed)
             labels.append(setting)
@@ -119,3 +106,22 @@ def simulate_windows(
         np.asarray(speeds, dtype=np.float64),
         np.asarray(labels, dtype=np.int64),
     )
+
+
+def _axis(
+    t: np.ndarray, speed: float, sigma: float, phase_shift: float, resonance: float, rng: np.random.Generator
+) -> np.ndarray:
+    """One axis of a layer's window: corner, belt and frame tones plus noise, scaled to ``sigma``."""
+    phase = rng.uniform(0, 2 * np.pi, size=5)
+    corner = speed / 20.0
+    belt = speed / 2.0
+    share = (speed / 45.0) ** 2
+    sig = (
+        sum(np.sin(2 * np.pi * k * corner * t + phase[k - 1] + phase_shift) / k for k in (1, 2, 3))
+        + 0.6 * np.sin(2 * np.pi * belt * t + phase[3])
+        + share * np.sin(2 * np.pi * resonance * t + phase[4])
+        + 0.3 * rng.normal(size=t.size)
+    )
+    sig = sig - sig.mean()
+    sig *= sigma / max(np.sqrt(np.mean(sig**2)), 1e-12)
+    return sig + rng.normal(0.0, 0.002, size=t.size)

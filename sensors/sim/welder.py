@@ -55,14 +55,11 @@ the default schema's 28,672-sample minimum at 200 kHz.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 
 import numpy as np
 
-from sensors.features.dwt import extract_batch
-from sensors.features.schema import DEFAULT_SCHEMA, FeatureSchema
 from sensors.welding.recording import WELD_CHANNELS, WeldRecording
 
 CARRIER_HZ = 20_000.0
@@ -193,7 +190,56 @@ def simulate_weld(
     """
     if not 0.05 <= time_scale <= 1.0:
         raise ValueError(f"time_scale must be in 0.05..1.0; got {time_scale}")
-    fs = float(sample_rate)
+    # The steps draw from ``rng`` in this order; reordering them changes every weld.
+    w = _weld(condition, rng, float(sample_rate), time_scale)
+    power, envelope, f_ss = _power(w, rng)
+    lvdt = _lvdt(w, f_ss)
+    ae = _acoustic_emission(w, envelope, rng)
+    mic = _microphone(w, envelope, rng)
+    _knurl_chatter(w, envelope, f_ss, ae, mic, rng)
+    mic += 0.05 * _smooth(w.noise[3], max(1, int(w.fs / 1500))) * 10 + 0.01 * w.noise[3]
+    return WeldRecording(
+        data=np.stack([power, lvdt, ae, mic]),
+        channels=WELD_CHANNELS,
+        sample_rate=w.fs,
+        weld_id=weld_id,
+        started_at=started_at or datetime(2024, 1, 1, tzinfo=UTC),
+        source="sim",
+        meta={**asdict(condition), "time_scale": time_scale},  # horn, anvil, surface, material, weld_time
+        min_sample_rate=min(w.fs, 200_000.0),
+    )
+
+
+@dataclass(frozen=True)
+class _Weld:
+    """What the four channels of one weld share: time base, material, wear, coupling and carrier."""
+
+    condition: WeldCondition
+    mat: Material
+    surf: Surface
+    fs: float
+    time_scale: float
+    nyq_ok: float  # components above this are left out (the DAQ's anti-alias filter)
+    n: int
+    t: np.ndarray
+    u: np.ndarray  # normalised weld time 0..1
+    g_h: float
+    w_h: float
+    w_a: float
+    sheet: float
+    kappa: float
+    damaged: int
+    noise: np.ndarray
+    f0: float
+    phase: np.ndarray
+    s1: np.ndarray
+    c1: np.ndarray
+    s2: np.ndarray
+    s3: np.ndarray
+
+
+def _weld(condition: WeldCondition, rng: np.random.Generator, fs: float, time_scale: float) -> _Weld:
+    """The weld's time base, this sheet's variation, the tool's coupling and the carrier's phase."""
     nyq_ok = 0.45 * fs
     mat = MATERIALS[condition.material]
     duration = condition.weld_time * time_scale
@@ -208,7 +254,6 @@ def simulate_weld(
     sheet = rng.normal(1.0, 0.04)  # sheet thickness / hardness variation
     kappa = (g_h**0.6) * (g_a**0.4) * fric * rng.normal(1.0, 0.03)  # overall coupling
     damaged = (condition.horn == "damaged") + (condition.anvil == "damaged")
-    contaminated = condition.surface == "contaminated"
     noise = rng.standard_normal((4, n), dtype=np.float32)  # float32: twice as fast, plenty for noise
 
     # Carrier phase: resonance shifts with load and horn state, with slow wander.
@@ -218,46 +263,63 @@ def simulate_weld(
     s1, c1 = np.sin(phase), np.cos(phase)
     s2 = 2 * s1 * c1
     s3 = s1 * (3 - 4 * s1 * s1)
+    return _Weld(
+        condition, mat, surf, fs, time_scale, nyq_ok, n, t, u, g_h, w_h, w_a, sheet, kappa, damaged,
+        noise, f0, phase, s1, c1, s2, s3,
+    )  # fmt: skip
 
-    # Power: ramp, plateau, bonding bump, stick-slip, 2 f0 ripple.
-    plateau = mat.power_kw * sheet * surf.power * (0.72 + 0.28 * kappa)
+
+def _power(w: _Weld, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, float]:
+    """Power: ramp, plateau, bonding bump, stick-slip, 2 f0 ripple; with its envelope and slip rate."""
+    mat, surf, u, t, kappa, fric, nyq_ok = w.mat, w.surf, w.u, w.t, w.kappa, w.surf.friction, w.nyq_ok
+    plateau = mat.power_kw * w.sheet * surf.power * (0.72 + 0.28 * kappa)
     ramp = 1 - np.exp(-u / 0.06)
     u_bond = min(0.85, 0.3 / math.sqrt(max(kappa, 0.2)) + 1.5 * surf.onset)
     bump = 0.15 * kappa * np.exp(-(((u - u_bond) / 0.12) ** 2))
     decline = 1 - 0.1 * np.clip(u - u_bond, 0, None)
     envelope = ramp * (1 + bump) * decline
-    slip_amp = 0.10 * w_a + 0.06 * max(0.0, 1 - fric) + 0.02
-    f_ss = mat.slip_hz * rng.normal(1.0, 0.04) / time_scale
+    slip_amp = 0.10 * w.w_a + 0.06 * max(0.0, 1 - fric) + 0.02
+    f_ss = mat.slip_hz * rng.normal(1.0, 0.04) / w.time_scale
     stick_slip = slip_amp * np.sin(2 * np.pi * f_ss * t + rng.uniform(0, 2 * np.pi)) * ramp
     power = plateau * (envelope + stick_slip)
-    power += 0.02 * plateau * ramp * (c1 * c1 - s1 * s1) if 2 * f0 < nyq_ok else 0.0
-    power += 0.01 * plateau * _smooth(noise[0], max(1, int(fs / 2000))) * 8 + 0.004 * plateau * noise[0]
-    if damaged:  # a cracked tool loses contact briefly: power dips
-        for _ in range(int(rng.poisson(3 * damaged))):
+    power += 0.02 * plateau * ramp * (w.c1 * w.c1 - w.s1 * w.s1) if 2 * w.f0 < nyq_ok else 0.0
+    power += 0.01 * plateau * _smooth(w.noise[0], max(1, int(w.fs / 2000))) * 8 + 0.004 * plateau * w.noise[0]
+    if w.damaged:  # a cracked tool loses contact briefly: power dips
+        n = w.n
+        for _ in range(int(rng.poisson(3 * w.damaged))):
             c = rng.uniform(0.15, 0.95)
             win = slice(max(0, int((c - 0.04) * n)), min(n, int((c + 0.04) * n)))
             power[win] *= 1 - 0.25 * np.exp(-(((u[win] - c) / 0.01) ** 2))
+    return power, envelope, f_ss
 
-    # LVDT: indentation after an onset delay, stick-slip ripple, low-bandwidth noise.
-    depth = mat.depth_mm * sheet * (0.55 + 0.45 * (g_h**0.8) * min(fric, 1.05))
+
+def _lvdt(w: _Weld, f_ss: float) -> np.ndarray:
+    """LVDT: indentation after an onset delay, stick-slip ripple, low-bandwidth noise."""
+    mat, surf, kappa, fric = w.mat, w.surf, w.kappa, w.surf.friction
+    depth = mat.depth_mm * w.sheet * (0.55 + 0.45 * (w.g_h**0.8) * min(fric, 1.05))
     onset = 0.04 + 0.10 * (1 - min(kappa, 1.0)) + surf.onset
     tau = mat.tau * (1.2 - 0.2 * kappa)
-    rise = np.clip(u - onset, 0, None)
+    rise = np.clip(w.u - onset, 0, None)
     lvdt = depth * (1 - np.exp(-rise / tau))
-    lvdt += 0.03 * depth * (w_h + 0.3) * np.sin(2 * np.pi * 0.5 * f_ss * t) * (rise > 0)
-    lvdt += 0.004 * depth * _smooth(noise[1], max(1, int(fs / 4000))) * 6
+    lvdt += 0.03 * depth * (w.w_h + 0.3) * np.sin(2 * np.pi * 0.5 * f_ss * w.t) * (rise > 0)
+    lvdt += 0.004 * depth * _smooth(w.noise[1], max(1, int(w.fs / 4000))) * 6
+    return lvdt
 
-    # Acoustic emission: carrier leakage with harmonics, then slip/fracture bursts.
-    nonlin = mat.harmonic + 0.25 * w_h + 0.15 * w_a + 0.3 * damaged
+
+def _acoustic_emission(w: _Weld, envelope: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Acoustic emission: carrier leakage with harmonics, then slip/fracture bursts."""
+    mat, surf, kappa, fric, nyq_ok, fs = w.mat, w.surf, w.kappa, w.surf.friction, w.nyq_ok, w.fs
+    w_h, w_a, f0, damaged, s1, s2, s3 = w.w_h, w.w_a, w.f0, w.damaged, w.s1, w.s2, w.s3
+    nonlin = _nonlinearity(w)
     leak = 0.05 * mat.ae_gain * kappa * envelope
     ae = leak * (s1 + (nonlin * s2 if 2 * f0 < nyq_ok else 0) + (0.5 * nonlin * s3 if 3 * f0 < nyq_ok else 0))
-    ae += 0.004 * noise[2]
+    ae += 0.004 * w.noise[2]
     lo, hi = mat.ae_band
     hi = min(hi, nyq_ok)
     lo = min(lo, 0.6 * hi)
     slip = 2.2 * w_h + 1.4 * w_a + 1.6 * max(0.0, 1 - fric) - 0.5 * max(0.0, fric - 1)
     n_bursts = rng.poisson(mat.bursts * surf.burst_rate * max(0.3, 1 + slip))
-    late = 1.0 + (1.2 if contaminated else 0.0) + 0.8 * (1 - min(kappa, 1.0))
+    late = 1.0 + (1.2 if w.condition.surface == "contaminated" else 0.0) + 0.8 * (1 - min(kappa, 1.0))
     starts = rng.beta(1.2, 3.6 / late, size=n_bursts)
     amps = mat.ae_gain * 0.08 * rng.lognormal(0.0, 0.6, size=n_bursts) * (1 + 0.5 * w_h)
     freqs = surf.burst_freq * rng.uniform(lo, hi, size=n_bursts)
@@ -273,47 +335,44 @@ def simulate_weld(
             fs,
             rng,
         )
+    return ae
 
-    # Microphone: radiated carrier with harmonics (and a subharmonic when cracked), shop noise.
-    h2 = 0.6 * nonlin
+
+def _nonlinearity(w: _Weld) -> float:
+    """Strength of the carrier's harmonics: the contact's nonlinearity, more with wear and cracks."""
+    return w.mat.harmonic + 0.25 * w.w_h + 0.15 * w.w_a + 0.3 * w.damaged
+
+
+def _microphone(w: _Weld, envelope: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Microphone: radiated carrier with harmonics (and a subharmonic when cracked)."""
+    mat, f0, nyq_ok = w.mat, w.f0, w.nyq_ok
+    h2 = 0.6 * _nonlinearity(w)
     mic = (
         mat.mic_gain
         * envelope
-        * (s1 + (h2 * s2 if 2 * f0 < nyq_ok else 0) + (0.4 * h2 * s3 if 3 * f0 < nyq_ok else 0))
+        * (w.s1 + (h2 * w.s2 if 2 * f0 < nyq_ok else 0) + (0.4 * h2 * w.s3 if 3 * f0 < nyq_ok else 0))
     )
-    if condition.horn == "damaged":
-        mic += mat.mic_gain * 0.25 * envelope * np.sin(0.5 * phase + rng.uniform(0, 2 * np.pi))
+    if w.condition.horn == "damaged":
+        mic += mat.mic_gain * 0.25 * envelope * np.sin(0.5 * w.phase + rng.uniform(0, 2 * np.pi))
+    return mic
 
-    # Knurl chatter at the contact resonance (module docstring): where it rings depends on the
-    # material pair and the surface, how loud on the tool's wear.
-    chatter = w_h + 0.5 * w_a + 0.3 * damaged
-    f_c = mat.contact_hz * surf.contact * rng.normal(1.0, 0.03)
-    if chatter > 0 and f_c < nyq_ok:
+
+def _knurl_chatter(
+    w: _Weld, envelope: np.ndarray, f_ss: float, ae: np.ndarray, mic: np.ndarray, rng: np.random.Generator
+) -> None:
+    """Add knurl chatter at the contact resonance (module docstring) to ``ae`` and ``mic`` in place.
+
+    Where it rings depends on the material pair and the surface, how loud on the tool's wear.
+    """
+    mat = w.mat
+    chatter = w.w_h + 0.5 * w.w_a + 0.3 * w.damaged
+    f_c = mat.contact_hz * w.surf.contact * rng.normal(1.0, 0.03)
+    if chatter > 0 and f_c < w.nyq_ok:
         ring = envelope * np.sin(
-            2 * np.pi * f_c * t + 0.3 * np.sin(2 * np.pi * f_ss * t) + rng.uniform(0, 2 * np.pi)
+            2 * np.pi * f_c * w.t + 0.3 * np.sin(2 * np.pi * f_ss * w.t) + rng.uniform(0, 2 * np.pi)
         )
         ae += mat.ae_gain * 0.03 * chatter * ring
         mic += mat.mic_gain * 0.15 * chatter * ring
-    mic += 0.05 * _smooth(noise[3], max(1, int(fs / 1500))) * 10 + 0.01 * noise[3]
-
-    data = np.stack([power, lvdt, ae, mic])
-    return WeldRecording(
-        data=data,
-        channels=WELD_CHANNELS,
-        sample_rate=fs,
-        weld_id=weld_id,
-        started_at=started_at or datetime(2024, 1, 1, tzinfo=UTC),
-        source="sim",
-        meta={
-            "horn": condition.horn,
-            "anvil": condition.anvil,
-            "surface": condition.surface,
-            "material": condition.material,
-            "weld_time": condition.weld_time,
-            "time_scale": time_scale,
-        },
-        min_sample_rate=min(fs, 200_000.0),
-    )
 
 
 def _add_bursts(
@@ -334,209 +393,3 @@ def _add_bursts(
             continue
         k = np.arange(m) / fs
         x[i0 : i0 + m] += a * np.exp(-k / d) * np.sin(2 * np.pi * f * k + rng.uniform(0, 2 * np.pi))
-
-
-@dataclass(frozen=True)
-class DomainGroupData:
-    """A simulated FTL-TP domain group, as features.
-
-    Attributes
-    ----------
-    group
-        ``"M"``, ``"S"`` or ``"T"``.
-    X
-        Features, shape ``(n, schema.n_features)``.
-    y
-        The group's task labels (tool class for M and S, surface for T), ints into ``classes``.
-    domain
-        Domain index per weld, into ``domains``.
-    tool, surface
-        Tool class (into ``tool_classes``) and surface (into :data:`SURFACES`) per weld.
-    """
-
-    group: str
-    X: np.ndarray
-    y: np.ndarray
-    domain: np.ndarray
-    tool: np.ndarray
-    surface: np.ndarray
-    classes: tuple[str, ...]
-    domains: tuple[str, ...]
-    tool_classes: tuple[str, ...]
-    schema: FeatureSchema
-    conditions: tuple[WeldCondition, ...] = field(repr=False, default=())
-
-    @property
-    def schema_hash(self) -> str:
-        """Hash of the feature schema the rows were extracted with."""
-        return self.schema.schema_hash()
-
-
-def group_conditions(
-    group: str, n_per_domain: int | None = None
-) -> list[tuple[WeldCondition, int, int, int]]:
-    """``(condition, domain, tool_class, surface)`` for every weld of a domain group, in order."""
-    group = group.upper()
-    if group == "M":
-        n = 200 if n_per_domain is None else n_per_domain
-        rows = []
-        for d, (material, weld_time) in enumerate(GROUP_M_DOMAINS):
-            for i in range(n):
-                k = i % len(GROUP_M_CLASSES)
-                horn, anvil = GROUP_M_CLASSES[k][1]
-                rows.append((WeldCondition(horn, anvil, "clean", material, weld_time), d, k, 0))
-        return rows
-    if group in ("S", "T"):
-        n = 90 if n_per_domain is None else n_per_domain
-        rows = []
-        for d, surface in enumerate(GROUP_S_DOMAINS):
-            for i in range(n):
-                k = i % len(GROUP_S_CLASSES)
-                horn, anvil = GROUP_S_CLASSES[k][1]
-                rows.append((WeldCondition(horn, anvil, surface, GROUP_S_MATERIAL, GROUP_S_TIME), d, k, d))
-        return rows
-    raise ValueError(f"unknown domain group {group!r}; use 'M', 'S' or 'T' (FTL-TP Table 1)")
-
-
-def simulate_group_recordings(
-    group: str,
-    n_per_domain: int | None = None,
-    *,
-    seed: int = 0,
-    sample_rate: float = 200_000.0,
-    time_scale: float = 1.0,
-) -> Iterator[tuple[WeldRecording, WeldCondition, int, int, int]]:
-    """Yield ``(recording, condition, domain, tool_class, surface)`` for a domain group.
-
-    Weld ``i`` draws from ``SeedSequence(seed).spawn(...)[i]``, so S and T with the same
-    seed are the same welds, and the welds do not depend on how many are consumed.
-    """
-    rows = group_conditions("S" if group.upper() == "T" else group, n_per_domain)
-    seeds = np.random.SeedSequence(seed).spawn(len(rows))
-    start = datetime(2024, 1, 1, 6, 0, tzinfo=UTC)
-    for i, ((cond, d, k, s), ss) in enumerate(zip(rows, seeds, strict=True)):
-        rec = simulate_weld(
-            cond,
-            np.random.default_rng(ss),
-            sample_rate=sample_rate,
-            time_scale=time_scale,
-            weld_id=f"sim-{group.upper()}-{i:05d}",
-            started_at=start + timedelta(seconds=20 * i),
-        )
-        yield rec, cond, d, k, s
-
-
-def simulate_domain_group(
-    group: str,
-    n_per_domain: int | None = None,
-    *,
-    seed: int = 0,
-    sample_rate: float = 200_000.0,
-    time_scale: float = 1.0,
-    schema: FeatureSchema | None = None,
-) -> DomainGroupData:
-    """Features and labels of a whole FTL-TP domain group.
-
-    Parameters
-    ----------
-    group
-        ``"M"`` (4 material domains, 200 welds each by default, tool classes TC1-TC4),
-        ``"S"`` (3 surface domains, 90 each, tool classes New/Worn/DMGD) or ``"T"``
-        (the S welds, classes = surface, domains = tool condition).
-    n_per_domain
-        Welds per domain (classes are balanced round-robin within a domain).
-    seed
-        Seeds every weld (see :func:`simulate_group_recordings`).
-    sample_rate, time_scale
-        Lower either for speed (see the module docstring).
-    schema
-        Feature recipe; default: :data:`DEFAULT_SCHEMA` at ``sample_rate``.
-
-    Returns
-    -------
-    DomainGroupData
-    """
-    group = group.upper()
-    schema = schema or DEFAULT_SCHEMA.replace(sample_rate=float(sample_rate))
-    rows: list[np.ndarray] = []
-    meta: list[tuple[WeldCondition, int, int, int]] = []
-    pending: list[WeldRecording] = []
-
-    def flush() -> None:
-        if pending:
-            stack = np.stack([r.select(schema.channels) for r in pending])
-            rows.append(extract_batch(stack, schema, sample_rate=sample_rate))
-            pending.clear()
-
-    for rec, cond, d, k, s in simulate_group_recordings(
-        group, n_per_domain, seed=seed, sample_rate=sample_rate, time_scale=time_scale
-    ):
-        if pending and pending[0].n_samples != rec.n_samples:
-            flush()
-        pending.append(rec)
-        meta.append((cond, d, k, s))
-        if len(pending) >= 8:
-            flush()
-    flush()
-    X = np.concatenate(rows) if rows else np.empty((0, schema.n_features))
-    domain = np.array([m[1] for m in meta], dtype=np.int64)
-    tool = np.array([m[2] for m in meta], dtype=np.int64)
-    surface = np.array([m[3] for m in meta], dtype=np.int64)
-    tool_classes = tuple(name for name, _ in (GROUP_M_CLASSES if group == "M" else GROUP_S_CLASSES))
-    if group == "M":
-        return DomainGroupData(
-            "M",
-            X,
-            tool,
-            domain,
-            tool,
-            surface,
-            tool_classes,
-            tuple(m for m, _ in GROUP_M_DOMAINS),
-            tool_classes,
-            schema,
-            tuple(m[0] for m in meta),
-        )
-    if group == "S":
-        return DomainGroupData(
-            "S",
-            X,
-            tool,
-            domain,
-            tool,
-            surface,
-            tool_classes,
-            GROUP_S_DOMAINS,
-            tool_classes,
-            schema,
-            tuple(m[0] for m in meta),
-        )
-    return DomainGroupData(
-        "T",
-        X,
-        surface,
-        tool,
-        tool,
-        surface,
-        SURFACES,
-        tool_classes,
-        tool_classes,
-        schema,
-        tuple(m[0] for m in meta),
-    )
-
-
-def nearest_class_mean_accuracy(
-    X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray, y_test: np.ndarray
-) -> float:
-    """Accuracy of a nearest-class-mean classifier on features standardised by the training set.
-
-    A deliberately simple probe (NumPy only) for separability and domain shift.
-    """
-    mu, sd = X_train.mean(axis=0), X_train.std(axis=0)
-    sd = np.where(sd > 1e-12, sd, 1.0)
-    Z_train, Z_test = (X_train - mu) / sd, (X_test - mu) / sd
-    labels = np.unique(y_train)
-    means = np.stack([Z_train[y_train == c].mean(axis=0) for c in labels])
-    dist = ((Z_test[:, None, :] - means[None, :, :]) ** 2).sum(axis=-1)
-    return float((labels[np.argmin(dist, axis=1)] == y_test).mean())

@@ -28,11 +28,9 @@ import io
 import json
 import logging
 import os
-import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from tokenize import TokenError
 from typing import Any
 
 import numpy as np
@@ -41,7 +39,6 @@ from sensors.files import (
     DEFAULT_MAX_FILE_BYTES,
     SIDECAR_MAX_BYTES,
     FileRefusedError,
-    check_size,
     printable,
     read_capped,
 )
@@ -52,16 +49,13 @@ from sensors.welding.recording import (
     WeldRecording,
     parse_timestamp,
 )
+from sensors.welding.tables import read_csv, read_npy
 from sensors.welding.wavfile import IncompleteWeldFileError, read_wav, write_wav
 
 log = logging.getLogger(__name__)
 
 WELD_SUFFIXES = (".wav", ".npy", ".csv")
-MAX_FILE_SETTING = "max_file_bytes"  # named in a refusal: the setting that raises the cap
-TIME_COLUMNS = ("time", "time_s", "t")
 _SIDECAR_KEYS = ("weld_id", "started_at", "channels", "sample_rate", "scale")
-_COMMENT_KV = re.compile(r"^#\s*([A-Za-z_]+)\s*[:=]\s*(.+?)\s*$")
-_AT_ROW = re.compile(r"at row (\d+), column (\d+)")
 
 
 def sidecar_path(path: str | Path) -> Path:
@@ -141,41 +135,14 @@ def read_weld_file(
 def _read_weld_file(
     path: Path, default_channels: Sequence[str], min_sample_rate: float, max_bytes: int
 ) -> WeldRecording:
-    suffix = path.suffix.lower()
-    side = read_sidecar(path)
-    if suffix == ".wav":
-        data, info = read_wav(path, max_bytes=max_bytes)
-        rate: float = float(info.sample_rate)
-        if "sample_rate" in side and not np.isclose(float(side["sample_rate"]), rate):
-            raise WeldDataError(f"{path}: sidecar sample_rate disagrees with the WAV header {rate:g}")
-        channels = side.get("channels") or _default_channels(default_channels, data.shape[0], path)
-        meta: dict[str, Any] = {"format": f"wav/{info.sample_format}"}
-    elif suffix == ".npy":
-        data, channels, rate = _read_npy(path, side, max_bytes)
-        meta = {"format": "npy"}
-    elif suffix == ".csv":
-        data, channels, rate, comments = _read_csv(path, side, max_bytes)
-        side = {**comments, **side}
-        meta = {"format": "csv"}
-    else:
-        raise WeldDataError(f"{path}: unsupported weld file type {suffix!r}; use one of {WELD_SUFFIXES}")
+    data, channels, rate, side, meta = _read_table(path, read_sidecar(path), default_channels, max_bytes)
     channels = _channel_list(channels, path)
     data = _apply_scale(data, channels, side.get("scale"), path)
     meta.update({k: v for k, v in side.items() if k not in _SIDECAR_KEYS})
     if "weld_id" not in side:
         meta["weld_id_source"] = "file name"
     duration = data.shape[-1] / rate if rate > 0 else 0.0
-    if "started_at" in side:
-        try:
-            started = parse_timestamp(side["started_at"])
-        except WeldDataError:  # its message quotes the value
-            raise WeldDataError(
-                f"{path}: sidecar started_at is not an ISO 8601 time such as 2024-05-01T08:30:00Z"
-            ) from None
-    else:
-        mtime = datetime.fromtimestamp(path.stat().st_mtime, UTC)
-        started = mtime - timedelta(seconds=duration)
-        meta["started_at_source"] = "file mtime minus duration"
+    started = _started_at(path, side, duration, meta)
     try:
         return WeldRecording(
             data=data,
@@ -189,6 +156,45 @@ def _read_weld_file(
         )
     except WeldDataError as exc:
         raise WeldDataError(f"{path}: {exc}") from exc
+
+
+def _read_table(
+    path: Path, side: dict[str, Any], default_channels: Sequence[str], max_bytes: int
+) -> tuple[np.ndarray, object, float, dict[str, Any], dict[str, Any]]:
+    """The file's data, channel names and rate by its format; the sidecar (a CSV's comments
+    beneath it) and the format as the start of ``meta``."""
+    suffix = path.suffix.lower()
+    if suffix == ".wav":
+        data, info = read_wav(path, max_bytes=max_bytes)
+        rate: float = float(info.sample_rate)
+        if "sample_rate" in side and not np.isclose(float(side["sample_rate"]), rate):
+            raise WeldDataError(f"{path}: sidecar sample_rate disagrees with the WAV header {rate:g}")
+        channels = side.get("channels") or _default_channels(default_channels, data.shape[0], path)
+        return data, channels, rate, side, {"format": f"wav/{info.sample_format}"}
+    if suffix == ".npy":
+        if "channels" not in side or "sample_rate" not in side:
+            missing = [k for k in ("channels", "sample_rate") if k not in side]
+            raise WeldDataError(f"{path}: NPY welds need a sidecar {sidecar_path(path).name} with {missing}")
+        data, channels, rate = read_npy(path, side, max_bytes)
+        return data, channels, rate, side, {"format": "npy"}
+    if suffix == ".csv":
+        data, channels, rate, comments = read_csv(path, side, max_bytes)
+        return data, channels, rate, {**comments, **side}, {"format": "csv"}
+    raise WeldDataError(f"{path}: unsupported weld file type {suffix!r}; use one of {WELD_SUFFIXES}")
+
+
+def _started_at(path: Path, side: Mapping[str, Any], duration: float, meta: dict[str, Any]) -> datetime:
+    """The sidecar's start time, else the file's mtime minus the duration (noted in ``meta``)."""
+    if "started_at" in side:
+        try:
+            return parse_timestamp(side["started_at"])
+        except WeldDataError:  # its message quotes the value
+            raise WeldDataError(
+                f"{path}: sidecar started_at is not an ISO 8601 time such as 2024-05-01T08:30:00Z"
+            ) from None
+    mtime = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+    meta["started_at_source"] = "file mtime minus duration"
+    return mtime - timedelta(seconds=duration)
 
 
 def _default_channels(default: Sequence[str], n: int, path: Path) -> list[str]:
@@ -224,113 +230,6 @@ def _apply_scale(data: np.ndarray, channels: list[str], scale: object, path: Pat
     if not all(np.isfinite(f) and f != 0 for f in factors):
         raise WeldDataError(f"{path}: scale factors must be finite and non-zero")
     return data * np.asarray(factors)[:, None]
-
-
-def _read_npy(path: Path, side: Mapping[str, Any], max_bytes: int) -> tuple[np.ndarray, list[str], float]:
-    if "channels" not in side or "sample_rate" not in side:
-        missing = [k for k in ("channels", "sample_rate") if k not in side]
-        raise WeldDataError(f"{path}: NPY welds need a sidecar {sidecar_path(path).name} with {missing}")
-    raw = read_capped(path, max_bytes, setting=MAX_FILE_SETTING)
-    with io.BytesIO(raw) as fh:
-        try:
-            version = np.lib.format.read_magic(fh)
-            if version == (1, 0):
-                shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
-            elif version == (2, 0):
-                shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
-            else:
-                raise WeldDataError(
-                    f"{path}: NPY format version {version} is not supported; save with np.save"
-                )
-        except WeldDataError:
-            raise
-        except (ValueError, SyntaxError, TokenError) as exc:  # numpy parses the header with tokenize
-            if len(raw) < 128:
-                raise IncompleteWeldFileError(f"{path}: NPY header incomplete") from exc
-            raise WeldDataError(f"{path}: not a NumPy .npy file") from None  # numpy's text quotes it
-        header_end = fh.tell()
-    if dtype.hasobject or dtype.kind not in "biuf":  # complex, strings, dates: not samples
-        raise WeldDataError(f"{path}: {dtype} arrays are not weld data")
-    declared = int(np.prod(shape, dtype=object)) * dtype.itemsize  # Python ints: no overflow
-    check_size(path, declared, max_bytes, what="its header declares", setting=MAX_FILE_SETTING)
-    expected = header_end + declared
-    size = len(raw)
-    if size < expected:
-        raise IncompleteWeldFileError(f"{path}: {size} of {expected} bytes present")
-    if size > expected:
-        raise WeldDataError(f"{path}: {size - expected} trailing bytes after the array")
-    arr = np.load(io.BytesIO(raw), allow_pickle=False)
-    channels = list(side["channels"])
-    if arr.ndim != 2:
-        raise WeldDataError(f"{path}: array must be 2-D (channels x samples); got shape {arr.shape}")
-    n = len(channels)
-    if arr.shape[0] == n and arr.shape[1] != n:
-        data = arr
-    elif arr.shape[1] == n and arr.shape[0] != n:
-        data = arr.T
-    else:
-        raise WeldDataError(
-            f"{path}: array shape {arr.shape} does not match {n} channel names {channels} unambiguously"
-        )
-    return np.asarray(data, dtype=np.float64), channels, float(side["sample_rate"])
-
-
-def _read_csv(
-    path: Path, side: Mapping[str, Any], max_bytes: int
-) -> tuple[np.ndarray, list[str], float, dict[str, Any]]:
-    try:
-        text = read_capped(path, max_bytes, setting=MAX_FILE_SETTING).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise WeldDataError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    if text and not text.endswith("\n"):
-        raise IncompleteWeldFileError(f"{path}: last line has no newline (still being written?)")
-    comments: dict[str, Any] = {}
-    header: list[str] | None = None
-    body_start = 0
-    for i, line in enumerate(text.splitlines(keepends=True)):
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            m = _COMMENT_KV.match(stripped)
-            if m:
-                comments[m.group(1).lower()] = m.group(2)
-            body_start += len(line)
-            continue
-        if not stripped:
-            body_start += len(line)
-            continue
-        header = [h.strip().strip('"').lower() for h in stripped.split(",")]
-        body_start += len(line)
-        log.debug("%s: header on line %d", path, i + 1)
-        break
-    if header is None:
-        raise WeldDataError(f"{path}: no header row of channel names")
-    try:
-        table = np.loadtxt(io.StringIO(text[body_start:]), delimiter=",", ndmin=2, dtype=np.float64)
-    except ValueError as exc:  # numpy's text quotes the value; only where it is is passed on
-        where = _AT_ROW.search(str(exc))
-        at = f" at data row {int(where[1]) + 1}, column {int(where[2]) + 1}" if where else ""
-        raise WeldDataError(f"{path}: unreadable CSV body (not a number{at})") from None
-    if table.shape[1] != len(header):
-        raise WeldDataError(f"{path}: {table.shape[1]} columns of data but header has {len(header)}")
-    time_idx = [i for i, h in enumerate(header) if h in TIME_COLUMNS]
-    rate_text = side.get("sample_rate", comments.get("sample_rate"))
-    if rate_text is not None:
-        try:
-            rate = float(rate_text)
-        except ValueError:
-            raise WeldDataError(f"{path}: sample_rate is not a number") from None
-    elif time_idx and table.shape[0] > 2:
-        step = float(np.median(np.diff(table[:, time_idx[0]])))
-        if not step > 0:
-            raise WeldDataError(f"{path}: time column does not increase; cannot derive the sample rate")
-        rate = round(1.0 / step, 3)
-    else:
-        raise WeldDataError(
-            f"{path}: no sample rate; add a '# sample_rate: 200000' line, a sidecar, or a time column"
-        )
-    keep = [i for i in range(len(header)) if i not in time_idx]
-    channels = [header[i] for i in keep]
-    return np.ascontiguousarray(table[:, keep].T), channels, rate, comments
 
 
 def write_weld_file(

@@ -82,37 +82,8 @@ class WeldRecording:
     min_sample_rate: float = field(default=MIN_SAMPLE_RATE, repr=False)
 
     def __post_init__(self) -> None:
-        channels = tuple(self.channels)
-        # Names are counted by position, not quoted: they may come from any file's first line.
-        bad = [i for i, c in enumerate(channels) if not isinstance(c, str) or not _CHANNEL_NAME.match(c)]
-        if bad:
-            raise WeldDataError(
-                f"invalid channel name(s) at position(s) {bad}: use lowercase letters, digits and '_' "
-                f"(the standard names are {', '.join(WELD_CHANNELS)})"
-            )
-        if len(set(channels)) != len(channels):
-            raise WeldDataError(f"duplicate channel names among the {len(channels)}")
-        data = np.asarray(self.data)
-        if data.ndim != 2:
-            raise WeldDataError(f"weld data must be 2-D (n_channels, n_samples); got shape {data.shape}")
-        if data.shape[0] != len(channels):
-            raise WeldDataError(
-                f"weld data has {data.shape[0]} channel row(s) but {len(channels)} channel "
-                "name(s); data must be shaped (n_channels, n_samples)"
-            )
-        if data.shape[1] < 2:
-            raise WeldDataError(f"weld has {data.shape[1]} sample(s) per channel; need at least 2")
-        if not (np.issubdtype(data.dtype, np.floating) or np.issubdtype(data.dtype, np.integer)):
-            raise WeldDataError(f"weld data must be numeric; got dtype {data.dtype}")
-        data = np.array(data, dtype=np.float64, order="C", copy=True)
-        finite = np.isfinite(data)
-        if not finite.all():
-            rows = [channels[i] for i in np.flatnonzero(~finite.all(axis=1))]
-            first = int(np.argmin(finite.all(axis=0)))
-            raise WeldDataError(
-                f"weld data has {int((~finite).sum())} non-finite value(s) (NaN/inf) in "
-                f"channel(s) {rows}, first at sample {first}"
-            )
+        channels = _checked_channels(self.channels)
+        data = _checked_data(self.data, channels)
         data.setflags(write=False)
         rate = _positive_float(self.sample_rate, "sample_rate")
         min_rate = _positive_float(self.min_sample_rate, "min_sample_rate")
@@ -239,3 +210,44 @@ def parse_timestamp(value: object, *, what: str = "timestamp", assume_tz: tzinfo
     if stamp.tzinfo is None:
         stamp = stamp.replace(tzinfo=assume_tz)
     return stamp.astimezone(UTC)
+
+
+def _checked_channels(names: Sequence[str]) -> tuple[str, ...]:
+    """The channel names as a tuple; refuses invalid or repeated names (counted, never quoted)."""
+    channels = tuple(names)
+    # Names are counted by position, not quoted: they may come from any file's first line.
+    bad = [i for i, c in enumerate(channels) if not isinstance(c, str) or not _CHANNEL_NAME.match(c)]
+    if bad:
+        raise WeldDataError(
+            f"invalid channel name(s) at position(s) {bad}: use lowercase letters, digits and '_' "
+            f"(the standard names are {', '.join(WELD_CHANNELS)})"
+        )
+    if len(set(channels)) != len(channels):
+        raise WeldDataError(f"duplicate channel names among the {len(channels)}")
+    return channels
+
+
+def _checked_data(raw: Any, channels: tuple[str, ...]) -> np.ndarray:
+    """A float64 C-ordered copy of ``raw``, one finite row of at least 2 samples per channel."""
+    data = np.asarray(raw)
+    if data.ndim != 2:
+        raise WeldDataError(f"weld data must be 2-D (n_channels, n_samples); got shape {data.shape}")
+    if data.shape[0] != len(channels):
+        raise WeldDataError(
+            f"weld data has {data.shape[0]} channel row(s) but {len(channels)} channel "
+            "name(s); data must be shaped (n_channels, n_samples)"
+        )
+    if data.shape[1] < 2:
+        raise WeldDataError(f"weld has {data.shape[1]} sample(s) per channel; need at least 2")
+    if not (np.issubdtype(data.dtype, np.floating) or np.issubdtype(data.dtype, np.integer)):
+        raise WeldDataError(f"weld data must be numeric; got dtype {data.dtype}")
+    data = np.array(data, dtype=np.float64, order="C", copy=True)
+    finite = np.isfinite(data)
+    if not finite.all():
+        rows = [channels[i] for i in np.flatnonzero(~finite.all(axis=1))]
+        first = int(np.argmin(finite.all(axis=0)))
+        raise WeldDataError(
+            f"weld data has {int((~finite).sum())} non-finite value(s) (NaN/inf) in "
+            f"channel(s) {rows}, first at sample {first}"
+        )
+    return data

@@ -214,22 +214,7 @@ def write_wav(
     if not np.isfinite(x).all():
         raise ValueError("samples contain NaN or inf")
     frames = np.ascontiguousarray(x.T)
-    if sample_format.startswith("float"):
-        tag, bits = WAVE_FORMAT_IEEE_FLOAT, int(sample_format[5:])
-        payload = frames.astype("<f4" if bits == 32 else "<f8").tobytes()
-    else:
-        tag, bits = WAVE_FORMAT_PCM, int(sample_format[3:])
-        if np.abs(x).max() > 1.0:
-            raise ValueError(
-                f"{sample_format} WAV needs full-scale samples in [-1, 1]; got max |x| = "
-                f"{np.abs(x).max():.4g} (scale the data, or use a float format)"
-            )
-        full = 1 << (bits - 1)  # same scale as reading, so a round trip is within half an LSB
-        ints = np.clip(np.round(frames * full), -full, full - 1).astype(np.int64)
-        if bits == 24:
-            payload = ints.astype("<i4").view(np.uint8).reshape(-1, 4)[:, :3].tobytes()
-        else:
-            payload = ints.astype("<i2" if bits == 16 else "<i4").tobytes()
+    tag, bits, payload = _encode(frames, sample_format, x)
     n_ch = x.shape[0]
     if tag == WAVE_FORMAT_PCM and not extensible:
         with wave.open(str(path), "wb") as w:
@@ -238,29 +223,42 @@ def write_wav(
             w.setframerate(int(sample_rate))
             w.writeframes(payload)
         return
-    align = n_ch * bits // 8
-    if extensible:
-        mask = (1 << n_ch) - 1 if n_ch <= 18 else 0
-        guid = struct.pack("<H", tag) + _GUID_TAIL
-        fmt = (
-            struct.pack(
-                "<HHIIHHHHI",
-                WAVE_FORMAT_EXTENSIBLE,
-                n_ch,
-                int(sample_rate),
-                int(sample_rate) * align,
-                align,
-                bits,
-                22,
-                bits,
-                mask,
-            )
-            + guid
-        )
-    else:
-        fmt = struct.pack("<HHIIHHH", tag, n_ch, int(sample_rate), int(sample_rate) * align, align, bits, 0)
+    fmt = _fmt_chunk(tag, n_ch, int(sample_rate), bits, extensible)
     body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt
     if tag != WAVE_FORMAT_PCM:  # the spec requires a fact chunk for non-PCM data
         body += b"fact" + struct.pack("<II", 4, frames.shape[0])
     body += b"data" + struct.pack("<I", len(payload)) + payload + (b"\x00" if len(payload) & 1 else b"")
     Path(path).write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+
+
+def _encode(frames: np.ndarray, sample_format: str, x: np.ndarray) -> tuple[int, int, bytes]:
+    """``(format tag, bits per sample, sample bytes)`` of ``frames`` (n_frames, n_channels)."""
+    if sample_format.startswith("float"):
+        bits = int(sample_format[5:])
+        return WAVE_FORMAT_IEEE_FLOAT, bits, frames.astype("<f4" if bits == 32 else "<f8").tobytes()
+    bits = int(sample_format[3:])
+    if np.abs(x).max() > 1.0:
+        raise ValueError(
+            f"{sample_format} WAV needs full-scale samples in [-1, 1]; got max |x| = "
+            f"{np.abs(x).max():.4g} (scale the data, or use a float format)"
+        )
+    full = 1 << (bits - 1)  # same scale as reading, so a round trip is within half an LSB
+    ints = np.clip(np.round(frames * full), -full, full - 1).astype(np.int64)
+    if bits == 24:
+        return WAVE_FORMAT_PCM, bits, ints.astype("<i4").view(np.uint8).reshape(-1, 4)[:, :3].tobytes()
+    return WAVE_FORMAT_PCM, bits, ints.astype("<i2" if bits == 16 else "<i4").tobytes()
+
+
+def _fmt_chunk(tag: int, n_ch: int, rate: int, bits: int, extensible: bool) -> bytes:
+    """The ``fmt `` chunk's body: plain (with an empty extension) or ``WAVE_FORMAT_EXTENSIBLE``."""
+    align = n_ch * bits // 8
+    if not extensible:
+        return struct.pack("<HHIIHHH", tag, n_ch, rate, rate * align, align, bits, 0)
+    mask = (1 << n_ch) - 1 if n_ch <= 18 else 0
+    guid = struct.pack("<H", tag) + _GUID_TAIL
+    return (
+        struct.pack(
+            "<HHIIHHHHI", WAVE_FORMAT_EXTENSIBLE, n_ch, rate, rate * align, align, bits, 22, bits, mask
+        )
+        + guid
+    )

@@ -18,6 +18,7 @@ import pytest
 from sensors.context.recorder import LayerRecorder
 from sensors.context.timeline import TimelineContext
 from sensors.sim import printer as sim
+from sensors.sim.printer_fit import fit_relation
 
 DATA = Path(
     os.environ.get("IOFT_PRINTER_DATA", Path(__file__).resolve().parents[3] / "shared" / "data" / "printers")
@@ -53,7 +54,7 @@ def run_means(profile, rng, repeats=1):
 
 @needs_data
 def test_stored_coefficients_are_what_the_fit_gives(real):
-    fit = sim.fit_relation(DATA)
+    fit = fit_relation(DATA)
     assert (fit["curve_c"], fit["curve_w"], fit["layer_rel"], fit["speed_rel"]) == (
         sim.CURVE_C,
         sim.CURVE_W,

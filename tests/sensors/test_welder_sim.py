@@ -6,13 +6,8 @@ import numpy as np
 import pytest
 
 from sensors.features import DEFAULT_SCHEMA, FeatureSchema
-from sensors.sim.welder import (
-    SURFACES,
-    WeldCondition,
-    nearest_class_mean_accuracy,
-    simulate_domain_group,
-    simulate_weld,
-)
+from sensors.sim.weld_groups import nearest_class_mean_accuracy, simulate_domain_group
+from sensors.sim.welder import SURFACES, WeldCondition, simulate_weld
 
 #: Short welds (time_scale 0.1 -> 50-100 ms) need a shallower decomposition: 10 bands.
 FAST = {"time_scale": 0.1, "schema": FeatureSchema(level=9)}

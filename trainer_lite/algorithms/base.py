@@ -10,42 +10,27 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
-from trainer_lite import losses
-from trainer_lite.data import Dataset, minibatches
+from trainer_lite.algorithms.training import (  # noqa: F401 -- algorithms and studies import them from base
+    GradHook,
+    LossFn,
+    TrainConfig,
+    get_loss,
+    loss_and_grads,
+    register_loss,
+    run_local_steps,
+    score,
+)
+from trainer_lite.data import Dataset
 from trainer_lite.layers import Sequential
 from trainer_lite.models import build_model
-from trainer_lite.optim import SGD, Adam, Optimizer
 from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec
-
-LossFn = Callable[[np.ndarray, np.ndarray], tuple[float, np.ndarray]]
-#: ``grad_hook(params, grads)``: adds regularisation gradients to ``grads`` in place.
-GradHook = Callable[[Params, Params], None]
-# Every built-in loss also takes keyword-only ``sample_weights`` (see trainer_lite.losses).
-_LOSSES: dict[str, LossFn] = {
-    "mse": losses.mse,
-    "cross_entropy": losses.cross_entropy,
-    "bce": losses.bce_with_logits,
-}
-
-
-def get_loss(name: str) -> LossFn:
-    """The loss registered under ``name``; the error lists the valid names."""
-    try:
-        return _LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown loss {name!r}; choose one of {sorted(_LOSSES)}") from None
-
-
-def register_loss(name: str, fn: LossFn) -> None:
-    """Add (or replace) ``fn(pred, target) -> (value, d value / d pred)`` under ``name``."""
-    _LOSSES[name] = fn
 
 
 @dataclass(frozen=True)
@@ -58,44 +43,6 @@ class ClientResult:
     shared: Params
     n_samples: int
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Local optimisation settings shared by most algorithms.
-
-    The learning rate of round ``r`` (1-based) is ``lr * lr_decay ** (r // lr_decay_every)``
-    (the PFL-DA authors' schedule: × 0.99 every 5 rounds).  ``r`` is the *device's own*
-    round, the rounds it has taken part in (:func:`trainer_lite.client.participate`), so a
-    device that joins a trained fleet starts at ``lr`` as a fresh fleet does; for a
-    device that took part in every round it equals the fleet's round.
-    """
-
-    optimizer: str = "adam"
-    lr: float = 3e-3
-    weight_decay: float = 0.0
-    momentum: float = 0.0
-    local_steps: int = 10
-    batch_size: int | None = None
-    lr_decay: float = 1.0
-    lr_decay_every: int = 1
-    loss: str = "mse"
-
-    def __post_init__(self) -> None:
-        if self.optimizer not in ("adam", "sgd"):
-            raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
-        if self.local_steps < 1 or self.lr_decay_every < 1:
-            raise ValueError("local_steps and lr_decay_every must be >= 1")
-        get_loss(self.loss)
-
-    def lr_at(self, round_: int) -> float:
-        return self.lr * self.lr_decay ** (round_ // self.lr_decay_every)
-
-    def make_optimizer(self, round_: int) -> Optimizer:
-        lr = self.lr_at(round_)
-        if self.optimizer == "adam":
-            return Adam(lr=lr, weight_decay=self.weight_decay)
-        return SGD(lr=lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
 
 #: Task hyperparameters that the device daemon reads, not the algorithm: ``"features":
@@ -134,54 +81,6 @@ def build_config(cls: type, hparams: Mapping[str, Any]) -> Any:
             f"unknown hyperparameters {sorted(unknown)} for {cls.__name__}; valid: {sorted(valid)}"
         )
     return cls(**hparams)
-
-
-def loss_and_grads(model: Sequential, params: Params, data: Dataset, loss: LossFn) -> tuple[float, Params]:
-    """Loss of ``model`` on ``data`` and its gradient for every parameter."""
-    pred, cache = model.forward(params, data.x)
-    value, dpred = loss(pred, data.y)
-    # param_grads skips the input gradient nobody uses (the widest GEMM of an MLP).
-    return value, model.param_grads(params, cache, dpred)
-
-
-def run_local_steps(
-    model: Sequential,
-    params: Params,
-    trainable: Iterable[str],
-    data: Dataset,
-    loss: LossFn,
-    optimizer: Optimizer,
-    steps: int,
-    batch_size: int | None,
-    rng: np.random.Generator,
-    grad_hook: GradHook | None = None,
-) -> float:
-    """``steps`` optimizer steps on ``trainable`` names of ``params`` (updated in place).
-
-    Minibatches cycle through seeded epochs; ``grad_hook(params, grads)`` may add
-    regularisation gradients in place before each step.  Algorithms call
-    :meth:`ClientAlgorithm.local_steps`, which fills these arguments from the
-    algorithm's model, loss and config.
-
-    Returns
-    -------
-    float
-        The mean minibatch loss over the steps.
-    """
-    names = list(trainable)
-    total, done = 0.0, 0
-    while done < steps:
-        for batch in minibatches(data, batch_size, rng):
-            value, grads = loss_and_grads(model, params, batch, loss)
-            grads = {n: grads[n] for n in names}
-            if grad_hook is not None:
-                grad_hook(params, grads)
-            optimizer.step(params, grads)
-            total += value
-            done += 1
-            if done == steps:
-                break
-    return total / steps
 
 
 class ClientAlgorithm(ABC):
@@ -318,12 +217,7 @@ class ClientAlgorithm(ABC):
 
     def evaluate(self, shared: Params, local: Params, data: Dataset) -> dict[str, float]:
         """Loss of the personalized model on ``data``, and accuracy for class targets."""
-        pred = self.predict(shared, local, data.x)
-        value, _ = self.loss(pred, data.y)
-        out = {"loss": value}
-        if data.y.ndim == 1 and data.y.dtype.kind in "iu" and pred.ndim == 2 and pred.shape[1] > 1:
-            out["accuracy"] = float(np.mean(np.argmax(pred, axis=1) == data.y))
-        return out
+        return score(self.loss, self.predict(shared, local, data.x), data.y)
 
     # -- optional multi-phase rounds (FedDAR) -----------------------------
     def phases(self) -> tuple[str, ...]:
@@ -343,7 +237,7 @@ class ClientAlgorithm(ABC):
         model: Sequential | None = None,
         grad_hook: GradHook | None = None,
     ) -> float:
-        """Train ``params`` in place with this algorithm's loss and optimizer settings.
+        """Train ``params`` in place with the algorithm's loss and optimizer; the mean minibatch loss.
 
         For algorithms whose config is a :class:`TrainConfig`: a fresh optimizer from
         ``self.config`` for ``round_``, minibatches of ``self.config.batch_size``
@@ -353,28 +247,18 @@ class ClientAlgorithm(ABC):
         ----------
         params
             The parameters to train; updated in place.
-        data
-            The rows to train on.
-        rng
-            The round's generator (draws the minibatches).
+        data, rng
+            The rows to train on, and the round's generator (it draws the minibatches).
         round_
             The device's own round, for the learning-rate schedule (see :meth:`update`).
-        trainable
-            Names of ``params`` to step; ``None``: all of them.
-        steps
-            Optimizer steps; ``None``: ``self.config.local_steps``.
+        trainable, steps, model
+            Names of ``params`` to step, optimizer steps and the model to differentiate;
+            ``None``: all of ``params``, ``self.config.local_steps`` and ``self.model``.
         lr
             A learning rate in place of ``self.config.lr`` (same schedule), e.g. a
             head's or a fine-tune's own rate; ``None``: the config's.
-        model
-            The model to differentiate; ``None``: ``self.model``.
         grad_hook
             ``grad_hook(params, grads)`` adds regularisation gradients in place.
-
-        Returns
-        -------
-        float
-            The mean minibatch loss over the steps.
         """
         cfg = self.config
         opt_cfg = cfg if lr is None else dataclasses.replace(cfg, lr=lr)

@@ -89,6 +89,19 @@ class TransferResult(NamedTuple):
     target: Params
 
 
+def _shared_base(source_model: Sequential, target_model: Sequential, base_layers: int) -> list[str]:
+    """The parameter names of the first ``base_layers`` blocks, which both models must share."""
+    src_base, _ = split_after(source_model, base_layers)
+    tgt_base, _ = split_after(target_model, base_layers)
+    base_names = src_base.param_names()
+    if base_names != tgt_base.param_names():
+        raise ValueError(
+            f"source and target bases differ: {base_names} vs {tgt_base.param_names()}; use models "
+            "that agree up to the last width"
+        )
+    return base_names
+
+
 def centralised_transfer(
     source_model: Sequential,
     target_model: Sequential,
@@ -108,14 +121,7 @@ def centralised_transfer(
 
     The target's base equals the trained source's bit for bit.
     """
-    src_base, _ = split_after(source_model, base_layers)
-    tgt_base, _ = split_after(target_model, base_layers)
-    base_names = src_base.param_names()
-    if base_names != tgt_base.param_names():
-        raise ValueError(
-            f"source and target bases differ: {base_names} vs {tgt_base.param_names()}; use models "
-            "that agree up to the last width"
-        )
+    base_names = _shared_base(source_model, target_model, base_layers)
     dtype = source_data.x.dtype
     src_params, _ = train_centralised(
         source_model,

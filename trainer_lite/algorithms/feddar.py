@@ -29,15 +29,7 @@ Cold start: nothing to do.  A device keeps no state between rounds (the heads ar
 global), so one that joins a trained fleet predicts with, and trains from, the
 global encoder and heads of its first downlink.
 
-Closed-form Hessians (eq. 8 needs them) exist for a single linear head under
-MSE (``2/(n·o) · Z̃ᵀZ̃ ⊗ I_o``) and binary cross-entropy on logits
-(``1/(n·o) · Σ_j z̃_j z̃_jᵀ ⊗ diag(σ(1 − σ))``), with ``Z̃ = [Z, 1]`` when the head
-has a bias and parameters flattened as ``weight.ravel()`` then ``bias``.  A
-domain with fewer samples than head parameters gives a singular local Hessian;
-that is safe because the server solves the *pooled* system on the range of
-``Σ_i L_{i,m} H_{i,m}`` and keeps the previous head along any direction no
-client's data reaches (:mod:`cloud_aggregator.aggregation.second_order`).  A
-domain a client lacks is skipped (count 0, zero Hessian): it weighs nothing.
+Closed-form Hessians of the head: :mod:`trainer_lite.algorithms.head_hessian`.
 
 :mod:`trainer_lite.algorithms.feddar_linear` is Algorithm 2 (the linear case
 of the theory) on the same model and phases.
@@ -50,20 +42,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, LossFn, TrainConfig, register_client
+from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, TrainConfig, register_client
+from trainer_lite.algorithms.domains import COUNTS, domain_ids
+from trainer_lite.algorithms.head_hessian import HESSIAN_LOSSES, linear_head_hessian
+from trainer_lite.algorithms.training import score
 from trainer_lite.data import Dataset, minibatches
-from trainer_lite.layers import Linear, Sequential, sigmoid
+from trainer_lite.layers import Linear, Sequential
 from trainer_lite.params import Params, copy_params
 
 HEADS = "heads"
-COUNTS = "domain_counts"
 DOMAIN_WEIGHT = "domain_weight"
 HESSIAN = "hessian"
 STATS = "stats"
 GRAD = "grad"
 PHASES = ("heads", "encoder")
 _AGGREGATIONS = ("sa", "wa")
-_HESSIAN_LOSSES = ("mse", "bce")
 
 
 def head_key(m: int, name: str) -> str:
@@ -73,38 +66,6 @@ def head_key(m: int, name: str) -> str:
 
 def hessian_key(m: int) -> str:
     return f"{HESSIAN}.{m}"
-
-
-def domain_ids(data: Dataset, n_domains: int) -> np.ndarray:
-    """The dataset's domain labels as integers in ``[0, n_domains)``; raises ``ValueError`` otherwise."""
-    if data.domain is None:
-        raise ValueError(
-            "this algorithm needs each sample's domain: build the Dataset with domain=<int array (n,)>"
-        )
-    dom = np.asarray(data.domain)
-    if dom.ndim != 1 or (dom.size and not np.array_equal(dom, np.round(dom))):
-        raise ValueError(f"domain labels must be a 1-D array of integers, got {dom.dtype}{list(dom.shape)}")
-    dom = dom.astype(np.intp)
-    if dom.size and (dom.min() < 0 or dom.max() >= n_domains):
-        raise ValueError(
-            f"domain labels must lie in [0, {n_domains}) (n_domains={n_domains}), "
-            f"got min {dom.min()}, max {dom.max()}"
-        )
-    return dom
-
-
-def domain_counts(dom: np.ndarray, n_domains: int) -> np.ndarray:
-    """``L_{i,m}``: samples per domain."""
-    return np.bincount(dom, minlength=n_domains)
-
-
-def score(loss: LossFn, pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    """``{"loss": ...}`` of predictions, plus ``"accuracy"`` for class-id targets."""
-    value, _ = loss(pred, y)
-    out = {"loss": value}
-    if y.ndim == 1 and y.dtype.kind in "iu" and pred.ndim == 2 and pred.shape[1] > 1:
-        out["accuracy"] = float(np.mean(np.argmax(pred, axis=1) == y))
-    return out
 
 
 def split_model(model: Sequential, head_block: str) -> tuple[Sequential, Sequential]:
@@ -129,46 +90,6 @@ def cycle_batches(
             done += 1
             if done == steps:
                 return
-
-
-def linear_head_hessian(z: np.ndarray, pred: np.ndarray, loss: str, bias: bool) -> np.ndarray:
-    """Hessian of a linear head's mean loss over ``n`` samples, in closed form.
-
-    Parameters
-    ----------
-    z
-        Encoder features ``(n, k)``.
-    pred
-        The head's outputs ``(n, o)`` (logits for ``"bce"``).
-    loss
-        ``"mse"`` (``mean (pred − y)²`` over all ``n·o`` elements) or ``"bce"``
-        (binary cross-entropy on logits, averaged the same way).
-    bias
-        Whether the head has a bias (appends a column of ones to ``z``).
-
-    Returns
-    -------
-    ndarray
-        ``(P, P)`` with ``P = (k + bias)·o``, parameters flattened as
-        ``weight.ravel()`` (row-major ``(k, o)``) then ``bias``, i.e. the row-major
-        ravel of ``[weight; bias]``.  MSE's Hessian does not depend on the head.
-    """
-    n, o = pred.shape
-    zt = np.hstack([z, np.ones((n, 1), dtype=z.dtype)]) if bias else z
-    zt = zt.astype(np.float64, copy=False)
-    if loss == "mse":
-        gram = zt.T @ zt * (2.0 / (n * o))
-        return gram if o == 1 else np.kron(gram, np.eye(o))
-    if loss == "bce":
-        s = sigmoid(pred.astype(np.float64))
-        s = s * (1.0 - s)
-        p = zt.shape[1]
-        h = np.zeros((p * o, p * o))
-        for c in range(o):
-            # Output c's parameters sit at indices c, c + o, ... of the row-major ravel.
-            h[c::o, c::o] = (zt * s[:, c : c + 1]).T @ zt / (n * o)
-        return h
-    raise ValueError(f"no closed-form head Hessian for loss {loss!r}; choose one of {list(_HESSIAN_LOSSES)}")
 
 
 @dataclass(frozen=True)
@@ -242,9 +163,9 @@ class FedDARClient(ClientAlgorithm):
                 f"second-order aggregation needs the head to be one Linear block, got "
                 f"{[n for n, _ in layers]}; use aggregation='wa' for other heads"
             )
-        if self.config.loss not in _HESSIAN_LOSSES:
+        if self.config.loss not in HESSIAN_LOSSES:
             raise ValueError(
-                f"second-order aggregation has closed-form Hessians for losses {list(_HESSIAN_LOSSES)}, "
+                f"second-order aggregation has closed-form Hessians for losses {list(HESSIAN_LOSSES)}, "
                 f"got {self.config.loss!r}; use aggregation='wa'"
             )
         return layers[0][1]

@@ -25,14 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer_lite.algorithms.base import ClientResult, TrainConfig, register_client
-from trainer_lite.algorithms.feddar import (
-    COUNTS,
-    GRAD,
-    STATS,
-    FedDARClient,
-    domain_counts,
-    domain_ids,
-)
+from trainer_lite.algorithms.domains import COUNTS, domain_counts, domain_ids
+from trainer_lite.algorithms.feddar import GRAD, STATS, FedDARClient
 from trainer_lite.data import Dataset
 from trainer_lite.layers import Linear
 from trainer_lite.params import Params

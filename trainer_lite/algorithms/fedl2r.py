@@ -161,6 +161,41 @@ def train_l2r(
     return {"train_loss": task_sum / steps, "l2r": reg_sum / steps, "z_sq": z_sum / steps}
 
 
+def l2r_round(
+    base: Sequential,
+    head: Sequential,
+    params: Params,
+    data: Dataset,
+    loss: LossFn,
+    cfg: FedL2RConfig,
+    rng: np.random.Generator,
+    *,
+    round_: int,
+    anchor: Params,
+) -> dict[str, float]:
+    """One round of :func:`train_l2r` on every name of ``params``, as ``cfg`` sets it.
+
+    ``cfg``'s optimizer for ``round_``, its steps (:func:`local_steps_for`) and batch size, its
+    ``alpha_l2r`` and ``mu`` (pulling towards ``anchor``); ``cfg`` is any config with those fields
+    (FedL2R's, FTL-TP's).
+    """
+    return train_l2r(
+        base,
+        head,
+        params,
+        sorted(params),
+        data,
+        loss,
+        cfg.make_optimizer(round_),
+        local_steps_for(len(data), cfg.batch_size, cfg.epochs, cfg.local_steps),
+        cfg.batch_size,
+        rng,
+        alpha=cfg.alpha_l2r,
+        mu=cfg.mu,
+        anchor=anchor,
+    )
+
+
 @dataclass(frozen=True)
 class FedL2RConfig(TrainConfig):
     """FedAvg's settings plus the regulariser.
@@ -217,19 +252,7 @@ class FedL2RClient(FedAvgClient):
     ) -> tuple[ClientResult, Params]:
         cfg = self.config
         params = copy_params(shared)
-        metrics = train_l2r(
-            self.base,
-            self.head,
-            params,
-            sorted(params),
-            data,
-            self.loss,
-            cfg.make_optimizer(round_),
-            local_steps_for(len(data), cfg.batch_size, cfg.epochs, cfg.local_steps),
-            cfg.batch_size,
-            rng,
-            alpha=cfg.alpha_l2r,
-            mu=cfg.mu,
-            anchor=shared,
+        metrics = l2r_round(
+            self.base, self.head, params, data, self.loss, cfg, rng, round_=round_, anchor=shared
         )
         return ClientResult(params, len(data), metrics), {}

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, TrainConfig, register_client
-from trainer_lite.algorithms.fedl2r import local_steps_for, split_after, train_l2r
+from trainer_lite.algorithms.fedl2r import l2r_round, split_after
 from trainer_lite.data import Dataset
 from trainer_lite.layers import Sequential
 from trainer_lite.models import build_model
@@ -215,21 +215,7 @@ class FTLTPClient(ClientAlgorithm):
         anchor = self.personal_params(shared, local)
         params = copy_params(anchor)
         base, head = self.splits[group]
-        metrics = train_l2r(
-            base,
-            head,
-            params,
-            sorted(params),
-            data,
-            self.loss,
-            cfg.make_optimizer(round_),
-            local_steps_for(len(data), cfg.batch_size, cfg.epochs, cfg.local_steps),
-            cfg.batch_size,
-            rng,
-            alpha=cfg.alpha_l2r,
-            mu=cfg.mu,
-            anchor=anchor,
-        )
+        metrics = l2r_round(base, head, params, data, self.loss, cfg, rng, round_=round_, anchor=anchor)
         upload = {n: params[n] for n in self.base_names}
         upload.update({group_key(group, n): params[n] for n in self.upper_names[group]})
         return ClientResult(upload, len(data), metrics), {}

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer_lite.algorithms.base import ClientAlgorithm, ClientResult, TrainConfig, register_client
-from trainer_lite.algorithms.feddar import COUNTS, domain_counts, domain_ids, score
+from trainer_lite.algorithms.domains import COUNTS, domain_counts, domain_ids
+from trainer_lite.algorithms.training import score
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, copy_params
 

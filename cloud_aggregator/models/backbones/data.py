@@ -21,7 +21,7 @@ from ioft_protocol.state import atomic_write_bytes, decode_arrays, encode_arrays
 from sensors.features.schema import SCHEMA_HASH_KEY, schema_metadata
 from sensors.layers import SPEED_SCALE
 from sensors.sim.vibration import WINDOW_SCHEMA, simulate_windows
-from sensors.sim.welder import simulate_domain_group
+from sensors.sim.weld_groups import simulate_domain_group
 
 
 @dataclass(frozen=True)
