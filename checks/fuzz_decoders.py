@@ -717,9 +717,9 @@ def _fleet_target() -> Target:
         return st_save(tensors, metadata={"ioft": json.dumps(meta)})
 
     def decode(data: bytes) -> Any:
-        received: dict = {}
-        fleet._accept(rnd_device(data), data, req, received, persist=True)
-        return received
+        collector = fleet.round_collector(req)  # a round of its own per input: nothing carries over
+        fleet._ingest(collector, [(rnd_device(data), data, None, False)])
+        return collector.inbox
 
     def rnd_device(data: bytes) -> str:
         """The device the payload names (so inputs get past the identity check), else printer1."""

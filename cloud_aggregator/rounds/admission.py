@@ -1,6 +1,6 @@
 """Update admission: the one pipeline every upload passes, in simulation and over MQTT alike.
 
-:meth:`Admission.verdict` judges a device's upload for the open round, :meth:`Admission.file` files the verdict
+:meth:`Admission.verdict` judges a device's upload for the open round, :func:`file_verdict` files the verdict
 (an ``Update``, a straggler's ``LateUpdate``, or a :class:`Refusal`) in the round's inbox.
 ``cloud_aggregator.rounds.simulation.SimulatedFleet`` hands it ``UpdateMessage`` objects,
 ``cloud_aggregator.serve.mqtt_fleet.MqttFleet`` the payload bytes that came with a topic; every
@@ -239,23 +239,25 @@ def check_round(round_: int, phase: str, global_hash: str, request: CollectReque
 Inbox = dict
 
 
-def filing(
-    device: str, verdict: Update | LateUpdate | Refusal, filed: object
-) -> tuple[str | tuple[str, str], Update | LateUpdate | Rejection] | None:
-    """Where a verdict goes in the round's inbox, ``(key, entry)``, given what ``device`` has there
-    (``filed``); ``None``: it is only counted.
+def file_verdict(inbox: Inbox, device: str, verdict: Update | LateUpdate | Refusal) -> None:
+    """File ``device``'s verdict in the round's ``inbox``: the one way a verdict is filed.
 
     A refusal of the device's answer to the open round (``ROUND_ANSWERS``) is filed as a
     ``Rejection`` unless the device has an admitted upload there; other refusals, and a device
     screened out (it sat the round out: the fleet says so in its ``SatOut``), are only counted.
+    A late update is filed under ``("late", device)``, beside the device's fresh one.
     """
     if isinstance(verdict, Refusal):
-        if verdict.reason in ROUND_ANSWERS and not verdict.sat_out and not isinstance(filed, Update):
-            return device, Rejection(device, str(verdict))
-        return None
-    if isinstance(verdict, LateUpdate):
-        return ("late", device), verdict
-    return device, verdict
+        if (
+            verdict.reason in ROUND_ANSWERS
+            and not verdict.sat_out
+            and not isinstance(inbox.get(device), Update)
+        ):
+            inbox[device] = Rejection(device, str(verdict))
+    elif isinstance(verdict, LateUpdate):
+        inbox[("late", device)] = verdict
+    else:
+        inbox[device] = verdict
 
 
 class _Window:
@@ -352,9 +354,9 @@ class Admission:
         outside: str | None = None,
         held_out: bool = False,
     ) -> Update | LateUpdate | Refusal:
-        """:meth:`verdict` on ``device``'s upload, then :meth:`file` it in ``inbox``."""
+        """:meth:`verdict` on ``device``'s upload, then :func:`file_verdict` it in ``inbox``."""
         verdict = self.verdict(device, upload, request, restored=restored, outside=outside, held_out=held_out)
-        self.file(device, verdict, inbox)
+        file_verdict(inbox, device, verdict)
         return verdict
 
     def verdict(
@@ -369,7 +371,7 @@ class Admission:
     ) -> Update | LateUpdate | Refusal:
         """Judge ``device``'s upload (:meth:`screen`, then :meth:`judge`) and count a refusal.
 
-        The caller files the verdict (:meth:`file`) once the upload is durable; a streaming round
+        The caller files the verdict (:func:`file_verdict`) once the upload is durable; a streaming round
         folds an admitted one first (``cloud_aggregator.aggregation.streaming.RoundFold``).
         """
         screened = self.screen(device, outside=outside, held_out=held_out)  # counted there
@@ -379,13 +381,6 @@ class Admission:
         if isinstance(verdict, Refusal):
             self.count_refusal(device, verdict.reason)
         return verdict
-
-    @staticmethod
-    def file(device: str, verdict: Update | LateUpdate | Refusal, inbox: Inbox) -> None:
-        """File a verdict in the round's inbox (:func:`filing`)."""
-        entry = filing(device, verdict, inbox.get(device))
-        if entry is not None:
-            inbox[entry[0]] = entry[1]
 
     def restore_folded(self, request: CollectRequest, devices: list[str]) -> None:
         """Mark ``devices`` as having answered ``request``'s round: a checkpointed fold holds

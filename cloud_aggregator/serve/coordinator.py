@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.aggregation.weighting import sample_cap
 from cloud_aggregator.rounds.admission import ROUND_ANSWERS, AdmissionPolicy, reported_train_rows
+from cloud_aggregator.rounds.collector import CollectPolicy, RoundCollector
 from cloud_aggregator.rounds.types import (
     CollectRequest,
     LateUpdate,
@@ -46,7 +47,7 @@ from cloud_aggregator.rounds.types import (
     SatOut,
 )
 from cloud_aggregator.serve import worker_wire as wire
-from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
+from cloud_aggregator.serve.mqtt_fleet import MqttFleet
 from ioft_protocol import codec, topics
 from ioft_protocol.mqtt import Message, MqttSession
 from ioft_protocol.round_messages import Announcement
@@ -171,7 +172,7 @@ class WorkerFleet(MqttFleet):
             self._open.pop(request.spec.name, None)
 
     # -- messages ---------------------------------------------------------------------------
-    def handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
+    def handle(self, msg: Message, rnd: RoundCollector | None = None, batch: list | None = None) -> None:
         agg = wire.parse(msg.topic, self.fleet)
         if agg is None:
             try:
@@ -179,16 +180,16 @@ class WorkerFleet(MqttFleet):
                     return  # read by a worker
             except codec.WireError:
                 pass
-            super().handle(msg, request, received)
+            super().handle(msg, rnd, batch)
         elif agg.kind == "worker":
             self._worker_state(agg.worker, wire.is_online(msg.payload))
         elif agg.kind == "batch":
             try:
-                batch = wire.Batch.decode(msg.payload)
+                decoded = wire.Batch.decode(msg.payload)
             except ValueError as exc:
                 log.error("unreadable batch from worker %s: %s", agg.worker, exc)
                 return
-            self._batch(batch, request, received if received is not None else {})
+            self._batch(decoded, rnd)
 
     def _worker_state(self, worker: str, online: bool) -> None:
         was = self.workers.get(worker)
@@ -202,11 +203,12 @@ class WorkerFleet(MqttFleet):
                 if state.barrier is not None:
                     state.barrier.waiting.discard(worker)
 
-    def _batch(self, batch: wire.Batch, request: CollectRequest | None, received: dict) -> None:
+    def _batch(self, batch: wire.Batch, rnd: RoundCollector | None) -> None:
         state = self._open.get(batch.task)
+        request = None if rnd is None else rnd.request
         for task, round_, device, code, detail in batch.refused:
             reason = Reason(code) if code in Reason._value2member_map_ else Reason.OTHER
-            self._refused(device, task, round_, reason, detail, request, received)
+            self._refused(device, task, round_, reason, detail, rnd)
         current = (
             request is not None
             and state is not None
@@ -223,7 +225,6 @@ class WorkerFleet(MqttFleet):
                     Reason.STALE_ROUND,
                     f"admitted by worker {batch.worker} for round {batch.round}/{batch.phase} after it closed",
                     None,
-                    {},
                 )
         elif batch.folded:
             fold = request.fold
@@ -236,15 +237,14 @@ class WorkerFleet(MqttFleet):
                         batch.round,
                         Reason.REPLAY,
                         f"device already answered round {batch.round}/{batch.phase} (worker {batch.worker})",
-                        request,
-                        received,
+                        rnd,
                     )
             else:
                 fold.mean.merge(batch.mean)
                 for device, (n_samples, metrics) in batch.folded.items():
                     fold.devices.add(device)
                     fold.pending[device] = (n_samples, metrics)
-                    received[device] = Update(device, {}, n_samples, metrics)
+                    rnd.file(device, Update(device, {}, n_samples, metrics))
                     state.refused.discard(device)
                 state.last_merge = time.monotonic()
                 if self.store is not None and len(fold.pending) >= self.policy.checkpoint_every:
@@ -263,8 +263,7 @@ class WorkerFleet(MqttFleet):
         round_: int | None,
         reason: Reason,
         detail: str,
-        request: CollectRequest | None,
-        received: dict,
+        rnd: RoundCollector | None,
     ) -> None:
         """Count and store a worker's refusal as ``MqttFleet`` counts its own; a refused answer to
         the open round is filed in it (unless the device has an admitted upload there)."""
@@ -272,12 +271,12 @@ class WorkerFleet(MqttFleet):
             self.admission.count_refusal(device, reason)
         self._record_refusal(device, None, Refusal(reason, detail), answering=(task, round_))
         if (
-            request is not None
+            rnd is not None
             and reason in ROUND_ANSWERS
-            and (task, round_) == (request.spec.name, request.round)
-            and not isinstance(received.get(device), Update)
+            and (task, round_) == (rnd.task, rnd.request.round)
+            and not isinstance(rnd.inbox.get(device), Update)
         ):
-            received[device] = Rejection(device, f"{reason}: {detail}")
+            rnd.file(device, Refusal(reason, detail))  # filed as a Rejection: an answer to this round
             state = self._open.get(task)
             if state is not None:
                 state.refused.add(device)

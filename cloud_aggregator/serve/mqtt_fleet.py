@@ -22,12 +22,12 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 from cloud_aggregator import faults
 from cloud_aggregator.aggregation.update import Update
-from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox, filing, reported_train_rows
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, reported_train_rows
+from cloud_aggregator.rounds.collector import NAMED, CollectPolicy, RoundCollector, unconfirmed
 from cloud_aggregator.rounds.types import (
     CollectRequest,
     LateUpdate,
@@ -41,9 +41,10 @@ from cloud_aggregator.rounds.types import (
 )
 from cloud_aggregator.serve.fleet_scaling import ScalingPool
 from cloud_aggregator.serve.liveness import Liveness
+from cloud_aggregator.serve.roster import DeviceRoster
 from ioft_protocol import codec, restate, round_messages, topics
 from ioft_protocol.mqtt import Message, MqttError, MqttSession
-from ioft_protocol.round_messages import DeviceSelection, HoldoutScore
+from ioft_protocol.round_messages import DeviceSelection
 from trainer_lite.params import param_hash
 
 log = logging.getLogger(__name__)
@@ -65,144 +66,6 @@ parse_topic = functools.lru_cache(maxsize=1 << 15)(topics.parse_topic)
 #: Seconds an announcement waits for the broker's ack (a crash right after it must not lose it);
 #: without one the round goes on: the broker gets it once the connection is back.
 ANNOUNCE_ACK_S = 10.0
-
-
-@dataclass
-class CollectPolicy:
-    """How long to wait and for whom.
-
-    ``expected`` lists the devices a round waits for; empty means "whoever is
-    online", which a device joins by coming online and leaves by going offline
-    mid-round.  A round ends when all expected devices answered with at least
-    ``min_participants`` valid uploads, or when ``deadline_s`` passed; with fewer
-    than ``min_participants`` valid uploads by then the deadline is extended (and
-    the round re-announced) up to ``max_extensions`` times, after which the round
-    engine abandons it.  Before the first round the fleet waits up to
-    ``startup_wait_s`` for ``min_participants`` (or all expected) devices to come online.
-    """
-
-    deadline_s: float = 30.0
-    min_participants: int = 1
-    max_extensions: int = 2
-    expected: tuple[str, ...] = ()
-    startup_wait_s: float = 60.0
-    max_payload_bytes: int = codec.MAX_PAYLOAD_BYTES
-    #: A streaming round (``cloud_aggregator.aggregation.streaming``) checkpoints its partial sum after this
-    #: many admitted uploads and drops their stored payloads: a restart resumes from the
-    #: checkpoint plus at most this many stored uploads.
-    checkpoint_every: int = 256
-    #: Without ``expected``, rounds wait only for devices heard live (a status sent while this
-    #: aggregator listened) within this many seconds, and name the others (:mod:`.liveness`); 0: off.
-    liveness_s: float = 0.0
-
-
-#: What the aggregator reads of a device's retained status (the rest is the console's, which
-#: reads the broker itself): 10,000 whole statuses would be tens of MB of parsed JSON.
-KEPT_STATUS = ("state", "kind", "tags", "refused", "holdout", "data", "ahead_of_aggregator")
-#: Devices named in one "waiting for" log line; the rest are counted.
-NAMED = 20
-
-
-class _Inbox(dict):
-    """A round's inbox (``admission.Inbox``) that knows which devices have an admitted ``Update``,
-    so a round's loop asks ``answered`` in O(1) instead of scanning N entries every turn."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.answered: set[str] = set()
-        #: Uploads read but not yet ingested (``None``: each is ingested as it is handled).
-        self.batch: list[tuple[str, bytes, str | None, bool]] | None = None
-
-    def __setitem__(self, key, value) -> None:
-        super().__setitem__(key, value)
-        if isinstance(value, Update):
-            self.answered.add(key)
-        else:
-            self.answered.discard(key)
-
-
-@dataclass
-class DeviceRoster:
-    """What the aggregator knows of each device (from retained status messages); the console's picture
-    of the fleet is ``cloud_aggregator.console.fleet_view.FleetView``."""
-
-    online: dict[str, bool] = field(default_factory=dict)
-    #: device -> the fields of its status the aggregator reads (:data:`KEPT_STATUS`)
-    status: dict[str, dict] = field(default_factory=dict)
-    #: device -> reason -> count: the fleet's ``Admission.refused``
-    rejected_by_reason: dict[str, dict[Reason, int]] = field(default_factory=dict)
-    #: statuses taken in so far: a round re-reads the O(N) view only when this moved
-    changes: int = 0
-    #: which "online" devices were heard live lately (:mod:`cloud_aggregator.serve.liveness`)
-    liveness: Liveness = field(default_factory=Liveness)
-
-    @property
-    def rejected(self) -> dict[str, int]:
-        """Refusals per device, all reasons together."""
-        return {d: sum(per.values()) for d, per in list(self.rejected_by_reason.items())}
-
-    def online_devices(self) -> list[str]:
-        # list() copies in one step: another task's thread may add a device meanwhile.
-        return sorted(d for d, up in list(self.online.items()) if up)
-
-    def live_devices(self) -> list[str]:
-        """The online devices heard live lately: those a round waits for (all online, liveness off)."""
-        return self.liveness.live(self.online_devices())
-
-    def outside(self, device: str, selection: DeviceSelection | None) -> str | None:
-        """Why ``selection`` leaves ``device`` out, judged from the kind and tags in its status."""
-        if selection is None:
-            return None
-        status = self.status.get(device, {})
-        kind, tags = status.get("kind"), status.get("tags")
-        tags = [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
-        return selection.refusal(device, kind if isinstance(kind, str) else None, tags)
-
-    def refusal(self, device: str, task: str, selection: DeviceSelection | None) -> str | None:
-        """Why ``device`` will not run ``task``, from its retained status; ``None``: it may.
-
-        Either the task's ``selection`` leaves it out (its declared ``kind`` and ``tags``)
-        or the device said so itself (``refused: {task: reason}``).
-        """
-        why = self.outside(device, selection)
-        if why is not None:
-            return why
-        refused = self.status.get(device, {}).get("refused")
-        why = refused.get(task) if isinstance(refused, dict) else None
-        return why if isinstance(why, str) else None
-
-    def trained_rounds(self, task: str) -> dict[str, int]:
-        """Device -> the last round of ``task`` it trained, from the statuses (``tasks.<task>.round``)."""
-        out = {}
-        for device, status in list(self.status.items()):
-            r = status.get("rounds", {}).get(task)
-            if r is not None:
-                out[device] = r
-        return out
-
-    def ahead(self, task: str, round_: int) -> dict[str, int]:
-        """Devices whose status says they trained ``task`` at or past ``round_`` on another global:
-        device -> its round (``ahead_of_aggregator``, set by a device that ignores a lower round)."""
-        out = {}
-        for device, status in list(self.status.items()):
-            said = status.get("ahead_of_aggregator")
-            said = said.get(task) if isinstance(said, dict) else None
-            r = said.get("device_round") if isinstance(said, dict) else None
-            if isinstance(r, int) and not isinstance(r, bool) and r >= round_:
-                out[device] = r
-        return out
-
-    def holdout_score(self, device: str, task: str, request: CollectRequest) -> dict[str, float] | None:
-        """``device``'s score of ``request``'s global, from its status; ``None`` until it reports one."""
-        scores = self.status.get(device, {}).get("holdout")
-        score = HoldoutScore.from_json(scores.get(task)) if isinstance(scores, dict) else None
-        if score is None or (score.round, score.phase, score.global_hash) != (
-            request.round,
-            request.phase,
-            request.global_hash,
-        ):
-            return None
-        return score.metrics
 
 
 class MqttFleet:
@@ -509,171 +372,93 @@ class MqttFleet:
                 return msg
             self._route(msg)
 
+    # -- a round ----------------------------------------------------------------------
     def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate | SatOut]:
-        # Keyed by device; a straggler's late upload by ("late", device) beside its fresh one.
-        received = _Inbox()
-        if self.store is not None and request.fold is not None:
-            self._restore_fold(request, received)
-        if self.store is not None:  # updates that arrived before a restart: no device needs to resend
-            name = request.spec.name
-            stored = self.store.stored_updates(name, request.round, request.phase, request.global_hash)
-            late = request.late
-            if late is not None:
-                stored += self.store.stored_updates(name, late.round, late.phase, late.global_hash)
-            for chunk in _chunks([(device, payload, None, False) for device, payload in stored]):
-                self._ingest(request, received, chunk, persist=False)
-            if stored:
-                log.info(
-                    "round %d/%s: %d uploads restored from the store",
-                    request.round,
-                    request.phase,
-                    len(stored),
-                )
-        fixed = bool(self.policy.expected) or request.participants is not None
-        expected = set(self.policy.expected) or set(self.view.live_devices())
-        if request.participants is not None:  # the server chose: wait for those only
-            expected = set(request.participants)
-        task, selection = request.spec.name, self.selections.get(request.spec.name)
-        held_out = set(self.holdouts.get(task, ()))
-        refused: dict[str, str] = {}
-        scores: dict[str, dict[str, float]] = {}
-
-        def scoring() -> set[str]:
-            """Held-out devices online that have not yet scored this round's global (noted when they have)."""
-            waiting = set()
-            for d in held_out:  # a few devices: never a scan of the whole (possibly 10k) fleet
-                if not self.view.online.get(d) or not self.view.liveness.is_live(d):
-                    continue  # a held-out device that is away (or only retained "online") is not awaited
-                score = self.view.holdout_score(d, task, request)
-                if score is not None:
-                    scores[d] = score
-                elif self.view.refusal(d, task, selection) is None:
-                    waiting.add(d)
-            return waiting
-
-        def awaited(devices: set[str]) -> set[str]:
-            """``devices`` less those outside the selection or that refused the task (noted)."""
-            out = set()
-            for d in devices:
-                why = self.view.refusal(d, task, selection)
-                if why is None or isinstance(received.get(d), Update):
-                    out.add(d)
-                else:
-                    refused[d] = why
-            return out
-
-        expected = awaited(expected) - held_out
-        last_online = set(self.view.live_devices())
-        if not fixed:
+        """Announce ``request``'s round and pump messages into its collector until it closes."""
+        rnd = self.round_collector(request)
+        self._restore(rnd)
+        rnd.open()
+        if not rnd.fixed:
             self._say_skipped(request)
-        closed = "deadline"
-        deadline = time.time() + self.policy.deadline_s
-        self.announce(request, deadline)
+        self.announce(request, rnd.deadline)
         faults.point("after_announce")
-        extensions = 0
-        seen = self.view.changes
-        looked_short = False
-        while True:
-            answered = received.answered
-            valid = len(answered)
-            # All awaited devices answered (and held-out ones scored); too few of them for
-            # min_participants waits for more.
-            if expected and expected <= answered and valid >= self.policy.min_participants and not scoring():
-                closed = "answered"
-                break
-            # Short because devices refuse the task: said once everyone who takes it answered (the
-            # round would only wait out its deadline), or at the deadline (some never came).
-            short = refused and valid < self.policy.min_participants and not looked_short
-            if short and ((expected and expected <= answered) or time.time() >= deadline):
-                self._say_if_short(task, expected | answered, refused)
-                looked_short = True  # once a round: a change shows in the next round's look
-            if time.time() >= deadline:
-                self._say_whom(request, expected - answered)
-                if valid >= self.policy.min_participants or extensions >= self.policy.max_extensions:
-                    break
-                extensions += 1
-                deadline = time.time() + self.policy.deadline_s
-                with self._admit:
-                    stale = self.admission.forget_stale(request, valid)
-                if stale:
-                    log.warning(
-                        "round %d: the norm reference refused most uploads; it is stale, dropping it "
-                        "so the resent uploads are judged afresh",
-                        request.round,
-                    )
-                log.warning(
-                    "task %s round %d: %d valid uploads < min_participants %d; extending the deadline (%d/%d)",
-                    task,
-                    request.round,
-                    valid,
-                    self.policy.min_participants,
-                    extensions,
-                    self.policy.max_extensions,
-                )
-                self.announce(request, deadline)
-            msg = self.next_message(task, min(0.2, max(0.0, deadline - time.time())))
-            # Messages are handled for up to RECHECK_S before the O(N) looks below (once per message
-            # they cost O(N²) per round at thousands of devices), or until the last awaited may be in.
-            # Uploads are ingested in batches: whatever waited in the queue (``_ingest``).
-            until = time.monotonic() + RECHECK_S
-            received.batch = []
-            try:
-                while msg is not None:
-                    self.handle(msg, request, received)
-                    left = min(until - time.monotonic(), deadline - time.time())
-                    if len(received) + len(received.batch) >= len(expected) or left <= 0:
-                        break
-                    msg = self.next_message(task, 0.0)
-                    if msg is None:  # nothing waits: what came is stored and counted before waiting on
-                        self._flush(request, received)
-                        if len(received) >= len(expected):
-                            break
-                        msg = self.next_message(task, left)
-            finally:
-                self._flush(request, received)
-                received.batch = None
-            # Statuses may have come through another task's thread: look at the view whenever one
-            # came (an O(N) look: not on turns that brought only uploads).
-            # Without a fixed list, a device that comes online mid-round (heard live) is awaited (it
-            # gets the retained announcement), one that goes offline is not; whoever answered counts.
-            # One awaited stays awaited while it says online, even with its heartbeat late (a long
-            # local training): liveness decides whom a round starts with, and who joins it.
-            if self.view.changes == seen:
-                continue
-            seen = self.view.changes
-            claims = self.view.online_devices()
-            online, live = set(claims), set(self.view.liveness.live(claims))
-            if not fixed:
-                expected = (expected & online) | (live - last_online) | received.answered
-            # A device that refused and takes the task again (its owner resumed it) is awaited again.
-            back = {d for d in refused if d in live and self.view.refusal(d, task, selection) is None}
-            for d in back:
-                del refused[d]
-            expected |= back - held_out
-            last_online = live
-            # A device that refuses the task (its status says so, at once) is not waited for.
-            expected = awaited(expected) - held_out
-        online = set(self.view.online_devices())
-        awaited(online)  # note every online device that sat this round out, and why
-        out: list[Update | Rejection | LateUpdate | SatOut] = list(received.values())
-        if refused:
-            log.info("round %d/%s: not run by %s", request.round, request.phase, refused)
-        scoring()  # the scores that came with the last messages
-        skipped = {} if fixed else self._unconfirmed(set(received.answered))
-        # How it closed, in every record; who sat it out, who was skipped as not live (liveness),
-        # and what held-out devices scored.
-        out.append(SatOut(closed, dict(sorted(refused.items())), dict(sorted(scores.items())), skipped))
-        return out
+        while (step := rnd.step()) not in ("answered", "deadline"):
+            if step == "extend":
+                self._extend(rnd)
+            self._take_messages(rnd)
+            rnd.look()  # statuses may have come through another task's thread too
+        return rnd.outcome()
 
-    def _unconfirmed(self, answered: set[str]) -> dict[str, str]:
-        """Online devices not heard live lately (not waited for), less those that answered anyway."""
-        found = self.view.liveness.unconfirmed(self.view.online_devices())
-        return {d: why for d, why in sorted(found.items()) if d not in answered}
+    def round_collector(self, request: CollectRequest) -> RoundCollector:
+        """A collector for ``request``'s round over this fleet's roster, selection and held-out devices."""
+        task = request.spec.name
+        return RoundCollector(
+            request,
+            self.policy,
+            self.view,
+            selection=self.selections.get(task),
+            held_out=self.holdouts.get(task, ()),
+            said_short=self._short,
+        )
+
+    def _extend(self, rnd: RoundCollector) -> None:
+        """Too few valid uploads at the deadline: drop a stale norm reference and re-announce."""
+        with self._admit:
+            stale = self.admission.forget_stale(rnd.request, len(rnd.inbox.answered))
+        if stale:
+            log.warning(
+                "round %d: the norm reference refused most uploads; it is stale, dropping it "
+                "so the resent uploads are judged afresh",
+                rnd.request.round,
+            )
+        self.announce(rnd.request, rnd.deadline)
+
+    def _take_messages(self, rnd: RoundCollector) -> None:
+        """Handle messages for up to ``RECHECK_S`` before the collector's O(N) looks (once per message
+        they cost O(N²) per round at thousands of devices), or until the last awaited may be in.
+        Uploads are ingested in batches: whatever waited in the queue (:meth:`_ingest`)."""
+        task = rnd.task
+        msg = self.next_message(task, min(0.2, rnd.left()))
+        until = time.monotonic() + RECHECK_S
+        batch: list[tuple[str, bytes, str | None, bool]] = []
+        try:
+            while msg is not None:
+                self.handle(msg, rnd, batch)
+                left = min(until - time.monotonic(), rnd.left())
+                if len(rnd.inbox) + len(batch) >= len(rnd.expected) or left <= 0:
+                    break
+                msg = self.next_message(task, 0.0)
+                if msg is None:  # nothing waits: what came is stored and counted before waiting on
+                    self._flush(rnd, batch)
+                    if len(rnd.inbox) >= len(rnd.expected):
+                        break
+                    msg = self.next_message(task, left)
+        finally:
+            self._flush(rnd, batch)
+
+    def _restore(self, rnd: RoundCollector) -> None:
+        """File what the store kept of this round: a streaming round's checkpoint, then the uploads
+        that arrived before a restart (no device needs to resend them)."""
+        if self.store is None:
+            return
+        request = rnd.request
+        if request.fold is not None:
+            self._restore_fold(rnd)
+        name, late = request.spec.name, request.late
+        stored = self.store.stored_updates(name, request.round, request.phase, request.global_hash)
+        if late is not None:
+            stored += self.store.stored_updates(name, late.round, late.phase, late.global_hash)
+        for chunk in _chunks([(device, payload, None, False) for device, payload in stored]):
+            self._ingest(rnd, chunk, persist=False)
+        if stored:
+            log.info(
+                "round %d/%s: %d uploads restored from the store", request.round, request.phase, len(stored)
+            )
 
     def _say_skipped(self, request: CollectRequest) -> None:
         """One line naming the devices a round does not wait for as not live (again only on a change),
         and a roll call for them."""
-        skipped = self._unconfirmed(set())
+        skipped = unconfirmed(self.view)
         if skipped and time.monotonic() - self._roll_called >= self.policy.liveness_s:
             # Devices too old for a heartbeat still answer the roll call (at most one a liveness_s,
             # so a ghost costs the fleet one status per device that often): one that answers is
@@ -701,57 +486,15 @@ class MqttFleet:
             more,
         )
 
-    def _say_whom(self, request: CollectRequest, missing: set[str]) -> None:
-        """At a deadline: which awaited devices did not answer, and which trained past this round
-        already (the store is behind them: ``serve --resume-from-devices``)."""
-        where = f"task {request.spec.name} round {request.round}/{request.phase}"
-        if missing:
-            named = sorted(missing)
-            more = f" and {len(named) - NAMED} more" if len(named) > NAMED else ""
-            log.warning("%s: deadline passed waiting for %s%s", where, ", ".join(named[:NAMED]), more)
-        ahead = self.view.ahead(request.spec.name, request.round)
-        if ahead:
-            named = sorted(ahead, key=lambda d: (-ahead[d], d))
-            more = f" and {len(named) - NAMED} more" if len(named) > NAMED else ""
-            log.warning(
-                "%s: %d device(s) trained past it already, they ignore it: %s%s. This store is behind "
-                "its devices (an older aggregator.sqlite, or a fresh one): restart with "
-                "`cloud-aggregator serve --resume-from-devices` to go on from round %d",
-                where,
-                len(ahead),
-                ", ".join(
-                    f"{d} (round {ahead[d]}, {ahead[d] - request.round + 1} ahead)" for d in named[:NAMED]
-                ),
-                more,
-                max(ahead.values()) + 1,
-            )
-
-    def _say_if_short(self, task: str, takers: set[str], refused: dict[str, str]) -> None:
-        """Say in one line when devices refusing ``task`` leave its rounds short of ``min_participants``
-        (``takers``: the online devices that take it): otherwise each round would wait out its deadline
-        and extensions and be abandoned, with nothing naming the cause.  Said once per task, again only
-        when who takes it or who refuses it changes."""
-        need = self.policy.min_participants
-        if len(takers) >= need:
-            return
-        key = (tuple(sorted(takers)), tuple(sorted(refused.items())))
-        if self._short.get(task) == key:
-            return
-        self._short[task] = key
-        whys = "; ".join(f"{d} refuses it: {why}" for d, why in sorted(refused.items()))
-        log.warning(
-            "task %s: its rounds cannot reach [collect] min_participants = %d with the devices online: "
-            "%d take it (%s); %s. Each round waits deadline_s, is extended %d times, then abandoned: "
-            "lower min_participants, or bring devices that can run the task",
-            task,
-            need,
-            len(takers),
-            ", ".join(sorted(takers)) or "none",
-            whys,
-            self.policy.max_extensions,
-        )
-
-    def handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
+    # -- messages ---------------------------------------------------------------------
+    def handle(
+        self,
+        msg: Message,
+        rnd: RoundCollector | None = None,
+        batch: list[tuple[str, bytes, str | None, bool]] | None = None,
+    ) -> None:
+        """Keep a status, or admit an upload into ``rnd`` (``None``: no round open, it is refused);
+        with ``batch``, uploads wait there to be ingested together (:meth:`_flush`)."""
         msg = self._latest(msg)
         try:
             topic = parse_topic(msg.topic)
@@ -761,26 +504,23 @@ class MqttFleet:
         if topic.fleet != self.fleet:
             return
         if topic.kind == "status":
-            if isinstance(received, _Inbox):  # uploads read before it are judged on the status they saw
-                self._flush(request, received)
+            if batch:  # uploads read before it are judged on the status they saw
+                self._flush(rnd, batch)
             self._status(topic.device, msg.payload, live=not msg.retain)
         elif topic.kind == "stats":
             self.scaling.handle(str(topic.task), str(topic.device), msg.payload)
-        elif topic.kind == "up" and request is not None and received is not None:
-            if topic.task != request.spec.name:
-                return
+        elif topic.kind == "up" and rnd is None:
+            self._ingest(None, [(topic.device, msg.payload, None, False)])
+        elif topic.kind == "up" and topic.task == rnd.task:
             outside = self.view.outside(topic.device, self.selections.get(topic.task))
             held_out = topic.device in self.holdouts.get(topic.task, ())
             upload = (topic.device, msg.payload, outside, held_out)
-            batch = getattr(received, "batch", None)
             if batch is None:
-                self._ingest(request, received, [upload])
+                self._ingest(rnd, [upload])
                 return
             batch.append(upload)
             if len(batch) >= min(INGEST_MAX, max(1, INGEST_BYTES // max(1, len(msg.payload)))):
-                self._flush(request, received)
-        elif topic.kind == "up":
-            self._ingest(None, {}, [(topic.device, msg.payload, None, False)])
+                self._flush(rnd, batch)
 
     def _status(self, device: str, payload: bytes, live: bool = True) -> None:
         try:
@@ -791,21 +531,7 @@ class MqttFleet:
             log.warning("bad status from %s: %s", device, exc)
             return
         self._restate(device, status)
-        kept = {k: status[k] for k in KEPT_STATUS if k in status}
-        tasks = status.get("tasks")
-        if isinstance(tasks, dict):  # the round of each task it trained last (serve --resume-from-devices)
-            kept["rounds"] = {
-                t: v["round"]
-                for t, v in tasks.items()
-                if isinstance(v, dict)
-                and isinstance(v.get("round"), int)
-                and not isinstance(v["round"], bool)
-            }
-        self.view.status[device] = kept
-        online = status.get("state") == "online"
-        self.view.online[device] = online
-        self.view.liveness.note(device, online, live)
-        self.view.changes += 1
+        self.view.take(device, status, live)
 
     def _refusal_row(
         self,
@@ -835,36 +561,21 @@ class MqttFleet:
         if self.store is not None:
             self.store.put_rejection(*row)
 
-    def _accept(
-        self,
-        device: str,
-        payload: bytes,
-        request: CollectRequest | None,
-        received: Inbox,
-        *,
-        persist: bool,
-        outside: str | None = None,
-        held_out: bool = False,
-    ) -> None:
-        """:meth:`_ingest` of one upload."""
-        self._ingest(request, received, [(device, payload, outside, held_out)], persist=persist)
-
-    def _flush(self, request: CollectRequest | None, received: Any) -> None:
-        """Ingest the uploads ``received`` holds back (:attr:`_Inbox.batch`), if any."""
-        batch = getattr(received, "batch", None)
+    def _flush(self, rnd: RoundCollector | None, batch: list[tuple[str, bytes, str | None, bool]]) -> None:
+        """Ingest the uploads ``batch`` holds back, if any."""
         if batch:
-            received.batch = []
-            self._ingest(request, received, batch)
+            uploads = batch[:]
+            batch.clear()
+            self._ingest(rnd, uploads)
 
     def _ingest(
         self,
-        request: CollectRequest | None,
-        received: Inbox,
+        rnd: RoundCollector | None,
         uploads: list[tuple[str, bytes, str | None, bool]],
         *,
         persist: bool = True,
     ) -> None:
-        """Admit a batch of uplinks ``(device, payload, outside, held_out)`` into ``received``; never raises.
+        """Admit a batch of uplinks ``(device, payload, outside, held_out)`` into ``rnd``; never raises.
 
         Admission judges each in arrival order (one decode, one tensor check); the admitted ones
         and the refusals are stored in one transaction; only then is each admitted upload folded
@@ -873,6 +584,7 @@ class MqttFleet:
         ``persist`` ``False``: they were read back from the store.  ``outside`` (why the device is
         outside the task's selection) and ``held_out`` go to admission.
         """
+        request = None if rnd is None else rnd.request
         with self._admit:
             verdicts = [
                 self.admission.verdict(d, p, request, restored=not persist, outside=o, held_out=h)
@@ -892,21 +604,24 @@ class MqttFleet:
                     request.round,
                 )
             if persist:  # durable like any upload: a restart keeps it
-                late = request.late
-                r, phase, gh = (
-                    (late.round, late.phase, late.global_hash)
-                    if isinstance(verdict, LateUpdate)
-                    else (request.round, request.phase, request.global_hash)
-                )
-                keep.append((request.spec.name, r, phase, device, gh, payload))
+                keep.append(self._stored(request, device, verdict, payload))
         if self.store is not None:
             self.store.put_batch(keep, refusals)
         if request is not None and request.fold is not None:
             verdicts = self._fold(request, verdicts)
-        for (device, *_), verdict in zip(uploads, verdicts, strict=True):
-            entry = filing(device, verdict, received.get(device))
-            if entry is not None:
-                received[entry[0]] = entry[1]
+        if rnd is not None:
+            for (device, *_), verdict in zip(uploads, verdicts, strict=True):
+                rnd.file(device, verdict)
+
+    @staticmethod
+    def _stored(
+        request: CollectRequest, device: str, verdict: Update | LateUpdate, payload: bytes
+    ) -> StoredUpload:
+        """The row that keeps an admitted upload, under the round it answers (a straggler's: its own)."""
+        if isinstance(verdict, LateUpdate):
+            late = request.late
+            return (request.spec.name, late.round, late.phase, device, late.global_hash, payload)
+        return (request.spec.name, request.round, request.phase, device, request.global_hash, payload)
 
     def _fold(
         self, request: CollectRequest, verdicts: list[Update | LateUpdate | Refusal]
@@ -934,9 +649,10 @@ class MqttFleet:
             request.spec.name, request.round, request.phase, request.global_hash, fold.checkpoint(), folded
         )
 
-    def _restore_fold(self, request: CollectRequest, received: Inbox) -> None:
+    def _restore_fold(self, rnd: RoundCollector) -> None:
         """Continue a streaming round from its last checkpoint (a restart): the devices folded in
         it count with their stored sample counts and metrics, and their re-sends are replays."""
+        request = rnd.request
         kept = self.store.partial(request.spec.name, request.round, request.phase, request.global_hash)
         if kept is None:
             return
@@ -945,7 +661,7 @@ class MqttFleet:
         with self._admit:
             self.admission.restore_folded(request, sorted(folded))
         for device, (n_samples, metrics) in folded.items():
-            received[device] = Update(device, {}, n_samples, metrics)
+            rnd.file(device, Update(device, {}, n_samples, metrics))
         log.info(
             "round %d/%s: partial sum of %d uploads restored from the store",
             request.round,

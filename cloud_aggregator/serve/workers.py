@@ -40,10 +40,11 @@ from cloud_aggregator.aggregation.streaming import RoundFold
 from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.aggregation.weighting import capped_weight
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.rounds.admission import AdmissionPolicy, Inbox
+from cloud_aggregator.rounds.admission import AdmissionPolicy
+from cloud_aggregator.rounds.collector import CollectPolicy, Inbox, RoundCollector
 from cloud_aggregator.rounds.types import CollectRequest, Reason, StoredRefusal, StoredUpload
 from cloud_aggregator.serve import worker_wire as wire
-from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
+from cloud_aggregator.serve.mqtt_fleet import MqttFleet
 from ioft_protocol import codec, topics
 from ioft_protocol.config import ConfigError, build, load_toml
 from ioft_protocol.mqtt import Message, MqttSession, SessionOptions
@@ -91,13 +92,20 @@ class _Refusals:
 class _Round:
     """A task's open round as this worker knows it."""
 
-    request: CollectRequest
+    collector: RoundCollector  # what this worker admitted of the round (the coordinator closes it)
     fold: RoundFold  # the strategy's fold: its per-upload weight
     deadline: float
-    inbox: Inbox = field(default_factory=dict)
     pending: dict[str, Update] = field(default_factory=dict)  # admitted, in no batch yet
     changed: bool = False  # an upload was judged since the plant last looked (plant mode)
     opened: float = field(default_factory=time.time)
+
+    @property
+    def request(self) -> CollectRequest:
+        return self.collector.request
+
+    @property
+    def inbox(self) -> Inbox:
+        return self.collector.inbox
 
     @property
     def key(self) -> tuple[int, str, str]:
@@ -188,14 +196,14 @@ class AggregatorWorker:
                 log.warning("worker %s: ignored announcement of %s: %s", self.id, topic.task, exc)
             return
         if topic.kind != "up":
-            self.fleet.handle(msg, None)  # a device status: selections are judged from it
+            self.fleet.handle(msg)  # a device status: selections are judged from it
             return
         r = self.rounds.get(topic.task)
         if r is None:
-            self.fleet.handle(msg, None, None)  # refused: no round open
+            self.fleet.handle(msg)  # refused: no round open
             return
         before = r.inbox.get(topic.device)
-        self.fleet.handle(msg, r.request, r.inbox)
+        self.fleet.handle(msg, r.collector)
         r.changed = True
         got = r.inbox.get(topic.device)
         if isinstance(got, Update) and got is not before:  # admitted just now: into the next batch
@@ -251,7 +259,7 @@ class AggregatorWorker:
             fold.weight = capped_weight(fold.weight, request.max_samples)
         self.fleet.selections[task] = ann.devices
         self.fleet.holdouts[task] = ann.holdout
-        self.rounds[task] = _Round(request, fold, ann.deadline)
+        self.rounds[task] = _Round(self.fleet.round_collector(request), fold, ann.deadline)
         log.info("worker %s: task %s round %d/%s open", self.id, task, ann.round, ann.phase)
 
     def _plant_due(self, r: _Round) -> bool:
