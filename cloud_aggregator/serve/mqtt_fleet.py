@@ -15,6 +15,7 @@ the device id, counted per reason and stored: a malformed payload never stops a 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -26,6 +27,7 @@ from dataclasses import replace
 
 from cloud_aggregator import faults
 from cloud_aggregator.aggregation.update import Update
+from cloud_aggregator.aggregation.weighting import sample_cap
 from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, reported_train_rows
 from cloud_aggregator.rounds.collector import NAMED, CollectPolicy, RoundCollector, unconfirmed
 from cloud_aggregator.rounds.types import (
@@ -68,6 +70,54 @@ parse_topic = functools.lru_cache(maxsize=1 << 15)(topics.parse_topic)
 ANNOUNCE_ACK_S = 10.0
 
 
+class DeviceUploads:
+    """Where an :class:`MqttFleet`'s rounds get their uploads: from the devices, on the uplink, each
+    admitted by the fleet itself.  ``cloud_aggregator.serve.coordinator.WorkerBatches`` is the other
+    intake: batches of uploads its workers admitted."""
+
+    #: The fleet folds the uploads itself (the round engine cuts weights after the round).
+    folds_elsewhere = False
+
+    def __init__(self, fleet: MqttFleet) -> None:
+        self.fleet = fleet
+
+    @staticmethod
+    def is_uplink(topic: str) -> bool:
+        try:
+            return parse_topic(topic).kind in ("up", "secagg_up")  # routed to the task's queue
+        except codec.WireError:
+            return False
+
+    def routes_to(self, topic: str) -> str | None:
+        """The task whose queue takes an uplink on ``topic`` (``None``: none)."""
+        try:
+            task = parse_topic(topic).task
+        except codec.WireError:
+            return None
+        # Another aggregator's task, or none: not ours to judge.
+        selections = self.fleet.selections
+        return task if not selections or task in selections else None
+
+    def route(self, msg: Message) -> str | None:
+        """The task whose queue ``msg`` waits in (``None``: it is dropped)."""
+        return self.routes_to(msg.topic)
+
+    def handle(self, msg: Message, rnd: RoundCollector | None) -> bool:
+        """Nothing to take here: the fleet admits a device's upload itself (``False``)."""
+        return False
+
+    def opened(self, request: CollectRequest) -> contextlib.AbstractContextManager:
+        """Around a round's collecting."""
+        return contextlib.nullcontext()
+
+    def before_next(self, task: str, timeout: float) -> float:
+        """Before a round waits for its next message: how long it may wait."""
+        return timeout
+
+    def wait_ready(self) -> None:
+        """Before the fleet waits for its devices."""
+
+
 class MqttFleet:
     """A ``Fleet`` whose devices are ``edge-trainer`` processes reached through a broker."""
 
@@ -83,6 +133,8 @@ class MqttFleet:
         self.fleet = codec.check_id("fleet", fleet)
         self.policy = policy
         self.store = store
+        #: Where rounds get their uploads: the devices' own here; workers' batches (``coordinator``).
+        self.intake: DeviceUploads = DeviceUploads(self)
         statuses: dict[str, dict] = {}  # the roster's, read by admission (reported training rows)
         self.admission = Admission(
             self.fleet,
@@ -142,6 +194,19 @@ class MqttFleet:
         self.statuses_coalesced = 0
         if hasattr(session, "tap") and hasattr(session, "inbound"):
             session.tap(topics.topic_status_all(self.fleet), self._coalesce_status)
+
+    @property
+    def folds_elsewhere(self) -> bool:
+        """Whether workers fold the uploads: the round engine announces the weight cap with the round
+        (``CollectRequest.max_samples``) for them to cut by (``cloud_aggregator.rounds.engine``)."""
+        return self.intake.folds_elsewhere
+
+    def reported_cap(self, ratio: float) -> int | None:
+        """A first round's weight cap: ``ratio`` × the median of the training rows the devices'
+        statuses report (one device claiming a million moves a median of three no further than
+        an honest one); ``None`` when no status reports any."""
+        rows = [r for s in list(self.view.status.values()) if (r := reported_train_rows(s)) is not None]
+        return sample_cap(rows, ratio) if rows else None
 
     def _republish(self) -> None:
         for published in list(self._announced.values()):
@@ -277,6 +342,7 @@ class MqttFleet:
         ``settle_s``, so a device that connects a moment later is counted too (roll-call answers
         come in a burst).  Statuses of devices already counted (heartbeats) do not prolong it.
         """
+        self.intake.wait_ready()
         self._roll_call()  # statuses retained where the broker keeps none for us come as answers
         want = set(self.policy.expected) or None
         need = len(want) if want else self.policy.min_participants
@@ -303,12 +369,9 @@ class MqttFleet:
                 msg = self.session.get(0) if handled < BATCH else None
         return self.view.live_devices()
 
-    @staticmethod
-    def _is_uplink(topic: str) -> bool:
-        try:
-            return parse_topic(topic).kind in ("up", "secagg_up")  # routed to the task's queue
-        except codec.WireError:
-            return False
+    def _is_uplink(self, topic: str) -> bool:
+        """Whether ``topic`` is an uplink: routed to its task's queue (:attr:`intake`)."""
+        return self.intake.is_uplink(topic)
 
     def _queue(self, task: str) -> queue.Queue[Message]:
         q = self._queues.get(task)
@@ -318,25 +381,14 @@ class MqttFleet:
         return q
 
     def _route(self, msg: Message) -> None:
-        """Queue an uplink for its task's thread; one for a task this aggregator does not run is dropped."""
-        try:
-            topic = parse_topic(msg.topic)
-        except codec.WireError:
+        """Queue an uplink for its task's thread (:attr:`intake` says which, or drops it)."""
+        task = self.intake.route(msg)
+        if task is None:
             return
-        if self.selections and topic.task not in self.selections:
-            return  # another aggregator's task, or none: not ours to judge (as before tasks ran side by side)
         try:
-            self._queue(topic.task).put_nowait(msg)
+            self._queue(task).put_nowait(msg)
         except queue.Full:
-            log.error("task %s: uplink queue full; dropped an upload from %s", topic.task, topic.device)
-
-    def _routes_to(self, topic: str) -> str | None:
-        """The task whose queue :meth:`_route` puts an uplink on ``topic`` in (``None``: none)."""
-        try:
-            task = parse_topic(topic).task
-        except codec.WireError:
-            return None
-        return task if not self.selections or task in self.selections else None
+            log.error("task %s: uplink queue full; dropped an uplink on %s", task, msg.topic)
 
     def next_message(self, task: str, timeout: float) -> Message | None:
         """The next message for ``task``'s round: an uplink of the task, or a status (already kept).
@@ -345,6 +397,7 @@ class MqttFleet:
         An uplink of the pump holder's own task goes straight to it, in arrival order: its queue is
         empty then (looked at once the pump is held: only the pump holder fills the queues).
         """
+        timeout = self.intake.before_next(task, timeout)
         mine = self._queue(task)
         deadline = time.monotonic() + timeout
         while True:
@@ -368,13 +421,17 @@ class MqttFleet:
                 return None
             if not self._is_uplink(msg.topic):
                 return msg  # a status (or stray topic): the caller's handle() keeps it
-            if self._routes_to(msg.topic) == task:
+            if self.intake.routes_to(msg.topic) == task:
                 return msg
             self._route(msg)
 
     # -- a round ----------------------------------------------------------------------
     def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate | SatOut]:
         """Announce ``request``'s round and pump messages into its collector until it closes."""
+        with self.intake.opened(request):
+            return self._collect(request)
+
+    def _collect(self, request: CollectRequest) -> list[Update | Rejection | LateUpdate | SatOut]:
         rnd = self.round_collector(request)
         self._restore(rnd)
         rnd.open()
@@ -496,6 +553,8 @@ class MqttFleet:
         """Keep a status, or admit an upload into ``rnd`` (``None``: no round open, it is refused);
         with ``batch``, uploads wait there to be ingested together (:meth:`_flush`)."""
         msg = self._latest(msg)
+        if self.intake.handle(msg, rnd):
+            return
         try:
             topic = parse_topic(msg.topic)
         except codec.WireError as exc:

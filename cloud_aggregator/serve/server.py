@@ -30,7 +30,7 @@ from cloud_aggregator.config import AggregatorConfig, TaskConfig
 from cloud_aggregator.rounds.engine import RoundEngine
 from cloud_aggregator.rounds.types import CollectRequest, RoundRecord
 from cloud_aggregator.serve.buffered_mqtt import BufferedTask
-from cloud_aggregator.serve.coordinator import WorkerFleet
+from cloud_aggregator.serve.coordinator import worker_fleet
 from cloud_aggregator.serve.home_assistant import DiscoveryRelay
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.serve.secagg_round import SecAggFleet
@@ -232,7 +232,7 @@ def serve(
         if c.workers > 1 or c.plant_workers:  # K workers share the uplink; this process coordinates (README)
             # At workers = 1 with plant workers: the plants' batches only, no cloud worker.
             expected = (c.workers if c.workers > 1 else 0) + len(c.plant_workers)
-            fleet = WorkerFleet(
+            fleet = worker_fleet(
                 session, cfg.fleet, policy, store, admission=cfg.admission.policy(), workers=expected
             )
             if c.spawn_workers and c.workers > 1:
