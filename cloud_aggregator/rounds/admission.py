@@ -235,11 +235,24 @@ def check_round(round_: int, phase: str, global_hash: str, request: CollectReque
     return None
 
 
-#: A round's inbox: ``{device: Update | Rejection}`` and ``{("late", device): LateUpdate}``.
-Inbox = dict
+class Inbox(dict):
+    """A round's inbox, ``{device: Update | Rejection}`` and ``{("late", device): LateUpdate}``, that
+    knows which devices have an admitted ``Update``: a round asks ``answered`` in O(1) instead of
+    scanning N entries every turn (``cloud_aggregator.rounds.collector``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered: set[str] = set()
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if isinstance(value, Update):
+            self.answered.add(key)
+        else:
+            self.answered.discard(key)
 
 
-def file_verdict(inbox: Inbox, device: str, verdict: Update | LateUpdate | Refusal) -> None:
+def file_verdict(inbox: dict, device: str, verdict: Update | LateUpdate | Refusal) -> None:
     """File ``device``'s verdict in the round's ``inbox``: the one way a verdict is filed.
 
     A refusal of the device's answer to the open round (``ROUND_ANSWERS``) is filed as a
@@ -348,7 +361,7 @@ class Admission:
         device: str,
         upload: bytes | UpdateMessage,
         request: CollectRequest | None,
-        inbox: Inbox,
+        inbox: dict,
         *,
         restored: bool = False,
         outside: str | None = None,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cloud_aggregator.aggregation.update import Update
-from cloud_aggregator.rounds.admission import file_verdict
+from cloud_aggregator.rounds.admission import Inbox, file_verdict
 from cloud_aggregator.rounds.types import CollectRequest, LateUpdate, Refusal, Rejection, SatOut
 from ioft_protocol import codec
 from ioft_protocol.round_messages import DeviceSelection
@@ -90,23 +90,6 @@ class Roster(Protocol):
     def holdout_score(self, device: str, task: str, request: CollectRequest) -> dict[str, float] | None: ...
 
     def ahead(self, task: str, round_: int) -> dict[str, int]: ...
-
-
-class Inbox(dict):
-    """A round's inbox, ``{device: Update | Rejection}`` and ``{("late", device): LateUpdate}``, that
-    knows which devices have an admitted ``Update``: a round asks ``answered`` in O(1) instead of
-    scanning N entries every turn."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.answered: set[str] = set()
-
-    def __setitem__(self, key, value) -> None:
-        super().__setitem__(key, value)
-        if isinstance(value, Update):
-            self.answered.add(key)
-        else:
-            self.answered.discard(key)
 
 
 class _AllLive:

@@ -28,7 +28,7 @@ from dataclasses import replace
 from cloud_aggregator import faults
 from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.aggregation.weighting import sample_cap
-from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, reported_train_rows
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, file_verdict, reported_train_rows
 from cloud_aggregator.rounds.collector import NAMED, CollectPolicy, RoundCollector, unconfirmed
 from cloud_aggregator.rounds.types import (
     CollectRequest,
@@ -571,7 +571,8 @@ class MqttFleet:
         elif topic.kind == "up" and rnd is None:
             self._ingest(None, [(topic.device, msg.payload, None, False)])
         elif topic.kind == "up" and topic.task == rnd.task:
-            outside = self.view.outside(topic.device, self.selections.get(topic.task))
+            selection = self.selections.get(topic.task)
+            outside = None if selection is None else self.view.outside(topic.device, selection)
             held_out = topic.device in self.holdouts.get(topic.task, ())
             upload = (topic.device, msg.payload, outside, held_out)
             if batch is None:
@@ -670,7 +671,7 @@ class MqttFleet:
             verdicts = self._fold(request, verdicts)
         if rnd is not None:
             for (device, *_), verdict in zip(uploads, verdicts, strict=True):
-                rnd.file(device, verdict)
+                file_verdict(rnd.inbox, device, verdict)  # what rnd.file does, without a call per upload
 
     @staticmethod
     def _stored(

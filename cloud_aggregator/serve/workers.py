@@ -40,8 +40,8 @@ from cloud_aggregator.aggregation.streaming import RoundFold
 from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.aggregation.weighting import capped_weight
 from cloud_aggregator.config import AggregatorConfig
-from cloud_aggregator.rounds.admission import AdmissionPolicy
-from cloud_aggregator.rounds.collector import CollectPolicy, Inbox, RoundCollector
+from cloud_aggregator.rounds.admission import AdmissionPolicy, Inbox
+from cloud_aggregator.rounds.collector import CollectPolicy, RoundCollector
 from cloud_aggregator.rounds.types import CollectRequest, Reason, StoredRefusal, StoredUpload
 from cloud_aggregator.serve import worker_wire as wire
 from cloud_aggregator.serve.mqtt_fleet import MqttFleet
