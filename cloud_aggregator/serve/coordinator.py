@@ -330,7 +330,7 @@ class WorkerBatches(DeviceUploads):
 
     def _nudge(self, request: CollectRequest, devices: list[str]) -> None:
         """Send each device its round's announcement on its own downlink: it re-sends its upload."""
-        published = self.fleet._announced.get(request.spec.name)
+        published = self.fleet.announcer.published.get(request.spec.name)
         if not published:
             return
         ann = Announcement.decode(published[0][1], max_bytes=self.fleet.policy.max_payload_bytes)

@@ -41,13 +41,13 @@ from cloud_aggregator.rounds.types import (
     StoredRefusal,
     StoredUpload,
 )
+from cloud_aggregator.serve.announcer import Announcer
 from cloud_aggregator.serve.fleet_scaling import ScalingPool
 from cloud_aggregator.serve.liveness import Liveness
 from cloud_aggregator.serve.roster import DeviceRoster
-from ioft_protocol import codec, restate, round_messages, topics
-from ioft_protocol.mqtt import Message, MqttError, MqttSession
+from ioft_protocol import codec, round_messages, topics
+from ioft_protocol.mqtt import Message, MqttSession
 from ioft_protocol.round_messages import DeviceSelection
-from trainer_lite.params import param_hash
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,6 @@ RECHECK_S = 0.05
 INGEST_MAX, INGEST_BYTES = 512, 32 * 1024 * 1024
 #: A topic is parsed once per device, not three times per message (routing, the task's queue, handling).
 parse_topic = functools.lru_cache(maxsize=1 << 15)(topics.parse_topic)
-#: Seconds an announcement waits for the broker's ack (a crash right after it must not lose it);
-#: without one the round goes on: the broker gets it once the connection is back.
-ANNOUNCE_ACK_S = 10.0
 
 
 class DeviceUploads:
@@ -147,7 +144,6 @@ class MqttFleet:
         )
         #: task -> the devices its rounds skipped as not live, as last logged (said again on a change)
         self._skipped: dict[str, tuple[str, ...]] = {}
-        self._announced: dict[str, list[tuple[str, bytes]]] = {}  # task -> its retained messages
         #: task -> uplinks waiting for that task's collecting thread (or its first round)
         self._queues: dict[str, queue.Queue[Message]] = {}
         self._pump = threading.Lock()  # held by the thread reading the session
@@ -175,17 +171,10 @@ class MqttFleet:
         )
         session.subscribe(topics.topic_stats_all(self.fleet))
         session.on_connect_hooks.append(self.scaling.republish)
-        # After a broker restart the retained announcement may be gone: publish it again.
-        session.on_connect_hooks.append(self._republish)
+        self.announcer = Announcer(session, self.fleet)  # it publishes them again on a reconnect
         # Retained statuses may not reach us (ioft_protocol.restate): ask every device for its own.
-        self._links: dict[str, tuple | None] = {}  # device -> the connection its last status came from
         self._roll_called = float("-inf")  # monotonic time of the last roll call
         session.on_connect_hooks.append(self._roll_call)  # and wait_for_devices() calls it at start
-        #: task -> how many announcements it has published; (device, task) -> the one last restated
-        self._serial: dict[str, int] = {}
-        self._restated: dict[tuple[str, str], int] = {}
-        #: restatements not sent: that device already had the task's current announcement restated
-        self.restates_skipped = 0
         # A device's statuses are state: while one waits in the inbound queue, a newer one replaces
         # its payload instead of queueing behind it, so a device flooding statuses holds one slot.
         self._status_lock = threading.Lock()
@@ -207,11 +196,6 @@ class MqttFleet:
         an honest one); ``None`` when no status reports any."""
         rows = [r for s in list(self.view.status.values()) if (r := reported_train_rows(s)) is not None]
         return sample_cap(rows, ratio) if rows else None
-
-    def _republish(self) -> None:
-        for published in list(self._announced.values()):
-            for topic, payload in published:
-                self.session.publish(topic, payload, retain=True, timeout=None)
 
     def _scaling_refusal(self, task: str, device: str) -> str | None:
         """Why ``device`` may not add its statistics to ``task``'s fleet scaling (``None``: it may)."""
@@ -248,35 +232,6 @@ class MqttFleet:
             self._pending_live.discard(msg.topic)
         return msg if payload is None else Message(msg.topic, payload, msg.retain and not live)
 
-    def _restate(self, device: str, status: dict) -> None:
-        """A device online on a connection not seen before gets each task's current announcement
-        on its own downlink: the retained one may not reach it (``ioft_protocol.restate``).
-
-        At most once per connection and per announcement: a device that reconnects (or claims to,
-        with a new ``connected_at`` in every status) as fast as it can gets one copy per round."""
-        link = restate.connection(status)
-        known = self._links.get(device)
-        self._links[device] = link
-        if link is None or link == known:
-            return
-        for task, published in list(self._announced.items()):
-            serial = self._serial.get(task, 0)
-            if self._restated.get((device, task)) == serial:
-                self.restates_skipped += 1
-                if self.restates_skipped == 1 or self.restates_skipped % 1000 == 0:
-                    log.warning(
-                        "%s reconnects faster than rounds go by: its task %s announcement was restated "
-                        "once already (%d restatements skipped so far)",
-                        device,
-                        task,
-                        self.restates_skipped,
-                    )
-                continue
-            sent = restate.restatement(self.fleet, task, device, published)
-            if sent is not None:
-                self._restated[(device, task)] = serial
-                self.session.publish(*sent, timeout=None)
-
     # -- announcing ---------------------------------------------------------------
     def announce(
         self, request: CollectRequest, deadline: float, state: str = "running", mode: str = "sync"
@@ -304,31 +259,7 @@ class MqttFleet:
             max_samples=request.max_samples,
             downlink=None if request.downlink is None else request.downlink[1],
         )
-        topic = topics.topic_down(self.fleet, spec.name)
-        payload = ann.encode()
-        published = [(topic, payload)]
-        for device, params in request.downlinks.items():
-            personal = replace(
-                ann, params=params, params_hash=param_hash(params), for_device=device, downlink=None
-            )
-            published.append((topics.topic_down_device(self.fleet, spec.name, device), personal.encode()))
-        self._announced[spec.name] = published
-        self._serial[spec.name] = self._serial.get(spec.name, 0) + 1
-        for t, p in published[:-1]:
-            self.session.publish(t, p, retain=True, timeout=None)
-        # The broker acks in order: the last one's ack says it holds them all.  While it is away there
-        # is nothing to wait for: the round's clock runs on, and the outbox sends it on the reconnect.
-        link = getattr(self.session, "connected", None)
-        wait = ANNOUNCE_ACK_S if link is None or link.is_set() else None
-        try:
-            self.session.publish(*published[-1], retain=True, timeout=wait)
-        except MqttError as exc:
-            log.warning(
-                "round %d: announcement not acknowledged (%s); it goes out when the broker is back, "
-                "and the round goes on",
-                request.round,
-                exc,
-            )
+        self.announcer.publish(ann, request.downlinks)
 
     def finish(self, request: CollectRequest) -> None:
         """Announce that the task is done (retained), with the final global parameters."""
@@ -590,7 +521,7 @@ class MqttFleet:
         except ValueError as exc:
             log.warning("bad status from %s: %s", device, exc)
             return
-        self._restate(device, status)
+        self.announcer.restate(device, status)
         self.view.take(device, status, live)
 
     def _refusal_row(
