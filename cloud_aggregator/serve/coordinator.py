@@ -43,7 +43,8 @@ from cloud_aggregator.rounds.types import (
     RoundStore,
 )
 from cloud_aggregator.serve import worker_wire as wire
-from cloud_aggregator.serve.mqtt_fleet import DeviceUploads, MqttFleet
+from cloud_aggregator.serve.mqtt_fleet import MqttFleet
+from cloud_aggregator.serve.uplinks import DeviceUploads
 from ioft_protocol import codec, topics
 from ioft_protocol.mqtt import Message, MqttSession
 from ioft_protocol.round_messages import Announcement

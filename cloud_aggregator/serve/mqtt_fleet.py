@@ -1,10 +1,10 @@
 """The fleet over MQTT: announce a round (retained), collect uploads until every
 expected device answered or the deadline passed.
 
-Tasks may collect side by side, each on its own thread, over the one session: whichever
-collecting thread holds the pump reads the session, keeps the statuses and hands each
-uplink to its task's queue (:meth:`MqttFleet.next_message`), so no thread is added and one task
-alone reads the session as it always did.
+The fleet pumps and routes: each round's waiting (whom it awaits, its deadline and extensions,
+when it closes) is its :class:`~cloud_aggregator.rounds.collector.RoundCollector`; the uplinks come
+through its intake and each task's queue (:mod:`cloud_aggregator.serve.uplinks`), the
+announcements go out through :mod:`cloud_aggregator.serve.announcer`.
 
 Every uplink goes through the admission pipeline (``cloud_aggregator.rounds.admission``), the
 same one the in-process simulator runs: decoded only after its size is checked, its
@@ -15,11 +15,8 @@ the device id, counted per reason and stored: a malformed payload never stops a 
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import logging
-import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -45,6 +42,7 @@ from cloud_aggregator.serve.announcer import Announcer
 from cloud_aggregator.serve.fleet_scaling import ScalingPool
 from cloud_aggregator.serve.liveness import Liveness
 from cloud_aggregator.serve.roster import DeviceRoster
+from cloud_aggregator.serve.uplinks import DeviceUploads, TaskQueues, parse_topic
 from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.mqtt import Message, MqttSession
 from ioft_protocol.round_messages import DeviceSelection
@@ -63,56 +61,6 @@ RECHECK_S = 0.05
 #: Uploads ingested together at most (:meth:`MqttFleet._ingest`: one transaction, one fold), and
 #: their payload bytes at most: a batch is whatever waited in the queue, up to these.
 INGEST_MAX, INGEST_BYTES = 512, 32 * 1024 * 1024
-#: A topic is parsed once per device, not three times per message (routing, the task's queue, handling).
-parse_topic = functools.lru_cache(maxsize=1 << 15)(topics.parse_topic)
-
-
-class DeviceUploads:
-    """Where an :class:`MqttFleet`'s rounds get their uploads: from the devices, on the uplink, each
-    admitted by the fleet itself.  ``cloud_aggregator.serve.coordinator.WorkerBatches`` is the other
-    intake: batches of uploads its workers admitted."""
-
-    #: The fleet folds the uploads itself (the round engine cuts weights after the round).
-    folds_elsewhere = False
-
-    def __init__(self, fleet: MqttFleet) -> None:
-        self.fleet = fleet
-
-    @staticmethod
-    def is_uplink(topic: str) -> bool:
-        try:
-            return parse_topic(topic).kind in ("up", "secagg_up")  # routed to the task's queue
-        except codec.WireError:
-            return False
-
-    def routes_to(self, topic: str) -> str | None:
-        """The task whose queue takes an uplink on ``topic`` (``None``: none)."""
-        try:
-            task = parse_topic(topic).task
-        except codec.WireError:
-            return None
-        # Another aggregator's task, or none: not ours to judge.
-        selections = self.fleet.selections
-        return task if not selections or task in selections else None
-
-    def route(self, msg: Message) -> str | None:
-        """The task whose queue ``msg`` waits in (``None``: it is dropped)."""
-        return self.routes_to(msg.topic)
-
-    def handle(self, msg: Message, rnd: RoundCollector | None) -> bool:
-        """Nothing to take here: the fleet admits a device's upload itself (``False``)."""
-        return False
-
-    def opened(self, request: CollectRequest) -> contextlib.AbstractContextManager:
-        """Around a round's collecting."""
-        return contextlib.nullcontext()
-
-    def before_next(self, task: str, timeout: float) -> float:
-        """Before a round waits for its next message: how long it may wait."""
-        return timeout
-
-    def wait_ready(self) -> None:
-        """Before the fleet waits for its devices."""
 
 
 class MqttFleet:
@@ -144,9 +92,7 @@ class MqttFleet:
         )
         #: task -> the devices its rounds skipped as not live, as last logged (said again on a change)
         self._skipped: dict[str, tuple[str, ...]] = {}
-        #: task -> uplinks waiting for that task's collecting thread (or its first round)
-        self._queues: dict[str, queue.Queue[Message]] = {}
-        self._pump = threading.Lock()  # held by the thread reading the session
+        self.queues = TaskQueues(self)  # each task's uplinks, for its collecting thread
         self._admit = threading.Lock()  # admission and its counts are shared by every task
         #: task -> which devices run it (``[[task]] devices``); absent: every device.
         self.selections: dict[str, DeviceSelection | None] = {}
@@ -304,57 +250,13 @@ class MqttFleet:
         """Whether ``topic`` is an uplink: routed to its task's queue (:attr:`intake`)."""
         return self.intake.is_uplink(topic)
 
-    def _queue(self, task: str) -> queue.Queue[Message]:
-        q = self._queues.get(task)
-        if q is None:
-            limit = getattr(getattr(self.session, "inbound", None), "maxsize", 0) or 10_000
-            q = self._queues.setdefault(task, queue.Queue(limit))  # bounded like the session's
-        return q
-
     def _route(self, msg: Message) -> None:
         """Queue an uplink for its task's thread (:attr:`intake` says which, or drops it)."""
-        task = self.intake.route(msg)
-        if task is None:
-            return
-        try:
-            self._queue(task).put_nowait(msg)
-        except queue.Full:
-            log.error("task %s: uplink queue full; dropped an uplink on %s", task, msg.topic)
+        self.queues.route(msg)
 
     def next_message(self, task: str, timeout: float) -> Message | None:
-        """The next message for ``task``'s round: an uplink of the task, or a status (already kept).
-
-        The thread that gets the pump reads the session for every task; the others wait on their queue.
-        An uplink of the pump holder's own task goes straight to it, in arrival order: its queue is
-        empty then (looked at once the pump is held: only the pump holder fills the queues).
-        """
-        timeout = self.intake.before_next(task, timeout)
-        mine = self._queue(task)
-        deadline = time.monotonic() + timeout
-        while True:
-            if mine.queue:  # a look without its lock: only this task's thread takes from it
-                return mine.get_nowait()
-            left = deadline - time.monotonic()
-            if not self._pump.acquire(blocking=False):
-                try:
-                    return mine.get(timeout=max(0.0, min(left, 0.05)))
-                except queue.Empty:
-                    if left <= 0:
-                        return None
-                    continue
-            try:
-                if mine.queue:  # routed by the previous pump holder before we took the pump: those came first
-                    return mine.get_nowait()
-                msg = self.session.get(max(0.0, left))
-            finally:
-                self._pump.release()
-            if msg is None:
-                return None
-            if not self._is_uplink(msg.topic):
-                return msg  # a status (or stray topic): the caller's handle() keeps it
-            if self.intake.routes_to(msg.topic) == task:
-                return msg
-            self._route(msg)
+        """The next message for ``task``'s round: an uplink of the task, or a status (:class:`TaskQueues`)."""
+        return self.queues.next_message(task, timeout)
 
     # -- a round ----------------------------------------------------------------------
     def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate | SatOut]:
