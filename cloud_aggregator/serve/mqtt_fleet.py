@@ -41,7 +41,7 @@ from cloud_aggregator.rounds.types import (
 from cloud_aggregator.serve.announcer import Announcer
 from cloud_aggregator.serve.fleet_scaling import ScalingPool
 from cloud_aggregator.serve.liveness import Liveness
-from cloud_aggregator.serve.roster import DeviceRoster
+from cloud_aggregator.serve.roster import DeviceRoster, LatestStatus
 from cloud_aggregator.serve.uplinks import DeviceUploads, TaskQueues, parse_topic
 from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.mqtt import Message, MqttSession
@@ -121,14 +121,9 @@ class MqttFleet:
         # Retained statuses may not reach us (ioft_protocol.restate): ask every device for its own.
         self._roll_called = float("-inf")  # monotonic time of the last roll call
         session.on_connect_hooks.append(self._roll_call)  # and wait_for_devices() calls it at start
-        # A device's statuses are state: while one waits in the inbound queue, a newer one replaces
-        # its payload instead of queueing behind it, so a device flooding statuses holds one slot.
-        self._status_lock = threading.Lock()
-        self._pending_status: dict[str, bytes] = {}
-        self._pending_live: set[str] = set()  # of those, the topics a live status was merged into
-        self.statuses_coalesced = 0
+        self.statuses = LatestStatus(session)  # a newer status replaces a queued one's payload
         if hasattr(session, "tap") and hasattr(session, "inbound"):
-            session.tap(topics.topic_status_all(self.fleet), self._coalesce_status)
+            session.tap(topics.topic_status_all(self.fleet), self.statuses.absorb)
 
     @property
     def folds_elsewhere(self) -> bool:
@@ -152,31 +147,6 @@ class MqttFleet:
     def _roll_call(self) -> None:
         self._roll_called = time.monotonic()
         self.session.publish(topics.topic_roll_call(self.fleet), b"", timeout=None)
-
-    def _coalesce_status(self, msg: Message) -> bool:
-        """Network thread: a status whose topic has one queued already replaces that one's payload
-        (``True``: absorbed); otherwise it is queued as usual (``False``)."""
-        with self._status_lock:
-            if msg.topic in self._pending_status:
-                self._pending_status[msg.topic] = msg.payload
-                if not msg.retain:  # the merged status was heard live (liveness)
-                    self._pending_live.add(msg.topic)
-                self.statuses_coalesced += 1
-                return True
-            # Only this thread fills the queue: not full now means the put right after succeeds.
-            if not self.session.inbound.full():
-                self._pending_status[msg.topic] = msg.payload
-        return False
-
-    def _latest(self, msg: Message) -> Message:
-        """``msg``, or the newer status that replaced its payload while it was queued."""
-        if not self._pending_status:
-            return msg
-        with self._status_lock:
-            payload = self._pending_status.pop(msg.topic, None)
-            live = msg.topic in self._pending_live
-            self._pending_live.discard(msg.topic)
-        return msg if payload is None else Message(msg.topic, payload, msg.retain and not live)
 
     # -- announcing ---------------------------------------------------------------
     def announce(
@@ -385,7 +355,6 @@ class MqttFleet:
     ) -> None:
         """Keep a status, or admit an upload into ``rnd`` (``None``: no round open, it is refused);
         with ``batch``, uploads wait there to be ingested together (:meth:`_flush`)."""
-        msg = self._latest(msg)
         if self.intake.handle(msg, rnd):
             return
         try:
@@ -398,6 +367,7 @@ class MqttFleet:
         if topic.kind == "status":
             if batch:  # uploads read before it are judged on the status they saw
                 self._flush(rnd, batch)
+            msg = self.statuses.latest(msg)
             self._status(topic.device, msg.payload, live=not msg.retain)
         elif topic.kind == "stats":
             self.scaling.handle(str(topic.task), str(topic.device), msg.payload)

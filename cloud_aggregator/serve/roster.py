@@ -6,10 +6,12 @@ who refuses a task or is outside its selection, what held-out devices scored.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 from cloud_aggregator.rounds.types import CollectRequest, Reason
 from cloud_aggregator.serve.liveness import Liveness
+from ioft_protocol.mqtt import Message, MqttSession
 from ioft_protocol.round_messages import DeviceSelection, HoldoutScore
 
 #: What the aggregator reads of a device's retained status (the rest is the console's, which
@@ -117,3 +119,40 @@ class DeviceRoster:
         self.online[device] = online
         self.liveness.note(device, online, live)
         self.changes += 1
+
+
+class LatestStatus:
+    """A device's statuses are state: while one waits in the session's inbound queue, a newer one
+    replaces its payload instead of queueing behind it, so a device flooding statuses holds one slot."""
+
+    def __init__(self, session: MqttSession) -> None:
+        self.session = session
+        self._lock = threading.Lock()
+        self._pending: dict[str, bytes] = {}  # status topic -> the newest payload, while one is queued
+        self._live: set[str] = set()  # of those, the topics a live status was merged into
+        self.coalesced = 0
+
+    def absorb(self, msg: Message) -> bool:
+        """Network thread: a status whose topic has one queued already replaces that one's payload
+        (``True``: absorbed); otherwise it is queued as usual (``False``)."""
+        with self._lock:
+            if msg.topic in self._pending:
+                self._pending[msg.topic] = msg.payload
+                if not msg.retain:  # the merged status was heard live (liveness)
+                    self._live.add(msg.topic)
+                self.coalesced += 1
+                return True
+            # Only this thread fills the queue: not full now means the put right after succeeds.
+            if not self.session.inbound.full():
+                self._pending[msg.topic] = msg.payload
+        return False
+
+    def latest(self, msg: Message) -> Message:
+        """The status ``msg``, or the newer one that replaced its payload while it was queued."""
+        if not self._pending:
+            return msg
+        with self._lock:
+            payload = self._pending.pop(msg.topic, None)
+            live = msg.topic in self._live
+            self._live.discard(msg.topic)
+        return msg if payload is None else Message(msg.topic, payload, msg.retain and not live)
