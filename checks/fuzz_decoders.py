@@ -718,7 +718,7 @@ def _fleet_target() -> Target:
 
     def decode(data: bytes) -> Any:
         collector = fleet.round_collector(req)  # a round of its own per input: nothing carries over
-        fleet._ingest(collector, [(rnd_device(data), data, None, False)])
+        fleet.ingest.take(collector, [(rnd_device(data), data, None, False)])
         return collector.inbox
 
     def rnd_device(data: bytes) -> str:

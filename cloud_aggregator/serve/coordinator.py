@@ -95,6 +95,7 @@ class WorkerBatches(DeviceUploads):
     """An ``MqttFleet``'s uploads as its workers' batches; see the module docstring."""
 
     folds_elsewhere = True
+    takes_messages = True  # workers' states and batches; devices' uploads (a worker reads them)
 
     def __init__(self, fleet: MqttFleet, workers: int = 2) -> None:
         super().__init__(fleet)
@@ -243,7 +244,7 @@ class WorkerBatches(DeviceUploads):
                     state.refused.discard(device)
                 state.last_merge = time.monotonic()
                 if self.fleet.store is not None and len(fold.pending) >= self.fleet.policy.checkpoint_every:
-                    self.fleet._checkpoint(request)
+                    self.fleet.ingest.checkpoint(request)
         if batch.folded:
             ack = {"ack": batch.seq, "worker": batch.worker, "dupes": dupes}
             self.session.publish(wire.topic_ctl(self.id), wire.encode_ctl(ack), timeout=None)
@@ -262,9 +263,9 @@ class WorkerBatches(DeviceUploads):
     ) -> None:
         """Count and store a worker's refusal as ``MqttFleet`` counts its own; a refused answer to
         the open round is filed in it (unless the device has an admitted upload there)."""
-        with self.fleet._admit:
+        with self.fleet.ingest.lock:
             self.fleet.admission.count_refusal(device, reason)
-        self.fleet._record_refusal(device, None, Refusal(reason, detail), answering=(task, round_))
+        self.fleet.ingest.record_refusal(device, None, Refusal(reason, detail), answering=(task, round_))
         if (
             rnd is not None
             and reason in ROUND_ANSWERS

@@ -17,26 +17,21 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 
 from cloud_aggregator import faults
 from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.aggregation.weighting import sample_cap
-from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, file_verdict, reported_train_rows
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, reported_train_rows
 from cloud_aggregator.rounds.collector import NAMED, CollectPolicy, RoundCollector, unconfirmed
+from cloud_aggregator.rounds.ingest import INGEST_BYTES, INGEST_MAX, Ingest
 from cloud_aggregator.rounds.types import (
     CollectRequest,
     LateUpdate,
-    Reason,
-    Refusal,
     Rejection,
     RoundStore,
     SatOut,
-    StoredRefusal,
-    StoredUpload,
 )
 from cloud_aggregator.serve.announcer import Announcer
 from cloud_aggregator.serve.fleet_scaling import ScalingPool
@@ -49,18 +44,10 @@ from ioft_protocol.round_messages import DeviceSelection
 
 log = logging.getLogger(__name__)
 
-#: Refusals that are the protocol at work, logged at INFO (counted and stored like any other): a
-#: device re-sending an upload already counted (after an aggregator restart it re-sends its answer
-#: to the round it sees re-announced, which may close on the stored copy before the re-send
-#: lands; ``resent`` where it is a copy of the counted one), or answering a round already closed.
-ROUTINE_REFUSALS = frozenset({Reason.REPLAY, Reason.STALE_ROUND, Reason.RESENT})
 #: Queued messages handled at most between two looks at who is still awaited (wait_for_devices).
 BATCH = 2000
 #: Seconds of messages a round handles between two looks at who is still awaited.
 RECHECK_S = 0.05
-#: Uploads ingested together at most (:meth:`MqttFleet._ingest`: one transaction, one fold), and
-#: their payload bytes at most: a batch is whatever waited in the queue, up to these.
-INGEST_MAX, INGEST_BYTES = 512, 32 * 1024 * 1024
 
 
 class MqttFleet:
@@ -93,7 +80,8 @@ class MqttFleet:
         #: task -> the devices its rounds skipped as not live, as last logged (said again on a change)
         self._skipped: dict[str, tuple[str, ...]] = {}
         self.queues = TaskQueues(self)  # each task's uplinks, for its collecting thread
-        self._admit = threading.Lock()  # admission and its counts are shared by every task
+        #: admitted, stored, folded and filed: every upload of every task (its lock: admission's counts)
+        self.ingest = Ingest(self.admission, store, policy.checkpoint_every)
         #: task -> which devices run it (``[[task]] devices``); absent: every device.
         self.selections: dict[str, DeviceSelection | None] = {}
         #: task -> its held-out devices (``[[task]] holdout``): they score the global, never train.
@@ -236,7 +224,7 @@ class MqttFleet:
 
     def _collect(self, request: CollectRequest) -> list[Update | Rejection | LateUpdate | SatOut]:
         rnd = self.round_collector(request)
-        self._restore(rnd)
+        self.ingest.restore(rnd)
         rnd.open()
         if not rnd.fixed:
             self._say_skipped(request)
@@ -263,7 +251,7 @@ class MqttFleet:
 
     def _extend(self, rnd: RoundCollector) -> None:
         """Too few valid uploads at the deadline: drop a stale norm reference and re-announce."""
-        with self._admit:
+        with self.ingest.lock:
             stale = self.admission.forget_stale(rnd.request, len(rnd.inbox.answered))
         if stale:
             log.warning(
@@ -276,7 +264,7 @@ class MqttFleet:
     def _take_messages(self, rnd: RoundCollector) -> None:
         """Handle messages for up to ``RECHECK_S`` before the collector's O(N) looks (once per message
         they cost O(N²) per round at thousands of devices), or until the last awaited may be in.
-        Uploads are ingested in batches: whatever waited in the queue (:meth:`_ingest`)."""
+        Uploads are ingested in batches: whatever waited in the queue (:meth:`Ingest.take <cloud_aggregator.rounds.ingest.Ingest.take>`)."""
         task = rnd.task
         msg = self.next_message(task, min(0.2, rnd.left()))
         until = time.monotonic() + RECHECK_S
@@ -295,25 +283,6 @@ class MqttFleet:
                     msg = self.next_message(task, left)
         finally:
             self._flush(rnd, batch)
-
-    def _restore(self, rnd: RoundCollector) -> None:
-        """File what the store kept of this round: a streaming round's checkpoint, then the uploads
-        that arrived before a restart (no device needs to resend them)."""
-        if self.store is None:
-            return
-        request = rnd.request
-        if request.fold is not None:
-            self._restore_fold(rnd)
-        name, late = request.spec.name, request.late
-        stored = self.store.stored_updates(name, request.round, request.phase, request.global_hash)
-        if late is not None:
-            stored += self.store.stored_updates(name, late.round, late.phase, late.global_hash)
-        for chunk in _chunks([(device, payload, None, False) for device, payload in stored]):
-            self._ingest(rnd, chunk, persist=False)
-        if stored:
-            log.info(
-                "round %d/%s: %d uploads restored from the store", request.round, request.phase, len(stored)
-            )
 
     def _say_skipped(self, request: CollectRequest) -> None:
         """One line naming the devices a round does not wait for as not live (again only on a change),
@@ -355,7 +324,7 @@ class MqttFleet:
     ) -> None:
         """Keep a status, or admit an upload into ``rnd`` (``None``: no round open, it is refused);
         with ``batch``, uploads wait there to be ingested together (:meth:`_flush`)."""
-        if self.intake.handle(msg, rnd):
+        if self.intake.takes_messages and self.intake.handle(msg, rnd):
             return
         try:
             topic = parse_topic(msg.topic)
@@ -372,14 +341,14 @@ class MqttFleet:
         elif topic.kind == "stats":
             self.scaling.handle(str(topic.task), str(topic.device), msg.payload)
         elif topic.kind == "up" and rnd is None:
-            self._ingest(None, [(topic.device, msg.payload, None, False)])
+            self.ingest.take(None, [(topic.device, msg.payload, None, False)])
         elif topic.kind == "up" and topic.task == rnd.task:
             selection = self.selections.get(topic.task)
             outside = None if selection is None else self.view.outside(topic.device, selection)
             held_out = topic.device in self.holdouts.get(topic.task, ())
             upload = (topic.device, msg.payload, outside, held_out)
             if batch is None:
-                self._ingest(rnd, [upload])
+                self.ingest.take(rnd, [upload])
                 return
             batch.append(upload)
             if len(batch) >= min(INGEST_MAX, max(1, INGEST_BYTES // max(1, len(msg.payload)))):
@@ -396,153 +365,9 @@ class MqttFleet:
         self.announcer.restate(device, status)
         self.view.take(device, status, live)
 
-    def _refusal_row(
-        self,
-        device: str,
-        request: CollectRequest | None,
-        verdict: Refusal,
-        answering: tuple[str, int | None] | None = None,
-    ) -> StoredRefusal:
-        """Log a refused upload (admission counted it); the row that stores it, filed under
-        ``answering`` (task, round) where given (a worker's batch says which), else ``request``'s round."""
-        level = logging.INFO if verdict.reason in ROUTINE_REFUSALS else logging.WARNING
-        log.log(level, "dropped update from %s: %s", device, verdict)
-        if answering is None:
-            answering = (request.spec.name, request.round) if request is not None else ("", None)
-        return (*answering, device, verdict.reason, verdict.detail)
-
-    def _record_refusal(
-        self,
-        device: str,
-        request: CollectRequest | None,
-        verdict: Refusal,
-        *,
-        answering: tuple[str, int | None] | None = None,
-    ) -> None:
-        """Log and store a refused upload (admission counted it)."""
-        row = self._refusal_row(device, request, verdict, answering)
-        if self.store is not None:
-            self.store.put_rejection(*row)
-
     def _flush(self, rnd: RoundCollector | None, batch: list[tuple[str, bytes, str | None, bool]]) -> None:
         """Ingest the uploads ``batch`` holds back, if any."""
         if batch:
             uploads = batch[:]
             batch.clear()
-            self._ingest(rnd, uploads)
-
-    def _ingest(
-        self,
-        rnd: RoundCollector | None,
-        uploads: list[tuple[str, bytes, str | None, bool]],
-        *,
-        persist: bool = True,
-    ) -> None:
-        """Admit a batch of uplinks ``(device, payload, outside, held_out)`` into ``rnd``; never raises.
-
-        Admission judges each in arrival order (one decode, one tensor check); the admitted ones
-        and the refusals are stored in one transaction; only then is each admitted upload folded
-        (a streaming round: one NumPy pass over the batch) and filed: an upload counts once it is
-        durable, so a kill at any instant leaves it stored or uncounted (its device re-sends it).
-        ``persist`` ``False``: they were read back from the store.  ``outside`` (why the device is
-        outside the task's selection) and ``held_out`` go to admission.
-        """
-        request = None if rnd is None else rnd.request
-        with self._admit:
-            verdicts = [
-                self.admission.verdict(d, p, request, restored=not persist, outside=o, held_out=h)
-                for d, p, o, h in uploads
-            ]
-        keep: list[StoredUpload] = []
-        refusals: list[StoredRefusal] = []
-        for (device, payload, _, _), verdict in zip(uploads, verdicts, strict=True):
-            if isinstance(verdict, Refusal):
-                refusals.append(self._refusal_row(device, request, verdict))
-                continue
-            if isinstance(verdict, LateUpdate):
-                log.info(
-                    "late update from %s for round %d counts in round %d",
-                    device,
-                    verdict.round,
-                    request.round,
-                )
-            if persist:  # durable like any upload: a restart keeps it
-                keep.append(self._stored(request, device, verdict, payload))
-        if self.store is not None:
-            self.store.put_batch(keep, refusals)
-        if request is not None and request.fold is not None:
-            verdicts = self._fold(request, verdicts)
-        if rnd is not None:
-            for (device, *_), verdict in zip(uploads, verdicts, strict=True):
-                file_verdict(rnd.inbox, device, verdict)  # what rnd.file does, without a call per upload
-
-    @staticmethod
-    def _stored(
-        request: CollectRequest, device: str, verdict: Update | LateUpdate, payload: bytes
-    ) -> StoredUpload:
-        """The row that keeps an admitted upload, under the round it answers (a straggler's: its own)."""
-        if isinstance(verdict, LateUpdate):
-            late = request.late
-            return (request.spec.name, late.round, late.phase, device, late.global_hash, payload)
-        return (request.spec.name, request.round, request.phase, device, request.global_hash, payload)
-
-    def _fold(
-        self, request: CollectRequest, verdicts: list[Update | LateUpdate | Refusal]
-    ) -> list[Update | LateUpdate | Refusal]:
-        """Fold the admitted uploads among ``verdicts`` into the round's running sum, checkpointing
-        every ``checkpoint_every``; the verdicts to file (admitted ones without their params)."""
-        fold, every = request.fold, self.policy.checkpoint_every
-        out = list(verdicts)
-        fresh = [i for i, v in enumerate(verdicts) if isinstance(v, Update)]
-        while fresh:
-            room = max(1, every - len(fold.pending)) if self.store is not None else len(fresh)
-            chunk, fresh = fresh[:room], fresh[room:]
-            fold.add_many([verdicts[i] for i in chunk])
-            for i in chunk:
-                out[i] = replace(verdicts[i], params={})
-            if self.store is not None and len(fold.pending) >= every:
-                self._checkpoint(request)
-        return out
-
-    def _checkpoint(self, request: CollectRequest) -> None:
-        """Store the round's partial sum; the uploads it covers leave the store."""
-        fold = request.fold
-        folded = dict(fold.pending)
-        self.store.put_partial(
-            request.spec.name, request.round, request.phase, request.global_hash, fold.checkpoint(), folded
-        )
-
-    def _restore_fold(self, rnd: RoundCollector) -> None:
-        """Continue a streaming round from its last checkpoint (a restart): the devices folded in
-        it count with their stored sample counts and metrics, and their re-sends are replays."""
-        request = rnd.request
-        kept = self.store.partial(request.spec.name, request.round, request.phase, request.global_hash)
-        if kept is None:
-            return
-        state, folded = kept
-        request.fold.restore(state, folded)
-        with self._admit:
-            self.admission.restore_folded(request, sorted(folded))
-        for device, (n_samples, metrics) in folded.items():
-            rnd.file(device, Update(device, {}, n_samples, metrics))
-        log.info(
-            "round %d/%s: partial sum of %d uploads restored from the store",
-            request.round,
-            request.phase,
-            len(folded),
-        )
-
-
-def _chunks(
-    uploads: list[tuple[str, bytes, str | None, bool]],
-) -> list[list[tuple[str, bytes, str | None, bool]]]:
-    """``uploads`` in batches of at most ``INGEST_MAX`` uploads and about ``INGEST_BYTES`` bytes."""
-    out: list[list[tuple[str, bytes, str | None, bool]]] = []
-    size = INGEST_BYTES
-    for upload in uploads:
-        if not out or size + len(upload[1]) > INGEST_BYTES or len(out[-1]) >= INGEST_MAX:
-            out.append([])
-            size = 0
-        out[-1].append(upload)
-        size += len(upload[1])
-    return out
+            self.ingest.take(rnd, uploads)

@@ -49,6 +49,8 @@ class DeviceUploads:
 
     #: The fleet folds the uploads itself (the round engine cuts weights after the round).
     folds_elsewhere = False
+    #: Messages it takes before the fleet looks at them (:meth:`handle`): none, here.
+    takes_messages = False
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
