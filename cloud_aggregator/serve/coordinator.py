@@ -236,21 +236,26 @@ class WorkerBatches(DeviceUploads):
                         rnd,
                     )
             else:
-                fold.mean.merge(batch.mean)
-                for device, (n_samples, metrics) in batch.folded.items():
-                    fold.devices.add(device)
-                    fold.pending[device] = (n_samples, metrics)
-                    rnd.file(device, Update(device, {}, n_samples, metrics))
-                    state.refused.discard(device)
-                state.last_merge = time.monotonic()
-                if self.fleet.store is not None and len(fold.pending) >= self.fleet.policy.checkpoint_every:
-                    self.fleet.ingest.checkpoint(request)
+                self._merge(batch, rnd, state)
         if batch.folded:
             ack = {"ack": batch.seq, "worker": batch.worker, "dupes": dupes}
             self.session.publish(wire.topic_ctl(self.id), wire.encode_ctl(ack), timeout=None)
         barrier = None if state is None else state.barrier
         if barrier is not None and batch.flush == barrier.seq:
             barrier.waiting.discard(batch.worker)
+
+    def _merge(self, batch: wire.Batch, rnd: RoundCollector, state: _Open) -> None:
+        """Merge ``batch``'s partial sum into the open round's fold; file its devices' uploads."""
+        fold = rnd.request.fold
+        fold.mean.merge(batch.mean)
+        for device, (n_samples, metrics) in batch.folded.items():
+            fold.devices.add(device)
+            fold.pending[device] = (n_samples, metrics)
+            rnd.file(device, Update(device, {}, n_samples, metrics))
+            state.refused.discard(device)
+        state.last_merge = time.monotonic()
+        if self.fleet.store is not None and len(fold.pending) >= self.fleet.policy.checkpoint_every:
+            self.fleet.ingest.checkpoint(rnd.request)
 
     def _refused(
         self,

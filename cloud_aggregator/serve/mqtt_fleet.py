@@ -95,16 +95,7 @@ class MqttFleet:
         # per status either.
         session.subscribe(topics.topic_status_all(self.fleet), qos=0)
         session.subscribe(topics.topic_up_all(self.fleet))
-        # Tasks with scaling = "fleet": the devices' feature statistics, pooled once (fleet_scaling).
-        self.scaling = ScalingPool(
-            self.fleet,
-            lambda topic, payload: self.session.publish(topic, payload, retain=True, timeout=None),
-            self._scaling_refusal,
-            lambda device: reported_train_rows(statuses.get(device)),
-            lambda task: self.admission.policy.task_max_samples.get(task, self.admission.policy.max_samples),
-        )
-        session.subscribe(topics.topic_stats_all(self.fleet))
-        session.on_connect_hooks.append(self.scaling.republish)
+        self.scaling = self._scaling_pool()
         self.announcer = Announcer(session, self.fleet)  # it publishes them again on a reconnect
         # Retained statuses may not reach us (ioft_protocol.restate): ask every device for its own.
         self._roll_called = float("-inf")  # monotonic time of the last roll call
@@ -112,6 +103,20 @@ class MqttFleet:
         self.statuses = LatestStatus(session)  # a newer status replaces a queued one's payload
         if hasattr(session, "tap") and hasattr(session, "inbound"):
             session.tap(topics.topic_status_all(self.fleet), self.statuses.absorb)
+
+    def _scaling_pool(self) -> ScalingPool:
+        """Tasks with scaling = "fleet": the devices' feature statistics, pooled once (fleet_scaling)."""
+        policy = self.admission.policy
+        pool = ScalingPool(
+            self.fleet,
+            lambda topic, payload: self.session.publish(topic, payload, retain=True, timeout=None),
+            self._scaling_refusal,
+            lambda device: reported_train_rows(self.view.status.get(device)),
+            lambda task: policy.task_max_samples.get(task, policy.max_samples),
+        )
+        self.session.subscribe(topics.topic_stats_all(self.fleet))
+        self.session.on_connect_hooks.append(pool.republish)
+        return pool
 
     @property
     def folds_elsewhere(self) -> bool:
