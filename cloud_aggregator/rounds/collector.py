@@ -206,6 +206,13 @@ class RoundCollector:
         self.deadline = self.clock() + self.policy.deadline_s
         return self.deadline
 
+    def announced(self, deadline: float) -> bool:
+        """The round's announcement came with ``deadline`` (a worker learns its rounds from them): the
+        round's deadline from now on; ``True`` when it moved (an extension, or a restarted coordinator)."""
+        moved = deadline != self.deadline
+        self.deadline = deadline
+        return moved
+
     def look(self) -> None:
         """Take in the roster if a status came since the last look (an O(N) look: not otherwise).
 

@@ -94,7 +94,6 @@ class _Round:
 
     collector: RoundCollector  # what this worker admitted of the round (the coordinator closes it)
     fold: RoundFold  # the strategy's fold: its per-upload weight
-    deadline: float
     pending: dict[str, Update] = field(default_factory=dict)  # admitted, in no batch yet
     changed: bool = False  # an upload was judged since the plant last looked (plant mode)
     opened: float = field(default_factory=time.time)
@@ -229,9 +228,8 @@ class AggregatorWorker:
             return
         key = (ann.round, ann.phase, ann.global_hash)
         if r is not None and r.key == key:
-            if ann.deadline != r.deadline:  # re-announced: an extension, or a restarted coordinator
+            if r.collector.announced(ann.deadline):  # re-announced: an extension, or a restarted coordinator
                 self.fleet.admission.forget_answers(task, ann.round, ann.phase)
-                r.deadline = ann.deadline
             return
         if r is not None:
             self._send(r)  # the last uploads of the round before
@@ -259,14 +257,17 @@ class AggregatorWorker:
             fold.weight = capped_weight(fold.weight, request.max_samples)
         self.fleet.selections[task] = ann.devices
         self.fleet.holdouts[task] = ann.holdout
-        self.rounds[task] = _Round(self.fleet.round_collector(request), fold, ann.deadline)
+        collector = self.fleet.round_collector(request)
+        collector.announced(ann.deadline)
+        self.rounds[task] = _Round(collector, fold)
         log.info("worker %s: task %s round %d/%s open", self.id, task, ann.round, ann.phase)
 
     def _plant_due(self, r: _Round) -> bool:
         """A plant sends its round's one batch once every device online at its broker (that runs the
         task and is not held out) has an upload judged, or ``PLANT_MARGIN`` of the round's time
         before the cloud's deadline: one message per plant per round crosses the bridge."""
-        if time.time() >= r.deadline - PLANT_MARGIN * max(0.0, r.deadline - r.opened):
+        deadline = r.collector.deadline
+        if time.time() >= deadline - PLANT_MARGIN * max(0.0, deadline - r.opened):
             return True
         if not r.changed:
             return False

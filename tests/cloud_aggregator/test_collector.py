@@ -207,3 +207,11 @@ def test_a_refused_answer_is_filed_as_a_rejection_but_never_over_an_admitted_upl
     c.file("d0", Refusal(Reason.NOT_SELECTED, "held out", sat_out=True))  # sat out: only counted
     c.file("d0", Refusal(Reason.STALE_ROUND, "an old round"))  # not an answer to this round
     assert isinstance(c.inbox["d0"], Rejection) and "too far" in c.inbox["d0"].reason
+
+
+def test_an_announcement_sets_the_deadline_and_says_when_it_moved():
+    c, _, clock = collector()
+    assert not c.announced(c.deadline)  # the same announcement again (a restatement)
+    assert c.announced(clock.now + 60)  # an extension (a worker learns it from the announcement)
+    clock.now += 30
+    assert c.step() == "wait" and c.left() == 30
