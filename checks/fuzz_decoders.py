@@ -702,7 +702,7 @@ def _fleet_target() -> Target:
         {n: codec.TensorSpec(tuple(v.shape), v.dtype.name) for n, v in g.items()},
     )  # fmt: skip
     fleet = MqttFleet(_StubSession(), "plant", CollectPolicy(max_payload_bytes=MAX_INPUT))
-    logging.getLogger("cloud_aggregator.serve.mqtt_fleet").setLevel(logging.ERROR)  # one warning per input
+    logging.getLogger("cloud_aggregator.rounds.ingest").setLevel(logging.ERROR)  # one warning per input
     seeds = [
         round_messages.UpdateMessage("plant", "speed", dev, r, "train", 10, req.global_hash, {}, {n: v + d for n, v in g.items()}).encode()
         for dev, r, d in (("printer1", 2, 0.01), ("printer2", 2, 0.02), ("printer2", 1, 0.02), ("printer3", 3, 0.5), ("printer4", 2, 1e4))

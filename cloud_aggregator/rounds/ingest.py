@@ -39,7 +39,7 @@ ROUTINE_REFUSALS = frozenset({Reason.REPLAY, Reason.STALE_ROUND, Reason.RESENT})
 INGEST_MAX, INGEST_BYTES = 512, 32 * 1024 * 1024
 #: An upload to ingest: ``(device, payload, outside, held_out)``: ``outside`` says why the device
 #: is outside the task's selection (``None``: it is not), ``held_out`` that it only scores the global.
-Upload = tuple[str, bytes, "str | None", bool]
+Upload = tuple[str, bytes, str | None, bool]
 
 
 class Ingest:
@@ -80,7 +80,7 @@ class Ingest:
     def take(
         self,
         rnd: RoundCollector | None,
-        uploads: list[tuple[str, bytes, str | None, bool]],
+        uploads: list[Upload],
         *,
         persist: bool = True,
     ) -> None:
@@ -199,10 +199,10 @@ class Ingest:
 
 
 def chunks(
-    uploads: list[tuple[str, bytes, str | None, bool]],
-) -> list[list[tuple[str, bytes, str | None, bool]]]:
+    uploads: list[Upload],
+) -> list[list[Upload]]:
     """``uploads`` in batches of at most ``INGEST_MAX`` uploads and about ``INGEST_BYTES`` bytes."""
-    out: list[list[tuple[str, bytes, str | None, bool]]] = []
+    out: list[list[Upload]] = []
     size = INGEST_BYTES
     for upload in uploads:
         if not out or size + len(upload[1]) > INGEST_BYTES or len(out[-1]) >= INGEST_MAX:

@@ -25,7 +25,7 @@ from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.aggregation.weighting import sample_cap
 from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, reported_train_rows
 from cloud_aggregator.rounds.collector import NAMED, CollectPolicy, RoundCollector, unconfirmed
-from cloud_aggregator.rounds.ingest import INGEST_BYTES, INGEST_MAX, Ingest
+from cloud_aggregator.rounds.ingest import INGEST_BYTES, INGEST_MAX, Ingest, Upload
 from cloud_aggregator.rounds.types import (
     CollectRequest,
     LateUpdate,
@@ -273,7 +273,7 @@ class MqttFleet:
         task = rnd.task
         msg = self.next_message(task, min(0.2, rnd.left()))
         until = time.monotonic() + RECHECK_S
-        batch: list[tuple[str, bytes, str | None, bool]] = []
+        batch: list[Upload] = []
         try:
             while msg is not None:
                 self.handle(msg, rnd, batch)
@@ -325,7 +325,7 @@ class MqttFleet:
         self,
         msg: Message,
         rnd: RoundCollector | None = None,
-        batch: list[tuple[str, bytes, str | None, bool]] | None = None,
+        batch: list[Upload] | None = None,
     ) -> None:
         """Keep a status, or admit an upload into ``rnd`` (``None``: no round open, it is refused);
         with ``batch``, uploads wait there to be ingested together (:meth:`_flush`)."""
@@ -370,7 +370,7 @@ class MqttFleet:
         self.announcer.restate(device, status)
         self.view.take(device, status, live)
 
-    def _flush(self, rnd: RoundCollector | None, batch: list[tuple[str, bytes, str | None, bool]]) -> None:
+    def _flush(self, rnd: RoundCollector | None, batch: list[Upload]) -> None:
         """Ingest the uploads ``batch`` holds back, if any."""
         if batch:
             uploads = batch[:]
