@@ -402,7 +402,7 @@ class Admission:
             self._answer((request.spec.name, request.round, request.phase), device, None)
 
     def forget_answers(self, task: str, round_: int, phase: str) -> None:
-        """Forget who answered a round here: an aggregator worker (``cloud_aggregator.serve.workers``)
+        """Forget who answered a round here: an aggregator worker (``cloud_aggregator.serve.worker_loop``)
         whose coordinator re-announced the round judges re-sends afresh; the coordinator,
         which merges every worker's uploads, refuses the true replays."""
         self._answered.pop((task, round_, phase), None)

@@ -5,7 +5,7 @@ who refused the task, what held-out devices scored, its deadline and extensions,
 closing rule.  Its inputs are the verdicts filed into it (admission's, or a worker's batch),
 the roster of devices (their statuses, read through :class:`Roster`) and a clock passed in,
 so it is driven the same way over MQTT (``cloud_aggregator.serve.mqtt_fleet``), by an
-aggregator worker (``cloud_aggregator.serve.workers``) and in tests, without sleeping.
+aggregator worker (``cloud_aggregator.serve.worker_loop``) and in tests, without sleeping.
 
 The closing rule: a round closes ``"answered"`` once every awaited device has an admitted
 upload, at least ``min_participants`` of them, and every held-out device online and live has
