@@ -281,8 +281,10 @@ def upload_paths() -> dict[str, list[str]]:
         )
         fleet.holdouts["t"] = ("d1",)
         # Its handling starts in ``handle`` (the message read) and, where uploads are ingested in
-        # batches, goes on in ``_ingest`` (judged, stored, folded, filed): both are traced.
-        steps = [name for name in ("handle", "_ingest") if hasattr(fleet, name)]
+        # batches, goes on in the fleet's ``_ingest`` or its ``ingest.take`` (judged, stored, folded,
+        # filed: ``cloud_aggregator.rounds.ingest``): each is traced where the fleet has it.
+        places = [(fleet, "handle"), (fleet, "_ingest"), (getattr(fleet, "ingest", None), "take")]
+        steps = [(owner, name) for owner, name in places if owner is not None and hasattr(owner, name)]
         cases = (
             ("accepted", "d0", 1, False),
             ("accepted into a streaming round (folded)", "d0", 1, True),
@@ -298,16 +300,16 @@ def upload_paths() -> dict[str, list[str]]:
             )
             session.queue.append(Message(topics.topic_up("f", "t", device), up.encode(), False))
             path: list[str] = []
-            for name in steps:
-                step = getattr(fleet, name)
+            for owner, name in steps:
+                step = getattr(owner, name)
                 setattr(
-                    fleet,
+                    owner,
                     name,
                     lambda *a, step=step, path=path, **k: path.extend(traced_modules(lambda: step(*a, **k))),
                 )
             fleet.collect(opened)
-            for name in steps:
-                delattr(fleet, name)
+            for owner, name in steps:
+                delattr(owner, name)
             paths[case] = [m for i, m in enumerate(path) if i == 0 or path[i - 1] != m]
         store.close()
     return paths

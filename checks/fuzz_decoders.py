@@ -702,7 +702,7 @@ def _fleet_target() -> Target:
         {n: codec.TensorSpec(tuple(v.shape), v.dtype.name) for n, v in g.items()},
     )  # fmt: skip
     fleet = MqttFleet(_StubSession(), "plant", CollectPolicy(max_payload_bytes=MAX_INPUT))
-    logging.getLogger("cloud_aggregator.serve.mqtt_fleet").setLevel(logging.ERROR)  # one warning per input
+    logging.getLogger("cloud_aggregator.rounds.ingest").setLevel(logging.ERROR)  # one warning per input
     seeds = [
         round_messages.UpdateMessage("plant", "speed", dev, r, "train", 10, req.global_hash, {}, {n: v + d for n, v in g.items()}).encode()
         for dev, r, d in (("printer1", 2, 0.01), ("printer2", 2, 0.02), ("printer2", 1, 0.02), ("printer3", 3, 0.5), ("printer4", 2, 1e4))
@@ -717,9 +717,9 @@ def _fleet_target() -> Target:
         return st_save(tensors, metadata={"ioft": json.dumps(meta)})
 
     def decode(data: bytes) -> Any:
-        received: dict = {}
-        fleet._accept(rnd_device(data), data, req, received, persist=True)
-        return received
+        collector = fleet.round_collector(req)  # a round of its own per input: nothing carries over
+        fleet.ingest.take(collector, [(rnd_device(data), data, None, False)])
+        return collector.inbox
 
     def rnd_device(data: bytes) -> str:
         """The device the payload names (so inputs get past the identity check), else printer1."""

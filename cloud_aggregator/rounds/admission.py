@@ -1,6 +1,6 @@
 """Update admission: the one pipeline every upload passes, in simulation and over MQTT alike.
 
-:meth:`Admission.verdict` judges a device's upload for the open round, :meth:`Admission.file` files the verdict
+:meth:`Admission.verdict` judges a device's upload for the open round, :func:`file_verdict` files the verdict
 (an ``Update``, a straggler's ``LateUpdate``, or a :class:`Refusal`) in the round's inbox.
 ``cloud_aggregator.rounds.simulation.SimulatedFleet`` hands it ``UpdateMessage`` objects,
 ``cloud_aggregator.serve.mqtt_fleet.MqttFleet`` the payload bytes that came with a topic; every
@@ -235,27 +235,42 @@ def check_round(round_: int, phase: str, global_hash: str, request: CollectReque
     return None
 
 
-#: A round's inbox: ``{device: Update | Rejection}`` and ``{("late", device): LateUpdate}``.
-Inbox = dict
+class Inbox(dict):
+    """A round's inbox, ``{device: Update | Rejection}`` and ``{("late", device): LateUpdate}``, that
+    knows which devices have an admitted ``Update``: a round asks ``answered`` in O(1) instead of
+    scanning N entries every turn (``cloud_aggregator.rounds.collector``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered: set[str] = set()
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if isinstance(value, Update):
+            self.answered.add(key)
+        else:
+            self.answered.discard(key)
 
 
-def filing(
-    device: str, verdict: Update | LateUpdate | Refusal, filed: object
-) -> tuple[str | tuple[str, str], Update | LateUpdate | Rejection] | None:
-    """Where a verdict goes in the round's inbox, ``(key, entry)``, given what ``device`` has there
-    (``filed``); ``None``: it is only counted.
+def file_verdict(inbox: dict, device: str, verdict: Update | LateUpdate | Refusal) -> None:
+    """File ``device``'s verdict in the round's ``inbox``: the one way a verdict is filed.
 
     A refusal of the device's answer to the open round (``ROUND_ANSWERS``) is filed as a
     ``Rejection`` unless the device has an admitted upload there; other refusals, and a device
     screened out (it sat the round out: the fleet says so in its ``SatOut``), are only counted.
+    A late update is filed under ``("late", device)``, beside the device's fresh one.
     """
     if isinstance(verdict, Refusal):
-        if verdict.reason in ROUND_ANSWERS and not verdict.sat_out and not isinstance(filed, Update):
-            return device, Rejection(device, str(verdict))
-        return None
-    if isinstance(verdict, LateUpdate):
-        return ("late", device), verdict
-    return device, verdict
+        if (
+            verdict.reason in ROUND_ANSWERS
+            and not verdict.sat_out
+            and not isinstance(inbox.get(device), Update)
+        ):
+            inbox[device] = Rejection(device, str(verdict))
+    elif isinstance(verdict, LateUpdate):
+        inbox[("late", device)] = verdict
+    else:
+        inbox[device] = verdict
 
 
 class _Window:
@@ -346,15 +361,15 @@ class Admission:
         device: str,
         upload: bytes | UpdateMessage,
         request: CollectRequest | None,
-        inbox: Inbox,
+        inbox: dict,
         *,
         restored: bool = False,
         outside: str | None = None,
         held_out: bool = False,
     ) -> Update | LateUpdate | Refusal:
-        """:meth:`verdict` on ``device``'s upload, then :meth:`file` it in ``inbox``."""
+        """:meth:`verdict` on ``device``'s upload, then :func:`file_verdict` it in ``inbox``."""
         verdict = self.verdict(device, upload, request, restored=restored, outside=outside, held_out=held_out)
-        self.file(device, verdict, inbox)
+        file_verdict(inbox, device, verdict)
         return verdict
 
     def verdict(
@@ -369,7 +384,7 @@ class Admission:
     ) -> Update | LateUpdate | Refusal:
         """Judge ``device``'s upload (:meth:`screen`, then :meth:`judge`) and count a refusal.
 
-        The caller files the verdict (:meth:`file`) once the upload is durable; a streaming round
+        The caller files the verdict (:func:`file_verdict`) once the upload is durable; a streaming round
         folds an admitted one first (``cloud_aggregator.aggregation.streaming.RoundFold``).
         """
         screened = self.screen(device, outside=outside, held_out=held_out)  # counted there
@@ -380,13 +395,6 @@ class Admission:
             self.count_refusal(device, verdict.reason)
         return verdict
 
-    @staticmethod
-    def file(device: str, verdict: Update | LateUpdate | Refusal, inbox: Inbox) -> None:
-        """File a verdict in the round's inbox (:func:`filing`)."""
-        entry = filing(device, verdict, inbox.get(device))
-        if entry is not None:
-            inbox[entry[0]] = entry[1]
-
     def restore_folded(self, request: CollectRequest, devices: list[str]) -> None:
         """Mark ``devices`` as having answered ``request``'s round: a checkpointed fold holds
         their uploads, so a re-send after a restart is a replay."""
@@ -394,7 +402,7 @@ class Admission:
             self._answer((request.spec.name, request.round, request.phase), device, None)
 
     def forget_answers(self, task: str, round_: int, phase: str) -> None:
-        """Forget who answered a round here: an aggregator worker (``cloud_aggregator.serve.workers``)
+        """Forget who answered a round here: an aggregator worker (``cloud_aggregator.serve.worker_loop``)
         whose coordinator re-announced the round judges re-sends afresh; the coordinator,
         which merges every worker's uploads, refuses the true replays."""
         self._answered.pop((task, round_, phase), None)

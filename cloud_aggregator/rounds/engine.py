@@ -16,7 +16,7 @@ own ``max_weight`` (the aggregator sees only the sum).  Streamed rounds split ov
 workers`` are announced with their cap (``CollectRequest.max_samples``) and each worker cuts
 what it folds; their first round, with no earlier median and no whole uploads, cuts at
 ``max_weight_ratio`` × the median of the training rows the devices' statuses report
-(``WorkerFleet.reported_cap``).  The cut is counted and logged here either way.
+(``MqttFleet.reported_cap``).  The cut is counted and logged here either way.
 """
 
 from __future__ import annotations

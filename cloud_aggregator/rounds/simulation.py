@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from cloud_aggregator.aggregation.update import Update
-from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, Inbox
+from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy
+from cloud_aggregator.rounds.collector import CollectPolicy, FixedRoster, RoundCollector
 from cloud_aggregator.rounds.engine import RoundEngine
 from cloud_aggregator.rounds.secagg import collect_in_process
 from cloud_aggregator.rounds.types import CollectRequest, LateUpdate, Reason, Refusal, Rejection, RoundRecord
@@ -130,20 +131,21 @@ class SimulatedFleet:
             msg = self.train(device, shared, request.round, request.phase, request.global_hash)
             sent.append((device, msg))
         delivered = sent if self.uplinks is None else self.uplinks(request, sent)
-        inbox: Inbox = {}
+        # The round's collector, as over MQTT: every sampled device online, each upload filed once.
+        collector = RoundCollector(request, CollectPolicy(expected=tuple(devices)), FixedRoster(devices))
         for device, upload in delivered:
             verdict = self.admission.verdict(device, upload, request)
             if isinstance(verdict, Update) and request.fold is not None:
                 # Streaming, as MqttFleet does it: the sum takes the params, the inbox the count.
                 request.fold.add_many([verdict])
                 verdict = replace(verdict, params={})
-            self.admission.file(device, verdict, inbox)
+            collector.file(device, verdict)
             if isinstance(verdict, Refusal):  # a copy of a counted upload is routine
                 level = logging.INFO if verdict.reason is Reason.RESENT else logging.WARNING
                 log.log(level, "dropped update from %s: %s", device, verdict)
         if request.spec.secagg is not None:  # masked and summed as over MQTT, in this process
-            return collect_in_process(request, list(inbox.values()))
-        return list(inbox.values())
+            return collect_in_process(request, list(collector.inbox.values()))
+        return list(collector.inbox.values())
 
     def train(self, device: str, shared: Params, round_: int, phase: str, global_hash: str) -> UpdateMessage:
         """``device``'s client update from ``shared`` (its local state moves on): the upload it sends."""

@@ -29,8 +29,9 @@ from collections.abc import Callable
 from cloud_aggregator.aggregation.fedbuff import Arrival, BufferConfig
 from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy
 from cloud_aggregator.rounds.buffered import BufferedServer
+from cloud_aggregator.rounds.ingest import ROUTINE_REFUSALS
 from cloud_aggregator.rounds.types import Reason, Refusal, RoundRecord
-from cloud_aggregator.serve.mqtt_fleet import ROUTINE_REFUSALS, MqttFleet
+from cloud_aggregator.serve.mqtt_fleet import MqttFleet
 from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import codec, topics
 from ioft_protocol.round_messages import UpdateMessage

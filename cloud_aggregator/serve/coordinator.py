@@ -1,14 +1,14 @@
 """The coordinator of aggregator workers: ``serve`` with ``[collect] workers = K`` (K ≥ 2).
 
-:class:`WorkerFleet` is an :class:`~cloud_aggregator.serve.mqtt_fleet.MqttFleet` that reads no uplink
+:func:`worker_fleet` is an :class:`~cloud_aggregator.serve.mqtt_fleet.MqttFleet` that reads no uplink
 itself: K ``cloud-aggregator worker`` processes share it (``cloud_aggregator.serve.workers``) and send
-batches, each the partial sum of the uploads a worker admitted.  The round loop is MqttFleet's
-own ``collect`` (announcements, deadlines and extensions, who is awaited, sat-out devices, how
-the round closed); only ``handle`` differs: a batch's devices become the round's ``Update``
-entries and its partial sum is merged into the round's fold (``StreamingMean.merge``), its
-refusals are counted and stored as if admission had refused them here.  A batch holding a
-device already counted (a device re-sent and another worker admitted the copy) is merged
-nowhere: each such device is counted as a replay and the worker sends the rest again.
+batches, each the partial sum of the uploads a worker admitted.  The round is the fleet's own
+(its ``RoundCollector``: announcements, deadlines and extensions, who is awaited, sat-out devices,
+how the round closed); only the intake differs (:class:`WorkerBatches`): a batch's devices are
+filed as the round's ``Update`` entries and its partial sum is merged into the round's fold
+(``StreamingMean.merge``), its refusals are counted and stored as if admission had refused them
+here.  A batch holding a device already counted (a device re-sent and another worker admitted the
+copy) is merged nowhere: each such device is counted as a replay and the worker sends the rest again.
 
 Losing a worker
     mosquitto (2.0.11 here) gives a killed member's unacknowledged uploads to no other member
@@ -27,26 +27,24 @@ Losing a worker
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import queue
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from cloud_aggregator.aggregation.update import Update
-from cloud_aggregator.aggregation.weighting import sample_cap
-from cloud_aggregator.rounds.admission import ROUND_ANSWERS, AdmissionPolicy, reported_train_rows
+from cloud_aggregator.rounds.admission import ROUND_ANSWERS, AdmissionPolicy
+from cloud_aggregator.rounds.collector import CollectPolicy, RoundCollector
 from cloud_aggregator.rounds.types import (
     CollectRequest,
-    LateUpdate,
     Reason,
     Refusal,
-    Rejection,
     RoundStore,
-    SatOut,
 )
 from cloud_aggregator.serve import worker_wire as wire
-from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
+from cloud_aggregator.serve.mqtt_fleet import MqttFleet
+from cloud_aggregator.serve.uplinks import DeviceUploads
 from ioft_protocol import codec, topics
 from ioft_protocol.mqtt import MqttSession
 from ioft_protocol.mqtt_inbound import Message
@@ -79,27 +77,33 @@ class _Open:
     settling: set[str] | None = None  # a finished barrier's candidates, until batches stop coming
 
 
-class WorkerFleet(MqttFleet):
-    """``MqttFleet`` whose uploads are admitted by workers; see the module docstring."""
+def worker_fleet(
+    session: MqttSession,
+    fleet: str,
+    policy: CollectPolicy,
+    store: RoundStore | None = None,
+    admission: AdmissionPolicy | None = None,
+    *,
+    workers: int = 2,
+) -> MqttFleet:
+    """An ``MqttFleet`` whose uploads are admitted by ``workers`` workers (:class:`WorkerBatches`)."""
+    out = MqttFleet(session, fleet, policy, store, admission)
+    out.intake = WorkerBatches(out, workers)
+    return out
 
-    #: Its workers fold the uploads: the round engine announces the weight cap with the round
-    #: (``CollectRequest.max_samples``) for them to cut by (``cloud_aggregator.rounds.engine``).
+
+class WorkerBatches(DeviceUploads):
+    """An ``MqttFleet``'s uploads as its workers' batches; see the module docstring."""
+
     folds_elsewhere = True
+    takes_messages = True  # workers' states and batches; devices' uploads (a worker reads them)
 
-    def __init__(
-        self,
-        session: MqttSession,
-        fleet: str,
-        policy: CollectPolicy,
-        store: RoundStore | None = None,
-        admission: AdmissionPolicy | None = None,
-        *,
-        workers: int = 2,
-    ) -> None:
-        super().__init__(session, fleet, policy, store, admission)
-        session.unsubscribe(topics.topic_up_all(self.fleet))  # the workers read the uplink
-        session.subscribe(wire.topic_worker_all(self.fleet))
-        session.subscribe(wire.topic_batch_all(self.fleet))
+    def __init__(self, fleet: MqttFleet, workers: int = 2) -> None:
+        super().__init__(fleet)
+        self.session, self.id = fleet.session, fleet.fleet
+        self.session.unsubscribe(topics.topic_up_all(self.id))  # the workers read the uplink
+        self.session.subscribe(wire.topic_worker_all(self.id))
+        self.session.subscribe(wire.topic_batch_all(self.id))
         self.expected_workers = workers
         self.workers: dict[str, bool] = {}  # worker -> online
         self._open: dict[str, _Open] = {}
@@ -108,58 +112,50 @@ class WorkerFleet(MqttFleet):
         self.nudged: list[str] = []
         self.barriers = 0
 
-    def reported_cap(self, ratio: float) -> int | None:
-        """A first round's weight cap: ``ratio`` × the median of the training rows the devices'
-        statuses report (one device claiming a million moves a median of three no further than
-        an honest one); ``None`` when no status reports any."""
-        rows = [r for s in list(self.view.status.values()) if (r := reported_train_rows(s)) is not None]
-        return sample_cap(rows, ratio) if rows else None
-
     def live_workers(self) -> set[str]:
         return {w for w, up in list(self.workers.items()) if up}
 
     # -- start-up ---------------------------------------------------------------------------
-    def wait_for_devices(self, settle_s: float = 1.0) -> list[str]:
-        """Wait for the workers (an upload published while no worker subscribes reaches nobody),
-        then for the devices as ``MqttFleet`` does."""
-        deadline = time.monotonic() + self.policy.startup_wait_s
+    def wait_ready(self) -> None:
+        """Wait for the workers (an upload published while no worker subscribes reaches nobody)
+        before the fleet waits for its devices."""
+        fleet = self.fleet
+        deadline = time.monotonic() + fleet.policy.startup_wait_s
         while len(self.live_workers()) < self.expected_workers and time.monotonic() < deadline:
             msg = self.session.get(0.1)
-            if msg is not None and self._is_uplink(msg.topic):
-                self._route(msg)  # a batch sent while we were down waits for its round, as an upload does
+            if msg is not None and self.is_uplink(msg.topic):
+                fleet._route(msg)  # a batch sent while we were down waits for its round, as an upload does
             elif msg is not None:
-                self.handle(msg, None)
+                fleet.handle(msg)
         log.info("workers online: %s", sorted(self.live_workers()))
-        return super().wait_for_devices(settle_s)
 
     # -- routing: batches wait for their task's round like uploads do --------------------------
-    def _is_uplink(self, topic: str) -> bool:  # type: ignore[override]
-        agg = wire.parse(topic, self.fleet)
-        return (agg is not None and agg.kind == "batch") or MqttFleet._is_uplink(topic)
+    def is_uplink(self, topic: str) -> bool:
+        agg = wire.parse(topic, self.id)
+        return (agg is not None and agg.kind == "batch") or DeviceUploads.is_uplink(topic)
 
-    def _route(self, msg: Message) -> None:
-        agg = wire.parse(msg.topic, self.fleet)
+    def route(self, msg: Message) -> str | None:
+        agg = wire.parse(msg.topic, self.id)
         if agg is None or agg.kind != "batch":
-            return  # a device's upload: a worker has it (it is in the shared group too)
-        if self.selections and agg.task not in self.selections:
-            self.handle(msg, None)  # not a task of ours (its refusals are still counted)
-            return
-        try:
-            self._queue(agg.task).put_nowait(msg)
-        except queue.Full:  # the worker re-sends nothing, the barrier finds the devices
-            log.error("task %s: batch queue full; dropped a batch from %s", agg.task, agg.worker)
-
-    def _routes_to(self, topic: str) -> str | None:  # type: ignore[override]
-        agg = wire.parse(topic, self.fleet)
-        if agg is None or agg.kind != "batch" or (self.selections and agg.task not in self.selections):
+            return None  # a device's upload: a worker has it (it is in the shared group too)
+        if self.fleet.selections and agg.task not in self.fleet.selections:
+            self.fleet.handle(msg)  # not a task of ours (its refusals are still counted)
             return None
         return agg.task
 
-    def next_message(self, task: str, timeout: float) -> Message | None:
-        self._reconcile(task)
-        return super().next_message(task, min(timeout, BARRIER_POLL_S))
+    def routes_to(self, topic: str) -> str | None:
+        agg = wire.parse(topic, self.id)
+        selections = self.fleet.selections
+        if agg is None or agg.kind != "batch" or (selections and agg.task not in selections):
+            return None
+        return agg.task
 
-    def collect(self, request: CollectRequest) -> Sequence[Update | Rejection | LateUpdate | SatOut]:
+    def before_next(self, task: str, timeout: float) -> float:
+        self._reconcile(task)
+        return min(timeout, BARRIER_POLL_S)
+
+    @contextlib.contextmanager
+    def opened(self, request: CollectRequest) -> Iterator[None]:
         if request.fold is None:
             raise ValueError(
                 f"task {request.spec.name}: workers fold uploads; this round keeps every upload "
@@ -167,29 +163,30 @@ class WorkerFleet(MqttFleet):
             )
         self._open[request.spec.name] = _Open(request)
         try:
-            return super().collect(request)
+            yield
         finally:
             self._open.pop(request.spec.name, None)
 
     # -- messages ---------------------------------------------------------------------------
-    def handle(self, msg: Message, request: CollectRequest | None, received: dict | None = None) -> None:
-        agg = wire.parse(msg.topic, self.fleet)
+    def handle(self, msg: Message, rnd: RoundCollector | None) -> bool:
+        """Take a worker's state or batch, and leave a device's upload to the workers (``True``);
+        ``False``: a status, for the fleet."""
+        agg = wire.parse(msg.topic, self.id)
         if agg is None:
             try:
-                if topics.parse_topic(msg.topic).kind == "up":
-                    return  # read by a worker
+                return topics.parse_topic(msg.topic).kind == "up"  # read by a worker
             except codec.WireError:
-                pass
-            super().handle(msg, request, received)
-        elif agg.kind == "worker":
+                return False
+        if agg.kind == "worker":
             self._worker_state(agg.worker, wire.is_online(msg.payload))
         elif agg.kind == "batch":
             try:
-                batch = wire.Batch.decode(msg.payload)
+                decoded = wire.Batch.decode(msg.payload)
             except ValueError as exc:
                 log.error("unreadable batch from worker %s: %s", agg.worker, exc)
-                return
-            self._batch(batch, request, received if received is not None else {})
+                return True
+            self._batch(decoded, rnd)
+        return True
 
     def _worker_state(self, worker: str, online: bool) -> None:
         was = self.workers.get(worker)
@@ -203,11 +200,12 @@ class WorkerFleet(MqttFleet):
                 if state.barrier is not None:
                     state.barrier.waiting.discard(worker)
 
-    def _batch(self, batch: wire.Batch, request: CollectRequest | None, received: dict) -> None:
+    def _batch(self, batch: wire.Batch, rnd: RoundCollector | None) -> None:
         state = self._open.get(batch.task)
+        request = None if rnd is None else rnd.request
         for task, round_, device, code, detail in batch.refused:
             reason = Reason(code) if code in Reason._value2member_map_ else Reason.OTHER
-            self._refused(device, task, round_, reason, detail, request, received)
+            self._refused(device, task, round_, reason, detail, rnd)
         current = (
             request is not None
             and state is not None
@@ -216,56 +214,49 @@ class WorkerFleet(MqttFleet):
         )
         dupes: list[str] = []
         if batch.folded and not current:  # admitted for a round closed since: too late, as one upload is
-            self._too_late(batch)
-        elif batch.folded:
-            dupes = self._fold(batch, request, state, received)
-        if batch.folded:
-            ack = {"ack": batch.seq, "worker": batch.worker, "dupes": dupes}
-            self.session.publish(wire.topic_ctl(self.fleet), wire.encode_ctl(ack), timeout=None)
-        barrier = None if state is None else state.barrier
-        if barrier is not None and batch.flush == barrier.seq:
-            barrier.waiting.discard(batch.worker)
-
-    def _too_late(self, batch: wire.Batch) -> None:
-        """Refuse a batch's devices admitted for a round that closed since, each as a stale upload."""
-        for device in batch.folded:
-            self._refused(
-                device,
-                batch.task,
-                batch.round,
-                Reason.STALE_ROUND,
-                f"admitted by worker {batch.worker} for round {batch.round}/{batch.phase} after it closed",
-                None,
-                {},
-            )
-
-    def _fold(self, batch: wire.Batch, request: CollectRequest, state: _Open, received: dict) -> list[str]:
-        """Merge a batch of the open round into its fold; none of it when a device in it already
-        answered (each such one refused as a replay).  Those devices (the worker's dupes)."""
-        fold = request.fold
-        dupes = sorted(d for d in batch.folded if d in fold.devices)
-        if dupes:
-            for device in dupes:
+            for device in batch.folded:
                 self._refused(
                     device,
                     batch.task,
                     batch.round,
-                    Reason.REPLAY,
-                    f"device already answered round {batch.round}/{batch.phase} (worker {batch.worker})",
-                    request,
-                    received,
+                    Reason.STALE_ROUND,
+                    f"admitted by worker {batch.worker} for round {batch.round}/{batch.phase} after it closed",
+                    None,
                 )
-            return dupes
+        elif batch.folded:
+            fold = request.fold
+            dupes = sorted(d for d in batch.folded if d in fold.devices)
+            if dupes:
+                for device in dupes:
+                    self._refused(
+                        device,
+                        batch.task,
+                        batch.round,
+                        Reason.REPLAY,
+                        f"device already answered round {batch.round}/{batch.phase} (worker {batch.worker})",
+                        rnd,
+                    )
+            else:
+                self._merge(batch, rnd, state)
+        if batch.folded:
+            ack = {"ack": batch.seq, "worker": batch.worker, "dupes": dupes}
+            self.session.publish(wire.topic_ctl(self.id), wire.encode_ctl(ack), timeout=None)
+        barrier = None if state is None else state.barrier
+        if barrier is not None and batch.flush == barrier.seq:
+            barrier.waiting.discard(batch.worker)
+
+    def _merge(self, batch: wire.Batch, rnd: RoundCollector, state: _Open) -> None:
+        """Merge ``batch``'s partial sum into the open round's fold; file its devices' uploads."""
+        fold = rnd.request.fold
         fold.mean.merge(batch.mean)
         for device, (n_samples, metrics) in batch.folded.items():
             fold.devices.add(device)
             fold.pending[device] = (n_samples, metrics)
-            received[device] = Update(device, {}, n_samples, metrics)
+            rnd.file(device, Update(device, {}, n_samples, metrics))
             state.refused.discard(device)
         state.last_merge = time.monotonic()
-        if self.store is not None and len(fold.pending) >= self.policy.checkpoint_every:
-            self._checkpoint(request)
-        return dupes
+        if self.fleet.store is not None and len(fold.pending) >= self.fleet.policy.checkpoint_every:
+            self.fleet.ingest.checkpoint(rnd.request)
 
     def _refused(
         self,
@@ -274,21 +265,20 @@ class WorkerFleet(MqttFleet):
         round_: int | None,
         reason: Reason,
         detail: str,
-        request: CollectRequest | None,
-        received: dict,
+        rnd: RoundCollector | None,
     ) -> None:
         """Count and store a worker's refusal as ``MqttFleet`` counts its own; a refused answer to
         the open round is filed in it (unless the device has an admitted upload there)."""
-        with self._admit:
-            self.admission.count_refusal(device, reason)
-        self._record_refusal(device, None, Refusal(reason, detail), answering=(task, round_))
+        with self.fleet.ingest.lock:
+            self.fleet.admission.count_refusal(device, reason)
+        self.fleet.ingest.record_refusal(device, None, Refusal(reason, detail), answering=(task, round_))
         if (
-            request is not None
+            rnd is not None
             and reason in ROUND_ANSWERS
-            and (task, round_) == (request.spec.name, request.round)
-            and not isinstance(received.get(device), Update)
+            and (task, round_) == (rnd.task, rnd.request.round)
+            and not isinstance(rnd.inbox.get(device), Update)
         ):
-            received[device] = Rejection(device, f"{reason}: {detail}")
+            rnd.file(device, Refusal(reason, detail))  # filed as a Rejection: an answer to this round
             state = self._open.get(task)
             if state is not None:
                 state.refused.add(device)
@@ -298,15 +288,15 @@ class WorkerFleet(MqttFleet):
         """Devices the open round awaits that no batch counted and whose answer was not refused."""
         request = state.request
         task = request.spec.name
-        if self.policy.expected or request.participants is not None:
-            awaited = set(request.participants or self.policy.expected)
+        if self.fleet.policy.expected or request.participants is not None:
+            awaited = set(request.participants or self.fleet.policy.expected)
         else:
-            awaited = set(self.view.live_devices())
-        selection, held_out = self.selections.get(task), set(self.holdouts.get(task, ()))
+            awaited = set(self.fleet.view.live_devices())
+        selection, held_out = self.fleet.selections.get(task), set(self.fleet.holdouts.get(task, ()))
         return {
             d
             for d in awaited - request.fold.devices - state.refused - held_out
-            if self.view.refusal(d, task, selection) is None
+            if self.fleet.view.refusal(d, task, selection) is None
         }
 
     def _reconcile(self, task: str) -> None:
@@ -344,14 +334,14 @@ class WorkerFleet(MqttFleet):
         self.barriers += 1
         state.barrier = _Barrier(self._seq, set(live), candidates)
         body = {"flush": self._seq, "task": task}
-        self.session.publish(wire.topic_ctl(self.fleet), wire.encode_ctl(body), timeout=None)
+        self.session.publish(wire.topic_ctl(self.id), wire.encode_ctl(body), timeout=None)
 
     def _nudge(self, request: CollectRequest, devices: list[str]) -> None:
         """Send each device its round's announcement on its own downlink: it re-sends its upload."""
-        published = self._announced.get(request.spec.name)
+        published = self.fleet.announcer.published.get(request.spec.name)
         if not published:
             return
-        ann = Announcement.decode(published[0][1], max_bytes=self.policy.max_payload_bytes)
+        ann = Announcement.decode(published[0][1], max_bytes=self.fleet.policy.max_payload_bytes)
         log.warning(
             "round %d/%s: %d awaited devices not counted after a worker was lost; asking %s to re-send",
             request.round,
@@ -361,6 +351,6 @@ class WorkerFleet(MqttFleet):
         )
         for device in devices:
             personal = replace(ann, for_device=device)
-            topic = topics.topic_down_device(self.fleet, request.spec.name, device)
+            topic = topics.topic_down_device(self.id, request.spec.name, device)
             self.session.publish(topic, personal.encode(), timeout=None)
         self.nudged.extend(devices)

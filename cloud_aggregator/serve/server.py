@@ -24,12 +24,13 @@ from pathlib import Path
 from cloud_aggregator import worker_login
 from cloud_aggregator.aggregation.strategies import make_strategy
 from cloud_aggregator.config import AggregatorConfig, TaskConfig
+from cloud_aggregator.rounds.collector import CollectPolicy
 from cloud_aggregator.rounds.engine import RoundEngine
 from cloud_aggregator.rounds.types import CollectRequest, RoundRecord
 from cloud_aggregator.serve.buffered_mqtt import BufferedTask
-from cloud_aggregator.serve.coordinator import WorkerFleet
+from cloud_aggregator.serve.coordinator import worker_fleet
 from cloud_aggregator.serve.home_assistant import DiscoveryRelay
-from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
+from cloud_aggregator.serve.mqtt_fleet import MqttFleet
 from cloud_aggregator.serve.reload import (
     Control,
     ServeRefusedError,
@@ -187,7 +188,9 @@ def _make_fleet(
     # K workers share the uplink; this process coordinates (README).  At workers = 1 with plant
     # workers: the plants' batches only, no cloud worker.
     expected = (c.workers if c.workers > 1 else 0) + len(c.plant_workers)
-    fleet = WorkerFleet(session, cfg.fleet, policy, store, admission=cfg.admission.policy(), workers=expected)
+    fleet = worker_fleet(
+        session, cfg.fleet, policy, store, admission=cfg.admission.policy(), workers=expected
+    )
     if not (c.spawn_workers and c.workers > 1):
         return fleet, None
     if not worker_argv:

@@ -22,7 +22,7 @@ from cloud_aggregator.config import AggregatorConfig
 from cloud_aggregator.rounds.admission import AdmissionPolicy
 from cloud_aggregator.rounds.types import CollectRequest, Rejection
 from cloud_aggregator.serve import worker_wire as wire
-from cloud_aggregator.serve.coordinator import WorkerFleet
+from cloud_aggregator.serve.coordinator import worker_fleet
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy
 from cloud_aggregator.serve.workers import AggregatorWorker
 from cloud_aggregator.store.sqlite import SqliteStore
@@ -198,7 +198,7 @@ def test_two_workers_and_a_coordinator_hold_each_upload_once(tmp_path):
     store = SqliteStore(tmp_path / "agg")
     # The garbage sender is not awaited: the round closes once the other eleven are counted.
     policy = CollectPolicy(deadline_s=20, expected=tuple(DEVICES[:-1]), max_extensions=0, startup_wait_s=5)
-    coordinator = WorkerFleet(BusSession(bus), FLEET, policy, store, AdmissionPolicy(), workers=2)
+    coordinator = worker_fleet(BusSession(bus), FLEET, policy, store, AdmissionPolicy(), workers=2)
     workers = [AggregatorWorker(BusSession(bus), FLEET, f"w{i}") for i in (1, 2)]
     stop = threading.Event()
     threads = [threading.Thread(target=w.run, args=(stop,), daemon=True) for w in workers]
@@ -259,7 +259,7 @@ def test_two_workers_and_a_coordinator_hold_each_upload_once(tmp_path):
 def test_a_batch_for_a_closed_round_is_counted_stale(tmp_path):
     bus = Bus()
     store = SqliteStore(tmp_path / "agg")
-    coordinator = WorkerFleet(BusSession(bus), FLEET, CollectPolicy(), store, workers=1)
+    coordinator = worker_fleet(BusSession(bus), FLEET, CollectPolicy(), store, workers=1)
     batch = wire.Batch("w1", 1, TASK, 1, "train", "0" * 64, folded={"d1": (3, {})})
     coordinator.handle(Message(wire.topic_batch(FLEET, TASK, "w1"), batch.encode(), False), None)
     assert store.rejection_counts_by_reason(TASK) == {"d1": {"stale_round": 1}}
