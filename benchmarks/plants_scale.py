@@ -52,7 +52,7 @@ import paho.mqtt.client as paho
 
 from benchmarks.common import markdown_table, progress, study_parser, write_result
 from benchmarks.fleet_scale import children, cpu_s, hwm_mb, split, start_swarms, stop, swarm_root
-from cloud_aggregator.fleet.plant_files import bridge_topic_lines
+from cloud_aggregator.fleet.plant_files import bridge_identity, bridge_topic_lines
 from cloud_aggregator.local.broker import LOOPBACK_CONF, free_port, interrupt_on_sigterm, start_mosquitto
 from cloud_aggregator.local.fleet import FLEET, LocalFleet, aggregator_toml
 from cloud_aggregator.store.sqlite import SqliteStore
@@ -63,7 +63,7 @@ TASK = "bench"
 TROUBLE = re.compile(r"Traceback|Error|error|denied|refused|Too many open files|out of memory|dropp", re.I)
 
 
-def broker_conf(port: int, n: int, cloud_port: int | None = None) -> str:
+def broker_conf(port: int, n: int, cloud_port: int | None = None, plant: str = "") -> str:
     """A loopback mosquitto for ``n`` devices; with ``cloud_port``, a plant bridged to the cloud as
     ``fleet add-plant --partial-aggregator`` bridges it (its own ``bridge_topic_lines``)."""
     # mosquitto keeps max_queued_messages (default 1,000) per client and drops the rest: a round
@@ -71,7 +71,10 @@ def broker_conf(port: int, n: int, cloud_port: int | None = None) -> str:
     text = LOOPBACK_CONF.format(port=port) + f"max_queued_messages {max(1000, 4 * n)}\n"
     if cloud_port is None:
         return text
-    bridge = [f"connection cloud\naddress 127.0.0.1:{cloud_port}", "cleansession false",
+    # Each bridge its own client id at the cloud, as add-plant writes it (mosquitto's default,
+    # <hostname>.<connection>, is the same for every plant here: they would knock each other off).
+    bridge = [f"connection cloud\naddress 127.0.0.1:{cloud_port}", f"remote_clientid {bridge_identity(plant)}",
+              "cleansession false",
               "local_cleansession false", "bridge_protocol_version mqttv311", "restart_timeout 1 2",
               "keepalive_interval 60", *bridge_topic_lines(FLEET, partial=True)]  # fmt: skip
     return text + "\n".join(bridge) + "\n"
@@ -84,6 +87,7 @@ class Tally:
         host, port = url.removeprefix("mqtt://").split(":")
         self.count: Counter[str] = Counter()
         self.bytes: Counter[str] = Counter()
+        self.statuses: set[int] = set()
         self._lock = threading.Lock()
         self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="plants-scale-tally")
         self.client.on_connect = lambda c, *_a: c.subscribe(f"{topics.PROTOCOL}/{FLEET}/#", qos=1)
@@ -108,6 +112,9 @@ class Tally:
         with self._lock:
             self.count[k] += 1
             self.bytes[k] += len(msg.payload)
+            if k == "status":  # a copy delivered twice (QoS 1 over the bridge) is no new status
+                self.statuses.add(hash((msg.topic, msg.payload)))
+                self.count["status distinct"] = len(self.statuses)
 
     def read(self) -> tuple[Counter[str], Counter[str]]:
         with self._lock:
@@ -154,7 +161,7 @@ class Case:
             if plants:
                 pport = free_port()
                 conf = work / f"plant-{i}.conf"
-                conf.write_text(broker_conf(pport, count, cloud_port=port))
+                conf.write_text(broker_conf(pport, count, cloud_port=port, plant=f"plant-{i}"))
                 broker = start_mosquitto(pport, config=conf, log_file=work / f"plant-{i}.broker.log")
                 self.plant_brokers.append(broker)
                 url = broker.url
@@ -322,7 +329,7 @@ def figures(snaps: list[dict], measured: list) -> dict:
     for c in COMPONENTS:
         out["cpu " + c] = dist([(b[c] - a[c]) / k for (a, b), k in zip(pairs, per_round, strict=True)])
         out["rss " + c] = snaps[-1][c + " rss"]
-    for kind in ("batch", "upload", "status", "other"):
+    for kind in ("batch", "upload", "status", "status distinct", "other"):
         out["msgs " + kind] = dist(
             [(b["count"][kind] - a["count"][kind]) / k for (a, b), k in zip(pairs, per_round, strict=True)]
         )
@@ -375,7 +382,7 @@ def table(results: list[dict]) -> str:
             spread(r["cpu plant brokers"], "{:.2f} s") if r["plants"] else "-",
             spread(r["cpu swarms"], "{:.2f} s"),
             f"{r['msgs batch'][0]:.0f} batches, {r['msgs upload'][0]:,.0f} uploads, {r['msgs status'][0]:,.0f} "
-            f"statuses ({top_in:,.0f} msgs, {sum(r['bytes ' + k] for k in ('batch', 'upload', 'status', 'other')) / 1e6:.2f} MB)",
+            f"statuses ({r['msgs status distinct'][0]:,.0f} distinct; {top_in:,.0f} msgs, {sum(r['bytes ' + k] for k in ('batch', 'upload', 'status', 'other')) / 1e6:.2f} MB)",
             ", ".join(f"{c.split()[0] if c != 'swarms' else c} {v:.2f}" for c, v in r["share"].items()),
         ])  # fmt: skip
     return markdown_table(
