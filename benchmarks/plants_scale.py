@@ -204,6 +204,10 @@ class Case:
             bad = [line for line in log.read_text(errors="replace").splitlines() if TROUBLE.search(line)]
             if bad:
                 out.append(f"{log.name}: {len(bad)} such lines, first: {bad[0][:160]}")
+        for log in sorted(self.work.glob("plant-*.broker.log")):  # how far the connection storm got
+            text = log.read_text(errors="replace")
+            out.append(f"{log.name}: {text.count('New client connected')} connects, "
+                       f"{text.count(' disconnected') + text.count('closed its connection')} disconnects")  # fmt: skip
         dead = [p.args[-1] if p in self.workers else p.pid for p in [*self.workers, *self.swarms] if p.poll()]
         if dead:
             out.append(f"exited: {dead}")
