@@ -124,6 +124,8 @@ def test_moonraker_receives_the_advised_speed_at_the_start_of_a_print_and_gets_i
         toml.write_text(
             # A model of a few rounds expects slow speeds: a floor of 0 lets the plumbing show (the
             # 5 mm/s floor has its unit test); 17,550 mm/s never reaches the printer whatever it is.
+            # round_status_s: the status waited for below shows within ~1 s, not the 30 s pace.
+            "round_status_s = 1.0\n"
             f'[serve]\nvibration_budget = 1.0\nmin_advice = 0.0\nmax_advice = 200.0\napply = "moonraker"\n'
             f'dry_run = false\nmoonraker_url = "{moonraker.url}"\n'
         )
