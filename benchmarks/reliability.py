@@ -29,6 +29,8 @@ SIGKILLed at a random time; the state must then load verified and consistent
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import re
@@ -87,17 +89,26 @@ def read_run(db: Path, task: str) -> tuple[list, str | None]:
         store.close()
 
 
+@functools.cache
+def _simulated_data(device: str) -> tuple:
+    """The device's simulated dataset, as its trainer makes it: the same for every trial, and
+    its simulated I2C bus takes ~1 s a device, so it is made once per process."""
+    from edge.config import DataConfig
+    from edge.simulated import simulated_printer_dataset
+
+    train, test, _ = simulated_printer_dataset(device, DataConfig(source="simulate-printer"))
+    return train, test
+
+
 def simulated_hashes(task: dict) -> list[str]:
     """Every round's global hash of the same task in the in-process simulator (same code, no MQTT)."""
     from cloud_aggregator.rounds.simulation import ClientData, simulate
-    from edge.config import DataConfig
-    from edge.simulated import simulated_printer_dataset
     from trainer_lite.task import TaskSpec
 
     clients = {}
     for d in DEVICES:
-        train, test, _ = simulated_printer_dataset(d, DataConfig(source="simulate-printer"))
-        clients[d] = ClientData(train, test)
+        train, test = _simulated_data(d)
+        clients[d] = ClientData(copy.deepcopy(train), copy.deepcopy(test))  # a run never alters the cache
     _, _, records = simulate(TaskSpec.from_json(json.dumps(task)), clients)
     return [r.global_hash for r in records]
 

@@ -53,7 +53,9 @@ def serving_status(fleet, device: str) -> dict:
 def test_a_wearing_tool_raises_one_alert_and_a_new_tool_clears_it(fleet_procs):
     work, dev = fleet_procs.work, "w1"
     toml = work / "w1.toml"
-    toml.write_text(WELDER_TOML)
+    # A changed status (field scores, alerts) goes out at most every round_status_s (30 s by default,
+    # to spare the aggregator a flood): 1 s lets the test wait for the change rather than the pace.
+    toml.write_text("round_status_s = 1.0\n" + WELDER_TOML)
     # The dataset: 12 welds of a new tool (TC1), then 12 of a worn one (TC4), every one labelled.
     record(work, dev, "welder", "--welds", "24", "--weld-s", "0.05", "--wear-from", "12", "--wear-welds", "1")
     fleet_procs.start_device(dev, "--config", str(toml), "--log-level", "INFO", simulate=None)
@@ -122,6 +124,8 @@ def test_moonraker_receives_the_advised_speed_at_the_start_of_a_print_and_gets_i
         toml.write_text(
             # A model of a few rounds expects slow speeds: a floor of 0 lets the plumbing show (the
             # 5 mm/s floor has its unit test); 17,550 mm/s never reaches the printer whatever it is.
+            # round_status_s: the status waited for below shows within ~1 s, not the 30 s pace.
+            "round_status_s = 1.0\n"
             f'[serve]\nvibration_budget = 1.0\nmin_advice = 0.0\nmax_advice = 200.0\napply = "moonraker"\n'
             f'dry_run = false\nmoonraker_url = "{moonraker.url}"\n'
         )
