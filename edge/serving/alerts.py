@@ -1,6 +1,6 @@
 """Alert rules over a task's answers: k of the last n over a threshold, with hysteresis and a cooldown.
 
-Each rule (:class:`edge.config.AlertRule`, ``[[serve.alerts]]`` in ``device.toml``) keeps the
+Each rule (:class:`edge.config_serve.AlertRule`, ``[[serve.alerts]]`` in ``device.toml``) keeps the
 values it read from its task's last ``n`` answers.  It **raises** when at least ``k`` of them
 are above ``above`` and **clears** when at least ``k`` are at or below ``clear_below``: between
 the two thresholds an open alert stays open and a closed one stays closed, so a value hovering
@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from edge.config import AlertRule, DeviceConfig
+from edge.config import DeviceConfig
+from edge.config_serve import AlertRule
 from edge.serving.records import Answer
 from ioft_protocol.state import atomic_write_json
 

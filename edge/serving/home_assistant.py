@@ -29,7 +29,8 @@ import importlib.metadata
 import json
 from typing import Any
 
-from edge.config import AlertRule, DeviceConfig
+from edge.config import DeviceConfig
+from edge.config_serve import AlertRule
 from ioft_protocol import topics
 
 MANUFACTURER = "ioft"

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from edge.config import AlertRule, DeviceConfig
+from edge.config import DeviceConfig
+from edge.config_serve import AlertRule
 from edge.feed import SERVING_DIR, feed_path, wake_path
 from edge.jsonlog import JsonLinesLog, Tail, read_log
 from edge.models.onnx import no_worse
