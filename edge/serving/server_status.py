@@ -6,13 +6,41 @@ Assistant read it in turn.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import threading
+from collections import Counter
+from typing import Any, Protocol
 
-from edge.serving.alerts import rule_problem
+from edge.config_serve import ServeConfig
+from edge.serving.advising import Advising
+from edge.serving.alerts import Alerts, rule_problem
+from edge.serving.feed_reader import FeedReader
+from edge.serving.field import FieldScores
 from edge.serving.model import ServingModel
 
-if TYPE_CHECKING:  # the server imports this module
-    from edge.serving.server import Server
+
+class Server(Protocol):
+    """What the status reads of :class:`edge.serving.server.Server` (which imports this module)."""
+
+    cfg: ServeConfig
+    enabled: bool
+    models: dict[str, ServingModel]
+    rows: int
+    answered: Counter[str]
+    refused: dict[str, Counter[str]]
+    counting_since: float
+    gate: dict[str, str]
+    unchecked: str | None
+    publish_errors: int
+    last_latency_s: float | None
+    watch_lock: threading.Lock
+    field: FieldScores
+    alerts: Alerts
+    advising: Advising
+    feed: FeedReader
+
+    def serves(self, task: str) -> bool: ...
+
+    def say(self, task: str, what: str, message: str) -> None: ...
 
 
 def model_facts(m: ServingModel) -> dict[str, Any]:
