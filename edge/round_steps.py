@@ -11,6 +11,7 @@ refuse.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,12 +21,15 @@ import numpy as np
 from edge.task_inputs import Rows
 from edge.task_state import TaskState
 from ioft_protocol.compress import encode_upload
-from ioft_protocol.round_messages import Announcement, UpdateMessage
+from ioft_protocol.round_messages import Announcement, HoldoutScore, UpdateMessage
 from ioft_protocol.secagg import transport as secagg_wire
 from trainer_lite.algorithms import ClientAlgorithm, ClientResult, make_client
 from trainer_lite.client import participate
+from trainer_lite.holdout import holdout_score
 from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec
+
+log = logging.getLogger(__name__)
 
 
 class TaskRefused(ValueError):  # noqa: N818 -- a reported refusal, not a program error
@@ -182,3 +186,24 @@ def masked_input(
         global_hash=ann.global_hash,
     )
     return update, secagg_wire.device_weight(spec.server, n)
+
+
+def score_global(
+    algo: ClientAlgorithm, device: str, ann: Announcement, data: Rows | None
+) -> HoldoutScore | None:
+    """Held out of the task: the round's global scored on this device's rows
+    (``trainer_lite.holdout``); ``None`` (logged) while there are none to score it on."""
+    if data is None or len(data[0]) + len(data[1]) == 0:
+        log.warning("%s: task %s round %d: nothing to score the global on yet", device, ann.task, ann.round)
+        return None
+    train, test, _ = data
+    metrics = holdout_score(algo, device, ann.params, train, test, phase=ann.phase)
+    log.info(
+        "%s: task %s round %d %s: held out, the global scores %s",
+        device,
+        ann.task,
+        ann.round,
+        ann.phase,
+        " ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())),
+    )
+    return HoldoutScore(ann.round, ann.phase, ann.global_hash, metrics)
