@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -127,6 +128,18 @@ def train(algo: ClientAlgorithm, device: str, ann: Announcement, local: Params, 
     return Trained(result, new_local, metrics, time.process_time() - cpu_started)
 
 
+def bound_to(ann: Announcement, device: str) -> dict[str, Any]:
+    """What an encoded update is bound to (its task, round, phase, device and global), so that it
+    counts for no other round."""
+    return {
+        "task": ann.task,
+        "round_": ann.round,
+        "phase": ann.phase,
+        "device": device,
+        "global_hash": ann.global_hash,
+    }
+
+
 def kept_state(algo: ClientAlgorithm, device: str, ann: Announcement, trained: Trained) -> TaskState:
     """The task's state after the round, with its upload encoded once: a re-send is the same bytes."""
     compress = algo.spec.compress
@@ -134,11 +147,7 @@ def kept_state(algo: ClientAlgorithm, device: str, ann: Announcement, trained: T
         trained.result.shared,
         ann.params,
         None if algo.spec.secagg is not None else compress,  # a masked change leaves through SecAgg
-        task=ann.task,
-        round_=ann.round,
-        phase=ann.phase,
-        device=device,
-        global_hash=ann.global_hash,
+        **bound_to(ann, device),
     )
     return TaskState(
         spec_json=ann.spec,
@@ -179,11 +188,7 @@ def masked_input(
         ann.params,
         spec.secagg,
         spec.compress,
-        task=ann.task,
-        round_=ann.round,
-        phase=ann.phase,
-        device=device,
-        global_hash=ann.global_hash,
+        **bound_to(ann, device),
     )
     return update, secagg_wire.device_weight(spec.server, n)
 
