@@ -74,6 +74,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/python -m benchmarks.architecture --check
 	# The documentation site (docs/): a broken link or a page left out of the nav fails.
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 

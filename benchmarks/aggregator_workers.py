@@ -35,7 +35,7 @@ from benchmarks.fleet_scale import broker_for, children, cpu_s
 from cloud_aggregator.local.fleet import FLEET, LocalFleet, aggregator_toml
 from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import round_messages, topics
-from ioft_protocol.mqtt import BrokerAddress
+from ioft_protocol.mqtt_options import BrokerAddress
 from trainer_lite.params import param_hash
 
 

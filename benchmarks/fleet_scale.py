@@ -66,7 +66,7 @@ from cloud_aggregator.local.broker import (
 from cloud_aggregator.local.fleet import LocalFleet, aggregator_toml
 from cloud_aggregator.store.sqlite import SqliteStore
 from edge.swarm import SwarmLoop, SwarmSession
-from ioft_protocol.mqtt import BrokerAddress, SessionOptions
+from ioft_protocol.mqtt_options import BrokerAddress, SessionOptions
 
 #: Devices per swarm process at most, and processes at most (the issue's "at most 4").
 PER_PROCESS, MAX_PROCESSES = 2500, 4

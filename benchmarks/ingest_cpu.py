@@ -162,7 +162,8 @@ def _measure_fleet(port: int, n: int, collect: bool) -> tuple[float, int, float]
     from cloud_aggregator.aggregation.update import Update
     from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
     from cloud_aggregator.store.sqlite import SqliteStore
-    from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
+    from ioft_protocol.mqtt import MqttSession
+    from ioft_protocol.mqtt_options import BrokerAddress, SessionOptions
 
     work = Path(tempfile.mkdtemp(prefix="ingest-cpu-"))
     session = MqttSession(

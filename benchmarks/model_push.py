@@ -89,7 +89,8 @@ class RawFanout:
     """
 
     def __init__(self, url: str, n: int, payload: bytes, chunk: int, repeats: int) -> None:
-        from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
+        from ioft_protocol.mqtt import MqttSession
+        from ioft_protocol.mqtt_options import BrokerAddress, SessionOptions
 
         self.payload = payload
         self.pieces = [payload[i : i + chunk] for i in range(0, len(payload), chunk)]
@@ -148,7 +149,8 @@ class StatusBoard:
     """Latest retained status of every device."""
 
     def __init__(self, url: str) -> None:
-        from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
+        from ioft_protocol.mqtt import MqttSession
+        from ioft_protocol.mqtt_options import BrokerAddress, SessionOptions
 
         self.status: dict[str, dict] = {}
         self.session = MqttSession(SessionOptions(BrokerAddress.parse(url), client_id="bench-status"))
@@ -254,7 +256,8 @@ def main(argv: list[str] | None = None) -> int | dict:
     from cloud_aggregator.models.push import push_model
     from export.keys import generate_keypair, load_private_key
     from export.synthetic import signed, window_encoder
-    from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
+    from ioft_protocol.mqtt import MqttSession
+    from ioft_protocol.mqtt_options import BrokerAddress, SessionOptions
 
     interrupt_on_sigterm()  # `finally` below stops the broker and the devices
     load_start = os.getloadavg()

@@ -241,7 +241,7 @@ def upload_paths() -> dict[str, list[str]]:
     from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
     from cloud_aggregator.store.sqlite import SqliteStore
     from ioft_protocol import codec, round_messages, topics
-    from ioft_protocol.mqtt import Message
+    from ioft_protocol.mqtt_inbound import Message
     from trainer_lite.params import param_hash
     from trainer_lite.task import TaskSpec
 

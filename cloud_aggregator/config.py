@@ -22,7 +22,7 @@ from cloud_aggregator.rounds.task_rules import (
 from ioft_protocol.codec import MAX_PAYLOAD_BYTES, check_id
 from ioft_protocol.compress import CompressConfig
 from ioft_protocol.config import ConfigError, build
-from ioft_protocol.mqtt import TlsConfig
+from ioft_protocol.mqtt_options import TlsConfig
 from ioft_protocol.round_messages import ROUND_MODES, DeviceSelection
 from ioft_protocol.secagg import SecAggConfig
 from trainer_lite.algorithms.base import algorithm_hparams

@@ -29,7 +29,8 @@ from cryptography.x509.oid import NameOID
 from cloud_aggregator.config import AggregatorConfig
 from ioft_protocol.cli import flags_over_toml
 from ioft_protocol.config import ConfigError, build, load_toml
-from ioft_protocol.mqtt import BrokerLogin, MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_options import BrokerLogin, SessionOptions
 
 #: The aggregator's login (and its folder of a ``fleet init`` fleet), reserved among device ids.
 AGGREGATOR = "aggregator"

@@ -14,7 +14,7 @@ from typing import Any
 from edge.config_sensors import SensorsConfig
 from edge.config_serve import ServeConfig
 from ioft_protocol.codec import check_id
-from ioft_protocol.mqtt import TlsConfig
+from ioft_protocol.mqtt_options import TlsConfig
 from ioft_protocol.round_messages import MACHINE_KINDS
 from ioft_protocol.secagg.config import MIN_PARTICIPANTS
 

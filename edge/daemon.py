@@ -64,7 +64,8 @@ from edge.task_state import TaskState, TaskStates
 from ioft_protocol import round_messages, topics
 from ioft_protocol.config import ConfigError
 from ioft_protocol.manifest import load_public_key
-from ioft_protocol.mqtt import MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_options import SessionOptions
 from ioft_protocol.service import Notifier
 from trainer_lite.algorithms import ClientAlgorithm
 from trainer_lite.data import Dataset

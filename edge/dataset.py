@@ -27,7 +27,7 @@ from edge.simulated import (
 from trainer_lite.data import Dataset
 
 log = logging.getLogger(__name__)
-#: The single-file dataset of older versions (still read; no longer written).
+#: The single-file dataset: read, so that a device's dataset in that form still loads; never written.
 FILE = LEGACY_FILE
 #: The folder of the dataset's segments.
 DIR = SEGMENT_DIR
@@ -45,8 +45,8 @@ def load_dataset(state_dir: Path) -> tuple[Dataset, Dataset, dict] | None:
     """The verified dataset, ``None`` if never written.
 
     A segment that fails verification (or lacks an array, or holds inconsistent ones)
-    is set aside as ``*.corrupt`` and the rest loads; the old single file falls back
-    to its ``.prev``.  ``StateError`` when files exist but none is usable.
+    is set aside as ``*.corrupt`` and the rest loads; a single-file dataset (:data:`FILE`) falls
+    back to its ``.prev``.  ``StateError`` when files exist but none is usable.
     """
     return DatasetReader(Path(state_dir)).load()
 

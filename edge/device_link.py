@@ -17,7 +17,8 @@ from edge.config import DeviceConfig
 from edge.device_status import StatusSource, status_body
 from edge.status_clock import StatusClock
 from ioft_protocol import restate, topics
-from ioft_protocol.mqtt import MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_options import SessionOptions
 from ioft_protocol.secagg import transport as secagg_wire
 from ioft_protocol.service import Notifier
 

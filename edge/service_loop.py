@@ -27,7 +27,7 @@ from edge.secagg_client import SecAggDevice
 from edge.serving.server import Server
 from edge.task_state import TaskState
 from ioft_protocol import codec, round_messages, topics
-from ioft_protocol.mqtt import MqttError
+from ioft_protocol.mqtt_options import MqttError
 from ioft_protocol.secagg import transport as secagg_wire
 from ioft_protocol.service import Notifier
 from trainer_lite.data import Dataset

@@ -32,7 +32,8 @@ from edge.announcements import Announcements
 from edge.config import DeviceConfig
 from edge.daemon import EdgeTrainer
 from edge.dataset import load_dataset, prepare_dataset, save_dataset
-from ioft_protocol.mqtt import MqttError, MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_options import MqttError, SessionOptions
 
 log = logging.getLogger(__name__)
 

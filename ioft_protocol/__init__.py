@@ -2,10 +2,11 @@
 
 Modules: ``codec`` (payload encoding and tensor checks), ``topics`` (topic names), ``rounds``
 (round announcements and updates), ``model_push`` (model offers and chunks), ``mqtt`` (the
-MQTT session and its TLS settings), ``restate`` (how retained state also travels live, for
-brokers that keep it per node), ``state`` (atomic file I/O), ``config`` (TOML to
-dataclass), ``manifest`` (the signed model manifest).  It imports no other project package
-but the leaf ``trainer_lite.params``.
+MQTT session; ``mqtt_options`` what it connects with, ``mqtt_tls`` its TLS checks,
+``mqtt_diagnosis`` why an attempt failed, ``mqtt_inbound`` its inbound queue), ``restate``
+(how retained state also travels live, for brokers that keep it per node), ``state`` (atomic
+file I/O), ``config`` (TOML to dataclass), ``manifest`` (the signed model manifest).  It imports
+no other project package but the leaf ``trainer_lite.params``.
 
 The wire:
 

@@ -20,7 +20,8 @@ from typing import Any, TextIO
 
 from ioft_protocol.config import ConfigError
 from ioft_protocol.manifest import ManifestError
-from ioft_protocol.mqtt import BrokerLogin, MqttError, SessionOptions, check_options
+from ioft_protocol.mqtt_options import BrokerLogin, MqttError, SessionOptions
+from ioft_protocol.mqtt_tls import check_options
 from ioft_protocol.state import StateError
 
 USAGE = 2

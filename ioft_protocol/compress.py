@@ -10,9 +10,9 @@ The estimator (Vargaftik et al., "EDEN", ICML 2022; its 1-bit case is DRIVE, Neu
    party derives from ``(task, round, phase, device, global_hash)``
    (:func:`derive_seed`), so the aggregator inverts the rotation with nothing sent for it.
 3. Each block is normalized to unit RMS, ``ẑ = z · √B / ‖z‖``, and every coordinate is
-   rounded to the nearest of ``2^bits`` levels of N(0, 1) (:func:`centroids`: Lloyd–Max up to
-   4 bits, as EDEN; companding levels at 8), deterministically (by a table, :func:`_nearest`),
-   packed ``bits`` to a coordinate.
+   rounded to the nearest of ``2^bits`` levels of N(0, 1) (:func:`~ioft_protocol.quantize.centroids`:
+   Lloyd–Max up to 4 bits, as EDEN; companding levels at 8), deterministically (by a table,
+   :func:`~ioft_protocol.quantize.nearest_levels`), packed ``bits`` to a coordinate.
 4. One float32 scale per block, ``S = ‖z‖² / ⟨z, q⟩`` (EDEN's unbiasing scale); the decoder
    returns ``x̂ = D Hᵀ (S q) / √B`` per block.
 
@@ -26,17 +26,44 @@ from Gaussian: it is biased and only there for comparison.
 
 Bytes per coordinate: ``bits / 8`` plus ``4 / block`` for the scales (plus the padding); at 1 bit and B = 1024
 that is ~1/31 of float32's 4 bytes.
+
+Examples
+--------
+Four coordinates at 8 bits: four code bytes and one scale; :func:`decode` with the same seed
+gives the change back to within the quantization error.
+
+>>> import numpy as np
+>>> sent = {"w": np.zeros(4, np.float32)}
+>>> params = {"w": np.array([0.5, -1.0, 2.0, 0.25], np.float32)}
+>>> config = CompressConfig(bits=8)
+>>> wire = encode(params, sent, config, seed=7)
+>>> {name: (a.dtype.name, a.shape) for name, a in wire.items()}
+{'compress.codes': ('uint8', (4,)), 'compress.scales': ('float32', (1,))}
+>>> back = decode(wire, sent, {"w": "float32"}, config, seed=7)
+>>> print(back["w"].round(2))
+[ 0.49 -1.    2.    0.26]
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ioft_protocol.quantize import (
+    CELLS,
+    SPAN,
+    centroids,
+    flip_signs,
+    hadamard_rows,
+    nearest_levels,
+    pack,
+    unpack,
+)
+from ioft_protocol.quantize import fwht as fwht  # the transform's reference, for callers of compress.fwht
 
 #: Bits per coordinate a task may choose.
 BITS = (1, 2, 4, 8)
@@ -94,124 +121,6 @@ def derive_seed(task: str, round_: int, phase: str, device: str, global_hash: st
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
-@functools.cache
-def centroids(bits: int) -> np.ndarray:
-    """The ``2^bits`` quantization levels of N(0, 1), ascending, rounded to 6 decimals so every
-    platform computes the same table (it is not sent).
-
-    Up to 4 bits, Lloyd–Max (Lloyd's iteration on a grid, ≤ ~0.1 s once per process); at 8
-    bits, Panter–Dite's companding levels (quantiles of the density ∝ pdf^⅓, i.e. of
-    N(0, 3)), which 256 levels approach within a fraction of a percent of MSE, with no iteration.
-    """
-    grid = np.linspace(-8.0, 8.0, 32_001)
-    levels = 2**bits
-    targets = (np.arange(levels) + 0.5) / levels
-    if bits == 8:
-        dens = np.exp(-grid * grid / 6.0)
-        c = np.interp(targets, np.cumsum(dens) / dens.sum(), grid)
-    else:
-        pdf = np.exp(-0.5 * grid * grid)
-        c = np.interp(targets, np.cumsum(pdf) / pdf.sum(), grid)
-        for _ in range(500):
-            cell = np.searchsorted((c[1:] + c[:-1]) / 2, grid)
-            mass = np.bincount(cell, pdf, levels)
-            new = np.bincount(cell, pdf * grid, levels) / np.maximum(mass, 1e-300)
-            done = np.max(np.abs(new - c)) < 1e-7
-            c = new
-            if done:
-                break
-    c = (c - c[::-1]) / 2  # exactly symmetric
-    return np.round(c, 6).astype(np.float32)
-
-
-_CELLS, _SPAN = 1 << 14, 8.0
-
-
-@functools.cache
-def _nearest(bits: int) -> np.ndarray:
-    """For each of the ``_CELLS`` cells over ``[-_SPAN, _SPAN]``, the index of the level nearest
-    its centre: the encoder's nearest-level search as one table lookup (exact but within half a
-    cell, 1/2048 of a unit, of a boundary between two levels)."""
-    c = centroids(bits)
-    centres = -_SPAN + (np.arange(_CELLS) + 0.5) * (2 * _SPAN / _CELLS)
-    return np.searchsorted((c[1:] + c[:-1]) / 2, centres).astype(np.uint8)
-
-
-def fwht(x: np.ndarray) -> np.ndarray:
-    """Unnormalized Walsh–Hadamard transform of each row of ``x`` (rows of 2^k): ``x @ H``.
-
-    Reshape-based butterflies, k passes over the data (O(n log n)); returns a new array.
-    """
-    rows, n = x.shape
-    a = np.array(x, dtype=np.float32)
-    b = np.empty_like(a)
-    h = 1
-    while h < n:
-        v = a.reshape(rows, n // (2 * h), 2, h)
-        w = b.reshape(rows, n // (2 * h), 2, h)
-        np.add(v[:, :, 0], v[:, :, 1], out=w[:, :, 0])
-        np.subtract(v[:, :, 0], v[:, :, 1], out=w[:, :, 1])
-        a, b = b, a
-        h *= 2
-    return a
-
-
-@functools.cache
-def _hadamard(n: int) -> np.ndarray:
-    """The n × n Sylvester–Hadamard matrix (n = 2^k), float32."""
-    h = np.ones((1, 1), dtype=np.float32)
-    while h.shape[0] < n:
-        h = np.block([[h, h], [h, -h]])
-    return h
-
-
-def hadamard_rows(x: np.ndarray) -> np.ndarray:
-    """:func:`fwht` of each row, as two small matrix products: ``H_B = H_a ⊗ H_b`` (B = a·b), so a
-    row viewed as an a × b matrix ``Z`` maps to ``H_a Z H_b``.  O(n·(a + b)) multiply-adds
-    against the butterflies' O(n log B) additions, but one BLAS call instead of log B strided
-    NumPy passes: ~0.2 ms against ~2.6 ms for 150k coordinates on this machine."""
-    rows, n = x.shape
-    a = 1 << (n.bit_length() - 1) // 2
-    b = n // a
-    z = np.asarray(x, dtype=np.float32).reshape(rows, a, b)
-    return (_hadamard(a) @ z @ _hadamard(b)).reshape(rows, n)
-
-
-def _flip_signs(z: np.ndarray, seed: int) -> None:
-    """Multiply ``z`` (float32, C-contiguous) in place by random ±1 drawn from ``seed``: the
-    rotation's diagonal, applied by flipping sign bits (32 random bits per coordinate, of which
-    the top one is used: one XOR, no float multiply)."""
-    raw = np.random.Generator(np.random.PCG64(seed)).bytes(4 * z.size)
-    mask = np.frombuffer(raw, dtype=np.uint32) & np.uint32(0x80000000)
-    z.view(np.uint32).reshape(-1)[...] ^= mask
-
-
-def _pack(idx: np.ndarray, bits: int) -> np.ndarray:
-    """``bits``-bit codes packed into bytes, most significant first (the last byte zero-filled)."""
-    if bits == 8:
-        return idx
-    if bits == 1:
-        return np.packbits(idx)
-    per = 8 // bits
-    idx = np.concatenate([idx, np.zeros(-idx.size % per, np.uint8)])
-    g = idx.reshape(-1, per)
-    out = np.zeros(g.shape[0], dtype=np.uint8)
-    for j in range(per):
-        out |= g[:, j] << np.uint8(bits * (per - 1 - j))
-    return out
-
-
-def _unpack(codes: np.ndarray, bits: int, size: int) -> np.ndarray:
-    if bits == 8:
-        return codes[:size]
-    if bits == 1:
-        return np.unpackbits(codes, count=size)
-    per = 8 // bits
-    mask = np.uint8(2**bits - 1)
-    shifts = np.array([bits * (per - 1 - j) for j in range(per)], dtype=np.uint8)
-    return ((codes[:, None] >> shifts) & mask).reshape(-1)[:size]
-
-
 def _coded(names: Mapping[str, Any], sent: Mapping[str, np.ndarray]) -> list[str]:
     """The names whose change is coded: those of ``names`` the downlink holds, sorted."""
     return sorted(n for n in names if n in sent)
@@ -219,7 +128,13 @@ def _coded(names: Mapping[str, Any], sent: Mapping[str, np.ndarray]) -> list[str
 
 def block_size(config: CompressConfig, total: int) -> int:
     """The rotation's block for ``total`` coordinates: ``config.block``, or the power of two
-    that holds them all when fewer (a 2-parameter model is not padded to 1024)."""
+    that holds them all when fewer (a 2-parameter model is not padded to 1024).
+
+    Examples
+    --------
+    >>> block_size(CompressConfig(block=1024), 5), block_size(CompressConfig(block=1024), 150_000)
+    (8, 1024)
+    """
     return min(config.block, 1 << max(0, total - 1).bit_length())
 
 
@@ -246,7 +161,7 @@ def encode(
     blocks[: x.size] = x
     z = blocks.reshape(nb, bsize)
     if config.rotation:
-        _flip_signs(z, seed)
+        flip_signs(z, seed)
         z = hadamard_rows(z)
         z *= np.float32(1.0 / np.sqrt(bsize))
     sq = np.einsum("ij,ij->i", z, z, dtype=np.float64)
@@ -255,17 +170,17 @@ def encode(
         idx = (z > 0).reshape(-1).view(np.uint8)
         dot = float(c[1]) * np.abs(z).sum(axis=1, dtype=np.float64)
     else:
-        # Nearest level by table: ẑ on a grid of _CELLS cells over ±_SPAN, each cell mapped to the
+        # Nearest level by table: ẑ on a grid of CELLS cells over ±SPAN, each cell mapped to the
         # level nearest its centre (a searchsorted over 255 boundaries cost ~9 ms for P = 150k).
         eta = np.where(sq > 0, np.sqrt(bsize / np.where(sq > 0, sq, 1.0)), 0.0)
-        t = z * (eta * (_CELLS / (2 * _SPAN))).astype(np.float32)[:, None]
-        t += np.float32(_CELLS / 2)
-        np.clip(t, 0, _CELLS - 1, out=t)
-        idx = _nearest(config.bits)[t.astype(np.int32).ravel()]
+        t = z * (eta * (CELLS / (2 * SPAN))).astype(np.float32)[:, None]
+        t += np.float32(CELLS / 2)
+        np.clip(t, 0, CELLS - 1, out=t)
+        idx = nearest_levels(config.bits)[t.astype(np.int32).ravel()]
         dot = np.einsum("ij,ij->i", z, c[idx].reshape(nb, bsize), dtype=np.float64)
     scale = np.where(dot > 0, sq / np.where(dot > 0, dot, 1.0), 0.0).astype(np.float32)
     extras = {n: params[n] for n in params if n not in sent}
-    return {CODES: _pack(idx, config.bits), SCALES: scale, **extras}
+    return {CODES: pack(idx, config.bits), SCALES: scale, **extras}
 
 
 def decode(
@@ -299,13 +214,13 @@ def decode(
         raise CompressError(f"{SCALES} must be float32[{nb}], got {scale.dtype}{list(scale.shape)}")
     if not np.isfinite(scale).all():
         raise CompressError(f"{SCALES} holds NaN or Inf")
-    idx = _unpack(codes, config.bits, nb * bsize)
+    idx = unpack(codes, config.bits, nb * bsize)
     z = centroids(config.bits)[idx].reshape(nb, bsize)
     z *= scale[:, None]
     if config.rotation:
         z = hadamard_rows(z)  # H is symmetric and H·H = B·I: the inverse is H / B, split as two √B
         z *= np.float32(1.0 / np.sqrt(bsize))
-        _flip_signs(z, seed)
+        flip_signs(z, seed)
     flat = z.reshape(-1)
     out, at = {}, 0
     for n, size in zip(names, sizes, strict=True):
@@ -369,11 +284,11 @@ def _rotate(z: np.ndarray, config: CompressConfig, seed: int, inverse: bool) -> 
     if not config.rotation:
         return z
     if not inverse:
-        _flip_signs(z, seed)
+        flip_signs(z, seed)
     z = hadamard_rows(z)
     z *= np.float32(1.0 / np.sqrt(bsize))
     if inverse:
-        _flip_signs(z, seed)
+        flip_signs(z, seed)
     return z
 
 

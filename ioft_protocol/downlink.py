@@ -3,7 +3,7 @@
 The same estimator as the uplink (:mod:`ioft_protocol.compress`: randomized Hadamard rotation
 per block, Lloyd–Max or companding levels, one float32 scale per block), applied to the global
 itself (against zeros), so that a device needs nothing but the announcement to decode it: a
-joiner, a device back from a week offline and a restated announcement all work as before.
+joiner, a device back from a week offline and a restated announcement decode it from that alone.
 
 Bit for bit in step: the aggregator quantizes its global at the start of every phase and then
 *runs the phase on the decoded global* (``cloud_aggregator.rounds.engine``): that is what the
@@ -29,7 +29,15 @@ DOWNLINK_BITS = (2, 4, 8)
 
 def downlink_config(how: Mapping[str, Any] | None) -> CompressConfig | None:
     """The codec of the downlink of a task compressed as ``how`` (the spec's ``compress`` table),
-    or ``None``: the global goes down in float32."""
+    or ``None``: the global goes down in float32.
+
+    Examples
+    --------
+    >>> downlink_config({"bits": 1, "downlink": 8})
+    CompressConfig(bits=8, rotation=True, block=1024, downlink=None)
+    >>> downlink_config({"bits": 1}) is None
+    True
+    """
     if how is None or how.get("downlink") is None:
         return None
     cfg = CompressConfig.from_json(dict(how))
@@ -80,7 +88,23 @@ def quantize_global(
     how: Mapping[str, Any] | None, task: str, round_: int, phase: str, params: Mapping[str, np.ndarray]
 ) -> tuple[dict[str, np.ndarray], tuple[dict[str, np.ndarray], dict[str, Any]]] | None:
     """``(the decoded global, (its codes, the downlink field))`` for ``task``'s ``round_`` and
-    ``phase``, or ``None`` where the task sends its global in float32."""
+    ``phase``, or ``None`` where the task sends its global in float32.
+
+    Examples
+    --------
+    The aggregator runs the phase on the decoded global, which is what a device decodes from
+    the announcement's codes and field:
+
+    >>> import numpy as np
+    >>> params = {"w": np.array([0.5, -1.0, 2.0, 0.25], np.float32)}
+    >>> decoded, (codes, field) = quantize_global({"bits": 1, "downlink": 8}, "t", 3, "train", params)
+    >>> print(decoded["w"].round(2))
+    [ 0.49 -1.    2.    0.26]
+    >>> decode_global(codes, field)["w"].tolist() == decoded["w"].tolist()
+    True
+    >>> quantize_global(None, "t", 3, "train", params) is None
+    True
+    """
     config = downlink_config(how)
     if config is None or not params:
         return None

@@ -27,7 +27,7 @@ gets the state live when it needs it -- two exchanges, both correct on any broke
    (:func:`restatement`).  A device that got the same announcement retained on this connection
    (mosquitto) drops the copy (:class:`Delivered`), so a round is neither trained nor
    uploaded twice; a re-announcement on the broadcast topic (an aggregator restart) is still
-   answered by re-sending the upload, as before.
+   answered by re-sending the upload: the restarted aggregator may not hold it.
 """
 
 from __future__ import annotations

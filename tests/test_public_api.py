@@ -93,6 +93,16 @@ def test_a_moved_name_still_imports_from_the_module_it_left():
     assert ServingRow is Row and RECORDER_STATUS == STATUS_FILE
 
 
+def test_the_mqtt_sessions_words_still_import_from_the_session_module():
+    import ioft_protocol.mqtt as old
+    from ioft_protocol import mqtt_inbound, mqtt_options, mqtt_tls
+
+    for home in (mqtt_inbound, mqtt_options, mqtt_tls):
+        for name in set(old.__all__) & set(vars(home)):
+            assert getattr(old, name) is getattr(home, name), name
+    assert {"Message", "MqttError", "SessionOptions", "TlsConfig", "check_options"} <= set(old.__all__)
+
+
 def test_an_unmoved_missing_module_still_fails_as_usual():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("cloud_aggregator.no_such_module")

@@ -41,7 +41,7 @@ class TaskSpec:
         ``FeatureSchema`` for weld features, ``sensors.sim.vibration.WindowSchema``
         for raw windows).  A device whose local data carries another hash, or none,
         refuses the task (``edge.daemon``).  ``None``: no check -- and the field is left
-        out of :meth:`to_json`, so specs without it serialize as before.
+        out of :meth:`to_json`, so a spec without it reads the same to a device that knows no such field.
     dp
         Differential privacy (``trainer_lite.privacy.DPConfig.to_spec()``): devices clip
         their shared change and, in distributed mode, add their noise share.  ``None``: off,

@@ -32,6 +32,16 @@ class WeightedMean:
     """Streaming weighted mean: memory O(parameters), not O(devices × parameters).
 
     Accumulates in float64 whatever the input dtype; ``result`` casts back.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> acc = WeightedMean()
+    >>> acc.add({"w": np.array([1.0], np.float32)}, 3.0)
+    >>> acc.add({"w": np.array([5.0], np.float32)}, 1.0)
+    >>> out = acc.result()["w"]
+    >>> out.tolist(), out.dtype.name, acc.total_weight
+    ([2.0], 'float32', 4.0)
     """
 
     def __init__(self) -> None:
@@ -65,7 +75,17 @@ class WeightedMean:
 
 
 def weighted_mean(updates: Sequence[Weighted]) -> Params:
-    """``Σ w_i θ_i / Σ w_i`` per name (FedAvg's server step)."""
+    """``Σ w_i θ_i / Σ w_i`` per name (FedAvg's server step).
+
+    Examples
+    --------
+    A device with twice the samples counts twice:
+
+    >>> import numpy as np
+    >>> mean = weighted_mean([({"w": np.array([0.0, 2.0])}, 1.0), ({"w": np.array([3.0, 5.0])}, 2.0)])
+    >>> mean["w"].tolist()
+    [2.0, 4.0]
+    """
     check_consistent(updates)
     acc = WeightedMean()
     for params, weight in updates:

@@ -110,7 +110,7 @@ class StreamingMean:
             x, total, back = scratch
             s, err = self._sum[n], self._err[n]
             for (params, _), w in zip(batch, weights, strict=True):
-                np.multiply(params[n], w, out=x, dtype=np.float64)  # weight × θ in float64, as before
+                np.multiply(params[n], w, out=x, dtype=np.float64)  # w × θ exact in float64 (docstring)
                 _two_sum_into(s, x, err, total, back, assign=False)
                 s, total = total, s  # the new sum is in ``total``: swap instead of copying it back
             self._sum[n] = s

@@ -19,7 +19,9 @@ from cloud_aggregator.console.fleet_view import FleetView, StoreData, read_store
 from cloud_aggregator.console.machines_feed import MachineLog
 from cloud_aggregator.operator import claim_operator_login, revoked_devices
 from ioft_protocol import topics
-from ioft_protocol.mqtt import BrokerLogin, Message, MqttSession
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_inbound import Message
+from ioft_protocol.mqtt_options import BrokerLogin
 
 log = logging.getLogger(__name__)
 

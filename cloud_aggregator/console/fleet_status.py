@@ -22,7 +22,8 @@ from cloud_aggregator.operator import add_session_args, fleet_root_of, operator_
 from ioft_protocol import codec, restate, topics
 from ioft_protocol.cli import one_line
 from ioft_protocol.config import ConfigError
-from ioft_protocol.mqtt import Message, MqttSession
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_inbound import Message
 
 log = logging.getLogger(__name__)
 #: Preferred metric to show per task, best first.

@@ -24,7 +24,7 @@ from typing import Any
 
 from cloud_aggregator.console.fleet_status import number
 from ioft_protocol import topics
-from ioft_protocol.mqtt import Message
+from ioft_protocol.mqtt_inbound import Message
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from cloud_aggregator.operator import AGGREGATOR, OPERATOR_LOGIN, OPERATOR_SLOTS
 from cloud_aggregator.worker_login import WORKERS_DIR
 from ioft_protocol import codec, topics
 from ioft_protocol.config import ConfigError, load_toml
-from ioft_protocol.mqtt import BrokerAddress
+from ioft_protocol.mqtt_options import BrokerAddress
 from ioft_protocol.topics import ANY
 
 OPERATOR = "operator"

@@ -70,7 +70,7 @@ from cloud_aggregator.fleet.plant_files import (
 from cloud_aggregator.fleet.units import MOSQUITTO_DROPIN, PLANT_WORKER_UNIT, plant_worker_unit, venv_of
 from cloud_aggregator.operator import DefaultsHelpFormatter
 from ioft_protocol import codec
-from ioft_protocol.mqtt import BrokerAddress
+from ioft_protocol.mqtt_options import BrokerAddress
 
 
 def _errors(layout: FleetLayout, plant: str, devices: Sequence[str], force: bool, partial: bool) -> list[str]:

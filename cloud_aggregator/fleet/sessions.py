@@ -38,7 +38,7 @@ from cloud_aggregator.fleet.ca import FleetCA, cert_serial
 from cloud_aggregator.fleet.layout import FleetInitError, FleetLayout, open_fleet, replace_file
 from cloud_aggregator.operator import revoked_serials
 from ioft_protocol import topics
-from ioft_protocol.mqtt import BrokerAddress
+from ioft_protocol.mqtt_options import BrokerAddress
 
 #: The canary's CN: a space keeps it apart from every device id.
 CANARY = "ioft crl canary"

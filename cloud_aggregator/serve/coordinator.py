@@ -48,7 +48,8 @@ from cloud_aggregator.rounds.types import (
 from cloud_aggregator.serve import worker_wire as wire
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from ioft_protocol import codec, topics
-from ioft_protocol.mqtt import Message, MqttSession
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_inbound import Message
 from ioft_protocol.round_messages import Announcement
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ import time
 from typing import Any
 
 from ioft_protocol import codec, topics
-from ioft_protocol.mqtt import Message, MqttSession
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_inbound import Message
 
 log = logging.getLogger(__name__)
 

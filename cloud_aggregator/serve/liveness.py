@@ -12,7 +12,7 @@ subscription with the retain flag cleared, and only one retained per topic at su
 Every live device sends one at once when the aggregator calls the roll (each connect), and again
 at least every ``heartbeat_s`` (``device.toml``, default 30 s) while connected.  A device counts as
 live for ``liveness_s`` (``[collect]``, default 90 s: three missed heartbeats) after the last
-one; ``0`` trusts every "online" status, as before.  A round that starts with devices not live
+one; ``0`` trusts every "online" status, retained or live.  A round that starts with devices not live
 names them and calls the roll (at most once a ``liveness_s``): one that answers joins the round,
 so a device too old for a heartbeat loses nothing, and a ghost costs one roll call that often.
 A device awaited stays awaited while it says online, its heartbeat late or not.

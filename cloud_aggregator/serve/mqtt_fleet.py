@@ -42,7 +42,9 @@ from cloud_aggregator.rounds.types import (
 from cloud_aggregator.serve.fleet_scaling import ScalingPool
 from cloud_aggregator.serve.liveness import Liveness
 from ioft_protocol import codec, restate, round_messages, topics
-from ioft_protocol.mqtt import Message, MqttError, MqttSession
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_inbound import Message
+from ioft_protocol.mqtt_options import MqttError
 from ioft_protocol.round_messages import DeviceSelection, HoldoutScore
 from trainer_lite.params import param_hash
 

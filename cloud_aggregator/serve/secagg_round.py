@@ -35,7 +35,7 @@ from cloud_aggregator.rounds.task_rules import secagg_config
 from cloud_aggregator.rounds.types import CollectRequest
 from cloud_aggregator.serve.mqtt_fleet import MqttFleet
 from ioft_protocol import codec, topics
-from ioft_protocol.mqtt import Message
+from ioft_protocol.mqtt_inbound import Message
 from ioft_protocol.secagg import Abandoned, SecAggConfig, SecAggResult, ServerSecAgg
 from ioft_protocol.secagg.messages import SecAggWireError
 from ioft_protocol.secagg.server import StageError

@@ -41,7 +41,8 @@ from cloud_aggregator.serve.workers import LocalWorkers
 from cloud_aggregator.store.backup import BACKUPS, Backups, StoreDamagedError, check_store
 from cloud_aggregator.store.sqlite import SqliteStore, TaskChangedError
 from ioft_protocol.config import ConfigError
-from ioft_protocol.mqtt import MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_options import SessionOptions
 from ioft_protocol.service import Notifier
 from trainer_lite.params import param_hash
 

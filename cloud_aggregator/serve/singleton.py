@@ -47,7 +47,9 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from ioft_protocol import topics
-from ioft_protocol.mqtt import Message, MqttError, MqttSession
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_inbound import Message
+from ioft_protocol.mqtt_options import MqttError
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +157,7 @@ def claim_fleet(
     session.subscribe(topic)
     session.start(timeout=None)
     stop = stop or threading.Event()
-    if not session.wait_until_connected(stop):
+    if not session.wait_connected(stop=stop):
         return FleetLock(topic, b"")
     stale_s = session.options.reconnect_max_s + 5.0 if stale_s is None else stale_s
     drops, failed = session.drops, session.failed_attempts
@@ -177,7 +179,7 @@ def claim_fleet(
                 "only one; waiting for the broker and checking again",
                 fleet,
             )
-            if not session.wait_until_connected(stop):
+            if not session.wait_connected(stop=stop):
                 return FleetLock(topic, b"")
             if session.failed_attempts == failed:  # back at the first attempt: the broker was up
                 unexplained += 1  # (or restarted within a second): the next such drop decides

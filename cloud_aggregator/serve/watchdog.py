@@ -14,7 +14,9 @@ from __future__ import annotations
 import queue
 from typing import TypeVar
 
-from ioft_protocol.mqtt import Message, MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_inbound import Message
+from ioft_protocol.mqtt_options import SessionOptions
 from ioft_protocol.service import Notifier
 
 T = TypeVar("T")

@@ -46,7 +46,9 @@ from cloud_aggregator.serve import worker_wire as wire
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from ioft_protocol import codec, topics
 from ioft_protocol.config import ConfigError, build, load_toml
-from ioft_protocol.mqtt import Message, MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_inbound import Message
+from ioft_protocol.mqtt_options import SessionOptions
 from ioft_protocol.round_messages import Announcement
 from ioft_protocol.service import Notifier
 from trainer_lite.task import TaskSpec

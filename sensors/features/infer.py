@@ -339,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sensors.features.infer", description=__doc__.split("\n")[0])
-    # Positional files as before; --from/--save as edge-recorder schema.
+    # Files go positionally here, or after --from as `edge-recorder schema` takes them: one habit works in both.
     ap.add_argument("files", nargs="*", help="recordings (WAV, NPY or CSV, with their sidecars) or folders")
     ap.add_argument("--from", dest="paths", nargs="+", metavar="PATH", default=[], help="as the files")
     ap.add_argument("--save", metavar="FILE", help="write the schema's JSON here")

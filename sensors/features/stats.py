@@ -160,6 +160,23 @@ def band_statistics(coeffs: Sequence[np.ndarray], *, shift: np.ndarray | None = 
     -------
     numpy.ndarray
         Shape ``(..., n_bands, 12)`` in :data:`~sensors.features.schema.STATS` order, float64.
+
+    Examples
+    --------
+    One channel, two bands: a steady oscillation, and a burst late in the weld.
+
+    >>> import numpy as np
+    >>> from sensors.features.schema import STATS
+    >>> tone = np.array([[1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0]])
+    >>> burst = np.array([[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 4.0, 0.0]])
+    >>> stats = band_statistics([tone, burst])
+    >>> stats.shape
+    (1, 2, 12)
+    >>> for band in stats[0]:
+    ...     row = dict(zip(STATS, band.round(3).tolist()))
+    ...     print(row["crest"], row["energy_frac"], row["zero_cross_rate"], row["time_centroid"])
+    1.0 0.333 1.0 0.5
+    2.828 0.667 0.0 0.857
     """
     out, _ = band_statistics_and_energy(coeffs, shift)
     return out

@@ -18,7 +18,7 @@ from cloud_aggregator.rounds.simulation import SimulatedFleet
 from cloud_aggregator.rounds.types import Reason
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from ioft_protocol import codec, topics
-from ioft_protocol.mqtt import Message
+from ioft_protocol.mqtt_inbound import Message
 
 from .test_admission import (
     DEVICES,

@@ -10,7 +10,7 @@ from cloud_aggregator.console.fleet_status import alert_lines
 from cloud_aggregator.console.machines_feed import MachineLog
 from cloud_aggregator.console.machines_view import machines_json
 from ioft_protocol import topics
-from ioft_protocol.mqtt import Message
+from ioft_protocol.mqtt_inbound import Message
 from tests.cloud_aggregator.test_machines_feed import FLEET, answer_msg, weld
 
 RAISED = {"rule": "worn_tool", "task": "tool", "state": "raised", "at": 2009.0, "since": 2009.0, "key": "weld-9",

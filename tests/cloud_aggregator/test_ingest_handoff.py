@@ -15,7 +15,9 @@ from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet, parse_topic
 from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import topics
-from ioft_protocol.mqtt import BrokerAddress, Message, MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_inbound import Message
+from ioft_protocol.mqtt_options import BrokerAddress, SessionOptions
 from tests.cloud_aggregator.test_admission import FLEET, global_params, honest, request, upload
 
 DEVICES = [f"d{i}" for i in range(30)]

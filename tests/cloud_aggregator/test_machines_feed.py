@@ -13,7 +13,7 @@ from cloud_aggregator.console.machines_feed import MAX_RULES, MachineLog
 from cloud_aggregator.console.machines_metrics import MachinesCollector
 from cloud_aggregator.console.machines_view import machines_json
 from ioft_protocol import topics
-from ioft_protocol.mqtt import Message
+from ioft_protocol.mqtt_inbound import Message
 
 FLEET = "plant"
 

@@ -18,7 +18,7 @@ from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from ioft_protocol import codec, model_push, topics
 from ioft_protocol.manifest import load_public_key
-from ioft_protocol.mqtt import Message
+from ioft_protocol.mqtt_inbound import Message
 
 FLEET = "plant"
 

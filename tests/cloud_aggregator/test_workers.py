@@ -28,7 +28,7 @@ from cloud_aggregator.serve.workers import AggregatorWorker
 from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import codec, round_messages, topics
 from ioft_protocol.config import ConfigError, build
-from ioft_protocol.mqtt import Message
+from ioft_protocol.mqtt_inbound import Message
 from trainer_lite.params import param_hash
 from trainer_lite.task import TaskSpec
 

@@ -28,7 +28,8 @@ from cloud_aggregator.local.fleet import FLEET, LocalFleet, aggregator_toml, pfl
 from cloud_aggregator.operator import operator_slot
 from edge.config import DeviceConfig
 from ioft_protocol import topics
-from ioft_protocol.mqtt import BrokerAddress, MqttError, MqttSession, SessionOptions, TlsConfig
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_options import BrokerAddress, MqttError, SessionOptions, TlsConfig
 from tests.conftest import tls_fleet_broker
 
 pytestmark = pytest.mark.broker

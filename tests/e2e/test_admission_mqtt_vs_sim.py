@@ -23,7 +23,8 @@ from cloud_aggregator.rounds.types import CollectRequest, LateUpdate, Rejection
 from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
 from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import topics
-from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_options import BrokerAddress, SessionOptions
 from tests.e2e.test_converged_fleet import printer_clients
 from trainer_lite.params import param_hash
 from trainer_lite.task import TaskSpec

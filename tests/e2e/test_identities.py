@@ -27,7 +27,8 @@ from cloud_aggregator.local.fleet import FLEET
 from cloud_aggregator.operator import operator_slot
 from cloud_aggregator.serve.home_assistant import DiscoveryRelay
 from ioft_protocol import topics
-from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions, TlsConfig
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_options import BrokerAddress, SessionOptions, TlsConfig
 from tests.e2e.test_access import SETTLE_S, Client, _connected, _fleet_broker, _wait_for
 
 pytestmark = pytest.mark.broker

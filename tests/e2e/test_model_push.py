@@ -24,7 +24,8 @@ from cloud_aggregator.models.push import push_messages, push_model
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from ioft_protocol import model_push, round_messages, topics
-from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_options import BrokerAddress, SessionOptions
 from sensors.features.schema import schema_hash
 
 DEVICES = ["printer1", "printer2", "printer3"]

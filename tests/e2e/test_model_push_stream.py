@@ -17,7 +17,8 @@ from cloud_aggregator.models.push import push_messages
 from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from ioft_protocol import topics
-from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_options import BrokerAddress, SessionOptions
 
 CHUNK = 32 * 1024
 FALLBACK = "fetching the rest a window at a time"

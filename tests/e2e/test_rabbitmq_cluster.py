@@ -24,7 +24,8 @@ from cloud_aggregator.local.fleet import FLEET, LocalFleet, aggregator_toml, pfl
 from cloud_aggregator.local.rabbitmq import RabbitCluster, start_cluster
 from cloud_aggregator.store.sqlite import SqliteStore
 from ioft_protocol import topics
-from ioft_protocol.mqtt import BrokerAddress, MqttError, MqttSession, SessionOptions
+from ioft_protocol.mqtt import MqttSession
+from ioft_protocol.mqtt_options import BrokerAddress, MqttError, SessionOptions
 from tests.conftest import _require_rabbitmq
 
 EARLY = ["printer1", "printer2"]

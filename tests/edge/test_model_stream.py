@@ -22,7 +22,8 @@ from export.keys import generate_keypair, load_private_key
 from export.synthetic import signed, window_encoder
 from ioft_protocol import model_push, topics
 from ioft_protocol.manifest import load_public_key
-from ioft_protocol.mqtt import Message, topic_matches
+from ioft_protocol.mqtt import topic_matches
+from ioft_protocol.mqtt_inbound import Message
 
 FLEET = "plant"
 CHUNK = 4096

@@ -11,7 +11,7 @@ from edge.cli import config_from_args, parse_args
 from edge.config import DeviceConfig
 from edge.secagg_client import secagg_identity
 from ioft_protocol.config import ConfigError
-from ioft_protocol.mqtt import TlsConfig
+from ioft_protocol.mqtt_options import TlsConfig
 
 
 def device_config(tmp_path, auth: str, name: str = "printer1") -> DeviceConfig:

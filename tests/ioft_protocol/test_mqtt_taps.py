@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ioft_protocol.mqtt import BrokerAddress, MqttSession, SessionOptions, topic_matches
+from ioft_protocol.mqtt import MqttSession, topic_matches
+from ioft_protocol.mqtt_options import BrokerAddress, SessionOptions
 
 
 def test_topic_filters_match_as_mqtt_says():
