@@ -1,4 +1,4 @@
-"""``[serve]`` of ``device.toml``: the answers to every new row and their alert rules (:class:`ServeConfig`)."""
+"""``[serve]`` of ``device.toml``: the answers to every row and their alert rules (:class:`ServeConfig`)."""
 
 from __future__ import annotations
 
