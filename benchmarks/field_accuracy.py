@@ -69,7 +69,8 @@ import numpy as np
 from benchmarks.common import markdown_table, study_parser, write_result
 from cloud_aggregator.local.fleet import pflda_task
 from cloud_aggregator.rounds.simulation import ClientData, Simulation
-from edge.config import AlertRule, DataConfig
+from edge.config import DataConfig
+from edge.config_serve import AlertRule
 from edge.serving.alerts import Alerts
 from edge.serving.candidates import ALONE, GLOBAL, ORDER, PERSONAL, global_local, remember
 from edge.serving.conformal import Calibration, in_range

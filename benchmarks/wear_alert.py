@@ -57,7 +57,8 @@ import numpy as np
 
 from benchmarks.common import markdown_table, study_parser, write_result
 from cloud_aggregator.rounds.simulation import ClientData, Simulation
-from edge.config import AlertRule, DataConfig, DeviceConfig, ServeConfig
+from edge.config import DataConfig, DeviceConfig
+from edge.config_serve import AlertRule, ServeConfig
 from edge.feed import RowFeed
 from edge.recording.simulate import SimulatedWelder
 from edge.rows import Row

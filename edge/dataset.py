@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
+
 from edge.config import DataConfig
 from edge.segment_writer import write_base
 from edge.segments import LEGACY_FILE, SEGMENT_DIR, DatasetReader
@@ -75,3 +77,22 @@ def prepare_dataset(
     reader.load()
     log.info("created local dataset: %d train / %d test rows (%s)", len(train), len(test), meta)
     return train, test, meta
+
+
+def first_dataset(
+    state_dir: Path, device: str, cfg: DataConfig, reader: DatasetReader
+) -> tuple[Dataset, Dataset, dict]:
+    """The local dataset at the daemon's start; with ``[data] source = "state"`` it may not exist
+    yet (empty then): edge-recorder appends segments while the daemon runs, and ``reader`` reads them."""
+    try:
+        return prepare_dataset(state_dir, device, cfg, reader=reader)
+    except FileNotFoundError:
+        if cfg.source != "state":
+            raise
+    log.warning(
+        "%s: no local dataset in %s yet; rounds are skipped until edge-recorder writes one",
+        device,
+        Path(state_dir) / DIR,
+    )
+    empty = Dataset(np.empty((0, 1)), np.empty((0, 1)))
+    return empty, empty, {}

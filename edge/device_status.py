@@ -23,20 +23,25 @@ from ioft_protocol import restate, round_messages
 from trainer_lite.data import Dataset
 
 
+class LinkFacts(Protocol):
+    """What the status reports of the device's link (:class:`edge.device_link.DeviceLink`)."""
+
+    connected_at: float | None
+    unheard: str | None
+
+
 class StatusSource(Protocol):
     """What the status reports, as the daemon holds it."""
 
     config: DeviceConfig
     device: str
     state_dir: Path
-    connected_at: float | None
     tasks: dict[str, TaskState]
     models: ModelManager | None
     refused: dict[str, str]
     holdout: dict[str, round_messages.HoldoutScore]
     pause: PauseWatch
     ahead: dict[str, dict[str, object]]
-    unheard: str | None
     serving: Server
     train: Dataset
     test: Dataset
@@ -47,7 +52,8 @@ class StatusSource(Protocol):
 def fleet_scaling_status(d: Any) -> dict[str, dict[str, Any]]:
     """Per ``scaling = "fleet"`` task: the pooled transform applied (from which devices, how many
     rows), or ``waiting`` once this device sent its statistics and none has come yet."""
-    inputs, sent = getattr(d, "inputs", None), getattr(d, "_stats_sent", {})
+    inputs, stats = getattr(d, "inputs", None), getattr(d, "fleet_stats", None)
+    sent = {} if stats is None else stats.sent
     applied = {} if inputs is None else inputs.fleet
     out: dict[str, dict[str, Any]] = {
         task: {"state": "applied", "devices": list(p.devices), "rows": p.rows} for task, p in applied.items()
@@ -57,7 +63,7 @@ def fleet_scaling_status(d: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def status_body(d: StatusSource, state: str) -> dict[str, Any]:
+def status_body(d: StatusSource, state: str, link: LinkFacts) -> dict[str, Any]:
     """The status of ``d`` as ``state`` (``"online"``, or ``"offline"`` for the Last Will)."""
     body: dict[str, Any] = {
         "device": d.device,
@@ -65,7 +71,7 @@ def status_body(d: StatusSource, state: str) -> dict[str, Any]:
         "time": time.time(),
         "kind": d.config.machine_kind,
         "tags": list(d.config.tags),
-        restate.CONNECTED_AT: d.connected_at,
+        restate.CONNECTED_AT: link.connected_at,
         "tasks": {
             name: {"round": ts.answered[0] if ts.answered else None, "metrics": ts.metrics}
             for name, ts in d.tasks.items()
@@ -81,8 +87,8 @@ def status_body(d: StatusSource, state: str) -> dict[str, Any]:
         body["paused"] = d.pause.reason
     if d.ahead:  # task -> {task, device_round, announced_round}: the aggregator's store is behind
         body["ahead_of_aggregator"] = dict(d.ahead)
-    if d.unheard is not None:
-        body["aggregator"] = d.unheard
+    if link.unheard is not None:
+        body["aggregator"] = link.unheard
     scaling = fleet_scaling_status(d)
     if scaling:  # tasks with scaling = "fleet": the transform applied, or that it is awaited
         body["fleet_scaling"] = scaling

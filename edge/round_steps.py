@@ -11,21 +11,26 @@ refuse.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from edge.task_inputs import Rows
 from edge.task_state import TaskState
 from ioft_protocol.compress import encode_upload
-from ioft_protocol.round_messages import Announcement, UpdateMessage
+from ioft_protocol.round_messages import Announcement, HoldoutScore, UpdateMessage
 from ioft_protocol.secagg import transport as secagg_wire
 from trainer_lite.algorithms import ClientAlgorithm, ClientResult, make_client
 from trainer_lite.client import participate
+from trainer_lite.holdout import holdout_score
 from trainer_lite.params import Params
 from trainer_lite.task import TaskSpec
+
+log = logging.getLogger(__name__)
 
 
 class TaskRefused(ValueError):  # noqa: N818 -- a reported refusal, not a program error
@@ -123,6 +128,18 @@ def train(algo: ClientAlgorithm, device: str, ann: Announcement, local: Params, 
     return Trained(result, new_local, metrics, time.process_time() - cpu_started)
 
 
+def bound_to(ann: Announcement, device: str) -> dict[str, Any]:
+    """What an encoded update is bound to (its task, round, phase, device and global), so that it
+    counts for no other round."""
+    return {
+        "task": ann.task,
+        "round_": ann.round,
+        "phase": ann.phase,
+        "device": device,
+        "global_hash": ann.global_hash,
+    }
+
+
 def kept_state(algo: ClientAlgorithm, device: str, ann: Announcement, trained: Trained) -> TaskState:
     """The task's state after the round, with its upload encoded once: a re-send is the same bytes."""
     compress = algo.spec.compress
@@ -130,11 +147,7 @@ def kept_state(algo: ClientAlgorithm, device: str, ann: Announcement, trained: T
         trained.result.shared,
         ann.params,
         None if algo.spec.secagg is not None else compress,  # a masked change leaves through SecAgg
-        task=ann.task,
-        round_=ann.round,
-        phase=ann.phase,
-        device=device,
-        global_hash=ann.global_hash,
+        **bound_to(ann, device),
     )
     return TaskState(
         spec_json=ann.spec,
@@ -175,10 +188,27 @@ def masked_input(
         ann.params,
         spec.secagg,
         spec.compress,
-        task=ann.task,
-        round_=ann.round,
-        phase=ann.phase,
-        device=device,
-        global_hash=ann.global_hash,
+        **bound_to(ann, device),
     )
     return update, secagg_wire.device_weight(spec.server, n)
+
+
+def score_global(
+    algo: ClientAlgorithm, device: str, ann: Announcement, data: Rows | None
+) -> HoldoutScore | None:
+    """Held out of the task: the round's global scored on this device's rows
+    (``trainer_lite.holdout``); ``None`` (logged) while there are none to score it on."""
+    if data is None or len(data[0]) + len(data[1]) == 0:
+        log.warning("%s: task %s round %d: nothing to score the global on yet", device, ann.task, ann.round)
+        return None
+    train, test, _ = data
+    metrics = holdout_score(algo, device, ann.params, train, test, phase=ann.phase)
+    log.info(
+        "%s: task %s round %d %s: held out, the global scores %s",
+        device,
+        ann.task,
+        ann.round,
+        ann.phase,
+        " ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())),
+    )
+    return HoldoutScore(ann.round, ann.phase, ann.global_hash, metrics)

@@ -26,7 +26,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -181,20 +181,35 @@ class SecAggDevice:
         if fault is not None and fault in (env.stage, f"{env.stage}@{topic.task}"):
             log.warning("%s: %s=%s: dying at this stage", self.device, FAULT_ENV, fault)
             os.kill(os.getpid(), signal.SIGKILL)
-        pending = self._pending.get(topic.task)
+        pending = self._session(topic.task, env)
+        if pending is None:
+            return
+        answer = self._answer(topic.task, env, request, pending)
+        if answer is None:
+            return
+        reply = Envelope(env.session, env.round, env.phase, env.stage, answer.encode())
+        pending.stages.add(env.stage)
+        self._publish(topic_up(self.fleet, topic.task, self.device), reply.encode())
+        if env.stage == "unmask":
+            del self._pending[topic.task]  # answered once; the update is forgotten
+
+    def _session(self, task: str, env: Envelope) -> _Pending | None:
+        """The held update whose session ``env`` belongs to (a setup opens it), or ``None`` (logged):
+        no update for that round, a session refused or unknown, a stage answered already."""
+        pending = self._pending.get(task)
         if pending is None or (pending.round, pending.phase) != (env.round, env.phase):
             log.info(
                 "%s: SecAgg %s for task %s round %d, which it holds no update for",
                 self.device,
                 env.stage,
-                topic.task,
+                task,
                 env.round,
             )
-            return
-        if env.stage == "setup" and not self._first_session(topic.task, env):
-            return
-        if env.stage == "setup" and not self._new_session(topic.task, env):
-            return
+            return None
+        if env.stage == "setup" and not self._first_session(task, env):
+            return None
+        if env.stage == "setup" and not self._new_session(task, env):
+            return None
         if env.stage == "setup":
             pending.client = ClientSecAgg(
                 self.device,
@@ -202,24 +217,29 @@ class SecAggDevice:
                 signer=self.signer,
                 trust=self.trust,
                 require_signed=self.require_signed,
-                scope=key_scope(self.fleet, topic.task, env.round, env.phase),
+                scope=key_scope(self.fleet, task, env.round, env.phase),
             )
             pending.session = env.session
         if pending.client is None or env.session != pending.session:
             log.info("%s: SecAgg %s of an unknown session %s", self.device, env.stage, env.session)
-            return
+            return None
         if env.stage in pending.stages:
             log.warning(
                 "%s: task %s round %d: refused SecAgg %s of session %s: already answered (each stage "
                 "is answered once)",
                 self.device,
-                topic.task,
+                task,
                 env.round,
                 env.stage,
                 env.session,
             )
-            return
+            return None
+        return pending
+
+    def _answer(self, task: str, env: Envelope, request: Any, pending: _Pending) -> Any:
+        """The client's answer to the stage's ``request``, or ``None`` where it refuses (logged)."""
         c = pending.client
+        assert c is not None
         try:
             if env.stage == "setup":
                 answer = c.setup(request)
@@ -231,29 +251,20 @@ class SecAggDevice:
                 answer = c.unmask(request)
         except (SecAggRefusedError, ValueError) as exc:  # ValueError: an update of the wrong length
             log.warning(
-                "%s: task %s round %d: refused SecAgg %s: %s",
-                self.device,
-                topic.task,
-                env.round,
-                env.stage,
-                exc,
+                "%s: task %s round %d: refused SecAgg %s: %s", self.device, task, env.round, env.stage, exc
             )
-            return
+            return None
         if env.stage == "neighbour_keys" and c.signed:
             log.info(
                 "%s: task %s round %d: SecAgg keys of %s signed by their fleet certificates",
                 self.device,
-                topic.task,
+                task,
                 env.round,
-                ", ".join(sorted(request.keys)),  # type: ignore[attr-defined]
+                ", ".join(sorted(request.keys)),
             )
         if not isinstance(answer, ANSWERS[env.stage]):
             raise TypeError(f"stage {env.stage} answered with {type(answer).__name__}")
-        reply = Envelope(env.session, env.round, env.phase, env.stage, answer.encode())
-        pending.stages.add(env.stage)
-        self._publish(topic_up(self.fleet, topic.task, self.device), reply.encode())
-        if env.stage == "unmask":
-            del self._pending[topic.task]  # answered once; the update is forgotten
+        return answer
 
     def _new_session(self, task: str, env: Envelope) -> bool:
         """Whether ``env`` (a setup) is of a session never answered; remembered (on disk) if so."""

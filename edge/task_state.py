@@ -1,16 +1,28 @@
 """A task's state on the device: personal parameters, the last answered round and its upload,
 in one atomically written file per task, so a kill at any instant leaves the state before or
-after a round and a computed upload is re-sent, never recomputed."""
+after a round and a computed upload is re-sent, never recomputed.
+
+:class:`TaskStates` holds every task's state in the daemon: kept, read from its file, or fresh
+where its training changed; and whether an announcement comes for a round answered already.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ioft_protocol.state import load_verified, save_arrays
+from ioft_protocol.round_messages import Announcement
+from ioft_protocol.state import StateError, load_verified, save_arrays
+from trainer_lite.algorithms import ClientAlgorithm
+from trainer_lite.client import initial_local
 from trainer_lite.params import Params, strip_prefix, with_prefix
+from trainer_lite.task import training_changes
+
+log = logging.getLogger(__name__)
 
 UPLOAD = "upload"
 
@@ -92,3 +104,81 @@ def _task_state_from(arrays: dict[str, np.ndarray], meta: dict) -> TaskState:
 
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+class TaskStates:
+    """Every task's state on one device (``by_task``), and the tasks whose announced round is below
+    the one this device trained (``ahead``, in its status: ``serve --resume-from-devices``).
+
+    ``publish_status()`` sends the device's retained status (a newly noted ``ahead``).
+    """
+
+    def __init__(self, state_dir: Path, device: str, publish_status: Callable[[], None]) -> None:
+        self.state_dir, self.device = Path(state_dir), device
+        self.publish_status = publish_status
+        self.by_task: dict[str, TaskState] = {}
+        #: task -> the round this device trained and the (lower) one announced (:meth:`note_ahead`)
+        self.ahead: dict[str, dict[str, object]] = {}
+
+    def get(self, task: str, spec_json: str, algo: ClientAlgorithm) -> TaskState:
+        """The task's state: kept, read from its file, or fresh where there is none or its training changed."""
+        state = self.by_task.get(task)
+        if state is None:
+            try:
+                state = load_task_state(task_state_path(self.state_dir, task))
+            except StateError as exc:
+                log.error("%s: %s; starting task %s afresh", self.device, exc, task)
+        changed = None if state is None else training_changes(state.spec_json, spec_json)
+        if state is None or changed:
+            if state is not None:
+                log.info("%s: task %s changed %s; resetting its local state", self.device, task, changed)
+            state = TaskState(spec_json=spec_json, local=initial_local(algo, self.device))
+        elif state.spec_json != spec_json:  # more rounds: the same training goes on
+            state.spec_json = spec_json
+        self.by_task[task] = state
+        return state
+
+    def keep(self, task: str, state: TaskState) -> None:
+        """The round's new state, durable on disk before its upload is sent."""
+        save_task_state(task_state_path(self.state_dir, task), state)
+        self.by_task[task] = state
+
+    def answered_round(self, task: str) -> int | None:
+        """The round this device answered last for ``task`` (``None``: none yet)."""
+        state = self.by_task.get(task)
+        return None if state is None or state.answered is None else state.answered[0]
+
+    def answered_before(self, ann: Announcement, state: TaskState, resend: Callable[[], None]) -> bool:
+        """Whether this device trained this round already (its kept upload is re-sent by ``resend``:
+        the aggregator may have lost it) or a later one (a stale announcement: noted in its status)."""
+        if state.answered is not None and (ann.round, ann.phase) == state.answered:
+            if state.upload_meta.get("global_hash") == ann.global_hash:
+                resend()
+            else:  # this round was trained from another global: the aggregator's store lost it
+                self.note_ahead(ann, state.answered[0])
+            return True
+        if state.answered is not None and ann.round < state.answered[0]:
+            self.note_ahead(ann, state.answered[0])
+            return True
+        if self.ahead.pop(ann.task, None) is not None:
+            log.info("%s: task %s: the aggregator is at round %d again", self.device, ann.task, ann.round)
+        return False
+
+    def note_ahead(self, ann: Announcement, device_round: int) -> None:
+        """An announcement below the round this device trained last: its status says so (once per
+        announced round) for ``serve`` to tell its operator, who resumes it past this round."""
+        ahead = {"task": ann.task, "device_round": device_round, "announced_round": ann.round}
+        if ann.state != "running" or self.ahead.get(ann.task) == ahead:
+            return
+        self.ahead[ann.task] = ahead
+        log.warning(
+            "%s: task %s: the aggregator announces round %d but this device trained round %d already "
+            "(its store is older than this device's state); not answering until a round past %d "
+            "(serve --resume-from-devices)",
+            self.device,
+            ann.task,
+            ann.round,
+            device_round,
+            device_round,
+        )
+        self.publish_status()

@@ -38,7 +38,7 @@ MAX_RULES = 64
 MAX_CLASSES = 16
 #: Longest device-written string kept (row keys, class names, digests).
 MAX_TEXT = 80
-#: Longest operator's text kept (an alert rule's ``action``, a class's meaning; edge.config.MAX_WORDS).
+#: Longest operator's text kept (an alert rule's ``action``, a class's meaning; edge.config_serve.MAX_WORDS).
 MAX_WORDS = 200
 
 

@@ -156,14 +156,9 @@ class ModelManager(Fetcher):
             return False
         digest = hashlib.sha256(payload).hexdigest()
         with self._lock:
-            if any(r.get("digest") == digest for r in self.rejections.get(name, [])):
-                return False  # refused before: already reported
-            rec = self.records.get(name)
-            if rec is not None and rec.get("offer_digest") == digest:
+            if self._seen(name, digest):
                 return False
             t = self.transfers.get(name)
-            if t is not None and t.digest == digest:
-                return False  # the same offer again (a reconnect re-delivers retained messages)
             try:
                 offer = model_push.ModelOffer.decode(payload, max_bytes=model_push.MAX_OFFER_BYTES)
                 if offer.name != name:
@@ -202,6 +197,17 @@ class ModelManager(Fetcher):
                 self._close_transfer(name, delete=False)
             self._start(name, offer, manifest, digest)
             return True
+
+    def _seen(self, name: str, digest: str) -> bool:
+        """Whether the offer of this ``digest`` came before: refused (already reported), active, or
+        being fetched (a reconnect re-delivers retained messages)."""
+        if any(r.get("digest") == digest for r in self.rejections.get(name, [])):
+            return True
+        rec = self.records.get(name)
+        if rec is not None and rec.get("offer_digest") == digest:
+            return True
+        t = self.transfers.get(name)
+        return t is not None and t.digest == digest
 
     def _withdraw(self, name: str, offer: model_push.ModelOffer) -> bool:
         """Leave a version the fleet withdrew (a stopped rollout) for the previous one; whether it did.

@@ -2,7 +2,7 @@
 
 A second long-running process beside ``edge-trainer``, so that recording is never
 held up by training (and a training round never waits for a sensor).  It reads the
-``[sensors]`` table of the device's TOML (:class:`edge.config.SensorsConfig`) and
+``[sensors]`` table of the device's TOML (:class:`edge.config_sensors.SensorsConfig`) and
 appends rows to the dataset the trainer trains on, ``<state_dir>/dataset.segments/``
 (:mod:`edge.segments`): each stored batch is one new segment written atomically (temp
 file, fsync, rename, fsync folder), never a rewrite of the rows already stored; small

@@ -220,26 +220,31 @@ class PrinterRecorder(RecorderLoop):
         self._held: deque = deque()
         self.max_hold_s = max(2.0, 4 * cfg.poll_s + 2 * cfg.moonraker_timeout_s)
         self.invalid_rows = 0
-        self.data = DatasetAppender(
+        self.data = self._appender(cfg, source)
+        self._dropped_before = Counter(self.data.meta.get("dropped_layers", {}))
+        self.run_state: dict | None = self.data.meta.get("run")
+        self.runs = int(self.data.meta.get("runs", 0))
+
+    def _appender(self, cfg: SensorsConfig, source: str) -> DatasetAppender:
+        """The dataset the layers' rows go to: one ``sigma_a`` per row, the speed as its target."""
+        meta = {
+            "source": source,
+            "columns": {"x": ["sigma_a"], "y": ["speed/50"]},
+            "split": cfg.split_rule,
+            "test_fraction": cfg.test_fraction,
+            "accel": cfg.accel,
+            "accel_hz": self.accel.rate_hz,
+            "context": cfg.context,
+        }
+        return DatasetAppender(
             self.state_dir,
             source=source,
             x_dim=1,
             y_dtype=np.float64,
             y_1d=False,
-            meta={
-                "source": source,
-                "columns": {"x": ["sigma_a"], "y": ["speed/50"]},
-                "split": cfg.split_rule,
-                "test_fraction": cfg.test_fraction,
-                "accel": cfg.accel,
-                "accel_hz": self.accel.rate_hz,
-                "context": cfg.context,
-            },
+            meta=meta,
             max_rows=cfg.row_limit,
         )
-        self._dropped_before = Counter(self.data.meta.get("dropped_layers", {}))
-        self.run_state: dict | None = self.data.meta.get("run")
-        self.runs = int(self.data.meta.get("runs", 0))
 
     def start(self) -> None:
         log.info(

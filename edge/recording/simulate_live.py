@@ -49,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser, *, trainer: bool = False) -> None:
         "--layers", type=int, default=20, help=f"with --simulate printer: layers per print; {then}"
     )
     p.add_argument("--layer-s", type=float, default=1.0, help="with --simulate printer: seconds per layer")
+    _welder_arguments(p, trainer)
+
+
+def _welder_arguments(p: argparse.ArgumentParser, trainer: bool) -> None:
+    """The simulated welder's flags (see :func:`add_arguments`)."""
     p.add_argument(
         "--welds",
         type=int,

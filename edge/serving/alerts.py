@@ -1,6 +1,6 @@
 """Alert rules over a task's answers: k of the last n over a threshold, with hysteresis and a cooldown.
 
-Each rule (:class:`edge.config.AlertRule`, ``[[serve.alerts]]`` in ``device.toml``) keeps the
+Each rule (:class:`edge.config_serve.AlertRule`, ``[[serve.alerts]]`` in ``device.toml``) keeps the
 values it read from its task's last ``n`` answers.  It **raises** when at least ``k`` of them
 are above ``above`` and **clears** when at least ``k`` are at or below ``clear_below``: between
 the two thresholds an open alert stays open and a closed one stays closed, so a value hovering
@@ -16,7 +16,7 @@ A rule's ``action`` (what to do) and, for a ``p:<class>`` rule, the class's mean
 (``[serve.classes]``) ride on each event and each open alert.  A rule that can never fire (its
 class is not one of its task's classes, or it reads a class probability from a task that predicts
 a speed) is refused at start (:func:`rule_problem`, :func:`known_classes`); one that cannot fire
-*yet* (no serving model for its task) says so in the status (``Server.rule_status``).
+*yet* (no serving model for its task) says so in the status (:func:`edge.serving.server_status.rule_status`).
 
 Open alerts (and each rule's last clear, for the cooldown) are written atomically to
 ``<state_dir>/serving/alerts.json`` on every raise and clear, so they survive a restart; the
@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from edge.config import AlertRule, DeviceConfig
+from edge.config import DeviceConfig
+from edge.config_serve import AlertRule
 from edge.serving.records import Answer
 from ioft_protocol.state import atomic_write_json
 
@@ -149,6 +150,14 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def summary(self) -> str:
+        """One line for the log: the rule, its vote and the row that tipped it."""
+        side = "over" if self.state == "raised" else "at or below"
+        return (
+            f"alert {self.rule} {self.state} (task {self.task}: {self.votes} of the last {self.n} rows "
+            f"{side} {self.threshold:g}; row {self.key} read {self.value:g})"
+        )
 
 
 class Alerts:

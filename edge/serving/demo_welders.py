@@ -28,7 +28,8 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from edge.config import AlertRule, DataConfig
+from edge.config import DataConfig
+from edge.config_serve import AlertRule
 from edge.recording.simulate import SimulatedWelder
 from edge.rows import Row
 from edge.serving.alerts import Alerts

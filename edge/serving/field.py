@@ -60,6 +60,18 @@ class FieldScores:
         self.scores.setdefault(task, deque(maxlen=self.window)).append(value)
         self.scored[task] += 1
 
+    def reload(self, records: list[dict[str, Any]]) -> None:
+        """Weld answers from the answer log, so that a label landing after a restart still scores its answer."""
+        for record in records[-MAX_PENDING:]:
+            if record.get("kind") != "weld":
+                continue
+            try:
+                answer = Answer.from_dict(record)  # reads the old logs' "label" too
+            except (ValueError, TypeError):
+                continue
+            if answer.predicted is not None:
+                self.answered(answer)
+
     def answered(self, answer: Answer) -> None:
         """Score a layer's answer now; keep a weld's until its label comes."""
         if answer.residual is not None:

@@ -27,10 +27,16 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from edge.config import AlertRule, DeviceConfig
+from edge.config import DeviceConfig
+from edge.config_serve import AlertRule
 from ioft_protocol import topics
+
+log = logging.getLogger(__name__)
 
 MANUFACTURER = "ioft"
 
@@ -149,3 +155,70 @@ class Discovery:
 def _shorten(name: str, limit: int = 100) -> str:
     """A name ``serve`` passes on (at most ``limit`` characters; the attributes keep the whole text)."""
     return name if len(name) <= limit else name[: limit - 1].rstrip() + "…"
+
+
+#: The Home Assistant config topics last announced: a later start empties those gone since.
+ANNOUNCED = "home-assistant.json"
+
+
+class Announcer:
+    """Which discovery configs a device sends, and which it sent before (kept in ``folder``).
+
+    ``discovery`` is ``None`` where Home Assistant is off: every config announced before is then
+    emptied at the next connect, so Home Assistant removes the entities.
+    """
+
+    def __init__(self, discovery: Discovery | None, folder: Path, device: str, advice: bool) -> None:
+        self.discovery, self.folder, self.device = discovery, Path(folder), device
+        self.advice = advice  # [serve] vibration_budget is set: printer tasks advise
+
+    def task(self, task: str, classes: list[str] | None) -> list[tuple[str, bytes]]:
+        """A task's configs (none where Home Assistant is off)."""
+        if self.discovery is None:
+            return []
+        return self.discovery.task(task, classes, self.advice and classes is None)
+
+    def configs(
+        self,
+        rules: list[AlertRule],
+        tasks: dict[str, list[str] | None],
+        never_fires: Callable[[AlertRule], bool],
+    ) -> list[tuple[str, bytes]]:
+        """Every config message (published retained on each connect), and an empty one for each
+        entity announced before and gone now (a rule removed from the config, discovery turned
+        off): Home Assistant then removes it.  ``tasks``: each serving task's classes."""
+        out: list[tuple[str, bytes]] = []
+        if self.discovery is not None:
+            # A rule its task's model shows can never fire is not announced (nor kept, if it was).
+            out = [self.discovery.alert(r) for r in rules if not never_fires(r)]
+            for task, classes in tasks.items():
+                out += self.task(task, classes)
+        now = {t for t, _ in out}
+        gone = sorted(self._announced() - now)
+        self._remember(now)
+        return out + [(t, b"") for t in gone]
+
+    def first_model(self, task: str, classes: list[str] | None) -> list[tuple[str, bytes]]:
+        """A task's first serving model: its configs, to publish now rather than at the next connect."""
+        if self.discovery is None:
+            return []
+        configs = self.task(task, classes)
+        self._remember(self._announced() | {t for t, _ in configs})
+        return configs
+
+    def _announced(self) -> set[str]:
+        """The config topics this device announced last (``serving/home-assistant.json``)."""
+        try:
+            return {str(t) for t in json.loads((self.folder / ANNOUNCED).read_text())}
+        except (OSError, ValueError, TypeError):
+            return set()
+
+    def _remember(self, announced: set[str]) -> None:
+        path = self.folder / ANNOUNCED
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(sorted(announced)))
+            tmp.replace(path)
+        except OSError as exc:  # the next start re-announces everything anyway; only removals are lost
+            log.warning("%s: could not record the Home Assistant configs in %s: %s", self.device, path, exc)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,13 +29,15 @@ import numpy as np
 from edge.rows import Row
 from edge.serving.conformal import DEFAULT_COVERAGE, Calibration, in_range
 from edge.serving.records import Answer, ModelId
-from ioft_protocol.state import load_arrays, save_arrays
+from ioft_protocol.state import StateError, load_arrays, save_arrays
 from sensors.features.scaling import Standardizer
 from sensors.layers import SPEED_SCALE
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, strip_prefix, with_prefix
 from trainer_lite.task import TaskSpec
+
+log = logging.getLogger(__name__)
 
 
 class Refusal(enum.Enum):
@@ -307,3 +311,21 @@ class ServingModel:
             candidate=str(meta.get("candidate", "personal")),
             evidence=meta.get("evidence"),
         )
+
+
+def load_served(folder: Path, device: str, serves: Callable[[str], bool]) -> dict[str, ServingModel]:
+    """The serving models earlier runs saved in ``folder``, of the tasks that ``serves``; one that
+    cannot be read is logged and left out (the task serves again after its next round)."""
+    out: dict[str, ServingModel] = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        task = path.name.removesuffix(".safetensors")
+        if not serves(task):
+            continue
+        try:
+            model = ServingModel.load(path, device=device, task=task)
+        except (StateError, ValueError, KeyError, TypeError) as exc:
+            log.error("%s: serving model %s not served: %s", device, path.name, exc)
+            continue
+        if model is not None:
+            out[task] = model
+    return out

@@ -11,7 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from edge.config import AlertRule, DeviceConfig, SensorsConfig, ServeConfig
+from edge.config import DeviceConfig
+from edge.config_sensors import SensorsConfig
+from edge.config_serve import AlertRule, ServeConfig
 from edge.dataset import save_dataset
 from edge.serving.alerts import Alerts, check_rules
 from edge.serving.model import ServingModel

@@ -127,7 +127,7 @@ def test_the_device_status_reports_its_rows_and_the_recorders_sensor_state(tmp_p
         {"device": "printer3", "fleet": "plant", "state_dir": str(state), "allow_plaintext": True},
     )
     trainer = EdgeTrainer(cfg)
-    body = json.loads(trainer._status("online")[1])
+    body = json.loads(trainer.link.status("online")[1])
     # "schema": the feature schema a model push picks its devices by; none without a dataset.
     assert body["data"] == {"train": 0, "test": 0, "source": None, "schema": None}
     save_dataset(state, rows(5, 0), rows(2, 1), {"source": "record-printer"})
@@ -137,8 +137,8 @@ def test_the_device_status_reports_its_rows_and_the_recorders_sensor_state(tmp_p
         )
     )
     trainer.refresh_dataset()
-    body = json.loads(trainer._status("online")[1])
+    body = json.loads(trainer.link.status("online")[1])
     assert body["data"]["train"] == 5 and body["data"]["source"] == "record-printer"
     assert body["data"]["sensor"]["state"] == "fault" and body["data"]["sensor"]["appended"] == 7
     (state / "recorder-status.json").write_text("{not json")
-    assert "sensor" not in json.loads(trainer._status("online")[1])["data"]
+    assert "sensor" not in json.loads(trainer.link.status("online")[1])["data"]

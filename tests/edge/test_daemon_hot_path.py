@@ -99,7 +99,7 @@ def test_a_connected_device_republishes_its_status_every_heartbeat_s(tmp_path, m
     t.tick()
     assert statuses(t) == []  # not connected: nothing to say it on
     t.session.connected.set()
-    t._birth()  # the status every connect publishes counts as the first heartbeat
+    t.link.birth()  # the status every connect publishes counts as the first heartbeat
     clock[0] += 29
     t.tick()
     assert statuses(t) == []

@@ -88,5 +88,5 @@ def test_a_task_trains_and_predicts_on_the_active_encoders_embeddings(tmp_path):
     assert state.metrics["encoder_version"] == 7.0 and set(state.upload) == {"fc0.weight", "fc0.bias"}
     pred = trainer.personal_prediction("speed-raw", shared, trainer.test.x[:5])  # raw windows in, speed out
     assert pred.shape == (5, 1) and np.isfinite(pred).all()
-    status = json.loads(trainer._status("online")[1])
+    status = json.loads(trainer.link.status("online")[1])
     assert status["models"]["enc"]["active"] == 7 and status["tasks"]["speed-raw"]["round"] == 1

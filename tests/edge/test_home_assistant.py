@@ -10,7 +10,8 @@ import re
 import pytest
 
 from cloud_aggregator.serve.home_assistant import discovery_topic, rebuild
-from edge.config import AlertRule, DeviceConfig, ServeConfig
+from edge.config import DeviceConfig
+from edge.config_serve import AlertRule, ServeConfig
 from edge.serving.model import ServingModel
 from edge.serving.records import Row
 from edge.serving.server import Server

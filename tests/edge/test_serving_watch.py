@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.config import AlertRule, DeviceConfig, SensorsConfig, ServeConfig
+from edge.config import DeviceConfig
+from edge.config_sensors import SensorsConfig
+from edge.config_serve import AlertRule, ServeConfig
 from edge.feed import RowFeed
 from edge.serving.advice import speed_advice
 from edge.serving.alerts import Alerts

@@ -97,7 +97,7 @@ def test_a_task_for_another_schema_is_refused_logged_once_and_reported(trainer, 
     assert len(refusals) == 1  # once, not every round
     msg = refusals[0]
     assert OTHER_SCHEMA[:12] in msg and WINDOW_SCHEMA.schema_hash()[:12] in msg
-    status = json.loads(trainer._status("online")[1])
+    status = json.loads(trainer.link.status("online")[1])
     assert "feature schema" in status["refused"]["other"]
     assert [json.loads(p)["refused"]["other"] for _, p in first] == [status["refused"]["other"]]
 

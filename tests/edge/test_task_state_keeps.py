@@ -25,15 +25,15 @@ def test_more_rounds_keep_the_local_state_other_changes_reset_it(tmp_path):
     trainer = _trainer(tmp_path)
     spec = TaskSpec("speed", "pflda", "sigmoid_glm", hparams={"lam": 0.9}, rounds=5)
     algo = make_client(spec)
-    state = trainer._task_state("speed", spec.to_json(), algo)
+    state = trainer.states.get("speed", spec.to_json(), algo)
     trained = {k: v + 1.0 for k, v in state.local.items()}  # as after some rounds of training
     state.local = trained
     more = TaskSpec("speed", "pflda", "sigmoid_glm", hparams={"lam": 0.9}, rounds=50)
-    kept = trainer._task_state("speed", more.to_json(), make_client(more))
+    kept = trainer.states.get("speed", more.to_json(), make_client(more))
     assert kept.spec_json == more.to_json()
     assert all(np.array_equal(kept.local[k], trained[k]) for k in trained)
     other = TaskSpec("speed", "pflda", "sigmoid_glm", hparams={"lam": 0.5}, rounds=50)
-    reset = trainer._task_state("speed", other.to_json(), make_client(other))
+    reset = trainer.states.get("speed", other.to_json(), make_client(other))
     assert not all(np.array_equal(reset.local[k], trained[k]) for k in trained)
 
 

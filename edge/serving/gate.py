@@ -1,0 +1,93 @@
+"""The gate's pure parts: the round's personal model as a candidate, and why the best one may not serve.
+
+:meth:`edge.serving.server.Server.offer` builds the round's personal model
+(:func:`personal_model`), lets :func:`edge.serving.candidates.choose` pick the best candidate on
+the newest rows, and asks :func:`refusal` whether it may replace the model serving now.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from edge.models.onnx import no_worse
+from edge.serving.model import Refused, ServingModel
+from sensors.features.scaling import Standardizer
+from sensors.layers import SPEED_SCALE
+from trainer_lite.algorithms import ClientAlgorithm
+from trainer_lite.data import Dataset
+from trainer_lite.params import Params
+
+
+def personal_model(
+    device: str,
+    task: str,
+    algo: ClientAlgorithm,
+    params: tuple[Params, Params],
+    raw: tuple[Dataset, dict],
+    round_: int,
+    encoder_version: int | None,
+    scaler: Standardizer | None,
+) -> ServingModel:
+    """The round's personalized model (``params``: shared and local) as a serving model of the
+    rows ``raw`` (the training split as stored, and the dataset's metadata)."""
+    shared, local = params
+    raw_train, meta = raw
+    source = algo.spec.hparams.get("features")
+    return ServingModel(
+        device=device,
+        task=task,
+        spec_json=algo.spec.to_json(),
+        round=round_,
+        shared=dict(shared),
+        local=dict(local),
+        width=int(raw_train.x.shape[1]),
+        schema_hash=meta.get("schema_hash"),
+        classes=list(meta["classes"]) if isinstance(meta.get("classes"), list) else None,
+        encoder=source.split(":", 1)[1] if isinstance(source, str) and ":" in source else None,
+        encoder_version=encoder_version,
+        scale_mean=None if scaler is None else scaler.mean,
+        scale_std=None if scaler is None else scaler.std,
+        _algo=algo,
+    )
+
+
+def bound_speed(candidate: ServingModel, raw_fit: Dataset) -> None:
+    """The speed advice's bounds (:mod:`edge.serving.advice`) from the rows a printer's model trained on."""
+    if candidate.classes is None and len(raw_fit):
+        candidate.speed_max = float(np.max(raw_fit.y)) * SPEED_SCALE
+        candidate.sigma_min = float(np.min(raw_fit.x[:, 0])) if candidate.width == 1 else None
+
+
+def refusal(
+    candidate: ServingModel,
+    evidence: dict[str, Any],
+    current: ServingModel | None,
+    newest: Dataset,
+    enc: Any,
+    encoder_version: int | None,
+    margin: float,
+) -> str | None:
+    """Why ``candidate`` does not replace ``current`` (``None``: it does): no score on the newest
+    rows, answers that are not finite, or a score below the serving model's by more than ``margin``
+    (judged only where both read the rows through the same ``encoder_version``)."""
+    score, name = candidate.metric, candidate.metric_name
+    if not any(v is not None for v in evidence["scores"].values()) and len(newest):
+        return "no candidate can be scored on the newest rows"
+    if score is not None and not math.isfinite(score):
+        return "its answers on the newest rows are not finite"
+    if current is None or score is None or current.encoder_version != encoder_version:
+        return None
+    try:
+        old, _ = current.score(newest, enc)  # today's rows: both judged on the same ones
+    except Refused:
+        return None
+    if old is not None and not no_worse(score, old, margin):
+        return (
+            f"its best candidate ({candidate.candidate}) scores {name} {score:.4f} on the newest rows, "
+            f"below the serving round {current.round}'s {old:.4f} by more than the margin "
+            f"{margin}; round {current.round} keeps serving"
+        )
+    return None
