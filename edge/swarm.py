@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import selectors
 import socket
 import time
@@ -38,6 +37,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds between keepalive checks (``loop_misc``) and the daemons' ``tick``.
 MISC_S = 1.0
+#: Seconds between looks at the devices' pacers (``edge.buffered``: buffered jobs, simulated paces):
+#: a look walks every device, which after each of a busy round's many short polls cost more than
+#: a device's own answer; paces are seconds long, and a poll waits up to 50 ms anyway.
+PACE_S = 0.01
 
 
 class SwarmLoop:
@@ -236,14 +239,16 @@ class Swarm:
         by_session = {id(t.session): t for t in self.devices}
         for t in self.devices:
             t.start()
-        next_misc = time.monotonic() + MISC_S
+        next_misc, next_pace = time.monotonic() + MISC_S, 0.0
         try:
             while not self._stop and not (until is not None and until()):
                 for session in self.loop.poll(0.05):
                     self._deliver(by_session[id(session)])
                 now = time.monotonic()  # buffered jobs and simulated paces (edge.buffered) that are due
-                for t in [t for t in self.devices if t.pacer.next_at <= now]:
-                    t.pace()
+                if now >= next_pace:
+                    next_pace = now + PACE_S
+                    for t in [t for t in self.devices if t.pacer.next_at <= now]:
+                        t.pace()
                 if time.monotonic() >= next_misc:
                     next_misc = time.monotonic() + MISC_S
                     self.loop.misc()
@@ -258,11 +263,9 @@ class Swarm:
     @staticmethod
     def _deliver(trainer: EdgeTrainer) -> None:
         """What ``loop_read`` just queued for ``trainer``, handled on this thread."""
-        while True:
-            try:
-                msg = trainer.session.inbound.get_nowait()
-            except queue.Empty:
-                return
+        inbox = trainer.session.inbound.queue  # its deque: this thread is the only reader
+        while inbox:
+            msg = inbox.popleft()
             trainer.handle(msg.topic, msg.payload)
 
     def shutdown(self, timeout: float = 10.0) -> None:
