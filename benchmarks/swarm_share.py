@@ -9,7 +9,9 @@ device's rows, for the same algorithm and P, timed with ``time.thread_time`` ove
 
 Issue 35's target: swarm CPU per device-round ≤ 2 × the raw swarm's + the training alone.  The table
 gives medians of ``--repeats`` runs (default 5) with their spread and the 1-minute load average over
-the runs; CPU time, not wall time, so the other processes on a loaded machine slow it little.
+the runs.  CPU time, not wall time: a loaded machine still inflates it (shared cores and caches),
+so compare figures of one run: ``--compare-tree DIR`` runs the same cases with another checkout's
+code (``git archive <commit>`` unpacked in DIR), interleaved run by run with this one's.
 ``--big N`` adds one run at N devices (10,000 for the issue) with the CPU of a round split by process:
 aggregator, broker and swarm, and the raw swarm's and broker's in the same run.
 
@@ -98,17 +100,39 @@ def training_alone(p: int, rounds: int = 400, devices: int = 8) -> float:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def measure(n: int, p: int, rounds: int, warmup: int, repeats: int, processes: int | None) -> dict:
-    """``repeats`` runs of the fleet_scale case with its raw swarm; the training alone between them."""
-    runs, load, train = [], [os.getloadavg()[0]], []
+def measure(
+    n: int, p: int, rounds: int, warmup: int, repeats: int, processes: int | None, trees: list[str | None]
+) -> list[dict]:
+    """``repeats`` runs of the fleet_scale case with its raw swarm per code tree (``None``: this one),
+    the trees interleaved run by run; the training alone once per repeat, between them."""
+    cases = [{"n": n, "p": p, "code": tree or "this commit", "runs": [], "train": []} for tree in trees]
+    load = [os.getloadavg()[0]]
+    own = os.environ.get("PYTHONPATH")
     for _ in progress(range(repeats), f"{n:,} × {p:,}"):
-        r = run_case(n, p, rounds, warmup, "mean", processes, True)
-        r["swarm_dev_s"] = r["swarm_cpu_round"] / n
-        r["raw_dev_s"] = r["raw_swarm_cpu_round"] / n
-        runs.append(r)
-        train.append(training_alone(p))
+        for case, tree in zip(cases, trees, strict=True):
+            # The children (swarm, raw swarm, aggregator) import the tree's code: `python -m` from here.
+            env = tree if tree is not None else own
+            if env is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = env
+            try:
+                r = run_case(n, p, rounds, warmup, "mean", processes, True)
+            finally:
+                if own is None:
+                    os.environ.pop("PYTHONPATH", None)
+                else:
+                    os.environ["PYTHONPATH"] = own
+            r["swarm_dev_s"] = r["swarm_cpu_round"] / n
+            r["raw_dev_s"] = r["raw_swarm_cpu_round"] / n
+            case["runs"].append(r)
+        train = training_alone(p)
+        for case in cases:
+            case["train"].append(train)
         load.append(os.getloadavg()[0])
-    return {"n": n, "p": p, "runs": runs, "train": train, "load": load}
+    for case in cases:
+        case["load"] = load
+    return cases
 
 
 def median_range(values: list[float]) -> tuple[float, float, float]:
@@ -131,6 +155,7 @@ def share_row(case: dict) -> tuple[list[str], dict]:
         r["swarm_dev_s"] / (RAW_FACTOR * r["raw_dev_s"] + t) for r, t in zip(runs, case["train"], strict=True)
     ]
     row = [
+        case["code"],
         f"{case['n']:,}",
         f"{case['p']:,}",
         f"{len(runs)} (load {min(case['load']):.1f}–{max(case['load']):.1f})",
@@ -152,6 +177,7 @@ def split_row(case: dict) -> list[str]:
         return f"{statistics.median(r[key] * scale for r in runs):.2f} s"
 
     return [
+        case["code"],
         f"{n:,}",
         f"{case['p']:,}",
         f"{len(runs)} (load {min(case['load']):.1f}–{max(case['load']):.1f})",
@@ -175,6 +201,8 @@ STEPS = (
     ("train", "  train: round_steps.train (the training)"),
     ("kept_state", "  encode the upload (round_steps.kept_state)"),
     ("save_task_state", "  persist the task state (atomic file)"),
+    ("encode_arrays", "    its bytes (safetensors, checksums)"),
+    ("atomic_write_bytes", "    written: temp file, fsync, renames, folder fsync"),
     ("_publish_upload", "  publish the upload (encode message, outbox, paho)"),
     ("_offer", "  offer to serving"),
     ("_answered", "  answered (count, log, round status)"),
@@ -188,9 +216,11 @@ def steps(n: int, p: int, rounds: int, warmup: int) -> list[list[str]]:
     """Run ``n`` devices in this process against a real aggregator; CPU per device-round per step."""
     import edge.daemon as daemon
     import edge.swarm as swarm_mod
+    from ioft_protocol import state
 
     owners = {"train": daemon.round_steps, "kept_state": daemon.round_steps, "save_task_state": daemon}
     owners["poll"] = swarm_mod.SwarmLoop
+    owners["encode_arrays"] = owners["atomic_write_bytes"] = state
     total: dict[str, list[float]] = {}
     marks: dict[str, tuple[float, int]] = {}
     originals = []
@@ -271,6 +301,14 @@ def main(argv: list[str] | None = None) -> dict:
         "--big", type=int, metavar="N", help="one more case at N devices (10000), split by process"
     )
     parser.add_argument("--steps", action="store_true", help="where a device-round's CPU goes, per step")
+    parser.add_argument(
+        "--compare-tree",
+        nargs="*",
+        default=[],
+        metavar="DIR",
+        help="also run the same cases with another checkout's code (e.g. an older commit's `git archive`), "
+        "interleaved run by run with this one's",
+    )
     args = parser.parse_args(argv)
     if min(args.devices, args.params, args.rounds, args.repeats) < 1 or args.warmup < 0:
         parser.error("--devices, --params, --rounds and --repeats take positive integers, --warmup ≥ 0")
@@ -286,12 +324,14 @@ def main(argv: list[str] | None = None) -> dict:
         body += markdown_table(["step of a device-round", "CPU per device-round"], rows)
         print(body)
         return {"steps": rows}
-    cases = [measure(args.devices, args.params, args.rounds, args.warmup, args.repeats, args.processes)]
+    trees = [None, *args.compare_tree]
+    cases = measure(args.devices, args.params, args.rounds, args.warmup, args.repeats, args.processes, trees)
     if args.big:
-        cases.append(measure(args.big, args.params, args.rounds, args.warmup, 1, None))
+        cases += measure(args.big, args.params, args.rounds, args.warmup, 1, None, trees)
     shares = [share_row(c) for c in cases]
     table = markdown_table(
         [
+            "code",
             "N",
             "P",
             "runs (1-min load)",
@@ -306,6 +346,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     split = markdown_table(
         [
+            "code",
             "N",
             "P",
             "runs (1-min load)",
@@ -323,7 +364,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(body)
     if not args.no_write and not args.quick:
         write_result("swarm_share", body)
-    figures = [fig | {"n": c["n"], "p": c["p"]} for c, (_, fig) in zip(cases, shares, strict=True)]
+    figures = [
+        fig | {"n": c["n"], "p": c["p"], "code": c["code"]} for c, (_, fig) in zip(cases, shares, strict=True)
+    ]
     return {"cases": figures, "table": table, "json": json.dumps(figures)}
 
 

@@ -78,7 +78,8 @@ def safetensors_bytes(arrays: dict[str, np.ndarray], metadata: dict[str, str] | 
     for _, name, code, arr in laid:
         end = offset + arr.nbytes
         shape = ",".join(map(str, arr.shape))
-        parts.append(f'{_json(name)}:{{"dtype":"{code}","shape":[{shape}],"data_offsets":[{offset},{end}]}}')
+        quoted = f'"{name}"' if _PLAIN(name) else _json(name)
+        parts.append(f'{quoted}:{{"dtype":"{code}","shape":[{shape}],"data_offsets":[{offset},{end}]}}')
         offset = end
     text = ("{" + ",".join(parts) + "}").encode()
     text += b" " * (-len(text) % 8)
@@ -91,6 +92,8 @@ def _layout(t: tuple) -> tuple:
 
 #: JSON text as safetensors (serde_json) writes it: compact, non-ASCII as is.
 _json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+#: A tensor name JSON writes as it is, between quotes (most are: ``layer.weight``).
+_PLAIN = re.compile(r"[A-Za-z0-9_.\-]*\Z").match
 
 
 class WireError(ValueError):
