@@ -17,7 +17,8 @@ aggregator, broker and swarm, and the raw swarm's and broker's in the same run.
 
 ``--steps`` runs the swarm in this process instead and says where its CPU goes per step of a
 device-round (decode, gate, train, encode, persist, publish, status, the network loop), each step
-timed with ``time.thread_time`` around the daemon's own methods.
+timed with ``time.thread_time`` around the daemon's own methods; with ``--compare-tree`` also with
+each tree's code (in a child process), and writes ``results/swarm_share_steps.md``.
 
 ``--quick`` (the test suite): N = 20, one run; it returns the figures and asserts orderings only
 (the swarm's CPU holds the training's), never a time.
@@ -25,11 +26,14 @@ timed with ``time.thread_time`` around the daemon's own methods.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -212,8 +216,9 @@ STEPS = (
 )
 
 
-def steps(n: int, p: int, rounds: int, warmup: int) -> list[list[str]]:
-    """Run ``n`` devices in this process against a real aggregator; CPU per device-round per step."""
+def steps(n: int, p: int, rounds: int, warmup: int) -> list[float]:
+    """Run ``n`` devices in this process against a real aggregator: CPU seconds per device-round of
+    each of :data:`STEPS`, then of the swarm's whole thread."""
     import edge.daemon as daemon
     import edge.swarm as swarm_mod
     from ioft_protocol import state
@@ -284,9 +289,22 @@ def steps(n: int, p: int, rounds: int, warmup: int) -> list[list[str]]:
         shutil.rmtree(work, ignore_errors=True)
     (c0, d0), (c1, d1) = marks["start"], marks["end"]
     device_rounds = (d1 - d0) * n
-    rows = [[label, f"{total.get(name, [0.0, 0])[0] / device_rounds * 1e6:.1f} µs"] for name, label in STEPS]
-    rows.append(["the swarm's thread, all of it", f"{(c1 - c0) / device_rounds * 1e6:.1f} µs"])
-    return rows
+    return [total.get(name, [0.0, 0])[0] / device_rounds for name, _ in STEPS] + [(c1 - c0) / device_rounds]
+
+
+#: Runs this file's --steps with another tree's code first on the path (its cwd: ``-c`` puts it first).
+_RUN_HERE = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+def steps_in(tree: str, n: int, p: int, rounds: int, warmup: int) -> list[float]:
+    """:func:`steps` in a child process running ``tree``'s code (this benchmark's file, its imports)."""
+    cmd = [sys.executable, "-c", _RUN_HERE, __file__, "--steps", "--json", "--no-write"]
+    cmd += ["--devices", str(n), "--params", str(p), "--rounds", str(rounds), "--warmup", str(warmup)]
+    env = os.environ | {"PYTHONPATH": tree}
+    done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"--steps with {tree}'s code failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -301,6 +319,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--big", type=int, metavar="N", help="one more case at N devices (10000), split by process"
     )
     parser.add_argument("--steps", action="store_true", help="where a device-round's CPU goes, per step")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # steps_in's child
     parser.add_argument(
         "--compare-tree",
         nargs="*",
@@ -318,12 +337,35 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:
         args.devices, args.rounds, args.warmup, args.repeats, args.processes = 20, 2, 1, 1, 1
     if args.steps:
-        load = os.getloadavg()[0]
-        rows = steps(args.devices, args.params, args.rounds, args.warmup)
-        body = f"N = {args.devices:,}, P = {args.params:,}, load {load:.1f}–{os.getloadavg()[0]:.1f}\n\n"
-        body += markdown_table(["step of a device-round", "CPU per device-round"], rows)
+        load = [os.getloadavg()[0]]
+        trees = [None, *args.compare_tree]
+        if args.json:  # a child of steps_in: one run in this process
+            columns = [steps(args.devices, args.params, args.rounds, args.warmup)]
+        else:  # each tree in a child process, the trees interleaved run by run: medians of the runs
+            here = str(Path(__file__).resolve().parents[1])
+            runs = {tree: [] for tree in trees}
+            for _ in progress(range(args.repeats), "steps"):
+                for tree in trees:
+                    runs[tree].append(
+                        steps_in(tree or here, args.devices, args.params, args.rounds, args.warmup)
+                    )
+                    load.append(os.getloadavg()[0])
+            columns = [[statistics.median(col) for col in zip(*runs[tree], strict=True)] for tree in trees]
+        if args.json:
+            print(json.dumps(columns[0]))
+            return {"steps": columns[0]}
+        labels = [label for _, label in STEPS] + ["the swarm's thread, all of it"]
+        rows = [[label, *(f"{c[i] * 1e6:.1f} µs" for c in columns)] for i, label in enumerate(labels)]
+        body = (
+            f"CPU per device-round by step (medians of {args.repeats} runs per tree, the trees interleaved), "
+            f"N = {args.devices:,}, P = {args.params:,}, {args.rounds} rounds a run, "
+            f"1-min load {min(load):.1f}–{max(load):.1f}\n\n"
+        )
+        body += markdown_table(["step of a device-round", "this commit", *args.compare_tree], rows)
         print(body)
-        return {"steps": rows}
+        if not args.no_write and not args.quick:
+            write_result("swarm_share_steps", body)
+        return {"steps": columns}
     trees = [None, *args.compare_tree]
     cases = measure(args.devices, args.params, args.rounds, args.warmup, args.repeats, args.processes, trees)
     if args.big:
