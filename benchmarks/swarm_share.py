@@ -27,6 +27,7 @@ each tree's code (in a child process), and writes ``results/swarm_share_steps.md
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -111,17 +112,19 @@ def measure(
     the trees interleaved run by run; the training alone once per repeat, between them."""
     cases = [{"n": n, "p": p, "code": tree or "this commit", "runs": [], "train": []} for tree in trees]
     load = [os.getloadavg()[0]]
-    own = os.environ.get("PYTHONPATH")
+    own, here = os.environ.get("PYTHONPATH"), str(Path(__file__).resolve().parents[1])
     for _ in progress(range(repeats), f"{n:,} × {p:,}"):
         for case, tree in zip(cases, trees, strict=True):
-            # The children (swarm, raw swarm, aggregator) import the tree's code: `python -m` from here.
+            # The children (swarm, raw swarm, aggregator) import the tree's code: `python -m` puts
+            # its working folder first on the path, then PYTHONPATH.
             env = tree if tree is not None else own
             if env is None:
                 os.environ.pop("PYTHONPATH", None)
             else:
                 os.environ["PYTHONPATH"] = env
             try:
-                r = run_case(n, p, rounds, warmup, "mean", processes, True)
+                with contextlib.chdir(tree or here):
+                    r = run_case(n, p, rounds, warmup, "mean", processes, True)
             finally:
                 if own is None:
                     os.environ.pop("PYTHONPATH", None)
