@@ -367,7 +367,11 @@ def main(argv: list[str] | None = None) -> dict:
         body += markdown_table(["step of a device-round", "this commit", *args.compare_tree], rows)
         print(body)
         if not args.no_write and not args.quick:
-            write_result("swarm_share_steps", body)
+            write_result(
+                "swarm_share_steps",
+                body,
+                command="python -m benchmarks.swarm_share " + " ".join(sys.argv[1:]),
+            )
         return {"steps": columns}
     trees = [None, *args.compare_tree]
     cases = measure(args.devices, args.params, args.rounds, args.warmup, args.repeats, args.processes, trees)
