@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import selectors
 import socket
 import time
@@ -39,15 +38,27 @@ log = logging.getLogger(__name__)
 
 #: Seconds between keepalive checks (``loop_misc``) and the daemons' ``tick``.
 MISC_S = 1.0
+#: Seconds between looks at the devices' pacers (``edge.buffered``: buffered jobs, simulated paces):
+#: a look walks every device, which after each of a busy round's many short polls cost more than
+#: a device's own answer; paces are seconds long, and a poll waits up to 50 ms anyway.
+PACE_S = 0.01
 
 
 class SwarmLoop:
-    """One selector driving many paho clients (paho's external-loop callbacks keep it current)."""
+    """One selector driving many paho clients (paho's external-loop callbacks keep it current).
+
+    A client with bytes to send is written to before the next ``select``, not when the selector
+    says its socket is writable (it nearly always is): registering and unregistering each socket
+    for writing cost two ``epoll_ctl`` calls and a selector key per publish.  Only a client whose
+    socket took less than it had (a full send buffer) waits for the selector.
+    """
 
     def __init__(self) -> None:
         self.selector = selectors.DefaultSelector()
         self.sessions: list[SwarmSession] = []
         self._reconnect: dict[SwarmSession, float] = {}  # session -> when to try again
+        self._to_write: dict[SwarmSession, socket.socket] = {}  # paho has bytes for these sockets
+        self._polled_write: set[SwarmSession] = set()  # registered for EVENT_WRITE (buffer was full)
 
     def add(self, session: SwarmSession) -> None:
         self.sessions.append(session)
@@ -64,6 +75,39 @@ class SwarmLoop:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(sock)
 
+    def want_write(self, session: SwarmSession, sock: socket.socket) -> None:
+        """paho queued a packet (``on_socket_register_write``): written before the next select."""
+        self._to_write[session] = sock
+
+    def wrote(self, session: SwarmSession, sock: socket.socket) -> None:
+        """paho has nothing left to send (``on_socket_unregister_write``)."""
+        self._to_write.pop(session, None)
+        if session in self._polled_write:
+            self._polled_write.discard(session)
+            self._register(session, sock, False)
+
+    def gone(self, session: SwarmSession, sock: socket.socket) -> None:
+        """The session's socket closed (``on_socket_close``)."""
+        self._to_write.pop(session, None)
+        self._polled_write.discard(session)
+        self._unregister(sock)
+        self.closed(session)
+
+    def flush(self) -> None:
+        """Write what every client has queued; a socket that takes less waits for the selector."""
+        while self._to_write:
+            pending, self._to_write = self._to_write, {}
+            for session, sock in pending.items():
+                client = session.client
+                if client.socket() is not sock:
+                    continue  # closed or reconnected since: its new socket registered itself
+                client.loop_write()
+                if client.socket() is not sock:
+                    continue  # the write found the connection gone: paho closed the socket
+                if client.want_write() and session not in self._polled_write:
+                    self._polled_write.add(session)
+                    self._register(session, sock, True)
+
     def closed(self, session: SwarmSession) -> None:
         """A connection ended: try again after the session's backoff (unless it gave up or stops)."""
         if session.fatal is None and not session.stopping:
@@ -75,6 +119,7 @@ class SwarmLoop:
         for session in [s for s, at in self._reconnect.items() if at <= now]:
             del self._reconnect[session]
             session.connect()
+        self.flush()
         read = []
         for key, mask in self.selector.select(timeout):
             session: SwarmSession = key.data
@@ -107,9 +152,9 @@ class SwarmSession(MqttSession):
         self._failures = 0
         c = self.client
         c.on_socket_open = lambda client, userdata, sock: loop._register(self, sock, False)
-        c.on_socket_close = lambda client, userdata, sock: (loop._unregister(sock), loop.closed(self))
-        c.on_socket_register_write = lambda client, userdata, sock: loop._register(self, sock, True)
-        c.on_socket_unregister_write = lambda client, userdata, sock: loop._register(self, sock, False)
+        c.on_socket_close = lambda client, userdata, sock: loop.gone(self, sock)
+        c.on_socket_register_write = lambda client, userdata, sock: loop.want_write(self, sock)
+        c.on_socket_unregister_write = lambda client, userdata, sock: loop.wrote(self, sock)
 
     @property
     def client(self) -> paho.Client:
@@ -195,14 +240,16 @@ class Swarm:
         by_session = {id(t.session): t for t in self.devices}
         for t in self.devices:
             t.start()
-        next_misc = time.monotonic() + MISC_S
+        next_misc, next_pace = time.monotonic() + MISC_S, 0.0
         try:
             while not self._stop and not (until is not None and until()):
                 for session in self.loop.poll(0.05):
                     self._deliver(by_session[id(session)])
                 now = time.monotonic()  # buffered jobs and simulated paces (edge.buffered) that are due
-                for t in [t for t in self.devices if t.pacer.next_at <= now]:
-                    t.pace()
+                if now >= next_pace:
+                    next_pace = now + PACE_S
+                    for t in [t for t in self.devices if t.pacer.next_at <= now]:
+                        t.pace()
                 if time.monotonic() >= next_misc:
                     next_misc = time.monotonic() + MISC_S
                     self.loop.misc()
@@ -217,11 +264,9 @@ class Swarm:
     @staticmethod
     def _deliver(trainer: EdgeTrainer) -> None:
         """What ``loop_read`` just queued for ``trainer``, handled on this thread."""
-        while True:
-            try:
-                msg = trainer.session.inbound.get_nowait()
-            except queue.Empty:
-                return
+        inbox = trainer.session.inbound.queue  # its deque: this thread is the only reader
+        while inbox:
+            msg = inbox.popleft()
             trainer.handle(msg.topic, msg.payload)
 
     def shutdown(self, timeout: float = 10.0) -> None:

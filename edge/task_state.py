@@ -8,6 +8,7 @@ where its training changed; and whether an announcement comes for a round answer
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,8 +40,10 @@ class TaskState:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@functools.lru_cache(maxsize=65536)
 def task_state_path(state_dir: Path, task: str) -> Path:
-    """Where the task's state lives under the device's state directory."""
+    """Where the task's state lives under the device's state directory (made once per device and
+    task: three ``pathlib`` joins cost a swarm's device more than its own round's bookkeeping)."""
     return state_dir / "tasks" / task / "local.safetensors"
 
 

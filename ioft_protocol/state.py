@@ -33,8 +33,8 @@ from typing import Any, TypeVar
 import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
-from safetensors.numpy import save as st_save
 
+from ioft_protocol.codec import safetensors_bytes
 from trainer_lite.params import param_hash
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def encode_arrays(arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = N
     meta_text = json.dumps(meta or {}, sort_keys=True)
     digest = param_hash(arrays)
     header = {"meta": meta_text, "sha256": digest, "sha256_meta": _meta_checksum(digest, meta_text)}
-    return st_save(arrays, metadata=header)
+    return safetensors_bytes(arrays, header)
 
 
 def decode_arrays(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -121,5 +121,7 @@ SCHEDULE_FIELDS = frozenset({"rounds"})
 
 def training_changes(old_json: str, new_json: str) -> list[str]:
     """Sorted names of the fields two ``TaskSpec.to_json()`` texts differ in, ``SCHEDULE_FIELDS`` aside."""
+    if old_json == new_json:  # the usual case, each round: no need to parse both
+        return []
     old, new = json.loads(old_json), json.loads(new_json)
     return sorted(k for k in set(old) | set(new) if k not in SCHEDULE_FIELDS and old.get(k) != new.get(k))
