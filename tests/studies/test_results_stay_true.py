@@ -81,7 +81,21 @@ _PATH = re.compile(r"\b(cloud_aggregator|edge|sensors|trainer_lite|ioft_protocol
 def _imports_only(commit: str, module: Path) -> bool:
     """Whether ``commit`` changed only the imports, comments and module paths named in the text of
     ``module`` (a moved module's new path changes no figure, so it does not make results stale)."""
-    diff = _git("show", "--format=", "-U0", commit, "--", str(module.relative_to(ROOT))).stdout
+    rel = str(module.relative_to(ROOT))
+    if _same_figures(_git("show", "--format=", "-U0", commit, "--", rel).stdout):
+        return True  # (a merge's combined diff is empty where it took each side as it was)
+    # A merge that resolved the module: what it changed against a side that had it.  Each side's own
+    # commits are in the log and checked one by one; a resolution that wrote new code differs from both.
+    parents = _git("rev-list", "--parents", "-n", "1", commit).stdout.split()[1:]
+    return len(parents) > 1 and any(
+        _git("cat-file", "-e", f"{p}:{rel}").returncode == 0
+        and _same_figures(_git("diff", "-U0", p, commit, "--", rel).stdout)
+        for p in parents
+    )
+
+
+def _same_figures(diff: str) -> bool:
+    """Whether a ``-U0`` diff changes only imports, comments and module paths."""
     sides: dict[str, list[str]] = {"-": [], "+": []}
     for line in diff.splitlines():
         if line[:1] in sides and not line.startswith(("+++", "---")):
