@@ -56,14 +56,22 @@ class Blaster:
         self.client.connect(b.host, b.port, keepalive=60)
         self.client.subscribe(topics.topic_down(FLEET, "bench"), qos=1)
         self.client.subscribe(topics.topic_down(FLEET, "bench") + "/+", qos=1)  # re-send requests
+        # serve counts a device live once it answers the roll call (a retained "online" is not enough)
+        self.client.subscribe(topics.topic_roll_call(FLEET), qos=1)
         self.sent: dict[int, float] = {}  # round -> when its uploads were all handed to paho
         self.resent = 0
+        self._statuses()
+        self.client.loop_start()
+
+    def _statuses(self) -> None:
         for name in self.names:
             status = b'{"state": "online", "tasks": {}}'
             self.client.publish(topics.topic_status(FLEET, name), status, qos=1, retain=True)
-        self.client.loop_start()
 
     def _on_message(self, client, userdata, msg) -> None:
+        if msg.topic == topics.topic_roll_call(FLEET):  # every device answers, as edge.daemon does
+            self._statuses()
+            return
         ann = round_messages.Announcement.decode(bytes(msg.payload), max_bytes=1 << 30)
         if ann.for_device is not None:  # the coordinator asks again: re-send the kept upload, as edge.daemon
             kept = dict(self._cache[1]) if self._cache is not None else {}
