@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from sensors.features import DEFAULT_SCHEMA, FeatureSchema
+from sensors.features.pipeline import labelled_rows
 from sensors.sim.welder import WeldCondition, simulate_weld
 from sensors.welding import FolderSourceConfig, LabelLog, LabelLogError, WatchedFolderSource, write_weld_file
-from sensors.welding.pipeline import labelled_rows
 
 LOG_CSV = """# maintenance log of welder L20-3
 time,weld_id,tool,horn,anvil,surface,note
