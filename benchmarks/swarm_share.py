@@ -93,7 +93,7 @@ def training_alone(p: int, rounds: int = 400, devices: int = 8) -> float:
             trainer = EdgeTrainer(config, session_factory=MqttSession)
             algo = trainer.clients.client(spec_json, trainer.data_meta)
             rows = trainer.task_data(spec_json)
-            local = trainer._task_state("bench", spec_json, algo).local
+            local = trainer.states.get("bench", spec_json, algo).local
             round_steps.train(algo, name, ann, local, rows)  # warm-up
             work.append((algo, name, local, rows))
         started = time.thread_time()
