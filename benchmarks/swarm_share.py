@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import resource
@@ -219,6 +220,24 @@ STEPS = (
 )
 
 
+#: Steps whose function left ``EdgeTrainer`` / ``edge.daemon`` in the edge split: where they live now
+#: (``--compare-tree`` runs this file with code from before the split as well as after).
+_MOVED = {
+    "_task_state": ("edge.task_state", "TaskStates", "get"),
+    "_publish_status": ("edge.device_link", "DeviceLink", "publish_status"),
+    "save_task_state": ("edge.task_state", None, "save_task_state"),
+}
+
+
+def _where(owner: object, name: str) -> tuple[object, str]:
+    """The object and attribute holding step ``name``'s function in the code this process runs."""
+    if hasattr(owner, name) or name not in _MOVED:
+        return owner, name
+    module, cls, attr = _MOVED[name]
+    home = importlib.import_module(module)
+    return (home if cls is None else getattr(home, cls)), attr
+
+
 def steps(n: int, p: int, rounds: int, warmup: int) -> list[float]:
     """Run ``n`` devices in this process against a real aggregator: CPU seconds per device-round of
     each of :data:`STEPS`, then of the swarm's whole thread."""
@@ -233,9 +252,9 @@ def steps(n: int, p: int, rounds: int, warmup: int) -> list[float]:
     marks: dict[str, tuple[float, int]] = {}
     originals = []
 
-    def timed(owner, name):
-        f = getattr(owner, name)
-        originals.append((owner, name, f))
+    def timed(owner, attr, name):
+        f = getattr(owner, attr)
+        originals.append((owner, attr, f))
 
         def wrapper(*args, **kwargs):
             if "start" not in marks or "end" in marks:
@@ -248,10 +267,10 @@ def steps(n: int, p: int, rounds: int, warmup: int) -> list[float]:
                 cell[0] += time.thread_time() - t0
                 cell[1] += 1
 
-        setattr(owner, name, wrapper)
+        setattr(owner, attr, wrapper)
 
     for name, _ in STEPS:
-        timed(owners.get(name, daemon.EdgeTrainer), name)
+        timed(*_where(owners.get(name, daemon.EdgeTrainer), name), name)
     work, root = Path(tempfile.mkdtemp(prefix="ioft-steps-")), swarm_root()
     fleet = LocalFleet.start(work, broker=broker_for(work, n))
     try:
