@@ -107,12 +107,12 @@ class FeedReader:
         return False
 
     def wake(self) -> None:
-        """Wake :meth:`wait` now (the serving thread is stopping)."""
+        """Wake :meth:`wait` now (the serving thread is stopping).  Never blocks: a queue the
+        recorder's datagrams filled wakes it anyway, and a blocking send would wait forever on a
+        reader that has already stopped."""
         if self._sock is not None:
-            with contextlib.suppress(OSError):
-                socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(
-                    b"\x00", str(wake_path(self.state_dir))
-                )
+            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                s.sendto(b"\x00", socket.MSG_DONTWAIT, str(wake_path(self.state_dir)))
 
     def save(self) -> None:
         """Keep the position read so far on disk (once per change)."""

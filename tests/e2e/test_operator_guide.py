@@ -198,7 +198,10 @@ def test_every_block_of_the_operator_guide_runs_as_written(enterable_dir):
         )
         weld = watched["ioft/v1/plant-a/answer/welder1/tool"]
         assert weld["kind"] == "weld" and weld["classes"] == ["TC1", "TC2", "TC3", "TC4"], weld
-        assert abs(sum(weld["probabilities"]) - 1.0) < 1e-6, weld
+        # Each probability is published rounded to 6 places (edge/serving/model.py): the sum may miss 1 by
+        # half a millionth per class, and by a float's rounding beyond that.
+        probs = weld["probabilities"]
+        assert abs(sum(probs) - 1.0) <= len(probs) * 5e-7 + 1e-12, weld
         alert = watched["ioft/v1/plant-a/alert/welder1/worn_tool"]
         assert alert["state"] == "raised" and alert["task"] == "tool", alert
         # watching.md: the operator's subscription as written, and a recorder its trainer reads.
