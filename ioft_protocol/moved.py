@@ -15,7 +15,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import ModuleType
 
 
@@ -62,3 +62,21 @@ def keep_moved(moves: Mapping[str, str], removed_in: str) -> None:
     # First in line: under a moved package the path finder would otherwise load a second copy
     # of a submodule (old.sub from the new package's folder) under the old name.
     sys.meta_path.insert(0, _MovedFinder(moves, removed_in))
+
+
+def names_moved_out(module: str, moves: Mapping[str, str], removed_in: str) -> Callable[[str], object]:
+    """A module's ``__getattr__`` for names that left it for other modules (``{name: new module}``):
+    each still imports from ``module`` until ``removed_in``, from its new home, with a warning."""
+
+    def moved_name(name: str) -> object:
+        home = moves.get(name)
+        if home is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} moved to {home}; import it from there: the old path goes in version {removed_in}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(home), name)
+
+    return moved_name

@@ -10,17 +10,17 @@ fleet) and ``fleet add-device`` / ``renew-device`` / ``revoke-device``
 from __future__ import annotations
 
 import argparse
-import importlib
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cloud_aggregator import REMOVED_IN
 from cloud_aggregator.fleet.ca import cert_name
 from cloud_aggregator.operator import AGGREGATOR
 from cloud_aggregator.worker_login import WORKERS_DIR
 from ioft_protocol import codec, topics
 from ioft_protocol.config import ConfigError, load_toml
+from ioft_protocol.moved import names_moved_out
 from ioft_protocol.mqtt_options import BrokerAddress
 
 OPERATOR = "operator"
@@ -328,14 +328,4 @@ MOVED_OUT = {
 }  # fmt: skip
 
 
-def __getattr__(name: str) -> object:
-    """A name in :data:`MOVED_OUT`, from its new module, with a ``DeprecationWarning``."""
-    home = MOVED_OUT.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{__name__}.{name} moved to {home}; import it from there: the old path goes in version 0.2.0",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(home), name)
+__getattr__ = names_moved_out(__name__, MOVED_OUT, REMOVED_IN)
