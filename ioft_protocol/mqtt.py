@@ -31,7 +31,7 @@ import paho.mqtt.client as paho
 
 from ioft_protocol.mqtt_diagnosis import FATAL_CONNACK, AttemptWatch
 from ioft_protocol.mqtt_inbound import Inbound, Message
-from ioft_protocol.mqtt_loop import MISC_S, OK, SELECT_S, SocketLoop
+from ioft_protocol.mqtt_loop import BURST, MISC_S, OK, SELECT_S, ReadAheadClient, SocketLoop
 from ioft_protocol.mqtt_options import BrokerAddress, BrokerLogin, MqttError, SessionOptions, TlsConfig
 from ioft_protocol.mqtt_tls import check_options
 from ioft_protocol.outbox import Outbox, Ticket
@@ -77,7 +77,7 @@ class MqttSession(AttemptWatch):
 
     def _make_client(self) -> paho.Client:
         o = self.options
-        client = paho.Client(
+        client = ReadAheadClient(
             callback_api_version=paho.CallbackAPIVersion.VERSION2,
             client_id=o.client_id,
             protocol=paho.MQTTv311,
@@ -287,12 +287,14 @@ class MqttSession(AttemptWatch):
         rc = OK
         try:
             if held:
-                rc = loop.read()  # what came meanwhile, without a select
+                rc = loop.read(items, BURST)  # what came meanwhile, without a select
                 while rc == OK and not items:
                     left = SELECT_S if deadline is None else deadline - time.monotonic()
                     if left <= 0:
                         break
-                    rc = loop.step(left)
+                    rc = loop.wait(left)
+                    if rc == OK:
+                        rc = loop.read(items, BURST)
                 if rc == OK:
                     rc = loop.misc(MISC_S)
         finally:
