@@ -8,10 +8,16 @@ with its reason (refused, unresolvable, TLS handshake and why); bad credentials
 and refused certificates stop the retrying; another client that keeps taking our
 client id (a copied device folder, a stolen certificate) makes the session back
 off, longer each time, and say so (see ``SessionOptions.takeover_limit``); inbound
-messages go to a bounded queue that the owner drains on its own thread, so slow
-work never blocks the network loop; outbound ones go through a bounded outbox
-(``ioft_protocol.outbox``) that holds them while the broker is away, so a publish
-never raises for a lost connection.
+messages go to a bounded queue that the owner drains on its own thread; outbound ones
+go through a bounded outbox (``ioft_protocol.outbox``) that holds them while the broker
+is away, so a publish never raises for a lost connection.
+
+Who reads the socket (``ioft_protocol.mqtt_loop``): the thread waiting in :meth:`MqttSession.get`
+(the owner: the aggregator's collecting thread, a device's service loop) runs paho's external-loop
+steps itself, so a message is read, acked and taken on one thread with no hand-over; a background
+thread of the session's own (not paho's ``loop_start``) connects, reconnects with backoff, pings
+and reads whenever the owner has been out of ``get`` for ``mqtt_loop.IDLE_S`` or someone else
+waits for an ack.  "The network thread" below: whichever of the two reads the socket at the time.
 
 The wire protocol is MQTT 3.1.1 so the session also works against embedded
 brokers that speak nothing newer (amqtt).
@@ -166,7 +172,8 @@ class MqttSession(AttemptWatch):
         return self.wait_connected(stop=stop)
 
     def tap(self, topic: str, callback: Callable[[Message], bool | None] | None) -> None:
-        """Hand messages on ``topic`` to ``callback`` (on the network thread: no blocking) instead of
+        """Hand messages on ``topic`` to ``callback`` (on the network thread, which may be the owner's
+        own in ``get``: no blocking) instead of
         the inbound queue; ``None`` removes the tap.  Subscribe separately.
 
         ``topic`` may be a filter with ``+`` and ``#`` (a topic's exact tap wins).  A callback that
