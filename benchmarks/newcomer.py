@@ -29,12 +29,18 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# One BLAS thread per process: the matrices are tiny (154 rows), and on a loaded 2-core box OpenBLAS's
+# second thread made a fold several times slower (the results are bit-identical with either count).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 
@@ -346,12 +352,23 @@ def _run_jobs(
 ) -> list[tuple[str, tuple[dict[str, np.ndarray], dict[str, float]]]]:
     from benchmarks.common import progress
 
+    single_blas_thread()
     if workers <= 1:
         return [_job(j) for j in progress(jobs, "newcomer runs")]
     import multiprocessing as mp
 
     with mp.get_context("fork").Pool(workers) as pool:
         return list(progress(pool.imap(_job, jobs), "newcomer runs", total=len(jobs)))
+
+
+def single_blas_thread() -> None:
+    """One BLAS thread from here on (and in forked workers), also where NumPy was loaded before the
+    environment variable above was set (an importing test or script)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # then OPENBLAS_NUM_THREADS above is all there is
+        return
+    threadpool_limits(1)
 
 
 def run_lopo(
