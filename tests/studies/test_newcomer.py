@@ -9,9 +9,11 @@ from benchmarks.newcomer import (
     INDIV,
     LOPO_SPEEDS,
     METHODS,
+    hindsight,
     lopo_fleet,
     lopo_targets,
     run_fleet,
+    served_targets,
     simulated_fleet,
     targets,
 )
@@ -62,3 +64,28 @@ def test_lopo_targets_count_folds_against_alone() -> None:
     assert any(line.startswith("- FedPer") and "**0 of 18**" in line for line in lines)
     assert not any(line.startswith("- FedAvg") for line in lines)
     assert any("median ratio **0.50**" in line for line in lines)
+
+
+def test_hindsight_is_the_best_candidate_per_fold_and_round_and_counts_the_served_choice() -> None:
+    personal = np.array([[1.0, 4.0], [2.0, 2.0]])
+    global_ = np.array([[3.0, 1.0], [5.0, 0.5]])
+    alone_c = np.array([[0.5, 6.0], [2.5, 9.0]])
+    served = np.array([[1.0, 1.0], [2.0, 9.0]])  # personal, global / personal, alone
+    alone = np.array([[1.0, 1.0], [1.0, 1.0]])
+    losses = {
+        "PFL-DA served": served,
+        "PFL-DA candidate personal": personal,
+        "PFL-DA candidate global": global_,
+        "PFL-DA candidate alone": alone_c,
+        INDIV: alone,
+    }
+    best, lines = hindsight(losses)
+    np.testing.assert_array_equal(best["PFL-DA best in hindsight"], [[0.5, 1.0], [2.0, 0.5]])
+    assert lines == [
+        "- PFL-DA served: of 4 fold-rounds it served personal 2, global 1, alone 1; the hindsight best in 2 of 4"
+    ]
+    targets = served_targets({**best, INDIV: alone}, rounds=(1, 2), suffix=" best in hindsight")
+    assert targets[-1].startswith(
+        "- PFL-DA best in hindsight: largest fold ratio to alone over all rounds 2.00"
+    )
+    assert "≤ alone in 1 of 2 folds" in targets[0]
