@@ -6,6 +6,7 @@ import functools
 import json
 import re
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from json.decoder import scanstring as _scanstring
 from typing import Any
@@ -203,7 +204,7 @@ def _dtype(name: str) -> np.dtype | None:
         return None
 
 
-def validate_tensors(tensors: dict[str, np.ndarray], expected: dict[str, TensorSpec]) -> None:
+def validate_tensors(tensors: Mapping[str, np.ndarray], expected: Mapping[str, TensorSpec]) -> None:
     """Names, shapes and dtypes of all tensors, then their finiteness, against what the round expects.
 
     Raises
@@ -213,9 +214,15 @@ def validate_tensors(tensors: dict[str, np.ndarray], expected: dict[str, TensorS
     NonFiniteTensorError
         Naming the tensor that holds NaN or Inf.
     """
-    missing = sorted(set(expected) - set(tensors))
-    extra = sorted(set(tensors) - set(expected))
-    if missing or extra:
+    check_layout(tensors, expected)
+    check_finite(tensors)
+
+
+def check_layout(tensors: Mapping[str, np.ndarray], expected: Mapping[str, TensorSpec]) -> None:
+    """The names, shapes and dtypes of :func:`validate_tensors`; raises ``TensorMismatchError``."""
+    if tensors.keys() != expected.keys():
+        missing = sorted(set(expected) - set(tensors))
+        extra = sorted(set(tensors) - set(expected))
         raise TensorMismatchError(
             f"tensor names differ from the round's: missing {missing}, unexpected {extra}"
         )
@@ -227,6 +234,11 @@ def validate_tensors(tensors: dict[str, np.ndarray], expected: dict[str, TensorS
             raise TensorMismatchError(
                 f"tensor {name!r} is {arr.dtype.name}{list(arr.shape)}, expected {spec.dtype}{list(spec.shape)}"
             )
+
+
+def check_finite(tensors: Mapping[str, np.ndarray]) -> None:
+    """The finiteness of :func:`validate_tensors`; raises ``NonFiniteTensorError`` naming the first
+    tensor (in ``tensors``' order) that holds NaN or Inf."""
     for name, arr in tensors.items():
         if not np.isfinite(arr).all():
             raise NonFiniteTensorError(f"tensor {name!r} holds NaN or Inf")

@@ -67,6 +67,7 @@ restarted aggregator (whose in-memory history is empty) reaches the same decisio
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -75,6 +76,8 @@ from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.rounds.admission_checks import (
     AdmissionPolicy,
     change_norm,
+    check_finite,
+    check_layout,
     check_metrics,
     check_round,
     check_samples,
@@ -260,7 +263,15 @@ class Admission:
         params = self._decompressed(device, msg, request, expected)
         if isinstance(params, Refusal):
             return params
-        bad = check_tensors(params, expected)
+        bad = check_layout(params, expected)
+        if bad is not None:
+            return bad
+        # The change norm is a sum of squares over every value: finite, it says that every value is
+        # (what was sent is finite, or it is not and every look is taken), so the look at each
+        # value for NaN or Inf is taken only when it is not.
+        delta = change_norm(params, self.norms.sent64(device, request))
+        finite = math.isfinite(delta)
+        bad = None if finite else check_finite(params)
         if bad is None:
             bad = self.check_counts(device, msg, task)
         if bad is not None:
@@ -270,13 +281,12 @@ class Admission:
             return self._resent(device, msg, key) or Refusal(
                 Reason.REPLAY, f"device already answered round {request.round}/{request.phase}"
             )
-        delta = change_norm(params, self.norms.sent64(device, request))
         if not restored:
             bad = self.check_norm(device, delta, params, request)
             if bad is not None:
                 return bad
         self._answer(key, device, fingerprint(msg))  # of the upload as sent: copies match copies
-        if np.isfinite(delta):
+        if finite:
             self.norms.add(task, request.phase, delta)
         return Update(device, params, msg.n_samples, msg.metrics)
 
