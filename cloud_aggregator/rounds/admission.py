@@ -149,7 +149,7 @@ class Admission:
         self.refused: dict[str, dict[Reason, int]] = {}
         # (task, round, phase) -> device admitted (fresh or late) -> its upload's fingerprint
         # (``None`` where unknown): whoever is in it already answered
-        self._answered: dict[tuple[str, int, str], dict[str, bytes | None]] = {}
+        self._answered: dict[tuple[str, int, str], dict[str, int | None]] = {}
         self.norms = NormReference(self.policy)
 
     # -- the pipeline ---------------------------------------------------------------------
@@ -343,7 +343,7 @@ class Admission:
         bad = check_samples(msg.n_samples, p.task_max_samples.get(task, p.max_samples), rows)
         return bad if bad is not None else check_metrics(msg.metrics, p)
 
-    def _answer(self, key: tuple[str, int, str], device: str, print_: bytes | None) -> None:
+    def _answer(self, key: tuple[str, int, str], device: str, print_: int | None) -> None:
         if key not in self._answered:  # rounds before the previous one are closed for good
             task, round_, _ = key
             self._answered = {k: v for k, v in self._answered.items() if k[0] != task or k[1] >= round_ - 1}

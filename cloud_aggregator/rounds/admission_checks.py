@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -85,22 +84,24 @@ def param_norm(params: Mapping[str, np.ndarray]) -> float:
     return change_norm(params, {})
 
 
-def fingerprint(msg: UpdateMessage) -> bytes:
+def fingerprint(msg: UpdateMessage) -> int:
     """What tells a copy of an upload from another answer: its global, sample count, metrics
     (a device's ``train_seconds`` differs on each training) and the tensors' names, dtypes and
     shapes with up to 64 values of each.  Sampled, not all bytes (hashing 150k parameters costs
     ~1 ms an upload): it only labels an upload that is refused anyway, never admits one.
+
+    Python's own hash of them: fingerprints are compared within this process only (admission's
+    memory of who answered), never stored, and 64 bits suffice for a label (a cryptographic digest
+    and the text it was fed cost ~6× more of each admitted upload).
     """
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{msg.global_hash}|{msg.n_samples}|{sorted(msg.metrics.items())}".encode())
     params = msg.params
+    tensors = []
     for name in sorted(params):
         value = params[name]
         flat = value.reshape(-1) if type(value) is np.ndarray else np.ravel(value)
         shape = value.shape if type(value) is np.ndarray else np.shape(value)
-        h.update(f"|{name}|{flat.dtype.str}|{shape}|".encode())
-        h.update(flat[:: max(1, flat.size // 64)].tobytes())  # C order, as a contiguous copy's bytes
-    return h.digest()
+        tensors.append((name, flat.dtype.str, shape, flat[:: max(1, flat.size // 64)].tobytes()))
+    return hash((msg.global_hash, msg.n_samples, tuple(sorted(msg.metrics.items())), tuple(tensors)))
 
 
 def check_tensors(params: Mapping[str, np.ndarray], expected: Mapping[str, TensorSpec]) -> Refusal | None:
