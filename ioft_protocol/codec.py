@@ -112,9 +112,18 @@ class NonFiniteTensorError(WireError):
 
 def check_id(kind: str, value: str) -> str:
     """Fleet, task and device ids are topic-safe: ``[a-z0-9][a-z0-9_-]{0,62}``."""
+    if type(value) is str and value in _GOOD_IDS:  # every upload names its fleet, task and device
+        return value
     if not isinstance(value, str) or not _ID.match(value):
         raise WireError(f"{kind} id {value!r} must match [a-z0-9][a-z0-9_-]{{0,62}}")
+    if len(_GOOD_IDS) < _GOOD_IDS_MAX:  # bounded: a stream of made-up ids cannot grow it
+        _GOOD_IDS.add(value)
     return value
+
+
+#: Ids :func:`check_id` has passed (a set look-up, not the pattern's match, on the next message).
+_GOOD_IDS: set[str] = set()
+_GOOD_IDS_MAX = 1 << 17
 
 
 @dataclass(frozen=True)

@@ -357,10 +357,14 @@ class UpdateMessage:
             and all(type(v) is float for v in metrics.values())  # names: JSON object keys are str
         ):
             return None
-        return cls(
-            fleet=check_id("fleet", fleet),
-            task=check_id("task", task),
-            device=check_id("device", device),
+        check_id("fleet", fleet), check_id("task", task), check_id("device", device)
+        # The frozen dataclass's __init__ sets each field through object.__setattr__ (a call a field):
+        # its instance dict filled at once is the same object.
+        msg = object.__new__(cls)
+        msg.__dict__.update(
+            fleet=fleet,
+            task=task,
+            device=device,
             round=round_,
             phase=phase,
             n_samples=n_samples,
@@ -369,3 +373,4 @@ class UpdateMessage:
             params=tensors,
             compress=compress,
         )
+        return msg
