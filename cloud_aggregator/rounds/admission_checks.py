@@ -67,7 +67,7 @@ def change_norm(params: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]
     total = 0.0
     for name, value in params.items():
         b = base.get(name)
-        if b is not None and np.shape(b) == np.shape(value):
+        if b is not None and _shape(b) == _shape(value):
             v = np.subtract(value, b, dtype=np.float64)  # one float64 array, not three
         else:
             v = np.asarray(value, dtype=np.float64)
@@ -77,6 +77,11 @@ def change_norm(params: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]
         # from BLAS's in the last bits; the norm only gates admission.
         total += float(_einsum("i,i->", flat, flat))
     return math.sqrt(total)
+
+
+def _shape(value: object) -> tuple[int, ...]:
+    """``np.shape(value)``, an array's without the call."""
+    return value.shape if type(value) is np.ndarray else np.shape(value)
 
 
 def param_norm(params: Mapping[str, np.ndarray]) -> float:

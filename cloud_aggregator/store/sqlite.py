@@ -36,6 +36,8 @@ from trainer_lite.params import Params, param_hash
 __all__ = ["SqliteStore", "TaskChangedError", "TaskHistory", "changed_fields"]
 
 
+#: ``json.dumps(obj, sort_keys=True)`` without building an encoder per call (one per folded upload).
+_sorted_json = json.JSONEncoder(sort_keys=True).encode
 #: An ``updates`` row's columns, in :meth:`SqliteStore._update_row`'s order.
 _UPDATE_COLUMNS = (
     "(task, round, phase, device, global_hash, payload, received, log_at, log_len) VALUES (?,?,?,?,?,?,?,?,?)"
@@ -298,7 +300,7 @@ class SqliteStore:
             )
             self._db.executemany(
                 "INSERT OR REPLACE INTO folded VALUES (?,?,?,?,?,?)",
-                [(task, round_, phase, d, n, json.dumps(m, sort_keys=True)) for d, (n, m) in folded.items()],
+                [(task, round_, phase, d, n, _sorted_json(m)) for d, (n, m) in folded.items()],
             )
             self._db.executemany(
                 "DELETE FROM updates WHERE task=? AND round=? AND phase=? AND device=?",
