@@ -112,7 +112,10 @@ _COMMIT = _read_commit()
 
 def header(name: str, command: str | None = None) -> str:
     """The lines every results file starts with: title, command, commit, machine."""
-    cmd = command or "python -m benchmarks." + name + " " + " ".join(sys.argv[1:])
+    # The module that ran (a results file may be named apart from it, e.g. serve_latency_hung_moonraker).
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    module = spec.name if spec is not None and spec.name.startswith("benchmarks.") else "benchmarks." + name
+    cmd = command or f"python -m {module} " + " ".join(sys.argv[1:])
     return f"# {name}\n\nCommand: `{cmd.strip()}`  \nCommit: {commit_line()}  \nMachine: {machine_line()}\n"
 
 

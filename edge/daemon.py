@@ -118,6 +118,7 @@ class EdgeTrainer:
         self._connect_parts(session_factory)
         self.service = ServiceLoop(self, self._last_ann)  # start, the loop, the downlinks, shutdown
         self.rounds_done = 0
+        self._up_topics: dict[str, str] = {}  # task -> this device's upload topic
         # buffered (FedBuff) tasks and a simulated pace: which announcement to answer, and when
         self.pacer = Pacer(
             self.device, config.simulate, self.service.answer, self.states.answered_round, self.link.presence
@@ -386,9 +387,10 @@ class EdgeTrainer:
         msg = round_steps.upload_message(
             self.config.fleet, self.device, task, state, self.clients.masked(state.spec_json)
         )
-        self.session.publish(
-            topics.topic_up(self.config.fleet, task, self.device), msg.encode(), timeout=None
-        )
+        topic = self._up_topics.get(task)
+        if topic is None:  # built (and its ids checked) once per task
+            topic = self._up_topics[task] = topics.topic_up(self.config.fleet, task, self.device)
+        self.session.publish(topic, msg.encode(), timeout=None)
 
     # -- inspection ---------------------------------------------------------------------
     def personal_prediction(self, task: str, shared: Params, x: np.ndarray) -> np.ndarray:

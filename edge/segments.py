@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from edge.folder_listing import FolderListing
 from ioft_protocol.state import StateError, decode_arrays, encode_arrays, load_verified
 from trainer_lite.data import Dataset
 
@@ -247,6 +248,8 @@ class DatasetReader:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
         self.folder = self.state_dir / SEGMENT_DIR
+        # listed again only when the folder changed: a swarm's devices each refresh every round
+        self._names = FolderListing(self.folder, lambda: cover(list_names(self.folder)), [])
         self._reset()
 
     def _reset(self) -> None:
@@ -264,7 +267,7 @@ class DatasetReader:
     # -- listing --------------------------------------------------------------------
     def _listing(self) -> tuple[list[SegmentName], tuple | None, tuple]:
         """The cover, the legacy file's signature when it is part of the dataset, and a key of both."""
-        names = cover(list_names(self.folder))
+        names = self._names.get()
         legacy = None
         if not (names and names[0].kind == "base"):
             with contextlib.suppress(FileNotFoundError):

@@ -35,6 +35,10 @@ from trainer_lite.data import Dataset
 log = logging.getLogger(__name__)
 
 Announcement = round_messages.Announcement
+#: Topics whose parse a device keeps (:meth:`ServiceLoop._parse`); past it the memory starts afresh.
+_TOPICS_KEPT = 64
+#: SecAgg's stage topics (``ioft_protocol.secagg.transport``): a device acts on its own downlink only.
+_SECAGG = ("secagg_up", "secagg_down")
 
 
 class Daemon(Protocol):
@@ -70,6 +74,7 @@ class ServiceLoop:
     def __init__(self, d: Daemon, last_ann: dict[str, Announcement]) -> None:
         self.d, self.last_ann = d, last_ann
         self.stopping = threading.Event()
+        self._topics: dict[str, topics.Topic] = {}  # parsed topics (:meth:`_parse`)
 
     def run(self) -> None:
         """Start, then handle downlinks, pace and tick until :attr:`stopping` is set; shut down."""
@@ -152,16 +157,27 @@ class ServiceLoop:
         except (codec.WireError, ValueError, KeyError) as exc:
             log.warning("%s: task %s: %s", self.d.device, ann.task, exc)
 
+    def _parse(self, topic: str) -> topics.Topic:
+        """``topics.parse_topic``, once per topic: a device hears the same few topics every round
+        (a swarm's thousands of devices parsed each twice per round).  ``WireError`` is not kept."""
+        parsed = self._topics.get(topic)
+        if parsed is None:
+            parsed = topics.parse_topic(topic)
+            if len(self._topics) >= _TOPICS_KEPT:
+                self._topics.clear()
+            self._topics[topic] = parsed
+        return parsed
+
     def handle(self, topic: str, payload: bytes) -> None:
         """Act on one downlink message; malformed input is logged and dropped."""
         d = self.d
-        where = secagg_wire.parse_topic(topic)
-        if where is not None:
-            if (where.fleet, where.direction, where.device) == (d.config.fleet, "down", d.device):
-                d.secagg.handle(where, payload)
-            return
         try:
-            parsed = topics.parse_topic(topic)
+            parsed = self._parse(topic)
+            if parsed.kind in _SECAGG:
+                if (parsed.fleet, parsed.kind, parsed.device) == (d.config.fleet, "secagg_down", d.device):
+                    where = secagg_wire.SecAggTopic("down", parsed.fleet, str(parsed.task), d.device)
+                    d.secagg.handle(where, payload)
+                return
             if parsed.fleet != d.config.fleet:
                 return
             if parsed.kind != "roll_call":  # a roll call may be `fleet status` or the console's

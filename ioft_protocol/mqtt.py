@@ -8,10 +8,16 @@ with its reason (refused, unresolvable, TLS handshake and why); bad credentials
 and refused certificates stop the retrying; another client that keeps taking our
 client id (a copied device folder, a stolen certificate) makes the session back
 off, longer each time, and say so (see ``SessionOptions.takeover_limit``); inbound
-messages go to a bounded queue that the owner drains on its own thread, so slow
-work never blocks the network loop; outbound ones go through a bounded outbox
-(``ioft_protocol.outbox``) that holds them while the broker is away, so a publish
-never raises for a lost connection.
+messages go to a bounded queue that the owner drains on its own thread; outbound ones
+go through a bounded outbox (``ioft_protocol.outbox``) that holds them while the broker
+is away, so a publish never raises for a lost connection.
+
+Who reads the socket (``ioft_protocol.mqtt_loop``): the thread waiting in :meth:`MqttSession.get`
+(the owner: the aggregator's collecting thread, a device's service loop) runs paho's external-loop
+steps itself, so a message is read, acked and taken on one thread with no hand-over; a background
+thread of the session's own (not paho's ``loop_start``) connects, reconnects with backoff, pings
+and reads whenever the owner has been out of ``get`` for ``mqtt_loop.IDLE_S`` or someone else
+waits for an ack.  "The network thread" below: whichever of the two reads the socket at the time.
 
 The wire protocol is MQTT 3.1.1 so the session also works against embedded
 brokers that speak nothing newer (amqtt).
@@ -31,6 +37,7 @@ import paho.mqtt.client as paho
 
 from ioft_protocol.mqtt_diagnosis import FATAL_CONNACK, AttemptWatch
 from ioft_protocol.mqtt_inbound import Inbound, Message
+from ioft_protocol.mqtt_loop import BURST, MISC_S, OK, SELECT_S, ReadAheadClient, SocketLoop
 from ioft_protocol.mqtt_options import BrokerAddress, BrokerLogin, MqttError, SessionOptions, TlsConfig
 from ioft_protocol.mqtt_tls import check_options
 from ioft_protocol.outbox import Outbox, Ticket
@@ -71,10 +78,12 @@ class MqttSession(AttemptWatch):
         self.on_connect_hooks: list[Callable[[], None]] = []
         self._ssl = check_options(options)
         self._client = self._make_client()
+        #: Who reads the socket (``start`` makes it): the owner in ``get``, else a background thread.
+        self._loop: SocketLoop | None = None
 
     def _make_client(self) -> paho.Client:
         o = self.options
-        client = paho.Client(
+        client = ReadAheadClient(
             callback_api_version=paho.CallbackAPIVersion.VERSION2,
             client_id=o.client_id,
             protocol=paho.MQTTv311,
@@ -114,7 +123,14 @@ class MqttSession(AttemptWatch):
             self._client.connect_async(b.host, b.port, keepalive=self.options.keepalive)
         except (OSError, ValueError) as exc:
             raise MqttError(f"cannot connect to {b.url()}: {exc}") from exc
-        self._client.loop_start()
+        self._loop = SocketLoop(
+            self._client,
+            lambda: self._on_connect_fail(self._client, None),
+            lambda: self.fatal is not None,
+            self._reconnect_delays,
+            lambda: self.outbox.unacked > 0,
+        )
+        self._loop.start(self.options.client_id)
         if timeout is None:
             return
         try:
@@ -156,7 +172,8 @@ class MqttSession(AttemptWatch):
         return self.wait_connected(stop=stop)
 
     def tap(self, topic: str, callback: Callable[[Message], bool | None] | None) -> None:
-        """Hand messages on ``topic`` to ``callback`` (on the network thread: no blocking) instead of
+        """Hand messages on ``topic`` to ``callback`` (on the network thread, which may be the owner's
+        own in ``get``: no blocking) instead of
         the inbound queue; ``None`` removes the tap.  Subscribe separately.
 
         ``topic`` may be a filter with ``+`` and ``#`` (a topic's exact tap wins).  A callback that
@@ -179,8 +196,17 @@ class MqttSession(AttemptWatch):
             except MqttError as exc:
                 log.warning("final message not delivered: %s", exc)
         self._client.disconnect()
-        self._client.loop_stop()
+        if self._loop is not None:
+            self._loop.stop()
         self.connected.clear()
+
+    def _reconnect_delays(self) -> tuple[float, float]:
+        """The reconnect backoff's shortest and longest wait (one fixed wait while another client
+        holds our identity: ``AttemptWatch._back_off``)."""
+        o = self.options
+        if self.takeover_wait_s is not None:
+            return (max(1.0, self.takeover_wait_s),) * 2
+        return max(1.0, float(int(o.reconnect_min_s))), float(int(o.reconnect_max_s))
 
     # -- subscriptions and publishing ---------------------------------------
     def subscribe(self, topic: str, qos: int = 1) -> None:
@@ -251,7 +277,43 @@ class MqttSession(AttemptWatch):
         self.outbox.acked(mid)
 
     def get(self, timeout: float | None) -> Message | None:
-        """Next inbound message, or ``None`` after ``timeout`` seconds."""
+        """Next inbound message, or ``None`` after ``timeout`` seconds.
+
+        With nothing queued, the calling thread reads the socket itself (``SocketLoop``): the
+        message arrives on the thread that takes it.  While the connection is down it waits for
+        the background thread (which reconnects) to queue one.
+        """
+        items = self.inbound.queue
+        if items:
+            return items.popleft()
+        loop = self._loop
+        if loop is None or not self.connected.is_set():
+            return self._wait(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        held = loop.take(SELECT_S if timeout is None else timeout)
+        rc = OK
+        try:
+            if held:
+                rc = loop.read(items, BURST)  # what came meanwhile, without a select
+                while rc == OK and not items:
+                    left = SELECT_S if deadline is None else deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    rc = loop.wait(left)
+                    if rc == OK:
+                        rc = loop.read(items, BURST)
+                if rc == OK:
+                    rc = loop.misc(MISC_S)
+        finally:
+            loop.give(held)
+        if items:
+            return items.popleft()
+        if held and rc == OK:
+            return None  # nothing came within timeout
+        # the connection dropped, or the socket was not handed over: the background thread's now
+        return self._wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def _wait(self, timeout: float | None) -> Message | None:
         try:
             return self.inbound.get(timeout=timeout)
         except queue.Empty:

@@ -187,6 +187,9 @@ class AttemptWatch:
             self._client.reconnect_delay_set(max(1, int(o.reconnect_min_s)), int(o.reconnect_max_s))
         else:
             self._client.reconnect_delay_set(max(1, int(wait_s)), max(1, int(wait_s)))
+        loop = getattr(self, "_loop", None)  # the session's network loop keeps its own schedule
+        if loop is not None:
+            loop.reset_backoff()
 
     def _diagnose(self, client: paho.Client) -> None:
         """A failed attempt: say why at INFO (:func:`probe`), and stop retrying where retrying cannot help."""

@@ -100,10 +100,15 @@ def _meta_checksum(tensor_hash: str, meta_text: str) -> str:
     return hashlib.sha256(b"ioft-state-v2\0" + tensor_hash.encode() + b"\0" + meta_text.encode()).hexdigest()
 
 
+#: ``json.dumps(meta, sort_keys=True)`` with its encoder made once (``dumps`` builds one per call
+#: when given options: a swarm's devices each write a state file per round).
+_meta_json = json.JSONEncoder(sort_keys=True).encode
+
+
 def encode_arrays(arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> bytes:
     """safetensors bytes with ``meta`` and checksums of the arrays and of ``meta`` in the metadata."""
     arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
-    meta_text = json.dumps(meta or {}, sort_keys=True)
+    meta_text = _meta_json(meta or {})
     digest = param_hash(arrays)
     header = {"meta": meta_text, "sha256": digest, "sha256_meta": _meta_checksum(digest, meta_text)}
     return safetensors_bytes(arrays, header)

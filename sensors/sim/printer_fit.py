@@ -108,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--data", required=True, help="folder with FL_Dataset_Printer*_Speed*.csv")
     args = ap.parse_args(argv)
-    json.dump(fit_relation(args.data), sys.stdout, indent=1)
+    try:
+        relation = fit_relation(args.data)
+    except (OSError, ValueError) as exc:  # a wrong folder or a malformed file: one line, no traceback
+        print(f"printer_fit: {exc}", file=sys.stderr)
+        return 2
+    json.dump(relation, sys.stdout, indent=1)
     print()
     return 0
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
-from edge import segments
+from edge import folder_listing, segments
 from edge.config import DeviceConfig
 from edge.daemon import EdgeTrainer
 from edge.dataset import FILE, load_dataset, save_dataset
@@ -142,3 +144,38 @@ def test_the_device_status_reports_its_rows_and_the_recorders_sensor_state(tmp_p
     assert body["data"]["sensor"]["state"] == "fault" and body["data"]["sensor"]["appended"] == 7
     (state / "recorder-status.json").write_text("{not json")
     assert "sensor" not in json.loads(trainer.link.status("online")[1])["data"]
+
+
+def test_an_unchanged_settled_folder_is_not_listed_again_but_a_change_in_the_same_tick_is_seen(
+    tmp_path, monkeypatch, small_segments
+):
+    """A refresh per round per device: the segment folder is listed again only when its mtime
+    changed, and a listing made while that mtime was recent is not trusted (a second change within
+    the filesystem's timestamp tick keeps the mtime)."""
+    state = tmp_path / "printer3"
+    rec = appender(state)
+    rec.add("train", [1.0, -1.0], [1.0])
+    assert rec.flush({"n": 1})
+    folder = state / segments.SEGMENT_DIR
+    settled = folder.stat().st_mtime_ns - 5 * folder_listing.RACY_NS  # set back: as if written long ago
+    os.utime(folder, ns=(settled, settled))
+    reader = DatasetReader(state)
+    reader.load()
+    listings = []
+    original = segments.list_names
+    monkeypatch.setattr(segments, "list_names", lambda f: listings.append(f) or original(f))
+    for _ in range(3):
+        assert not reader.refresh()
+    assert listings == []  # read once by load(), then trusted: its mtime has not changed
+    # An append changes the folder's mtime: listed and read.
+    rec.add("train", [2.0, -2.0], [2.0])
+    assert rec.flush({"n": 2})
+    assert reader.refresh() and reader.meta["n"] == 2 and len(listings) == 1
+    # The next append lands in the same timestamp tick (its mtime set to what the listing saw):
+    # the listing above was made while the mtime was recent, so it is not trusted.
+    seen = folder.stat().st_mtime_ns
+    rec.add("train", [3.0, -3.0], [3.0])
+    assert rec.flush({"n": 3})
+    os.utime(folder, ns=(seen, seen))
+    assert reader.refresh() and reader.meta["n"] == 3
+    assert reader.train.x[:, 0].tolist() == [1.0, 2.0, 3.0]

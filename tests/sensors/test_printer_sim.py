@@ -269,3 +269,18 @@ def test_raw_windows_are_in_m_per_s2_as_their_schema_says():
     np.testing.assert_allclose(windows.mean(axis=2), 0.0, atol=0.01)  # about the mean: no gravity
     assert WINDOW_SCHEMA.units == "m/s^2" and WINDOW_SCHEMA.version == 2
     assert '"units":"m/s^2"' in WINDOW_SCHEMA.to_json()
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "garbage"])
+def test_fit_command_says_what_to_fix_in_one_line(tmp_path, capsys, make):
+    """A wrong --data folder, an empty one or a malformed csv: one line and exit 2, never a traceback."""
+    from sensors.sim.printer_fit import main
+
+    folder = tmp_path / "data"
+    if make != "missing":
+        folder.mkdir()
+    if make == "garbage":
+        (folder / "FL_Dataset_Printer0_Speed10.csv").write_text("not,a\nprinter,file\n")
+    assert main(["--data", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("printer_fit: ") and "\n" not in err and "Traceback" not in err
