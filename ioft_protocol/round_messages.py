@@ -302,6 +302,9 @@ class UpdateMessage:
         meta, tensors = decode(payload, max_bytes=max_bytes)
         if meta["kind"] != "update":
             raise WireError(f"expected an update, got kind {meta['kind']!r}")
+        fast = cls._plain(meta, tensors)
+        if fast is not None:
+            return fast
         metrics = _field(meta, "metrics", dict)
         if not all(
             isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
@@ -327,3 +330,47 @@ class UpdateMessage:
             params=tensors,
             compress=None if meta.get("compress") is None else _field(meta, "compress", dict),
         )
+
+    @classmethod
+    def _plain(cls, meta: dict[str, Any], tensors: dict[str, np.ndarray]) -> UpdateMessage | None:
+        """The message of ``meta`` whose every field is of its type (JSON gives exact types) and whose
+        metrics are floats, in one look; ``None`` for anything else, which :meth:`decode` judges
+        field by field, in its order and words."""
+        get = meta.get
+        fleet, task, device, round_, phase, n_samples, global_hash, metrics, compress = (
+            get("fleet"),
+            get("task"),
+            get("device"),
+            get("round"),
+            get("phase"),
+            get("n_samples"),
+            get("global_hash"),
+            get("metrics"),
+            get("compress"),
+        )
+        if not (
+            type(fleet) is type(task) is type(device) is type(phase) is type(global_hash) is str
+            and type(round_) is type(n_samples) is int
+            and n_samples >= 0
+            and type(metrics) is dict
+            and (compress is None or type(compress) is dict)
+            and all(type(v) is float for v in metrics.values())  # names: JSON object keys are str
+        ):
+            return None
+        check_id("fleet", fleet), check_id("task", task), check_id("device", device)
+        # The frozen dataclass's __init__ sets each field through object.__setattr__ (a call a field):
+        # its instance dict filled at once is the same object.
+        msg = object.__new__(cls)
+        msg.__dict__.update(
+            fleet=fleet,
+            task=task,
+            device=device,
+            round=round_,
+            phase=phase,
+            n_samples=n_samples,
+            global_hash=global_hash,
+            metrics=metrics,
+            params=tensors,
+            compress=compress,
+        )
+        return msg

@@ -20,6 +20,7 @@ What "identical" means when arrival order changes
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -87,15 +88,17 @@ class StreamingMean:
             return
         first = batch[0][0]
         names = sorted(self._sum) if self.count else sorted(first)
+        shapes = {n: self._sum[n].shape if n in self._sum else np.shape(first[n]) for n in names}
         for params, weight in batch:
-            if not np.isfinite(weight) or weight < 0:
+            weight = float(weight)
+            if not math.isfinite(weight) or weight < 0:
                 raise ValueError(f"weight must be finite and >= 0, got {weight}")
-            if len(params) != len(names) or sorted(params) != names:
+            if params.keys() != shapes.keys():  # the same names (a dict's are distinct)
                 raise ValueError(f"update names {sorted(params)} differ from {names}")
             for n, v in params.items():
-                want = self._sum[n].shape if n in self._sum else np.shape(first[n])
-                if np.shape(v) != want:
-                    raise ValueError(f"{n!r} has shape {np.shape(v)}, expected {want}")
+                shape = v.shape if type(v) is np.ndarray else np.shape(v)
+                if shape != shapes[n]:
+                    raise ValueError(f"{n!r} has shape {shape}, expected {shapes[n]}")
         for n in names:
             if n not in self._sum:
                 v = np.asarray(first[n])
@@ -206,9 +209,9 @@ class RoundFold:
     def add_many(self, updates: Sequence[Update]) -> None:
         """Fold ``updates`` in, in order (:meth:`StreamingMean.add_many`: the bits of :meth:`add` on
         each); raises ``ValueError`` for a device folded already, or twice in ``updates``, before any is."""
-        seen = set(self.devices)
+        seen: set[str] = set()  # this batch's (not a copy of every device folded: O(N) a batch)
         for u in updates:
-            if u.device in seen:
+            if u.device in self.devices or u.device in seen:
                 raise ValueError(f"{u.device!r} is folded into this round already")
             seen.add(u.device)
         self.mean.add_many([(u.params, float(self.weight(u))) for u in updates])

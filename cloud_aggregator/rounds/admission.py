@@ -67,233 +67,49 @@ restarted aggregator (whose in-memory history is empty) reaches the same decisio
 
 from __future__ import annotations
 
-import bisect
-import hashlib
-from collections import deque
+import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from cloud_aggregator.aggregation.update import Update
-from cloud_aggregator.rounds.types import CollectRequest, LateUpdate, Reason, Refusal, Rejection
+from cloud_aggregator.rounds.admission_checks import (
+    AdmissionPolicy,
+    change_norm,
+    check_finite,
+    check_layout,
+    check_metrics,
+    check_round,
+    check_samples,
+    check_tensors,
+    fingerprint,
+    param_norm,
+    reported_train_rows,
+)
+from cloud_aggregator.rounds.inbox import ROUND_ANSWERS, Inbox, file_verdict
+from cloud_aggregator.rounds.norm_reference import NormReference
+from cloud_aggregator.rounds.types import CollectRequest, LateUpdate, Reason, Refusal
 from ioft_protocol import codec, compress
 from ioft_protocol.codec import TensorSpec
 from ioft_protocol.round_messages import UpdateMessage
 
-#: Refusals of an upload that is the device's answer to the open round: the round records the
-#: device as rejected (unless it has an admitted upload).  The others concern another round,
-#: device or task, or repeat an answer, and are only counted.
-ROUND_ANSWERS = frozenset(
-    {
-        Reason.MALFORMED,
-        Reason.NOT_SELECTED,
-        Reason.SHAPE_DTYPE,
-        Reason.NON_FINITE,
-        Reason.NORM,
-        Reason.N_SAMPLES,
-        Reason.METRICS,
-    }
-)
-
-
-@dataclass(frozen=True)
-class AdmissionPolicy:
-    """Bounds of the ``norm``, ``samples`` and ``metrics`` checks (see the module docstring).
-
-    ``max_norm_ratio`` ``None`` turns the relative bound off; 1000 lets honest
-    heterogeneity through (a device joining late, far from a converged fleet, may move 100×
-    more than the median) and stops garbage; tighten it for a fleet known to be homogeneous.
-    ``max_samples`` (a million rows: years of weld features, and still a count that cannot
-    outweigh a fleet by itself at 2^62) bounds every task's ``n_samples``;
-    ``task_max_samples`` sets it per task.
-    """
-
-    max_norm_ratio: float | None = 1000.0
-    min_history: int = 8
-    history: int = 256
-    max_update_norm: float | None = None
-    max_param_norm: float | None = None
-    max_samples: int = 1_000_000
-    task_max_samples: Mapping[str, int] = field(default_factory=dict)
-    max_metrics: int = 64
-    max_metric_name: int = 64
-
-    def __post_init__(self) -> None:
-        for name, value in [
-            ("max_samples", self.max_samples),
-            ("max_metrics", self.max_metrics),
-            ("max_metric_name", self.max_metric_name),
-            *((f"task_max_samples[{t!r}]", v) for t, v in self.task_max_samples.items()),
-        ]:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.max_norm_ratio is not None and not self.max_norm_ratio > 1.0:
-            raise ValueError(f"max_norm_ratio must be > 1 or None, got {self.max_norm_ratio}")
-        for name in ("max_update_norm", "max_param_norm"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be > 0 or None, got {value}")
-        if self.min_history < 1 or self.history < self.min_history:
-            raise ValueError("need 1 <= min_history <= history")
-
-
-def change_norm(params: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> float:
-    """``‖params − base‖₂`` over all tensors in float64; a name ``base`` lacks counts in full."""
-    total = 0.0
-    for name, value in params.items():
-        b = base.get(name)
-        if b is not None and np.shape(b) == np.shape(value):
-            v = np.subtract(value, b, dtype=np.float64)  # one float64 array, not three
-        else:
-            v = np.asarray(value, dtype=np.float64)
-        flat = v.ravel()
-        # einsum, not np.dot: OpenBLAS runs a long dot product on several threads, which on a busy
-        # 2-core machine cost ~7 ms of CPU for P = 150k (einsum: ~0.1 ms).  Summation order differs
-        # from BLAS's in the last bits; the norm only gates admission.
-        total += float(np.einsum("i,i->", flat, flat))
-    return float(np.sqrt(total))
-
-
-def param_norm(params: Mapping[str, np.ndarray]) -> float:
-    """``‖params‖₂`` over all tensors in float64."""
-    return change_norm(params, {})
-
-
-def fingerprint(msg: UpdateMessage) -> bytes:
-    """What tells a copy of an upload from another answer: its global, sample count, metrics
-    (a device's ``train_seconds`` differs on each training) and the tensors' names, dtypes and
-    shapes with up to 64 values of each.  Sampled, not all bytes (hashing 150k parameters costs
-    ~1 ms an upload): it only labels an upload that is refused anyway, never admits one.
-    """
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{msg.global_hash}|{msg.n_samples}|{sorted(msg.metrics.items())}".encode())
-    for name in sorted(msg.params):
-        flat = np.ravel(msg.params[name])
-        h.update(f"|{name}|{flat.dtype.str}|{np.shape(msg.params[name])}|".encode())
-        h.update(np.ascontiguousarray(flat[:: max(1, flat.size // 64)]).tobytes())
-    return h.digest()
-
-
-def check_tensors(params: Mapping[str, np.ndarray], expected: Mapping[str, TensorSpec]) -> Refusal | None:
-    """``ioft_protocol.codec.validate_tensors`` with its failure as a :class:`Refusal`."""
-    try:
-        codec.validate_tensors(dict(params), dict(expected))
-    except codec.NonFiniteTensorError as exc:
-        return Refusal(Reason.NON_FINITE, str(exc))
-    except codec.WireError as exc:
-        return Refusal(Reason.SHAPE_DTYPE, str(exc))
-    return None
-
-
-def reported_train_rows(status: Mapping | None) -> int | None:
-    """The training rows a device's status reports (``data.train``); ``None`` when it reports none."""
-    data = status.get("data") if isinstance(status, Mapping) else None
-    rows = data.get("train") if isinstance(data, Mapping) else None
-    return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0 else None
-
-
-def check_samples(n_samples: int, cap: int, rows: int | None) -> Refusal | None:
-    """``n_samples`` against the task's cap and the device's reported training rows."""
-    if n_samples > cap:
-        return Refusal(Reason.N_SAMPLES, f"n_samples = {n_samples} exceeds the task's max_samples = {cap}")
-    if rows is not None and n_samples > rows:
-        return Refusal(
-            Reason.N_SAMPLES, f"n_samples = {n_samples} exceeds the {rows} training rows its status reports"
-        )
-    return None
-
-
-def check_metrics(metrics: Mapping[str, float], policy: AdmissionPolicy) -> Refusal | None:
-    """Bounded in number and name length, and finite: they land in the round record and the fleet mean."""
-    if len(metrics) > policy.max_metrics:
-        return Refusal(Reason.METRICS, f"{len(metrics)} metrics, at most {policy.max_metrics}")
-    for name, value in metrics.items():
-        if len(name) > policy.max_metric_name:
-            return Refusal(
-                Reason.METRICS,
-                f"metric name {name[:32]!r}... of {len(name)} characters, at most {policy.max_metric_name}",
-            )
-        if not np.isfinite(value):
-            return Refusal(Reason.NON_FINITE, f"metric {name!r} is {value}")
-    return None
-
-
-def check_round(round_: int, phase: str, global_hash: str, request: CollectRequest) -> Refusal | None:
-    """Whether the round fields name the open round, phase and starting global."""
-    quoted = f"update for round {round_}/{phase}, open: {request.round}/{request.phase}"
-    if round_ < request.round:
-        return Refusal(Reason.STALE_ROUND, quoted)
-    if round_ > request.round:
-        return Refusal(Reason.FUTURE_ROUND, quoted)
-    if phase != request.phase or global_hash != request.global_hash:
-        return Refusal(
-            Reason.WRONG_GLOBAL,
-            f"update for {round_}/{phase} from global {global_hash[:12]!r}, "
-            f"open: {request.phase} from {request.global_hash[:12]!r}",
-        )
-    return None
-
-
-class Inbox(dict):
-    """A round's inbox, ``{device: Update | Rejection}`` and ``{("late", device): LateUpdate}``, that
-    knows which devices have an admitted ``Update``: a round asks ``answered`` in O(1) instead of
-    scanning N entries every turn (``cloud_aggregator.rounds.collector``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.answered: set[str] = set()
-
-    def __setitem__(self, key, value) -> None:
-        super().__setitem__(key, value)
-        if isinstance(value, Update):
-            self.answered.add(key)
-        else:
-            self.answered.discard(key)
-
-
-def file_verdict(inbox: dict, device: str, verdict: Update | LateUpdate | Refusal) -> None:
-    """File ``device``'s verdict in the round's ``inbox``: the one way a verdict is filed.
-
-    A refusal of the device's answer to the open round (``ROUND_ANSWERS``) is filed as a
-    ``Rejection`` unless the device has an admitted upload there; other refusals, and a device
-    screened out (it sat the round out: the fleet says so in its ``SatOut``), are only counted.
-    A late update is filed under ``("late", device)``, beside the device's fresh one.
-    """
-    if isinstance(verdict, Refusal):
-        if (
-            verdict.reason in ROUND_ANSWERS
-            and not verdict.sat_out
-            and not isinstance(inbox.get(device), Update)
-        ):
-            inbox[device] = Rejection(device, str(verdict))
-    elif isinstance(verdict, LateUpdate):
-        inbox[("late", device)] = verdict
-    else:
-        inbox[device] = verdict
-
-
-class _Window:
-    """The last ``size`` values, also kept sorted: the median in O(1) per upload, not a sort of
-    ``size`` values (``np.median``) for every upload admitted; the same float as ``np.median``."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.recent: deque[float] = deque()
-        self.sorted: list[float] = []
-
-    def __len__(self) -> int:
-        return len(self.recent)
-
-    def append(self, value: float) -> None:
-        if len(self.recent) == self.size:
-            del self.sorted[bisect.bisect_left(self.sorted, self.recent.popleft())]
-        self.recent.append(value)
-        bisect.insort(self.sorted, value)
-
-    def median(self) -> float:
-        s, mid = self.sorted, len(self.sorted) // 2
-        return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+__all__ = [  # the steps and the inbox live beside it; their importers may name them here
+    "ROUND_ANSWERS",
+    "Admission",
+    "AdmissionPolicy",
+    "Inbox",
+    "Reason",
+    "Refusal",
+    "change_norm",
+    "check_metrics",
+    "check_round",
+    "check_samples",
+    "check_tensors",
+    "file_verdict",
+    "fingerprint",
+    "param_norm",
+    "reported_train_rows",
+]
 
 
 class Admission:
@@ -333,11 +149,8 @@ class Admission:
         self.refused: dict[str, dict[Reason, int]] = {}
         # (task, round, phase) -> device admitted (fresh or late) -> its upload's fingerprint
         # (``None`` where unknown): whoever is in it already answered
-        self._answered: dict[tuple[str, int, str], dict[str, bytes | None]] = {}
-        self._norms: dict[tuple[str, str], _Window] = {}
-        # (task, round, phase) -> devices refused by the relative bound in that round
-        self._ratio_refused: dict[tuple[str, int, str], set[str]] = {}
-        self._global64: tuple[Mapping[str, np.ndarray], dict[str, np.ndarray]] | None = None
+        self._answered: dict[tuple[str, int, str], dict[str, int | None]] = {}
+        self.norms = NormReference(self.policy)
 
     # -- the pipeline ---------------------------------------------------------------------
     def count_refusal(self, device: str, reason: Reason) -> None:
@@ -450,7 +263,15 @@ class Admission:
         params = self._decompressed(device, msg, request, expected)
         if isinstance(params, Refusal):
             return params
-        bad = check_tensors(params, expected)
+        bad = check_layout(params, expected)
+        if bad is not None:
+            return bad
+        # The change norm is a sum of squares over every value: finite, it says that every value is
+        # (what was sent is finite, or it is not and every look is taken), so the look at each
+        # value for NaN or Inf is taken only when it is not.
+        delta = change_norm(params, self.norms.sent64(device, request))
+        finite = math.isfinite(delta)
+        bad = None if finite else check_finite(params)
         if bad is None:
             bad = self.check_counts(device, msg, task)
         if bad is not None:
@@ -460,17 +281,13 @@ class Admission:
             return self._resent(device, msg, key) or Refusal(
                 Reason.REPLAY, f"device already answered round {request.round}/{request.phase}"
             )
-        delta = change_norm(params, self._sent64(device, request))
         if not restored:
             bad = self.check_norm(device, delta, params, request)
             if bad is not None:
                 return bad
         self._answer(key, device, fingerprint(msg))  # of the upload as sent: copies match copies
-        if np.isfinite(delta):
-            norms = self._norms.get((task, request.phase))
-            if norms is None:
-                norms = self._norms[(task, request.phase)] = _Window(self.policy.history)
-            norms.append(delta)
+        if finite:
+            self.norms.add(task, request.phase, delta)
         return Update(device, params, msg.n_samples, msg.metrics)
 
     def _decompressed(
@@ -485,7 +302,7 @@ class Admission:
             )
         if want is None or request.spec.secagg is not None:  # masked: the codes travel in the ring
             return msg.params
-        sent = self._sent(device, request)
+        sent = self.norms.sent(device, request)
         seed = compress.derive_seed(msg.task, msg.round, msg.phase, device, msg.global_hash)
         try:
             return compress.decode(
@@ -526,7 +343,7 @@ class Admission:
         bad = check_samples(msg.n_samples, p.task_max_samples.get(task, p.max_samples), rows)
         return bad if bad is not None else check_metrics(msg.metrics, p)
 
-    def _answer(self, key: tuple[str, int, str], device: str, print_: bytes | None) -> None:
+    def _answer(self, key: tuple[str, int, str], device: str, print_: int | None) -> None:
         if key not in self._answered:  # rounds before the previous one are closed for good
             task, round_, _ = key
             self._answered = {k: v for k, v in self._answered.items() if k[0] != task or k[1] >= round_ - 1}
@@ -539,70 +356,17 @@ class Admission:
             return None
         return Refusal(Reason.RESENT, f"a copy of the upload counted for round {key[1]}/{key[2]}")
 
-    # -- the norm reference -----------------------------------------------------------------
-    @staticmethod
-    def _sent(device: str, request: CollectRequest) -> Mapping[str, np.ndarray]:
-        return request.downlinks.get(device, request.global_params)
-
-    def _sent64(self, device: str, request: CollectRequest) -> Mapping[str, np.ndarray]:
-        """:meth:`_sent` in float64, converted once per round's global, not once per upload."""
-        sent = self._sent(device, request)
-        if sent is not request.global_params:
-            return sent  # a personal downlink: one upload uses it
-        cached = self._global64
-        if cached is None or cached[0] is not sent:
-            cached = self._global64 = (sent, {k: np.asarray(v, dtype=np.float64) for k, v in sent.items()})
-        return cached[1]
-
+    # -- the norm reference (:class:`~cloud_aggregator.rounds.norm_reference.NormReference`) ----------------
     def check_norm(
         self, device: str, delta: float, params: Mapping[str, np.ndarray], request: CollectRequest
     ) -> Refusal | None:
         """The ``norm`` step for an upload whose change from what ``device`` was sent is ``delta``."""
-        p = self.policy
-        if p.max_update_norm is not None and not delta <= p.max_update_norm:
-            return Refusal(
-                Reason.NORM, f"‖u − g‖ = {delta:.3g} exceeds max_update_norm = {p.max_update_norm:.3g}"
-            )
-        if p.max_param_norm is not None:
-            norm = param_norm(params)
-            if not norm <= p.max_param_norm:
-                return Refusal(
-                    Reason.NORM, f"‖u‖ = {norm:.3g} exceeds max_param_norm = {p.max_param_norm:.3g}"
-                )
-        ref = self.reference(request.phase, request.spec.name)
-        if (
-            p.max_norm_ratio is not None
-            and ref is not None
-            and ref > 0
-            and not delta <= p.max_norm_ratio * ref
-        ):
-            key = (request.spec.name, request.round, request.phase)
-            if key not in self._ratio_refused:
-                self._ratio_refused = {  # this task's earlier rounds are closed: forget them
-                    k: v for k, v in self._ratio_refused.items() if k[0] != key[0] or k[1] >= request.round
-                }
-            self._ratio_refused.setdefault(key, set()).add(device)
-            return Refusal(
-                Reason.NORM,
-                f"‖u − g‖ = {delta:.3g} exceeds {p.max_norm_ratio:g} × the running median {ref:.3g}",
-            )
-        return None
+        return self.norms.check(device, delta, params, request)
 
     def reference(self, phase: str, task: str) -> float | None:
         """The median of recent accepted change norms of ``task``'s ``phase``; ``None`` until ``min_history``."""
-        norms = self._norms.get((task, phase))
-        if not norms or len(norms) < self.policy.min_history:
-            return None
-        return float(norms.median())
+        return self.norms.reference(phase, task)
 
     def forget_stale(self, request: CollectRequest, admitted: int) -> bool:
-        """Drop the norm reference of ``request``'s task and phase if it refused more of this round
-        than was admitted; returns whether it did.  The MQTT fleet calls this when a round lacks
-        participants: a reference that blocks most honest devices would stall training for good.
-        """
-        refused = self._ratio_refused.get((request.spec.name, request.round, request.phase), set())
-        if len(refused) <= admitted:
-            return False
-        self._norms.pop((request.spec.name, request.phase), None)
-        self._ratio_refused.pop((request.spec.name, request.round, request.phase), None)
-        return True
+        """:meth:`NormReference.forget_stale <cloud_aggregator.rounds.norm_reference.NormReference.forget_stale>`."""
+        return self.norms.forget_stale(request, admitted)

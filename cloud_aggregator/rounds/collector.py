@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cloud_aggregator.aggregation.update import Update
-from cloud_aggregator.rounds.admission import Inbox, file_verdict
+from cloud_aggregator.rounds.inbox import Inbox, file_verdict
 from cloud_aggregator.rounds.types import CollectRequest, LateUpdate, Refusal, Rejection, SatOut
 from ioft_protocol import codec
 from ioft_protocol.round_messages import DeviceSelection

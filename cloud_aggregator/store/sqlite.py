@@ -9,7 +9,7 @@ device), so a restarted aggregator loses none and counts none twice: it reads
 them back for the round it resumes, and a device's re-send of a stored one is a
 duplicate.  A streaming round (``cloud_aggregator.aggregation.streaming``) checkpoints its partial sum
 every so many uploads and drops the payloads it covers, so the disk holds O(P) plus the
-uploads since the last checkpoint, not O(N × P).  Payloads of 64 kB and more are appended to
+uploads since the last checkpoint, not O(N × P).  Payloads of 1 kB and more are appended to
 plain files beside the database (``cloud_aggregator.store.upload_log``), their rows pointing at them.  Refused uploads are kept with their
 reason code (``admission.Reason``) in a column of its own (the tables: :mod:`.schema`).  ``cloud_aggregator.faults`` points mark each step for kill tests.
 """
@@ -36,6 +36,8 @@ from trainer_lite.params import Params, param_hash
 __all__ = ["SqliteStore", "TaskChangedError", "TaskHistory", "changed_fields"]
 
 
+#: ``json.dumps(obj, sort_keys=True)`` without building an encoder per call (one per folded upload).
+_sorted_json = json.JSONEncoder(sort_keys=True).encode
 #: An ``updates`` row's columns, in :meth:`SqliteStore._update_row`'s order.
 _UPDATE_COLUMNS = (
     "(task, round, phase, device, global_hash, payload, received, log_at, log_len) VALUES (?,?,?,?,?,?,?,?,?)"
@@ -217,7 +219,7 @@ class SqliteStore:
             return
         now = time.time()
         with self._lock:
-            rows = [self._update_row(*u, now) for u in updates]
+            rows = self._update_rows(updates, now)
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.executemany(f"INSERT OR IGNORE INTO updates {_UPDATE_COLUMNS}", rows)
@@ -240,6 +242,26 @@ class SqliteStore:
         at = self.uploads.append(task, round_, phase, payload) if len(payload) >= MIN_BYTES else None
         kept = b"" if at is not None else payload
         return (task, round_, phase, device, global_hash, kept, now, at, None if at is None else len(payload))
+
+    def _update_rows(self, updates: Sequence[StoredUpload], now: float) -> list[tuple]:
+        """:meth:`_update_row` of each of ``updates``, the payloads of a round's file appended to the
+        upload log together (one system call per batch, not two per upload)."""
+        logged: dict[tuple[str, int, str], list[int]] = {}  # (task, round, phase) -> indexes into updates
+        for i, u in enumerate(updates):
+            if len(u[5]) >= MIN_BYTES:
+                logged.setdefault((u[0], u[1], u[2]), []).append(i)
+        at: dict[int, int] = {}
+        for key, indexes in logged.items():
+            offsets = self.uploads.append_many(*key, [updates[i][5] for i in indexes])
+            at.update(zip(indexes, offsets, strict=True))
+        rows = []
+        for i, (task, round_, phase, device, global_hash, payload) in enumerate(updates):
+            offset = at.get(i)
+            if offset is None:
+                rows.append((task, round_, phase, device, global_hash, payload, now, None, None))
+            else:
+                rows.append((task, round_, phase, device, global_hash, b"", now, offset, len(payload)))
+        return rows
 
     def stored_updates(self, task: str, round_: int, phase: str, global_hash: str) -> list[tuple[str, bytes]]:
         with self._lock:
@@ -278,7 +300,7 @@ class SqliteStore:
             )
             self._db.executemany(
                 "INSERT OR REPLACE INTO folded VALUES (?,?,?,?,?,?)",
-                [(task, round_, phase, d, n, json.dumps(m, sort_keys=True)) for d, (n, m) in folded.items()],
+                [(task, round_, phase, d, n, _sorted_json(m)) for d, (n, m) in folded.items()],
             )
             self._db.executemany(
                 "DELETE FROM updates WHERE task=? AND round=? AND phase=? AND device=?",

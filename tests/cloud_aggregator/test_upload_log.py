@@ -3,6 +3,8 @@ order, emptied once a checkpoint folds them all, removed when the round's record
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from cloud_aggregator.rounds.types import RoundRecord
@@ -47,4 +49,28 @@ def test_a_lost_log_loses_only_its_uploads(tmp_path):
     (tmp_path / "uploads" / "t" / "1-train.log").write_bytes(b"")  # truncated behind the store's back
     store = SqliteStore(tmp_path / "a.sqlite")
     assert store.stored_updates("t", 1, "train", "g1") == [("d2", SMALL)]  # d1 re-sends on re-announcement
+    store.close()
+
+
+def test_a_batch_of_4kb_uploads_goes_to_the_log_in_one_write_and_reads_back_in_order(tmp_path, monkeypatch):
+    # A batch of 4 kB uploads (1k float32 parameters: past a SQLite page) and a small one between them.
+    uploads = [bytes([i]) * 4400 for i in range(5)]
+    rows = [("t", 1, "train", f"d{i}", "g1", p) for i, p in enumerate(uploads)]
+    rows.insert(2, ("t", 1, "train", "small", "g1", SMALL))
+    writes: list[int] = []
+    writev = os.writev
+
+    def short_writev(fd, buffers):  # the kernel takes at most 5,000 bytes a call: short writes
+        writes.append(len(buffers))
+        return writev(fd, [memoryview(b"".join(bytes(b) for b in buffers))[:5000]])
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    store = SqliteStore(tmp_path / "a.sqlite")
+    store.put_batch(rows, [])
+    store.close()
+    assert writes[0] == len(uploads)  # every logged payload of the batch offered to one call
+    log = tmp_path / "uploads" / "t" / "1-train.log"
+    assert log.read_bytes() == b"".join(uploads)
+    store = SqliteStore(tmp_path / "a.sqlite")
+    assert store.stored_updates("t", 1, "train", "g1") == [(r[3], r[5]) for r in rows]
     store.close()
