@@ -149,11 +149,11 @@ class ScalingPool:
         """Why these statistics are refused; ``None``: kept in ``self._sums``."""
         if task not in self._need:
             return "the task does not scale with fleet statistics (or is not announced here)"
-        if task in self.published:
-            return "the fleet's transform is published already (frozen: the device takes the retained one)"
         why = self._refusal(task, device)
         if why is not None:
             return why
+        # Malformed statistics are named as such whether or not the transform is frozen yet: the
+        # operator learns of a broken (or lying) device however late its statistics come.
         try:
             stats = FeatureStats.decode(payload)
         except codec.WireError as exc:
@@ -165,6 +165,8 @@ class ScalingPool:
         )
         if bad is not None:
             return bad
+        if task in self.published:
+            return "the fleet's transform is published already (frozen: the device takes the retained one)"
         n, total, sumsq = stats.n, stats.sum, stats.sumsq
         rows = self._reported_rows(device)
         if rows is not None and n > rows:

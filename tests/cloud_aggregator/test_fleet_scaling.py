@@ -144,6 +144,9 @@ def test_the_pool_publishes_once_at_the_minimum_and_then_stays_frozen():
     )
     pool.handle("tool", "d3", _stats("d3", ROWS["d3"]))  # after publication: refused, nothing changes
     assert len(sent) == 1 and "frozen" in pool.refused["tool"]["d3"]
+    # ... and malformed statistics are still named for what they are, not merely "frozen".
+    pool.handle("tool", "d3", _stats("d3", ROWS["d3"][:, :4]))
+    assert "4 features per row; the task's model takes 5" in pool.refused["tool"]["d3"]
     pool.republish()
     assert sent[1] == sent[0]
 
