@@ -100,9 +100,12 @@ def test_a_lying_device_neither_fixes_the_width_nor_poisons_the_transform_nor_st
     stop = threading.Event()
 
     def lie() -> None:
+        # w4 first: the pool needs w4 (scaling_min_devices = 4), so the w4 message it takes came after the
+        # announcement, and w5's, sent after it on the same connection, reaches the aggregator before
+        # the task can end (a round or two can take 50 ms: a fixed period alone left it to chance).
         while not stop.wait(0.2):
-            sniffer.client.publish(topics.topic_stats(FLEET, "tool", "w5"), narrow, qos=1)
             sniffer.client.publish(topics.topic_stats(FLEET, "tool", "w4"), poison, qos=1)
+            sniffer.client.publish(topics.topic_stats(FLEET, "tool", "w5"), narrow, qos=1)
 
     liar = threading.Thread(target=lie, daemon=True)
     liar.start()

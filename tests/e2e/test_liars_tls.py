@@ -89,8 +89,11 @@ def test_one_devices_certificate_neither_fixes_the_width_nor_poisons_the_pool(tl
     stop = threading.Event()
 
     def lie() -> None:
+        # The poison first: the pool needs it (scaling_min_devices = 4), so the one it takes came after the
+        # announcement, and the narrow one, sent after it on the same connection, is judged before the task
+        # can end (a fixed period alone left that to chance).
         while not stop.wait(0.2):
-            for payload in (narrow, poison):
+            for payload in (poison, narrow):
                 liar.publish(topics.topic_stats(FLEET, "tool", WELD_LIAR), payload)
 
     thread = threading.Thread(target=lie, daemon=True)
