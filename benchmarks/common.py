@@ -180,3 +180,23 @@ def study_parser(description: str, *, default_seeds: Sequence[int] = (0, 1, 2)) 
     parser.add_argument("--seeds", type=int, nargs="+", default=list(default_seeds), help="random seeds")
     parser.add_argument("--no-write", action="store_true", help="do not write benchmarks/results/")
     return parser
+
+
+class QueuedSession:
+    """Just enough of ``MqttSession`` for ``MqttFleet`` with no broker: messages put in ``queue``
+    come back from ``get`` (the in-process benchmarks and tests of the collecting thread)."""
+
+    def __init__(self) -> None:
+        from collections import deque
+
+        self.queue: deque = deque()
+        self.on_connect_hooks: list = []
+
+    def subscribe(self, topic: str, qos: int = 1) -> None:
+        pass
+
+    def publish(self, topic, payload, retain=False, timeout=None) -> None:
+        pass
+
+    def get(self, timeout):
+        return self.queue.popleft() if self.queue else None

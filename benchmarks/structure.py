@@ -33,7 +33,6 @@ import importlib.util
 import logging
 import sys
 import tempfile
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -236,6 +235,7 @@ def upload_paths() -> dict[str, list[str]]:
 
     import numpy as np
 
+    from benchmarks.common import QueuedSession
     from cloud_aggregator.aggregation.streaming import RoundFold
     from cloud_aggregator.rounds.types import CollectRequest
     from cloud_aggregator.serve.mqtt_fleet import CollectPolicy, MqttFleet
@@ -245,28 +245,12 @@ def upload_paths() -> dict[str, list[str]]:
     from trainer_lite.params import param_hash
     from trainer_lite.task import TaskSpec
 
-    class Session:
-        """Just enough of ``MqttSession``: queued uplinks come back from ``get``."""
-
-        def __init__(self) -> None:
-            self.queue: deque[Message] = deque()
-            self.on_connect_hooks: list = []
-
-        def subscribe(self, topic: str, qos: int = 1) -> None:
-            pass
-
-        def publish(self, topic, payload, retain=False, timeout=None) -> None:
-            pass
-
-        def get(self, timeout):
-            return self.queue.popleft() if self.queue else None
-
     g = {"w": np.linspace(-1, 1, 8, dtype=np.float32), "b": np.zeros(1, np.float32)}
     spec = TaskSpec("t", "fedavg", "sigmoid_glm", rounds=3)
     paths: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         store = SqliteStore(Path(tmp) / "agg")
-        session = Session()
+        session = QueuedSession()
         fleet = MqttFleet(
             session, "f", CollectPolicy(deadline_s=0.2, expected=("d0",), max_extensions=0), store
         )

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from collections import deque
 
 import numpy as np
 import pytest
 
+from benchmarks.common import QueuedSession
 from cloud_aggregator.aggregation.update import Update
 from cloud_aggregator.rounds.admission import Admission, AdmissionPolicy, change_norm, check_tensors
 from cloud_aggregator.rounds.types import CollectRequest, Reason, Rejection
@@ -29,21 +29,8 @@ DEVICES = [f"d{i}" for i in range(10)]
 SPEC = TaskSpec(TASK, "fedavg", "sigmoid_glm", rounds=3)
 
 
-class FakeSession:
-    """Just enough of ``MqttSession``: queued uplinks come back from ``get``."""
-
-    def __init__(self) -> None:
-        self.queue: deque[Message] = deque()
-        self.on_connect_hooks: list = []
-
-    def subscribe(self, topic: str, qos: int = 1) -> None:
-        pass
-
-    def publish(self, topic, payload, retain=False, timeout=None) -> None:
-        pass
-
-    def get(self, timeout):
-        return self.queue.popleft() if self.queue else None
+#: Other tests here import it by this name.
+FakeSession = QueuedSession
 
 
 def global_params() -> dict[str, np.ndarray]:
