@@ -33,10 +33,30 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import QueuedSession, markdown_table, write_result
+from benchmarks.common import markdown_table, write_result
 
 FLEET, TASK, P = "bench", "t", 1000
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# Its own copy of benchmarks.common.QueuedSession: with --against, this file runs inside an older tree.
+class _Session:
+    """Just enough of ``MqttSession`` for ``MqttFleet``: queued messages come back from ``get``."""
+
+    def __init__(self) -> None:
+        from collections import deque
+
+        self.queue: deque = deque()
+        self.on_connect_hooks: list = []
+
+    def subscribe(self, topic: str, qos: int = 1) -> None:
+        pass
+
+    def publish(self, topic, payload, retain=False, timeout=None) -> None:
+        pass
+
+    def get(self, timeout):
+        return self.queue.popleft() if self.queue else None
 
 
 def _devices(n: int) -> list[str]:
@@ -95,7 +115,7 @@ def measure(n: int, profile: bool = False) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="ingest-thread-"))
     devices = _devices(n)
-    session = QueuedSession()
+    session = _Session()
     store = SqliteStore(work / "aggregator.sqlite")
     policy = CollectPolicy(deadline_s=300, expected=tuple(devices), max_extensions=0)
     fleet = MqttFleet(session, FLEET, policy, store)
