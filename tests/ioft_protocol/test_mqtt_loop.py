@@ -220,3 +220,60 @@ def test_paho_reads_a_packet_byte_by_byte_and_the_client_serves_them_from_one_re
     client._sock = plain = Trickle(b"\x30\x01q")
     assert [client._sock_recv(1) for _ in range(3)] == [b"\x30", b"\x01", b"q"] and plain.calls == 3
     client._sock = None
+
+
+# Run in a network namespace of its own (``unshare -n``, root): ten ephemeral ports, two listeners.
+_PORTS_SCRIPT = """
+import socket, subprocess, sys
+import paho.mqtt.client as paho
+from ioft_protocol.mqtt_loop import ReadAheadClient
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as f:
+    f.write("40000 40009")
+make = paho.Client._create_socket_connection if sys.argv[1] == "paho" else ReadAheadClient._create_socket_connection
+servers = [socket.create_server(("127.0.0.1", 0), backlog=32) for _ in range(2)]
+made = []
+for i in range(16):
+    c = ReadAheadClient(paho.CallbackAPIVersion.VERSION2, client_id=f"c{i}")
+    c.connect_async("127.0.0.1", servers[i % 2].getsockname()[1])
+    try:
+        made.append(make(c))
+    except OSError:
+        break
+print(len(made))
+"""
+
+
+def test_clients_share_the_hosts_ephemeral_ports_per_destination_not_across_all(tmp_path):
+    """A swarm of 40,000 devices stopped at the host's ~28,000 ephemeral ports while paho bound each
+    socket to port 0 before connecting; connected without that bind, ports are reused per broker."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    from ioft_protocol.mqtt_loop import ReadAheadClient
+
+    assert "_create_socket_connection" in vars(paho.Client)  # what the client overrides is still paho's
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"]).returncode != 0:
+        pytest.skip("needs root and unshare (util-linux) for a network namespace of its own")
+    script = tmp_path / "ports.py"
+    script.write_text(_PORTS_SCRIPT)
+
+    def connections(which: str) -> int:
+        out = subprocess.run(
+            ["unshare", "-n", sys.executable, str(script), which], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.strip())
+
+    assert connections("paho") <= 10  # one host-wide port per client: the range caps them
+    assert connections("ours") == 16  # 8 per listener, on the same 10 ports
+    server = socket.create_server(("127.0.0.1", 0))
+    with socket.socket() as probe:  # a free port to ask for
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    bound = ReadAheadClient(paho.CallbackAPIVersion.VERSION2, client_id="bound")
+    bound.connect_async("127.0.0.1", server.getsockname()[1], bind_address="127.0.0.1", bind_port=port)
+    with server, bound._create_socket_connection() as sock:  # an asked-for source is still paho's bind
+        assert sock.getsockname() == ("127.0.0.1", port)
