@@ -6,7 +6,10 @@ liar's certificate, publishing through the ACL as that device.  The plaintext te
 
 from __future__ import annotations
 
+import re
 import threading
+import time
+from collections import Counter
 from collections.abc import Iterator
 
 import numpy as np
@@ -15,6 +18,7 @@ import pytest
 from cloud_aggregator.fleet.init import AGGREGATOR, FleetLayout
 from cloud_aggregator.local.broker import BrokerProcess
 from cloud_aggregator.local.fleet import FLEET, LocalFleet, aggregator_toml, pflda_task
+from cloud_aggregator.serve.fleet_scaling import SAY_EVERY_S
 from edge.segments import DatasetReader
 from ioft_protocol import topics
 from ioft_protocol.feature_stats import FeatureStats, FleetScaling
@@ -28,6 +32,11 @@ pytestmark = pytest.mark.broker
 PRINTERS = ("printer1", "printer2", "printer3")
 WELDERS = ("w1", "w2", "w3")
 WELD_LIAR = "w4"
+#: A round closes once every expected device answered: its deadline only bounds a hang, so it outlasts
+#: the test (pytest's timeout is 300 s).  At 60 s a starved box (load 4-8) abandoned a round.
+DEADLINE_S = 600
+#: How long ``serve`` may run before the test fails with its log (inside pytest's timeout).
+SERVE_WAIT_S = 270
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +61,9 @@ def _serve(procs: LocalFleet, layout: FleetLayout, task: dict, expected: list[st
         f'key_file = "{layout.key(AGGREGATOR)}" }}'
     )
     toml = aggregator_toml(procs.broker_url, procs.work / "aggregator", [task], expected=expected,
-                           deadline_s=60, connection=[f'client_id = "{AGGREGATOR}"', tls], **kw)  # fmt: skip
+                           deadline_s=DEADLINE_S, connection=[f'client_id = "{AGGREGATOR}"', tls], **kw)  # fmt: skip
     procs.start_aggregator(toml)
-    assert procs.wait_aggregator(180) == 0, procs.log("aggregator")[-3000:]
+    assert procs.wait_aggregator(SERVE_WAIT_S) == 0, procs.log("aggregator")[-3000:]
 
 
 def test_one_devices_certificate_claiming_a_million_rows_counts_a_few_times_the_median(tls_fleet, procs):
@@ -103,7 +112,15 @@ def test_one_devices_certificate_neither_fixes_the_width_nor_poisons_the_pool(tl
             record(procs.work, d, "welder", "--welds", "30", "--weld-s", "0.02")
             procs.start_device(d, "--config", str(layout.toml(d)), "--log-level", "INFO", simulate=None)
         task = WELD_TASK | {"hparams": WELD_TASK["hparams"] | {"scaling_min_devices": 4}}
+        started = time.monotonic()
         _serve(procs, layout, task, list(WELDERS), startup_wait_s=30)
+        served_s = time.monotonic() - started
+        # The liar reads the broker on its own connection, which may lag serve's: wait for it.
+        procs.wait_for(
+            lambda: any(t == topics.topic_scaling(FLEET, "tool") for t, _ in list(liar.messages)),
+            60,
+            "the liar reading the pooled transform",
+        )
     finally:
         stop.set()
         thread.join()
@@ -127,6 +144,12 @@ def test_one_devices_certificate_neither_fixes_the_width_nor_poisons_the_pool(tl
     )
     log = procs.log("aggregator")
     assert "features per row; the task's model takes 624" in log
-    assert 1 <= log.count(f"refused feature statistics from {WELD_LIAR}") <= 6  # a reason a minute
+    # One line per reason at most every SAY_EVERY_S (numbers aside, as the aggregator groups them):
+    # bounded by how long serve ran, which a loaded box stretches, not by a guess of it.
+    said = re.findall(
+        rf"refused feature statistics from {WELD_LIAR}: (.*?)(?: \(\d+ more refused .*\))?$", log, re.M
+    )
+    per_reason = Counter(re.sub(r"\d[\d.e+-]*", "#", why) for why in said)
+    assert said and max(per_reason.values()) <= 1 + served_s // SAY_EVERY_S, per_reason
     for d in WELDERS:
         assert "fleet scaling pooled from 4 devices" in procs.log(d)

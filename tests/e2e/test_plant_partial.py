@@ -15,7 +15,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -81,7 +80,13 @@ def test_one_partial_per_round_crosses_the_bridge(tmp_path):
                 env={**faults.child_env(None), "PYTHONUNBUFFERED": "1"},
             )
         assert at_cloud.wait_aggregator(240) == 0, at_cloud.log("aggregator")[-3000:]
-        time.sleep(0.5)  # the sniffer's last messages
+        # The sniffer reads the broker on its own connection: it may lag the aggregator, so wait
+        # until it saw what the rounds used (each plant batch, each direct device's upload).
+        at_cloud.wait_for(
+            lambda: len(_plant_batches(sniffer)) >= TASK["rounds"] and _up_from(sniffer) >= set(DIRECT),
+            60,
+            "the sniffer seeing every plant batch and direct upload",
+        )
     finally:
         if worker is not None and worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
@@ -94,12 +99,8 @@ def test_one_partial_per_round_crosses_the_bridge(tmp_path):
 
     records = at_cloud.rounds(TASK["name"])
     assert [(r.status, sorted(r.participants)) for r in records] == [("completed", DEVICES)] * TASK["rounds"]
-    crossed = [t for t, _ in sniffer.messages]
-    uploads = [t for t in crossed if t.startswith(f"{topics.PROTOCOL}/{FLEET}/task/") and "/up/" in t]
-    up_from = {t.rsplit("/", 1)[1] for t in uploads}
-    assert up_from == set(DIRECT)  # no plant device's upload reached the cloud broker
-    plant_batches = [t for t in crossed if t == wire.topic_batch(FLEET, TASK["name"], "plant-a")]
-    assert len(plant_batches) == TASK["rounds"]  # one message per plant per round
+    assert _up_from(sniffer) == set(DIRECT)  # no plant device's upload reached the cloud broker
+    assert len(_plant_batches(sniffer)) == TASK["rounds"]  # one message per plant per round
     store = SqliteStore(tmp_path / "aggregator" / "aggregator.sqlite", readonly=True)
     try:
         final = store.resume_point(TASK["name"])[2]
@@ -107,3 +108,14 @@ def test_one_partial_per_round_crosses_the_bridge(tmp_path):
         store.close()
     reference, _, _ = simulate(TaskSpec.from_json(json.dumps(TASK)), clients)
     assert param_hash(final) == param_hash(reference)
+
+
+def _up_from(sniffer: Sniffer) -> set[str]:
+    """The devices whose uploads the sniffer saw on the cloud broker."""
+    prefix = f"{topics.PROTOCOL}/{FLEET}/task/"
+    return {t.rsplit("/", 1)[1] for t, _ in list(sniffer.messages) if t.startswith(prefix) and "/up/" in t}
+
+
+def _plant_batches(sniffer: Sniffer) -> list[str]:
+    """The plant worker's batches the sniffer saw on the cloud broker."""
+    return [t for t, _ in list(sniffer.messages) if t == wire.topic_batch(FLEET, TASK["name"], "plant-a")]
