@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from edge.models.onnx import no_worse
+from edge.serving.candidates import ALONE
 from edge.serving.model import Refused, ServingModel
 from sensors.features.scaling import Standardizer
 from sensors.layers import SPEED_SCALE
@@ -80,14 +81,17 @@ def refusal(
         return "its answers on the newest rows are not finite"
     if current is None or score is None or current.encoder_version != encoder_version:
         return None
-    try:
-        old, _ = current.score(newest, enc)  # today's rows: both judged on the same ones
-    except Refused:
-        return None
+    if current.every_row:  # it trained on these rows: this round's twin on the older ones stands in
+        old, whose = evidence["scores"].get(ALONE), f"the serving round {current.round}'s twin"
+    else:
+        try:
+            old, _ = current.score(newest, enc)  # today's rows: both judged on the same ones
+        except Refused:
+            return None
+        whose = f"the serving round {current.round}'s"
     if old is not None and not no_worse(score, old, margin):
         return (
             f"its best candidate ({candidate.candidate}) scores {name} {score:.4f} on the newest rows, "
-            f"below the serving round {current.round}'s {old:.4f} by more than the margin "
-            f"{margin}; round {current.round} keeps serving"
+            f"below {whose} {old:.4f} by more than the margin {margin}; round {current.round} keeps serving"
         )
     return None

@@ -100,6 +100,11 @@ class ServingModel:
     #: Which of the device's candidates this is (``edge.serving.candidates``), and why it serves.
     candidate: str = "personal"
     evidence: dict | None = None
+    #: Trained on every row of the training split, the newest that judge included (the alone copy
+    #: that serves, :mod:`edge.serving.alone`): its own score on those rows says nothing.
+    every_row: bool = False
+    #: The copy judged in this one's place (its twin on the older rows), in the round that built it.
+    judged_by: ServingModel | None = field(default=None, repr=False, compare=False)
     _algo: ClientAlgorithm | None = field(default=None, repr=False, compare=False)
     _digest: str | None = field(default=None, repr=False, compare=False)
 
@@ -219,15 +224,18 @@ class ServingModel:
         return err if math.isfinite(err) else None
 
     # -- conformal intervals and the trained range (edge.serving.conformal) ---------------
-    def calibrate(self, train: Dataset, test: Dataset, encoder=None) -> None:
+    def calibrate(
+        self, train: Dataset, test: Dataset, encoder=None, judged: ServingModel | None = None
+    ) -> None:
         """The trained range from ``train`` and the first calibration scores from ``test`` (rows as
-        stored, the model's held-out split): ``|expected − true|`` in mm/s, or ``1 − p(true class)``."""
+        stored, the model's held-out split): ``|expected − true|`` in mm/s, or ``1 − p(true class)``;
+        of ``judged``'s answers where it stands in for this model (which trained on ``test``)."""
         if len(train):
             x = np.asarray(train.x, dtype=np.float64)
             self.x_low, self.x_high = x.min(axis=0), x.max(axis=0)
         if len(test) == 0:
             return
-        out = self.outputs(test.x, encoder)
+        out = (judged or self).outputs(test.x, encoder)
         y = np.asarray(test.y).reshape(len(test), -1)
         if self.classes is not None:
             p = softmax(out.reshape(len(test), -1))
@@ -268,6 +276,7 @@ class ServingModel:
             "created_at": self.created_at,
             "candidate": self.candidate,
             "evidence": self.evidence,
+            "every_row": self.every_row,
         }
         save_arrays(path, arrays, meta)
 
@@ -310,6 +319,7 @@ class ServingModel:
             calibration=Calibration(arrays.get("conformal.scores", np.zeros(0)).tolist()),
             candidate=str(meta.get("candidate", "personal")),
             evidence=meta.get("evidence"),
+            every_row=bool(meta.get("every_row", False)),
         )
 
 
