@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from edge.models.onnx import no_worse
-from edge.serving.candidates import ALONE
 from edge.serving.model import Refused, ServingModel
 from sensors.features.scaling import Standardizer
 from sensors.layers import SPEED_SCALE
@@ -81,14 +80,16 @@ def refusal(
         return "its answers on the newest rows are not finite"
     if current is None or score is None or current.encoder_version != encoder_version:
         return None
-    if current.every_row:  # it trained on these rows: this round's twin on the older ones stands in
-        old, whose = evidence["scores"].get(ALONE), f"the serving round {current.round}'s twin"
-    else:
-        try:
-            old, _ = current.score(newest, enc)  # today's rows: both judged on the same ones
-        except Refused:
-            return None
-        whose = f"the serving round {current.round}'s"
+    # The alone copy on every row trained on (most of) these rows: its twin on the older rows, saved
+    # with it, is judged in its place (without one, its own score: in-sample, the cautious side).
+    twin = current.judged_by if current.every_row else None
+    try:
+        old, _ = (current if twin is None else twin).score(
+            newest, enc
+        )  # today's rows: both judged on the same ones
+    except Refused:
+        return None
+    whose = f"the serving round {current.round}'s" + (" twin's" if twin is not None else "")
     if old is not None and not no_worse(score, old, margin):
         return (
             f"its best candidate ({candidate.candidate}) scores {name} {score:.4f} on the newest rows, "

@@ -15,6 +15,7 @@ newest rows is no lower than the serving model's score on the same rows by more 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import logging
@@ -103,7 +104,7 @@ class ServingModel:
     #: Trained on every row of the training split, the newest that judge included (the alone copy
     #: that serves, :mod:`edge.serving.alone`): its own score on those rows says nothing.
     every_row: bool = False
-    #: The copy judged in this one's place (its twin on the older rows), in the round that built it.
+    #: The copy judged in this one's place: its twin on the older rows, of the same round (saved with it).
     judged_by: ServingModel | None = field(default=None, repr=False, compare=False)
     _algo: ClientAlgorithm | None = field(default=None, repr=False, compare=False)
     _digest: str | None = field(default=None, repr=False, compare=False)
@@ -258,6 +259,8 @@ class ServingModel:
         if self.x_low is not None and self.x_high is not None:
             arrays |= {"range.low": self.x_low, "range.high": self.x_high}
         arrays["conformal.scores"] = self.calibration.array()
+        if self.judged_by is not None:  # the gate scores it in this model's place next round
+            arrays |= with_prefix(self.judged_by.local, "twin")
         meta = {
             "device": self.device,
             "task": self.task,
@@ -294,7 +297,7 @@ class ServingModel:
                 f"not {device!r}'s of {task!r}; it is not served"
             )
         mean, std = arrays.get("scale.mean"), arrays.get("scale.std")
-        return cls(
+        model = cls(
             device=device,
             task=task,
             spec_json=str(meta["spec"]),
@@ -321,6 +324,10 @@ class ServingModel:
             evidence=meta.get("evidence"),
             every_row=bool(meta.get("every_row", False)),
         )
+        twin = strip_prefix(arrays, "twin")
+        if twin:
+            model.judged_by = dataclasses.replace(model, local=twin, every_row=False, _digest=None)
+        return model
 
 
 def load_served(folder: Path, device: str, serves: Callable[[str], bool]) -> dict[str, ServingModel]:

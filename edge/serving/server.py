@@ -315,7 +315,8 @@ class Server:
         )
         # The alone copy on every row has seen the newest rows: its twin, which has not, stands in for
         # it wherever they judge (its reference figure, its first interval's residuals).
-        seen, judged = (raw_train, candidate.judged_by) if candidate.judged_by else (raw_fit, candidate)
+        twin = candidate.judged_by
+        seen, judged = (raw_train, twin) if twin is not None else (raw_fit, candidate)
         gate.bound_speed(candidate, seen)
         enc = self.encoder(candidate.encoder) if candidate.encoder is not None else None
         current = self.models.get(task)
@@ -325,7 +326,6 @@ class Server:
         score = candidate.metric
         candidate.reference = score if candidate.classes is not None else judged.test_error(newest, enc)
         candidate.calibrate(seen, newest, enc, judged)  # the trained range, the first interval's rows
-        candidate.judged_by = None  # this round's only
         return self._install(task, candidate, current, round_, evidence)
 
     def _install(

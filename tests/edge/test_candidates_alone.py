@@ -82,6 +82,9 @@ def test_both_copies_and_the_choice_survive_a_restart_and_go_on_from_their_state
         back = again.status()["models"]["speed"]
         assert back["candidate"] == "alone" and back["every_row"] is True
         assert "judged by its twin" in back["evidence"]["serves"]
+        (judged, _), _ = copies(tmp_path)  # the twin of round 1 came back with it, for the gate
+        for name, value in judged.items():
+            assert np.array_equal(again.models["speed"].judged_by.local[name], value), name
         assert offer(again, 2)  # the copies go on from their saved state, one more round each
     finally:
         again.close()
@@ -92,21 +95,25 @@ def test_both_copies_and_the_choice_survive_a_restart_and_go_on_from_their_state
 
 def test_the_gate_judges_a_serving_copy_on_every_row_by_its_twin_not_on_rows_it_trained_on(tmp_path):
     """Scored on the newest rows, which it trained on, the serving copy would look better than it is
-    and keep any new round's model out; its twin's score of this round stands in for it."""
+    and keep any new round's model out; its twin of the same round, saved with it, is judged instead."""
     srv = server(tmp_path)
     assert offer(srv, 1)
-    current = srv.models["speed"]
     newest = newest_split(drifted())[1]
-    perfect = dataclasses.replace(current, local={"fc0.weight": np.array([[2.0]], np.float32),
-                                                  "fc0.bias": np.array([0.8], np.float32)}, _digest=None)  # fmt: skip
-    current = dataclasses.replace(perfect, every_row=True)  # as if it fitted them exactly
-    candidate = dataclasses.replace(perfect, candidate="personal", every_row=False, metric=0.9)
-    evidence = {"scores": {"personal": 0.9, "alone": 0.85}}
-    assert current.score(newest)[0] == pytest.approx(1.0)  # in-sample: above 0.9 by more than the margin
+    fits = dataclasses.replace(srv.models["speed"], local={"fc0.weight": np.array([[2.0]], np.float32),
+                                                           "fc0.bias": np.array([0.8], np.float32)}, _digest=None)  # fmt: skip
+    assert fits.score(newest)[0] == pytest.approx(1.0)  # the newest rows, exactly: as if trained on them
+    current = dataclasses.replace(fits, every_row=True, judged_by=dataclasses.replace(fits, every_row=False))
+    candidate = dataclasses.replace(fits, candidate="personal", every_row=False, metric=0.9)
+    evidence = {"scores": {"personal": 0.9}}
+    assert gate.refusal(candidate, evidence, current, newest, None, None, 0.05) is not None  # twin: 1.0
+    current.judged_by = twin(current, {"fc0.weight": np.array([[2.0]], np.float32),
+                                       "fc0.bias": np.array([0.5], np.float32)})  # fmt: skip
+    assert current.judged_by.score(newest)[0] < 0.85  # the twin never saw the drift
     assert gate.refusal(candidate, evidence, current, newest, None, None, 0.05) is None
-    evidence["scores"]["alone"] = 0.97  # its twin is better by more than the margin: it keeps serving
+    # A serving copy with no twin (none was saved) is scored itself: in-sample, the cautious side.
+    current.judged_by = None
     why = gate.refusal(candidate, evidence, current, newest, None, None, 0.05)
-    assert why is not None and "round 1's twin 0.9700" in why
+    assert why is not None and "below the serving round 1's 1.0000" in why
 
 
 def test_an_unreadable_copy_on_every_row_starts_over_and_leaves_its_twin_alone(tmp_path, caplog):
