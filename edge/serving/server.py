@@ -301,18 +301,8 @@ class Server:
         personal = gate.personal_model(
             self.device, task, algo, (shared, local), (raw_train, meta), round_, encoder_version, scaler
         )
-        candidate, evidence = choose(
-            personal,
-            algo,
-            shared,
-            fit,
-            newest,
-            scaler,
-            self.state_dir,
-            self.encoder,
-            self.cfg.min_judge_rows,
-            every=train,
-        )
+        judging = (self.state_dir, self.encoder, self.cfg.min_judge_rows)
+        candidate, evidence = choose(personal, algo, shared, fit, newest, scaler, *judging, every=train)
         # The alone copy on every row has seen the newest rows: its twin, which has not, stands in for
         # it wherever they judge (its reference figure, its first interval's residuals).
         twin = candidate.judged_by
