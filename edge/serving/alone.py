@@ -10,8 +10,10 @@
     trained on every row (``benchmarks.newcomer``'s *alone*), most where a device has few rows.
 
 Both start from the same seeded model and take the same steps each round (the task's ``local_steps``,
-a head's or GLM's cost), so the judged copy is the fair stand-in for the one that serves: the same
-model, minus the rows that judge it.
+a head's or GLM's cost), so the judged copy stands in for the one that serves: the same model, minus
+the rows that judge it (a cautious stand-in where those rows are a speed the older ones lack:
+``benchmarks/results/newcomer_lopo.md``).  Each copy is saved on its own, atomically, and goes on from
+its own state: a crash between the two saves leaves them one round's steps apart, nothing worse.
 """
 
 from __future__ import annotations
