@@ -40,7 +40,9 @@ out the newest fifth of its training rows (every arm trains on the older ones, a
 and serves whichever of its candidates has the best record on them (R² or accuracy, each round's
 joined by the earlier ones' at ``MEMORY`` a round: ``edge.serving.candidates.remember``): its personalized model,
 its fleet's global through the cold start (the PFL-DA/FedRep fleet's downlink with a newcomer's
-personal parts fitted on its rows) and its model trained alone (the ``alone`` arm).  Check: in every
+personal parts fitted on its rows) and its model trained alone: judged as the ``alone`` arm (its older
+rows), served as ``EVERY_ROW``, the same model trained on every row (``edge.serving.alone``), so the
+alone candidate's field figure is the served copy's and its judge score its twin's.  Check: in every
 round from 5, the served answer's field figure is within 2 % (printers' error) or 1 point (welders'
 accuracy) of the best of its three candidates'.
 
@@ -86,6 +88,9 @@ from trainer_lite.data import Dataset, newest_split
 from trainer_lite.task import TaskSpec
 
 ARMS = ("personalized", "alone", "global")
+#: The alone arm trained on every training row, the newest included: the copy a device serves when its
+#: twin, the ``alone`` arm on the older rows, wins the judge (``edge.serving.alone``).
+EVERY_ROW = "alone on every row"
 WELD_MODEL = {"model": "mlp", "model_args": {"sizes": [624, 16, 4], "init": "kaiming"}}
 WELD_HP = {"lr": 0.01, "loss": "cross_entropy", "local_steps": 5, "batch_size": 8, "scaling": "local"}
 RULE = AlertRule(name="worn_tool", task="tool", value="p:TC4", above=0.8, k=4, n=5, clear_below=0.5)
@@ -145,6 +150,7 @@ class Kind:
     specs: dict[str, TaskSpec]
     clients: dict[str, ClientData]  # test = the field rows
     judge: dict[str, Dataset] = field(default_factory=dict)  # device -> its newest training rows (raw)
+    every: dict[str, ClientData] = field(default_factory=dict)  # device -> every training row, field rows
     per_round: dict[str, list[float]] = field(default_factory=dict)  # arm -> fleet mean per round
     #: candidate -> device -> per round (field figure, score on the newest rows) (module docstring)
     candidates: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
@@ -154,16 +160,16 @@ class Kind:
 
 
 def printers(n: int, rounds: int) -> Kind:
-    clients, judge = {}, {}
+    clients, judge, every = {}, {}, {}
     for i in range(n):
         train, test, _ = simulated_printer_dataset(f"printer{i}", DataConfig(source="simulate-printer"))
         fit, judge[f"printer{i}"] = newest_split(train)  # the newest rows judge, as on a device
-        clients[f"printer{i}"] = ClientData(fit, test)
-    return Kind("printer", "error", printer_specs(rounds), clients, judge)
+        clients[f"printer{i}"], every[f"printer{i}"] = ClientData(fit, test), ClientData(train, test)
+    return Kind("printer", "error", printer_specs(rounds), clients, judge, every)
 
 
 def welders(n: int, rounds: int, field_welds: int) -> Kind:
-    clients, judge = {}, {}
+    clients, judge, every = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(n):
             d = f"welder{i}"
@@ -172,7 +178,8 @@ def welders(n: int, rounds: int, field_welds: int) -> Kind:
             conds = cycling(field_welds)
             y = np.array([k for k, _, _ in conds], dtype=np.int64)
             clients[d] = ClientData(fit, Dataset(weld_rows(d, conds, "field"), y))
-    return Kind("welder", "accuracy", welder_specs(rounds), clients, judge)
+            every[d] = ClientData(train, clients[d].test)
+    return Kind("welder", "accuracy", welder_specs(rounds), clients, judge, every)
 
 
 def field_score(kind: Kind, algo, shared, local, data: ClientData) -> float:
@@ -201,7 +208,8 @@ def run_kind(kind: Kind) -> dict[str, Simulation]:
     sims = {}
     as_candidate = {"personalized": PERSONAL, "alone": ALONE}
     kind.candidates = {c: {d: [] for d in kind.clients} for c in ORDER}
-    for arm, spec in kind.specs.items():
+    arms = [(arm, spec, kind.clients) for arm, spec in kind.specs.items()]
+    for arm, spec, clients in [*arms, (EVERY_ROW, kind.specs["alone"], kind.every)]:
         per_dev: dict[str, list[float]] = {d: [] for d in kind.clients}
         downlink: dict[str, dict] = {}  # device -> the global it trained from this round
 
@@ -220,7 +228,7 @@ def run_kind(kind: Kind) -> dict[str, Simulation]:
                         )
                     )
 
-        sim = Simulation(spec, kind.clients, on_record=on_record)
+        sim = Simulation(spec, clients, on_record=on_record)
         train = sim.fleet.train
 
         def trained_from(device, shared, *args, train=train, downlink=downlink):
@@ -229,10 +237,15 @@ def run_kind(kind: Kind) -> dict[str, Simulation]:
 
         sim.fleet.train = trained_from  # type: ignore[method-assign] -- sees each device's downlink
         sim.run()
-        sims[arm] = sim
+        if arm != EVERY_ROW:  # it serves only as the alone candidate (below)
+            sims[arm] = sim
         kind.downlink[arm] = downlink
         kind.per_device[arm] = per_dev
         kind.per_round[arm] = [float(np.mean(v)) for v in zip(*per_dev.values(), strict=True)]
+    for d, rounds in kind.candidates[ALONE].items():  # served: the copy on every row; judged: its twin
+        rounds[:] = [
+            (f, judged) for f, (_, judged) in zip(kind.per_device[EVERY_ROW][d], rounds, strict=True)
+        ]
     return sims
 
 
@@ -430,11 +443,12 @@ def report(kinds: list[Kind], alerts: dict, rounds: int) -> str:
         unit = (
             "mean |error| mm/s, lower is better" if kind.metric == "error" else "accuracy, higher is better"
         )
-        rows = [[r + 1, *(f"{kind.per_round[a][r]:.3f}" for a in (*ARMS, "served"))] for r in range(rounds)]
+        shown = (*ARMS, EVERY_ROW, "served")
+        rows = [[r + 1, *(f"{kind.per_round[a][r]:.3f}" for a in shown)] for r in range(rounds)]
         ok = at_least_as_good(kind)
         parts.append(
             f"### {kind.name}s ({len(kind.clients)} machines; field {unit}; fleet mean per round)\n\n"
-            + markdown_table(["round", *ARMS, "served"], rows)
+            + markdown_table(["round", *shown], rows)
             + f"\n\nPersonalized at least as good as alone from round 5 on: {'yes' if ok['alone'] else 'NO'}; "
             f"as global: {'yes' if ok['global'] else 'NO'}. Machines whose own personalized answer is at least "
             f"as good as both of theirs in every round from 5: {per_machine_wins(kind)}.\n\n"

@@ -217,9 +217,11 @@ def _train_loss(sim: Simulation) -> float:
 
 
 #: Methods whose newcomer is also run as a device serves it (issue 31): label ``"<method> served"``,
-#: and each of its candidates scored on the test rows: ``"<method> candidate <personal|global|alone>"``.
+#: and each of its candidates scored on the test rows: ``"<method> candidate <personal|global|alone>"``
+#: (alone: the copy that serves, on every row), and alone's judged twin, ``"<method> candidate <TWIN>"``.
 SERVED = ("PFL-DA", "FedPer")
 CANDIDATE = "candidate"
+TWIN = "alone judged (older rows)"
 
 
 def served_curve(
@@ -230,18 +232,21 @@ def served_curve(
 
     As on a device: it trains on its older rows only (in both its fleet and alone), and each round
     serves whichever of its personal model, the fleet's global through the cold start and its model
-    trained alone has the best record (``remember``) of losses on its newest rows.
+    trained alone has the best record (``remember``) of losses on its newest rows; where alone wins,
+    its copy on every row serves (``edge.serving.alone``: the same seeded start and steps as *alone*).
     """
     fit, newest = newest_split(newcomer.train)
     sim = copy.deepcopy(trained)
     sim.add_device(NEWCOMER, ClientData(fit, newcomer.test))
     alone = Simulation(alone_spec, {NEWCOMER: ClientData(fit, newcomer.test)})
+    every = Simulation(alone_spec, {NEWCOMER: newcomer})
     algo, out, record = sim.fleet.algo, [], {}  # record: the device's judging record
-    tested: dict[str, list[float]] = {k: [] for k in ORDER}
+    tested: dict[str, list[float]] = {k: [] for k in (*ORDER, TWIN)}
     for _ in range(rounds_after):
         shared = dict(sim.global_params)  # this round's downlink: what the personal model predicts with
         sim.run_more(1)
         alone.run_more(1)
+        every.run_more(1)
         candidates = {
             "personal": (algo, shared, sim.fleet.local[NEWCOMER]),
             "global": (algo, shared, global_local(algo, NEWCOMER, shared, fit)),
@@ -250,6 +255,8 @@ def served_curve(
         judged = {k: -a.evaluate(sh, lo, newest)["loss"] for k, (a, sh, lo) in candidates.items()}
         ranked = remember({k: v if np.isfinite(v) else None for k, v in judged.items()}, record)
         best = max(ORDER, key=lambda k: (-np.inf if ranked[k] is None else ranked[k], -ORDER.index(k)))
+        candidates[TWIN] = candidates["alone"]
+        candidates["alone"] = (every.fleet.algo, {}, every.fleet.local[NEWCOMER])  # what alone serves
         for k, (a, sh, lo) in candidates.items():
             tested[k].append(LOSS_SCALE * a.evaluate(sh, lo, newcomer.test)["loss"])
         out.append(tested[best][-1])
@@ -416,7 +423,7 @@ def run_lopo(
         [label for label, _, _ in methods]
         + [f"{m} served" for m in served]
         + [INDIV]
-        + [f"{m} {CANDIDATE} {k}" for m in served for k in ORDER]
+        + [f"{m} {CANDIDATE} {k}" for m in served for k in (*ORDER, TWIN)]
     )
     return folds, {label: np.stack([curves[label] for _, (curves, _) in done]) for label in labels}
 
@@ -787,8 +794,10 @@ def lopo_main(args: argparse.Namespace) -> int:
 
 
 HINDSIGHT_NOTE = """Each candidate of the served newcomer scored on Speed30 (`served_curve`: personal, the
-fleet's global through the cold start, alone on the older four fifths of the rows), and the best of the three
-chosen in hindsight, fold by fold and round by round: the most any rule choosing among them could serve."""
+fleet's global through the cold start, and alone as it serves, on every row, the same run as *indiv*), the
+alone copy the judge scores in its place (*alone judged*, on the older four fifths of the rows), and the best of
+the three that serve chosen in hindsight, fold by fold and round by round: the most any rule choosing among
+them could serve."""
 
 
 def hindsight_lines(

@@ -110,6 +110,8 @@ def evidence(value: Any) -> dict[str, Any] | None:
         "rows": number(body.get("rows")),
         "metric": _plain(body.get("metric")),
         "why": str(body["why"])[:300] if isinstance(body.get("why"), str) else None,
+        # Where alone wins: the copy on every row serves, judged by its twin on the older rows.
+        "serves": str(body["serves"])[:300] if isinstance(body.get("serves"), str) else None,
         "scores": scores,
     }
 

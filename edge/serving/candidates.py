@@ -12,8 +12,9 @@ After each round the device has three models of a task (the *candidates*):
     encoder fitted through it).  Algorithms that share nothing (``indiv``) have none;
 ``alone``
     the task's model trained on this device's rows only, kept current cheaply: a few optimizer
-    steps (the task's ``local_steps``) each round from its last state, which is kept in
-    ``serving/alone/<task>.safetensors``.
+    steps (the task's ``local_steps``) each round from its last state, in two copies
+    (:mod:`edge.serving.alone`): one on the older rows, which is judged, and one on every row,
+    which serves when the judged one wins (``every_row`` in its status; the evidence's ``serves``).
 
 Each is judged on the newest rows of the device's training split (:func:`trainer_lite.data.newest_split`),
 which no candidate was trained on (on a device that answers rows, the daemon trains the round on
@@ -38,76 +39,26 @@ from typing import Any
 import numpy as np
 
 from edge.feed import SERVING_DIR
+from edge.serving.alone import EVERY, train_alone
 from edge.serving.model import Refused, ServingModel
-from ioft_protocol.state import StateError, load_arrays, save_arrays
 from sensors.features.scaling import Standardizer
-from trainer_lite.algorithms import ClientAlgorithm, make_client
-from trainer_lite.algorithms.base import DEVICE_HPARAMS, TrainConfig, algorithm_state
+from trainer_lite.algorithms import ClientAlgorithm
+from trainer_lite.algorithms.base import algorithm_state
 from trainer_lite.client import cast_dataset, derive_rng, initial_local
 from trainer_lite.data import Dataset
-from trainer_lite.params import Params, copy_params
-from trainer_lite.task import TaskSpec
+from trainer_lite.params import Params
 
 log = logging.getLogger(__name__)
 
 PERSONAL, GLOBAL, ALONE = "personal", "global", "alone"
 #: Ties go to the first: the round's own model, then the fleet's.
 ORDER = (PERSONAL, GLOBAL, ALONE)
-ALONE_DIR = "alone"
 JUDGE_DIR = "judge"
 #: The weight of a candidate's score one round older (``remember``): 0 judges on this round's rows
 #: alone.  Measured on ``field_accuracy``'s fleet over 0.3-0.9, with and without a switching margin:
 #: 0.3 is the only one better than none on both machine kinds (longer memories keep a model that
 #: the fleet has since overtaken; a margin kept the losing one longer).
 MEMORY = 0.3
-_TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
-
-
-def alone_spec(spec: TaskSpec) -> TaskSpec:
-    """The task as this device alone would train it: ``indiv`` (all parameters local), same model
-    and optimizer settings (the hyperparameters only the task's algorithm knows are dropped)."""
-    hparams = {k: v for k, v in spec.hparams.items() if k in _TRAIN_FIELDS or k in DEVICE_HPARAMS}
-    return dataclasses.replace(spec, algorithm="indiv", hparams=hparams, dp=None, secagg=None, compress=None)
-
-
-def alone_path(state_dir: Path, task: str) -> Path:
-    return Path(state_dir) / SERVING_DIR / ALONE_DIR / f"{task}.safetensors"
-
-
-def train_alone(
-    state_dir: Path, device: str, task: str, spec: TaskSpec, rows: Dataset
-) -> tuple[ClientAlgorithm, Params]:
-    """The ``alone`` model after this round's steps on ``rows`` (scaled as the task trains), kept on disk.
-
-    It goes on from its saved state when that was trained for the same model; else from its seeded start.
-    """
-    algo = make_client(alone_spec(spec))
-    path = alone_path(state_dir, task)
-    params, steps = None, 0
-    try:
-        got = load_arrays(path)
-    except (StateError, ValueError, OSError) as exc:
-        log.warning("%s: task %s's alone model is unreadable (%s); it starts over", device, task, exc)
-        got = None
-    if got is not None:
-        arrays, meta = got
-        fresh = algo.init_local(np.random.default_rng(0))
-        same = meta.get("spec") == algo.spec.to_json() and set(arrays) == set(fresh)
-        if same and all(np.shape(arrays[n]) == np.shape(fresh[n]) for n in fresh):
-            params, steps = copy_params(arrays), int(meta.get("rounds", 0))
-    if params is None:
-        params = algo.init_local(derive_rng(spec.seed, device, "alone"))
-    params = {n: np.asarray(v, dtype=spec.dtype) for n, v in params.items()}
-    if len(rows):
-        rng = derive_rng(spec.seed, device, "alone", steps + 1)
-        algo.local_steps(params, cast_dataset(rows, spec.dtype), rng, round_=steps + 1)
-        steps += 1
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_arrays(path, params, {"spec": algo.spec.to_json(), "rounds": steps})
-    except OSError as exc:  # it trains again from its last saved state next round
-        log.warning("%s: could not save task %s's alone model: %s", device, task, exc)
-    return algo, params
 
 
 def global_local(algo: ClientAlgorithm, device: str, shared: Params, rows: Dataset) -> Params:
@@ -129,24 +80,26 @@ def make_candidates(
     personal: ServingModel,
     algo: ClientAlgorithm,
     shared: Params,
-    fit: Dataset,
+    rows: tuple[Dataset, Dataset],
     scaler: Standardizer | None,
     state_dir: Path,
-) -> dict[str, ServingModel]:
-    """The task's candidates (module docstring), built from the round's ``personal`` model; ``fit``:
-    the rows the round trained on (before scaling, embedded where the task embeds)."""
-    rows = scaled(fit, scaler)
+) -> tuple[dict[str, ServingModel], ServingModel]:
+    """The task's candidates (module docstring), built from the round's ``personal`` model, and the
+    alone copy on every row, which serves in the judged ``alone``'s place (:func:`serving`).  ``rows``:
+    the rows the round trained on and every row of the training split (before scaling, embedded where
+    the task embeds)."""
+    fit, every = (scaled(r, scaler) for r in rows)
     out = {PERSONAL: personal}
     if algo.shared_names():
         out[GLOBAL] = dataclasses.replace(
             personal,
             candidate=GLOBAL,
             shared=dict(shared),
-            local=global_local(algo, personal.device, shared, rows),
+            local=global_local(algo, personal.device, shared, fit),
             _digest=None,
         )
-    alone_algo, params = train_alone(state_dir, personal.device, personal.task, algo.spec, rows)
-    out[ALONE] = dataclasses.replace(
+    alone_algo, params = train_alone(state_dir, personal.device, personal.task, algo.spec, fit)
+    judged = out[ALONE] = dataclasses.replace(
         personal,
         candidate=ALONE,
         spec_json=alone_algo.spec.to_json(),
@@ -155,7 +108,21 @@ def make_candidates(
         _algo=alone_algo,
         _digest=None,
     )
-    return out
+    _, params = train_alone(state_dir, personal.device, personal.task, algo.spec, every, EVERY)
+    return out, dataclasses.replace(judged, local=params, every_row=True, judged_by=judged, _digest=None)
+
+
+def serving(
+    chosen: ServingModel, every_row: ServingModel, evidence: dict[str, Any], rows: tuple[int, int]
+) -> ServingModel:
+    """What serves for the judge's ``chosen``: when it is ``alone``, the copy on ``every_row`` in its
+    place (``rows``: how many rows each copy trained on), and the evidence says so."""
+    if chosen.candidate != ALONE:
+        return chosen
+    evidence["serves"] = (
+        f"the alone copy trained on all {rows[1]} rows, judged by its twin trained on the older {rows[0]}"
+    )
+    return every_row
 
 
 def remember(
@@ -263,14 +230,18 @@ def choose(
     state_dir: Path,
     encoder: Callable[[str], Any],
     min_rows: int,
+    every: Dataset | None = None,
 ) -> tuple[ServingModel, dict[str, Any]]:
-    """The candidate that serves ``personal``'s task, with its score set and the evidence."""
-    candidates = make_candidates(personal, algo, shared, fit, scaler, state_dir)
+    """The model that serves ``personal``'s task, with its score set and the evidence.  ``fit``: the
+    rows the round trained on, ``every``: every row of the training split (default ``fit``), both
+    before scaling, embedded where the task embeds; ``newest``: the rows that judge, as stored."""
+    every = fit if every is None else every
+    candidates, every_row = make_candidates(personal, algo, shared, (fit, every), scaler, state_dir)
     enc = encoder(personal.encoder) if personal.encoder is not None else None
     record = load_record(state_dir, personal.task)
     name, evidence = judge(candidates, newest, enc, min_rows, record)
     save_record(state_dir, personal.task, record)
-    chosen = candidates[name]
+    chosen = serving(candidates[name], every_row, evidence, (len(fit), len(every)))
     chosen.metric, chosen.metric_name = evidence["scores"].get(name), evidence["metric"]
     chosen.evidence = evidence
     return chosen, evidence

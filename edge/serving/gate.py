@@ -80,14 +80,19 @@ def refusal(
         return "its answers on the newest rows are not finite"
     if current is None or score is None or current.encoder_version != encoder_version:
         return None
+    # The alone copy on every row trained on (most of) these rows: its twin on the older rows, saved
+    # with it, is judged in its place (without one, its own score: in-sample, the cautious side).
+    twin = current.judged_by if current.every_row else None
     try:
-        old, _ = current.score(newest, enc)  # today's rows: both judged on the same ones
+        old, _ = (current if twin is None else twin).score(
+            newest, enc
+        )  # today's rows: both judged on the same ones
     except Refused:
         return None
+    whose = f"the serving round {current.round}'s" + (" twin's" if twin is not None else "")
     if old is not None and not no_worse(score, old, margin):
         return (
             f"its best candidate ({candidate.candidate}) scores {name} {score:.4f} on the newest rows, "
-            f"below the serving round {current.round}'s {old:.4f} by more than the margin "
-            f"{margin}; round {current.round} keeps serving"
+            f"below {whose} {old:.4f} by more than the margin {margin}; round {current.round} keeps serving"
         )
     return None

@@ -15,6 +15,7 @@ newest rows is no lower than the serving model's score on the same rows by more 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import logging
@@ -100,6 +101,11 @@ class ServingModel:
     #: Which of the device's candidates this is (``edge.serving.candidates``), and why it serves.
     candidate: str = "personal"
     evidence: dict | None = None
+    #: Trained on every row of the training split, the newest that judge included (the alone copy
+    #: that serves, :mod:`edge.serving.alone`): its own score on those rows says nothing.
+    every_row: bool = False
+    #: The copy judged in this one's place: its twin on the older rows, of the same round (saved with it).
+    judged_by: ServingModel | None = field(default=None, repr=False, compare=False)
     _algo: ClientAlgorithm | None = field(default=None, repr=False, compare=False)
     _digest: str | None = field(default=None, repr=False, compare=False)
 
@@ -219,15 +225,18 @@ class ServingModel:
         return err if math.isfinite(err) else None
 
     # -- conformal intervals and the trained range (edge.serving.conformal) ---------------
-    def calibrate(self, train: Dataset, test: Dataset, encoder=None) -> None:
+    def calibrate(
+        self, train: Dataset, test: Dataset, encoder=None, judged: ServingModel | None = None
+    ) -> None:
         """The trained range from ``train`` and the first calibration scores from ``test`` (rows as
-        stored, the model's held-out split): ``|expected − true|`` in mm/s, or ``1 − p(true class)``."""
+        stored, the model's held-out split): ``|expected − true|`` in mm/s, or ``1 − p(true class)``;
+        of ``judged``'s answers where it stands in for this model (which trained on ``test``)."""
         if len(train):
             x = np.asarray(train.x, dtype=np.float64)
             self.x_low, self.x_high = x.min(axis=0), x.max(axis=0)
         if len(test) == 0:
             return
-        out = self.outputs(test.x, encoder)
+        out = (judged or self).outputs(test.x, encoder)
         y = np.asarray(test.y).reshape(len(test), -1)
         if self.classes is not None:
             p = softmax(out.reshape(len(test), -1))
@@ -250,6 +259,8 @@ class ServingModel:
         if self.x_low is not None and self.x_high is not None:
             arrays |= {"range.low": self.x_low, "range.high": self.x_high}
         arrays["conformal.scores"] = self.calibration.array()
+        if self.judged_by is not None:  # the gate scores it in this model's place next round
+            arrays |= with_prefix(self.judged_by.local, "twin")
         meta = {
             "device": self.device,
             "task": self.task,
@@ -268,6 +279,7 @@ class ServingModel:
             "created_at": self.created_at,
             "candidate": self.candidate,
             "evidence": self.evidence,
+            "every_row": self.every_row,
         }
         save_arrays(path, arrays, meta)
 
@@ -285,7 +297,7 @@ class ServingModel:
                 f"not {device!r}'s of {task!r}; it is not served"
             )
         mean, std = arrays.get("scale.mean"), arrays.get("scale.std")
-        return cls(
+        model = cls(
             device=device,
             task=task,
             spec_json=str(meta["spec"]),
@@ -310,7 +322,12 @@ class ServingModel:
             calibration=Calibration(arrays.get("conformal.scores", np.zeros(0)).tolist()),
             candidate=str(meta.get("candidate", "personal")),
             evidence=meta.get("evidence"),
+            every_row=bool(meta.get("every_row", False)),
         )
+        twin = strip_prefix(arrays, "twin")
+        if twin:
+            model.judged_by = dataclasses.replace(model, local=twin, every_row=False, _digest=None)
+        return model
 
 
 def load_served(folder: Path, device: str, serves: Callable[[str], bool]) -> dict[str, ServingModel]:

@@ -301,18 +301,21 @@ class Server:
         personal = gate.personal_model(
             self.device, task, algo, (shared, local), (raw_train, meta), round_, encoder_version, scaler
         )
-        candidate, evidence = choose(
-            personal, algo, shared, fit, newest, scaler, self.state_dir, self.encoder, self.cfg.min_judge_rows
-        )
-        gate.bound_speed(candidate, raw_fit)
+        judging = (self.state_dir, self.encoder, self.cfg.min_judge_rows)
+        candidate, evidence = choose(personal, algo, shared, fit, newest, scaler, *judging, every=train)
+        # The alone copy on every row has seen the newest rows: its twin, which has not, stands in for
+        # it wherever they judge (its reference figure, its first interval's residuals).
+        twin = candidate.judged_by
+        seen, judged = (raw_train, twin) if twin is not None else (raw_fit, candidate)
+        gate.bound_speed(candidate, seen)
         enc = self.encoder(candidate.encoder) if candidate.encoder is not None else None
         current = self.models.get(task)
         why = gate.refusal(candidate, evidence, current, newest, enc, encoder_version, self.cfg.margin)
         if why is not None:
             return self._gate_refuses(task, round_, why)
         score = candidate.metric
-        candidate.reference = score if candidate.classes is not None else candidate.test_error(newest, enc)
-        candidate.calibrate(raw_fit, newest, enc)  # the trained range, the first interval's rows
+        candidate.reference = score if candidate.classes is not None else judged.test_error(newest, enc)
+        candidate.calibrate(seen, newest, enc, judged)  # the trained range, the first interval's rows
         return self._install(task, candidate, current, round_, evidence)
 
     def _install(
@@ -348,7 +351,7 @@ class Server:
             round_,
             candidate.digest,
             candidate.candidate,
-            evidence["why"],
+            "; ".join(filter(None, (evidence["why"], evidence.get("serves")))),
         )
         return True
 

@@ -55,6 +55,7 @@ def model_facts(m: ServingModel) -> dict[str, Any]:
         "since": m.created_at,
         "calibration_rows": len(m.calibration),
         "candidate": m.candidate,
+        "every_row": m.every_row,  # the alone copy on every row, judged by its twin on the older ones
         "evidence": m.evidence,
         "reference": m.reference,  # None: no test figure, so no drift is ever told
     }

@@ -134,6 +134,7 @@ def test_the_view_and_gauges_per_device_and_task():
     serving = {"enabled": True, "answered": {"tool": 6}, "refused": {"tool": {"schema": 2}, "*": {"bad_row": 1}},
                "models": {"tool": {"round": 4, "digest": "e" * 12, "encoder": "dwt", "encoder_version": 2,
                                    "candidate": "alone", "evidence": {"rows": 7, "metric": "accuracy", "why": "best",
+                                   "serves": "the alone copy trained on all 35 rows, judged by its twin trained on the older 28",
                                    "scores": {"alone": 0.9, "global": None, "personal": 0.6}}}},
                "field": {"tool": {"metric": "accuracy", "value": 0.5, "n": 10, "scored": 10, "reference": 0.9,
                                   "drift": True, "awaiting_labels": 3,
@@ -154,6 +155,7 @@ def test_the_view_and_gauges_per_device_and_task():
     assert w1["refused_rows"] == {"bad_row": 1}
     assert tool["model"]["candidate"] == "alone" and tool["evidence"]["rows"] == 7
     assert list(tool["evidence"]["scores"].items()) == [("personal", 0.6), ("global", None), ("alone", 0.9)]
+    assert "judged by its twin" in tool["evidence"]["serves"]  # which copy of alone serves
     (speed,) = p1["tasks"]
     assert speed["model"]["round"] == 3  # no serving block: the answer names its model
     assert speed["timeline"]["points"][0][2:] == [80.0, 40.0]

@@ -31,7 +31,7 @@ def personal_serves(monkeypatch):
     """The model offered serves, whatever the device's other candidates score: these tests are about
     the advice a serving model gives (tests/edge/test_candidates.py is about which one serves)."""
 
-    def only_personal(personal, algo, shared, fit, newest, scaler, state_dir, encoder, min_rows):
+    def only_personal(personal, algo, shared, fit, newest, scaler, state_dir, encoder, min_rows, every=None):
         score, metric = personal.score(newest) if len(newest) else (None, "none")
         personal.metric, personal.metric_name = score, metric
         personal.evidence = {"rows": len(newest), "metric": metric, "scores": {"personal": score},

@@ -6,9 +6,13 @@ import numpy as np
 
 from benchmarks import quick_figures
 from benchmarks.newcomer import (
+    CANDIDATE,
     INDIV,
+    LOPO_METHODS,
     LOPO_SPEEDS,
     METHODS,
+    TABLE5_HPARAMS,
+    TWIN,
     hindsight,
     lopo_fleet,
     lopo_targets,
@@ -51,6 +55,19 @@ def test_lopo_fold_leaves_one_printer_out_and_scores_it_on_speed30() -> None:
     assert sorted(set(np.round(new.train.y[:, 0] * 50).astype(int))) == list(LOPO_SPEEDS)
     assert set(np.round(new.test.y[:, 0] * 50).astype(int)) == {30}
     np.testing.assert_allclose(new.train.x[:, 0].min(), 4.1)  # printer 4's own rows
+
+
+def test_the_served_newcomer_s_alone_is_alone_on_every_row_and_its_judged_twin_is_apart() -> None:
+    """Where the judge picks alone, the newcomer serves the copy on every row (``edge.serving.alone``):
+    the very *indiv* reference, bit for bit; the judge scored its twin on the older rows."""
+    speeds = (10, 20, 30, 40, 50, 60)
+    runs = {
+        p: {s: (np.full((3, 1), p + s / 100), np.full((3, 1), s / 50)) for s in speeds} for p in range(1, 7)
+    }
+    pflda = [m for m in LOPO_METHODS if m[0] == "PFL-DA"]
+    curves, _ = run_fleet(lopo_fleet(runs, 4), 0, 2, 3, pflda, TABLE5_HPARAMS, served=True)
+    np.testing.assert_array_equal(curves[f"PFL-DA {CANDIDATE} alone"], curves[INDIV])
+    assert not np.array_equal(curves[f"PFL-DA {CANDIDATE} {TWIN}"], curves[INDIV])
 
 
 def test_lopo_targets_count_folds_against_alone() -> None:

@@ -98,7 +98,7 @@ function facts(task) {
     const ev = task.evidence;
     if (ev) {
       const scores = Object.entries(ev.scores).map(([k, v]) => `${k} ${v == null ? "n/a" : fmt(v, 3)}`).join(", ");
-      out.push(el("span", { class: "evidence", title: ev.why ?? "" }, `${ev.metric ?? "score"} on its ${ev.rows ?? 0} newest rows: ${scores}`));
+      out.push(el("span", { class: "evidence", title: [ev.why, ev.serves].filter(Boolean).join("; ") }, `${ev.metric ?? "score"} on its ${ev.rows ?? 0} newest rows: ${scores}`));
     }
   } else out.push(el("span", { class: "model muted" }, `serving: ${task.task}, no model yet`));
   if (task.answered != null) out.push(el("span", {}, `${task.answered} answered`));
