@@ -243,10 +243,15 @@ def broker_restart(fleet: LocalFleet, broker: BrokerProcess, seed: int = 0) -> S
         startup_wait_s=60,
     ) as (agg, sniffer):
         wait_stopped(agg, 120, "round 4 announced", fleet.work / "aggregator.log")
+        sniffer.subscribed.clear()
         broker.kill()  # the retained round-4 announcement dies with it
         killed_at = time.time()
         restarted = start_mosquitto(broker.port, log_file=fleet.work / "mosquitto-restarted.log")
         try:
+            # The sniffer back on '#' before the rounds go on: the fleet's sessions reconnect within
+            # a drawn 0.5 s, paho's sniffer after 1 s, and it would miss what they send meanwhile.
+            if not sniffer.subscribed.wait(60):
+                raise RuntimeError("the sniffer did not subscribe again within 60 s of the broker's restart")
             thaw(agg)
             run = _finish("broker restarted mid-round", fleet, sniffer, ["SIGKILL mosquitto"], started)
             run.extras = {

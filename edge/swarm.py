@@ -55,7 +55,7 @@ class SwarmLoop:
     """
 
     def __init__(self, rng: random.Random | None = None) -> None:
-        #: draws the reconnect delays (full jitter: :meth:`SwarmSession.backoff`); a test seeds it
+        #: draws every session's connect delays (full jitter: ``MqttSession.backoff``); a test seeds it
         self.rng = rng or random.Random()
         self.selector = selectors.DefaultSelector()
         self.sessions: list[SwarmSession] = []
@@ -64,8 +64,9 @@ class SwarmLoop:
         self._polled_write: set[SwarmSession] = set()  # registered for EVENT_WRITE (buffer was full)
 
     def add(self, session: SwarmSession) -> None:
-        """Join the loop; the first connect is drawn like a reconnect's (:meth:`SwarmSession.backoff`),
-        so thousands of devices started at once do not knock on the broker in the same instant."""
+        """Join the loop; the first connect is drawn like a reconnect's (``MqttSession.backoff``), so
+        thousands of devices started at once do not knock on the broker in the same instant (a single
+        daemon's first connect is immediate: ``ioft_protocol.mqtt_loop``)."""
         self.sessions.append(session)
         self._reconnect[session] = time.monotonic() + session.backoff()
 
@@ -146,16 +147,15 @@ class SwarmLoop:
 class SwarmSession(MqttSession):
     """An :class:`~ioft_protocol.mqtt.MqttSession` with no network thread: a :class:`SwarmLoop` drives it.
 
-    Everything else (will, birth, re-subscribe on connect, taps, the inbound queue) is the
-    session's own; connecting retries with backoff from the loop instead of paho's thread.
+    Everything else (will, birth, re-subscribe on connect, taps, the inbound queue, the jittered
+    delays of :meth:`~ioft_protocol.mqtt.MqttSession.backoff`) is the session's own; the loop, not a
+    thread of the session's, waits them out and connects.
     """
 
     def __init__(self, options: SessionOptions, loop: SwarmLoop) -> None:
-        super().__init__(options)
+        super().__init__(options, loop.rng)
         self.loop = loop
         self.stopping = False
-        self._failures = 0  # connections ended since the broker last accepted one (CONNACK)
-        self.on_connect_hooks.append(self._accepted)
         c = self.client
         c.on_socket_open = lambda client, userdata, sock: loop._register(self, sock, False)
         c.on_socket_close = lambda client, userdata, sock: loop.gone(self, sock)
@@ -177,24 +177,6 @@ class SwarmSession(MqttSession):
         except OSError as exc:
             self.last_error = str(exc)
             self.loop.closed(self)
-
-    def _accepted(self) -> None:
-        """The broker accepted the connection (CONNACK): the next loss starts the backoff afresh."""
-        self._failures = 0
-
-    def backoff(self) -> float:
-        """Seconds until the next connect: AWS's "full jitter", uniform(0, min(cap, base · 2^n)) with
-        n the connections ended since the broker last accepted one.
-
-        Without the draw a broker's restart brings every device back in the same instant, again
-        and again while it refuses them (a 40,000-device run logged ~9,000 connects per broker);
-        drawn from the whole window, the attempts spread evenly over it.
-        """
-        o = self.options
-        window = min(o.reconnect_max_s, o.reconnect_min_s * 2 ** min(self._failures, 10))
-        self._failures += 1
-        drawn = self.loop.rng.uniform(0.0, window)
-        return max(drawn, self.takeover_wait_s or 0.0)  # another client holds our identity: back off
 
     def stop(self, final: tuple[str, bytes] | None = None) -> None:
         """Publish ``final`` (queued; the loop sends it) and disconnect once it is out."""

@@ -2,8 +2,9 @@
 
 Lifecycle, explicitly (after Home Assistant's MQTT client): the Last Will is set
 before connecting; every (re)connect re-publishes the birth messages and
-re-subscribes from tracked state; paho reconnects with exponential backoff
-(capped at ``reconnect_max_s``, forever); every failed attempt is logged at INFO
+re-subscribes from tracked state; the session reconnects after delays drawn with full jitter
+(``ioft_protocol.backoff``: uniform(0, ``reconnect_min_s`` · 2^n), capped at ``reconnect_max_s``,
+forever; the first connect is immediate); every failed attempt is logged at INFO
 with its reason (refused, unresolvable, TLS handshake and why); bad credentials
 and refused certificates stop the retrying; another client that keeps taking our
 client id (a copied device folder, a stolen certificate) makes the session back
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import socket
 import threading
 import time
@@ -35,6 +37,7 @@ from collections.abc import Callable
 
 import paho.mqtt.client as paho
 
+from ioft_protocol.backoff import FullJitter
 from ioft_protocol.mqtt_diagnosis import FATAL_CONNACK, AttemptWatch
 from ioft_protocol.mqtt_inbound import Inbound, Message
 from ioft_protocol.mqtt_loop import BURST, MISC_S, OK, SELECT_S, ReadAheadClient, SocketLoop
@@ -55,10 +58,14 @@ TAP_CACHE = 1 << 16
 
 
 class MqttSession(AttemptWatch):
-    """One connection to the broker, kept alive across broker restarts."""
+    """One connection to the broker, kept alive across broker restarts.
 
-    def __init__(self, options: SessionOptions) -> None:
+    ``rng`` draws the reconnect delays (:meth:`backoff`); a test passes a seeded one, a swarm its loop's.
+    """
+
+    def __init__(self, options: SessionOptions, rng: random.Random | None = None) -> None:
         self.options = options
+        self.jitter = FullJitter(rng)
         self.inbound = Inbound(options.inbound_limit)
         self.dropped_inbound = 0
         self.connected = threading.Event()
@@ -90,7 +97,6 @@ class MqttSession(AttemptWatch):
             clean_session=o.clean_session,
         )
         client.max_queued_messages_set(0)  # unbounded while offline; QoS 1 survives a broker restart
-        client.reconnect_delay_set(min_delay=max(1, int(o.reconnect_min_s)), max_delay=int(o.reconnect_max_s))
         if o.username is not None:
             client.username_pw_set(o.username, o.password)
         if self._ssl is not None:
@@ -127,7 +133,7 @@ class MqttSession(AttemptWatch):
             self._client,
             lambda: self._on_connect_fail(self._client, None),
             lambda: self.fatal is not None,
-            self._reconnect_delays,
+            self.backoff,
             lambda: self.outbox.unacked > 0,
         )
         self._loop.start(self.options.client_id)
@@ -200,13 +206,12 @@ class MqttSession(AttemptWatch):
             self._loop.stop()
         self.connected.clear()
 
-    def _reconnect_delays(self) -> tuple[float, float]:
-        """The reconnect backoff's shortest and longest wait (one fixed wait while another client
-        holds our identity: ``AttemptWatch._back_off``)."""
+    def backoff(self) -> float:
+        """Seconds until the next connect attempt: full jitter (``ioft_protocol.backoff``), the
+        window doubling from ``reconnect_min_s`` to ``reconnect_max_s`` with each connection ended
+        since the last CONNACK; never less than a takeover's wait (``AttemptWatch._back_off``)."""
         o = self.options
-        if self.takeover_wait_s is not None:
-            return (max(1.0, self.takeover_wait_s),) * 2
-        return max(1.0, float(int(o.reconnect_min_s))), float(int(o.reconnect_max_s))
+        return self.jitter.draw(o.reconnect_min_s, o.reconnect_max_s, self.takeover_wait_s or 0.0)
 
     # -- subscriptions and publishing ---------------------------------------
     def subscribe(self, topic: str, qos: int = 1) -> None:
@@ -348,6 +353,7 @@ class MqttSession(AttemptWatch):
                 client.publish(topic, payload, qos=1, retain=True)
         self._accepted_at = time.monotonic()
         self._attempts_failed = 0
+        self.jitter.reset()  # the next loss draws from [0, reconnect_min_s] again
         self.last_error = None
         self.connected.set()
         log.info("connected to %s as %s", self.options.broker.url(), self.options.client_id)

@@ -122,13 +122,12 @@ class AttemptWatch:
 
     The session's counters and its reaction to them: why each attempt failed (:func:`probe`), when
     to stop retrying, and when the broker's drops mean another client holds our identity.  Mixed
-    into the session, whose ``options``, ``fatal``, ``_ssl`` and ``_client`` it reads.
+    into the session, whose ``options``, ``fatal`` and ``_ssl`` it reads.
     """
 
     options: SessionOptions
     fatal: str | None
     _ssl: ssl.SSLContext | None
-    _client: paho.Client
 
     def _watch_init(self) -> None:
         """The counters, before the first attempt (the session calls it from its ``__init__``)."""
@@ -180,16 +179,9 @@ class AttemptWatch:
         self._back_off(wait_s)
 
     def _back_off(self, wait_s: float | None) -> None:
-        """Wait ``wait_s`` before each next attempt (a takeover); ``None``: paho's usual backoff."""
-        o = self.options
+        """Wait at least ``wait_s`` before each next attempt (a takeover: the floor of the session's
+        jittered delays, ``MqttSession.backoff``); ``None``: the delays alone."""
         self.takeover_wait_s = wait_s
-        if wait_s is None:
-            self._client.reconnect_delay_set(max(1, int(o.reconnect_min_s)), int(o.reconnect_max_s))
-        else:
-            self._client.reconnect_delay_set(max(1, int(wait_s)), max(1, int(wait_s)))
-        loop = getattr(self, "_loop", None)  # the session's network loop keeps its own schedule
-        if loop is not None:
-            loop.reset_backoff()
 
     def _diagnose(self, client: paho.Client) -> None:
         """A failed attempt: say why at INFO (:func:`probe`), and stop retrying where retrying cannot help."""

@@ -9,7 +9,7 @@ collecting thread, and a wake-up across threads.  Here the thread that waits for
 it, with no hand-over, and the socket is read only when the owner has nothing left to do.
 
 The background thread (:meth:`SocketLoop.start`) keeps everything else going whether or not
-someone collects: connecting and reconnecting with backoff, keepalive pings, the acks of
+someone collects: connecting and reconnecting with jittered backoff, keepalive pings, the acks of
 outbound publishes, and the socket itself whenever the owner is not waiting in ``get``.  One lock
 (``_drive``) says who runs paho's loop functions; the owner asks for it (``take``) by setting
 ``_owner_wants`` and writing a byte to the loop's wake-up socket, which ends the background
@@ -105,8 +105,9 @@ class SocketLoop:
         Called when an attempt to connect raises (``OSError``), on the background thread.
     gave_up
         Whether to stop retrying (the session's fatal error).
-    delays
-        ``(min_s, max_s)`` of the reconnect backoff, read before each wait (a takeover changes them).
+    backoff
+        Seconds to wait before the next attempt, asked before each wait but the first connect's
+        (``MqttSession.backoff``: drawn with full jitter).
     awaited
         Whether an outbound message awaits the broker's ack (someone may be blocked on it): the
         background thread then reads the socket even while the owner is only briefly away.
@@ -117,13 +118,13 @@ class SocketLoop:
         client: paho.Client,
         on_connect_fail: Callable[[], None],
         gave_up: Callable[[], bool],
-        delays: Callable[[], tuple[float, float]],
+        backoff: Callable[[], float],
         awaited: Callable[[], bool] = lambda: False,
         idle_s: float = IDLE_S,
     ) -> None:
         self.client = client
         self.idle_s = idle_s
-        self._on_connect_fail, self._gave_up, self._delays = on_connect_fail, gave_up, delays
+        self._on_connect_fail, self._gave_up, self._backoff_s = on_connect_fail, gave_up, backoff
         self._awaited = awaited
         self._drive = threading.Lock()  # held by the thread running paho's loop functions
         self._driver: int | None = None  # that thread's ident
@@ -133,7 +134,6 @@ class SocketLoop:
         self._owner_at = float("-inf")  # monotonic time the owner last let go
         self._nudge = threading.Event()  # wakes the background thread from its sleep
         self._stopping = False
-        self._delay: float | None = None  # the current backoff (None: the next wait is the shortest)
         self._last_misc = 0.0
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -161,10 +161,6 @@ class SocketLoop:
         for s in (self._wake_r, self._wake_w):
             s.close()
 
-    def reset_backoff(self) -> None:
-        """The next reconnect waits the shortest time again (connected, or the delays changed)."""
-        self._delay = None
-
     def _run(self) -> None:
         c = self.client
         first = True
@@ -174,6 +170,12 @@ class SocketLoop:
                     self._finish()
                     return
                 if c.socket() is None:
+                    # The first connect is at once: a daemon starting alone must not wait (daemons
+                    # started together, a plant powered on, are spread by their boot times).  Every
+                    # later one waits a drawn delay, the first after a lost connection too, from
+                    # [0, reconnect_min_s]: a broker's restart drops the whole fleet in one instant,
+                    # so retrying at once, or after any fixed wait, brings it back in one instant;
+                    # the draw spreads it over the window, at half a fixed wait's mean.
                     if not first and not self._backoff():
                         continue  # stopping or gave up: looked at above
                     first = False
@@ -219,11 +221,8 @@ class SocketLoop:
             self._drive.release()
 
     def _backoff(self) -> bool:
-        """Wait before the next attempt (paho's schedule: the shortest, doubling up to the longest);
-        ``False`` if stopped meanwhile."""
-        lo, hi = self._delays()
-        self._delay = lo if self._delay is None else min(self._delay * 2, hi)
-        until = time.monotonic() + self._delay
+        """Wait the session's next delay before the next attempt; ``False`` if stopped meanwhile."""
+        until = time.monotonic() + self._backoff_s()
         while not (self._stopping or self._gave_up()) and (left := until - time.monotonic()) > 0:
             self._nudge.wait(left)
             self._nudge.clear()

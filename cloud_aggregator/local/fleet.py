@@ -365,10 +365,13 @@ class Sniffer:
         host, port = url.removeprefix("mqtt://").split(":")
         self.messages: list[tuple[str, bytes]] = []
         self._lock = threading.Lock()
+        #: Set by each SUBACK: clear it before a broker restart, wait on it before traffic resumes.
+        self.subscribed = threading.Event()
         self.client = paho.Client(
             callback_api_version=paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311
         )
         self.client.on_connect = lambda c, *a: c.subscribe("#", qos=1)
+        self.client.on_subscribe = lambda *a: self.subscribed.set()
         self.client.on_message = self._on_message
         self.client.connect(host, int(port))
         self.client.loop_start()

@@ -17,9 +17,10 @@ own (``ioft/<fleet>/aggregator``, readwrite for the ``aggregator`` user in the A
   clears it too.
 * A starting aggregator connects (retrying forever while the broker is away), reads the
   lock and then listens for ``quiet_s`` seconds.  A running aggregator reconnects within
-  its reconnect delay (1 s) and thereby takes the session back: the newcomer sees its
-  connection closed right after it was accepted, stops, and exits naming the running one
-  (from the lock).  The running one loses its connection once.
+  ``reconnect_min_s`` (0.5 s, a drawn delay) and thereby takes the session back: the newcomer
+  sees its connection closed right after it was accepted, stops, and exits naming the running
+  one (from the lock).  The running one loses its connection once (twice, rarely: when its
+  drawn delay is shorter than the newcomer's wait for the lock, the newcomer checks again).
 * A closed connection is not always a takeover: the broker may have gone away (restarted,
   crashed) while the newcomer listened.  A takeover leaves signs on a broker that is still
   there: a live lock, and a broker that takes a TCP connection at once (probed without MQTT,
@@ -53,7 +54,7 @@ from ioft_protocol.mqtt_options import MqttError
 
 log = logging.getLogger(__name__)
 
-#: How long a newcomer waits for a running aggregator to take the session back (its reconnect delay is 1 s).
+#: How long a newcomer waits for a running aggregator to take the session back (it reconnects within 0.5 s).
 QUIET_S = 3.0
 #: How long the check of a dropped connection waits for the broker's TCP answer.
 PROBE_S = 2.0

@@ -30,7 +30,7 @@ def test_backoff_draws_from_the_whole_window_which_doubles_to_its_cap_and_resets
     windows = [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]  # min · 2^n, capped
     draws = {w: [] for w in windows}
     for _ in range(300):
-        s._accepted()  # the broker accepted it: the next loss starts from the base again
+        s.jitter.reset()  # the broker accepted it (CONNACK): the next loss starts from the base again
         for w in windows:
             draws[w].append(s.backoff())
     for w, got in draws.items():
@@ -97,7 +97,7 @@ def test_200_swarm_devices_come_back_after_a_broker_restart_spread_over_the_loop
     closed = loop.closed
 
     def drawn(s: SwarmSession) -> None:
-        n = s._failures
+        n = s.jitter.failures
         closed(s)
         if s in loop._reconnect:  # (not when it stops)
             delays.setdefault(n, []).append(loop._reconnect[s] - time.monotonic())
