@@ -345,18 +345,20 @@ class EdgeTrainer:
     def _answered(self, ann: round_messages.Announcement, metrics: dict[str, float]) -> None:
         """Count, log and report the round just answered."""
         self.rounds_done += 1
-        shown = [k for k in ("test_accuracy", "test_loss", "train_loss") if k in metrics]
-        log.info(
-            "%s: task %s round %d %s: %s (%.2f s)",
-            self.device,
-            ann.task,
-            ann.round,
-            ann.phase,
-            " ".join(f"{k} {metrics[k]:.4f}" for k in shown),
-            metrics["train_seconds"],
-        )
+        if log.isEnabledFor(logging.INFO):  # the line's metrics formatted only where it is shown
+            shown = [k for k in ("test_accuracy", "test_loss", "train_loss") if k in metrics]
+            log.info(
+                "%s: task %s round %d %s: %s (%.2f s)",
+                self.device,
+                ann.task,
+                ann.round,
+                ann.phase,
+                " ".join(f"{k} {metrics[k]:.4f}" for k in shown),
+                metrics["train_seconds"],
+            )
         self.link.round_status()
-        self.notifier.status(f"task {ann.task}: answered round {ann.round} {ann.phase}")
+        if self.notifier.enabled:  # under systemd (a swarm's devices are not)
+            self.notifier.status(f"task {ann.task}: answered round {ann.round} {ann.phase}")
 
     def _train_rows(self, algo: ClientAlgorithm) -> Dataset | None:
         """The task's training rows before scaling (``None`` while its encoder is not here)."""

@@ -67,15 +67,49 @@ def safetensors_bytes(arrays: dict[str, np.ndarray], metadata: dict[str, str] | 
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
         return st_save(arrays, metadata=metadata)
+    try:
+        signature = tuple([(name, type(arr), arr.dtype, arr.shape) for name, arr in arrays.items()])
+    except AttributeError:  # not an array
+        return st_save(arrays, metadata=metadata)
+    layout = _LAYOUTS.get(signature)
+    if layout is None:
+        layout = _lay_out(arrays)
+        if layout is None:
+            return st_save(arrays, metadata=metadata)
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.clear()
+        _LAYOUTS[signature] = layout
+    order, tensors = layout
+    laid = [arrays[name] for name in order]
+    if not all(arr.flags.c_contiguous for arr in laid):
+        return st_save(arrays, metadata=metadata)
+    # Only the metadata changes from one message (or state file) to the next: the tensors' part
+    # of the header is made once per layout.
+    if metadata is None:
+        text = ("{" + tensors + "}").encode()
+    else:
+        text = ('{"__metadata__":' + _json(metadata) + ("," + tensors if tensors else "") + "}").encode()
+    text += b" " * (-len(text) % 8)
+    return b"".join([struct.pack("<Q", len(text)), text, *laid])
+
+
+#: arrays' (name, type, dtype, shape) in the caller's order -> (names in layout order, the tensors' header text)
+_LAYOUTS: dict[tuple, tuple[tuple[str, ...], str]] = {}
+_LAYOUTS_MAX = 1024
+
+
+def _lay_out(arrays: dict[str, np.ndarray]) -> tuple[tuple[str, ...], str] | None:
+    """The names in safetensors' layout order and the header text of the tensors (``None``: a dtype
+    :func:`safetensors_bytes` leaves to safetensors)."""
     laid = []
     for name, arr in arrays.items():
         kind = _ST_DTYPES.get(arr.dtype) if isinstance(arr, np.ndarray) else None
-        if kind is None or not arr.flags.c_contiguous:
-            return st_save(arrays, metadata=metadata)
+        if kind is None:
+            return None
         laid.append((-kind[0], name, kind[1], arr))
     laid.sort(key=_layout)
     # The header written piece by piece: one json.dumps of a nested dict costs more than the rest.
-    parts = [] if metadata is None else ['"__metadata__":' + _json(metadata)]
+    parts = []
     offset = 0
     for _, name, code, arr in laid:
         end = offset + arr.nbytes
@@ -83,9 +117,7 @@ def safetensors_bytes(arrays: dict[str, np.ndarray], metadata: dict[str, str] | 
         quoted = f'"{name}"' if _PLAIN(name) else _json(name)
         parts.append(f'{quoted}:{{"dtype":"{code}","shape":[{shape}],"data_offsets":[{offset},{end}]}}')
         offset = end
-    text = ("{" + ",".join(parts) + "}").encode()
-    text += b" " * (-len(text) % 8)
-    return b"".join([struct.pack("<Q", len(text)), text, *(arr.tobytes() for *_, arr in laid)])
+    return tuple(name for _, name, _, _ in laid), ",".join(parts)
 
 
 def _layout(t: tuple) -> tuple:
@@ -143,7 +175,12 @@ def encode(kind: str, fields: dict[str, Any], tensors: dict[str, np.ndarray] | N
         if arr.dtype not in _WIRE and arr.dtype.name not in _WIRE_DTYPES:
             raise WireError(f"tensor {name!r} has dtype {arr.dtype}; the wire carries {_WIRE_DTYPES}")
         arrays[name] = arr
-    return safetensors_bytes(arrays, {"ioft": json.dumps(meta, separators=(",", ":"), sort_keys=True)})
+    return safetensors_bytes(arrays, {"ioft": _fields_json(meta)})
+
+
+#: ``json.dumps(meta, separators=(",", ":"), sort_keys=True)`` with its encoder made once (``dumps``
+#: builds one per call when given options: a swarm's devices encode an upload each per round).
+_fields_json = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 
 
 def decode(

@@ -22,31 +22,60 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Ticket:
-    """One publish: ``wait`` for the broker's ack; ``dropped`` once a newer one made it stale."""
+#: Guards every ticket's event as it is made or set (held for a few attribute reads).
+_TICKETS = threading.Lock()
 
-    topic: str
-    done: threading.Event = field(default_factory=threading.Event)
-    dropped: bool = False
+
+class Ticket:
+    """One publish: ``wait`` for the broker's ack; ``dropped`` once a newer one made it stale.
+
+    Its event is made only when someone looks at it (``done``, ``wait``): a swarm's devices publish
+    thousands of messages a second and wait for none, and an ``Event`` (a condition and its lock)
+    cost more than the rest of the outbox's bookkeeping.
+    """
+
+    __slots__ = ("_acked", "_event", "dropped", "topic")
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.dropped = False
+        self._acked = False  # done: acked, or dropped
+        self._event: threading.Event | None = None
+
+    @property
+    def done(self) -> threading.Event:
+        """Set once the broker acked the message or it was dropped."""
+        with _TICKETS:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._acked:
+                    self._event.set()
+            return self._event
+
+    def finish(self) -> None:
+        """Mark it done (acked, or dropped), waking whoever waits."""
+        with _TICKETS:
+            self._acked = True
+            event = self._event
+        if event is not None:
+            event.set()
 
     def wait(self, timeout: float | None) -> bool:
         """Whether the broker acked it within ``timeout`` seconds (``False`` if it was dropped)."""
         return self.done.wait(timeout) and not self.dropped
 
 
-@dataclass(frozen=True)
 class _Waiting:
-    topic: str
-    payload: bytes
-    qos: int
-    retain: bool
-    ticket: Ticket
+    """A message waiting to be handed to paho."""
+
+    __slots__ = ("payload", "qos", "retain", "ticket", "topic")
+
+    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, ticket: Ticket) -> None:
+        self.topic, self.payload, self.qos, self.retain, self.ticket = topic, payload, qos, retain, ticket
 
 
 #: send(topic, payload, qos, retain) -> (mid, sent): hands one message to the client.
@@ -118,7 +147,7 @@ class Outbox:
     @staticmethod
     def _drop(waiting: _Waiting) -> None:
         waiting.ticket.dropped = True
-        waiting.ticket.done.set()
+        waiting.ticket.finish()
 
     def acked(self, mid: int) -> None:
         """The broker acked ``mid`` (paho's on_publish, network thread): room for the next."""
@@ -127,7 +156,7 @@ class Outbox:
             if ticket is None:
                 self._early.add(mid)
         if ticket is not None:
-            ticket.done.set()
+            ticket.finish()
         self.pump()
 
     def pump(self) -> None:
@@ -136,7 +165,11 @@ class Outbox:
         Any thread may call it; one hands messages over at a time (in order), and a call that
         finds it busy leaves it to that one (``_again``: it looks once more before leaving).
         Never blocks on the other thread: paho's network thread calls it holding paho's locks.
+        With nothing waiting, no early ack to forget and no drop to report it returns at once (each
+        ack calls it): a message put meanwhile is handed over by its own ``put``.
         """
+        if not (self._waiting or self._early or self.superseded or self.overflowed):
+            return
         self._again = True
         while self._again:
             if not self._sending.acquire(blocking=False):
@@ -148,22 +181,26 @@ class Outbox:
                 self._sending.release()
 
     def _hand_over(self) -> None:
+        state, waiting, unacked = self._state, self._waiting, self._unacked
         while self._connected():
-            with self._state:
-                if not self._waiting or len(self._unacked) >= self.in_flight_limit:
+            with state:
+                if not waiting or len(unacked) >= self.in_flight_limit:
                     break
-                _, msg = self._waiting.popitem(last=False)
+                _, msg = waiting.popitem(last=False)
             mid, sent = self._send(msg.topic, msg.payload, msg.qos, msg.retain)
             if not sent:
                 self._drop(msg)
                 continue
-            with self._state:
+            with state:
                 if mid in self._early:
                     self._early.discard(mid)
-                    msg.ticket.done.set()
+                    early = True
                 else:
-                    self._unacked[mid] = msg.ticket
-        with self._state:
+                    unacked[mid] = msg.ticket
+                    early = False
+            if early:
+                msg.ticket.finish()
+        with state:
             self._early.clear()  # acks of messages sent past the outbox (birth): not ours to match
         self._report()
 

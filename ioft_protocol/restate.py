@@ -98,8 +98,18 @@ class Delivered:
     def connected(self) -> None:
         self._link += 1
 
+    #: The last announcement hashed and its digest, shared by every instance: a swarm's thousands
+    #: of devices each get the same bytes, hashed once instead of once per device.
+    _last: tuple[bytes, bytes] | None = None
+
     def duplicate(self, kind: str, payload: bytes) -> bool:
-        digest = hashlib.sha256(payload).digest()
+        last = Delivered._last
+        if last is not None and type(payload) is bytes and last[0] == payload:
+            digest = last[1]
+        else:
+            digest = hashlib.sha256(payload).digest()
+            if type(payload) is bytes:  # immutable: safe to keep
+                Delivered._last = (payload, digest)
         link = self._link
         if kind == "down_device" and self._seen.get(digest) == link:
             return True

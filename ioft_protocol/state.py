@@ -20,6 +20,7 @@ previous good copy is used.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -63,9 +64,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, keep_previous: bool = F
     ``os`` calls: a swarm of virtual devices writes thousands of these per round.
     """
     target = os.fspath(path)
-    folder, name = os.path.split(target)
-    folder = folder or "."
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    folder, tmp = _temp_name(target, os.getpid(), threading.get_ident())
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
     try:
         fd = os.open(tmp, flags, 0o600)
@@ -89,6 +88,15 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, keep_previous: bool = F
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@functools.lru_cache(maxsize=65536)
+def _temp_name(target: str, pid: int, thread: int) -> tuple[str, str]:
+    """``target``'s folder and its temp file's path for this process and thread (made once: a
+    swarm's devices each write their task state every round)."""
+    folder, name = os.path.split(target)
+    folder = folder or "."
+    return folder, os.path.join(folder, f".{name}.{pid}-{thread}.tmp")
 
 
 def atomic_write_json(path: str | Path, obj: Any, *, keep_previous: bool = False) -> None:

@@ -49,3 +49,15 @@ def test_delivered_remembers_a_bounded_number_of_announcements():
         seen.duplicate("down", b"%d" % i)
     assert seen.duplicate("down_device", b"999")
     assert not seen.duplicate("down_device", b"0")
+
+
+def test_devices_of_a_swarm_share_the_hash_not_the_memory():
+    """A swarm's devices hash an announcement once between them (``Delivered._last``); what each
+    handled on its connection stays its own."""
+    a, b = restate.Delivered(), restate.Delivered()
+    a.connected(), b.connected()
+    assert not a.duplicate("down", b"round 7")
+    assert not b.duplicate("down_device", b"round 7")  # b never got the broadcast: answered
+    assert b.duplicate("down_device", b"round 7")  # now it has
+    assert a.duplicate("down_device", bytearray(b"round 7"))  # any bytes-like payload
+    assert not a.duplicate("down_device", b"round 8")

@@ -213,3 +213,20 @@ def test_safetensors_bytes_are_safetensors_own(tensors, meta):
     }
     metadata = None if meta is None else {"ioft": meta}
     assert codec.safetensors_bytes(arrays, metadata) == save(arrays, metadata=metadata)
+
+
+def test_safetensors_bytes_layout_kept_per_signature():
+    """The tensors' header text is made once per layout (names, dtypes, shapes): later calls with the
+    same layout and other values or metadata, a non-contiguous array or one of another shape under
+    the same name still give safetensors' own bytes."""
+    from safetensors.numpy import save
+
+    rng = np.random.default_rng(2)
+    for i in range(3):
+        arrays = {"b": rng.normal(size=(3, 4)).astype(np.float32), "a": np.arange(5, dtype=np.uint8) + i}
+        metadata = {"ioft": f"round {i}"} if i else None
+        assert codec.safetensors_bytes(arrays, metadata) == save(arrays, metadata=metadata)
+    strided = {"b": rng.normal(size=(4, 3)).astype(np.float32).T, "a": np.arange(5, dtype=np.uint8)}
+    assert codec.safetensors_bytes(strided, {"ioft": "t"}) == save(strided, metadata={"ioft": "t"})
+    other = {"b": np.ones((2, 6), dtype=np.float32), "a": np.arange(5, dtype=np.uint8)}
+    assert codec.safetensors_bytes(other, {"ioft": "x"}) == save(other, metadata={"ioft": "x"})
