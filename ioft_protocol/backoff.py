@@ -2,9 +2,8 @@
 
 Each delay is drawn from uniform(0, min(cap, base · 2^n)), n the connections ended since the
 broker last accepted one (:meth:`FullJitter.reset` on each CONNACK).  Without the draw a broker's
-restart brings every client of a fleet back in the same instant, and again at each refusal (a
-40,000-device swarm logged ~9,000 connects per broker); drawn from the whole window, the attempts
-spread evenly over it.  ``ioft_protocol.mqtt.MqttSession.backoff`` asks for the delays; its
+restart brings every client of a fleet back in the same instant, and again at each refusal;
+drawn from the whole window, the attempts spread evenly over it.  ``ioft_protocol.mqtt.MqttSession.backoff`` asks for the delays; its
 network thread (``mqtt_loop.SocketLoop``) and ``edge.swarm.SwarmLoop`` wait them out.
 """
 
