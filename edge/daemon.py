@@ -1,26 +1,24 @@
 """``edge-trainer``: the long-running device daemon.
 
-It connects with a Last Will that marks it offline, follows its fleet's round
-announcements, runs the task's client update from ``trainer_lite`` on its local
-dataset, and publishes only the algorithm's shared parameters.  Personal state
-and the last upload live together in one atomically written file per task, so a
-kill at any instant leaves a state that is either before or after a round — and
-an upload that was computed is re-sent, never recomputed, when a round is
-re-announced (after an aggregator or broker restart).
+It connects with a Last Will that marks it offline, follows its fleet's round announcements, runs the
+task's client update from ``trainer_lite`` on its local dataset, and publishes only the algorithm's
+shared parameters.  Personal state and the last upload live together in one atomically written file per
+task, so a kill at any instant leaves a state that is either before or after a round — and an upload
+that was computed is re-sent, never recomputed, when a round is re-announced (after an aggregator or
+broker restart).
 
-With ``[model] public_key`` set it also follows the fleet's model pushes
-(``edge.models``: verify, fetch, smoke-test, activate or roll back) and reports
-each model's active version and refusals in its retained status.  A task whose
-hyperparameters say ``"features": "onnx:<model>"`` trains on that model's
+With ``[model] public_key`` set it also follows the fleet's model pushes (``edge.models``: verify,
+fetch, smoke-test, activate or roll back) and reports each model's active version and refusals in its
+retained status.  A task whose hyperparameters say ``"features": "onnx:<model>"`` trains on that model's
 embeddings of the local data, computed by onnxruntime before the client update.
 
 Rows that edge-recorder feeds are answered at once by each task's serving model, on a thread
 of its own (``edge.serving``); after each round the round's personalized model is offered to it.
 
-A task spec with ``feature_schema`` set is refused unless the local dataset's meta
-carries the same ``schema_hash`` (weld features of another recipe, windows of another
-layout, or data with no schema at all): the refusal is logged once per task and spec
-and reported under ``refused`` in the retained status; the device sends nothing.
+A task spec with ``feature_schema`` set is refused unless the local dataset's meta carries the same
+``schema_hash`` (weld features of another recipe, windows of another layout, or data with no schema at
+all): the refusal is logged once per task and spec and reported under ``refused`` in the retained
+status; the device sends nothing.
 
 An announcement is answered in named steps (:meth:`EdgeTrainer.on_announcement`): gate, state,
 holdout, pace, resend, rows, train, encode, arm SecAgg, persist, publish, offer to serving.  Only
