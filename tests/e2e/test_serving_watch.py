@@ -74,11 +74,14 @@ def test_a_wearing_tool_raises_one_alert_and_a_new_tool_clears_it(fleet_procs):
         fleet_procs.wait_for(
             lambda: alert_events(sniffer, dev, "worn_tool"), 30, f"the alert (P(TC4) answered: {worn})"
         )
-        fleet_procs.wait_for(
-            lambda: serving_status(fleet_procs, dev).get("field", {}).get("tool", {}).get("scored", 0) >= 7,
-            30,
-            "the lagging labels scoring the answers",
-        )
+
+        def accounted() -> bool:  # 7 labelled, and the status counts every one of the 10 answers
+            field = serving_status(fleet_procs, dev).get("field", {}).get("tool", {})
+            return (
+                field.get("scored", 0) >= 7 and field.get("scored", 0) + field.get("awaiting_labels", 0) >= 10
+            )
+
+        fleet_procs.wait_for(accounted, 30, "the lagging labels scoring the answers")
         status = retained_status(fleet_procs.broker_url, dev)
         assert [a["rule"] for a in status["alerts"]] == ["worn_tool"]
         # `fleet status` lists the open alert with the operator's words.
