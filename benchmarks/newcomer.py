@@ -222,6 +222,9 @@ def _train_loss(sim: Simulation) -> float:
 SERVED = ("PFL-DA", "FedPer")
 CANDIDATE = "candidate"
 TWIN = "alone judged (older rows)"
+#: The candidate with the least loss on every row the newcomer holds (alone's copy in-sample: the rule
+#: most favourable to alone that looks only at the device's rows), scored on the test rows.
+OWN = "best on its own rows"
 
 
 def served_curve(
@@ -241,7 +244,7 @@ def served_curve(
     alone = Simulation(alone_spec, {NEWCOMER: ClientData(fit, newcomer.test)})
     every = Simulation(alone_spec, {NEWCOMER: newcomer})
     algo, out, record = sim.fleet.algo, [], {}  # record: the device's judging record
-    tested: dict[str, list[float]] = {k: [] for k in (*ORDER, TWIN)}
+    tested: dict[str, list[float]] = {k: [] for k in (*ORDER, TWIN, OWN)}
     for _ in range(rounds_after):
         shared = dict(sim.global_params)  # this round's downlink: what the personal model predicts with
         sim.run_more(1)
@@ -260,6 +263,8 @@ def served_curve(
         for k, (a, sh, lo) in candidates.items():
             tested[k].append(LOSS_SCALE * a.evaluate(sh, lo, newcomer.test)["loss"])
         out.append(tested[best][-1])
+        own = {k: candidates[k][0].evaluate(*candidates[k][1:], newcomer.train)["loss"] for k in ORDER}
+        tested[OWN].append(tested[min(ORDER, key=lambda k: (own[k], ORDER.index(k)))][-1])
     return np.array(out), {k: np.array(v) for k, v in tested.items()}
 
 
@@ -290,6 +295,7 @@ def run_fleet(
             out[f"{label} served"], tested = served_curve(
                 sim, fleet.newcomer, _spec("indiv", {}, seed, rounds_after, hparams, model), rounds_after
             )
+            out[f"{label} {OWN}"] = tested.pop(OWN)
             out.update({f"{label} {CANDIDATE} {k}": v for k, v in tested.items()})
         sim.add_device(NEWCOMER, fleet.newcomer)
         if label == BEFORE:
@@ -424,6 +430,7 @@ def run_lopo(
         + [f"{m} served" for m in served]
         + [INDIV]
         + [f"{m} {CANDIDATE} {k}" for m in served for k in (*ORDER, TWIN)]
+        + [f"{m} {OWN}" for m in served]
     )
     return folds, {label: np.stack([curves[label] for _, (curves, _) in done]) for label in labels}
 
@@ -747,7 +754,7 @@ def lopo_main(args: argparse.Namespace) -> int:
         args.model,
     )
     seconds = time.perf_counter() - started
-    candidates = {k: v for k, v in losses.items() if f" {CANDIDATE} " in k}
+    candidates = {k: v for k, v in losses.items() if f" {CANDIDATE} " in k or k.endswith(OWN)}
     losses = {k: v for k, v in losses.items() if k not in candidates}
     best, chosen = hindsight({**losses, **candidates})
     note = LOPO_NOTE.format(
@@ -797,7 +804,10 @@ HINDSIGHT_NOTE = """Each candidate of the served newcomer scored on Speed30 (`se
 fleet's global through the cold start, and alone as it serves, on every row, the same run as *indiv*), the
 alone copy the judge scores in its place (*alone judged*, on the older four fifths of the rows), and the best of
 the three that serve chosen in hindsight, fold by fold and round by round: the most any rule choosing among
-them could serve."""
+them could serve.  *Best on its own rows*: the candidate with the least loss on every row the newcomer holds
+(alone's copy scored in-sample, on the rows it trained on), the rule most favourable to alone among those that
+look only at the device's own rows; where it misses a target, no judge on the device's rows can meet it
+without also serving alone where the fleet's model fits every one of those rows better."""
 
 
 def hindsight_lines(
@@ -820,6 +830,7 @@ def hindsight_lines(
         "",
         *chosen,
         *served_targets({**best, INDIV: losses[INDIV]}, suffix=" best in hindsight"),
+        *served_targets({**candidates, INDIV: losses[INDIV]}, suffix=f" {OWN}"),
         "",
         "Per fold, round 1 / round 5 / round 30:",
         "",

@@ -11,6 +11,7 @@ from benchmarks.newcomer import (
     LOPO_METHODS,
     LOPO_SPEEDS,
     METHODS,
+    OWN,
     TABLE5_HPARAMS,
     TWIN,
     hindsight,
@@ -68,6 +69,9 @@ def test_the_served_newcomer_s_alone_is_alone_on_every_row_and_its_judged_twin_i
     curves, _ = run_fleet(lopo_fleet(runs, 4), 0, 2, 3, pflda, TABLE5_HPARAMS, served=True)
     np.testing.assert_array_equal(curves[f"PFL-DA {CANDIDATE} alone"], curves[INDIV])
     assert not np.array_equal(curves[f"PFL-DA {CANDIDATE} {TWIN}"], curves[INDIV])
+    # The own-rows rule serves one of the three candidates each round, never the twin.
+    served = np.stack([curves[f"PFL-DA {CANDIDATE} {k}"] for k in ("personal", "global", "alone")])
+    assert (served == curves[f"PFL-DA {OWN}"][None]).any(axis=0).all()
 
 
 def test_lopo_targets_count_folds_against_alone() -> None:
