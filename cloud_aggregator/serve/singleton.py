@@ -186,7 +186,10 @@ def _check_alone(
             if now_unexplained is None:
                 return False
             unexplained = now_unexplained
-            drops, failed, extended = session.drops, session.failed_attempts, False
+            # One drop handled: a second one may already have come (the other aggregator can take
+            # the session back within milliseconds of our reconnect, before this thread runs again);
+            # counting it handled too would miss the takeover it is.
+            drops, failed, extended = drops + 1, session.failed_attempts, False
             deadline = time.monotonic() + quiet_s
             continue
         if seen and seen[-1].payload and not extended:
