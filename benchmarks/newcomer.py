@@ -225,6 +225,8 @@ TWIN = "alone judged (older rows)"
 #: The candidate with the least loss on every row the newcomer holds (alone's copy in-sample: the rule
 #: most favourable to alone that looks only at the device's rows), scored on the test rows.
 OWN = "best on its own rows"
+#: Each candidate's loss on every row the newcomer holds: ``"<method> <OWN_LOSS> <candidate>"``.
+OWN_LOSS = "on its own rows"
 
 
 def served_curve(
@@ -244,7 +246,7 @@ def served_curve(
     alone = Simulation(alone_spec, {NEWCOMER: ClientData(fit, newcomer.test)})
     every = Simulation(alone_spec, {NEWCOMER: newcomer})
     algo, out, record = sim.fleet.algo, [], {}  # record: the device's judging record
-    tested: dict[str, list[float]] = {k: [] for k in (*ORDER, TWIN, OWN)}
+    tested: dict[str, list[float]] = {k: [] for k in (*ORDER, TWIN, OWN, *(f"{OWN_LOSS} {k}" for k in ORDER))}
     for _ in range(rounds_after):
         shared = dict(sim.global_params)  # this round's downlink: what the personal model predicts with
         sim.run_more(1)
@@ -265,6 +267,8 @@ def served_curve(
         out.append(tested[best][-1])
         own = {k: candidates[k][0].evaluate(*candidates[k][1:], newcomer.train)["loss"] for k in ORDER}
         tested[OWN].append(tested[min(ORDER, key=lambda k: (own[k], ORDER.index(k)))][-1])
+        for k in ORDER:
+            tested[f"{OWN_LOSS} {k}"].append(LOSS_SCALE * own[k])
     return np.array(out), {k: np.array(v) for k, v in tested.items()}
 
 
@@ -296,6 +300,7 @@ def run_fleet(
                 sim, fleet.newcomer, _spec("indiv", {}, seed, rounds_after, hparams, model), rounds_after
             )
             out[f"{label} {OWN}"] = tested.pop(OWN)
+            out.update({f"{label} {k}": tested.pop(k) for k in list(tested) if k.startswith(OWN_LOSS)})
             out.update({f"{label} {CANDIDATE} {k}": v for k, v in tested.items()})
         sim.add_device(NEWCOMER, fleet.newcomer)
         if label == BEFORE:
@@ -431,6 +436,7 @@ def run_lopo(
         + [INDIV]
         + [f"{m} {CANDIDATE} {k}" for m in served for k in (*ORDER, TWIN)]
         + [f"{m} {OWN}" for m in served]
+        + [f"{m} {OWN_LOSS} {k}" for m in served for k in ORDER]
     )
     return folds, {label: np.stack([curves[label] for _, (curves, _) in done]) for label in labels}
 
@@ -754,8 +760,9 @@ def lopo_main(args: argparse.Namespace) -> int:
         args.model,
     )
     seconds = time.perf_counter() - started
+    own_losses = {k: v for k, v in losses.items() if f" {OWN_LOSS} " in k}
     candidates = {k: v for k, v in losses.items() if f" {CANDIDATE} " in k or k.endswith(OWN)}
-    losses = {k: v for k, v in losses.items() if k not in candidates}
+    losses = {k: v for k, v in losses.items() if k not in candidates and k not in own_losses}
     best, chosen = hindsight({**losses, **candidates})
     note = LOPO_NOTE.format(
         model=f"{setup.label} `{setup.project_model}`",
@@ -790,6 +797,8 @@ def lopo_main(args: argparse.Namespace) -> int:
         "",
         *hindsight_lines(folds, losses, candidates, best, chosen),
         "",
+        *own_rows_misses(folds, losses[INDIV], candidates, own_losses),
+        "",
         f"{seconds:.0f} s with {args.workers} processes.",
     ]
     body = "\n".join(lines)
@@ -805,9 +814,9 @@ fleet's global through the cold start, and alone as it serves, on every row, the
 alone copy the judge scores in its place (*alone judged*, on the older four fifths of the rows), and the best of
 the three that serve chosen in hindsight, fold by fold and round by round: the most any rule choosing among
 them could serve.  *Best on its own rows*: the candidate with the least loss on every row the newcomer holds
-(alone's copy scored in-sample, on the rows it trained on), the rule most favourable to alone among those that
-look only at the device's own rows; where it misses a target, no judge on the device's rows can meet it
-without also serving alone where the fleet's model fits every one of those rows better."""
+(alone's copy scored in-sample, on the rows it trained on, which favours alone).  Where it serves the fleet's
+model and misses, that model fits every row the device holds better than alone, even in-sample: a judge on
+the device's rows meets the target there only by serving alone against all of its evidence."""
 
 
 def hindsight_lines(
@@ -835,6 +844,38 @@ def hindsight_lines(
         "Per fold, round 1 / round 5 / round 30:",
         "",
         *fold_rounds(folds, shown, (1, 5, 30)),
+    ]
+
+
+def own_rows_misses(
+    folds: Sequence[str],
+    alone: np.ndarray,
+    candidates: dict[str, np.ndarray],
+    own_losses: dict[str, np.ndarray],
+    rounds: Sequence[int] = (1, 5, 30),
+) -> list[str]:
+    """Where *best on its own rows* is worse than alone at ``rounds``: each candidate's loss on the
+    newcomer's own rows (what any judge on the device could see) beside its loss on the test rows."""
+    lines = []
+    for method in (m for m in SERVED if f"{m} {OWN}" in candidates):
+        served = candidates[f"{method} {OWN}"]
+        for i, fold in enumerate(folds):
+            for r in (r for r in rounds if r <= served.shape[1] and served[i, r - 1] > alone[i, r - 1]):
+                own = ", ".join(f"{k} {own_losses[f'{method} {OWN_LOSS} {k}'][i, r - 1]:.3f}" for k in ORDER)
+                test = ", ".join(
+                    f"{k} {candidates[f'{method} {CANDIDATE} {k}'][i, r - 1]:.3f}" for k in ORDER
+                )
+                lines.append(
+                    f"- {method}, {fold}, round {r}: on its own rows {own}; on the test rows {test} "
+                    f"({served[i, r - 1] / alone[i, r - 1]:.2f}x alone)"
+                )
+    if not lines:
+        return []
+    return [
+        f"Where *best on its own rows* is worse than alone (rounds {', '.join(map(str, rounds))}): each "
+        "candidate's loss on every row the newcomer holds (alone's in-sample) and on the test rows:",
+        "",
+        *lines,
     ]
 
 
