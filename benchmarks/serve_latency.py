@@ -30,15 +30,17 @@ CPU, so its times are neither this machine's nor a Raspberry Pi's.
 ``--hung-moonraker`` times printer layers only, twice on one mosquitto: a serving model that
 advises a speed (``[serve] vibration_budget``), first publishing it only, then applying it
 (``apply = "moonraker"``, ``dry_run = false``) to a Moonraker that accepts every connection and
-never answers (:class:`sensors.sim.printer_host.HungMoonraker`); the two rows' p99 side by side.
+never answers (:class:`sensors.sim.printer_host.HungMoonraker`); the two rows' p99 side by side
+(:mod:`benchmarks.serve_latency_hung`; with ``--arm64`` also in the arm64 root, emulated).
 
     python -m benchmarks.serve_latency [--quick] [--runs N]
     python -m benchmarks.serve_latency --hung-moonraker [--layers N] --no-write
-    sudo .venv/bin/python -m benchmarks.serve_latency --arm64
+    sudo .venv/bin/python -m benchmarks.serve_latency [--hung-moonraker] --arm64
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -49,7 +51,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -361,6 +363,14 @@ def bench_layers(
     }
 
 
+def scratch(launcher: Launcher = HOST) -> tempfile.TemporaryDirectory:
+    """A temp folder for a run: inside the arm64 root for a root ``launcher``, which sees only it."""
+    base = None if launcher.root is None else launcher.root / "var" / "tmp"
+    if base is not None:
+        base.mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(prefix="ioft-serve-bench-", dir=base)
+
+
 def run(
     welds: int,
     layers: int,
@@ -371,10 +381,7 @@ def run(
 ) -> list[dict]:
     """Both measurements on one mosquitto; ``work`` keeps the folders and logs (default: a temp folder;
     inside the arm64 root for a root ``launcher``)."""
-    base = None if launcher.root is None else launcher.root / "var" / "tmp"
-    if base is not None:
-        base.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="ioft-serve-bench-", dir=base) as tmp:
+    with scratch(launcher) as tmp:
         work = work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         broker = start_mosquitto(log_file=work / "mosquitto.log")
@@ -385,29 +392,6 @@ def run(
                 bench_layers(work / "printer", broker, layers, layer_s, launcher),
             ]
         finally:
-            broker.stop()
-        for r in rows:
-            r["load"] = (load0 + os.getloadavg()[0]) / 2
-        return rows
-
-
-def run_hung(layers: int, work: Path | None = None, layer_s: float = 0.5) -> list[dict]:
-    """Printer layers answered by an advising model, without and with a hung Moonraker, on one mosquitto."""
-    from sensors.sim.printer_host import HungMoonraker
-
-    with tempfile.TemporaryDirectory(prefix="ioft-serve-bench-") as tmp:
-        work = work or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        broker = start_mosquitto(log_file=work / "mosquitto.log")
-        hung = HungMoonraker()
-        try:
-            load0 = os.getloadavg()[0]
-            rows = [
-                bench_layers(work / "advice", broker, layers, layer_s, advice=""),
-                bench_layers(work / "hung", broker, layers, layer_s, advice=hung.url),
-            ]
-        finally:
-            hung.close()
             broker.stop()
         for r in rows:
             r["load"] = (load0 + os.getloadavg()[0]) / 2
@@ -446,10 +430,10 @@ def table(runs: list[list[dict]]) -> str:
     )  # fmt: skip
 
 
-def measure_arm64(root: Path, work: Path, welds: int, layers: int) -> tuple[list[dict], str]:
-    """Both measurements with the device processes in the arm64 root (built once, reused), the
-    project from ``git HEAD`` installed there as ``make pi-check`` installs it; the figures and a
-    line saying what ran."""
+@contextlib.contextmanager
+def arm64(root: Path, work: Path) -> Iterator[tuple[Launcher, str]]:
+    """A launcher for the arm64 root (built once, reused), the project from ``git HEAD`` installed there
+    as ``make pi-check`` installs it, with /proc and /dev/shm mounted meanwhile; and a line saying what ran."""
     # The arm64 root is the deployment check's (deploy/ sits above the benchmarks): borrowed only here.
     from deploy import pi_root
     from deploy.pi_check import build_wheel, install_device
@@ -469,9 +453,16 @@ def measure_arm64(root: Path, work: Path, welds: int, layers: int) -> tuple[list
             "python -V (root)", pi_root.in_root(root, [python, "-V"]), log, env=pi_root.ROOT_ENV
         ).strip()
         env = {**pi_root.ROOT_ENV, "PYTHONUNBUFFERED": "1"}
-        launcher = Launcher(root=root, python=python, env=env, startup_s=600.0)
-        rows = run(welds, layers, None, launcher, weld_gap_s=1.0, layer_s=1.0)
-    return rows, f"aarch64 {version} in {root} (Debian bookworm) under qemu-aarch64 ({binfmt}), ioft {commit}"
+        yield (
+            Launcher(root=root, python=python, env=env, startup_s=600.0),
+            f"aarch64 {version} in {root} (Debian bookworm) under qemu-aarch64 ({binfmt}), ioft {commit}",
+        )
+
+
+def measure_arm64(root: Path, work: Path, welds: int, layers: int) -> tuple[list[dict], str]:
+    """Both measurements with the device processes in the arm64 root (:func:`arm64`)."""
+    with arm64(root, work) as (launcher, what):
+        return run(welds, layers, None, launcher, weld_gap_s=1.0, layer_s=1.0), what
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -506,17 +497,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if args.hung_moonraker:
-        runs = [run_hung(args.layers or 30, args.work) for _ in range(n_runs)]
-        body = (
-            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; {n_runs} runs. "
-            "Printer layers answered by a model that advises a speed: published only, then applied "
-            "(apply = 'moonraker', dry_run = false) to a Moonraker that accepts connections and never "
-            "answers. p50/p99: the row's time to the answer at the subscriber.\n\n" + table(runs) + "\n"
-        )
-        print(body)
-        if not args.no_write:
-            print(f"wrote {write_result('serve_latency_hung_moonraker', body)}", file=sys.stderr)
-        return 0
+        from benchmarks.serve_latency_hung import main_hung
+
+        return main_hung(args, args.layers or 30, n_runs)
     runs = [run(welds, layers, args.work) for _ in range(n_runs)]
     body = (
         f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; {n_runs} runs, "
