@@ -45,7 +45,7 @@ from deploy.pi_root import (
     mounted,
     run_logged,
 )
-from deploy.pi_tests import DEVICE_TESTS, rerun_on_host, run_tests
+from deploy.pi_tests import DEVICE_TESTS, rerun_on_host, run_tests, verdict
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_TOOLS = ("pytest", "pytest-timeout", "hypothesis", "onnx")  # at the host venv's versions
@@ -144,7 +144,8 @@ def run_recorder(argv: list[str], env: dict[str, str], log: Path, state: Path) -
     return usage, json.loads(status.read_text()) if status.exists() else {}
 
 
-def run_check(args: argparse.Namespace) -> Path:
+def run_check(args: argparse.Namespace) -> tuple[Path, str | None]:
+    """Every step, and the report written; ``(the report, why the device-side tests did not pass)``."""
     work, root = args.work, args.root
     work.mkdir(parents=True, exist_ok=True)
     log = work / "pi-check.log"
@@ -203,7 +204,7 @@ def run_check(args: argparse.Namespace) -> Path:
     (work / "figures.pickle").write_bytes(pickle.dumps(figures))
     step(f"writing {args.out}")
     args.out.write_text(pi_report.render(**figures))
-    return args.out
+    return args.out, None if tests is None else verdict(tests)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     try:
-        out = run_check(args)
+        out, failed = run_check(args)
     except PiCheckError as exc:
         print(f"pi-check: {exc}", file=sys.stderr)
         return 1
@@ -226,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         print("pi-check: interrupted", file=sys.stderr)
         return 130
     print(f"pi-check: wrote {out}")
+    if failed is not None:
+        print(f"pi-check: {failed} (the report lists each)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -89,6 +89,10 @@ def run_tests(root: Path, src: Path, timeout: float, log: Path) -> TestRun:
     shutil.rmtree(where, ignore_errors=True)
     where.mkdir(parents=True)
     shutil.copytree(src / "tests", where / "tests")
+    # The tests' own helpers outside the wheel (``checks.fuzz_decoders``' mutator, ``benchmarks``'
+    # pure-NumPy figures): plain source beside the tests, on their PYTHONPATH.
+    for helper in ("checks", "benchmarks"):
+        shutil.copytree(src / helper, where / helper, ignore=shutil.ignore_patterns("results"))
     shutil.copy2(src / "pyproject.toml", where / "pyproject.toml")  # pytest's markers and timeout
     (where / "pi_check_profile.py").write_text(EMULATED_PROFILE)
     env = {**ROOT_ENV, "CI": "1", "HYPOTHESIS_PROFILE": "emulated", "PYTHONPATH": "/opt/ioft-tests"}
@@ -105,6 +109,25 @@ def run_tests(root: Path, src: Path, timeout: float, log: Path) -> TestRun:
     if usage is None:  # SIGINT: pytest stops where it is and still prints its summary
         usage = tests.stop(grace_s=60, sig=signal.SIGINT)
     return parse_test_log(out_log.read_text(errors="replace"), usage.wall_s, timeout if stopped else None)
+
+
+def verdict(run: TestRun) -> str | None:
+    """Why the device-side tests did not pass (``None``: they did).  A failure in the root that passes
+    on the host and is a timeout is qemu's speed, not the code's (listed in the report, not fatal);
+    any other failure, an error (collection included) or a run that did not finish fails the check."""
+    if run.failed_on_host is None and run.failed:
+        return f"{len(run.failed)} device-side tests failed in the root and were not rerun on the host"
+    if "did not finish" in run.summary or "stopped at" in run.summary:
+        return f"the device-side tests did not finish: {run.summary}"
+    real = [tid for tid, why in run.failed if tid in (run.failed_on_host or set()) or "Timeout" not in why]
+    if real:
+        return (
+            f"{len(real)} device-side tests failed in the root, not by a qemu timeout that passes on the "
+            f"host: {', '.join(real[:3])}{' …' if len(real) > 3 else ''}"
+        )
+    if run.counts.get("error", 0) + run.counts.get("errors", 0):
+        return f"the device-side tests had errors: {run.summary}"
+    return None
 
 
 def rerun_on_host(src: Path, run: TestRun, log: Path) -> TestRun:

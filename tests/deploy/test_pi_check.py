@@ -100,3 +100,39 @@ def test_the_pytest_summary_failures_with_their_cause_and_skips_by_reason():
     assert run.skipped == {"real printer data not at /x": 2}
     stopped = pi_tests.parse_test_log(PYTEST_OUTPUT, 800.0, stopped_at=600)
     assert stopped.summary.startswith(run.summary) and stopped.summary != run.summary
+
+
+COLLECTION_ERRORS = """\
+______________ ERROR collecting tests/edge/test_b.py ______________
+E   ModuleNotFoundError: No module named 'benchmarks'
+=========================== short test summary info ============================
+ERROR tests/edge/test_b.py
+!!!!!!!!!!!!!!!!!!! Interrupted: 1 error during collection !!!!!!!!!!!!!!!!!!!!
+5 skipped, 7 deselected, 1 error in 26.33s
+"""
+
+TIMEOUT = "subprocess.TimeoutExpired: Command '['python']' timed out after 10 seconds"
+
+
+def _run(
+    failed: list[tuple[str, str]], on_host: set[str] | None, summary: str = "1 failed, 9 passed in 9.00s"
+):
+    return pi_tests.TestRun(
+        {"failed": len(failed), "passed": 9}, failed, 9.0, summary, failed_on_host=on_host
+    )
+
+
+def test_pi_check_fails_on_a_collection_error_a_real_failure_or_an_unfinished_run():
+    """The check's exit: before, a run interrupted by two collection errors wrote its report and
+    exited 0; only a qemu timeout that passes on the host is left to the report."""
+    errors = pi_tests.parse_test_log(COLLECTION_ERRORS, 30.0)
+    errors.failed_on_host = set()  # the host has the module: it passes there
+    assert "tests/edge/test_b.py" in (pi_tests.verdict(errors) or "")
+    assert pi_tests.verdict(_run([("t.py::a", TIMEOUT)], on_host=set())) is None
+    assert pi_tests.verdict(_run([("t.py::a", TIMEOUT)], on_host={"t.py::a"})) is not None
+    assert pi_tests.verdict(_run([("t.py::a", "AssertionError: 1 != 2")], on_host=set())) is not None
+    assert pi_tests.verdict(_run([("t.py::a", TIMEOUT)], on_host=None)) is not None
+    stopped = pi_tests.parse_test_log("..\n9 passed in 600.00s\n", 600.0, stopped_at=600)
+    stopped.failed_on_host = set()
+    assert "did not finish" in (pi_tests.verdict(stopped) or "")
+    assert pi_tests.verdict(_run([], on_host=None, summary="9 passed in 9.00s")) is None
