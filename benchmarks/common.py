@@ -92,6 +92,8 @@ def _read_commit() -> str:
         done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
         return done.stdout.strip() if done.returncode == 0 else ""
 
+    if shutil.which("git") is None:  # e.g. the arm64 root the device tests run in
+        return "unknown (git is not installed)"
     sha = git("rev-parse", "--short", "HEAD")
     if not sha:
         return "unknown (not a git checkout)"
