@@ -33,6 +33,7 @@ from edge.announcements import Announcements
 from edge.config import DeviceConfig
 from edge.daemon import EdgeTrainer
 from edge.dataset import load_dataset, prepare_dataset, save_dataset
+from edge.group_commit import GroupCommit
 from ioft_protocol.mqtt import MqttSession
 from ioft_protocol.mqtt_options import MqttError, SessionOptions
 
@@ -213,6 +214,8 @@ class Swarm:
         if count < 1 or first < 0:
             raise ValueError(f"a swarm needs count >= 1 and first >= 0, got {count}, {first}")
         self.loop = SwarmLoop()
+        #: the devices' task states, made durable together before each poll (edge.group_commit)
+        self.commit = GroupCommit()
         root = Path(base.state_dir)
         template = root / f"{base.device}-template"
         self.devices: list[EdgeTrainer] = []
@@ -223,6 +226,7 @@ class Swarm:
             if config.data.source.startswith("simulate-"):
                 seed_dataset(root / name, template, config)
             trainer = EdgeTrainer(config, session_factory=self._session, announcements=announcements)
+            trainer.states.write = self.commit.writer(trainer.state_dir)
             self.devices.append(trainer)
         self._stop = False
 
@@ -253,6 +257,7 @@ class Swarm:
         soonest = min(t.pacer.next_at for t in self.devices)
         try:
             while not self._stop and not (until is not None and until()):
+                self.commit.commit()  # the states saved since the last poll, before it sends their uploads
                 for session in self.loop.poll(0.05):
                     t = by_session[id(session)]
                     self._deliver(t)
@@ -288,6 +293,7 @@ class Swarm:
         """Every device publishes its offline status and disconnects; waits up to ``timeout`` s."""
         for t in self.devices:
             t.shutdown()
+        self.commit.commit()  # before the polls below send what the devices queued
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(s.client.socket() is not None for s in self.loop.sessions):
             self.loop.poll(0.05)

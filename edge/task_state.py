@@ -26,6 +26,8 @@ from trainer_lite.task import training_changes
 log = logging.getLogger(__name__)
 
 UPLOAD = "upload"
+#: Puts a task state's bytes in its file, atomically and durably before the upload leaves.
+Write = Callable[[str | Path, bytes], None]
 
 
 @dataclass
@@ -47,8 +49,10 @@ def task_state_path(state_dir: Path, task: str) -> Path:
     return state_dir / "tasks" / task / "local.safetensors"
 
 
-def save_task_state(path: Path, state: TaskState) -> None:
-    """One atomic file per task (``ioft_protocol.state.save_arrays``): a kill leaves the old or the new state."""
+def save_task_state(path: Path, state: TaskState, write: Write | None = None) -> None:
+    """One atomic file per task (``ioft_protocol.state.save_arrays``): a kill leaves the old or the new state.
+
+    ``write``: how the bytes reach the file (``None``: durable on return; a swarm's group commit)."""
     arrays = {**with_prefix(state.local, "local"), **with_prefix(state.upload, UPLOAD)}
     meta = {
         "spec": state.spec_json,
@@ -56,7 +60,7 @@ def save_task_state(path: Path, state: TaskState) -> None:
         "upload_meta": state.upload_meta,
         "metrics": state.metrics,
     }
-    save_arrays(path, arrays, meta)
+    save_arrays(path, arrays, meta, write)
 
 
 def load_task_state(path: Path) -> TaskState | None:
@@ -122,6 +126,9 @@ class TaskStates:
         self.by_task: dict[str, TaskState] = {}
         #: task -> the round this device trained and the (lower) one announced (:meth:`note_ahead`)
         self.ahead: dict[str, dict[str, object]] = {}
+        #: how a state reaches its file: ``None``, durable at once (each save fsync'ed); a swarm
+        #: sets its group commit's (``edge.group_commit``: durable before the swarm next sends)
+        self.write: Write | None = None
 
     def get(self, task: str, spec_json: str, algo: ClientAlgorithm) -> TaskState:
         """The task's state: kept, read from its file, or fresh where there is none or its training changed."""
@@ -143,7 +150,7 @@ class TaskStates:
 
     def keep(self, task: str, state: TaskState) -> None:
         """The round's new state, durable on disk before its upload is sent."""
-        save_task_state(task_state_path(self.state_dir, task), state)
+        save_task_state(task_state_path(self.state_dir, task), state, self.write)
         self.by_task[task] = state
 
     def answered_round(self, task: str) -> int | None:

@@ -64,6 +64,22 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, keep_previous: bool = F
     ``os`` calls: a swarm of virtual devices writes thousands of these per round.
     """
     target = os.fspath(path)
+    folder, tmp = write_temp(target, data, sync=True)
+    try:
+        put_in_place(tmp, target, keep_previous=keep_previous)
+        fsync_dir(folder)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_temp(target: str, data: bytes, *, sync: bool) -> tuple[str, str]:
+    """``data`` in ``target``'s temp file (fsync'ed if ``sync``): the folder and the temp file's path.
+
+    The first half of :func:`atomic_write_bytes`; a caller that passes ``sync=False`` must make the
+    file durable itself before :func:`put_in_place` (``edge.group_commit``: one ``syncfs`` for many).
+    """
     folder, tmp = _temp_name(target, os.getpid(), threading.get_ident())
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
     try:
@@ -76,18 +92,24 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, keep_previous: bool = F
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
-        if keep_previous:
-            with contextlib.suppress(FileNotFoundError):
-                os.replace(target, target + ".prev")
-        os.replace(tmp, target)
-        fsync_dir(folder)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    return folder, tmp
+
+
+def put_in_place(tmp: str, target: str, *, keep_previous: bool) -> None:
+    """Rename the (durable) temp file over ``target``, the old one first to ``<target>.prev`` if
+    ``keep_previous``; the renames are durable once the folder is synced."""
+    if keep_previous:
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(target, target + ".prev")
+    os.replace(tmp, target)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -161,9 +183,22 @@ def decode_arrays(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     return arrays, meta
 
 
-def save_arrays(path: str | Path, arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> None:
-    """Atomically write arrays + meta, keeping the previous good copy as ``.prev``."""
-    atomic_write_bytes(path, encode_arrays(arrays, meta), keep_previous=True)
+def save_arrays(
+    path: str | Path,
+    arrays: dict[str, np.ndarray],
+    meta: dict[str, Any] | None = None,
+    write: Callable[[str | Path, bytes], None] | None = None,
+) -> None:
+    """Atomically write arrays + meta, keeping the previous good copy as ``.prev``.
+
+    ``write(path, data)``, if given, puts the bytes in place instead, with the same guarantees
+    (``edge.group_commit``: many devices' files made durable together).
+    """
+    data = encode_arrays(arrays, meta)
+    if write is None:
+        atomic_write_bytes(path, data, keep_previous=True)
+    else:
+        write(path, data)
 
 
 def load_arrays(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
