@@ -23,10 +23,11 @@ HOST_DEBS = {
     "binfmt-support": "/usr/sbin/update-binfmts",
     "mosquitto": "/usr/sbin/mosquitto",
 }
-#: In the root: Python 3.11 with venv and CAs for pip (debootstrap's --include), then mosquitto
-#: and arecord (alsa-utils, the welder's capture tool) for the tests that run them.
+#: In the root: Python 3.11 with venv and CAs for pip (debootstrap's --include), then mosquitto,
+#: arecord (alsa-utils, the welder's capture tool) and ip (iproute2, as on Raspberry Pi OS) for the
+#: tests that run them.
 BOOTSTRAP_DEBS = ("python3", "python3-venv", "ca-certificates")
-ROOT_DEBS = (*BOOTSTRAP_DEBS, "mosquitto", "alsa-utils")
+ROOT_DEBS = (*BOOTSTRAP_DEBS, "mosquitto", "alsa-utils", "iproute2")
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 VENV = "/opt/ioft-venv"
 #: The environment of every command in the root: nothing of the host's pip configuration

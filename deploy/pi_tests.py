@@ -89,10 +89,11 @@ def run_tests(root: Path, src: Path, timeout: float, log: Path) -> TestRun:
     shutil.rmtree(where, ignore_errors=True)
     where.mkdir(parents=True)
     shutil.copytree(src / "tests", where / "tests")
-    # The tests' own helpers outside the wheel (``checks.fuzz_decoders``' mutator, ``benchmarks``'
-    # pure-NumPy figures): plain source beside the tests, on their PYTHONPATH.
-    for helper in ("checks", "benchmarks"):
+    # What the tests read outside the wheel: their helpers (``checks.fuzz_decoders``' mutator,
+    # ``benchmarks``' pure-NumPy figures; on their PYTHONPATH) and the docs some hold to the code.
+    for helper in ("checks", "benchmarks", "docs"):
         shutil.copytree(src / helper, where / helper, ignore=shutil.ignore_patterns("results"))
+    shutil.copy2(src / "README.md", where / "README.md")
     shutil.copy2(src / "pyproject.toml", where / "pyproject.toml")  # pytest's markers and timeout
     (where / "pi_check_profile.py").write_text(EMULATED_PROFILE)
     env = {**ROOT_ENV, "CI": "1", "HYPOTHESIS_PROFILE": "emulated", "PYTHONPATH": "/opt/ioft-tests"}

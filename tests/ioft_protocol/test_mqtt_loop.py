@@ -268,6 +268,8 @@ def test_clients_share_the_hosts_ephemeral_ports_per_destination_not_across_all(
     assert "_create_socket_connection" in vars(paho.Client)  # what the client overrides is still paho's
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"]).returncode != 0:
         pytest.skip("needs root and unshare (util-linux) for a network namespace of its own")
+    if shutil.which("ip") is None:
+        pytest.skip("needs ip (iproute2) to bring the namespace's loopback up")
     script = tmp_path / "ports.py"
     script.write_text(_PORTS_SCRIPT)
 
