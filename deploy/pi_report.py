@@ -119,6 +119,7 @@ def render(
         "# pi_check",
         "",
         f"Command: `sudo make pi-check` (`python -m deploy.pi_check`), wheel built from commit `{commit}`.  ",
+        f"Commit: {commit}  ",
         f"Host: x86_64, {_host_cpu()}, {os.cpu_count()} CPUs, Python {platform.python_version()} (the project's venv, "
         "the tree installed editable).  ",
         f"arm64: Debian bookworm arm64 root ({root_state} this run) from `debootstrap --arch=arm64 --foreign`, "
