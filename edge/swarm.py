@@ -22,6 +22,7 @@ import logging
 import random
 import selectors
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -45,6 +46,11 @@ MISC_S = 1.0
 #: a look walks every device, which after each of a busy round's many short polls cost more than
 #: a device's own answer; paces are seconds long, and a poll waits up to 50 ms anyway.
 PACE_S = 0.01
+
+
+def _decrypted(sock: socket.socket) -> int:
+    """Bytes TLS has decrypted and not yet handed out (0 for a plain socket)."""
+    return sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
 
 
 class SwarmLoop:
@@ -134,6 +140,12 @@ class SwarmLoop:
             client = session.client
             if mask & selectors.EVENT_READ:
                 client.loop_read()
+                # TLS may hold bytes it already decrypted (at most the rest of one record), which
+                # select cannot see (as in mqtt_loop): read them while each read takes some.
+                while (sock := client.socket()) is not None and (left := _decrypted(sock)) > 0:
+                    client.loop_read()
+                    if client.socket() is sock and _decrypted(sock) >= left:
+                        break
                 read.append(session)
             if mask & selectors.EVENT_WRITE:
                 client.loop_write()
