@@ -104,7 +104,13 @@ def test_the_machines_view_shows_answers_alerts_and_models_live(fleet_procs, bro
         text = page.locator(alert).inner_text()
         assert "worn horn and worn anvil" in text and "what to do: replace the horn" in text, text
         now = page.locator('.machine[data-device="w1"] .task-now[data-task="tool"] .now').inner_text()
-        assert "TC4 — worn horn and worn anvil" in now, now  # the class's meaning beside the class
+        # The class's meaning beside the class: the config gives TC4 one.  The alert needs 4 of the last 5
+        # welds worn, so the newest may be called otherwise (a round-4 model once said TC2 at p 1.0 for
+        # the last worn weld): then its class has no meaning to show.
+        if predicted == "TC4":
+            assert "TC4 — worn horn and worn anvil" in now, now
+        else:
+            assert f"{predicted} (p " in now and " — " not in now.split("\n")[0], now
         silent = page.locator('.machine[data-device="p1"] .rule-silent[data-rule="shaky"]').inner_text()
         assert "task speed2 has no serving model yet" in silent
         failing = '.machine[data-device="p1"] .moonraker.bad:not([data-failed="0"])'
