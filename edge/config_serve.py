@@ -150,6 +150,12 @@ class ServeConfig:
     holdout_fraction
         The share of the training rows, newest first, held out to judge the candidates (at
         least 1 of 2 or more rows).
+    hold_out_always
+        Hold the newest rows out of every round's training to judge the candidates from the first
+        round, before any row is fed (default: once edge-recorder has fed a row; a device that
+        answers nothing trains on every row, as the fleet's simulations do).  A simulated device
+        (``--simulate printer --no-live``) then judges, serves and reports what it serves too:
+        ``make demo``'s printers.
     home_assistant
         Announce this machine to Home Assistant by MQTT discovery (retained config messages on its
         own ``ioft/v1/<fleet>/ha/<device>/...``, which ``serve`` republishes, rebuilt, under
@@ -167,6 +173,7 @@ class ServeConfig:
     margin: float = 0.05
     min_judge_rows: int = 5
     holdout_fraction: float = 0.2
+    hold_out_always: bool = False
     log_max_bytes: int = 1 << 20
     log_keep: int = 4
     log_max_age_s: float = 86400.0

@@ -253,13 +253,14 @@ class EdgeTrainer:
             return
         trained = round_steps.train(algo, self.device, ann, state.local, rows)
         self.round_cpu_s = trained.cpu_s
+        # Before the upload is built: its metrics say what this device now serves.
+        trained.metrics.update(self._offer(ann, algo, trained.local))
         new_state = round_steps.kept_state(algo, self.device, ann, trained)
         if algo.spec.secagg is not None:  # the change leaves masked, the upload carries none
             update, weight = round_steps.masked_input(algo, self.device, ann, trained)
             self.secagg.arm(ann.task, ann.round, ann.phase, update, weight)
         self.states.keep(ann.task, new_state)  # durable before it is sent
         self._publish_upload(ann.task, new_state)
-        self._offer(ann, algo, new_state.local)
         self._answered(ann, trained.metrics)
 
     def _gate(self, ann: round_messages.Announcement) -> ClientAlgorithm | None:
@@ -333,12 +334,16 @@ class EdgeTrainer:
             return self.serving.holdout(data[0])[0], data[1], data[2]
         return data
 
-    def _offer(self, ann: round_messages.Announcement, algo: ClientAlgorithm, local: Params) -> None:
-        """Offer the round's personalized model to serving: it answers rows if the gate lets it."""
+    def _offer(
+        self, ann: round_messages.Announcement, algo: ClientAlgorithm, local: Params
+    ) -> dict[str, float]:
+        """Offer the round's personalized model to serving (it answers rows if the gate lets it);
+        returns the round report's metrics of what serves the task now (:meth:`Server.served_metrics`)."""
         raw = (self.train, self.test, self.data_meta)
         rows = self._rows(algo)
         scaler = None if rows is None else self.inputs.scaler(ann.spec, algo, rows[0])
         self.serving.offer(ann.task, algo, ann.params, local, rows, raw, ann.round, scaler)
+        return self.serving.served_metrics(ann.task, self.test)
 
     def _answered(self, ann: round_messages.Announcement, metrics: dict[str, float]) -> None:
         """Count, log and report the round just answered."""

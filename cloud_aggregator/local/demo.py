@@ -6,13 +6,16 @@ started and stopped by :class:`cloud_aggregator.local.fleet.LocalFleet`.
 The fleet trains PFL-DA with the sigmoid GLM of PFL-DA Table 4 on simulated
 printers (each has run only a few speed settings; the test split is the speeds it
 never ran), then the same devices train alone ("indiv"), and the demo prints both.
+Each printer also serves as one answering its layers does (``[serve] hold_out_always``: its
+newest rows held out of training judge its candidates each round) and reports what it serves
+in its round report (``served_test_loss``, ``serves_<candidate>``): the tables print it too.
 
 Then a new printer joins the trained fleet: its ``edge-trainer`` starts, and the
 aggregator is restarted with PFL-DA's ``rounds`` raised by ``newcomer_rounds`` (the
 store resumes the task where it stopped) and an indiv task for the newcomer alone.
 The newcomer's personal model is cold-started on the device from the fleet's shared
 decoder at its first round (``trainer_lite.client.participate``); the closing table
-gives its loss 1, 5 and ``newcomer_rounds`` rounds after joining, beside indiv's.
+gives its loss and what it serves 1, 5 and ``newcomer_rounds`` rounds after joining, beside indiv's.
 
 Meanwhile two simulated welders work on the device side (``demo_welders``): one's tool starts to
 wear, and the demo ends with the weld at which its alert was raised beside the weld at which the
@@ -96,10 +99,30 @@ def newcomer_config(
     return _demo_toml(fleet, broker, state_dir, tasks, [*devices, newcomer], 1)
 
 
-def _newcomer_losses(store: SqliteStore, task: str, device: str, after: int) -> dict[int, float]:
-    """``{rounds since joining: device's test loss}`` of ``task``'s rounds after round ``after``."""
+#: The round report's metrics of what a device serves (``edge.serving.server.Server.served_metrics``).
+SERVED_LOSS, SERVES = "served_test_loss", "serves_"
+
+
+def served(metrics: dict[str, float]) -> tuple[float, str] | None:
+    """``(the served model's test loss, its candidate)`` in one device's round report; ``None``
+    where it served nothing yet."""
+    if SERVED_LOSS not in metrics:
+        return None
+    names = [k.removeprefix(SERVES) for k, v in metrics.items() if k.startswith(SERVES) and v == 1.0]
+    return LOSS_SCALE * metrics[SERVED_LOSS], names[0] if names else "?"
+
+
+def _cell(got: tuple[float, str] | None) -> str:
+    """A served loss with its candidate, e.g. ``0.2177 alone``."""
+    return f"{got[0]:>8.4f} {got[1]:<8}" if got is not None else f"{'-':>8} {'':<8}"
+
+
+def _newcomer_losses(
+    store: SqliteStore, task: str, device: str, after: int
+) -> dict[int, tuple[float, tuple[float, str] | None]]:
+    """``{rounds since joining: (device's test loss, what it served)}`` of ``task``'s rounds after ``after``."""
     return {
-        rec.round - after: LOSS_SCALE * rec.metrics[device]["test_loss"]
+        rec.round - after: (LOSS_SCALE * rec.metrics[device]["test_loss"], served(rec.metrics[device]))
         for rec in store.rounds(task)
         if rec.round > after and "test_loss" in rec.metrics.get(device, {})
     }
@@ -109,7 +132,7 @@ def run_newcomer(fleet: LocalFleet, devices: list[str], rounds: int, more: int) 
     """A new printer joins after round ``rounds``; print its loss beside indiv's. Returns an exit code."""
     newcomer = f"printer{len(devices) + 1}"
     print(f"\n{newcomer} joins the trained fleet; PFL-DA goes on for {more} rounds with it:")
-    fleet.start_device(newcomer, simulate="printer")
+    fleet.start_device(newcomer, *_serving(fleet.work, newcomer), simulate="printer")
     toml = newcomer_config(
         fleet.fleet, fleet.broker_url, fleet.work / "aggregator", devices, newcomer, rounds, more
     )
@@ -122,13 +145,21 @@ def run_newcomer(fleet: LocalFleet, devices: list[str], rounds: int, more: int) 
     indiv = _newcomer_losses(store, "speed-newcomer-indiv", newcomer, 0)
     store.close()
     print(
-        f"\n{newcomer}'s test loss after joining (PFL-DA: cold-started from the fleet's decoder; indiv: alone):"
+        f"\n{newcomer}'s test loss after joining (PFL-DA: its personal model, cold-started from the fleet's "
+        "decoder; served: what it answers with, the best of its candidates on its newest rows; indiv: alone):"
     )
-    print(f"{'rounds since joining':>21} {'PFL-DA':>8} {'indiv':>8} {'PFL-DA vs indiv':>16}")
+    print(
+        f"{'rounds since joining':>21} {'PFL-DA':>8} {'served':>8} {'':<8} {'indiv':>8} {'served vs indiv':>16}"
+    )
+    nothing = (float("nan"), None)
     for r in (k for k in NEWCOMER_SHOWN if k <= more):
-        p, i = pflda.get(r, float("nan")), indiv.get(r, float("nan"))
-        print(f"{r:>21} {p:>8.4f} {i:>8.4f} {100 * (p - i) / i:>+15.1f}%")
+        (p, got), i = pflda.get(r, nothing), indiv.get(r, nothing)[0]
+        print(f"{r:>21} {p:>8.4f} {_cell(got)} {i:>8.4f} {_versus(got, i)}")
     return 0
+
+
+def _versus(got: tuple[float, str] | None, indiv: float) -> str:
+    return f"{100 * (got[0] - indiv) / indiv:>+15.1f}%" if got is not None else f"{'-':>16}"
 
 
 #: The live table shows every this-many-th round (and the first and the last).
@@ -153,13 +184,13 @@ def _row(rec: RoundRecord, devices: list[str]) -> str:
     return f"{rec.round:>5} {len(rec.participants):>9} " + " ".join(cells) + f" {mean_s}"
 
 
-def _final(store: SqliteStore, task: str) -> dict[str, float]:
-    """Each device's test loss at its last answered round of ``task``."""
-    out: dict[str, float] = {}
+def _final(store: SqliteStore, task: str) -> dict[str, tuple[float, tuple[float, str] | None]]:
+    """Each device's test loss at its last answered round of ``task``, and what it served then."""
+    out: dict[str, tuple[float, tuple[float, str] | None]] = {}
     for rec in store.rounds(task):
         for d, m in rec.metrics.items():
             if "test_loss" in m:
-                out[d] = LOSS_SCALE * m["test_loss"]
+                out[d] = (LOSS_SCALE * m["test_loss"], served(m))
     return out
 
 
@@ -216,7 +247,8 @@ def _start_training(
     """Start the devices, the aggregator and (with ``console``) the console; say where things are."""
     print(f"broker: {fleet.broker.kind} on {fleet.broker_url}" if fleet.broker is not None
           else f"broker: {broker} (external)")  # fmt: skip
-    fleet.start_devices(names, simulate="printer")
+    for name in names:
+        fleet.start_device(name, *_serving(work, name), simulate="printer")
     agg = fleet.start_aggregator(
         demo_config(fleet.fleet, fleet.broker_url, work / "aggregator", names, rounds)
     )
@@ -224,6 +256,16 @@ def _start_training(
     view = _start_console(work) if console else None
     print("test loss = 50·MSE(speed/50) on each printer's unseen speeds (PFL-DA Table 5 units)\n")
     return agg, view
+
+
+def _serving(work: Path, device: str) -> list[str]:
+    """``--config`` for a demo printer: it judges its candidates on its newest rows (held out of
+    training) from the first round and reports what it serves, as a printer answering its layers
+    does, on the seeded rows only (``[serve] hold_out_always``: no live rows, so the tables compare
+    the same rows)."""
+    path = work / f"{device}.toml"
+    path.write_text("[serve]\nhold_out_always = true\n")
+    return ["--config", str(path)]
 
 
 def _print_results(db: Path, names: list[str]) -> None:
@@ -234,14 +276,24 @@ def _print_results(db: Path, names: list[str]) -> None:
     store.close()
     print(f"\nEach printer alone (indiv: same model and rounds, nothing shared), every {SHOW_EVERY}th round:")
     print("\n".join(_table(indiv_rounds[SHOW_EVERY - 1 :: SHOW_EVERY], names)))
-    pflda, indiv, fedavg = (final[name] for name, _, _ in TASKS)
-    print("\nFinal test loss per printer (lower is better; FedAvg: one global model for all printers):")
-    print(f"{'printer':>10} {'PFL-DA':>8} {'indiv':>8} {'FedAvg':>8} {'PFL-DA vs indiv':>16}")
+    pflda, indiv, fedavg = ({d: v[0] for d, v in final[name].items()} for name, _, _ in TASKS)
+    answers = {d: v[1] for d, v in final[TASKS[0][0]].items()}
+    print("\nFinal test loss per printer (lower is better; PFL-DA: its personal model; served: what the printer "
+          "answers with, the best of its candidates (PFL-DA's personal or global model, or its own model "
+          "trained alone) on its newest rows; FedAvg: one global model for all printers):")  # fmt: skip
+    print(f"{'printer':>10} {'PFL-DA':>8} {'served':>8} {'':<8} {'indiv':>8} {'FedAvg':>8} "
+          f"{'PFL-DA vs indiv':>16} {'served vs indiv':>16}")  # fmt: skip
     for d in names:
         p, i, f = (t.get(d, float("nan")) for t in (pflda, indiv, fedavg))
-        print(f"{d:>10} {p:>8.4f} {i:>8.4f} {f:>8.4f} {100 * (p - i) / i:>+15.1f}%")
+        got = answers.get(d)
+        print(
+            f"{d:>10} {p:>8.4f} {_cell(got)} {i:>8.4f} {f:>8.4f} {100 * (p - i) / i:>+15.1f}% {_versus(got, i)}"
+        )
     mp, mi, mf = (sum(t.values()) / max(1, len(t)) for t in (pflda, indiv, fedavg))
-    print(f"{'fleet mean':>10} {mp:>8.4f} {mi:>8.4f} {mf:>8.4f} {100 * (mp - mi) / mi:>+15.1f}%")
+    ms = [v[0] for v in answers.values() if v is not None]
+    mean_served = (sum(ms) / len(ms), "") if ms and len(ms) == len(answers) else None
+    print(f"{'fleet mean':>10} {mp:>8.4f} {_cell(mean_served)} {mi:>8.4f} {mf:>8.4f} "
+          f"{100 * (mp - mi) / mi:>+15.1f}% {_versus(mean_served, mi)}")  # fmt: skip
 
 
 def _aggregator_failed(fleet: LocalFleet, name: str, rc: int) -> int:

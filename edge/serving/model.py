@@ -34,6 +34,7 @@ from ioft_protocol.state import StateError, load_arrays, save_arrays
 from sensors.features.scaling import Standardizer
 from sensors.layers import SPEED_SCALE
 from trainer_lite.algorithms import ClientAlgorithm, make_client
+from trainer_lite.client import cast_dataset
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, strip_prefix, with_prefix
 from trainer_lite.task import TaskSpec
@@ -137,6 +138,20 @@ class ServingModel:
     # -- answering -------------------------------------------------------------------
     def outputs(self, x: np.ndarray, encoder=None) -> np.ndarray:
         """The model's raw output for rows ``x`` as the dataset stores them (embedded, scaled here)."""
+        x = self._inputs(x, encoder)
+        return np.asarray(self.algo.predict(self.shared, self.local, x), dtype=np.float64)
+
+    def evaluate(self, test: Dataset, encoder=None) -> dict[str, float]:
+        """The task's own metrics (``loss``, and ``accuracy`` for classes) on ``test`` rows as
+        stored: what :func:`trainer_lite.client.participate` reports as ``test_*`` for the
+        personal model, for whichever candidate serves; empty without rows."""
+        if len(test) == 0:
+            return {}
+        rows = cast_dataset(Dataset(self._inputs(test.x, encoder), test.y, test.domain), self.algo.spec.dtype)
+        return self.algo.evaluate(self.shared, self.local, rows)
+
+    def _inputs(self, x: np.ndarray, encoder=None) -> np.ndarray:
+        """Rows ``x`` as stored, as the model takes them: embedded, scaled, in its dtype."""
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != self.width:
             raise Refused(Refusal.WIDTH, f"rows of {x.shape[-1]} features; the model takes {self.width}")
@@ -150,8 +165,7 @@ class ServingModel:
             x = encoder.run(x).astype(np.float32, copy=False)
         if self.scale_mean is not None and self.scale_std is not None:
             x = Standardizer(self.scale_mean, self.scale_std).transform(x, np.float64)
-        x = x.astype(self.algo.spec.dtype, copy=False)
-        return np.asarray(self.algo.predict(self.shared, self.local, x), dtype=np.float64)
+        return x.astype(self.algo.spec.dtype, copy=False)
 
     def answer(
         self, row: Row, encoder=None, *, now: float | None = None, coverage: float = DEFAULT_COVERAGE

@@ -31,6 +31,7 @@ from edge.rows import Row
 from edge.serving import gate, server_status
 from edge.serving.advising import Advising
 from edge.serving.alerts import Alerts, Event, rule_problem
+from edge.serving.candidates import ORDER as CANDIDATES
 from edge.serving.candidates import choose
 from edge.serving.conformal import score as conformal_score
 from edge.serving.feed_reader import SAVE_MAX_S, FeedReader
@@ -82,8 +83,9 @@ class Server:
         self.dir = Path(state_dir) / SERVING_DIR
         self.state_dir = Path(state_dir)
         self.publish, self.encoder = publish, encoder
-        # Rows come from edge-recorder ([data] source = "state"); simulated devices and the swarm have none.
-        self.enabled = self.cfg.enabled and config.data.source == "state"
+        # Rows come from edge-recorder ([data] source = "state"); simulated devices and the swarm have
+        # none, and serve only where told to judge without them (hold_out_always: make demo's printers).
+        self.enabled = self.cfg.enabled and (config.data.source == "state" or self.cfg.hold_out_always)
         self.models: dict[str, ServingModel] = {}
         self.answered: Counter[str] = Counter()
         # When these counts (and Moonraker's) began: a restart starts them again, and the console's
@@ -286,9 +288,30 @@ class Server:
         ``raw``: the dataset's splits as stored and its metadata; ``scaler``: the transform the round
         trained through (the daemon's; a ``scaling = "local"`` task without one is fitted here on the
         training rows), kept with the model so that its answers see rows as training did.
+        A model serving cannot run (FedDAR's answers need each row's domain) serves nothing: the
+        status's ``gate`` says why, and the round goes on.
         """
         if not self.serves(task) or rows is None:
             return False
+        try:
+            return self._offer(task, algo, shared, local, rows, raw, round_, scaler)
+        except ValueError as exc:
+            self.gate[task] = f"round {round_}: its models cannot serve here: {exc}"
+            self._changed = True
+            self.say(task, "cannot_serve", f"its models cannot serve here: {exc}")
+            return False
+
+    def _offer(
+        self,
+        task: str,
+        algo: ClientAlgorithm,
+        shared: Params,
+        local: Params,
+        rows: tuple[Dataset, Dataset, int | None],
+        raw: tuple[Dataset, Dataset, dict],
+        round_: int,
+        scaler: Standardizer | None,
+    ) -> bool:
         train, _, encoder_version = rows
         raw_train, _, meta = raw
         fit = self.holdout(train)[0]  # embedded where the task embeds: what its models train on
@@ -356,12 +379,31 @@ class Server:
         return True
 
     def answering(self, task: str) -> bool:
-        """Whether ``task``'s rows are answered here: it serves, and edge-recorder has fed rows.
+        """Whether ``task``'s rows are answered here: it serves, and edge-recorder has fed rows (or
+        ``[serve] hold_out_always``).
 
         Only then does a round train without its newest rows (they judge the candidates): a
         device that answers nothing keeps every row for training, as the fleet's simulations do.
         """
-        return self.serves(task) and feed_path(self.state_dir).exists()
+        return self.serves(task) and (self.cfg.hold_out_always or feed_path(self.state_dir).exists())
+
+    def served_metrics(self, task: str, test: Dataset) -> dict[str, float]:
+        """What serves ``task`` now, as the round's report gives it: ``served_test_*`` (the task's
+        metrics of the serving model on the ``test`` split as stored, beside the personal model's
+        ``test_*``) and ``serves_<candidate>``, 1 for the one that serves and 0 for the others (a
+        fleet mean is the share of serving devices that serve it).  Empty while nothing serves;
+        without the ``served_test_*`` if the serving model cannot be run on the test split."""
+        model = self.models.get(task)
+        if model is None or not self.serves(task):
+            return {}
+        out = {f"serves_{name}": float(name == model.candidate) for name in CANDIDATES}
+        try:
+            enc = self.encoder(model.encoder) if model.encoder is not None else None
+            scores = model.evaluate(test, enc)
+        except Refused as exc:  # an encoder gone since: the share is still true
+            self.say(task, "served_metrics", f"the serving model cannot be scored on the test split: {exc}")
+            return out
+        return out | {f"served_test_{k}": float(v) for k, v in scores.items()}
 
     def holdout(self, train: Dataset) -> tuple[Dataset, Dataset]:
         """``(the rows a round trains on, the newest ones that judge its candidates)`` of ``train``."""

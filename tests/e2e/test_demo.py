@@ -24,11 +24,40 @@ def run_demo_cli(workdir: Path, *args: str, timeout: float = 240) -> str:
     return done.stdout
 
 
+CANDIDATES = ("personal", "global", "alone")
+
+
 def fleet_means(out: str) -> tuple[float, float, float]:
-    """(PFL-DA, indiv, FedAvg) from the demo's closing `fleet mean` line."""
+    """(PFL-DA, indiv, FedAvg) from the demo's closing `fleet mean` line (its served column skipped)."""
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("fleet mean"))
-    pflda, indiv, fedavg = (float(v) for v in line.split()[2:5])
+    pflda, _served, indiv, fedavg = (float(v) for v in line.split()[2:6])
     return pflda, indiv, fedavg
+
+
+def served_table(out: str) -> dict[str, tuple[float, float, str, float]]:
+    """printer -> (PFL-DA's personal loss, the served model's, its candidate, indiv's) from the final table."""
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("Final test loss per printer")) + 2
+    rows = {}
+    for ln in lines[start:]:
+        if ln.strip().startswith("fleet mean"):
+            break
+        name, pflda, served, candidate, indiv, *_ = ln.split()
+        rows[name] = (float(pflda), float(served), candidate, float(indiv))
+    return rows
+
+
+def newcomer_table(out: str) -> dict[int, tuple[float, str]]:
+    """rounds since joining -> (the newcomer's served loss, its candidate)."""
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if "test loss after joining" in ln) + 2
+    rows = {}
+    for ln in lines[start:]:
+        if not ln.strip():
+            break
+        r, _pflda, served, candidate, *_ = ln.split()
+        rows[int(r)] = (float(served), candidate)
+    return rows
 
 
 def advice_table(out: str) -> dict[str, tuple[float, float, float]]:
@@ -78,6 +107,12 @@ def test_default_demo_on_mosquitto_shows_pflda_beating_indiv(tmp_path):
     assert [int(r.split()[0]) for r in rows[:21]] == [1, *range(10, 201, 10)]
     pflda, indiv, _ = fleet_means(out)
     assert pflda < indiv, out[-1500:]
+    # Each printer reports, in its round report, what it serves: a named candidate and its test loss.
+    served = served_table(out)
+    assert sorted(served) == ["printer1", "printer2", "printer3", "printer4"], out[-3000:]
+    assert all(c in CANDIDATES and 0 < s < 1000 for _, s, c, _ in served.values()), served
+    newcomer = newcomer_table(out)
+    assert sorted(newcomer) == [1, 5, 20] and all(c in CANDIDATES for _, c in newcomer.values()), newcomer
     check_welders(out)
     # Every round got every printer's upload: nothing refused, no deadline extended.
     log = (tmp_path / "aggregator.log").read_text()
