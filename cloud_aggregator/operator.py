@@ -2,8 +2,9 @@
 
 ``fleet init`` gives the operator a listener of its own (``fleet.broker_conf.mosquitto_conf_text``)
 where the login is the client id, and sixteen logins, ``operator.1`` .. ``operator.16``, one
-password: each session claims a free one (:func:`claim_operator_login`), so up to sixteen consoles
-and commands of a machine run side by side, and none can take a device's client id (MQTT would
+password: each session claims a free one of the first fifteen (:func:`claim_operator_login`), so up
+to fifteen consoles and commands of a machine run side by side, ``operator.16`` is left to a hand-run
+client (``mosquitto_sub``), and none can take a device's client id (MQTT would
 disconnect the device).  A fleet from before those logins keeps ``operator`` and a client id per
 session (:func:`operator_client_id`).  On the
 devices' listener the broker makes the login's name the client id, so a command holding the
@@ -41,8 +42,13 @@ WORKER_PREFIX = "worker."
 #: The operator's login as its TOML names it; on its listener each session logs in as one of
 #: ``operator.1`` .. ``operator.<OPERATOR_SLOTS>`` instead (:func:`claim_operator_login`).
 OPERATOR = "operator"
-#: How many operator sessions (consoles, ``fleet status``, ``push``...) one machine runs at once.
+#: The operator listener's logins, ``operator.1`` .. ``operator.<OPERATOR_SLOTS>``.
 OPERATOR_SLOTS = 16
+#: The login left to a hand-run client (``mosquitto_sub``, the guides' watching commands): the tools
+#: never claim it, so neither knocks the other off the broker (the login is the client id there).
+HAND_RUN_SLOT = OPERATOR_SLOTS
+#: How many operator sessions (consoles, ``fleet status``, ``push``...) one machine runs at once.
+TOOL_SLOTS = OPERATOR_SLOTS - 1
 #: ``operator.toml``'s username in a fleet whose operator's listener has those logins: "one of them".
 #: A fleet from before them says ``operator`` and keeps it (its password file knows no other).
 OPERATOR_LOGIN = f"{OPERATOR}.*"
@@ -64,9 +70,9 @@ class OperatorSlot:
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():  # someone else's, in a shared /tmp
             raise ConfigError("operator", [f"{folder} is not a folder of this user's: remove it"])
         # Start at a random login: two machines' first sessions rarely pick the same one.
-        first = secrets.randbelow(OPERATOR_SLOTS)
-        for i in range(OPERATOR_SLOTS):
-            k = (first + i) % OPERATOR_SLOTS + 1
+        first = secrets.randbelow(TOOL_SLOTS)
+        for i in range(TOOL_SLOTS):
+            k = (first + i) % TOOL_SLOTS + 1  # never HAND_RUN_SLOT
             fh = (folder / f"{key}-{k}.lock").open("a")
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -77,9 +83,7 @@ class OperatorSlot:
             return
         raise ConfigError(
             "operator",
-            [
-                f"{OPERATOR_SLOTS} operator sessions already run on this machine: stop one (console, fleet status)"
-            ],
+            [f"{TOOL_SLOTS} operator sessions already run on this machine: stop one (console, fleet status)"],
         )
 
     @property
