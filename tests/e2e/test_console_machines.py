@@ -7,6 +7,7 @@ models, and the learning view is one click away."""
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import pytest
@@ -64,10 +65,19 @@ def test_the_machines_view_shows_answers_alerts_and_models_live(fleet_procs, bro
     assert fleet_procs.wait_aggregator(180) == 0, fleet_procs.log("aggregator")[-3000:]
     for dev, rounds in (("p1", 2), ("w1", 4)):
         fleet_procs.wait_for(
-            lambda d=dev, r=rounds: f"serves its model of round {r}" in fleet_procs.log(d),
+            lambda d=dev, r=rounds: (
+                f"serves its model of round {r}," in fleet_procs.log(d)
+                or f"the model of round {r} does not serve" in fleet_procs.log(d)
+            ),
             30,
-            f"{dev}'s round {rounds} model serving",
+            f"{dev}'s round {rounds} model reaching the gate",
         )
+    # The welds recorded depend on timing (the label log lags), so the gate may keep an earlier
+    # round's model (4 newest rows judge it): the console must show the one the device serves.
+    served = {
+        d: re.findall(rf"task {task} now serves its model of round (\d+),", fleet_procs.log(d))[-1]
+        for d, task in (("p1", "speed"), ("w1", "tool"))
+    }
     config = work / "console.toml"
     config.write_text(
         f'fleet = "{FLEET}"\nbroker = "{fleet_procs.broker_url}"\nstate_dir = "{work / "aggregator"}"\n'
@@ -129,8 +139,10 @@ def test_the_machines_view_shows_answers_alerts_and_models_live(fleet_procs, bro
             ).inner_text()
             for dev, task in (("p1", "speed"), ("w1", "tool"))
         }
-        assert all(w in facts["p1"] for w in ("serving: speed round 2", "speed advice", "field error")), facts
-        assert all(w in facts["w1"] for w in ("serving: tool round 4", "field accuracy")), facts
+        assert all(
+            w in facts["p1"] for w in (f"serving: speed round {served['p1']}", "speed advice", "field error")
+        ), facts
+        assert all(w in facts["w1"] for w in (f"serving: tool round {served['w1']}", "field accuracy")), facts
         # Which candidate serves, and its evidence: each candidate's score on the newest rows.
         for dev, task in (("p1", "speed"), ("w1", "tool")):
             model = page.locator(f'.machine[data-device="{dev}"] .task-now[data-task="{task}"] .model')
