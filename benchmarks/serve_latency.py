@@ -65,7 +65,7 @@ from edge.feed import feed_path
 from edge.jsonlog import read_log
 from edge.serving.conformal import Calibration
 from edge.serving.model import ServingModel
-from edge.serving.server import model_path
+from edge.serving.offers import model_path
 from ioft_protocol import topics
 from trainer_lite.algorithms import make_client
 from trainer_lite.task import TaskSpec

@@ -63,8 +63,9 @@ from edge.feed import RowFeed
 from edge.recording.simulate import SimulatedWelder
 from edge.rows import Row
 from edge.serving.alerts import Alerts
+from edge.serving.offers import model_path
 from edge.serving.records import Answer, ModelId
-from edge.serving.server import Server, model_path
+from edge.serving.server import Server
 from edge.simulated import simulated_welder_dataset
 from sensors.features.pipeline import labelled_rows
 from trainer_lite.client import derive_rng

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 from ioft_protocol import round_messages
 from trainer_lite.params import param_hash
+
+log = logging.getLogger(__name__)
 
 
 class Announcements:
@@ -35,11 +39,19 @@ class Announcements:
         self._by_topic[topic] = (bytes(payload), ann)
         return ann
 
-    def params_match(self, ann: round_messages.Announcement) -> bool:
-        """Whether ``ann``'s parameters hash to its ``params_hash`` (computed once per decoded object)."""
+    def params_match(self, ann: round_messages.Announcement, device: str) -> bool:
+        """Whether ``ann``'s parameters hash to its ``params_hash`` (computed once per decoded object);
+        if not, ``device`` drops the message, and says so."""
         if ann is self._hash_ok:
             return True
         if param_hash(ann.params) != ann.params_hash:
+            log.warning(
+                "%s dropped the announcement of task %s round %d: downlink parameters do not match their "
+                "announced hash",
+                device,
+                ann.task,
+                ann.round,
+            )
             return False
         self._hash_ok = ann
         return True

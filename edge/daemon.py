@@ -291,23 +291,10 @@ class EdgeTrainer:
             self.link.publish_status()  # the task is over: its last round shows at once
         return True
 
-    def _params_ok(self, ann: round_messages.Announcement) -> bool:
-        """Whether the announced parameters hash to their announced hash; if not, the message is dropped."""
-        if self.announcements.params_match(ann):
-            return True
-        log.warning(
-            "%s dropped the announcement of task %s round %d: downlink parameters do not match their "
-            "announced hash",
-            self.device,
-            ann.task,
-            ann.round,
-        )
-        return False
-
     def _round_rows(self, ann: round_messages.Announcement, algo: ClientAlgorithm) -> Rows | None:
         """The rows the round trains on, or ``None`` (logged) while there are none: no local rows
         yet, an encoder not active here, or a fleet transform still to come (the statistics go out)."""
-        if not self._params_ok(ann):
+        if not self.announcements.params_match(ann, self.device):
             return None
         if len(self.train) == 0:
             log.warning(
@@ -338,7 +325,7 @@ class EdgeTrainer:
         self, ann: round_messages.Announcement, algo: ClientAlgorithm, local: Params
     ) -> dict[str, float]:
         """Offer the round's personalized model to serving (it answers rows if the gate lets it);
-        returns the round report's metrics of what serves the task now (:meth:`Server.served_metrics`)."""
+        returns the round report's metrics of what serves the task now (:meth:`edge.serving.offers.Offers.served_metrics`)."""
         raw = (self.train, self.test, self.data_meta)
         rows = self._rows(algo)
         scaler = None if rows is None else self.inputs.scaler(ann.spec, algo, rows[0])
@@ -378,9 +365,8 @@ class EdgeTrainer:
         in the status (:func:`edge.round_steps.score_global`); never train, never upload."""
         done = self.holdout.get(ann.task)
         key = (ann.round, ann.phase, ann.global_hash)
-        if (done is not None and (done.round, done.phase, done.global_hash) == key) or not self._params_ok(
-            ann
-        ):
+        seen = done is not None and (done.round, done.phase, done.global_hash) == key
+        if seen or not self.announcements.params_match(ann, self.device):
             return
         score = round_steps.score_global(algo, self.device, ann, self.task_data(ann.spec))
         if score is not None:

@@ -99,7 +99,7 @@ def newcomer_config(
     return _demo_toml(fleet, broker, state_dir, tasks, [*devices, newcomer], 1)
 
 
-#: The round report's metrics of what a device serves (``edge.serving.server.Server.served_metrics``).
+#: The round report's metrics of what a device serves (``edge.serving.offers.Offers.served_metrics``).
 SERVED_LOSS, SERVES = "served_test_loss", "serves_"
 
 

@@ -18,7 +18,7 @@ After each round the device has three models of a task (the *candidates*):
 
 Each is judged on the newest rows of the device's training split (:func:`trainer_lite.data.newest_split`),
 which no candidate was trained on (on a device that answers rows, the daemon trains the round on
-the older ones: :meth:`edge.serving.server.Server.answering`): accuracy, or
+the older ones: :meth:`edge.serving.offers.Offers.answering`): accuracy, or
 R².  The best *record* serves: each round's score joins the candidate's earlier ones with weight
 ``MEMORY`` per round of age (kept in ``serving/judge/<task>.json``), because one round's few newest
 rows are a noisy judge (``benchmarks/results/field_accuracy.md``: on a single round's ten rows the

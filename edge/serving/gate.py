@@ -1,6 +1,6 @@
 """The gate's pure parts: the round's personal model as a candidate, and why the best one may not serve.
 
-:meth:`edge.serving.server.Server.offer` builds the round's personal model
+:meth:`edge.serving.offers.Offers.offer` builds the round's personal model
 (:func:`personal_model`), lets :func:`edge.serving.candidates.choose` pick the best candidate on
 the newest rows, and asks :func:`refusal` whether it may replace the model serving now.
 """

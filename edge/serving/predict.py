@@ -30,7 +30,7 @@ from edge.config import DeviceConfig, resolve_relative_files
 from edge.rows import Row
 from edge.serving.advice import ceilings, speed_advice
 from edge.serving.model import Refused, ServingModel
-from edge.serving.server import model_path
+from edge.serving.offers import model_path
 from ioft_protocol.config import build, load_toml
 from sensors.files import FileRefusedError, printable, read_capped
 from sensors.welding.formats import WELD_SUFFIXES

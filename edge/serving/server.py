@@ -25,25 +25,20 @@ from typing import Any
 
 from edge.config import DeviceConfig
 from edge.config_serve import AlertRule
-from edge.feed import SERVING_DIR, feed_path
+from edge.feed import SERVING_DIR
 from edge.jsonlog import JsonLinesLog, read_log
 from edge.rows import Row
-from edge.serving import gate, server_status
+from edge.serving import server_status
 from edge.serving.advising import Advising
 from edge.serving.alerts import Alerts, Event, rule_problem
-from edge.serving.candidates import ORDER as CANDIDATES
-from edge.serving.candidates import choose
 from edge.serving.conformal import score as conformal_score
 from edge.serving.feed_reader import SAVE_MAX_S, FeedReader
 from edge.serving.field import FieldScores
 from edge.serving.home_assistant import Announcer, Discovery
 from edge.serving.model import Refusal, Refused, ServingModel, load_served
+from edge.serving.offers import Offers
 from edge.serving.records import Answer
 from ioft_protocol import topics
-from sensors.features.scaling import Standardizer
-from trainer_lite.algorithms import ClientAlgorithm
-from trainer_lite.data import Dataset, newest_split
-from trainer_lite.params import Params
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +47,9 @@ ANSWER_LOG = "answers.jsonl"
 LABEL_KIND = "label"
 
 
-def model_path(state_dir: Path, task: str) -> Path:
-    return Path(state_dir) / SERVING_DIR / f"{task}.safetensors"
-
-
-class Server:
-    """Answers every row of the feed with each serving task's model (see the module docstring).
+class Server(Offers):
+    """Answers every row of the feed with each serving task's model (see the module docstring); the
+    round loop offers it each round's models (:class:`~edge.serving.offers.Offers`).
 
     Parameters
     ----------
@@ -267,153 +259,6 @@ class Server:
         if (task, what) not in self._said:
             self._said.add((task, what))
             log.warning("%s: serving task %s: %s", self.device, task, message)
-
-    # -- the round loop's hand-over and the gate -----------------------------------------
-    def offer(
-        self,
-        task: str,
-        algo: ClientAlgorithm,
-        shared: Params,
-        local: Params,
-        rows: tuple[Dataset, Dataset, int | None] | None,
-        raw: tuple[Dataset, Dataset, dict],
-        round_: int,
-        scaler: Standardizer | None = None,
-    ) -> bool:
-        """The round's models as candidates (:mod:`edge.serving.candidates`); ``True`` if one now
-        serves ``task``.
-
-        ``rows``: the task's rows before scaling (embedded, where the task embeds) and the encoder
-        version; the newest of the training split (:meth:`holdout`) judge, the round did not train on them;
-        ``raw``: the dataset's splits as stored and its metadata; ``scaler``: the transform the round
-        trained through (the daemon's; a ``scaling = "local"`` task without one is fitted here on the
-        training rows), kept with the model so that its answers see rows as training did.
-        A model serving cannot run (FedDAR's answers need each row's domain) serves nothing: the
-        status's ``gate`` says why, and the round goes on.
-        """
-        if not self.serves(task) or rows is None:
-            return False
-        try:
-            return self._offer(task, algo, shared, local, rows, raw, round_, scaler)
-        except ValueError as exc:
-            self.gate[task] = f"round {round_}: its models cannot serve here: {exc}"
-            self._changed = True
-            self.say(task, "cannot_serve", f"its models cannot serve here: {exc}")
-            return False
-
-    def _offer(
-        self,
-        task: str,
-        algo: ClientAlgorithm,
-        shared: Params,
-        local: Params,
-        rows: tuple[Dataset, Dataset, int | None],
-        raw: tuple[Dataset, Dataset, dict],
-        round_: int,
-        scaler: Standardizer | None,
-    ) -> bool:
-        train, _, encoder_version = rows
-        raw_train, _, meta = raw
-        fit = self.holdout(train)[0]  # embedded where the task embeds: what its models train on
-        # As stored: the rows its models trained on, and the newest, which judge them (row for row the same).
-        raw_fit, newest = self.holdout(raw_train)
-        if scaler is None and algo.scaling == "local" and len(fit):
-            scaler = Standardizer.fit(fit.x)
-        if scaler is None and algo.scaling == "fleet":
-            return False  # trained through no transform yet: nothing to serve
-        personal = gate.personal_model(
-            self.device, task, algo, (shared, local), (raw_train, meta), round_, encoder_version, scaler
-        )
-        judging = (self.state_dir, self.encoder, self.cfg.min_judge_rows)
-        candidate, evidence = choose(personal, algo, shared, fit, newest, scaler, *judging, every=train)
-        # The alone copy on every row has seen the newest rows: its twin, which has not, stands in for
-        # it wherever they judge (its reference figure, its first interval's residuals).
-        twin = candidate.judged_by
-        seen, judged = (raw_train, twin) if twin is not None else (raw_fit, candidate)
-        gate.bound_speed(candidate, seen)
-        enc = self.encoder(candidate.encoder) if candidate.encoder is not None else None
-        current = self.models.get(task)
-        why = gate.refusal(candidate, evidence, current, newest, enc, encoder_version, self.cfg.margin)
-        if why is not None:
-            return self._gate_refuses(task, round_, why)
-        score = candidate.metric
-        candidate.reference = score if candidate.classes is not None else judged.test_error(newest, enc)
-        candidate.calibrate(seen, newest, enc, judged)  # the trained range, the first interval's rows
-        return self._install(task, candidate, current, round_, evidence)
-
-    def _install(
-        self,
-        task: str,
-        candidate: ServingModel,
-        current: ServingModel | None,
-        round_: int,
-        evidence: dict[str, Any],
-    ) -> bool:
-        """Save ``candidate`` and serve it from the next row on; ``False`` if it could not be saved."""
-        try:
-            candidate.save(model_path(self.state_dir, task))
-        except OSError as exc:
-            log.error(
-                "%s: could not save task %s's serving model (%s); the old one keeps serving",
-                self.device,
-                task,
-                exc,
-            )
-            return False
-        with self._lock:
-            self.models[task] = candidate  # one assignment: a row is answered by the old model or the new
-        self.gate.pop(task, None)
-        self._changed = True
-        self.advising.model_changed(task)
-        if current is None:
-            self._announce(task, candidate)
-        log.info(
-            "%s: task %s now serves its model of round %d, %s: the %s candidate (%s)",
-            self.device,
-            task,
-            round_,
-            candidate.digest,
-            candidate.candidate,
-            "; ".join(filter(None, (evidence["why"], evidence.get("serves")))),
-        )
-        return True
-
-    def answering(self, task: str) -> bool:
-        """Whether ``task``'s rows are answered here: it serves, and edge-recorder has fed rows (or
-        ``[serve] hold_out_always``).
-
-        Only then does a round train without its newest rows (they judge the candidates): a
-        device that answers nothing keeps every row for training, as the fleet's simulations do.
-        """
-        return self.serves(task) and (self.cfg.hold_out_always or feed_path(self.state_dir).exists())
-
-    def served_metrics(self, task: str, test: Dataset) -> dict[str, float]:
-        """What serves ``task`` now, as the round's report gives it: ``served_test_*`` (the task's
-        metrics of the serving model on the ``test`` split as stored, beside the personal model's
-        ``test_*``) and ``serves_<candidate>``, 1 for the one that serves and 0 for the others (a
-        fleet mean is the share of serving devices that serve it).  Empty while nothing serves;
-        without the ``served_test_*`` if the serving model cannot be run on the test split."""
-        model = self.models.get(task)
-        if model is None or not self.serves(task):
-            return {}
-        out = {f"serves_{name}": float(name == model.candidate) for name in CANDIDATES}
-        try:
-            enc = self.encoder(model.encoder) if model.encoder is not None else None
-            scores = model.evaluate(test, enc)
-        except Refused as exc:  # an encoder gone since: the share is still true
-            self.say(task, "served_metrics", f"the serving model cannot be scored on the test split: {exc}")
-            return out
-        return out | {f"served_test_{k}": float(v) for k, v in scores.items()}
-
-    def holdout(self, train: Dataset) -> tuple[Dataset, Dataset]:
-        """``(the rows a round trains on, the newest ones that judge its candidates)`` of ``train``."""
-        return newest_split(train, self.cfg.holdout_fraction)
-
-    def _gate_refuses(self, task: str, round_: int, why: str) -> bool:
-        self.gate[task] = f"round {round_}: {why}"
-        self._changed = True
-        log.warning("%s: task %s: the model of round %d does not serve: %s", self.device, task, round_, why)
-        return False
 
     # -- Home Assistant -------------------------------------------------------------------
     def discovery(self) -> list[tuple[str, bytes]]:

@@ -11,7 +11,7 @@ import pytest
 
 from cloud_aggregator.local.fleet import FLEET, Sniffer, aggregator_toml
 from edge.segments import DatasetReader
-from edge.serving.server import model_path
+from edge.serving.offers import model_path
 from ioft_protocol import topics
 from ioft_protocol.feature_stats import FeatureStats, FleetScaling
 from ioft_protocol.state import load_arrays

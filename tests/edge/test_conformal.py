@@ -19,8 +19,9 @@ from edge.config import DeviceConfig
 from edge.serving.conformal import Calibration, covers, needed, quantile
 from edge.serving.field import FieldScores
 from edge.serving.model import ServingModel
+from edge.serving.offers import model_path
 from edge.serving.records import Answer, Row
-from edge.serving.server import Server, model_path
+from edge.serving.server import Server
 from ioft_protocol.config import ConfigError, build
 from tests.budget import examples
 from tests.e2e.test_readme_formats import example

@@ -22,8 +22,9 @@ from edge.feed import RowFeed
 from edge.jsonlog import JsonLinesLog, Tail, read_log
 from edge.models.onnx import no_worse
 from edge.serving.model import Refusal, ServingModel
+from edge.serving.offers import model_path
 from edge.serving.records import Answer, ModelId, Row
-from edge.serving.server import Server, model_path
+from edge.serving.server import Server
 from ioft_protocol import topics
 from trainer_lite.algorithms import make_client
 from trainer_lite.data import Dataset, holdout_size

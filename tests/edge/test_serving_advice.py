@@ -38,7 +38,7 @@ def personal_serves(monkeypatch):
                              "why": "the offered model (test)"}  # fmt: skip
         return personal, personal.evidence
 
-    monkeypatch.setattr("edge.serving.server.choose", only_personal)
+    monkeypatch.setattr("edge.serving.offers.choose", only_personal)
 
 
 @pytest.fixture
