@@ -100,21 +100,24 @@ def newcomer_config(
 
 
 #: The round report's metrics of what a device serves (``edge.serving.offers.Offers.served_metrics``).
-SERVED_LOSS, SERVES = "served_test_loss", "serves_"
+SERVED_LOSS, SERVES, SERVED_ROUND = "served_test_loss", "serves_", "served_round"
 
 
-def served(metrics: dict[str, float]) -> tuple[float, str] | None:
-    """``(the served model's test loss, its candidate)`` in one device's round report; ``None``
-    where it served nothing yet."""
+def served(metrics: dict[str, float], round_: int) -> tuple[float, str] | None:
+    """``(the served model's test loss, its candidate)`` in one device's report of round ``round_``;
+    the candidate reads ``name@k`` where the model serving is round k's, an earlier one the gate
+    kept.  ``None`` where it served nothing yet."""
     if SERVED_LOSS not in metrics:
         return None
     names = [k.removeprefix(SERVES) for k, v in metrics.items() if k.startswith(SERVES) and v == 1.0]
-    return LOSS_SCALE * metrics[SERVED_LOSS], names[0] if names else "?"
+    name = names[0] if names else "?"
+    kept = int(metrics.get(SERVED_ROUND, round_))
+    return LOSS_SCALE * metrics[SERVED_LOSS], name if kept == round_ else f"{name}@{kept}"
 
 
 def _cell(got: tuple[float, str] | None) -> str:
     """A served loss with its candidate, e.g. ``0.2177 alone``."""
-    return f"{got[0]:>8.4f} {got[1]:<8}" if got is not None else f"{'-':>8} {'':<8}"
+    return f"{got[0]:>8.4f} {got[1]:<12}" if got is not None else f"{'-':>8} {'':<12}"
 
 
 def _newcomer_losses(
@@ -122,7 +125,10 @@ def _newcomer_losses(
 ) -> dict[int, tuple[float, tuple[float, str] | None]]:
     """``{rounds since joining: (device's test loss, what it served)}`` of ``task``'s rounds after ``after``."""
     return {
-        rec.round - after: (LOSS_SCALE * rec.metrics[device]["test_loss"], served(rec.metrics[device]))
+        rec.round - after: (
+            LOSS_SCALE * rec.metrics[device]["test_loss"],
+            served(rec.metrics[device], rec.round),
+        )
         for rec in store.rounds(task)
         if rec.round > after and "test_loss" in rec.metrics.get(device, {})
     }
@@ -146,10 +152,11 @@ def run_newcomer(fleet: LocalFleet, devices: list[str], rounds: int, more: int) 
     store.close()
     print(
         f"\n{newcomer}'s test loss after joining (PFL-DA: its personal model, cold-started from the fleet's "
-        "decoder; served: what it answers with, the best of its candidates on its newest rows; indiv: alone):"
+        "decoder; served: what it answers with, the best of its candidates on its newest rows, name@k where the gate "
+        "kept round k's; indiv: alone):"
     )
     print(
-        f"{'rounds since joining':>21} {'PFL-DA':>8} {'served':>8} {'':<8} {'indiv':>8} {'served vs indiv':>16}"
+        f"{'rounds since joining':>21} {'PFL-DA':>8} {'served':>8} {'':<12} {'indiv':>8} {'served vs indiv':>16}"
     )
     nothing = (float("nan"), None)
     for r in (k for k in NEWCOMER_SHOWN if k <= more):
@@ -190,7 +197,7 @@ def _final(store: SqliteStore, task: str) -> dict[str, tuple[float, tuple[float,
     for rec in store.rounds(task):
         for d, m in rec.metrics.items():
             if "test_loss" in m:
-                out[d] = (LOSS_SCALE * m["test_loss"], served(m))
+                out[d] = (LOSS_SCALE * m["test_loss"], served(m, rec.round))
     return out
 
 
@@ -280,8 +287,9 @@ def _print_results(db: Path, names: list[str]) -> None:
     answers = {d: v[1] for d, v in final[TASKS[0][0]].items()}
     print("\nFinal test loss per printer (lower is better; PFL-DA: its personal model; served: what the printer "
           "answers with, the best of its candidates (PFL-DA's personal or global model, or its own model "
-          "trained alone) on its newest rows; FedAvg: one global model for all printers):")  # fmt: skip
-    print(f"{'printer':>10} {'PFL-DA':>8} {'served':>8} {'':<8} {'indiv':>8} {'FedAvg':>8} "
+          "trained alone) on its newest rows, name@k where the gate kept round k's; FedAvg: one global model "
+          "for all printers):")  # fmt: skip
+    print(f"{'printer':>10} {'PFL-DA':>8} {'served':>8} {'':<12} {'indiv':>8} {'FedAvg':>8} "
           f"{'PFL-DA vs indiv':>16} {'served vs indiv':>16}")  # fmt: skip
     for d in names:
         p, i, f = (t.get(d, float("nan")) for t in (pflda, indiv, fedavg))

@@ -171,13 +171,15 @@ class Offers:
     def served_metrics(self, task: str, test: Dataset) -> dict[str, float]:
         """What serves ``task`` now, as the round's report gives it: ``served_test_*`` (the task's
         metrics of the serving model on the ``test`` split as stored, beside the personal model's
-        ``test_*``) and ``serves_<candidate>``, 1 for the one that serves and 0 for the others (a
-        fleet mean is the share of serving devices that serve it).  Empty while nothing serves;
+        ``test_*``), ``serves_<candidate>``, 1 for the one that serves and 0 for the others (a
+        fleet mean is the share of serving devices that serve it), and ``served_round``, the round
+        of the serving model.  Empty while nothing serves;
         without the ``served_test_*`` if the serving model cannot be run on the test split."""
         model = self.models.get(task)
         if model is None or not self.serves(task):
             return {}
         out = {f"serves_{name}": float(name == model.candidate) for name in CANDIDATES}
+        out["served_round"] = float(model.round)  # older than the report's: the gate kept it
         try:
             enc = self.encoder(model.encoder) if model.encoder is not None else None
             scores = model.evaluate(test, enc)

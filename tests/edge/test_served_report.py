@@ -23,6 +23,7 @@ def test_the_round_report_names_the_served_candidate_and_gives_its_test_loss(tmp
     assert srv.served_metrics("speed", test) == {}  # nothing serves yet
     assert offer(srv, 1)  # the personal model is far off the line: alone serves
     got = srv.served_metrics("speed", test)
+    assert got["served_round"] == 1.0
     assert {k: v for k, v in got.items() if k.startswith("serves_")} == {
         "serves_personal": 0.0,
         "serves_global": 0.0,
@@ -42,6 +43,7 @@ def test_the_round_report_names_the_served_candidate_and_gives_its_test_loss(tmp
         "serves_personal": 0.0,
         "serves_global": 0.0,
         "serves_alone": 1.0,
+        "served_round": 1.0,
     }
     assert srv.served_metrics("other-task", test) == {}
 
