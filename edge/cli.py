@@ -114,7 +114,7 @@ def rehearsal(config: DeviceConfig, args: argparse.Namespace):
                 f"{state_dir} holds rows from {meta.get('source')!r}, not {config.data.source!r}: "
                 "give --simulate its own --state-dir"
             )
-        live = LiveSimulation(args.simulate, config.device, state_dir, args, config.data.source)
+        live = LiveSimulation(args.simulate, config.device, state_dir, args, config.data.source, meta)
     except RecorderError as exc:
         raise ConfigError("--simulate", [str(exc)]) from None
     data = dataclasses.replace(config.data, source="state")

@@ -72,6 +72,25 @@ def simulated_printer_dataset(device: str, cfg: DataConfig) -> tuple[Dataset, Da
     return Dataset(*to_xy(train)), Dataset(*to_xy(test)), meta
 
 
+def live_printer_plan(
+    device: str, history: dict, k: int, layers: int
+) -> tuple[str, list[tuple[float, float, float]]] | None:
+    """The ``k``-th live print (0-based) of the simulated printer ``device`` whose seeded history
+    ``history`` (the dataset's metadata) describes: its job name and each layer's ``(speed,
+    sigma_ax, sigma_ay)``, a run of the same machine at its training settings in turn, so that a
+    rehearsal records on where its history left off.  ``None`` without such a history."""
+    from sensors.sim.printer import device_seed, plan_run, profile_for
+
+    settings = history.get("train_speeds")
+    if history.get("source") != "simulate-printer" or not settings:
+        return None
+    seed = int(history.get("seed", 0))
+    setting = int(settings[k % len(settings)])
+    rng = np.random.default_rng([device_seed(device, seed), 0x11FE, k])
+    run = plan_run(profile_for(device, seed), setting, rng, layers)
+    return f"live_speed{setting}.gcode", [(p.speed, p.sigma_ax, p.sigma_ay) for p in run]
+
+
 def simulated_printer_raw_dataset(device: str, cfg: DataConfig) -> tuple[Dataset, Dataset, dict]:
     """Raw 2-axis vibration windows, one per printed layer, with the speed as target.
 

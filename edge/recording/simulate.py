@@ -4,7 +4,9 @@ The recorder, its ADXL345 driver, its Moonraker client and its dataset writer ar
 real printer runs; only the ends are simulated (:mod:`sensors.sim.printer_host`): the chip sits
 on a fake I2C bus whose FIFO plays a simulated print's vibration, and a Moonraker on loopback
 answers from the same print's timeline.  The print is ``layers`` layers of ``layer_s`` seconds on
-the real clock; layer ``i`` runs at ``30 + i`` mm/s, so the stored rows are easy to check.
+the real clock; layer ``i`` runs at ``30 + i`` mm/s, so the stored rows are easy to check
+(``edge-trainer --simulate printer`` records on its seeded machine's own layers instead:
+:func:`edge.simulated.live_printer_plan`).
 
 The welder (:class:`SimulatedWelder`) is the real welder recorder on a watched folder that a
 thread fills the way a weld monitor exports: one simulated weld (FTL-TP group M, NPY + sidecar +
@@ -31,7 +33,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -69,14 +71,26 @@ class SimulatedPrinter:
     settle_s
         :meth:`finished` turns true this long after the last layer, once the recorder has seen the
         print end and stored the last layer.
+    plan, job
+        Each layer's ``(speed, sigma_ax, sigma_ay)`` and the print's file name (default: the ramp
+        above; :func:`edge.simulated.live_printer_plan`: a simulated machine's own).
     """
 
-    def __init__(self, layers: int, layer_s: float, *, lead_s: float = 1.0, settle_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        layers: int,
+        layer_s: float,
+        *,
+        lead_s: float = 1.0,
+        settle_s: float = 1.0,
+        plan: Sequence[tuple[float, float, float]] | None = None,
+        job: str = "simulated.gcode",
+    ) -> None:
         if layers < 1 or not layer_s > 0:
             raise RecorderError(f"--layers must be >= 1 and --layer-s > 0, got {layers} and {layer_s}")
         self.clock = time.monotonic
         start = self.clock() + lead_s
-        self.timeline, self.sigmas = short_timeline(start, layers=layers, dur=layer_s, job="simulated.gcode")
+        self.timeline, self.sigmas = short_timeline(start, layers=layers, dur=layer_s, job=job, plan=plan)
         self.settle_s = settle_s
         self.chip, self.bus = fake_printer_bus(self.timeline, self.sigmas, self.clock, t0=self.clock())
         self.moonraker = FakeMoonraker(self.timeline, self.clock)

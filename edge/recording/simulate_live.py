@@ -14,6 +14,7 @@ from pathlib import Path
 
 from edge.recording.base import RecorderError
 from edge.recording.simulate import SIMULATED_KINDS, SimulatedPrinter, SimulatedWelder
+from edge.simulated import live_printer_plan
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +115,20 @@ class LiveSimulation:
         The flags of :func:`add_arguments` (``trainer=True``).
     source
         The tag of the rows already in the dataset (``"simulate-printer"``, ``"simulate-welder"``).
+    history
+        The seeded history's metadata: a printer's live prints are then runs of the same simulated
+        machine at its training settings (:func:`edge.simulated.live_printer_plan`), not the
+        recorder's fixed ramp, so that the rehearsal's models learn one machine.
     """
 
     def __init__(
-        self, kind: str, device: str, state_dir: Path, args: argparse.Namespace, source: str
+        self,
+        kind: str,
+        device: str,
+        state_dir: Path,
+        args: argparse.Namespace,
+        source: str,
+        history: dict | None = None,
     ) -> None:
         if kind not in SIMULATED_KINDS:
             raise RecorderError(f"--simulate {kind}: only {' or '.join(SIMULATED_KINDS)} record live")
@@ -133,6 +144,7 @@ class LiveSimulation:
             source,
         )
         self.prints = 0
+        self.history = history or {}
         self._stop = threading.Event()
         self._welder: SimulatedWelder | None = None
         if kind == "welder":  # its flags are checked here, before the trainer connects
@@ -169,7 +181,9 @@ class LiveSimulation:
             log.exception("%s: the simulated %s stopped recording", self.device, self.kind)
 
     def _print(self) -> None:
-        sim = SimulatedPrinter(self.args.layers, self.args.layer_s)
+        planned = live_printer_plan(self.device, self.history, self.prints, self.args.layers)
+        job, plan = planned if planned is not None else ("simulated.gcode", None)
+        sim = SimulatedPrinter(self.args.layers, self.args.layer_s, plan=plan, job=job)
         try:
             recorder = sim.recorder(self.device, self.state_dir, source=self.source)
             self.prints += 1

@@ -12,7 +12,7 @@ import math
 import socket
 import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -207,11 +207,17 @@ def fake_printer_bus(
 
 
 def short_timeline(
-    start: float, *, layers: int = 40, dur: float = 0.6, job: str = "cube.gcode"
+    start: float,
+    *,
+    layers: int = 40,
+    dur: float = 0.6,
+    job: str = "cube.gcode",
+    plan: Sequence[tuple[float, float, float]] | None = None,
 ) -> tuple[Timeline, dict]:
     """A print of ``layers`` layers of ``dur`` seconds from ``start``, and its planned sigmas.
 
-    Layer ``i`` runs at ``30 + i`` mm/s with sigmas ``(0.5 + 0.01 i, 0.4 + 0.01 i)``.
+    Layer ``i`` runs at ``30 + i`` mm/s with sigmas ``(0.5 + 0.01 i, 0.4 + 0.01 i)``, or, with
+    ``plan``, at ``plan[i]``'s ``(speed, sigma_ax, sigma_ay)``: a simulated machine's own layers.
 
     Returns
     -------
@@ -221,6 +227,7 @@ def short_timeline(
     segs, sigmas = [], {}
     for i in range(layers):
         t = start + i * dur
-        segs.append(Segment(t, t + dur, i, 0.2 * (i + 1), 30.0 + i, "printing", job))
-        sigmas[(job, i)] = (0.5 + 0.01 * i, 0.4 + 0.01 * i)
+        speed, sx, sy = plan[i] if plan is not None else (30.0 + i, 0.5 + 0.01 * i, 0.4 + 0.01 * i)
+        segs.append(Segment(t, t + dur, i, 0.2 * (i + 1), speed, "printing", job))
+        sigmas[(job, i)] = (sx, sy)
     return Timeline(segs), sigmas

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from edge.dataset import load_dataset
 
@@ -88,6 +89,41 @@ def test_live_simulation_appends_to_the_simulated_history_and_feeds_every_row(tm
     assert live.prints >= 2 and meta["source"] == "simulate-printer"
     rows = [r for r in read_log(feed_path(tmp_path))[0] if r.get("kind") == "layer"]
     assert len(rows) >= 3 and len(train) + len(test) - history == len(rows)
+
+
+def test_a_rehearsal_printer_records_on_as_the_machine_its_history_came_from(tmp_path):
+    """With its seeded history's metadata (``edge-trainer --simulate printer``), each live print is a
+    run of that printer's own simulated machine at its training settings in turn: the speeds and
+    vibration its history holds, not the recorder's fixed ramp (which every printer printed alike,
+    and which no printer's history holds)."""
+    import argparse
+
+    from edge.config import DataConfig
+    from edge.dataset import prepare_dataset
+    from edge.feed import feed_path
+    from edge.jsonlog import read_log
+    from edge.recording.simulate_live import LiveSimulation
+    from edge.simulated import live_printer_plan
+
+    _, _, meta = prepare_dataset(tmp_path, "printer3", DataConfig(source="simulate-printer"))
+    args = argparse.Namespace(layers=3, layer_s=0.4)
+    live = LiveSimulation("printer", "printer3", tmp_path, args, "simulate-printer", meta)
+    live.start()
+    deadline = time.monotonic() + 60  # a guard only: the test waits for rows, not for a time
+    while live.prints < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    live.stop()
+    rows = [r for r in read_log(feed_path(tmp_path))[0] if r.get("kind") == "layer"]
+    for k in range(2):  # the first two prints, whole
+        job, plan = live_printer_plan("printer3", meta, k, 3)
+        assert job == f"live_speed{meta['train_speeds'][k]}.gcode"
+        got = [r for r in rows if r["key"].startswith(job)]
+        assert len(got) == 3, rows
+        for row, (speed, sx, sy) in zip(got, plan, strict=True):
+            assert row["commanded"] == pytest.approx(speed, rel=1e-3)
+            # σ_a, as the driver reads it off the chip
+            assert row["x"] == pytest.approx([np.hypot(sx, sy)], rel=0.25)
+    assert not any(r["commanded"] == pytest.approx(30.0) for r in rows)  # never the ramp's first layer
 
 
 def test_the_trainer_refuses_to_simulate_into_a_recorded_dataset(tmp_path):
