@@ -69,12 +69,15 @@ class Offers:
         ``raw``: the dataset's splits as stored and its metadata; ``scaler``: the transform the round
         trained through (the daemon's; a ``scaling = "local"`` task without one is fitted here on the
         training rows), kept with the model so that its answers see rows as training did.
-        A model serving cannot run (FedDAR's answers need each row's domain) serves nothing: the
-        status's ``gate`` says why, and the round goes on.
+        A task whose models cannot answer a row on their own (``algo.answers_rows``: FedDAR's need
+        each row's domain) is not judged at all, and one whose models fail here (a ``ValueError``)
+        serves nothing: either way the status's ``gate`` says why, and the round goes on.
         """
         if not self.serves(task) or rows is None:
             return False
         try:
+            if not algo.answers_rows:
+                raise ValueError(f"{algo.name} answers with each row's domain, which rows do not carry")
             return self._offer(task, algo, shared, local, rows, raw, round_, scaler)
         except ValueError as exc:
             self.gate[task] = f"round {round_}: its models cannot serve here: {exc}"

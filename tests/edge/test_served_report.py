@@ -14,7 +14,9 @@ from edge.serving.server import Server
 from tests.edge.test_candidates import line
 from tests.edge.test_candidates_alone import drifted, offer
 from tests.edge.test_serving import server
+from trainer_lite.algorithms import make_client
 from trainer_lite.data import Dataset
+from trainer_lite.task import TaskSpec
 
 
 def test_the_round_report_names_the_served_candidate_and_gives_its_test_loss(tmp_path):
@@ -71,3 +73,22 @@ def test_a_simulated_device_serves_and_holds_out_only_when_told_to(tmp_path):
 def test_hold_out_always_on_a_recording_device_holds_out_before_the_first_fed_row(tmp_path):
     assert not server(tmp_path / "a").answering("speed")  # default: from the first fed row
     assert server(tmp_path / "b", hold_out_always=True).answering("speed")
+
+
+def test_a_task_whose_models_need_each_rows_domain_is_not_judged_and_says_why(tmp_path):
+    """FedDAR answers with each row's domain head, which a row to answer does not carry: its rounds are
+    offered, nothing is built or judged for it (no alone model), and the status says why."""
+    import json
+
+    from edge.serving.alone import alone_path
+    from tests.e2e.test_same_code_mqtt_vs_sim import FEDDAR
+
+    algo = make_client(TaskSpec.from_json(json.dumps(FEDDAR)))
+    srv = server(tmp_path)
+    d_in = FEDDAR["model_args"]["d_in"]
+    rows = Dataset(np.zeros((20, d_in)), np.zeros((20, 1)), np.zeros(20, dtype=int))
+    shared = algo.init_global(np.random.default_rng(0))
+    assert not srv.offer("feddar", algo, shared, {}, (rows, rows, None), (rows, rows, {}), 1)
+    assert "answers with each row's domain" in srv.status()["gate"]["feddar"]
+    assert not alone_path(tmp_path, "feddar").exists()
+    assert srv.served_metrics("feddar", rows) == {}

@@ -99,11 +99,15 @@ class ClientAlgorithm(ABC):
         class names its own, even where a parent class already does.
     config_cls
         The dataclass that validates ``TaskSpec.hparams``.
+    answers_rows
+        Whether :meth:`predict` answers a row on its own (FedDAR's answers need each row's domain:
+        a device's serving, which answers rows one by one, leaves its tasks alone).
     """
 
     name: ClassVar[str]
     server: ClassVar[str]
     config_cls: ClassVar[type] = TrainConfig
+    answers_rows: ClassVar[bool] = True
 
     def __init__(self, spec: TaskSpec) -> None:
         self.spec = spec

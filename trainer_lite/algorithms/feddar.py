@@ -139,6 +139,7 @@ class FedDARClient(ClientAlgorithm):
     name = "feddar"
     server = "feddar"
     config_cls = FedDARConfig
+    answers_rows = False  # predict_domains, never predict
 
     def __init__(self, spec) -> None:
         super().__init__(spec)
