@@ -34,6 +34,7 @@ the top, no upload; the same global as the flat fleet's), never times.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -136,6 +137,8 @@ class Case:
         self.fleet = LocalFleet.start(work, broker=start_mosquitto(port, config=work / "cloud.conf"))
         self.plant_brokers, self.workers, self.swarms = [], [], []
         self.tally: Tally | None = None
+        self.cpu_seen: dict[int, float] = {}  # a process that exited between polls keeps its last figure
+        self.top_seen: set[int] = set()  # serve and the workers it spawned, once seen
         try:
             self._start(work, n, plants, task, processes, port)
         except BaseException:
@@ -179,10 +182,10 @@ class Case:
 
     def pids(self) -> dict[str, list[int]]:
         """Each component's processes (``serve`` with any workers it spawned)."""
-        top = [self.serve.pid, *children(self.serve.pid)]
+        self.top_seen |= {self.serve.pid, *children(self.serve.pid)}
         return {
             "cloud broker": [self.fleet.broker.proc.pid],
-            "top aggregator": [p for p in top if Path(f"/proc/{p}").exists()],
+            "top aggregator": sorted(self.top_seen),
             "plant brokers": [b.proc.pid for b in self.plant_brokers],
             "plant aggregators": [w.pid for w in self.workers],
             "swarms": [s.pid for s in self.swarms],
@@ -193,7 +196,8 @@ class Case:
         snap = {"done": done, "t": time.monotonic(), "count": counts, "bytes": sizes}
         for name, pids in self.pids().items():
             alive = [p for p in pids if Path(f"/proc/{p}").exists()]
-            snap[name] = sum(cpu_s(p) for p in alive)
+            self.cpu_seen |= {p: cpu_s(p) for p in alive}
+            snap[name] = sum(self.cpu_seen.get(p, 0.0) for p in pids)
             snap[name + " rss"] = [hwm_mb(p) for p in alive]
         return snap
 
@@ -224,6 +228,14 @@ class Case:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+POLL_S = 0.05  # how often the monitor reads the store's round count while ``serve`` runs
+
+
+def counted(snaps: list[dict]) -> int:
+    """Rounds measured between the first and the last snapshot (a poll may see several at once)."""
+    return snaps[-1]["done"] - snaps[0]["done"] if snaps else 0
+
+
 COMPONENTS = ("top aggregator", "cloud broker", "plant aggregators", "plant brokers", "swarms")
 
 
@@ -250,7 +262,7 @@ def run_case(
     try:
         case = Case(work, n, plants, task, processes)
         start = case.snapshot(0)
-        while case.serve.poll() is None and len(snaps) <= rounds:
+        while case.serve.poll() is None and counted(snaps) < rounds:
             if time.monotonic() - t0 > timeout:
                 break
             if monitor is None and db.exists():
@@ -261,12 +273,20 @@ def run_case(
             if done >= warmup and (not snaps or done > snaps[-1]["done"]):
                 snaps.append(case.snapshot(done))
                 load.append(os.getloadavg()[0])
-            time.sleep(0.05)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                case.serve.wait(POLL_S)
+        if case.serve.poll() is not None and counted(snaps) < rounds and db.exists():
+            monitor = monitor or SqliteStore(db, readonly=True)
+            done = monitor.round_count(TASK)  # serve finished its task since the last poll
+            if done and first_round_s is None:
+                first_round_s = time.monotonic() - t0  # at most this: the round ended since the last poll
+            if done >= warmup and (not snaps or done > snaps[-1]["done"]):
+                snaps.append(case.snapshot(done))
         end = case.snapshot(snaps[-1]["done"] if snaps else 0)
         share = {c: (end[c] - start[c]) / (end["t"] - start["t"]) for c in COMPONENTS}
         row = {"n": n, "plants": plants, "swarm_procs": len(case.swarms), "share": share,
                "load": (min(load), max(load)), "first_round_s": first_round_s}  # fmt: skip
-        if len(snaps) <= rounds:
+        if counted(snaps) < rounds:
             why = (
                 f"exit {case.serve.returncode}"
                 if case.serve.poll() is not None
@@ -282,7 +302,7 @@ def run_case(
         store = SqliteStore(db, readonly=True)
         recs = {r.round: r for r in store.rounds(TASK)}
         store.close()
-        measured = [recs[s["done"]] for s in snaps[1:] if s["done"] in recs]
+        measured = [recs[k] for k in range(snaps[0]["done"] + 1, snaps[-1]["done"] + 1) if k in recs]
         thin = [r.round for r in measured if len(r.participants) != n]
         if thin:
             row["failed"] = f"rounds {thin} lacked uploads (a deadline, not a round): {case.trouble()}"
