@@ -42,6 +42,7 @@ class Offers:
     state_dir: Path
     models: dict[str, ServingModel]
     gate: dict[str, str]
+    judged_on: dict[str, str]
     advising: Advising
     encoder: Callable[[str], Any]
     _changed: bool
@@ -117,13 +118,22 @@ class Offers:
         gate.bound_speed(candidate, seen)
         enc = self.encoder(candidate.encoder) if candidate.encoder is not None else None
         current = self.models.get(task)
-        why = gate.refusal(candidate, evidence, current, newest, enc, encoder_version, self.cfg.margin)
+        # The same rows and the same training that chose the serving model: the gate then measures
+        # by the training rows' constant answer, not by the serving model's score (gate.refusal).
+        judgement = gate.judgement(newest, algo.spec.to_json())
+        stale = None
+        if current is not None and self.judged_on.get(task) == judgement:
+            stale = gate.constant_answer(raw_fit, candidate.classes is not None)
+        why = gate.refusal(candidate, evidence, current, newest, enc, encoder_version, self.cfg.margin, stale)
         if why is not None:
             return self._gate_refuses(task, round_, why)
         score = candidate.metric
         candidate.reference = score if candidate.classes is not None else judged.test_error(newest, enc)
         candidate.calibrate(seen, newest, enc, judged)  # the trained range, the first interval's rows
-        return self._install(task, candidate, current, round_, evidence)
+        installed = self._install(task, candidate, current, round_, evidence)
+        if installed:
+            self.judged_on[task] = judgement
+        return installed
 
     def _install(
         self,
