@@ -37,15 +37,21 @@ ROUNDS_TAKEN = PROGRESS_PREFIX + "rounds"
 LAST_ROUND = PROGRESS_PREFIX + "last_round"
 
 
-def initial_local(algo: ClientAlgorithm, device: str) -> Params:
-    """A device's first local state, seeded by the task seed and the device id.
+def seeded_start(algo: ClientAlgorithm, device: str) -> Params:
+    """The algorithm's :meth:`~ClientAlgorithm.init_local` for ``device``, seeded by the task seed
+    and the device id: the same draw in the simulator, on a device and for its alone model."""
+    return algo.init_local(derive_rng(algo.spec.seed, device, "init"))
 
-    It holds the algorithm's :meth:`~ClientAlgorithm.init_local` and the device's
+
+def initial_local(algo: ClientAlgorithm, device: str) -> Params:
+    """A device's first local state (:func:`seeded_start`).
+
+    It holds the algorithm's seeded start and the device's
     progress (no rounds taken yet), which marks the personal state as new: if the
     device's first round is after the fleet's first, :func:`participate` runs the
     algorithm's cold start on it.
     """
-    local = algo.init_local(derive_rng(algo.spec.seed, device, "init"))
+    local = seeded_start(algo, device)
     return cast_params({**local, ROUNDS_TAKEN: np.zeros(1), LAST_ROUND: np.zeros(1)}, algo.spec.dtype)
 
 

@@ -9,8 +9,10 @@
     judged copy itself would throw the newest rows away for good: it stays behind the same model
     trained on every row (``benchmarks.newcomer``'s *alone*), most where a device has few rows.
 
-Both start from the same seeded model and take the same steps each round (the task's ``local_steps``,
-a head's or GLM's cost), so the judged copy stands in for the one that serves: the same model, minus
+Both start from the same seeded model, the one ``indiv`` starts this device from
+(:func:`trainer_lite.client.seeded_start`: the studies' *alone* is this model), and take the same
+steps each round (the task's ``local_steps``, a head's or GLM's cost), so the judged copy stands in
+for the one that serves: the same model, minus
 the rows that judge it (a cautious stand-in where those rows are a speed the older ones lack:
 ``benchmarks/results/newcomer_lopo.md``).  Each copy is saved on its own, atomically, and goes on from
 its own state: a crash between the two saves leaves them one round's steps apart, nothing worse.
@@ -28,7 +30,7 @@ from edge.feed import SERVING_DIR
 from ioft_protocol.state import StateError, load_arrays, save_arrays
 from trainer_lite.algorithms import ClientAlgorithm, make_client
 from trainer_lite.algorithms.base import DEVICE_HPARAMS, TrainConfig
-from trainer_lite.client import cast_dataset, derive_rng
+from trainer_lite.client import cast_dataset, derive_rng, seeded_start
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params, copy_params
 from trainer_lite.task import TaskSpec
@@ -76,8 +78,8 @@ def train_alone(
         same = meta.get("spec") == algo.spec.to_json() and set(arrays) == set(fresh)
         if same and all(np.shape(arrays[n]) == np.shape(fresh[n]) for n in fresh):
             params, steps = copy_params(arrays), int(meta.get("rounds", 0))
-    if params is None:
-        params = algo.init_local(derive_rng(spec.seed, device, "alone"))
+    if params is None:  # indiv's start for this device: the model the studies' *alone* trains
+        params = seeded_start(algo, device)
     params = {n: np.asarray(v, dtype=spec.dtype) for n, v in params.items()}
     if len(rows):
         rng = derive_rng(spec.seed, device, "alone", steps + 1)

@@ -147,12 +147,23 @@ def test_the_gate_refuses_a_worse_model_and_the_better_one_keeps_serving(tmp_pat
     srv = server(tmp_path, margin=0.05)
     assert offer(srv, linear(2.0, 0.5), 1)
     good = srv.models["speed"].digest
-    assert not offer(srv, linear(0.0, 0.0), 2)  # predicts 0 everywhere: R² far below
+    assert not offer(srv, linear(0.0, 0.0), 2)  # predicts 0 everywhere: worse than a constant answer
     assert srv.models["speed"].digest == good and srv.status()["gate"]["speed"].startswith("round 2:")
     saved = ServingModel.load(model_path(tmp_path, "speed"), device="p1", task="speed")
     assert saved is not None and saved.digest == good  # the file on disk is the serving one
-    assert offer(srv, linear(1.98, 0.5), 3)  # within the margin: it serves
-    assert srv.models["speed"].round == 3 and "speed" not in srv.status()["gate"]
+
+
+def test_on_rows_that_came_since_the_margin_decides(tmp_path):
+    """New newest rows each round (a printer printing): a candidate within ``margin`` of the serving
+    model serves, one further below does not (on unchanged rows: tests/edge/test_gate_stale.py)."""
+    srv = server(tmp_path, margin=0.05)
+    assert offer(srv, linear(2.0, 0.5), 1, rows(10, 1))
+    assert offer(srv, linear(1.98, 0.5), 2, rows(10, 2))  # within the margin: it serves
+    assert srv.models["speed"].round == 2 and "speed" not in srv.status()["gate"]
+    assert not offer(srv, linear(1.4, 0.8), 3, rows(10, 3))  # R² about 0.9 against 1.0
+    why = srv.status()["gate"]["speed"]
+    assert why.startswith("round 3:") and "by more than the margin 0.05" in why
+    assert srv.models["speed"].round == 2
 
 
 def test_a_model_with_answers_that_are_not_finite_never_serves(tmp_path):

@@ -3,6 +3,7 @@ advice (and sending it to a simulated Moonraker), field scores and drift, ``pred
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -122,24 +123,32 @@ def test_the_alert_topic_is_per_device_and_rule_and_parses_back():
 
 
 # -- speed advice -------------------------------------------------------------------------
+def serving_line(srv: Server, w: float, b: float) -> ServingModel:
+    """The model serving after a round, answering ``speed/50 = w sigma_a + b`` (whichever candidate won
+    the round, with its trained range and bounds): the advice of a given model."""
+    m = srv.models["speed"]
+    line = {"shared": linear(w, b), "local": {}} if m.shared else {"shared": {}, "local": linear(w, b)}
+    return dataclasses.replace(m, **line, _digest=None)
+
+
 def test_the_advice_is_the_highest_speed_within_the_vibration_budget(tmp_path):
     srv = server(tmp_path, vibration_budget=0.6)
     offer(srv, linear(2.0, 0.5), 1)  # speed/50 = 2 sigma_a + 0.5: at 0.6, 85 mm/s
     assert speed_advice(srv.models["speed"], 0.6).speed == pytest.approx(85.0)
     falling = server(tmp_path / "b")
-    offer(falling, linear(-2.0, 2.5), 1)  # falls with vibration: the best is at the least trained sigma_a
-    m = falling.models["speed"]
+    offer(falling, linear(-2.0, 2.5), 1)
+    m = serving_line(falling, -2.0, 2.5)  # falls with vibration: the best is at the least trained sigma_a
     assert speed_advice(m, 0.6).speed == pytest.approx(min(125.0 - 100 * m.sigma_min, m.speed_max))
 
 
 def test_an_untrained_model_that_expects_no_real_speed_advises_nothing(tmp_path):
     """A model expecting 0 or a negative speed (an early round's) must never cap a printer there."""
     srv = server(tmp_path, vibration_budget=1.0)
-    offer(srv, linear(0.0, -0.0075), 1)  # expects -0.37 mm/s everywhere
-    assert speed_advice(srv.models["speed"], 1.0).speed is None
+    offer(srv, linear(0.0, -0.0075), 1)
+    assert speed_advice(serving_line(srv, 0.0, -0.0075), 1.0).speed is None  # expects -0.37 mm/s everywhere
     slow = server(tmp_path / "b")
-    offer(slow, linear(0.0, 0.05), 1)  # 2.5 mm/s: below the slowest advice a printer takes
-    assert "below min_advice" in speed_advice(slow.models["speed"], 1.0).why
+    offer(slow, linear(0.0, 0.05), 1)
+    assert "below min_advice" in speed_advice(serving_line(slow, 0.0, 0.05), 1.0).why  # 2.5 mm/s
 
 
 def test_each_layer_answer_carries_the_advice_and_the_status_too(tmp_path):
