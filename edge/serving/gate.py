@@ -3,6 +3,15 @@
 :meth:`edge.serving.offers.Offers.offer` builds the round's personal model
 (:func:`personal_model`), lets :func:`edge.serving.candidates.choose` pick the best candidate on
 the newest rows, and asks :func:`refusal` whether it may replace the model serving now.
+
+On rows that came since the serving model was chosen, the margin decides.  On the very rows and
+training that chose it (*stale*, :func:`judgement`: no row has come since, the spec is the same) its
+score is the best of every model it beat there, an optimistic figure, and a newer candidate that
+scores below it has not shown itself worse on any row it was not picked by: ``make demo``'s printer3
+(its rows never change) kept its round-28 model for 190 rounds, 0.909 on its test split against 0.097
+for its latest.  There the serving model is kept only against a candidate that does worse than the
+training rows' constant answer where the serving model does better: a training that cannot learn
+(``tests/e2e/test_serving.py``), not a model that fits the same rows a little worse.
 """
 
 from __future__ import annotations
@@ -76,16 +85,8 @@ def refusal(
     rows, answers that are not finite, or a score below the serving model's by more than ``margin``
     (judged only where both read the rows through the same ``encoder_version``).
 
-    ``stale``: given where the newest rows and the task's training are the ones that chose
-    ``current`` (no row has come since, the spec is the same: :func:`judgement`), the constant
-    answer of the rows its models trained on (:func:`constant_answer`).
-    The serving model's score on such rows is the best of every model it beat there, an
-    optimistic figure, and a newer candidate that scores below it has not shown itself worse on
-    any row it was not picked by: ``make demo``'s printer3 (its rows never change) kept its
-    round-28 model for 190 rounds, 0.909 on its test split against 0.097 for its latest.  On
-    stale rows the serving model is kept only against a candidate that does worse than that
-    constant answer where the serving model does better: a training that cannot learn
-    (``tests/e2e/test_serving.py``), not a model that fits the same rows a little worse.
+    ``stale``: given where the rows and training that chose ``current`` judge again (module
+    docstring), the training rows' constant answer (:func:`constant_answer`), which then decides.
     """
     score, name = candidate.metric, candidate.metric_name
     if not any(v is not None for v in evidence["scores"].values()) and len(newest):
@@ -98,14 +99,12 @@ def refusal(
     # with it, is judged in its place (without one, its own score: in-sample, the cautious side).
     twin = current.judged_by if current.every_row else None
     try:
-        old, _ = (current if twin is None else twin).score(
-            newest, enc
-        )  # today's rows: both judged on the same ones
+        old, _ = (current if twin is None else twin).score(newest, enc)  # both judged on the same rows
     except Refused:
         return None
-    whose = f"the serving round {current.round}'s" + (" twin's" if twin is not None else "")
     if old is None:
         return None
+    whose = f"the serving round {current.round}'s" + (" twin's" if twin is not None else "")
     if stale is not None:
         floor = constant_score(name, newest, stale)
         if score < floor <= old:
