@@ -26,11 +26,22 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+#: Ports this process handed out: nothing binds them until its caller starts a broker, so the kernel
+#: may offer one again (a CI run got the devices' port back as the operator's: ``fleet init`` refused it).
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that is free right now, and not one this process handed out before."""
+    if len(_HANDED_OUT) > 10_000:  # a long test session: the oldest are long bound or closed
+        _HANDED_OUT.clear()
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def find_mosquitto() -> str | None:

@@ -1,0 +1,45 @@
+"""``free_port`` hands a test or a demo a loopback port nothing binds until its broker starts: the
+kernel may offer the same port again, and a CI run got the devices' port back as the operator's
+(``fleet init`` refused it: "--operator-port ... not the devices' --port")."""
+
+from __future__ import annotations
+
+from cloud_aggregator.local import broker
+
+
+class _Kernel:
+    """``socket.socket`` whose ``bind(("127.0.0.1", 0))`` offers the ports given, in turn."""
+
+    def __init__(self, offers: list[int]) -> None:
+        self.offers = iter(offers)
+
+    def __call__(self, *args):
+        port = next(self.offers)
+
+        class Sock:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def bind(self, address):
+                pass
+
+            def getsockname(self):
+                return ("127.0.0.1", port)
+
+        return Sock()
+
+
+def test_free_port_never_hands_out_a_port_twice(monkeypatch):
+    monkeypatch.setattr(broker, "_HANDED_OUT", set())
+    monkeypatch.setattr(broker.socket, "socket", _Kernel([40001, 40001, 40001, 40002, 40001, 40003]))
+    assert [broker.free_port(), broker.free_port(), broker.free_port()] == [40001, 40002, 40003]
+
+
+def test_free_port_is_free_and_on_loopback():
+    port = broker.free_port()
+    with broker.socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # nothing holds it
+    assert 0 < port < 65536 and port != broker.free_port()
