@@ -17,7 +17,7 @@ def test_streaming_aggregator_memory_is_flat_in_n():
     # 36 more uploads of 200 kB.  The mean folds each and keeps none, but the session reads a round's
     # burst ahead of the fold (up to 10,000 messages; PUBACKs go as they are read, so the broker's
     # in-flight window does not hold them back): the peak grew 7.8-13.8 MiB over 9 runs (75.7-81.6
-    # against 67.4-68.0 at N = 4; the same at 28d3c3d), up to two payloads per extra upload.  The
+    # against 67.4-68.5 at N = 4; the same at 28d3c3d), up to two payloads per extra upload.  The
     # bound this test held until 2026-12-07, ≤ 1.2× the small fleet's (81.2 MiB), failed 2 of those
     # 9: the peak is not flat in N here.  Bound: three payloads per extra upload, nothing kept ...
     payload_mib = 50_000 * 4 / 2**20
