@@ -16,19 +16,18 @@ training rows' constant answer where the serving model does better: a training t
 
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import Any
 
 import numpy as np
 
 from edge.models.onnx import no_worse
-from edge.serving.model import Refused, ServingModel
+from edge.serving.model import Refused, ServingModel, r2
 from sensors.features.scaling import Standardizer
 from sensors.layers import SPEED_SCALE
 from trainer_lite.algorithms import ClientAlgorithm
 from trainer_lite.data import Dataset
-from trainer_lite.params import Params
+from trainer_lite.params import Params, param_hash
 
 
 def personal_model(
@@ -139,18 +138,10 @@ def constant_score(metric: str, rows: Dataset, answer: np.ndarray) -> float:
     scores a model (:meth:`edge.serving.model.ServingModel.score`): accuracy, or R²."""
     if metric == "accuracy":
         return float(np.mean(np.asarray(rows.y).reshape(-1) == answer[0]))
-    y = np.asarray(rows.y, dtype=np.float64).reshape(len(rows), -1)
-    sst = float(np.sum((y - y.mean(axis=0)) ** 2))
-    sse = float(np.sum((y - answer) ** 2))
-    return 1.0 - sse / sst if sst > 0 else -sse / len(y)
+    return r2(rows.y, answer)
 
 
-def judgement(rows: Dataset, spec_json: str) -> str:
+def judgement(rows: Dataset, spec_json: str) -> tuple[str, str]:
     """The identity of a judgement: the rows that judge and the task's training (``stale`` in
     :func:`refusal`: a changed training, a task started over, is judged by the margin again)."""
-    h = hashlib.sha256(spec_json.encode())
-    for a in (rows.x, rows.y):
-        arr = np.ascontiguousarray(a)
-        h.update(f"{arr.dtype.str}{arr.shape}".encode())
-        h.update(arr)
-    return h.hexdigest()
+    return param_hash({"x": rows.x, "y": rows.y}), spec_json

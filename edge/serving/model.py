@@ -53,6 +53,15 @@ class Refusal(enum.Enum):
     BAD_ROW = "bad_row"  # a feed line that is not a row
 
 
+def r2(targets: np.ndarray, answers: np.ndarray) -> float:
+    """The judge's R² of ``answers`` on ``targets`` (one row each, or one answer for all); where the
+    targets do not vary, minus the mean squared error."""
+    y = np.asarray(targets, dtype=np.float64).reshape(len(targets), -1)
+    sst = float(np.sum((y - y.mean(axis=0)) ** 2))
+    sse = float(np.sum((y - np.asarray(answers, dtype=np.float64).reshape(-1, y.shape[1])) ** 2))
+    return 1.0 - sse / sst if sst > 0 else -sse / len(y)
+
+
 class Refused(ValueError):  # noqa: N818 -- a counted outcome, not a program error
     """A row the serving model does not answer; ``reason`` says why."""
 
@@ -224,10 +233,7 @@ class ServingModel:
             return float("-inf"), "not_finite"
         if self.classes is not None:
             return float(np.mean(np.argmax(out, axis=1) == np.asarray(test.y).reshape(-1))), "accuracy"
-        y = np.asarray(test.y, dtype=np.float64).reshape(len(test), -1)
-        sst = float(np.sum((y - y.mean(axis=0)) ** 2))
-        sse = float(np.sum((y - out.reshape(len(y), -1)) ** 2))
-        return (1.0 - sse / sst if sst > 0 else -sse / len(y)), "r2"
+        return r2(test.y, out), "r2"
 
     def test_error(self, test: Dataset, encoder=None) -> float | None:
         """Mean absolute error in mm/s on ``test`` (speed targets), the field error's yardstick."""

@@ -42,7 +42,7 @@ class Offers:
     state_dir: Path
     models: dict[str, ServingModel]
     gate: dict[str, str]
-    judged_on: dict[str, str]
+    judged_on: dict[str, tuple[str, str]]
     advising: Advising
     encoder: Callable[[str], Any]
     _changed: bool
