@@ -35,16 +35,20 @@ new welds of random tool classes), each answer carrying its split-conformal inte
 does in the field); coverage is the fraction of answers from the ``AFTER``-th label on whose
 interval or set held the truth, averaged over ``ORDERS`` random orders of the stream.
 
-Served: what a device answers with since issue 31 (``edge.serving.candidates``).  Each device holds
-out the newest fifth of its training rows (every arm trains on the older ones, as the daemon does)
-and serves whichever of its candidates has the best record on them (R² or accuracy, each round's
-joined by the earlier ones' at ``MEMORY`` a round: ``edge.serving.candidates.remember``): its personalized model,
-its fleet's global through the cold start (the PFL-DA/FedRep fleet's downlink with a newcomer's
-personal parts fitted on its rows) and its model trained alone: judged as the ``alone`` arm (its older
-rows), served as ``EVERY_ROW``, the same model trained on every row (``edge.serving.alone``), so the
-alone candidate's field figure is the served copy's and its judge score its twin's.  Check: in every
-round from 5, the served answer's field figure is within 2 % (printers' error) or 1 point (welders'
-accuracy) of the best of its three candidates'.
+Served: what a device answers with since issue 31, by the device's own code: each device is
+``edge-trainer``'s serving (:class:`benchmarks.served_device.ServedDevice`), offered the personalized
+fleet's models after each round as the daemon offers them.  It holds out the newest fifth of its
+training rows (every arm trains on the older ones, as the daemon does), and serves whichever of its
+candidates has the best record on them (R² or accuracy, each round's joined by the earlier ones' at
+``MEMORY`` a round: ``edge.serving.candidates.remember``) unless its gate keeps the model serving
+(``edge.serving.gate``: the margin, the stale rule): its personalized model, its fleet's global
+through the cold start (the PFL-DA/FedRep fleet's downlink with a newcomer's personal parts fitted on
+its rows) and its model trained alone: judged as the ``alone`` arm (its older rows), served as
+``EVERY_ROW``, the same model trained on every row (``edge.serving.alone``; scaled, as the device
+scales it, through its older rows' transform), so the alone candidate's field figure is the served
+copy's and its judge score its twin's.  Check: in every round from 5, the served answer's field
+figure is within 2 % (printers' error) or 1 point (welders' accuracy) of the best of its three
+candidates' (a model the gate kept from an earlier round is measured against this round's three).
 
 Target: the personalized answer at least as accurate as both others from round 5 on, on every
 machine kind; the served answer within tolerance of its best candidate on every machine; each
@@ -59,6 +63,7 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import dataclasses
 import json
 import sys
 import tempfile
@@ -69,14 +74,15 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import markdown_table, study_parser, write_result
+from benchmarks.served_device import ServedDevice
 from cloud_aggregator.local.fleet import pflda_task
 from cloud_aggregator.rounds.simulation import ClientData, Simulation
 from edge.config import DataConfig
 from edge.config_serve import AlertRule
 from edge.serving.alerts import Alerts
-from edge.serving.candidates import ALONE, GLOBAL, ORDER, PERSONAL, global_local, remember
+from edge.serving.candidates import ALONE, GLOBAL, ORDER, PERSONAL, global_local, scaled
 from edge.serving.conformal import Calibration, in_range
-from edge.serving.model import softmax
+from edge.serving.model import r2, softmax
 from edge.serving.records import Answer, ModelId
 from edge.simulated import simulated_printer_dataset, simulated_welder_dataset
 from sensors.features.pipeline import labelled_rows
@@ -157,36 +163,47 @@ class Kind:
     per_device: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # arm -> device -> rounds
     downlink: dict[str, dict[str, dict]] = field(default_factory=dict)  # arm -> device -> last downlink
     coverage: dict[str, dict] = field(default_factory=dict)  # device -> interval coverage (interval_coverage)
+    meta: dict[str, dict] = field(default_factory=dict)  # device -> its dataset's metadata (classes)
+    #: device -> per round (the candidate serving after it, its field figure, whether the gate kept it
+    #: from an earlier round)
+    served: dict[str, list[tuple[str, float, bool]]] = field(default_factory=dict)
 
 
 def printers(n: int, rounds: int) -> Kind:
-    clients, judge, every = {}, {}, {}
+    clients, judge, every, meta = {}, {}, {}, {}
     for i in range(n):
-        train, test, _ = simulated_printer_dataset(f"printer{i}", DataConfig(source="simulate-printer"))
-        fit, judge[f"printer{i}"] = newest_split(train)  # the newest rows judge, as on a device
-        clients[f"printer{i}"], every[f"printer{i}"] = ClientData(fit, test), ClientData(train, test)
-    return Kind("printer", "error", printer_specs(rounds), clients, judge, every)
+        d = f"printer{i}"
+        train, test, meta[d] = simulated_printer_dataset(d, DataConfig(source="simulate-printer"))
+        fit, judge[d] = newest_split(train)  # the newest rows judge, as on a device
+        clients[d], every[d] = ClientData(fit, test), ClientData(train, test)
+    return Kind("printer", "error", printer_specs(rounds), clients, judge, every, meta=meta)
 
 
 def welders(n: int, rounds: int, field_welds: int) -> Kind:
-    clients, judge, every = {}, {}, {}
+    clients, judge, every, meta = {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(n):
             d = f"welder{i}"
-            train, _, _ = simulated_welder_dataset(Path(tmp) / d, d, DataConfig(source="simulate-welder"))
+            train, _, meta[d] = simulated_welder_dataset(
+                Path(tmp) / d, d, DataConfig(source="simulate-welder")
+            )
             fit, judge[d] = newest_split(train)
             conds = cycling(field_welds)
             y = np.array([k for k, _, _ in conds], dtype=np.int64)
             clients[d] = ClientData(fit, Dataset(weld_rows(d, conds, "field"), y))
             every[d] = ClientData(train, clients[d].test)
-    return Kind("welder", "accuracy", welder_specs(rounds), clients, judge, every)
+    return Kind("welder", "accuracy", welder_specs(rounds), clients, judge, every, meta=meta)
+
+
+def field_figure(kind: Kind, pred: np.ndarray, test: Dataset) -> float:
+    """Mean |error| in mm/s (printers) or accuracy (welders) of answers ``pred`` to the field rows."""
+    if kind.metric == "error":
+        return float(np.mean(np.abs(pred.reshape(-1) - test.y.reshape(-1)))) * SPEED_SCALE
+    return float(np.mean(np.argmax(pred, axis=1) == test.y))
 
 
 def field_score(kind: Kind, algo, shared, local, data: ClientData) -> float:
-    pred = algo.predict(shared, local, data.test.x)
-    if kind.metric == "error":
-        return float(np.mean(np.abs(pred.reshape(-1) - data.test.y.reshape(-1)))) * SPEED_SCALE
-    return float(np.mean(np.argmax(pred, axis=1) == data.test.y))
+    return field_figure(kind, np.asarray(algo.predict(shared, local, data.test.x)), data.test)
 
 
 def judge_score(kind: Kind, algo, shared, local, device: str) -> float:
@@ -198,18 +215,37 @@ def judge_score(kind: Kind, algo, shared, local, device: str) -> float:
     pred = np.asarray(algo.predict(shared, local, x.astype(algo.spec.dtype)), np.float64)
     if kind.metric == "accuracy":
         return float(np.mean(np.argmax(pred, axis=1) == rows.y))
-    y = np.asarray(rows.y, np.float64).reshape(len(rows), -1)
-    sst = float(np.sum((y - y.mean(axis=0)) ** 2))
-    sse = float(np.sum((y - pred.reshape(len(y), -1)) ** 2))
-    return 1.0 - sse / sst if sst > 0 else -sse / len(y)
+    return r2(rows.y, pred)
+
+
+def every_row_arm(kind: Kind) -> tuple[TaskSpec, dict[str, ClientData]]:
+    """The alone arm on every row as a device trains its copy on every row: through the transform its
+    round trained through, fitted on its older rows (``edge.serving.candidates.make_candidates``),
+    not one fitted on every row (the simulator's ``scaling = "local"``)."""
+    spec = kind.specs["alone"]
+    if spec.hparams.get("scaling") != "local":
+        return spec, kind.every
+    clients = {}
+    for d, data in kind.every.items():
+        scaler = Standardizer.fit(kind.clients[d].train.x)
+        clients[d] = ClientData(scaled(data.train, scaler), scaled(data.test, scaler))
+    return dataclasses.replace(spec, hparams={**spec.hparams, "scaling": "none"}), clients
 
 
 def run_kind(kind: Kind) -> dict[str, Simulation]:
+    with tempfile.TemporaryDirectory() as tmp:
+        devices = {d: ServedDevice(d, kind.specs["personalized"].name, Path(tmp) / d) for d in kind.clients}
+        return _run_kind(kind, devices)
+
+
+def _run_kind(kind: Kind, devices: dict[str, ServedDevice]) -> dict[str, Simulation]:
+    """Every arm's fleet run; the personalized arm's models offered to each device after each round."""
     sims = {}
+    kind.served = {d: [] for d in kind.clients}
     as_candidate = {"personalized": PERSONAL, "alone": ALONE}
     kind.candidates = {c: {d: [] for d in kind.clients} for c in ORDER}
     arms = [(arm, spec, kind.clients) for arm, spec in kind.specs.items()]
-    for arm, spec, clients in [*arms, (EVERY_ROW, kind.specs["alone"], kind.every)]:
+    for arm, spec, clients in [*arms, (EVERY_ROW, *every_row_arm(kind))]:
         per_dev: dict[str, list[float]] = {d: [] for d in kind.clients}
         downlink: dict[str, dict] = {}  # device -> the global it trained from this round
 
@@ -219,7 +255,13 @@ def run_kind(kind: Kind) -> dict[str, Simulation]:
                 if arm in as_candidate:
                     judged = judge_score(kind, fleet.algo, downlink[d], fleet.local[d], d)
                     kind.candidates[as_candidate[arm]][d].append((per_dev[d][-1], judged))
-                if arm == "personalized":  # the fleet's global as this device would serve it
+                if arm == "personalized":  # what the device serves, and its global candidate
+                    every, r = kind.every[d], rec.round
+                    model = devices[d].offer(
+                        fleet.algo, downlink[d], fleet.local[d], every.train, every.test, r, kind.meta[d]
+                    )
+                    assert model is not None, f"{d} serves nothing after round {r}: {devices[d].refused}"
+                    kind.served[d].append((model.candidate, field_figure(kind, model.outputs(every.test.x), every.test), model.round < r))  # fmt: skip
                     local = global_local(fleet.algo, d, downlink[d], data.train)
                     kind.candidates[GLOBAL][d].append(
                         (
@@ -349,15 +391,14 @@ TOLERANCE = {"error": 0.02, "accuracy": 0.01}
 
 
 def served(kind: Kind, device: str) -> list[tuple[str, float, float]]:
-    """Per round: ``(the candidate served, its field figure, the best candidate's)`` (module docstring)."""
-    out, record = [], {}  # the device's judging record (edge.serving.candidates.remember)
-    for r in range(len(kind.candidates[PERSONAL][device])):
-        got = {c: kind.candidates[c][device][r] for c in ORDER}
-        ranked = remember({c: got[c][1] for c in ORDER}, record)
-        name = max(ORDER, key=lambda c: (ranked[c], -ORDER.index(c)))  # ties to the first, as on a device
-        figures = [f for f, _ in got.values()]
+    """Per round: ``(what served after it, its field figure, the best candidate's)``; what served is
+    the device's (``kind.served``): its candidate's initial, lower case where the gate kept an earlier
+    round's model."""
+    out = []
+    for r, (name, figure, kept) in enumerate(kind.served[device]):
+        figures = [kind.candidates[c][device][r][0] for c in ORDER]
         best = min(figures) if kind.metric == "error" else max(figures)
-        out.append((name, got[name][0], best))
+        out.append((name[0] if kept else name[0].upper(), figure, best))
     return out
 
 
@@ -421,10 +462,15 @@ def served_table(kind: Kind, from_round: int = 5) -> tuple[str, str]:
         misses = [r for r, (_, f, b) in enumerate(late, from_round) if not within(kind, f, b)]
         gap = max((f / b - 1 if kind.metric == "error" else b - f) for _, f, b in late) if late else 0.0
         ok += not misses
-        rows.append([d, "".join(n[0].upper() for n, _, _ in got), " ".join(map(str, misses)) or "none",
+        rows.append([d, "".join(n for n, _, _ in got), " ".join(map(str, misses)) or "none",
                      f"{100 * gap:.1f} {'%' if kind.metric == 'error' else 'points'}"])  # fmt: skip
     table = markdown_table(
-        ["machine", "served per round (P personal, G global, A alone)", "rounds from 5 outside", "worst gap"],
+        [
+            "machine",
+            "served per round (P personal, G global, A alone; p g a: an earlier round's, kept by the gate)",
+            "rounds from 5 outside",
+            "worst gap",
+        ],
         rows,
     )
     what = "2 % of the best candidate's error" if kind.metric == "error" else "1 point of its accuracy"
@@ -454,7 +500,7 @@ def report(kinds: list[Kind], alerts: dict, rounds: int) -> str:
             f"as good as both of theirs in every round from 5: {per_machine_wins(kind)}.\n\n"
             f"Per machine, rounds from 5 where its personalized answer is behind (gap in the metric's units):\n\n"
             + per_machine_table(kind)
-            + f"\n\nServed (the best record on the newest rows): {summary}.\n\n"
+            + f"\n\nServed (edge-trainer's serving: the best record on the newest rows, through its gate): {summary}.\n\n"
             + table
             + f"\n\nOne round's best score on the newest rows names a candidate within tolerance of the "
             f"field's best in {judge_agrees(kind)} machine-rounds from 5 "

@@ -31,6 +31,7 @@ import argparse
 import copy
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,11 +45,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 
+from benchmarks.served_device import ServedDevice
 from cloud_aggregator.rounds.simulation import ClientData, Simulation
-from edge.serving.candidates import ORDER, global_local, remember
+from edge.serving.candidates import ORDER, global_local
 from trainer_lite.algorithms.base import algorithm_state
 from trainer_lite.client import initial_local
-from trainer_lite.data import Dataset, newest_split
+from trainer_lite.data import Dataset
 from trainer_lite.task import TaskSpec
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "printers"
@@ -227,48 +229,57 @@ TWIN = "alone judged (older rows)"
 OWN = "best on its own rows"
 #: Each candidate's loss on every row the newcomer holds: ``"<method> <OWN_LOSS> <candidate>"``.
 OWN_LOSS = "on its own rows"
+#: What served each round: ``"<method> <CHOICE>"``, the candidate's index in ``ORDER``, plus
+#: ``len(ORDER)`` where the gate kept an earlier round's model.
+CHOICE = "served choice"
 
 
 def served_curve(
     trained: Simulation, newcomer: ClientData, alone_spec: TaskSpec, rounds_after: int
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The newcomer's served test loss per round since joining (``edge.serving.candidates``), and
-    each candidate's own test loss per round (what a choice in hindsight could have served).
+    """The newcomer's served test loss per round since joining, and each candidate's own test loss
+    per round (what a choice in hindsight could have served), and the served choice (``CHOICE``).
 
-    As on a device: it trains on its older rows only (in both its fleet and alone), and each round
-    serves whichever of its personal model, the fleet's global through the cold start and its model
-    trained alone has the best record (``remember``) of losses on its newest rows; where alone wins,
-    its copy on every row serves (``edge.serving.alone``: the same seeded start and steps as *alone*).
+    What serves is the device's own admission (:class:`benchmarks.served_device.ServedDevice`:
+    ``edge-trainer``'s ``Server.offer``): it trains on its older rows only, and after each round serves
+    whichever of its personal model, the fleet's global through the cold start and its model trained
+    alone has the best record on its newest rows, unless the gate keeps the model serving
+    (``edge.serving.gate``); where alone wins, its copy on every row serves (``edge.serving.alone``:
+    the same seeded start and steps as *alone*).
     """
-    fit, newest = newest_split(newcomer.train)
     sim = copy.deepcopy(trained)
-    sim.add_device(NEWCOMER, ClientData(fit, newcomer.test))
-    alone = Simulation(alone_spec, {NEWCOMER: ClientData(fit, newcomer.test)})
-    every = Simulation(alone_spec, {NEWCOMER: newcomer})
-    algo, out, record = sim.fleet.algo, [], {}  # record: the device's judging record
-    tested: dict[str, list[float]] = {k: [] for k in (*ORDER, TWIN, OWN, *(f"{OWN_LOSS} {k}" for k in ORDER))}
-    for _ in range(rounds_after):
-        shared = dict(sim.global_params)  # this round's downlink: what the personal model predicts with
-        sim.run_more(1)
-        alone.run_more(1)
-        every.run_more(1)
-        candidates = {
-            "personal": (algo, shared, sim.fleet.local[NEWCOMER]),
-            "global": (algo, shared, global_local(algo, NEWCOMER, shared, fit)),
-            "alone": (alone.fleet.algo, {}, alone.fleet.local[NEWCOMER]),
+    with tempfile.TemporaryDirectory() as tmp:
+        device = ServedDevice(NEWCOMER, "newcomer", Path(tmp))
+        fit = device.holdout(newcomer.train)[0]
+        sim.add_device(NEWCOMER, ClientData(fit, newcomer.test))
+        alone = Simulation(alone_spec, {NEWCOMER: ClientData(fit, newcomer.test)})
+        every = Simulation(alone_spec, {NEWCOMER: newcomer})
+        algo, out = sim.fleet.algo, []
+        tested: dict[str, list[float]] = {
+            k: [] for k in (*ORDER, TWIN, OWN, CHOICE, *(f"{OWN_LOSS} {k}" for k in ORDER))
         }
-        judged = {k: -a.evaluate(sh, lo, newest)["loss"] for k, (a, sh, lo) in candidates.items()}
-        ranked = remember({k: v if np.isfinite(v) else None for k, v in judged.items()}, record)
-        best = max(ORDER, key=lambda k: (-np.inf if ranked[k] is None else ranked[k], -ORDER.index(k)))
-        candidates[TWIN] = candidates["alone"]
-        candidates["alone"] = (every.fleet.algo, {}, every.fleet.local[NEWCOMER])  # what alone serves
-        for k, (a, sh, lo) in candidates.items():
-            tested[k].append(LOSS_SCALE * a.evaluate(sh, lo, newcomer.test)["loss"])
-        out.append(tested[best][-1])
-        own = {k: candidates[k][0].evaluate(*candidates[k][1:], newcomer.train)["loss"] for k in ORDER}
-        tested[OWN].append(tested[min(ORDER, key=lambda k: (own[k], ORDER.index(k)))][-1])
-        for k in ORDER:
-            tested[f"{OWN_LOSS} {k}"].append(LOSS_SCALE * own[k])
+        for _ in range(rounds_after):
+            shared = dict(sim.global_params)  # this round's downlink: what the personal model predicts with
+            sim.run_more(1)
+            alone.run_more(1)
+            every.run_more(1)
+            r = sim.rounds_done  # the fleet's round, as the device is told it
+            model = device.offer(algo, shared, sim.fleet.local[NEWCOMER], newcomer.train, newcomer.test, r)
+            assert model is not None, f"nothing serves the newcomer after round {r}: {device.refused}"
+            out.append(LOSS_SCALE * model.evaluate(newcomer.test)["loss"])
+            tested[CHOICE].append(ORDER.index(model.candidate) + (len(ORDER) if model.round < r else 0))
+            candidates = {
+                "personal": (algo, shared, sim.fleet.local[NEWCOMER]),
+                "global": (algo, shared, global_local(algo, NEWCOMER, shared, fit)),
+                TWIN: (alone.fleet.algo, {}, alone.fleet.local[NEWCOMER]),
+                "alone": (every.fleet.algo, {}, every.fleet.local[NEWCOMER]),  # what alone serves
+            }
+            for k, (a, sh, lo) in candidates.items():
+                tested[k].append(LOSS_SCALE * a.evaluate(sh, lo, newcomer.test)["loss"])
+            own = {k: candidates[k][0].evaluate(*candidates[k][1:], newcomer.train)["loss"] for k in ORDER}
+            tested[OWN].append(tested[min(ORDER, key=lambda k: (own[k], ORDER.index(k)))][-1])
+            for k in ORDER:
+                tested[f"{OWN_LOSS} {k}"].append(LOSS_SCALE * own[k])
     return np.array(out), {k: np.array(v) for k, v in tested.items()}
 
 
@@ -300,6 +311,7 @@ def run_fleet(
                 sim, fleet.newcomer, _spec("indiv", {}, seed, rounds_after, hparams, model), rounds_after
             )
             out[f"{label} {OWN}"] = tested.pop(OWN)
+            out[f"{label} {CHOICE}"] = tested.pop(CHOICE)
             out.update({f"{label} {k}": tested.pop(k) for k in list(tested) if k.startswith(OWN_LOSS)})
             out.update({f"{label} {CANDIDATE} {k}": v for k, v in tested.items()})
         sim.add_device(NEWCOMER, fleet.newcomer)
@@ -436,28 +448,32 @@ def run_lopo(
         + [INDIV]
         + [f"{m} {CANDIDATE} {k}" for m in served for k in (*ORDER, TWIN)]
         + [f"{m} {OWN}" for m in served]
+        + [f"{m} {CHOICE}" for m in served]
         + [f"{m} {OWN_LOSS} {k}" for m in served for k in ORDER]
     )
     return folds, {label: np.stack([curves[label] for _, (curves, _) in done]) for label in labels}
 
 
-def hindsight(losses: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[str]]:
+def hindsight(
+    losses: dict[str, np.ndarray], choices: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], list[str]]:
     """Per served method: the best of its three candidates on the test rows, fold by fold and round by
     round (a choice made in hindsight: the most any rule choosing among them could serve), as
-    ``"<method> best in hindsight"``; and lines saying how often the served choice was each candidate."""
+    ``"<method> best in hindsight"``; and lines saying how often the device served each candidate
+    (``choices``: ``"<method> <CHOICE>"``, as ``served_curve`` codes them)."""
     best: dict[str, np.ndarray] = {}
     lines = []
     for method in (m for m in SERVED if f"{m} served" in losses):
         tested = np.stack([losses[f"{method} {CANDIDATE} {k}"] for k in ORDER])
         best[f"{method} best in hindsight"] = tested.min(axis=0)
-        served = losses[f"{method} served"]
-        # The served loss is one of the candidates' (the same float): ties are counted for the first.
-        chosen = np.argmax(tested == served[None], axis=0)
+        served, chosen = losses[f"{method} served"], choices[f"{method} {CHOICE}"]
         n = served.size
         shares = ", ".join(f"{k} {int((chosen == i).sum())}" for i, k in enumerate(ORDER))
-        right = int((served == best[f"{method} best in hindsight"]).sum())
+        kept = int((chosen >= len(ORDER)).sum())
+        right = int(np.isclose(served, best[f"{method} best in hindsight"], rtol=1e-9, atol=0).sum())
         lines.append(
-            f"- {method} served: of {n} fold-rounds it served {shares}; the hindsight best in {right} of {n}"
+            f"- {method} served: of {n} fold-rounds it served this round's {shares}, and an earlier "
+            f"round's model the gate kept in {kept}; the hindsight best in {right} of {n}"
         )
     return best, lines
 
@@ -762,8 +778,9 @@ def lopo_main(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     own_losses = {k: v for k, v in losses.items() if f" {OWN_LOSS} " in k}
     candidates = {k: v for k, v in losses.items() if f" {CANDIDATE} " in k or k.endswith(OWN)}
-    losses = {k: v for k, v in losses.items() if k not in candidates and k not in own_losses}
-    best, chosen = hindsight({**losses, **candidates})
+    choices = {k: v for k, v in losses.items() if k.endswith(f" {CHOICE}")}
+    losses = {k: v for k, v in losses.items() if k not in {**candidates, **own_losses, **choices}}
+    best, chosen = hindsight({**losses, **candidates}, choices)
     note = LOPO_NOTE.format(
         model=f"{setup.label} `{setup.project_model}`",
         lr_decay=setup.lr_decay,

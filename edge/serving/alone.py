@@ -11,7 +11,8 @@
 
 Both start from the same seeded model, the one ``indiv`` starts this device from
 (:func:`trainer_lite.client.seeded_start`: the studies' *alone* is this model), and take the same
-steps each round (the task's ``local_steps``, a head's or GLM's cost), so the judged copy stands in
+steps each round (the task's ``local_steps``, a head's or GLM's cost; a minibatch task's batches drawn as
+:func:`trainer_lite.client.participate` draws indiv's, from the fleet's round), so the judged copy stands in
 for the one that serves: the same model, minus
 the rows that judge it (a cautious stand-in where those rows are a speed the older ones lack:
 ``benchmarks/results/newcomer_lopo.md``).  Each copy is saved on its own, atomically, and goes on from
@@ -56,10 +57,10 @@ def alone_path(state_dir: Path, task: str, copy: str = JUDGED) -> Path:
 
 
 def train_alone(
-    state_dir: Path, device: str, task: str, spec: TaskSpec, rows: Dataset, copy: str = JUDGED
+    state_dir: Path, device: str, task: str, spec: TaskSpec, rows: Dataset, round_: int, copy: str = JUDGED
 ) -> tuple[ClientAlgorithm, Params]:
-    """The ``copy`` of the alone model after this round's steps on ``rows`` (scaled as the task
-    trains), kept on disk.
+    """The ``copy`` of the alone model after the steps of the fleet's round ``round_`` on ``rows``
+    (scaled as the task trains), kept on disk.
 
     It goes on from its saved state when that was trained for the same model; else from its seeded
     start (the same for both copies).
@@ -82,7 +83,7 @@ def train_alone(
         params = seeded_start(algo, device)
     params = {n: np.asarray(v, dtype=spec.dtype) for n, v in params.items()}
     if len(rows):
-        rng = derive_rng(spec.seed, device, "alone", steps + 1)
+        rng = derive_rng(spec.seed, device, round_, "train")  # indiv's batches in the simulator's round
         algo.local_steps(params, cast_dataset(rows, spec.dtype), rng, round_=steps + 1)
         steps += 1
     try:

@@ -98,7 +98,8 @@ def make_candidates(
             local=global_local(algo, personal.device, shared, fit),
             _digest=None,
         )
-    alone_algo, params = train_alone(state_dir, personal.device, personal.task, algo.spec, fit)
+    whose = (state_dir, personal.device, personal.task, algo.spec)
+    alone_algo, params = train_alone(*whose, fit, personal.round)
     judged = out[ALONE] = dataclasses.replace(
         personal,
         candidate=ALONE,
@@ -108,7 +109,7 @@ def make_candidates(
         _algo=alone_algo,
         _digest=None,
     )
-    _, params = train_alone(state_dir, personal.device, personal.task, algo.spec, every, EVERY)
+    _, params = train_alone(*whose, every, personal.round, EVERY)
     return out, dataclasses.replace(judged, local=params, every_row=True, judged_by=judged, _digest=None)
 
 

@@ -52,3 +52,24 @@ def test_a_judge_that_knows_the_field_one_round_late_misses_a_best_that_changes_
         for c in field_accuracy.ORDER
     }
     assert field_accuracy.known_late(kind) == "1 of 2"
+
+
+@pytest.mark.parametrize(
+    "make", [field_accuracy.printers, field_accuracy.welders], ids=["printers", "welders"]
+)
+def test_the_served_figure_is_the_devices_own_choice_among_the_studys_candidates(make):
+    """What serves is ``edge-trainer``'s serving (``benchmarks.served_device``), and the study's three
+    candidates are the device's: where the device serves this round's model, its field figure is the
+    figure of the candidate it names (the welders' alone copy on every row is scaled as the device
+    scales it, through its older rows' transform: it was not, and a welder's differed, 0.875 to 0.75)."""
+    kind = make(4, 4) if make is field_accuracy.printers else make(4, 4, 8)
+    field_accuracy.run_kind(kind)
+    names = {c[0].upper(): c for c in field_accuracy.ORDER}
+    for device in kind.clients:
+        served = kind.served[device]
+        assert len(served) == 4
+        for r, (name, figure, kept) in enumerate(served):
+            if not kept:
+                assert figure == pytest.approx(
+                    kind.candidates[names[name[0].upper()]][device][r][0], rel=1e-5
+                )

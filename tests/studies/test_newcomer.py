@@ -104,10 +104,12 @@ def test_hindsight_is_the_best_candidate_per_fold_and_round_and_counts_the_serve
         "PFL-DA candidate alone": alone_c,
         INDIV: alone,
     }
-    best, lines = hindsight(losses)
+    choices = {"PFL-DA served choice": np.array([[0, 1], [3, 2]])}  # the third: round 0's personal, kept
+    best, lines = hindsight(losses, choices)
     np.testing.assert_array_equal(best["PFL-DA best in hindsight"], [[0.5, 1.0], [2.0, 0.5]])
     assert lines == [
-        "- PFL-DA served: of 4 fold-rounds it served personal 2, global 1, alone 1; the hindsight best in 2 of 4"
+        "- PFL-DA served: of 4 fold-rounds it served this round's personal 1, global 1, alone 1, and an "
+        "earlier round's model the gate kept in 1; the hindsight best in 2 of 4"
     ]
     targets = served_targets({**best, INDIV: alone}, rounds=(1, 2), suffix=" best in hindsight")
     assert targets[-1].startswith(
