@@ -141,7 +141,8 @@ def constant_score(metric: str, rows: Dataset, answer: np.ndarray) -> float:
     return r2(rows.y, answer)
 
 
-def judgement(rows: Dataset, spec_json: str) -> tuple[str, str]:
+def judgement(rows: Dataset, spec_json: str) -> str:
     """The identity of a judgement: the rows that judge and the task's training (``stale`` in
     :func:`refusal`: a changed training, a task started over, is judged by the margin again)."""
-    return param_hash({"x": rows.x, "y": rows.y}), spec_json
+    spec = np.frombuffer(spec_json.encode(), dtype=np.uint8)
+    return param_hash({"x": rows.x, "y": rows.y, "spec": spec})

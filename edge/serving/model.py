@@ -116,6 +116,9 @@ class ServingModel:
     every_row: bool = False
     #: The copy judged in this one's place: its twin on the older rows, of the same round (saved with it).
     judged_by: ServingModel | None = field(default=None, repr=False, compare=False)
+    #: The judgement that installed it (:func:`edge.serving.gate.judgement`), saved with it: after a
+    #: restart the gate still knows the rows and training that chose it.
+    judged_on: str | None = None
     _algo: ClientAlgorithm | None = field(default=None, repr=False, compare=False)
     _digest: str | None = field(default=None, repr=False, compare=False)
 
@@ -300,6 +303,7 @@ class ServingModel:
             "candidate": self.candidate,
             "evidence": self.evidence,
             "every_row": self.every_row,
+            "judged_on": self.judged_on,
         }
         save_arrays(path, arrays, meta)
 
@@ -343,6 +347,7 @@ class ServingModel:
             candidate=str(meta.get("candidate", "personal")),
             evidence=meta.get("evidence"),
             every_row=bool(meta.get("every_row", False)),
+            judged_on=meta["judged_on"] if isinstance(meta.get("judged_on"), str) else None,
         )
         twin = strip_prefix(arrays, "twin")
         if twin:

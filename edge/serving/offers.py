@@ -42,7 +42,6 @@ class Offers:
     state_dir: Path
     models: dict[str, ServingModel]
     gate: dict[str, str]
-    judged_on: dict[str, tuple[str, str]]
     advising: Advising
     encoder: Callable[[str], Any]
     _changed: bool
@@ -122,7 +121,7 @@ class Offers:
         # by the training rows' constant answer, not by the serving model's score (gate.refusal).
         judgement = gate.judgement(newest, algo.spec.to_json())
         stale = None
-        if current is not None and self.judged_on.get(task) == judgement:
+        if current is not None and current.judged_on == judgement:
             stale = gate.constant_answer(raw_fit, candidate.classes is not None)
         why = gate.refusal(candidate, evidence, current, newest, enc, encoder_version, self.cfg.margin, stale)
         if why is not None:
@@ -130,10 +129,8 @@ class Offers:
         score = candidate.metric
         candidate.reference = score if candidate.classes is not None else judged.test_error(newest, enc)
         candidate.calibrate(seen, newest, enc, judged)  # the trained range, the first interval's rows
-        installed = self._install(task, candidate, current, round_, evidence)
-        if installed:
-            self.judged_on[task] = judgement
-        return installed
+        candidate.judged_on = judgement
+        return self._install(task, candidate, current, round_, evidence)
 
     def _install(
         self,

@@ -85,9 +85,6 @@ class Server(Offers):
         self.counting_since = time.time()
         self.refused: dict[str, Counter[str]] = {}
         self.gate: dict[str, str] = {}  # task -> the last gate refusal
-        self.judged_on: dict[
-            str, tuple[str, str]
-        ] = {}  # task -> the rows and training that chose its serving model
         self.rows = 0
         self.publish_errors = 0
         self.last_latency_s: float | None = None

@@ -14,7 +14,6 @@ import pytest
 from edge.serving import gate
 from tests.edge.test_serving import linear, offer, rows, server
 from trainer_lite.data import Dataset
-from trainer_lite.params import param_hash
 
 
 def newest_rows() -> Dataset:
@@ -96,7 +95,23 @@ def test_the_device_remembers_the_judgement_that_installed_its_serving_model(tmp
     srv = server(tmp_path)
     newest = newest_rows()
     assert offer(srv, linear(2.0, 0.5), 1, newest)
-    chosen = srv.judged_on["speed"]
-    assert chosen[0] == param_hash({"x": newest.x, "y": newest.y})
+    chosen = srv.models["speed"].judged_on
+    assert chosen == gate.judgement(newest, srv.models["speed"].algo.spec.to_json())
     assert offer(srv, linear(2.0, 0.5), 2, newest)  # the same rows, the same training: stale, and it serves
-    assert srv.judged_on["speed"] == chosen and srv.models["speed"].round == 2
+    assert srv.models["speed"].judged_on == chosen and srv.models["speed"].round == 2
+
+
+def test_a_restarted_device_still_knows_the_rows_that_chose_its_serving_model(tmp_path):
+    """The judgement is saved with the serving model: after a restart a candidate a little worse on the
+    rows that chose it still serves (it was held in memory: a restart brought the margin back, and
+    ``make demo``'s printer3 kept a stale model again after each restart)."""
+    newest = newest_rows()
+    assert offer(server(tmp_path), linear(2.0, 0.5), 1, newest)
+    again = server(tmp_path, hold_out_always=True)
+    again.start()
+    try:
+        assert again.models["speed"].round == 1
+        assert offer(again, linear(2.0, 0.52), 2, newest), again.gate.get("speed")
+        assert again.models["speed"].round == 2
+    finally:
+        again.close()
