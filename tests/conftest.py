@@ -20,6 +20,14 @@ from cloud_aggregator.local.fleet import FLEET, LocalFleet
 from cloud_aggregator.local.rabbitmq import RabbitNode, find_rabbitmq, start_cluster
 from tests import budget  # noqa: F401  (loads the hypothesis profile before any test module)
 
+# pytest-xdist's workers each take their own slice of the ports (``free_port``): two workers starting
+# brokers at once could otherwise be offered the same free port by the kernel.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault(
+        "IOFT_PORT_SLICE",
+        f"{os.environ['PYTEST_XDIST_WORKER'].removeprefix('gw')}/{os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1')}",
+    )
+
 
 def _missing(msg: str) -> None:
     """A broker the test needs is not installed: a failure on CI, a skip elsewhere."""

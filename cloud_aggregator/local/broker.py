@@ -29,17 +29,30 @@ log = logging.getLogger(__name__)
 #: Ports this process handed out: nothing binds them until its caller starts a broker, so the kernel
 #: may offer one again (a CI run got the devices' port back as the operator's: ``fleet init`` refused it).
 _HANDED_OUT: set[int] = set()
+#: ``"i/n"``: this process takes only ports ``p`` with ``p % n == i``, so that ``n`` processes started
+#: together (pytest-xdist's workers: ``tests/conftest.py``) never hand out the same port.
+PORT_SLICE_ENV = "IOFT_PORT_SLICE"
+
+
+def _port_slice() -> tuple[int, int]:
+    try:
+        i, n = (int(v) for v in os.environ.get(PORT_SLICE_ENV, "0/1").split("/"))
+    except ValueError:
+        return 0, 1
+    return (i, n) if 0 <= i < n else (0, 1)
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now, and not one this process handed out before."""
+    """A TCP port on 127.0.0.1 that is free right now, not one this process handed out before, and
+    in this process's slice (``PORT_SLICE_ENV``)."""
     if len(_HANDED_OUT) > 10_000:  # a long test session: the oldest are long bound or closed
         _HANDED_OUT.clear()
+    i, n = _port_slice()
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
+        if port not in _HANDED_OUT and port % n == i:
             _HANDED_OUT.add(port)
             return port
 

@@ -34,6 +34,7 @@ class _Kernel:
 
 def test_free_port_never_hands_out_a_port_twice(monkeypatch):
     monkeypatch.setattr(broker, "_HANDED_OUT", set())
+    monkeypatch.delenv(broker.PORT_SLICE_ENV, raising=False)  # one process: every port
     monkeypatch.setattr(broker.socket, "socket", _Kernel([40001, 40001, 40001, 40002, 40001, 40003]))
     assert [broker.free_port(), broker.free_port(), broker.free_port()] == [40001, 40002, 40003]
 
@@ -43,3 +44,14 @@ def test_free_port_is_free_and_on_loopback():
     with broker.socket.socket() as s:
         s.bind(("127.0.0.1", port))  # nothing holds it
     assert 0 < port < 65536 and port != broker.free_port()
+
+
+def test_processes_started_together_take_their_own_slice_of_the_ports(monkeypatch):
+    """Two pytest-xdist workers are two processes: each takes the ports of its own residue."""
+    monkeypatch.setattr(broker, "_HANDED_OUT", set())
+    monkeypatch.setenv(broker.PORT_SLICE_ENV, "1/2")
+    monkeypatch.setattr(broker.socket, "socket", _Kernel([40002, 40004, 40003, 40006, 40005]))
+    assert [broker.free_port(), broker.free_port()] == [40003, 40005]
+    monkeypatch.setenv(broker.PORT_SLICE_ENV, "not a slice")  # one process: every port
+    monkeypatch.setattr(broker.socket, "socket", _Kernel([40008]))
+    assert broker.free_port() == 40008
