@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -32,6 +33,10 @@ _HANDED_OUT: set[int] = set()
 #: ``"i/n"``: this process takes only ports ``p`` with ``p % n == i``, so that ``n`` processes started
 #: together (pytest-xdist's workers: ``tests/conftest.py``) never hand out the same port.
 PORT_SLICE_ENV = "IOFT_PORT_SLICE"
+#: Where a slice's ports are drawn: below Linux's ephemeral range (32768-60999), which no outgoing
+#: connection takes.  (The kernel's own choice, ``bind`` to port 0, prefers even ports: an odd slice
+#: would wait for ever.)
+SLICE_PORTS = range(20_000, 32_768)
 
 
 def _port_slice() -> tuple[int, int]:
@@ -42,17 +47,26 @@ def _port_slice() -> tuple[int, int]:
     return (i, n) if 0 <= i < n else (0, 1)
 
 
+def _bound(port: int) -> int | None:
+    """``port`` if it could be bound on 127.0.0.1 now (0: the kernel's choice), else ``None``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return None
+        return s.getsockname()[1]
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now, not one this process handed out before, and
     in this process's slice (``PORT_SLICE_ENV``)."""
     if len(_HANDED_OUT) > 10_000:  # a long test session: the oldest are long bound or closed
         _HANDED_OUT.clear()
     i, n = _port_slice()
+    draw, first = random.Random(), SLICE_PORTS.start + (i - SLICE_PORTS.start) % n  # the slice's least
     while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT and port % n == i:
+        port = _bound(0) if n == 1 else _bound(draw.randrange(first, SLICE_PORTS.stop, n))
+        if port is not None and port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
 

@@ -47,11 +47,18 @@ def test_free_port_is_free_and_on_loopback():
 
 
 def test_processes_started_together_take_their_own_slice_of_the_ports(monkeypatch):
-    """Two pytest-xdist workers are two processes: each takes the ports of its own residue."""
+    """Two pytest-xdist workers are two processes: each takes the ports of its own residue, below the
+    ephemeral range, each free when handed out (an odd slice through the kernel's own choice waited for
+    ever: Linux's bind to port 0 prefers even ports)."""
     monkeypatch.setattr(broker, "_HANDED_OUT", set())
-    monkeypatch.setenv(broker.PORT_SLICE_ENV, "1/2")
-    monkeypatch.setattr(broker.socket, "socket", _Kernel([40002, 40004, 40003, 40006, 40005]))
-    assert [broker.free_port(), broker.free_port()] == [40003, 40005]
-    monkeypatch.setenv(broker.PORT_SLICE_ENV, "not a slice")  # one process: every port
+    for slice_ in ("1/2", "0/2", "2/3"):
+        monkeypatch.setenv(broker.PORT_SLICE_ENV, slice_)
+        i, n = (int(v) for v in slice_.split("/"))
+        ports = [broker.free_port() for _ in range(20)]
+        assert len(set(ports)) == 20
+        assert all(p % n == i and p in broker.SLICE_PORTS for p in ports)
+        with broker.socket.socket() as s:
+            s.bind(("127.0.0.1", ports[-1]))  # nothing holds it
+    monkeypatch.setenv(broker.PORT_SLICE_ENV, "not a slice")  # one process: the kernel's choice
     monkeypatch.setattr(broker.socket, "socket", _Kernel([40008]))
     assert broker.free_port() == 40008
