@@ -75,15 +75,20 @@ class Offers:
         """
         if not self.serves(task) or rows is None:
             return False
+        if not algo.answers_rows:
+            return self._cannot_serve(
+                task, round_, f"{algo.name} answers with each row's domain, which rows do not carry"
+            )
         try:
-            if not algo.answers_rows:
-                raise ValueError(f"{algo.name} answers with each row's domain, which rows do not carry")
             return self._offer(task, algo, shared, local, rows, raw, round_, scaler)
         except ValueError as exc:
-            self.gate[task] = f"round {round_}: its models cannot serve here: {exc}"
-            self._changed = True
-            self.say(task, "cannot_serve", f"its models cannot serve here: {exc}")
-            return False
+            return self._cannot_serve(task, round_, str(exc))
+
+    def _cannot_serve(self, task: str, round_: int, why: str) -> bool:
+        self.gate[task] = f"round {round_}: its models cannot serve here: {why}"
+        self._changed = True
+        self.say(task, "cannot_serve", f"its models cannot serve here: {why}")
+        return False
 
     def _offer(
         self,

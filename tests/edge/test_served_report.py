@@ -5,11 +5,13 @@ a device that judges and serves before (or without) a recorder feeding it rows (
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 
 from edge.config import DataConfig, DeviceConfig, ServeConfig
+from edge.serving.alone import alone_path
 from edge.serving.server import Server
 from tests.edge.test_candidates import line
 from tests.edge.test_candidates_alone import drifted, offer
@@ -17,6 +19,11 @@ from tests.edge.test_serving import server
 from trainer_lite.algorithms import make_client
 from trainer_lite.data import Dataset
 from trainer_lite.task import TaskSpec
+
+#: A FedDAR task: its models answer with each row's domain head.
+FEDDAR = {"name": "feddar", "algorithm": "feddar", "model": "linear_rep", "model_args": {"d_in": 3, "k": 2},
+          "hparams": {"n_domains": 2, "optimizer": "sgd", "lr": 0.05, "aggregation": "sa", "head_steps": 5},
+          "dtype": "float64", "rounds": 3, "seed": 7}  # fmt: skip
 
 
 def test_the_round_report_names_the_served_candidate_and_gives_its_test_loss(tmp_path):
@@ -78,11 +85,6 @@ def test_hold_out_always_on_a_recording_device_holds_out_before_the_first_fed_ro
 def test_a_task_whose_models_need_each_rows_domain_is_not_judged_and_says_why(tmp_path):
     """FedDAR answers with each row's domain head, which a row to answer does not carry: its rounds are
     offered, nothing is built or judged for it (no alone model), and the status says why."""
-    import json
-
-    from edge.serving.alone import alone_path
-    from tests.e2e.test_same_code_mqtt_vs_sim import FEDDAR
-
     algo = make_client(TaskSpec.from_json(json.dumps(FEDDAR)))
     srv = server(tmp_path)
     d_in = FEDDAR["model_args"]["d_in"]
