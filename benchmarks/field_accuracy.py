@@ -43,10 +43,10 @@ candidates has the best record on them (R² or accuracy, each round's joined by 
 ``MEMORY`` a round: ``edge.serving.candidates.remember``) unless its gate keeps the model serving
 (``edge.serving.gate``: the margin, the stale rule): its personalized model, its fleet's global
 through the cold start (the PFL-DA/FedRep fleet's downlink with a newcomer's personal parts fitted on
-its rows) and its model trained alone: judged as the ``alone`` arm (its older rows), served as
-``EVERY_ROW``, the same model trained on every row (``edge.serving.alone``; scaled, as the device
-scales it, through its older rows' transform), so the alone candidate's field figure is the served
-copy's and its judge score its twin's.  Check: in every round from 5, the served answer's field
+its rows) and its model trained alone (``edge.serving.alone``): judged as its copy on the older rows,
+served as its copy on every row (``EVERY_ROW``), so the alone candidate's field figure is the served
+copy's and its judge score its twin's.  The candidates scored are the ones the device judged (the
+round's ``Choice``, handed back by ``ServedDevice``), not rebuilt here.  Check: in every round from 5, the served answer's field
 figure is within 2 % (printers' error) or 1 point (welders' accuracy) of the best of its three
 candidates' (a model the gate kept from an earlier round is measured against this round's three).
 
@@ -63,7 +63,6 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import dataclasses
 import json
 import sys
 import tempfile
@@ -80,13 +79,13 @@ from cloud_aggregator.rounds.simulation import ClientData, Simulation
 from edge.config import DataConfig
 from edge.config_serve import AlertRule
 from edge.serving.alerts import Alerts
-from edge.serving.candidates import ALONE, GLOBAL, ORDER, PERSONAL, global_local, scaled
+from edge.serving.candidates import ALONE, ORDER, PERSONAL
 from edge.serving.conformal import Calibration, in_range
-from edge.serving.model import r2, softmax
+from edge.serving.model import softmax
 from edge.serving.records import Answer, ModelId
 from edge.simulated import simulated_printer_dataset, simulated_welder_dataset
 from sensors.features.pipeline import labelled_rows
-from sensors.features.scaling import Standardizer, standardize_locally
+from sensors.features.scaling import standardize_locally
 from sensors.layers import SPEED_SCALE
 from sensors.sim.welder import GROUP_M_CLASSES, GROUP_M_DOMAINS, WeldCondition, simulate_weld
 from trainer_lite.client import derive_rng
@@ -94,8 +93,8 @@ from trainer_lite.data import Dataset, newest_split
 from trainer_lite.task import TaskSpec
 
 ARMS = ("personalized", "alone", "global")
-#: The alone arm trained on every training row, the newest included: the copy a device serves when its
-#: twin, the ``alone`` arm on the older rows, wins the judge (``edge.serving.alone``).
+#: The device's alone copy trained on every training row, the newest included: the copy it serves when
+#: its twin on the older rows (the ``alone`` arm's model) wins the judge (``edge.serving.alone``).
 EVERY_ROW = "alone on every row"
 WELD_MODEL = {"model": "mlp", "model_args": {"sizes": [624, 16, 4], "init": "kaiming"}}
 WELD_HP = {"lr": 0.01, "loss": "cross_entropy", "local_steps": 5, "batch_size": 8, "scaling": "local"}
@@ -206,32 +205,6 @@ def field_score(kind: Kind, algo, shared, local, data: ClientData) -> float:
     return field_figure(kind, np.asarray(algo.predict(shared, local, data.test.x)), data.test)
 
 
-def judge_score(kind: Kind, algo, shared, local, device: str) -> float:
-    """R² (printers) or accuracy (welders) on the device's newest rows, scaled as its training rows."""
-    rows = kind.judge[device]
-    x = rows.x
-    if algo.scaling == "local":
-        x = Standardizer.fit(kind.clients[device].train.x).transform(x, np.result_type(x.dtype, np.float32))
-    pred = np.asarray(algo.predict(shared, local, x.astype(algo.spec.dtype)), np.float64)
-    if kind.metric == "accuracy":
-        return float(np.mean(np.argmax(pred, axis=1) == rows.y))
-    return r2(rows.y, pred)
-
-
-def every_row_arm(kind: Kind) -> tuple[TaskSpec, dict[str, ClientData]]:
-    """The alone arm on every row as a device trains its copy on every row: through the transform its
-    round trained through, fitted on its older rows (``edge.serving.candidates.make_candidates``),
-    not one fitted on every row (the simulator's ``scaling = "local"``)."""
-    spec = kind.specs["alone"]
-    if spec.hparams.get("scaling") != "local":
-        return spec, kind.every
-    clients = {}
-    for d, data in kind.every.items():
-        scaler = Standardizer.fit(kind.clients[d].train.x)
-        clients[d] = ClientData(scaled(data.train, scaler), scaled(data.test, scaler))
-    return dataclasses.replace(spec, hparams={**spec.hparams, "scaling": "none"}), clients
-
-
 def run_kind(kind: Kind) -> dict[str, Simulation]:
     with tempfile.TemporaryDirectory() as tmp:
         devices = {d: ServedDevice(d, kind.specs["personalized"].name, Path(tmp) / d) for d in kind.clients}
@@ -239,38 +212,23 @@ def run_kind(kind: Kind) -> dict[str, Simulation]:
 
 
 def _run_kind(kind: Kind, devices: dict[str, ServedDevice]) -> dict[str, Simulation]:
-    """Every arm's fleet run; the personalized arm's models offered to each device after each round."""
+    """Every arm's fleet run; the personalized arm's models offered to each device after each round,
+    whose candidates are the study's (``Kind.candidates``, ``EVERY_ROW``)."""
     sims = {}
     kind.served = {d: [] for d in kind.clients}
-    as_candidate = {"personalized": PERSONAL, "alone": ALONE}
     kind.candidates = {c: {d: [] for d in kind.clients} for c in ORDER}
-    arms = [(arm, spec, kind.clients) for arm, spec in kind.specs.items()]
-    for arm, spec, clients in [*arms, (EVERY_ROW, *every_row_arm(kind))]:
+    kind.per_device[EVERY_ROW] = {d: [] for d in kind.clients}
+    for arm, spec in kind.specs.items():
         per_dev: dict[str, list[float]] = {d: [] for d in kind.clients}
         downlink: dict[str, dict] = {}  # device -> the global it trained from this round
 
         def on_record(rec, fleet, global_params, per_dev=per_dev, downlink=downlink, arm=arm) -> None:
             for d, data in fleet.clients.items():
                 per_dev[d].append(field_score(kind, fleet.algo, downlink[d], fleet.local[d], data))
-                if arm in as_candidate:
-                    judged = judge_score(kind, fleet.algo, downlink[d], fleet.local[d], d)
-                    kind.candidates[as_candidate[arm]][d].append((per_dev[d][-1], judged))
-                if arm == "personalized":  # what the device serves, and its global candidate
-                    every, r = kind.every[d], rec.round
-                    model = devices[d].offer(
-                        fleet.algo, downlink[d], fleet.local[d], every.train, every.test, r, kind.meta[d]
-                    )
-                    assert model is not None, f"{d} serves nothing after round {r}: {devices[d].refused}"
-                    kind.served[d].append((model.candidate, field_figure(kind, model.outputs(every.test.x), every.test), model.round < r))  # fmt: skip
-                    local = global_local(fleet.algo, d, downlink[d], data.train)
-                    kind.candidates[GLOBAL][d].append(
-                        (
-                            field_score(kind, fleet.algo, downlink[d], local, data),
-                            judge_score(kind, fleet.algo, downlink[d], local, d),
-                        )
-                    )
+                if arm == "personalized":
+                    offer(kind, devices[d], d, rec.round, fleet.algo, downlink[d], fleet.local[d])
 
-        sim = Simulation(spec, clients, on_record=on_record)
+        sim = Simulation(spec, kind.clients, on_record=on_record)
         train = sim.fleet.train
 
         def trained_from(device, shared, *args, train=train, downlink=downlink):
@@ -279,16 +237,32 @@ def _run_kind(kind: Kind, devices: dict[str, ServedDevice]) -> dict[str, Simulat
 
         sim.fleet.train = trained_from  # type: ignore[method-assign] -- sees each device's downlink
         sim.run()
-        if arm != EVERY_ROW:  # it serves only as the alone candidate (below)
-            sims[arm] = sim
+        sims[arm] = sim
         kind.downlink[arm] = downlink
         kind.per_device[arm] = per_dev
+    for arm in (*kind.specs, EVERY_ROW):
+        per_dev = kind.per_device[arm]
         kind.per_round[arm] = [float(np.mean(v)) for v in zip(*per_dev.values(), strict=True)]
-    for d, rounds in kind.candidates[ALONE].items():  # served: the copy on every row; judged: its twin
-        rounds[:] = [
-            (f, judged) for f, (_, judged) in zip(kind.per_device[EVERY_ROW][d], rounds, strict=True)
-        ]
     return sims
+
+
+def offer(kind: Kind, device: ServedDevice, d: str, r: int, algo, shared, local) -> None:
+    """Round ``r``'s personalized models offered to device ``d``: what serves after it, and each of
+    the candidates it judged, by its field figure and its score on the newest rows (the alone
+    candidate's field figure is its copy on every row's, which serves in its place)."""
+    every = kind.every[d]
+    got = device.offer(algo, shared, local, every.train, every.test, r, kind.meta[d])
+    assert got is not None and got.choice is not None, f"{d} serves nothing after round {r}: {device.refused}"
+
+    def figure(model) -> float:
+        return field_figure(kind, model.outputs(every.test.x), every.test)
+
+    kind.served[d].append((got.model.candidate, figure(got.model), got.kept))
+    choice = got.choice
+    for name, model in choice.candidates.items():
+        served_as = choice.every_row if name == ALONE else model
+        kind.candidates[name][d].append((figure(served_as), choice.evidence["scores"][name]))
+    kind.per_device[EVERY_ROW][d].append(kind.candidates[ALONE][d][-1][0])
 
 
 def time_to_alert(kind: Kind, sims: dict[str, Simulation], work: Path) -> dict[str, dict[str, list]]:

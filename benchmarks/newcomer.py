@@ -47,7 +47,7 @@ import numpy as np
 
 from benchmarks.served_device import ServedDevice
 from cloud_aggregator.rounds.simulation import ClientData, Simulation
-from edge.serving.candidates import ORDER, global_local
+from edge.serving.candidates import ORDER
 from trainer_lite.algorithms.base import algorithm_state
 from trainer_lite.client import initial_local
 from trainer_lite.data import Dataset
@@ -235,7 +235,7 @@ CHOICE = "served choice"
 
 
 def served_curve(
-    trained: Simulation, newcomer: ClientData, alone_spec: TaskSpec, rounds_after: int
+    trained: Simulation, newcomer: ClientData, rounds_after: int
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The newcomer's served test loss per round since joining, and each candidate's own test loss
     per round (what a choice in hindsight could have served), and the served choice (``CHOICE``).
@@ -245,38 +245,35 @@ def served_curve(
     whichever of its personal model, the fleet's global through the cold start and its model trained
     alone has the best record on its newest rows, unless the gate keeps the model serving
     (``edge.serving.gate``); where alone wins, its copy on every row serves (``edge.serving.alone``:
-    the same seeded start and steps as *alone*).
+    the same seeded start and steps as *alone*).  The candidates scored are the ones the device
+    judged (the round's ``Choice``).
     """
     sim = copy.deepcopy(trained)
     with tempfile.TemporaryDirectory() as tmp:
         device = ServedDevice(NEWCOMER, "newcomer", Path(tmp))
-        fit = device.holdout(newcomer.train)[0]
-        sim.add_device(NEWCOMER, ClientData(fit, newcomer.test))
-        alone = Simulation(alone_spec, {NEWCOMER: ClientData(fit, newcomer.test)})
-        every = Simulation(alone_spec, {NEWCOMER: newcomer})
-        algo, out = sim.fleet.algo, []
+        sim.add_device(NEWCOMER, ClientData(device.holdout(newcomer.train)[0], newcomer.test))
+        out = []
         tested: dict[str, list[float]] = {
             k: [] for k in (*ORDER, TWIN, OWN, CHOICE, *(f"{OWN_LOSS} {k}" for k in ORDER))
         }
         for _ in range(rounds_after):
             shared = dict(sim.global_params)  # this round's downlink: what the personal model predicts with
             sim.run_more(1)
-            alone.run_more(1)
-            every.run_more(1)
             r = sim.rounds_done  # the fleet's round, as the device is told it
-            model = device.offer(algo, shared, sim.fleet.local[NEWCOMER], newcomer.train, newcomer.test, r)
-            assert model is not None, f"nothing serves the newcomer after round {r}: {device.refused}"
-            out.append(LOSS_SCALE * model.evaluate(newcomer.test)["loss"])
-            tested[CHOICE].append(ORDER.index(model.candidate) + (len(ORDER) if model.round < r else 0))
-            candidates = {
-                "personal": (algo, shared, sim.fleet.local[NEWCOMER]),
-                "global": (algo, shared, global_local(algo, NEWCOMER, shared, fit)),
-                TWIN: (alone.fleet.algo, {}, alone.fleet.local[NEWCOMER]),
-                "alone": (every.fleet.algo, {}, every.fleet.local[NEWCOMER]),  # what alone serves
-            }
-            for k, (a, sh, lo) in candidates.items():
-                tested[k].append(LOSS_SCALE * a.evaluate(sh, lo, newcomer.test)["loss"])
-            own = {k: candidates[k][0].evaluate(*candidates[k][1:], newcomer.train)["loss"] for k in ORDER}
+            got = device.offer(
+                sim.fleet.algo, shared, sim.fleet.local[NEWCOMER], newcomer.train, newcomer.test, r
+            )
+            assert got is not None and got.choice is not None, (
+                f"nothing serves after round {r}: {device.refused}"
+            )
+            out.append(LOSS_SCALE * got.model.evaluate(newcomer.test)["loss"])
+            tested[CHOICE].append(ORDER.index(got.model.candidate) + (len(ORDER) if got.kept else 0))
+            judged = got.choice.candidates
+            # alone as it serves (its copy on every row), and the twin the judge scored in its place
+            candidates = {**judged, "alone": got.choice.every_row, TWIN: judged["alone"]}
+            for k, model in candidates.items():
+                tested[k].append(LOSS_SCALE * model.evaluate(newcomer.test)["loss"])
+            own = {k: candidates[k].evaluate(newcomer.train)["loss"] for k in ORDER}
             tested[OWN].append(tested[min(ORDER, key=lambda k: (own[k], ORDER.index(k)))][-1])
             for k in ORDER:
                 tested[f"{OWN_LOSS} {k}"].append(LOSS_SCALE * own[k])
@@ -307,9 +304,7 @@ def run_fleet(
             sim.run()
             trained[key] = copy.deepcopy(sim)
         if served and label in SERVED:
-            out[f"{label} served"], tested = served_curve(
-                sim, fleet.newcomer, _spec("indiv", {}, seed, rounds_after, hparams, model), rounds_after
-            )
+            out[f"{label} served"], tested = served_curve(sim, fleet.newcomer, rounds_after)
             out[f"{label} {OWN}"] = tested.pop(OWN)
             out[f"{label} {CHOICE}"] = tested.pop(CHOICE)
             out.update({f"{label} {k}": tested.pop(k) for k in list(tested) if k.startswith(OWN_LOSS)})

@@ -5,21 +5,32 @@ The studies (``field_accuracy``, ``newcomer --protocol lopo``) ask what a machin
 answer is the device's whole admission: the candidates, their judge and its record
 (:mod:`edge.serving.candidates`) and the gate that may keep an older model
 (:mod:`edge.serving.gate`: the margin, the stale rule).  Running that code here, not a copy of its
-rule, keeps the studies' served figures those of a device.
+rule, keeps the studies' served figures those of a device; and the candidates a study scores beside
+the served model are the ones the device judged (:class:`Served`), not the study's rebuilds of them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from edge.config import DeviceConfig
 from edge.config_serve import ServeConfig
+from edge.serving.candidates import Choice
 from edge.serving.model import ServingModel
 from edge.serving.server import Server
 from trainer_lite.algorithms import ClientAlgorithm
 from trainer_lite.data import Dataset
 from trainer_lite.params import Params
+
+
+class Served(NamedTuple):
+    """After one offered round: the model that serves (``kept``: an earlier round's, which the gate
+    kept) and the round's judgement, its candidates included (``None`` where it judged none)."""
+
+    model: ServingModel
+    kept: bool
+    choice: Choice | None
 
 
 class ServedDevice:
@@ -48,13 +59,17 @@ class ServedDevice:
         test: Dataset,
         round_: int,
         meta: dict[str, Any] | None = None,
-    ) -> ServingModel | None:
+    ) -> Served | None:
         """The round's models offered (``shared``: the downlink the round trained from, ``local``: the
-        device's parts after it; ``train``: every training row as stored, the newest included); the
-        model that serves after it (``None``: none yet), which may be an earlier round's the gate kept."""
+        device's parts after it; ``train``: every training row as stored, the newest included); what
+        serves after it (``None``: nothing yet) and the round's judgement."""
+        self.server.choices.pop(self.task, None)
         rows = (train, test, None)
         self.server.offer(self.task, algo, shared, local, rows, (train, test, meta or {}), round_)
-        return self.server.models.get(self.task)
+        model = self.server.models.get(self.task)
+        if model is None:
+            return None
+        return Served(model, model.round < round_, self.server.choices.get(self.task))
 
     @property
     def refused(self) -> str | None:

@@ -34,7 +34,7 @@ import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -221,6 +221,17 @@ def judge(
     return best, evidence
 
 
+class Choice(NamedTuple):
+    """One round's judgement: the model that serves for it (its score set), the judge's evidence, and
+    the candidates it chose among (``alone`` the judged copy; ``every_row`` the copy that serves in
+    its place)."""
+
+    serving: ServingModel
+    evidence: dict[str, Any]
+    candidates: dict[str, ServingModel]
+    every_row: ServingModel
+
+
 def choose(
     personal: ServingModel,
     algo: ClientAlgorithm,
@@ -232,8 +243,8 @@ def choose(
     encoder: Callable[[str], Any],
     min_rows: int,
     every: Dataset | None = None,
-) -> tuple[ServingModel, dict[str, Any]]:
-    """The model that serves ``personal``'s task, with its score set and the evidence.  ``fit``: the
+) -> Choice:
+    """The model that serves ``personal``'s task, and what chose it (:class:`Choice`).  ``fit``: the
     rows the round trained on, ``every``: every row of the training split (default ``fit``), both
     before scaling, embedded where the task embeds; ``newest``: the rows that judge, as stored."""
     every = fit if every is None else every
@@ -245,4 +256,4 @@ def choose(
     chosen = serving(candidates[name], every_row, evidence, (len(fit), len(every)))
     chosen.metric, chosen.metric_name = evidence["scores"].get(name), evidence["metric"]
     chosen.evidence = evidence
-    return chosen, evidence
+    return Choice(chosen, evidence, candidates, every_row)

@@ -20,7 +20,7 @@ from edge.feed import SERVING_DIR, feed_path
 from edge.serving import gate
 from edge.serving.advising import Advising
 from edge.serving.candidates import ORDER as CANDIDATES
-from edge.serving.candidates import choose
+from edge.serving.candidates import Choice, choose
 from edge.serving.model import Refused, ServingModel
 from sensors.features.scaling import Standardizer
 from trainer_lite.algorithms import ClientAlgorithm
@@ -42,6 +42,7 @@ class Offers:
     state_dir: Path
     models: dict[str, ServingModel]
     gate: dict[str, str]
+    choices: dict[str, Choice]
     advising: Advising
     encoder: Callable[[str], Any]
     _changed: bool
@@ -114,7 +115,10 @@ class Offers:
             self.device, task, algo, (shared, local), (raw_train, meta), round_, encoder_version, scaler
         )
         judging = (self.state_dir, self.encoder, self.cfg.min_judge_rows)
-        candidate, evidence = choose(personal, algo, shared, fit, newest, scaler, *judging, every=train)
+        choice = self.choices[task] = choose(
+            personal, algo, shared, fit, newest, scaler, *judging, every=train
+        )
+        candidate, evidence = choice.serving, choice.evidence
         # The alone copy on every row has seen the newest rows: its twin, which has not, stands in for
         # it wherever they judge (its reference figure, its first interval's residuals).
         twin = candidate.judged_by

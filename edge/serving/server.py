@@ -31,6 +31,7 @@ from edge.rows import Row
 from edge.serving import server_status
 from edge.serving.advising import Advising
 from edge.serving.alerts import Alerts, Event, rule_problem
+from edge.serving.candidates import Choice
 from edge.serving.conformal import score as conformal_score
 from edge.serving.feed_reader import SAVE_MAX_S, FeedReader
 from edge.serving.field import FieldScores
@@ -85,6 +86,7 @@ class Server(Offers):
         self.counting_since = time.time()
         self.refused: dict[str, Counter[str]] = {}
         self.gate: dict[str, str] = {}  # task -> the last gate refusal
+        self.choices: dict[str, Choice] = {}  # task -> its last round's judgement (the studies read it)
         self.rows = 0
         self.publish_errors = 0
         self.last_latency_s: float | None = None

@@ -14,6 +14,7 @@ import pytest
 
 from edge.config import DeviceConfig, SensorsConfig, ServeConfig
 from edge.serving.advice import speed_advice
+from edge.serving.candidates import Choice
 from edge.serving.server import Server
 from ioft_protocol.config import ConfigError, build
 from sensors.sim.printer_host import FakeMoonraker, HungMoonraker, short_timeline
@@ -36,7 +37,7 @@ def personal_serves(monkeypatch):
         personal.metric, personal.metric_name = score, metric
         personal.evidence = {"rows": len(newest), "metric": metric, "scores": {"personal": score},
                              "why": "the offered model (test)"}  # fmt: skip
-        return personal, personal.evidence
+        return Choice(personal, personal.evidence, {"personal": personal}, personal)
 
     monkeypatch.setattr("edge.serving.offers.choose", only_personal)
 

@@ -57,11 +57,11 @@ def test_a_judge_that_knows_the_field_one_round_late_misses_a_best_that_changes_
 @pytest.mark.parametrize(
     "make", [field_accuracy.printers, field_accuracy.welders], ids=["printers", "welders"]
 )
-def test_the_served_figure_is_the_devices_own_choice_among_the_studys_candidates(make):
-    """What serves is ``edge-trainer``'s serving (``benchmarks.served_device``), and the study's three
-    candidates are the device's: where the device serves this round's model, its field figure is the
-    figure of the candidate it names (the welders' alone copy on every row is scaled as the device
-    scales it, through its older rows' transform: it was not, and a welder's differed, 0.875 to 0.75)."""
+def test_the_served_figure_is_the_devices_own_choice_among_its_candidates_and_they_are_the_arms_models(make):
+    """What serves is ``edge-trainer``'s serving (``benchmarks.served_device``), and the candidates the
+    study scores are the ones the device judged: where it serves this round's model, its field figure
+    is the figure of the candidate it names; and the device's personal candidate is the personalized
+    arm's model (its field figure, round by round)."""
     kind = make(4, 4) if make is field_accuracy.printers else make(4, 4, 8)
     field_accuracy.run_kind(kind)
     names = {c[0].upper(): c for c in field_accuracy.ORDER}
@@ -73,3 +73,5 @@ def test_the_served_figure_is_the_devices_own_choice_among_the_studys_candidates
                 assert figure == pytest.approx(
                     kind.candidates[names[name[0].upper()]][device][r][0], rel=1e-5
                 )
+        personal = [f for f, _ in kind.candidates[field_accuracy.PERSONAL][device]]
+        assert personal == pytest.approx(kind.per_device["personalized"][device], rel=1e-5)

@@ -14,9 +14,14 @@ def test_the_studies_device_serves_what_the_gate_lets_serve(tmp_path):
     device = ServedDevice("p1", "speed", tmp_path)
     none = rows(0, 0)
     first = device.offer(algo, linear(2.0, 0.5), {}, rows(40, 0), none, 0)
-    assert first is not None and first.round == 0 and first.candidate == "personal"  # the line itself
+    assert first is not None and not first.kept
+    assert first.model.round == 0 and first.model.candidate == "personal"  # the line itself
+    # The round's judgement comes back with it: the candidates it chose among, scored on the newest rows.
+    assert set(first.choice.candidates) == {"personal", "global", "alone"}
+    assert set(first.choice.evidence["scores"]) == set(first.choice.candidates)
     # New rows, and a round whose models are all far off them (the alone copy has had two rounds of
     # steps from its seeded start): the gate keeps round 0's model, as a device's does.
     kept = device.offer(algo, linear(-1.0, 0.0), {}, rows(40, 1), none, 1)
-    assert kept is first
+    assert kept.kept and kept.model is first.model
+    assert kept.choice.candidates["personal"].round == 1  # judged, then refused by the gate
     assert device.refused is not None and "by more than the margin" in device.refused
