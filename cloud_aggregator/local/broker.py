@@ -78,16 +78,46 @@ def find_mosquitto() -> str | None:
     )
 
 
+class PortTakenError(RuntimeError):
+    """Another process answers on the port a broker was started on (it could not bind it)."""
+
+
+class BrokerExitedError(RuntimeError):
+    """The broker ended before it listened (its log says why; a port taken since it was drawn)."""
+
+
+def listens(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` or one of its descendants (RabbitMQ's script starts the VM that listens)
+    has a TCP socket listening on ``port`` (``None``: cannot tell: no psutil, the cloud extra's, or no
+    right to read those processes' sockets)."""
+    try:
+        import psutil  # lazy: only where a broker is started here (the cloud side, a test, the demo)
+    except ImportError:
+        return None
+    try:
+        top = psutil.Process(pid)
+        conns = [c for p in (top, *top.children(recursive=True)) for c in p.net_connections(kind="tcp")]
+    except (psutil.Error, OSError):
+        return None
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
+
+
 def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    """Return once ``port`` on 127.0.0.1 takes connections, and (given ``proc``) from ``proc``: a port
+    another process took since it was drawn would otherwise pass for the broker (``PortTakenError``)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"broker exited with code {proc.returncode} before listening on {port}")
+            raise BrokerExitedError(f"broker exited with code {proc.returncode} before listening on {port}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
+                pass
         except OSError:
             time.sleep(0.02)
+            continue
+        if proc is None or listens(proc.pid, port) is not False:
+            return
+        raise PortTakenError(f"another process listens on 127.0.0.1:{port}, not the broker started there")
     raise RuntimeError(f"broker did not listen on 127.0.0.1:{port} within {timeout} s")
 
 
@@ -164,13 +194,36 @@ def start_mosquitto(
 
     ``set_tcp_nodelay``: rounds are small request/response exchanges, and Nagle's
     algorithm against delayed ACKs would add ~40 ms to every hop.
+
+    A port it drew itself (``port`` not given) that another process takes before mosquitto binds it
+    is drawn again (``DRAWS``); a given one raises :class:`PortTakenError`.
     """
     binary = find_mosquitto()
     if binary is None:
         raise FileNotFoundError("mosquitto not found; install it (apt-get install mosquitto) or use amqtt")
     if config is not None and port is None:
         raise ValueError("start_mosquitto(config=...) needs the port that config listens on")
-    port = port or free_port()
+    drawn = port is None  # ours to draw again where another process takes it first
+    for attempt in range(1, DRAWS + 1):
+        port = port or free_port()
+        try:
+            return _mosquitto(binary, port, config, log_file, tls, as_invoker)
+        except (PortTakenError, BrokerExitedError) as exc:
+            if not drawn or attempt == DRAWS:
+                raise
+            log.warning("mosquitto on a drawn port: %s; drawing another", exc)
+            port = None
+    raise AssertionError("unreachable")
+
+
+#: Ports :func:`start_mosquitto` draws before it gives up (another process may take one between the
+#: draw and mosquitto's bind: a test session beside another, an outgoing connection).
+DRAWS = 3
+
+
+def _mosquitto(
+    binary: str, port: int, config: Path | None, log_file: Path | None, tls: bool, as_invoker: bool
+) -> BrokerProcess:
     owns_config = config is None or as_invoker
     if config is not None and as_invoker:
         fd, name = tempfile.mkstemp(prefix="ioft-mosquitto-", suffix=".conf")
@@ -185,8 +238,13 @@ def start_mosquitto(
     args = [binary, "-c", str(config)]
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 (closed with the process)
     proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    wait_for_port(port, 10.0, proc)
-    return BrokerProcess("mosquitto", port, proc, config, owns_config, tls)
+    broker = BrokerProcess("mosquitto", port, proc, config, owns_config, tls)
+    try:
+        wait_for_port(port, 10.0, proc)
+    except BaseException:
+        broker.stop()
+        raise
+    return broker
 
 
 def start_amqtt(port: int | None = None, *, log_file: Path | None = None) -> BrokerProcess:
