@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +21,24 @@ def derive_rng(seed: int, *labels: object) -> np.random.Generator:
     """
     digest = hashlib.sha256(repr((seed, *labels)).encode()).digest()
     return np.random.default_rng(int.from_bytes(digest[:16], "little"))
+
+
+class LazyRng:
+    """:func:`derive_rng`'s generator, made when first drawn from.  Most rounds never draw (full-batch
+    steps, the zero-compute ``echo``), and seeding a generator (NumPy's ``SeedSequence``) costs ~20 µs:
+    the largest step of a swarm's device-round after its training (``benchmarks/swarm_share.py
+    --steps``).  The draws are :func:`derive_rng`'s, bit for bit."""
+
+    __slots__ = ("_labels", "_rng")
+
+    def __init__(self, seed: int, *labels: object) -> None:
+        self._labels = (seed, *labels)
+        self._rng: np.random.Generator | None = None
+
+    def __getattr__(self, name: str) -> Any:  # only what the slots do not hold: the generator's API
+        if self._rng is None:
+            self._rng = derive_rng(*self._labels)
+        return getattr(self._rng, name)
 
 
 def cast_params(params: Params, dtype: str) -> Params:
@@ -100,9 +119,9 @@ def participate(
     mine, new = own_round(local, round_)
     local = algorithm_state(local)
     if new and round_ > 1:
-        cold_rng = derive_rng(algo.spec.seed, device, "cold-start")
+        cold_rng = LazyRng(algo.spec.seed, device, "cold-start")
         local = algo.cold_start(shared, local, train, rng=cold_rng, phase=phase)
-    rng = derive_rng(algo.spec.seed, device, round_, phase)
+    rng = LazyRng(algo.spec.seed, device, round_, phase)
     result, new_local = algo.update(shared, local, train, rng=rng, round_=mine, phase=phase)
     metrics = dict(result.metrics)
     if test is not None and len(test):
