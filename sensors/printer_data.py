@@ -6,6 +6,7 @@ The files are read from where they lie (``--data PATH``); the project never copi
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -43,13 +44,22 @@ def load_printer_runs(root: str | Path, *, drop_first_row: bool = True) -> dict[
         match = _NAME.search(path.name)
         if not match:
             continue
-        table = np.loadtxt(path, delimiter=",", ndmin=2)
-        if drop_first_row:
-            table = table[1:]
-        runs.setdefault(int(match.group(1)), {})[int(match.group(2))] = check_layer_table(table)
+        runs.setdefault(int(match.group(1)), {})[int(match.group(2))] = _read_table(path, drop_first_row)
     if not runs:
         raise FileNotFoundError(f"no FL_Dataset_Printer*_Speed*.csv files in {folder}")
     return runs
+
+
+def _read_table(path: Path, drop_first_row: bool) -> np.ndarray:
+    """One file's layer table; a ``ValueError`` that names the file (an empty one included: NumPy
+    only warns there, and a warning beside the error would be a second line to read)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            table = np.loadtxt(path, delimiter=",", ndmin=2)
+        return check_layer_table(table[1:] if drop_first_row else table)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def split_by_speed(
