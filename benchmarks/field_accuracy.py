@@ -46,9 +46,10 @@ through the cold start (the PFL-DA/FedRep fleet's downlink with a newcomer's per
 its rows) and its model trained alone (``edge.serving.alone``): judged as its copy on the older rows,
 served as its copy on every row (``EVERY_ROW``), so the alone candidate's field figure is the served
 copy's and its judge score its twin's.  The candidates scored are the ones the device judged (the
-round's ``Choice``, handed back by ``ServedDevice``), not rebuilt here.  Check: in every round from 5, the served answer's field
-figure is within 2 % (printers' error) or 1 point (welders' accuracy) of the best of its three
-candidates' (a model the gate kept from an earlier round is measured against this round's three).
+round's ``Choice``, handed back by ``ServedDevice``), not rebuilt here.  Check: in every round from 5,
+the served answer's field figure is within 2 % (printers' error) or 1 point (welders' accuracy) of the
+best of its three candidates' (a model the gate kept from an earlier round is measured against this
+round's three).
 
 Target: the personalized answer at least as accurate as both others from round 5 on, on every
 machine kind; the served answer within tolerance of its best candidate on every machine; each
@@ -154,7 +155,6 @@ class Kind:
     metric: str  # "error" (lower is better) or "accuracy"
     specs: dict[str, TaskSpec]
     clients: dict[str, ClientData]  # test = the field rows
-    judge: dict[str, Dataset] = field(default_factory=dict)  # device -> its newest training rows (raw)
     every: dict[str, ClientData] = field(default_factory=dict)  # device -> every training row, field rows
     per_round: dict[str, list[float]] = field(default_factory=dict)  # arm -> fleet mean per round
     #: candidate -> device -> per round (field figure, score on the newest rows) (module docstring)
@@ -169,29 +169,29 @@ class Kind:
 
 
 def printers(n: int, rounds: int) -> Kind:
-    clients, judge, every, meta = {}, {}, {}, {}
+    clients, every, meta = {}, {}, {}
     for i in range(n):
         d = f"printer{i}"
         train, test, meta[d] = simulated_printer_dataset(d, DataConfig(source="simulate-printer"))
-        fit, judge[d] = newest_split(train)  # the newest rows judge, as on a device
+        fit = newest_split(train)[0]  # the arms train on the older rows; the newest judge, on the device
         clients[d], every[d] = ClientData(fit, test), ClientData(train, test)
-    return Kind("printer", "error", printer_specs(rounds), clients, judge, every, meta=meta)
+    return Kind("printer", "error", printer_specs(rounds), clients, every, meta=meta)
 
 
 def welders(n: int, rounds: int, field_welds: int) -> Kind:
-    clients, judge, every, meta = {}, {}, {}, {}
+    clients, every, meta = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(n):
             d = f"welder{i}"
             train, _, meta[d] = simulated_welder_dataset(
                 Path(tmp) / d, d, DataConfig(source="simulate-welder")
             )
-            fit, judge[d] = newest_split(train)
+            fit = newest_split(train)[0]
             conds = cycling(field_welds)
             y = np.array([k for k, _, _ in conds], dtype=np.int64)
             clients[d] = ClientData(fit, Dataset(weld_rows(d, conds, "field"), y))
             every[d] = ClientData(train, clients[d].test)
-    return Kind("welder", "accuracy", welder_specs(rounds), clients, judge, every, meta=meta)
+    return Kind("welder", "accuracy", welder_specs(rounds), clients, every, meta=meta)
 
 
 def field_figure(kind: Kind, pred: np.ndarray, test: Dataset) -> float:
@@ -381,7 +381,8 @@ def within(kind: Kind, figure: float, best: float) -> bool:
     return figure <= best * (1 + tol) + 1e-12 if kind.metric == "error" else figure >= best - tol - 1e-12
 
 
-#: Why the newest rows judge the field poorly, per metric (measured: ``Kind.judge``).
+#: Why the newest rows judge the field poorly, per metric (measured: each device's holdout,
+#: ``trainer_lite.data.newest_split`` of its training rows).
 JUDGE_ROWS = {
     "error": "a printer's newest rows are the last 10 layers of its last print run, all at one speed, "
     "while its field layers are at speeds it never trained on",
