@@ -87,6 +87,8 @@ def read_csv(
     if text and not text.endswith("\n"):
         raise IncompleteWeldFileError(f"{path}: last line has no newline (still being written?)")
     header, comments, body_start = _csv_header(text, path)
+    if not text[body_start:].strip():  # a writer caught between its header and its first row
+        raise IncompleteWeldFileError(f"{path}: a header and no rows yet (still being written?)")
     try:
         table = np.loadtxt(io.StringIO(text[body_start:]), delimiter=",", ndmin=2, dtype=np.float64)
     except ValueError as exc:  # numpy's text quotes the value; only where it is is passed on

@@ -81,6 +81,26 @@ def test_growing_file_waits_until_it_stops_changing(tmp_path):
     assert rec is not None and rec.weld_id == "W0001"
 
 
+def test_a_csv_with_its_header_and_no_rows_yet_is_waited_for(tmp_path):
+    """A CSV writer caught between its header and its first row (it was moved aside for good as
+    "1 columns of data but header has 4")."""
+    clock = FakeClock()
+    path = write_weld_file(weld(1), tmp_path / "h.csv")
+    full = path.read_text()
+    head = "".join(full.splitlines(keepends=True)[:2])  # "# sample_rate: ...", then the channels
+    assert head.endswith("power,lvdt,ae,mic\n")
+    path.write_text(head)
+    with source(tmp_path, clock, incomplete_timeout_s=60) as src:
+        settle(src, clock)
+        assert src.read() is None  # stable, a header only: waiting, not rejected
+        assert src.stats.rejected == 0 and not (tmp_path / "rejected" / "h.csv").exists()
+        path.write_text(full)
+        assert src.read() is None
+        clock.now += 2.5
+        rec = src.read()
+    assert rec is not None and rec.weld_id == "W0001"
+
+
 def test_marker_makes_a_file_ready_at_once_and_require_marker_waits_for_it(tmp_path):
     clock = FakeClock()
     write_weld_file(weld(1), tmp_path / "m.wav")

@@ -230,6 +230,11 @@ def test_csv_rate_from_comment_sidecar_or_time_column(tmp_path):
     (tmp_path / "v.csv").write_text("# sample_rate: 200000\npower,lvdt\n1,2\n3,")
     with pytest.raises(IncompleteWeldFileError, match="no newline"):
         read_weld_file(tmp_path / "v.csv")
+    # Between its header and its first row: waited for, as a file still being written (it was
+    # refused for good, "1 columns of data but header has 2", beside a NumPy warning).
+    (tmp_path / "h.csv").write_text("# sample_rate: 200000\npower,lvdt\n")
+    with pytest.raises(IncompleteWeldFileError, match="a header and no rows yet"):
+        read_weld_file(tmp_path / "h.csv")
     (tmp_path / "w.csv").write_text("# sample_rate: 200000\npower,lvdt\n1,2\n3,x\n")
     with pytest.raises(WeldDataError, match="unreadable CSV body"):
         read_weld_file(tmp_path / "w.csv")
