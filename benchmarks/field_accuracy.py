@@ -213,11 +213,11 @@ def run_kind(kind: Kind) -> dict[str, Simulation]:
 
 def _run_kind(kind: Kind, devices: dict[str, ServedDevice]) -> dict[str, Simulation]:
     """Every arm's fleet run; the personalized arm's models offered to each device after each round,
-    whose candidates are the study's (``Kind.candidates``, ``EVERY_ROW``)."""
+    the candidates it judged kept as the study's (``Kind.candidates``; ``EVERY_ROW``: the alone one's
+    field figures, as it serves)."""
     sims = {}
     kind.served = {d: [] for d in kind.clients}
     kind.candidates = {c: {d: [] for d in kind.clients} for c in ORDER}
-    kind.per_device[EVERY_ROW] = {d: [] for d in kind.clients}
     for arm, spec in kind.specs.items():
         per_dev: dict[str, list[float]] = {d: [] for d in kind.clients}
         downlink: dict[str, dict] = {}  # device -> the global it trained from this round
@@ -240,6 +240,7 @@ def _run_kind(kind: Kind, devices: dict[str, ServedDevice]) -> dict[str, Simulat
         sims[arm] = sim
         kind.downlink[arm] = downlink
         kind.per_device[arm] = per_dev
+    kind.per_device[EVERY_ROW] = {d: [f for f, _ in got] for d, got in kind.candidates[ALONE].items()}
     for arm in (*kind.specs, EVERY_ROW):
         per_dev = kind.per_device[arm]
         kind.per_round[arm] = [float(np.mean(v)) for v in zip(*per_dev.values(), strict=True)]
@@ -262,7 +263,6 @@ def offer(kind: Kind, device: ServedDevice, d: str, r: int, algo, shared, local)
     for name, model in choice.candidates.items():
         served_as = choice.every_row if name == ALONE else model
         kind.candidates[name][d].append((figure(served_as), choice.evidence["scores"][name]))
-    kind.per_device[EVERY_ROW][d].append(kind.candidates[ALONE][d][-1][0])
 
 
 def time_to_alert(kind: Kind, sims: dict[str, Simulation], work: Path) -> dict[str, dict[str, list]]:
